@@ -1,0 +1,207 @@
+//! The filter's plugin configuration (JSON), with defaults and an explicit `validate()`.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::cost::{Profile, TieBand};
+use crate::index::IndexLimits;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("plugin configuration is not valid JSON for kvroute: {0}")]
+    Parse(String),
+    #[error("invalid plugin configuration: {0}")]
+    Invalid(String),
+}
+
+/// Top-level plugin configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilterConfig {
+    /// One pool per served model.
+    pub models: Vec<ModelConfig>,
+    /// Header the cluster's `override_host` policy reads: `primary,fallback`.
+    pub destination_header: String,
+    /// Knowledge index bounds and ages.
+    pub index: IndexConfig,
+    /// Estimates this close to the best are a tie, broken at random.
+    pub tie_band: TieBand,
+    /// Prompts longer than this (tokens) are routed load-only without hashing.
+    pub max_prompt_tokens: usize,
+    /// Adds `x-kvroute-decision` (worker, predicted cached tokens, reason) to responses.
+    pub expose_decision_header: bool,
+}
+
+impl Default for FilterConfig {
+    fn default() -> Self {
+        FilterConfig {
+            models: Vec::new(),
+            destination_header: "x-gateway-destination-endpoint".into(),
+            index: IndexConfig::default(),
+            tie_band: TieBand::default(),
+            max_prompt_tokens: 262_144,
+            expose_decision_header: false,
+        }
+    }
+}
+
+/// A model's pool and how to tokenize and cost its requests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The `model` value clients send.
+    pub name: String,
+    /// Worker endpoints, `ip:port`, exactly as they appear in the Envoy cluster.
+    pub workers: Vec<String>,
+    /// The engine's KV block size in tokens.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// LoRA adapter name, part of the cache domain.
+    #[serde(default)]
+    pub lora_name: Option<String>,
+    /// `tokenizer.json` content (object). Absent: the built-in demo bundle.
+    #[serde(default)]
+    pub tokenizer: Option<Value>,
+    /// `tokenizer_config.json` content (object with `chat_template`, `bos_token`, ...).
+    #[serde(default)]
+    pub tokenizer_config: Option<Value>,
+    #[serde(default)]
+    pub profile: Profile,
+}
+
+fn default_block_size() -> u32 {
+    16
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IndexConfig {
+    pub max_blocks_per_worker: usize,
+    pub predicted_ttl_ms: u64,
+    pub feedback_ttl_ms: u64,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig {
+            max_blocks_per_worker: 65_536,
+            predicted_ttl_ms: 120_000,
+            feedback_ttl_ms: 600_000,
+        }
+    }
+}
+
+impl IndexConfig {
+    pub fn limits(&self) -> IndexLimits {
+        IndexLimits {
+            max_blocks_per_worker: self.max_blocks_per_worker,
+            routed_ttl_ms: self.predicted_ttl_ms,
+            feedback_ttl_ms: self.feedback_ttl_ms,
+            event_ttl_ms: 0,
+        }
+    }
+}
+
+impl FilterConfig {
+    /// Parses and validates; an empty configuration is invalid (no pool to route to).
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let cfg: FilterConfig =
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.models.is_empty() {
+            return bad("'models' must list at least one model".into());
+        }
+        let h = &self.destination_header;
+        if h.is_empty() || h.bytes().any(|b| !(b.is_ascii_lowercase() || b == b'-' || b.is_ascii_digit())) {
+            return bad(format!("destination_header '{h}' must be a lowercase header name"));
+        }
+        if self.index.max_blocks_per_worker == 0 || self.index.predicted_ttl_ms == 0 {
+            return bad("index.max_blocks_per_worker and index.predicted_ttl_ms must be > 0".into());
+        }
+        if !(self.tie_band.abs_ms >= 0.0 && self.tie_band.rel >= 0.0) {
+            return bad("tie_band values must be >= 0".into());
+        }
+        if self.max_prompt_tokens == 0 {
+            return bad("max_prompt_tokens must be > 0".into());
+        }
+        let mut names = HashSet::new();
+        for m in &self.models {
+            if m.name.is_empty() || !names.insert(m.name.as_str()) {
+                return bad(format!("model name '{}' is empty or repeated", m.name));
+            }
+            m.validate().map_err(|e| ConfigError::Invalid(format!("model '{}': {e}", m.name)))?;
+        }
+        Ok(())
+    }
+}
+
+impl ModelConfig {
+    fn validate(&self) -> Result<(), String> {
+        if self.workers.is_empty() {
+            return Err("'workers' must list at least one ip:port".into());
+        }
+        let mut seen = HashSet::new();
+        for w in &self.workers {
+            if w.parse::<SocketAddr>().is_err() {
+                return Err(format!("worker '{w}' is not an ip:port"));
+            }
+            if !seen.insert(w) {
+                return Err(format!("worker '{w}' is listed twice"));
+            }
+        }
+        if !(1..=4096).contains(&self.block_size) {
+            return Err(format!("block_size {} is outside 1..=4096", self.block_size));
+        }
+        if self.tokenizer.is_some() != self.tokenizer_config.is_some() {
+            return Err("give both 'tokenizer' and 'tokenizer_config', or neither (demo)".into());
+        }
+        self.profile.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<FilterConfig, ConfigError> {
+        FilterConfig::from_json(v.to_string().as_bytes())
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = parse(json!({"models":[{"name":"m","workers":["127.0.0.1:8000"]}]})).unwrap();
+        assert_eq!(c.destination_header, "x-gateway-destination-endpoint");
+        assert_eq!(c.models[0].block_size, 16);
+        assert_eq!(c.models[0].profile, Profile::default());
+    }
+
+    #[test]
+    fn invalid_configs_say_why() {
+        let cases = [
+            (json!({}), "at least one model"),
+            (json!({"models":[{"name":"m","workers":[]}]}), "at least one ip:port"),
+            (json!({"models":[{"name":"m","workers":["host:80"]}]}), "not an ip:port"),
+            (json!({"models":[{"name":"m","workers":["127.0.0.1:1","127.0.0.1:1"]}]}), "twice"),
+            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"block_size":0}]}), "block_size"),
+            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"]},{"name":"m","workers":["127.0.0.1:1"]}]}), "repeated"),
+            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"profile":{"prefill_ms_per_token":-1}}]}), "profile"),
+            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"]}],"destination_header":"X-Bad"}), "lowercase"),
+            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"tokenizer":{}}]}), "both"),
+        ];
+        for (v, needle) in cases {
+            let e = parse(v.clone()).unwrap_err().to_string();
+            assert!(e.contains(needle), "{v}: {e}");
+        }
+        assert!(matches!(parse(json!({"modelz":[]})), Err(ConfigError::Parse(_))));
+    }
+}

@@ -1,0 +1,260 @@
+//! The cost model: estimated time to first token in milliseconds, and ordered selection.
+//!
+//! `ttft(w) = wait(w) + prefill(uncached(w))`, where `wait(w)` is the prefill work already queued
+//! on `w` (router-tracked uncached tokens of requests not yet at first token) plus the slowdown
+//! from the requests `w` is decoding. The profile's numbers come from the plugin config.
+
+use serde::{Deserialize, Serialize};
+
+use crate::load::WorkerLoad;
+
+/// Per-model timing profile (milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Profile {
+    /// Fixed cost of a prefill (scheduling, one forward pass floor).
+    pub prefill_base_ms: f64,
+    /// Linear prefill cost per uncached token.
+    pub prefill_ms_per_token: f64,
+    /// Quadratic (attention) term per uncached token squared.
+    pub prefill_ms_per_token_sq: f64,
+    /// Extra wait per request the worker is decoding (decode steps interleave with prefill).
+    pub decode_interference_ms: f64,
+}
+
+impl Default for Profile {
+    /// An 8B-class model on one H100: ~30 k prefill tokens/s, ~5 ms decode step floor.
+    fn default() -> Self {
+        Profile {
+            prefill_base_ms: 5.0,
+            prefill_ms_per_token: 0.033,
+            prefill_ms_per_token_sq: 4.2e-7,
+            decode_interference_ms: 0.5,
+        }
+    }
+}
+
+impl Profile {
+    pub fn prefill_ms(&self, tokens: u64) -> f64 {
+        let n = tokens as f64;
+        self.prefill_base_ms + self.prefill_ms_per_token * n + self.prefill_ms_per_token_sq * n * n
+    }
+
+    /// Waiting time before a new request's prefill starts on a worker with `load`.
+    pub fn wait_ms(&self, load: &WorkerLoad) -> f64 {
+        let queued = load.prefill_tokens as f64 * self.prefill_ms_per_token
+            + f64::from(load.prefilling_requests) * self.prefill_base_ms;
+        queued + f64::from(load.decoding_requests()) * self.decode_interference_ms
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let fields = [
+            ("prefill_base_ms", self.prefill_base_ms),
+            ("prefill_ms_per_token", self.prefill_ms_per_token),
+            ("prefill_ms_per_token_sq", self.prefill_ms_per_token_sq),
+            ("decode_interference_ms", self.decode_interference_ms),
+        ];
+        for (name, v) in fields {
+            if !v.is_finite() || v < 0.0 {
+                return Err(format!("profile.{name} must be a finite number >= 0, got {v}"));
+            }
+        }
+        if self.prefill_ms_per_token <= 0.0 && self.prefill_ms_per_token_sq <= 0.0 {
+            return Err("profile: prefill must cost something per token".into());
+        }
+        Ok(())
+    }
+}
+
+/// One worker as seen at decision time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub worker: String,
+    /// Leading prompt blocks believed cached on this worker.
+    pub cached_blocks: usize,
+    pub load: WorkerLoad,
+}
+
+/// A candidate's estimate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Score {
+    pub worker: String,
+    pub cached_tokens: u64,
+    pub uncached_tokens: u64,
+    pub wait_ms: f64,
+    pub prefill_ms: f64,
+    pub ttft_ms: f64,
+}
+
+/// How close two estimates must be to count as a tie (then the choice is random).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TieBand {
+    pub abs_ms: f64,
+    pub rel: f64,
+}
+
+impl Default for TieBand {
+    fn default() -> Self {
+        TieBand { abs_ms: 2.0, rel: 0.05 }
+    }
+}
+
+/// Scores every candidate for a prompt of `prompt_tokens` tokens.
+pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u32) -> Score {
+    let cached = (c.cached_blocks as u64 * u64::from(block_size)).min(prompt_tokens);
+    let uncached = prompt_tokens - cached;
+    let wait_ms = profile.wait_ms(&c.load);
+    let prefill_ms = profile.prefill_ms(uncached);
+    Score {
+        worker: c.worker.clone(),
+        cached_tokens: cached,
+        uncached_tokens: uncached,
+        wait_ms,
+        prefill_ms,
+        ttft_ms: wait_ms + prefill_ms,
+    }
+}
+
+/// Ranks candidates: the primary is drawn (with `pick`, a random number) among those within the
+/// tie band of the best estimate; the rest follow by increasing estimate. Empty in, empty out.
+pub fn rank(
+    profile: &Profile,
+    candidates: &[Candidate],
+    prompt_tokens: u64,
+    block_size: u32,
+    tie: TieBand,
+    pick: u64,
+) -> Vec<Score> {
+    let mut scores: Vec<Score> =
+        candidates.iter().map(|c| score(profile, c, prompt_tokens, block_size)).collect();
+    scores.sort_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms).then_with(|| a.worker.cmp(&b.worker)));
+    let Some(best) = scores.first().map(|s| s.ttft_ms) else { return scores };
+    let band = best + tie.abs_ms.max(tie.rel * best);
+    let ties = scores.iter().take_while(|s| s.ttft_ms <= band).count().max(1);
+    let chosen = (pick % ties as u64) as usize;
+    let primary = scores.remove(chosen);
+    scores.insert(0, primary);
+    scores
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const PROMPT: u64 = 4096;
+    const BS: u32 = 16;
+
+    fn load(prefill_tokens: u64, prefilling: u32, inflight: u32) -> WorkerLoad {
+        WorkerLoad { inflight_requests: inflight, prefilling_requests: prefilling, prefill_tokens }
+    }
+
+    /// The design's three reference cases, output budget equal: A idle without the blocks,
+    /// B busy (40 decoding requests) with the full prefix, C moderately loaded (1000 queued
+    /// prefill tokens, 4 decoding) with half the prefix.
+    fn reference_cases() -> Vec<Candidate> {
+        vec![
+            Candidate { worker: "A".into(), cached_blocks: 0, load: load(0, 0, 0) },
+            Candidate { worker: "B".into(), cached_blocks: 256, load: load(0, 0, 40) },
+            Candidate { worker: "C".into(), cached_blocks: 128, load: load(1000, 1, 5) },
+        ]
+    }
+
+    fn winner(profile: Profile) -> String {
+        rank(&profile, &reference_cases(), PROMPT, BS, TieBand { abs_ms: 0.0, rel: 0.0 }, 0)
+            .remove(0)
+            .worker
+    }
+
+    fn profile(per_token: f64, interference: f64) -> Profile {
+        Profile {
+            prefill_base_ms: 0.0,
+            prefill_ms_per_token: per_token,
+            prefill_ms_per_token_sq: 0.0,
+            decode_interference_ms: interference,
+        }
+    }
+
+    #[test]
+    fn cheap_recompute_and_costly_queueing_pick_the_idle_worker() {
+        assert_eq!(winner(profile(0.01, 5.0)), "A");
+    }
+
+    #[test]
+    fn costly_recompute_and_cheap_queueing_pick_the_busy_worker_with_the_prefix() {
+        assert_eq!(winner(profile(0.5, 2.0)), "B");
+    }
+
+    #[test]
+    fn balanced_costs_pick_the_moderate_worker_with_partial_reuse() {
+        assert_eq!(winner(profile(0.05, 8.0)), "C");
+    }
+
+    #[test]
+    fn near_ties_are_broken_by_the_pick() {
+        let c: Vec<Candidate> = ["x", "y", "z"]
+            .iter()
+            .map(|w| Candidate { worker: w.to_string(), cached_blocks: 0, load: load(0, 0, 0) })
+            .collect();
+        let p = Profile::default();
+        let firsts: std::collections::BTreeSet<String> =
+            (0..3).map(|pick| rank(&p, &c, 100, BS, TieBand::default(), pick)[0].worker.clone()).collect();
+        assert_eq!(firsts.len(), 3);
+    }
+
+    #[test]
+    fn invalid_profiles_are_rejected() {
+        assert!(profile(-1.0, 0.0).validate().is_err());
+        assert!(profile(f64::NAN, 0.0).validate().is_err());
+        assert!(profile(0.0, 1.0).validate().is_err());
+        assert!(Profile::default().validate().is_ok());
+    }
+
+    fn arb_candidate() -> impl Strategy<Value = Candidate> {
+        (0usize..300, 0u64..20_000, 0u32..8, 0u32..64).prop_map(|(b, t, p, i)| Candidate {
+            worker: format!("w{b}-{t}-{p}-{i}"),
+            cached_blocks: b,
+            load: load(t, p, p + i),
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn more_cached_blocks_never_cost_more(c in arb_candidate(), extra in 0usize..50, prompt in 0u64..8192) {
+            let p = Profile::default();
+            let more = Candidate { cached_blocks: c.cached_blocks + extra, ..c.clone() };
+            prop_assert!(score(&p, &more, prompt, BS).ttft_ms <= score(&p, &c, prompt, BS).ttft_ms);
+        }
+
+        #[test]
+        fn more_load_never_costs_less(c in arb_candidate(), t in 0u64..5000, d in 0u32..10) {
+            let p = Profile::default();
+            let busier = Candidate { load: c.load.apply(crate::load::LoadDelta::Start { prefill_tokens: t }), ..c.clone() };
+            let decoding = Candidate { load: WorkerLoad { inflight_requests: c.load.inflight_requests + d, ..c.load }, ..c.clone() };
+            let base = score(&p, &c, 4096, BS).ttft_ms;
+            prop_assert!(score(&p, &busier, 4096, BS).ttft_ms >= base);
+            prop_assert!(score(&p, &decoding, 4096, BS).ttft_ms >= base);
+        }
+
+        #[test]
+        fn ranking_is_a_permutation_with_primary_in_the_tie_band(
+            cs in proptest::collection::vec(arb_candidate(), 1..8), pick in any::<u64>()
+        ) {
+            let p = Profile::default();
+            let tie = TieBand::default();
+            let r = rank(&p, &cs, 4096, BS, tie, pick);
+            prop_assert_eq!(r.len(), cs.len());
+            let best = r.iter().map(|s| s.ttft_ms).fold(f64::INFINITY, f64::min);
+            prop_assert!(r[0].ttft_ms <= best + tie.abs_ms.max(tie.rel * best));
+            for w in r[1..].windows(2) {
+                prop_assert!(w[0].ttft_ms <= w[1].ttft_ms);
+            }
+            let mut a: Vec<_> = r.iter().map(|s| s.worker.clone()).collect();
+            let mut b: Vec<_> = cs.iter().map(|c| c.worker.clone()).collect();
+            a.sort();
+            b.sort();
+            prop_assert_eq!(a, b);
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The knowledge index: which block hashes each worker is believed to hold, from which source,
+//! and since when. Bounded per worker (LRU) and aged (TTL per source).
+
+use std::collections::HashMap;
+
+use hashlink::LinkedHashMap;
+
+/// Where an observation came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The engine's KV-cache event stream (precise).
+    KvEvent,
+    /// kvroute's own routing decision (predicted: the worker will compute these blocks).
+    Routed,
+    /// Confirmed by the worker's `cached_tokens` in a response.
+    Feedback,
+}
+
+/// One observation of a block on a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observation {
+    pub source: Source,
+    pub at_ms: u64,
+}
+
+/// Limits of the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexLimits {
+    /// Most blocks remembered per worker; the least recently observed go first.
+    pub max_blocks_per_worker: usize,
+    /// Age after which a routed (predicted) observation no longer counts.
+    pub routed_ttl_ms: u64,
+    /// Age after which a feedback-confirmed observation no longer counts.
+    pub feedback_ttl_ms: u64,
+    /// Age after which a KV-event observation no longer counts (0: never, events say removal).
+    pub event_ttl_ms: u64,
+}
+
+impl IndexLimits {
+    fn ttl(&self, source: Source) -> u64 {
+        match source {
+            Source::KvEvent => self.event_ttl_ms,
+            Source::Routed => self.routed_ttl_ms,
+            Source::Feedback => self.feedback_ttl_ms,
+        }
+    }
+
+    fn alive(&self, obs: &Observation, now_ms: u64) -> bool {
+        let ttl = self.ttl(obs.source);
+        ttl == 0 || now_ms.saturating_sub(obs.at_ms) < ttl
+    }
+}
+
+/// Result of a prefix lookup on one worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixMatch {
+    /// Consecutive leading blocks believed present.
+    pub blocks: usize,
+    /// Age of the oldest observation among them (0 when none matched).
+    pub oldest_age_ms: u64,
+    /// How many of the matched blocks come from the KV event stream.
+    pub from_events: usize,
+}
+
+#[derive(Debug, Default)]
+struct WorkerBlocks {
+    blocks: LinkedHashMap<u64, Observation>,
+}
+
+/// Per-worker block knowledge.
+#[derive(Debug)]
+pub struct KnowledgeIndex {
+    limits: IndexLimits,
+    workers: HashMap<String, WorkerBlocks>,
+}
+
+impl KnowledgeIndex {
+    pub fn new(limits: IndexLimits) -> Self {
+        KnowledgeIndex { limits, workers: HashMap::new() }
+    }
+
+    /// Records that `worker` holds `hashes` (refreshing their recency), evicting the least
+    /// recently observed blocks past the per-worker bound.
+    pub fn insert(&mut self, worker: &str, hashes: &[u64], source: Source, now_ms: u64) {
+        let limits = self.limits;
+        let w = self.workers.entry(worker.to_owned()).or_default();
+        for &h in hashes {
+            w.blocks.remove(&h);
+            w.blocks.insert(h, Observation { source, at_ms: now_ms });
+        }
+        while w.blocks.len() > limits.max_blocks_per_worker {
+            w.blocks.pop_front();
+        }
+        Self::purge(&limits, w, now_ms);
+    }
+
+    /// Forgets `hashes` on `worker`.
+    pub fn remove(&mut self, worker: &str, hashes: &[u64]) {
+        if let Some(w) = self.workers.get_mut(worker) {
+            for h in hashes {
+                w.blocks.remove(h);
+            }
+        }
+    }
+
+    /// Forgets everything about `worker`.
+    pub fn clear_worker(&mut self, worker: &str) {
+        self.workers.remove(worker);
+    }
+
+    /// Number of blocks currently remembered for `worker` (expired ones may still count
+    /// until purged).
+    pub fn len(&self, worker: &str) -> usize {
+        self.workers.get(worker).map_or(0, |w| w.blocks.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workers.values().all(|w| w.blocks.is_empty())
+    }
+
+    /// Longest run of leading `hashes` that `worker` is believed to hold, ignoring expired
+    /// observations.
+    pub fn prefix_match(&self, worker: &str, hashes: &[u64], now_ms: u64) -> PrefixMatch {
+        let mut m = PrefixMatch::default();
+        let Some(w) = self.workers.get(worker) else { return m };
+        for h in hashes {
+            match w.blocks.get(h).filter(|o| self.limits.alive(o, now_ms)) {
+                Some(o) => {
+                    m.blocks += 1;
+                    m.oldest_age_ms = m.oldest_age_ms.max(now_ms.saturating_sub(o.at_ms));
+                    if o.source == Source::KvEvent {
+                        m.from_events += 1;
+                    }
+                }
+                None => break,
+            }
+        }
+        m
+    }
+
+    /// Drops expired observations from the old end of each worker's list.
+    fn purge(limits: &IndexLimits, w: &mut WorkerBlocks, now_ms: u64) {
+        while let Some((_, o)) = w.blocks.front() {
+            if limits.alive(o, now_ms) {
+                break;
+            }
+            w.blocks.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    const LIMITS: IndexLimits = IndexLimits {
+        max_blocks_per_worker: 8,
+        routed_ttl_ms: 1000,
+        feedback_ttl_ms: 5000,
+        event_ttl_ms: 0,
+    };
+
+    #[test]
+    fn prefix_stops_at_first_gap_and_reports_age() {
+        let mut ix = KnowledgeIndex::new(LIMITS);
+        ix.insert("a", &[1, 2, 3], Source::Routed, 100);
+        ix.insert("a", &[5], Source::KvEvent, 200);
+        let m = ix.prefix_match("a", &[1, 2, 3, 4, 5], 300);
+        assert_eq!(m, PrefixMatch { blocks: 3, oldest_age_ms: 200, from_events: 0 });
+        assert_eq!(ix.prefix_match("b", &[1], 300).blocks, 0);
+    }
+
+    #[test]
+    fn routed_knowledge_expires_events_do_not() {
+        let mut ix = KnowledgeIndex::new(LIMITS);
+        ix.insert("a", &[1], Source::Routed, 0);
+        ix.insert("a", &[2], Source::KvEvent, 0);
+        assert_eq!(ix.prefix_match("a", &[1], 999).blocks, 1);
+        assert_eq!(ix.prefix_match("a", &[1], 1000).blocks, 0);
+        assert_eq!(ix.prefix_match("a", &[2], 1_000_000).blocks, 1);
+    }
+
+    #[test]
+    fn memory_is_bounded_per_worker() {
+        let mut ix = KnowledgeIndex::new(LIMITS);
+        let hashes: Vec<u64> = (0..100).collect();
+        ix.insert("a", &hashes, Source::KvEvent, 0);
+        assert_eq!(ix.len("a"), 8);
+        assert_eq!(ix.prefix_match("a", &[92, 93], 0).blocks, 2);
+        ix.clear_worker("a");
+        assert!(ix.is_empty());
+    }
+
+    /// The obviously-correct reference: a recency-ordered list per worker.
+    #[derive(Default)]
+    struct Naive {
+        workers: HashMap<String, Vec<(u64, Observation)>>,
+    }
+
+    impl Naive {
+        fn insert(&mut self, w: &str, hashes: &[u64], source: Source, now: u64) {
+            let list = self.workers.entry(w.into()).or_default();
+            for &h in hashes {
+                list.retain(|(x, _)| *x != h);
+                list.push((h, Observation { source, at_ms: now }));
+            }
+            while list.len() > LIMITS.max_blocks_per_worker {
+                list.remove(0);
+            }
+            while list.first().is_some_and(|(_, o)| !LIMITS.alive(o, now)) {
+                list.remove(0);
+            }
+        }
+        fn remove(&mut self, w: &str, hashes: &[u64]) {
+            if let Some(list) = self.workers.get_mut(w) {
+                list.retain(|(x, _)| !hashes.contains(x));
+            }
+        }
+        fn prefix(&self, w: &str, hashes: &[u64], now: u64) -> usize {
+            let Some(list) = self.workers.get(w) else { return 0 };
+            hashes
+                .iter()
+                .take_while(|h| {
+                    list.iter().any(|(x, o)| x == *h && LIMITS.alive(o, now))
+                })
+                .count()
+        }
+    }
+
+    #[test]
+    fn differential_against_naive_reference() {
+        for seed in 0..20u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut ix = KnowledgeIndex::new(LIMITS);
+            let mut naive = Naive::default();
+            let mut now = 0u64;
+            for _ in 0..400 {
+                now += rng.random_range(0..300);
+                let w = ["a", "b", "c"][rng.random_range(0..3)];
+                let hashes: Vec<u64> = (0..rng.random_range(1..6)).map(|_| rng.random_range(0..16)).collect();
+                match rng.random_range(0..10) {
+                    0..=4 => {
+                        let src = [Source::Routed, Source::KvEvent, Source::Feedback][rng.random_range(0..3)];
+                        ix.insert(w, &hashes, src, now);
+                        naive.insert(w, &hashes, src, now);
+                    }
+                    5 => {
+                        ix.remove(w, &hashes);
+                        naive.remove(w, &hashes);
+                    }
+                    _ => assert_eq!(
+                        ix.prefix_match(w, &hashes, now).blocks,
+                        naive.prefix(w, &hashes, now),
+                        "seed {seed}"
+                    ),
+                }
+            }
+        }
+    }
+}

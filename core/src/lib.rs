@@ -1,0 +1,34 @@
+//! kvroute-core: everything kvroute decides, with no I/O and no proxy-wasm.
+//!
+//! Where to start: [`router::Router`] takes a parsed request ([`request`]), renders and tokenizes it
+//! with a [`model::ModelBundle`], hashes full token blocks ([`hash`]), looks them up in the
+//! [`index::KnowledgeIndex`], and ranks workers with the cost model in [`cost`]. The filter crate
+//! is thin glue around it; host access (clock, randomness, shared load) is passed in as values.
+//!
+//! Module map:
+//! - [`request`]: OpenAI request parsing (`/v1/chat/completions`, `/v1/completions`).
+//! - [`template`]: chat-template rendering (minijinja, Hugging Face conventions).
+//! - [`model`]: tokenizer + template bundle, fingerprint, the built-in demo bundle.
+//! - [`hash`]: the one block-hashing path, seeded by a [`hash::CacheDomain`].
+//! - [`index`]: per-worker knowledge with source, age, TTL and LRU bounds.
+//! - [`cost`]: the millisecond cost model and ordered selection.
+//! - [`usage`]: streaming scanner for `cached_tokens` in JSON or SSE responses.
+//! - [`audit`]: prediction audit classes.
+//! - [`config`]: filter configuration with defaults and `validate()`.
+//! - [`error`]: OpenAI-style error bodies.
+
+pub mod audit;
+pub mod config;
+pub mod cost;
+pub mod error;
+pub mod hash;
+pub mod index;
+pub mod load;
+pub mod model;
+pub mod request;
+pub mod router;
+pub mod template;
+pub mod textgen;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod train;
+pub mod usage;

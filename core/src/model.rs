@@ -1,0 +1,157 @@
+//! A model's tokenizer and chat template, loaded from Hugging Face style files, and the
+//! built-in demo bundle (trained by this project, see `kvroute-sim make-bundle`).
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use thiserror::Error;
+use tokenizers::Tokenizer;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::request::Prompt;
+use crate::template::{ChatTemplate, TemplateError};
+
+/// The demo bundle's `tokenizer.json`, committed under `assets/demo-model/`.
+pub const DEMO_TOKENIZER_JSON: &str = include_str!("../../assets/demo-model/tokenizer.json");
+/// The demo bundle's `tokenizer_config.json` (chat template and special tokens).
+pub const DEMO_TOKENIZER_CONFIG: &str =
+    include_str!("../../assets/demo-model/tokenizer_config.json");
+
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error("tokenizer.json does not load: {0}")]
+    Tokenizer(String),
+    #[error("tokenizer_config.json is invalid: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("tokenization failed: {0}")]
+    Encode(String),
+}
+
+/// Tokenizer + chat template, able to turn any parsed prompt into the engine's token ids.
+#[derive(Clone)]
+pub struct ModelBundle {
+    tokenizer: Arc<Tokenizer>,
+    template: Arc<ChatTemplate>,
+    fingerprint: u64,
+}
+
+impl std::fmt::Debug for ModelBundle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ModelBundle({:016x})", self.fingerprint)
+    }
+}
+
+impl ModelBundle {
+    /// Loads a bundle from the text of `tokenizer.json` and `tokenizer_config.json`.
+    pub fn from_hf(tokenizer_json: &str, tokenizer_config_json: &str) -> Result<Self, ModelError> {
+        let tokenizer = Tokenizer::from_bytes(tokenizer_json.as_bytes())
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let cfg: Value = serde_json::from_str(tokenizer_config_json)
+            .map_err(|e| ModelError::Config(e.to_string()))?;
+        let chat_template = cfg
+            .get("chat_template")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ModelError::Config("no string 'chat_template'".into()))?;
+        let template =
+            ChatTemplate::new(chat_template, &special(&cfg, "bos_token"), &special(&cfg, "eos_token"))?;
+        let mut fp = tokenizer_json.as_bytes().to_vec();
+        fp.extend_from_slice(chat_template.as_bytes());
+        Ok(ModelBundle {
+            tokenizer: Arc::new(tokenizer),
+            template: Arc::new(template),
+            fingerprint: xxh3_64(&fp),
+        })
+    }
+
+    /// The project's own demo bundle.
+    pub fn demo() -> Result<Self, ModelError> {
+        Self::from_hf(DEMO_TOKENIZER_JSON, DEMO_TOKENIZER_CONFIG)
+    }
+
+    /// xxh3 of the tokenizer and template sources: part of the cache domain.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// Renders the chat template as the engine does (with the generation prompt).
+    pub fn render_chat(&self, messages: &[Value]) -> Result<String, ModelError> {
+        Ok(self.template.render(messages, true)?)
+    }
+
+    /// Tokenizes `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {
+        let enc = self
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|e| ModelError::Encode(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text (used by the simulated engine to produce output).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        self.tokenizer.decode(ids, false).map_err(|e| ModelError::Encode(e.to_string()))
+    }
+
+    /// The engine's token ids for a prompt: chat prompts are rendered and encoded without
+    /// special tokens (the template carries BOS, as in vLLM's chat endpoint); text completions
+    /// are encoded with them; token-id prompts are used as given.
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, ModelError> {
+        match prompt {
+            Prompt::Messages(m) => self.encode(&self.render_chat(m)?, false),
+            Prompt::Text(t) => self.encode(t, true),
+            Prompt::Tokens(t) => Ok(t.clone()),
+        }
+    }
+}
+
+/// A special token from tokenizer_config.json: either a string or `{"content": "..."}`.
+fn special(cfg: &Value, key: &str) -> String {
+    match cfg.get(key) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").into(),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn demo_bundle_renders_llama3_style_and_starts_with_one_bos() {
+        let b = ModelBundle::demo().unwrap();
+        let msgs = vec![json!({"role":"user","content":"hello there"})];
+        let text = b.render_chat(&msgs).unwrap();
+        assert!(text.starts_with("<|begin_of_text|><|start_header_id|>user<|end_header_id|>"));
+        assert!(text.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"));
+        let ids = b.prompt_tokens(&Prompt::Messages(msgs)).unwrap();
+        let bos = b.encode("<|begin_of_text|>", false).unwrap();
+        assert_eq!(bos.len(), 1, "BOS is one special token");
+        assert_eq!(ids[0], bos[0]);
+        assert_ne!(ids[1], bos[0], "chat rendering must not add a second BOS");
+        // A text completion gets BOS from the post-processor.
+        let t = b.prompt_tokens(&Prompt::Text("hello".into())).unwrap();
+        assert_eq!(t[0], bos[0]);
+        assert_eq!(b.decode(&t[1..]).unwrap(), "hello");
+    }
+
+    #[test]
+    fn special_tokens_are_never_split() {
+        let b = ModelBundle::demo().unwrap();
+        for tok in ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|end_of_text|>"] {
+            assert_eq!(b.encode(tok, false).unwrap().len(), 1, "{tok}");
+        }
+    }
+
+    #[test]
+    fn bad_files_are_errors() {
+        assert!(matches!(ModelBundle::from_hf("{}", "{}"), Err(ModelError::Tokenizer(_))));
+        assert!(matches!(
+            ModelBundle::from_hf(DEMO_TOKENIZER_JSON, "{}"),
+            Err(ModelError::Config(_))
+        ));
+    }
+}

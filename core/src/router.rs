@@ -1,0 +1,287 @@
+//! The router: an immutable per-model view built from the config, plus the mutable knowledge
+//! index. `decide` turns a parsed request into an ordered list of workers.
+
+use std::collections::HashMap;
+
+use crate::audit::{classify, AuditClass};
+use crate::config::{ConfigError, FilterConfig, ModelConfig};
+use crate::cost::{rank, Candidate, Profile, Score, TieBand};
+use crate::error::ApiError;
+use crate::hash::{block_hashes, CacheDomain};
+use crate::index::{KnowledgeIndex, Source};
+use crate::load::WorkerLoad;
+use crate::model::ModelBundle;
+use crate::request::ParsedRequest;
+
+/// Why a decision was made without cache knowledge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The chat template failed to render this request.
+    Render,
+    /// The tokenizer failed on this request.
+    Tokenize,
+    /// The prompt is longer than `max_prompt_tokens`.
+    TooLong,
+}
+
+impl FallbackReason {
+    pub const ALL: [FallbackReason; 3] =
+        [FallbackReason::Render, FallbackReason::Tokenize, FallbackReason::TooLong];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FallbackReason::Render => "render_error",
+            FallbackReason::Tokenize => "tokenize_error",
+            FallbackReason::TooLong => "too_long",
+        }
+    }
+}
+
+/// What the router decided for one request; holds no prompt text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Workers in order of preference: primary first, then fallbacks.
+    pub ranked: Vec<Score>,
+    pub block_hashes: Vec<u64>,
+    pub prompt_tokens: u64,
+    pub block_size: u32,
+    /// Age of the oldest knowledge credited to the primary (ms).
+    pub knowledge_age_ms: u64,
+    pub fallback: Option<FallbackReason>,
+}
+
+impl Decision {
+    pub fn primary(&self) -> Option<&Score> {
+        self.ranked.first()
+    }
+
+    /// Tokens the primary is expected to reuse.
+    pub fn predicted_cached_tokens(&self) -> u64 {
+        self.primary().map_or(0, |s| s.cached_tokens)
+    }
+
+    /// Tokens the primary must compute (what its load is charged with).
+    pub fn uncached_tokens(&self) -> u64 {
+        self.primary().map_or(self.prompt_tokens, |s| s.uncached_tokens)
+    }
+
+    /// The destination header value: `primary,fallback`.
+    pub fn header_value(&self) -> String {
+        self.ranked.iter().take(2).map(|s| s.worker.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    /// Classifies what the worker reported against this decision's prediction.
+    pub fn audit(&self, actual_cached: u64) -> AuditClass {
+        classify(self.predicted_cached_tokens(), actual_cached, self.prompt_tokens, self.block_size)
+    }
+}
+
+struct ModelRoute {
+    bundle: ModelBundle,
+    config: ModelConfig,
+}
+
+/// One Envoy thread's router.
+pub struct Router {
+    models: HashMap<String, ModelRoute>,
+    index: KnowledgeIndex,
+    tie: TieBand,
+    max_prompt_tokens: usize,
+}
+
+impl Router {
+    /// Builds the router, loading every model's tokenizer and template.
+    pub fn new(cfg: &FilterConfig) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        let mut demo: Option<ModelBundle> = None;
+        let mut models = HashMap::new();
+        for m in &cfg.models {
+            let invalid = |e: crate::model::ModelError| {
+                ConfigError::Invalid(format!("model '{}': {e}", m.name))
+            };
+            let bundle = match (&m.tokenizer, &m.tokenizer_config) {
+                (Some(t), Some(c)) => {
+                    ModelBundle::from_hf(&t.to_string(), &c.to_string()).map_err(invalid)?
+                }
+                _ => match &demo {
+                    Some(b) => b.clone(),
+                    None => demo.insert(ModelBundle::demo().map_err(invalid)?).clone(),
+                },
+            };
+            models.insert(m.name.clone(), ModelRoute { bundle, config: m.clone() });
+        }
+        Ok(Router {
+            models,
+            index: KnowledgeIndex::new(cfg.index.limits()),
+            tie: cfg.tie_band,
+            max_prompt_tokens: cfg.max_prompt_tokens,
+        })
+    }
+
+    /// The configured workers of `model`.
+    pub fn workers(&self, model: &str) -> Option<&[String]> {
+        self.models.get(model).map(|m| m.config.workers.as_slice())
+    }
+
+    /// Every configured worker, across models.
+    pub fn all_workers(&self) -> impl Iterator<Item = &str> {
+        self.models.values().flat_map(|m| m.config.workers.iter().map(String::as_str))
+    }
+
+    /// The cache domain a request belongs to.
+    pub fn domain(&self, req: &ParsedRequest) -> Option<CacheDomain> {
+        let m = self.models.get(&req.model)?;
+        Some(CacheDomain {
+            model: req.model.clone(),
+            tokenizer_fingerprint: m.bundle.fingerprint(),
+            block_size: m.config.block_size,
+            lora_name: m.config.lora_name.clone(),
+            tenant_salt: req.cache_salt.clone(),
+        })
+    }
+
+    /// Decides where `req` goes. `load` reads a worker's current router-tracked load;
+    /// `body_len` estimates the prompt size when tokenization fails; `pick` is a random number.
+    pub fn decide(
+        &self,
+        req: &ParsedRequest,
+        body_len: usize,
+        load: &dyn Fn(&str) -> WorkerLoad,
+        now_ms: u64,
+        pick: u64,
+    ) -> Result<Decision, ApiError> {
+        let m = self.models.get(&req.model).ok_or_else(|| ApiError::model_not_found(&req.model))?;
+        let bs = m.config.block_size;
+        let (tokens, fallback) = match m.bundle.prompt_tokens(&req.prompt) {
+            Ok(t) if t.len() > self.max_prompt_tokens => (t.len() as u64, Some(FallbackReason::TooLong)),
+            Ok(t) => {
+                let n = t.len() as u64;
+                let seed = self.domain(req).map(|d| d.seed()).unwrap_or_default();
+                return Ok(self.rank(m, block_hashes(seed, bs, &t), n, load, now_ms, pick, None));
+            }
+            Err(crate::model::ModelError::Template(_)) => {
+                ((body_len / 4) as u64, Some(FallbackReason::Render))
+            }
+            Err(_) => ((body_len / 4) as u64, Some(FallbackReason::Tokenize)),
+        };
+        Ok(self.rank(m, Vec::new(), tokens, load, now_ms, pick, fallback))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rank(
+        &self,
+        m: &ModelRoute,
+        hashes: Vec<u64>,
+        prompt_tokens: u64,
+        load: &dyn Fn(&str) -> WorkerLoad,
+        now_ms: u64,
+        pick: u64,
+        fallback: Option<FallbackReason>,
+    ) -> Decision {
+        let mut ages = HashMap::new();
+        let candidates: Vec<Candidate> = m
+            .config
+            .workers
+            .iter()
+            .map(|w| {
+                let pm = self.index.prefix_match(w, &hashes, now_ms);
+                ages.insert(w.as_str(), pm.oldest_age_ms);
+                Candidate { worker: w.clone(), cached_blocks: pm.blocks, load: load(w) }
+            })
+            .collect();
+        let profile: &Profile = &m.config.profile;
+        let ranked = rank(profile, &candidates, prompt_tokens, m.config.block_size, self.tie, pick);
+        let knowledge_age_ms =
+            ranked.first().and_then(|s| ages.get(s.worker.as_str())).copied().unwrap_or(0);
+        Decision {
+            ranked,
+            block_hashes: hashes,
+            prompt_tokens,
+            block_size: m.config.block_size,
+            knowledge_age_ms,
+            fallback,
+        }
+    }
+
+    /// Credits `worker` with blocks it is about to compute or was seen to hold.
+    pub fn observe(&mut self, worker: &str, hashes: &[u64], source: Source, now_ms: u64) {
+        self.index.insert(worker, hashes, source, now_ms);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{parse, Endpoint};
+    use serde_json::json;
+
+    fn router() -> Router {
+        let cfg = FilterConfig::from_json(
+            json!({"models":[{"name":"m","workers":["127.0.0.1:1","127.0.0.1:2","127.0.0.1:3"]}],
+                   "tie_band":{"abs_ms":0.0,"rel":0.0}})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+        Router::new(&cfg).unwrap()
+    }
+
+    fn req(salt: Option<&str>, text: &str) -> ParsedRequest {
+        let mut body = json!({"model":"m","messages":[{"role":"user","content":text}]});
+        if let Some(s) = salt {
+            body["cache_salt"] = json!(s);
+        }
+        parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+    }
+
+    const LONG: &str = "the quick brown fox jumps over the lazy dog and keeps running far away ";
+
+    #[test]
+    fn credited_worker_wins_and_unknown_model_is_404() {
+        let mut r = router();
+        let idle = |_: &str| WorkerLoad::default();
+        let q = req(None, &LONG.repeat(20));
+        let d = r.decide(&q, 0, &idle, 0, 0).unwrap();
+        assert!(d.block_hashes.len() > 10);
+        assert_eq!(d.predicted_cached_tokens(), 0);
+        r.observe("127.0.0.1:2", &d.block_hashes, Source::Routed, 0);
+        let d2 = r.decide(&q, 0, &idle, 10, 0).unwrap();
+        assert_eq!(d2.primary().unwrap().worker, "127.0.0.1:2");
+        assert_eq!(d2.knowledge_age_ms, 10);
+        assert_eq!(d2.predicted_cached_tokens(), d.block_hashes.len() as u64 * 16);
+        assert_eq!(d2.header_value().split(',').count(), 2);
+        let mut other = q.clone();
+        other.model = "nope".into();
+        assert_eq!(r.decide(&other, 0, &idle, 0, 0).unwrap_err().status, 404);
+    }
+
+    #[test]
+    fn tenants_never_share_cache_credit() {
+        let mut r = router();
+        let idle = |_: &str| WorkerLoad::default();
+        let a = r.decide(&req(Some("tenant-a"), &LONG.repeat(20)), 0, &idle, 0, 0).unwrap();
+        r.observe("127.0.0.1:3", &a.block_hashes, Source::Routed, 0);
+        let b = r.decide(&req(Some("tenant-b"), &LONG.repeat(20)), 0, &idle, 0, 0).unwrap();
+        assert_eq!(b.predicted_cached_tokens(), 0);
+        assert!(a.block_hashes.iter().all(|h| !b.block_hashes.contains(h)));
+        let a2 = r.decide(&req(Some("tenant-a"), &LONG.repeat(20)), 0, &idle, 0, 0).unwrap();
+        assert!(a2.predicted_cached_tokens() > 0);
+    }
+
+    #[test]
+    fn busy_holder_loses_to_recompute_once_waiting_costs_more() {
+        let mut r = router();
+        let q = req(None, &LONG.repeat(20));
+        let d = r.decide(&q, 0, &|_| WorkerLoad::default(), 0, 0).unwrap();
+        r.observe("127.0.0.1:1", &d.block_hashes, Source::Routed, 0);
+        let busy = |w: &str| {
+            if w == "127.0.0.1:1" {
+                WorkerLoad { inflight_requests: 20, prefilling_requests: 20, prefill_tokens: 80_000 }
+            } else {
+                WorkerLoad::default()
+            }
+        };
+        let d2 = r.decide(&q, 0, &busy, 1, 0).unwrap();
+        assert_ne!(d2.primary().unwrap().worker, "127.0.0.1:1");
+    }
+}
