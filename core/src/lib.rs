@@ -23,6 +23,7 @@ pub mod cost;
 pub mod error;
 pub mod hash;
 pub mod index;
+pub mod journal;
 pub mod load;
 pub mod model;
 pub mod request;

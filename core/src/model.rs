@@ -77,7 +77,16 @@ impl ModelBundle {
 
     /// Renders the chat template as the engine does (with the generation prompt).
     pub fn render_chat(&self, messages: &[Value]) -> Result<String, ModelError> {
-        Ok(self.template.render(messages, true)?)
+        self.render_chat_with(messages, true)
+    }
+
+    /// Renders the chat template, choosing whether to append the generation prompt.
+    pub fn render_chat_with(
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
+        Ok(self.template.render(messages, add_generation_prompt)?)
     }
 
     /// Tokenizes `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS).

@@ -1,0 +1,169 @@
+//! The knowledge journal shared by all Envoy threads: every routing credit and response
+//! confirmation is appended as a small entry, and each thread applies the entries it has not
+//! seen to its own index. This module is the entry codec; the decoder never panics.
+
+use thiserror::Error;
+
+use crate::index::Source;
+
+const VERSION: u8 = 1;
+/// Most hashes one entry carries (a 128 k-token prompt at block size 16 is 8192 blocks).
+pub const MAX_HASHES: usize = 16_384;
+
+/// One observation batch: `worker` holds `hashes` since `at_ms`, according to `source`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub seq: u64,
+    pub at_ms: u64,
+    pub source: Source,
+    pub worker: String,
+    pub hashes: Vec<u64>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum JournalError {
+    #[error("journal entry truncated")]
+    Truncated,
+    #[error("journal entry has unknown version {0}")]
+    Version(u8),
+    #[error("journal entry has unknown source {0}")]
+    Source(u8),
+    #[error("journal entry worker is not UTF-8")]
+    Worker,
+    #[error("journal entry has {0} hashes, more than allowed")]
+    TooMany(usize),
+    #[error("journal entry has trailing bytes")]
+    Trailing,
+}
+
+fn source_byte(s: Source) -> u8 {
+    match s {
+        Source::KvEvent => 0,
+        Source::Routed => 1,
+        Source::Feedback => 2,
+    }
+}
+
+impl JournalEntry {
+    pub fn encode(&self) -> Vec<u8> {
+        let n = self.hashes.len().min(MAX_HASHES);
+        let mut out = Vec::with_capacity(24 + self.worker.len() + 8 * n);
+        out.push(VERSION);
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.at_ms.to_le_bytes());
+        out.push(source_byte(self.source));
+        let w = &self.worker.as_bytes()[..self.worker.len().min(255)];
+        out.push(w.len() as u8);
+        out.extend_from_slice(w);
+        out.extend_from_slice(&(n as u32).to_le_bytes());
+        for h in &self.hashes[..n] {
+            out.extend_from_slice(&h.to_le_bytes());
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, JournalError> {
+        let mut r = Reader(bytes);
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(JournalError::Version(version));
+        }
+        let seq = r.u64()?;
+        let at_ms = r.u64()?;
+        let source = match r.u8()? {
+            0 => Source::KvEvent,
+            1 => Source::Routed,
+            2 => Source::Feedback,
+            s => return Err(JournalError::Source(s)),
+        };
+        let wlen = r.u8()? as usize;
+        let worker =
+            String::from_utf8(r.take(wlen)?.to_vec()).map_err(|_| JournalError::Worker)?;
+        let n = r.u32()? as usize;
+        if n > MAX_HASHES {
+            return Err(JournalError::TooMany(n));
+        }
+        let hashes = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+        if !r.0.is_empty() {
+            return Err(JournalError::Trailing);
+        }
+        Ok(JournalEntry { seq, at_ms, source, worker, hashes })
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], JournalError> {
+        if self.0.len() < n {
+            return Err(JournalError::Truncated);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, JournalError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, JournalError> {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(b))
+    }
+    fn u64(&mut self) -> Result<u64, JournalError> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn entry() -> JournalEntry {
+        JournalEntry {
+            seq: 7,
+            at_ms: 1000,
+            source: Source::Routed,
+            worker: "127.0.0.1:8001".into(),
+            hashes: vec![1, u64::MAX],
+        }
+    }
+
+    #[test]
+    fn golden_bytes() {
+        let bytes = entry().encode();
+        let mut want = vec![1u8, 7, 0, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0, 1, 14];
+        want.extend_from_slice(b"127.0.0.1:8001");
+        want.extend_from_slice(&[2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[0xff; 8]);
+        assert_eq!(bytes, want);
+        assert_eq!(JournalEntry::decode(&bytes), Ok(entry()));
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let bytes = entry().encode();
+        for n in 0..bytes.len() {
+            assert!(JournalEntry::decode(&bytes[..n]).is_err(), "{n}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert_eq!(JournalEntry::decode(&long), Err(JournalError::Trailing));
+    }
+
+    proptest! {
+        #[test]
+        fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = JournalEntry::decode(&bytes);
+        }
+
+        #[test]
+        fn round_trips(seq: u64, at: u64, w in "[0-9.:]{0,40}", hashes in proptest::collection::vec(any::<u64>(), 0..50)) {
+            let e = JournalEntry { seq, at_ms: at, source: Source::Feedback, worker: w, hashes };
+            prop_assert_eq!(JournalEntry::decode(&e.encode()), Ok(e));
+        }
+    }
+}

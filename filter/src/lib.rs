@@ -1,0 +1,19 @@
+//! kvroute-filter: the proxy-wasm glue that runs kvroute inside Envoy.
+//!
+//! Where to start: [`root::KvRoot`] is created per Envoy worker thread; it parses the plugin
+//! configuration into a [`kvroute_core::router::Router`] and makes one [`http::KvHttp`] per
+//! request. All decisions happen in `kvroute-core`; this crate only moves bytes between Envoy and
+//! the core: the request body in, the destination header out, load and knowledge through Envoy
+//! shared data ([`shared`]), counters to `/stats/prometheus` ([`metrics`]).
+
+pub mod http;
+pub mod metrics;
+pub mod root;
+pub mod shared;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::KvRoot::default())
+    });
+}}
