@@ -1,0 +1,150 @@
+//! Envoy: rendering the bootstrap templates in `envoy/`, starting and validating, reading stats.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use tokio::process::Command;
+
+use crate::paths;
+use crate::process::Guard;
+
+/// Fills `${NAME}` placeholders; fails if any placeholder is left.
+pub fn render(template: &str, vars: &[(&str, String)]) -> anyhow::Result<String> {
+    let mut out = template.to_owned();
+    for (k, v) in vars {
+        out = out.replace(&format!("${{{k}}}"), v);
+    }
+    if let Some(pos) = out.find("${") {
+        let rest: String = out[pos..].chars().take(30).collect();
+        bail!("unfilled placeholder in Envoy template: {rest}");
+    }
+    Ok(out)
+}
+
+/// The template files shipped in `envoy/`.
+pub fn templates() -> anyhow::Result<Vec<PathBuf>> {
+    let dir = paths::repo_root().join("envoy");
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// `lb_endpoints` for `addrs` (`ip:port`) as a YAML flow list.
+pub fn endpoints(addrs: &[String]) -> anyhow::Result<String> {
+    let list: Vec<serde_json::Value> = addrs
+        .iter()
+        .map(|a| {
+            let sa: std::net::SocketAddr = a.parse().with_context(|| format!("bad address {a}"))?;
+            Ok(serde_json::json!({"endpoint": {"address": {"socket_address": {
+                "address": sa.ip().to_string(), "port_value": sa.port()}}}}))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(serde_json::Value::Array(list).to_string())
+}
+
+/// Runs `envoy --mode validate`; returns (success, combined output).
+pub async fn validate(config: &Path) -> anyhow::Result<(bool, String)> {
+    let out = Command::new(paths::envoy_bin()?)
+        .args(["--mode", "validate", "--log-level", "info", "-c"])
+        .arg(config)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out).await.context("validate timed out")??;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    Ok((out.status.success(), text))
+}
+
+/// A running Envoy.
+pub struct Envoy {
+    pub guard: Guard,
+    pub admin_port: u16,
+    pub listen_port: u16,
+    pub log: PathBuf,
+}
+
+impl Envoy {
+    /// Starts Envoy on `config` and waits until its admin says it is ready and the listener
+    /// accepts connections.
+    pub async fn start(config: &Path, admin_port: u16, listen_port: u16, dir: &Path, concurrency: u32) -> anyhow::Result<Envoy> {
+        let log = dir.join("envoy.log");
+        let mut cmd = Command::new(paths::envoy_bin()?);
+        cmd.arg("-c")
+            .arg(config)
+            .args(["--concurrency", &concurrency.to_string(), "--log-level", "info"])
+            .args(["--base-id", &(std::process::id() % 60_000 + u32::from(admin_port)).to_string()]);
+        let mut guard = Guard::spawn("envoy", cmd, &log)?;
+        let http = reqwest::Client::new();
+        let ready = format!("http://127.0.0.1:{admin_port}/ready");
+        let res = crate::eventually("envoy ready", Duration::from_secs(90), || {
+            let http = http.clone();
+            let ready = ready.clone();
+            let exited = guard.try_exit();
+            async move {
+                if exited.is_some() {
+                    return Some(false);
+                }
+                let ok = http.get(&ready).send().await.ok()?.status().is_success();
+                ok.then_some(true)
+            }
+        })
+        .await;
+        if !matches!(res, Ok(true)) {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: String = tail.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            bail!("envoy did not become ready ({res:?}); log tail:\n{tail}");
+        }
+        Ok(Envoy { guard, admin_port, listen_port, log })
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.listen_port)
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
+    }
+
+    /// Prometheus samples from `/stats/prometheus`: `name{label="v",...}` → value.
+    pub async fn prometheus(&self) -> anyhow::Result<HashMap<String, f64>> {
+        let text = reqwest::get(format!("{}/stats/prometheus", self.admin_url())).await?.text().await?;
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines).context("parsing /stats/prometheus")?;
+        let mut out = HashMap::new();
+        for s in scrape.samples {
+            let mut labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            labels.sort();
+            let key = if labels.is_empty() { s.metric.clone() } else { format!("{}{{{}}}", s.metric, labels.join(",")) };
+            let v = match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+                prometheus_parse::Value::Histogram(h) => h.iter().map(|c| c.count).fold(0.0, f64::max),
+                prometheus_parse::Value::Summary(_) => continue,
+            };
+            out.insert(key, v);
+        }
+        Ok(out)
+    }
+
+    /// Histogram percentiles from the admin `/stats` text (`P50(interval,cumulative)` form):
+    /// the cumulative value of each requested quantile of `stat`.
+    pub async fn histogram_quantiles(&self, stat: &str) -> anyhow::Result<HashMap<String, f64>> {
+        let text = reqwest::get(format!("{}/stats?filter={stat}", self.admin_url())).await?.text().await?;
+        let line = text.lines().find(|l| l.starts_with(&format!("{stat}:"))).with_context(|| format!("no histogram {stat}"))?;
+        let mut out = HashMap::new();
+        for part in line.split_whitespace().skip(1) {
+            // P50(12.3,45.6)
+            if let Some((q, rest)) = part.split_once('(') {
+                let cumulative = rest.trim_end_matches(')').split(',').nth(1).unwrap_or("nan");
+                if let Ok(v) = cumulative.parse::<f64>() {
+                    out.insert(q.to_owned(), v);
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,35 @@
+//! kvroute-integration: starts real Envoy (with the kvroute wasm filter or a baseline policy)
+//! in front of simulated workers on loopback, drives OpenAI traffic through it, and measures.
+//!
+//! Where to start: [`stack::Stack::start`] brings a whole stack up and tears it down on drop;
+//! [`client`] sends chat requests and records per-request timings; [`workload`] makes seeded
+//! multi-turn conversations; the `kvroute-demo` binary compares policies on one schedule.
+//! Every process started here is killed when its guard drops, also when a test fails.
+
+pub mod client;
+pub mod envoy;
+pub mod paths;
+pub mod process;
+pub mod sim;
+pub mod stack;
+pub mod workload;
+
+use std::time::{Duration, Instant};
+
+/// Polls `check` every 50 ms until it returns `Some`, or fails after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

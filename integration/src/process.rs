@@ -1,0 +1,59 @@
+//! Child processes that cannot outlive their owner: killed on drop (also when a test panics).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A running child process; dropping it kills it.
+pub struct Guard {
+    pub name: String,
+    child: Child,
+}
+
+impl Guard {
+    /// Starts `cmd` with stderr to `log`; stdout is piped for [`Guard::wait_line`].
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Guard> {
+        let err = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(err)).kill_on_drop(true);
+        let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
+        Ok(Guard { name: name.to_owned(), child })
+    }
+
+    /// Reads stdout until a line contains `needle`; returns that line.
+    pub async fn wait_line(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<String> {
+        let out = self.child.stdout.take().context("stdout already taken")?;
+        let mut lines = BufReader::new(out).lines();
+        let found = tokio::time::timeout(timeout, async {
+            while let Some(line) = lines.next_line().await? {
+                if line.contains(needle) {
+                    return Ok::<_, std::io::Error>(Some(line));
+                }
+            }
+            Ok(None)
+        })
+        .await
+        .with_context(|| format!("{}: no '{needle}' within {timeout:?}", self.name))??;
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        found.with_context(|| format!("{} exited before printing '{needle}'", self.name))
+    }
+
+    /// Kills the process now and waits for it.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Whether the process has exited, with its status.
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Waits for exit up to `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(timeout, self.child.wait()).await.ok().and_then(Result::ok)
+    }
+}

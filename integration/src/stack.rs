@@ -1,0 +1,152 @@
+//! A whole stack on loopback: N simulated workers, one Envoy (kvroute filter or a baseline
+//! policy) in front of them. Dropping the stack stops every process.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use crate::envoy::{self, Envoy};
+use crate::paths;
+use crate::sim::SimWorker;
+
+/// Which decision Envoy makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// The kvroute wasm filter with `override_host`.
+    Kvroute,
+    /// Envoy's LEAST_REQUEST, no filter.
+    LeastRequest,
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Kvroute => "kvroute",
+            Policy::LeastRequest => "least-request",
+        }
+    }
+
+    fn template(self) -> &'static str {
+        match self {
+            Policy::Kvroute => "kvroute.yaml",
+            Policy::LeastRequest => "least-request.yaml",
+        }
+    }
+}
+
+/// How to build a stack.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    pub policy: Policy,
+    pub workers: usize,
+    /// Extra flags for every simulated worker.
+    pub sim_args: Vec<String>,
+    /// Merged into the filter configuration (top-level keys; `model` keys go to the model).
+    pub filter: Value,
+    pub model_overrides: Value,
+    pub envoy_concurrency: u32,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        StackOptions {
+            policy: Policy::Kvroute,
+            workers: 3,
+            sim_args: Vec::new(),
+            filter: json!({}),
+            model_overrides: json!({}),
+            envoy_concurrency: 2,
+        }
+    }
+}
+
+pub const MODEL: &str = "kvroute-demo";
+
+pub struct Stack {
+    pub envoy: Envoy,
+    pub workers: Vec<SimWorker>,
+    pub dir: PathBuf,
+}
+
+fn merge(into: &mut Value, from: &Value) {
+    if let (Some(a), Some(b)) = (into.as_object_mut(), from.as_object()) {
+        for (k, v) in b {
+            a.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// The filter configuration for `addrs`.
+pub fn filter_config(addrs: &[String], opts: &StackOptions) -> Value {
+    let mut model = json!({"name": MODEL, "workers": addrs});
+    merge(&mut model, &opts.model_overrides);
+    let mut cfg = json!({"models": [model], "expose_decision_header": true});
+    merge(&mut cfg, &opts.filter);
+    cfg
+}
+
+/// Renders `template` for the given ports and workers into `dir`.
+pub fn write_config(template: &str, dir: &std::path::Path, admin: u16, listen: u16, addrs: &[String], filter: &Value) -> anyhow::Result<PathBuf> {
+    let path = paths::repo_root().join("envoy").join(template);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let wasm = paths::wasm_path()?;
+    let vars = [
+        ("ADMIN_PORT", admin.to_string()),
+        ("LISTEN_PORT", listen.to_string()),
+        ("WASM_PATH", wasm.display().to_string()),
+        ("ENDPOINTS", envoy::endpoints(addrs)?),
+        ("KVROUTE_CONFIG", filter.to_string()),
+    ];
+    let out = dir.join(template);
+    std::fs::write(&out, envoy::render(&text, &vars)?)?;
+    Ok(out)
+}
+
+impl Stack {
+    pub async fn start(opts: StackOptions) -> anyhow::Result<Stack> {
+        let dir = paths::scratch_dir(opts.policy.name())?;
+        let mut workers = Vec::new();
+        for i in 0..opts.workers {
+            workers.push(SimWorker::start(i, &opts.sim_args, &dir).await?);
+        }
+        let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
+        let (admin, listen) = (paths::free_port()?, paths::free_port()?);
+        let config = write_config(opts.policy.template(), &dir, admin, listen, &addrs, &filter_config(&addrs, &opts))?;
+        let envoy = Envoy::start(&config, admin, listen, &dir, opts.envoy_concurrency).await?;
+        let stack = Stack { envoy, workers, dir };
+        stack.wait_healthy(opts.workers).await?;
+        Ok(stack)
+    }
+
+    pub fn base_url(&self) -> String {
+        self.envoy.base_url()
+    }
+
+    pub fn addrs(&self) -> Vec<String> {
+        self.workers.iter().map(|w| w.addr.clone()).collect()
+    }
+
+    /// Waits until Envoy's active health checks report `n` healthy workers.
+    pub async fn wait_healthy(&self, n: usize) -> anyhow::Result<()> {
+        let url = format!("{}/clusters", self.envoy.admin_url());
+        crate::eventually("healthy workers", Duration::from_secs(30), || {
+            let url = url.clone();
+            async move {
+                let text = reqwest::get(&url).await.ok()?.text().await.ok()?;
+                let healthy = text
+                    .lines()
+                    .filter(|l| l.starts_with("workers::") && l.ends_with("::health_flags::healthy"))
+                    .count();
+                (healthy == n).then_some(())
+            }
+        })
+        .await
+    }
+
+    /// Kills worker `i`'s process (its port goes away).
+    pub async fn kill_worker(&mut self, i: usize) {
+        self.workers[i].guard.kill().await;
+    }
+}
