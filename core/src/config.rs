@@ -32,6 +32,9 @@ pub struct FilterConfig {
     pub tie_band: TieBand,
     /// Prompts longer than this (tokens) are routed load-only without hashing.
     pub max_prompt_tokens: usize,
+    /// Bodies larger than this (bytes) are routed load-only without tokenizing, so one huge
+    /// prompt cannot hold an Envoy worker thread (tokenizing runs at ~0.5 M tokens/s).
+    pub max_prompt_bytes: usize,
     /// Adds `x-kvroute-decision` (worker, predicted cached tokens, reason) to responses.
     pub expose_decision_header: bool,
 }
@@ -44,6 +47,7 @@ impl Default for FilterConfig {
             index: IndexConfig::default(),
             tie_band: TieBand::default(),
             max_prompt_tokens: 262_144,
+            max_prompt_bytes: 512 * 1024,
             expose_decision_header: false,
         }
     }
@@ -121,24 +125,32 @@ impl FilterConfig {
             return bad("'models' must list at least one model".into());
         }
         let h = &self.destination_header;
-        if h.is_empty() || h.bytes().any(|b| !(b.is_ascii_lowercase() || b == b'-' || b.is_ascii_digit())) {
-            return bad(format!("destination_header '{h}' must be a lowercase header name"));
+        if h.is_empty()
+            || h.bytes()
+                .any(|b| !(b.is_ascii_lowercase() || b == b'-' || b.is_ascii_digit()))
+        {
+            return bad(format!(
+                "destination_header '{h}' must be a lowercase header name"
+            ));
         }
         if self.index.max_blocks_per_worker == 0 || self.index.predicted_ttl_ms == 0 {
-            return bad("index.max_blocks_per_worker and index.predicted_ttl_ms must be > 0".into());
+            return bad(
+                "index.max_blocks_per_worker and index.predicted_ttl_ms must be > 0".into(),
+            );
         }
         if !(self.tie_band.abs_ms >= 0.0 && self.tie_band.rel >= 0.0) {
             return bad("tie_band values must be >= 0".into());
         }
-        if self.max_prompt_tokens == 0 {
-            return bad("max_prompt_tokens must be > 0".into());
+        if self.max_prompt_tokens == 0 || self.max_prompt_bytes == 0 {
+            return bad("max_prompt_tokens and max_prompt_bytes must be > 0".into());
         }
         let mut names = HashSet::new();
         for m in &self.models {
             if m.name.is_empty() || !names.insert(m.name.as_str()) {
                 return bad(format!("model name '{}' is empty or repeated", m.name));
             }
-            m.validate().map_err(|e| ConfigError::Invalid(format!("model '{}': {e}", m.name)))?;
+            m.validate()
+                .map_err(|e| ConfigError::Invalid(format!("model '{}': {e}", m.name)))?;
         }
         Ok(())
     }
@@ -159,7 +171,10 @@ impl ModelConfig {
             }
         }
         if !(1..=4096).contains(&self.block_size) {
-            return Err(format!("block_size {} is outside 1..=4096", self.block_size));
+            return Err(format!(
+                "block_size {} is outside 1..=4096",
+                self.block_size
+            ));
         }
         if self.tokenizer.is_some() != self.tokenizer_config.is_some() {
             return Err("give both 'tokenizer' and 'tokenizer_config', or neither (demo)".into());
@@ -189,19 +204,46 @@ mod tests {
     fn invalid_configs_say_why() {
         let cases = [
             (json!({}), "at least one model"),
-            (json!({"models":[{"name":"m","workers":[]}]}), "at least one ip:port"),
-            (json!({"models":[{"name":"m","workers":["host:80"]}]}), "not an ip:port"),
-            (json!({"models":[{"name":"m","workers":["127.0.0.1:1","127.0.0.1:1"]}]}), "twice"),
-            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"block_size":0}]}), "block_size"),
-            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"]},{"name":"m","workers":["127.0.0.1:1"]}]}), "repeated"),
-            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"profile":{"prefill_ms_per_token":-1}}]}), "profile"),
-            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"]}],"destination_header":"X-Bad"}), "lowercase"),
-            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"tokenizer":{}}]}), "both"),
+            (
+                json!({"models":[{"name":"m","workers":[]}]}),
+                "at least one ip:port",
+            ),
+            (
+                json!({"models":[{"name":"m","workers":["host:80"]}]}),
+                "not an ip:port",
+            ),
+            (
+                json!({"models":[{"name":"m","workers":["127.0.0.1:1","127.0.0.1:1"]}]}),
+                "twice",
+            ),
+            (
+                json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"block_size":0}]}),
+                "block_size",
+            ),
+            (
+                json!({"models":[{"name":"m","workers":["127.0.0.1:1"]},{"name":"m","workers":["127.0.0.1:1"]}]}),
+                "repeated",
+            ),
+            (
+                json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"profile":{"prefill_ms_per_token":-1}}]}),
+                "profile",
+            ),
+            (
+                json!({"models":[{"name":"m","workers":["127.0.0.1:1"]}],"destination_header":"X-Bad"}),
+                "lowercase",
+            ),
+            (
+                json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"tokenizer":{}}]}),
+                "both",
+            ),
         ];
         for (v, needle) in cases {
             let e = parse(v.clone()).unwrap_err().to_string();
             assert!(e.contains(needle), "{v}: {e}");
         }
-        assert!(matches!(parse(json!({"modelz":[]})), Err(ConfigError::Parse(_))));
+        assert!(matches!(
+            parse(json!({"modelz":[]})),
+            Err(ConfigError::Parse(_))
+        ));
     }
 }

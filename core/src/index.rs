@@ -76,7 +76,10 @@ pub struct KnowledgeIndex {
 
 impl KnowledgeIndex {
     pub fn new(limits: IndexLimits) -> Self {
-        KnowledgeIndex { limits, workers: HashMap::new() }
+        KnowledgeIndex {
+            limits,
+            workers: HashMap::new(),
+        }
     }
 
     /// Records that `worker` holds `hashes` (refreshing their recency), evicting the least
@@ -86,7 +89,13 @@ impl KnowledgeIndex {
         let w = self.workers.entry(worker.to_owned()).or_default();
         for &h in hashes {
             w.blocks.remove(&h);
-            w.blocks.insert(h, Observation { source, at_ms: now_ms });
+            w.blocks.insert(
+                h,
+                Observation {
+                    source,
+                    at_ms: now_ms,
+                },
+            );
         }
         while w.blocks.len() > limits.max_blocks_per_worker {
             w.blocks.pop_front();
@@ -122,7 +131,9 @@ impl KnowledgeIndex {
     /// observations.
     pub fn prefix_match(&self, worker: &str, hashes: &[u64], now_ms: u64) -> PrefixMatch {
         let mut m = PrefixMatch::default();
-        let Some(w) = self.workers.get(worker) else { return m };
+        let Some(w) = self.workers.get(worker) else {
+            return m;
+        };
         for h in hashes {
             match w.blocks.get(h).filter(|o| self.limits.alive(o, now_ms)) {
                 Some(o) => {
@@ -167,7 +178,14 @@ mod tests {
         ix.insert("a", &[1, 2, 3], Source::Routed, 100);
         ix.insert("a", &[5], Source::KvEvent, 200);
         let m = ix.prefix_match("a", &[1, 2, 3, 4, 5], 300);
-        assert_eq!(m, PrefixMatch { blocks: 3, oldest_age_ms: 200, from_events: 0 });
+        assert_eq!(
+            m,
+            PrefixMatch {
+                blocks: 3,
+                oldest_age_ms: 200,
+                from_events: 0
+            }
+        );
         assert_eq!(ix.prefix_match("b", &[1], 300).blocks, 0);
     }
 
@@ -218,12 +236,12 @@ mod tests {
             }
         }
         fn prefix(&self, w: &str, hashes: &[u64], now: u64) -> usize {
-            let Some(list) = self.workers.get(w) else { return 0 };
+            let Some(list) = self.workers.get(w) else {
+                return 0;
+            };
             hashes
                 .iter()
-                .take_while(|h| {
-                    list.iter().any(|(x, o)| x == *h && LIMITS.alive(o, now))
-                })
+                .take_while(|h| list.iter().any(|(x, o)| x == *h && LIMITS.alive(o, now)))
                 .count()
         }
     }
@@ -238,10 +256,13 @@ mod tests {
             for _ in 0..400 {
                 now += rng.random_range(0..300);
                 let w = ["a", "b", "c"][rng.random_range(0..3)];
-                let hashes: Vec<u64> = (0..rng.random_range(1..6)).map(|_| rng.random_range(0..16)).collect();
+                let hashes: Vec<u64> = (0..rng.random_range(1..6))
+                    .map(|_| rng.random_range(0..16))
+                    .collect();
                 match rng.random_range(0..10) {
                     0..=4 => {
-                        let src = [Source::Routed, Source::KvEvent, Source::Feedback][rng.random_range(0..3)];
+                        let src = [Source::Routed, Source::KvEvent, Source::Feedback]
+                            [rng.random_range(0..3)];
                         ix.insert(w, &hashes, src, now);
                         naive.insert(w, &hashes, src, now);
                     }

@@ -77,8 +77,7 @@ impl JournalEntry {
             s => return Err(JournalError::Source(s)),
         };
         let wlen = r.u8()? as usize;
-        let worker =
-            String::from_utf8(r.take(wlen)?.to_vec()).map_err(|_| JournalError::Worker)?;
+        let worker = String::from_utf8(r.take(wlen)?.to_vec()).map_err(|_| JournalError::Worker)?;
         let n = r.u32()? as usize;
         if n > MAX_HASHES {
             return Err(JournalError::TooMany(n));
@@ -87,7 +86,13 @@ impl JournalEntry {
         if !r.0.is_empty() {
             return Err(JournalError::Trailing);
         }
-        Ok(JournalEntry { seq, at_ms, source, worker, hashes })
+        Ok(JournalEntry {
+            seq,
+            at_ms,
+            source,
+            worker,
+            hashes,
+        })
     }
 }
 
@@ -135,7 +140,9 @@ mod tests {
     #[test]
     fn golden_bytes() {
         let bytes = entry().encode();
-        let mut want = vec![1u8, 7, 0, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0, 1, 14];
+        let mut want = vec![
+            1u8, 7, 0, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0, 1, 14,
+        ];
         want.extend_from_slice(b"127.0.0.1:8001");
         want.extend_from_slice(&[2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
         want.extend_from_slice(&[0xff; 8]);

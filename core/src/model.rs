@@ -54,8 +54,11 @@ impl ModelBundle {
             .get("chat_template")
             .and_then(Value::as_str)
             .ok_or_else(|| ModelError::Config("no string 'chat_template'".into()))?;
-        let template =
-            ChatTemplate::new(chat_template, &special(&cfg, "bos_token"), &special(&cfg, "eos_token"))?;
+        let template = ChatTemplate::new(
+            chat_template,
+            &special(&cfg, "bos_token"),
+            &special(&cfg, "eos_token"),
+        )?;
         let mut fp = tokenizer_json.as_bytes().to_vec();
         fp.extend_from_slice(chat_template.as_bytes());
         Ok(ModelBundle {
@@ -100,7 +103,9 @@ impl ModelBundle {
 
     /// Decodes ids to text (used by the simulated engine to produce output).
     pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
-        self.tokenizer.decode(ids, false).map_err(|e| ModelError::Encode(e.to_string()))
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|e| ModelError::Encode(e.to_string()))
     }
 
     /// The engine's token ids for a prompt: chat prompts are rendered and encoded without
@@ -119,7 +124,11 @@ impl ModelBundle {
 fn special(cfg: &Value, key: &str) -> String {
     match cfg.get(key) {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").into(),
+        Some(Value::Object(o)) => o
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .into(),
         _ => String::new(),
     }
 }
@@ -150,14 +159,22 @@ mod tests {
     #[test]
     fn special_tokens_are_never_split() {
         let b = ModelBundle::demo().unwrap();
-        for tok in ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|end_of_text|>"] {
+        for tok in [
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|end_of_text|>",
+        ] {
             assert_eq!(b.encode(tok, false).unwrap().len(), 1, "{tok}");
         }
     }
 
     #[test]
     fn bad_files_are_errors() {
-        assert!(matches!(ModelBundle::from_hf("{}", "{}"), Err(ModelError::Tokenizer(_))));
+        assert!(matches!(
+            ModelBundle::from_hf("{}", "{}"),
+            Err(ModelError::Tokenizer(_))
+        ));
         assert!(matches!(
             ModelBundle::from_hf(DEMO_TOKENIZER_JSON, "{}"),
             Err(ModelError::Config(_))

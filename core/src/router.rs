@@ -20,13 +20,16 @@ pub enum FallbackReason {
     Render,
     /// The tokenizer failed on this request.
     Tokenize,
-    /// The prompt is longer than `max_prompt_tokens`.
+    /// The prompt is longer than `max_prompt_tokens` or its body than `max_prompt_bytes`.
     TooLong,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 3] =
-        [FallbackReason::Render, FallbackReason::Tokenize, FallbackReason::TooLong];
+    pub const ALL: [FallbackReason; 3] = [
+        FallbackReason::Render,
+        FallbackReason::Tokenize,
+        FallbackReason::TooLong,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -62,17 +65,28 @@ impl Decision {
 
     /// Tokens the primary must compute (what its load is charged with).
     pub fn uncached_tokens(&self) -> u64 {
-        self.primary().map_or(self.prompt_tokens, |s| s.uncached_tokens)
+        self.primary()
+            .map_or(self.prompt_tokens, |s| s.uncached_tokens)
     }
 
     /// The destination header value: `primary,fallback`.
     pub fn header_value(&self) -> String {
-        self.ranked.iter().take(2).map(|s| s.worker.as_str()).collect::<Vec<_>>().join(",")
+        self.ranked
+            .iter()
+            .take(2)
+            .map(|s| s.worker.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Classifies what the worker reported against this decision's prediction.
     pub fn audit(&self, actual_cached: u64) -> AuditClass {
-        classify(self.predicted_cached_tokens(), actual_cached, self.prompt_tokens, self.block_size)
+        classify(
+            self.predicted_cached_tokens(),
+            actual_cached,
+            self.prompt_tokens,
+            self.block_size,
+        )
     }
 }
 
@@ -87,6 +101,7 @@ pub struct Router {
     index: KnowledgeIndex,
     tie: TieBand,
     max_prompt_tokens: usize,
+    max_prompt_bytes: usize,
 }
 
 impl Router {
@@ -108,13 +123,20 @@ impl Router {
                     None => demo.insert(ModelBundle::demo().map_err(invalid)?).clone(),
                 },
             };
-            models.insert(m.name.clone(), ModelRoute { bundle, config: m.clone() });
+            models.insert(
+                m.name.clone(),
+                ModelRoute {
+                    bundle,
+                    config: m.clone(),
+                },
+            );
         }
         Ok(Router {
             models,
             index: KnowledgeIndex::new(cfg.index.limits()),
             tie: cfg.tie_band,
             max_prompt_tokens: cfg.max_prompt_tokens,
+            max_prompt_bytes: cfg.max_prompt_bytes,
         })
     }
 
@@ -125,7 +147,9 @@ impl Router {
 
     /// Every configured worker, across models.
     pub fn all_workers(&self) -> impl Iterator<Item = &str> {
-        self.models.values().flat_map(|m| m.config.workers.iter().map(String::as_str))
+        self.models
+            .values()
+            .flat_map(|m| m.config.workers.iter().map(String::as_str))
     }
 
     /// The cache domain a request belongs to.
@@ -150,19 +174,34 @@ impl Router {
         now_ms: u64,
         pick: u64,
     ) -> Result<Decision, ApiError> {
-        let m = self.models.get(&req.model).ok_or_else(|| ApiError::model_not_found(&req.model))?;
+        let m = self
+            .models
+            .get(&req.model)
+            .ok_or_else(|| ApiError::model_not_found(&req.model))?;
         let bs = m.config.block_size;
+        let estimate = (body_len / 4) as u64;
+        if body_len > self.max_prompt_bytes {
+            return Ok(self.rank(
+                m,
+                Vec::new(),
+                estimate,
+                load,
+                now_ms,
+                pick,
+                Some(FallbackReason::TooLong),
+            ));
+        }
         let (tokens, fallback) = match m.bundle.prompt_tokens(&req.prompt) {
-            Ok(t) if t.len() > self.max_prompt_tokens => (t.len() as u64, Some(FallbackReason::TooLong)),
+            Ok(t) if t.len() > self.max_prompt_tokens => {
+                (t.len() as u64, Some(FallbackReason::TooLong))
+            }
             Ok(t) => {
                 let n = t.len() as u64;
                 let seed = self.domain(req).map(|d| d.seed()).unwrap_or_default();
                 return Ok(self.rank(m, block_hashes(seed, bs, &t), n, load, now_ms, pick, None));
             }
-            Err(crate::model::ModelError::Template(_)) => {
-                ((body_len / 4) as u64, Some(FallbackReason::Render))
-            }
-            Err(_) => ((body_len / 4) as u64, Some(FallbackReason::Tokenize)),
+            Err(crate::model::ModelError::Template(_)) => (estimate, Some(FallbackReason::Render)),
+            Err(_) => (estimate, Some(FallbackReason::Tokenize)),
         };
         Ok(self.rank(m, Vec::new(), tokens, load, now_ms, pick, fallback))
     }
@@ -186,13 +225,27 @@ impl Router {
             .map(|w| {
                 let pm = self.index.prefix_match(w, &hashes, now_ms);
                 ages.insert(w.as_str(), pm.oldest_age_ms);
-                Candidate { worker: w.clone(), cached_blocks: pm.blocks, load: load(w) }
+                Candidate {
+                    worker: w.clone(),
+                    cached_blocks: pm.blocks,
+                    load: load(w),
+                }
             })
             .collect();
         let profile: &Profile = &m.config.profile;
-        let ranked = rank(profile, &candidates, prompt_tokens, m.config.block_size, self.tie, pick);
-        let knowledge_age_ms =
-            ranked.first().and_then(|s| ages.get(s.worker.as_str())).copied().unwrap_or(0);
+        let ranked = rank(
+            profile,
+            &candidates,
+            prompt_tokens,
+            m.config.block_size,
+            self.tie,
+            pick,
+        );
+        let knowledge_age_ms = ranked
+            .first()
+            .and_then(|s| ages.get(s.worker.as_str()))
+            .copied()
+            .unwrap_or(0);
         Decision {
             ranked,
             block_hashes: hashes,
@@ -248,7 +301,10 @@ mod tests {
         let d2 = r.decide(&q, 0, &idle, 10, 0).unwrap();
         assert_eq!(d2.primary().unwrap().worker, "127.0.0.1:2");
         assert_eq!(d2.knowledge_age_ms, 10);
-        assert_eq!(d2.predicted_cached_tokens(), d.block_hashes.len() as u64 * 16);
+        assert_eq!(
+            d2.predicted_cached_tokens(),
+            d.block_hashes.len() as u64 * 16
+        );
         assert_eq!(d2.header_value().split(',').count(), 2);
         let mut other = q.clone();
         other.model = "nope".into();
@@ -259,12 +315,18 @@ mod tests {
     fn tenants_never_share_cache_credit() {
         let mut r = router();
         let idle = |_: &str| WorkerLoad::default();
-        let a = r.decide(&req(Some("tenant-a"), &LONG.repeat(20)), 0, &idle, 0, 0).unwrap();
+        let a = r
+            .decide(&req(Some("tenant-a"), &LONG.repeat(20)), 0, &idle, 0, 0)
+            .unwrap();
         r.observe("127.0.0.1:3", &a.block_hashes, Source::Routed, 0);
-        let b = r.decide(&req(Some("tenant-b"), &LONG.repeat(20)), 0, &idle, 0, 0).unwrap();
+        let b = r
+            .decide(&req(Some("tenant-b"), &LONG.repeat(20)), 0, &idle, 0, 0)
+            .unwrap();
         assert_eq!(b.predicted_cached_tokens(), 0);
         assert!(a.block_hashes.iter().all(|h| !b.block_hashes.contains(h)));
-        let a2 = r.decide(&req(Some("tenant-a"), &LONG.repeat(20)), 0, &idle, 0, 0).unwrap();
+        let a2 = r
+            .decide(&req(Some("tenant-a"), &LONG.repeat(20)), 0, &idle, 0, 0)
+            .unwrap();
         assert!(a2.predicted_cached_tokens() > 0);
     }
 
@@ -276,7 +338,11 @@ mod tests {
         r.observe("127.0.0.1:1", &d.block_hashes, Source::Routed, 0);
         let busy = |w: &str| {
             if w == "127.0.0.1:1" {
-                WorkerLoad { inflight_requests: 20, prefilling_requests: 20, prefill_tokens: 80_000 }
+                WorkerLoad {
+                    inflight_requests: 20,
+                    prefilling_requests: 20,
+                    prefill_tokens: 80_000,
+                }
             } else {
                 WorkerLoad::default()
             }

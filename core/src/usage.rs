@@ -48,7 +48,9 @@ fn last_number(buf: &[u8], key: &[u8]) -> Option<u64> {
         from = start;
         let rest = &buf[start..];
         let rest = skip_ws(rest);
-        let Some(rest) = rest.strip_prefix(b":") else { continue };
+        let Some(rest) = rest.strip_prefix(b":") else {
+            continue;
+        };
         let rest = skip_ws(rest);
         let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
         if digits == 0 || digits == rest.len() || digits > 19 {
@@ -91,7 +93,10 @@ mod tests {
             s.push(&SSE.as_bytes()[split..]);
             assert_eq!(
                 s.usage(),
-                Usage { prompt_tokens: Some(1234), cached_tokens: Some(1216) },
+                Usage {
+                    prompt_tokens: Some(1234),
+                    cached_tokens: Some(1216)
+                },
                 "split at {split}"
             );
         }
@@ -112,6 +117,12 @@ mod tests {
     fn null_or_absent_details_give_none() {
         let mut s = UsageScanner::default();
         s.push(br#"{"usage":{"prompt_tokens":3,"prompt_tokens_details":null}}"#);
-        assert_eq!(s.usage(), Usage { prompt_tokens: Some(3), cached_tokens: None });
+        assert_eq!(
+            s.usage(),
+            Usage {
+                prompt_tokens: Some(3),
+                cached_tokens: None
+            }
+        );
     }
 }

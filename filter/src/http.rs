@@ -16,7 +16,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use crate::root::ThreadState;
-use crate::shared::{read_load, update_load};
+use crate::shared::read_load;
 
 /// Response header with the decision summary, when the config asks for it.
 pub const DECISION_HEADER: &str = "x-kvroute-decision";
@@ -38,7 +38,11 @@ pub struct KvHttp {
 
 impl KvHttp {
     pub fn new(state: Rc<ThreadState>) -> Self {
-        KvHttp { state, endpoint: None, inflight: None }
+        KvHttp {
+            state,
+            endpoint: None,
+            inflight: None,
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -60,7 +64,10 @@ impl KvHttp {
 
     /// A random draw for tie-breaking, from the clock and this stream's identity.
     fn pick(&self, now_ms: u64) -> u64 {
-        let nanos = self.get_current_time().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let nanos = self
+            .get_current_time()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         let seed = self as *const Self as usize as u64;
         xxhash_rust::xxh3::xxh3_64_with_seed(&nanos.to_le_bytes(), seed ^ now_ms)
     }
@@ -74,7 +81,11 @@ impl KvHttp {
         let state = Rc::clone(&self.state);
         state.catch_up();
         let now = self.now_ms();
-        let decided = state.router.borrow().decide(&parsed, body.len(), &read_load, now, self.pick(now));
+        let decided =
+            state
+                .router
+                .borrow()
+                .decide(&parsed, body.len(), &read_load, now, self.pick(now));
         let decision = match decided {
             Ok(d) => d,
             Err(e) => return self.reject(&e),
@@ -82,10 +93,16 @@ impl KvHttp {
         let Some(primary) = decision.primary().map(|s| s.worker.clone()) else {
             return Action::Continue;
         };
-        self.set_http_request_header(&state.config.destination_header, Some(&decision.header_value()));
-        if !update_load(&primary, LoadDelta::Start { prefill_tokens: decision.uncached_tokens() }) {
-            state.metrics.lost_update();
-        }
+        self.set_http_request_header(
+            &state.config.destination_header,
+            Some(&decision.header_value()),
+        );
+        state.apply_load(
+            &primary,
+            LoadDelta::Start {
+                prefill_tokens: decision.uncached_tokens(),
+            },
+        );
         if let Some(reason) = decision.fallback {
             state.metrics.fallback(reason);
         }
@@ -120,23 +137,28 @@ impl KvHttp {
     fn first_byte(&mut self) {
         if let Some(f) = self.inflight.as_mut().filter(|f| f.prefilling) {
             f.prefilling = false;
-            let d = LoadDelta::FirstByte { prefill_tokens: f.decision.uncached_tokens() };
-            if !update_load(&f.worker, d) {
-                self.state.metrics.lost_update();
-            }
+            let d = LoadDelta::FirstByte {
+                prefill_tokens: f.decision.uncached_tokens(),
+            };
+            self.state.apply_load(&f.worker, d);
         }
     }
 
     /// Releases the load and audits the prediction; runs once per routed request.
     fn finish(&mut self) {
         let now = self.now_ms();
-        let Some(f) = self.inflight.as_mut().filter(|f| !f.released) else { return };
+        let Some(f) = self.inflight.as_mut().filter(|f| !f.released) else {
+            return;
+        };
         f.released = true;
-        let d = LoadDelta::End { prefill_tokens: f.decision.uncached_tokens(), prefilling: f.prefilling };
-        if !update_load(&f.worker, d) {
-            self.state.metrics.lost_update();
-        }
-        let Some(actual) = f.scanner.usage().cached_tokens else { return };
+        let d = LoadDelta::End {
+            prefill_tokens: f.decision.uncached_tokens(),
+            prefilling: f.prefilling,
+        };
+        self.state.apply_load(&f.worker, d);
+        let Some(actual) = f.scanner.usage().cached_tokens else {
+            return;
+        };
         self.state.metrics.audit(f.decision.audit(actual), actual);
         if !f.decision.block_hashes.is_empty() {
             let entry = JournalEntry {
@@ -172,7 +194,9 @@ impl HttpContext for KvHttp {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(endpoint) = self.endpoint else { return Action::Continue };
+        let Some(endpoint) = self.endpoint else {
+            return Action::Continue;
+        };
         if !end_of_stream {
             return Action::Pause;
         }

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use kvroute_core::audit::AuditClass;
+use kvroute_core::load::WorkerLoad;
 use kvroute_core::router::FallbackReason;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
@@ -13,6 +14,7 @@ use proxy_wasm::types::MetricType;
 #[derive(Debug, Default)]
 pub struct Metrics {
     decisions: HashMap<String, u32>,
+    inflight: HashMap<String, (u32, u32)>,
     fallbacks: HashMap<&'static str, u32>,
     audit: HashMap<&'static str, u32>,
     predicted_blocks: Option<u32>,
@@ -41,7 +43,10 @@ fn add(id: Option<u32>, v: u64) {
 
 /// A worker address as a stats name segment: `127.0.0.1:8001` → `127_0_0_1_8001`.
 pub fn worker_segment(worker: &str) -> String {
-    worker.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+    worker
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
 }
 
 impl Metrics {
@@ -57,9 +62,15 @@ impl Metrics {
             ..Default::default()
         };
         for w in workers {
-            let name = format!("kvroute.worker.{}.decisions", worker_segment(w));
-            if let Some(id) = define(c, &name) {
+            let seg = worker_segment(w);
+            if let Some(id) = define(c, &format!("kvroute.worker.{seg}.decisions")) {
                 m.decisions.insert(w.to_owned(), id);
+            }
+            let g = MetricType::Gauge;
+            let reqs = define(g, &format!("kvroute.worker.{seg}.inflight_requests"));
+            let toks = define(g, &format!("kvroute.worker.{seg}.inflight_prefill_tokens"));
+            if let (Some(r), Some(t)) = (reqs, toks) {
+                m.inflight.insert(w.to_owned(), (r, t));
             }
         }
         for r in FallbackReason::ALL {
@@ -86,6 +97,14 @@ impl Metrics {
         add(self.predicted_tokens, predicted_tokens);
         if let Some(id) = self.decision_us {
             let _ = hostcalls::record_metric(id, us);
+        }
+    }
+
+    /// Publishes a worker's router-tracked load (shared by all threads) as gauges.
+    pub fn load(&self, worker: &str, load: &WorkerLoad) {
+        if let Some((r, t)) = self.inflight.get(worker) {
+            let _ = hostcalls::record_metric(*r, u64::from(load.inflight_requests));
+            let _ = hostcalls::record_metric(*t, load.prefill_tokens);
         }
     }
 

@@ -6,13 +6,14 @@ use std::rc::Rc;
 
 use kvroute_core::config::FilterConfig;
 use kvroute_core::journal::JournalEntry;
+use kvroute_core::load::LoadDelta;
 use kvroute_core::router::Router;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
 use crate::http::KvHttp;
 use crate::metrics::Metrics;
-use crate::shared::{journal_append, JournalCursor};
+use crate::shared::{journal_append, update_load, JournalCursor};
 
 /// What every request context of a thread shares.
 pub struct ThreadState {
@@ -29,6 +30,14 @@ impl ThreadState {
         let mut router = self.router.borrow_mut();
         for e in entries {
             router.observe(&e.worker, &e.hashes, e.source, e.at_ms);
+        }
+    }
+
+    /// Changes a worker's shared load and publishes it.
+    pub fn apply_load(&self, worker: &str, delta: LoadDelta) {
+        match update_load(worker, delta) {
+            Some(load) => self.metrics.load(worker, &load),
+            None => self.metrics.lost_update(),
         }
     }
 
@@ -57,8 +66,11 @@ impl RootContext for KvRoot {
         match built {
             Ok((config, router)) => {
                 let metrics = Metrics::define(router.all_workers());
-                let pools: Vec<String> =
-                    config.models.iter().map(|m| format!("{}={}", m.name, m.workers.len())).collect();
+                let pools: Vec<String> = config
+                    .models
+                    .iter()
+                    .map(|m| format!("{}={}", m.name, m.workers.len()))
+                    .collect();
                 log::info!("kvroute: configured, pools {}", pools.join(" "));
                 self.state = Some(Rc::new(ThreadState {
                     config,

@@ -24,19 +24,23 @@ pub fn read_load(worker: &str) -> WorkerLoad {
     }
 }
 
-/// Applies `delta` to `worker`'s load atomically; false if contention outlasted the attempts.
-pub fn update_load(worker: &str, delta: LoadDelta) -> bool {
+/// Applies `delta` to `worker`'s load atomically; returns the new load, or `None` if
+/// contention outlasted the attempts.
+pub fn update_load(worker: &str, delta: LoadDelta) -> Option<WorkerLoad> {
     let key = load_key(worker);
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = hostcalls::get_shared_data(&key).unwrap_or((None, None));
-        let next = bytes.map(|b| WorkerLoad::decode(&b)).unwrap_or_default().apply(delta);
+        let next = bytes
+            .map(|b| WorkerLoad::decode(&b))
+            .unwrap_or_default()
+            .apply(delta);
         match hostcalls::set_shared_data(&key, Some(&next.encode()), cas) {
-            Ok(()) => return true,
+            Ok(()) => return Some(next),
             Err(Status::CasMismatch) => continue,
-            Err(_) => return false,
+            Err(_) => return None,
         }
     }
-    false
+    None
 }
 
 fn read_u64(key: &str) -> (u64, Option<u32>) {

@@ -41,8 +41,10 @@ pub fn endpoints(addrs: &[String]) -> anyhow::Result<String> {
         .iter()
         .map(|a| {
             let sa: std::net::SocketAddr = a.parse().with_context(|| format!("bad address {a}"))?;
-            Ok(serde_json::json!({"endpoint": {"address": {"socket_address": {
-                "address": sa.ip().to_string(), "port_value": sa.port()}}}}))
+            Ok(
+                serde_json::json!({"endpoint": {"address": {"socket_address": {
+                "address": sa.ip().to_string(), "port_value": sa.port()}}}}),
+            )
         })
         .collect::<anyhow::Result<_>>()?;
     Ok(serde_json::Value::Array(list).to_string())
@@ -55,8 +57,11 @@ pub async fn validate(config: &Path) -> anyhow::Result<(bool, String)> {
         .arg(config)
         .kill_on_drop(true)
         .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), out).await.context("validate timed out")??;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .context("validate timed out")??;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     Ok((out.status.success(), text))
 }
 
@@ -71,13 +76,27 @@ pub struct Envoy {
 impl Envoy {
     /// Starts Envoy on `config` and waits until its admin says it is ready and the listener
     /// accepts connections.
-    pub async fn start(config: &Path, admin_port: u16, listen_port: u16, dir: &Path, concurrency: u32) -> anyhow::Result<Envoy> {
+    pub async fn start(
+        config: &Path,
+        admin_port: u16,
+        listen_port: u16,
+        dir: &Path,
+        concurrency: u32,
+    ) -> anyhow::Result<Envoy> {
         let log = dir.join("envoy.log");
         let mut cmd = Command::new(paths::envoy_bin()?);
         cmd.arg("-c")
             .arg(config)
-            .args(["--concurrency", &concurrency.to_string(), "--log-level", "info"])
-            .args(["--base-id", &(std::process::id() % 60_000 + u32::from(admin_port)).to_string()]);
+            .args([
+                "--concurrency",
+                &concurrency.to_string(),
+                "--log-level",
+                "info",
+            ])
+            .args([
+                "--base-id",
+                &(std::process::id() % 60_000 + u32::from(admin_port)).to_string(),
+            ]);
         let mut guard = Guard::spawn("envoy", cmd, &log)?;
         let http = reqwest::Client::new();
         let ready = format!("http://127.0.0.1:{admin_port}/ready");
@@ -96,10 +115,23 @@ impl Envoy {
         .await;
         if !matches!(res, Ok(true)) {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: String = tail.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            let tail: String = tail
+                .lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
             bail!("envoy did not become ready ({res:?}); log tail:\n{tail}");
         }
-        Ok(Envoy { guard, admin_port, listen_port, log })
+        Ok(Envoy {
+            guard,
+            admin_port,
+            listen_port,
+            log,
+        })
     }
 
     pub fn base_url(&self) -> String {
@@ -112,17 +144,32 @@ impl Envoy {
 
     /// Prometheus samples from `/stats/prometheus`: `name{label="v",...}` → value.
     pub async fn prometheus(&self) -> anyhow::Result<HashMap<String, f64>> {
-        let text = reqwest::get(format!("{}/stats/prometheus", self.admin_url())).await?.text().await?;
+        let text = reqwest::get(format!("{}/stats/prometheus", self.admin_url()))
+            .await?
+            .text()
+            .await?;
         let lines = text.lines().map(|l| Ok(l.to_owned()));
         let scrape = prometheus_parse::Scrape::parse(lines).context("parsing /stats/prometheus")?;
         let mut out = HashMap::new();
         for s in scrape.samples {
-            let mut labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            let mut labels: Vec<String> = s
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{v}\""))
+                .collect();
             labels.sort();
-            let key = if labels.is_empty() { s.metric.clone() } else { format!("{}{{{}}}", s.metric, labels.join(",")) };
+            let key = if labels.is_empty() {
+                s.metric.clone()
+            } else {
+                format!("{}{{{}}}", s.metric, labels.join(","))
+            };
             let v = match s.value {
-                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
-                prometheus_parse::Value::Histogram(h) => h.iter().map(|c| c.count).fold(0.0, f64::max),
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                prometheus_parse::Value::Histogram(h) => {
+                    h.iter().map(|c| c.count).fold(0.0, f64::max)
+                }
                 prometheus_parse::Value::Summary(_) => continue,
             };
             out.insert(key, v);
@@ -133,13 +180,23 @@ impl Envoy {
     /// Histogram percentiles from the admin `/stats` text (`P50(interval,cumulative)` form):
     /// the cumulative value of each requested quantile of `stat`.
     pub async fn histogram_quantiles(&self, stat: &str) -> anyhow::Result<HashMap<String, f64>> {
-        let text = reqwest::get(format!("{}/stats?filter={stat}", self.admin_url())).await?.text().await?;
-        let line = text.lines().find(|l| l.starts_with(&format!("{stat}:"))).with_context(|| format!("no histogram {stat}"))?;
+        let text = reqwest::get(format!("{}/stats?filter={stat}", self.admin_url()))
+            .await?
+            .text()
+            .await?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{stat}:")))
+            .with_context(|| format!("no histogram {stat}"))?;
         let mut out = HashMap::new();
         for part in line.split_whitespace().skip(1) {
             // P50(12.3,45.6)
             if let Some((q, rest)) = part.split_once('(') {
-                let cumulative = rest.trim_end_matches(')').split(',').nth(1).unwrap_or("nan");
+                let cumulative = rest
+                    .trim_end_matches(')')
+                    .split(',')
+                    .nth(1)
+                    .unwrap_or("nan");
                 if let Ok(v) = cumulative.parse::<f64>() {
                     out.insert(q.to_owned(), v);
                 }

@@ -17,10 +17,17 @@ pub struct Guard {
 impl Guard {
     /// Starts `cmd` with stderr to `log`; stdout is piped for [`Guard::wait_line`].
     pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Guard> {
-        let err = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(err)).kill_on_drop(true);
+        let err =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(err))
+            .kill_on_drop(true);
         let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
-        Ok(Guard { name: name.to_owned(), child })
+        Ok(Guard {
+            name: name.to_owned(),
+            child,
+        })
     }
 
     /// Reads stdout until a line contains `needle`; returns that line.
@@ -54,6 +61,9 @@ impl Guard {
 
     /// Waits for exit up to `timeout`.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        tokio::time::timeout(timeout, self.child.wait()).await.ok().and_then(Result::ok)
+        tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok)
     }
 }

@@ -20,9 +20,19 @@ impl SimWorker {
     pub async fn start(index: usize, args: &[String], dir: &Path) -> anyhow::Result<SimWorker> {
         let mut cmd = Command::new(paths::sim_bin()?);
         cmd.args(["--workers", "1", "--base-port", "0"]).args(args);
-        let mut guard = Guard::spawn(&format!("sim-{index}"), cmd, &dir.join(format!("sim-{index}.log")))?;
-        let line = guard.wait_line("listening on", Duration::from_secs(30)).await?;
-        let addr = line.rsplit(' ').next().context("no address in sim output")?.to_owned();
+        let mut guard = Guard::spawn(
+            &format!("sim-{index}"),
+            cmd,
+            &dir.join(format!("sim-{index}.log")),
+        )?;
+        let line = guard
+            .wait_line("listening on", Duration::from_secs(30))
+            .await?;
+        let addr = line
+            .rsplit(' ')
+            .next()
+            .context("no address in sim output")?
+            .to_owned();
         Ok(SimWorker { guard, addr })
     }
 }

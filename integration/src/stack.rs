@@ -88,9 +88,17 @@ pub fn filter_config(addrs: &[String], opts: &StackOptions) -> Value {
 }
 
 /// Renders `template` for the given ports and workers into `dir`.
-pub fn write_config(template: &str, dir: &std::path::Path, admin: u16, listen: u16, addrs: &[String], filter: &Value) -> anyhow::Result<PathBuf> {
+pub fn write_config(
+    template: &str,
+    dir: &std::path::Path,
+    admin: u16,
+    listen: u16,
+    addrs: &[String],
+    filter: &Value,
+) -> anyhow::Result<PathBuf> {
     let path = paths::repo_root().join("envoy").join(template);
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let wasm = paths::wasm_path()?;
     let vars = [
         ("ADMIN_PORT", admin.to_string()),
@@ -113,9 +121,20 @@ impl Stack {
         }
         let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
         let (admin, listen) = (paths::free_port()?, paths::free_port()?);
-        let config = write_config(opts.policy.template(), &dir, admin, listen, &addrs, &filter_config(&addrs, &opts))?;
+        let config = write_config(
+            opts.policy.template(),
+            &dir,
+            admin,
+            listen,
+            &addrs,
+            &filter_config(&addrs, &opts),
+        )?;
         let envoy = Envoy::start(&config, admin, listen, &dir, opts.envoy_concurrency).await?;
-        let stack = Stack { envoy, workers, dir };
+        let stack = Stack {
+            envoy,
+            workers,
+            dir,
+        };
         stack.wait_healthy(opts.workers).await?;
         Ok(stack)
     }
@@ -137,7 +156,9 @@ impl Stack {
                 let text = reqwest::get(&url).await.ok()?.text().await.ok()?;
                 let healthy = text
                     .lines()
-                    .filter(|l| l.starts_with("workers::") && l.ends_with("::health_flags::healthy"))
+                    .filter(|l| {
+                        l.starts_with("workers::") && l.ends_with("::health_flags::healthy")
+                    })
                     .count();
                 (healthy == n).then_some(())
             }

@@ -22,8 +22,12 @@ impl Conversation {
         Conversation {
             id,
             system: textgen::words(s, system_words),
-            users: (0..turns).map(|t| textgen::words(s + 1 + 2 * t as u64, user_words)).collect(),
-            answers: (0..turns).map(|t| textgen::words(s + 2 + 2 * t as u64, user_words)).collect(),
+            users: (0..turns)
+                .map(|t| textgen::words(s + 1 + 2 * t as u64, user_words))
+                .collect(),
+            answers: (0..turns)
+                .map(|t| textgen::words(s + 2 + 2 * t as u64, user_words))
+                .collect(),
         }
     }
 
@@ -74,7 +78,8 @@ impl MultiTurn {
     pub fn schedule(&self, model: &str) -> Vec<Arrival> {
         let mut out = Vec::new();
         for c in 0..self.conversations {
-            let conv = Conversation::new(self.seed, c, self.system_words, self.user_words, self.turns);
+            let conv =
+                Conversation::new(self.seed, c, self.system_words, self.user_words, self.turns);
             let jitter = |i: u64, span: Duration| {
                 let r = textgen::draw(self.seed ^ 0xA11, c as u64 * 1000 + i) % 1000;
                 span.mul_f64(0.5 + r as f64 / 1000.0)
@@ -84,7 +89,12 @@ impl MultiTurn {
                 if t > 0 {
                     at += jitter(t as u64, self.think_time);
                 }
-                out.push(Arrival { at, conversation: c, turn: t, body: conv.body(model, t, self.max_tokens, true) });
+                out.push(Arrival {
+                    at,
+                    conversation: c,
+                    turn: t,
+                    body: conv.body(model, t, self.max_tokens, true),
+                });
             }
         }
         out.sort_by_key(|a| a.at);
@@ -121,8 +131,14 @@ mod tests {
 
     #[test]
     fn same_seed_same_schedule() {
-        assert_eq!(schedule_hash(&w(1).schedule("m")), schedule_hash(&w(1).schedule("m")));
-        assert_ne!(schedule_hash(&w(1).schedule("m")), schedule_hash(&w(2).schedule("m")));
+        assert_eq!(
+            schedule_hash(&w(1).schedule("m")),
+            schedule_hash(&w(1).schedule("m"))
+        );
+        assert_ne!(
+            schedule_hash(&w(1).schedule("m")),
+            schedule_hash(&w(2).schedule("m"))
+        );
         assert_eq!(w(1).schedule("m").len(), 12);
     }
 

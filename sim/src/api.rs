@@ -42,12 +42,19 @@ pub fn router(w: Arc<Worker>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics_text))
+        // Long prompts: accept bodies as large as any proxy in front would forward.
+        .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
         .with_state(w)
 }
 
 fn error(e: ApiError) -> Response {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
-    (status, [(header::CONTENT_TYPE, "application/json")], e.body()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        e.body(),
+    )
+        .into_response()
 }
 
 async fn chat(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
@@ -59,7 +66,9 @@ async fn completions(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
 }
 
 fn now_s() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
@@ -82,15 +91,44 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
             w.max_model_len,
             tokens.len()
         );
-        return error(ApiError::bad_request("context_length_exceeded", Some("messages"), msg));
+        return error(ApiError::bad_request(
+            "context_length_exceeded",
+            Some("messages"),
+            msg,
+        ));
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let seed = xxhash_rust::xxh3::xxh3_64(body);
-    if !w.engine.submit(Submit { tokens, salt: req.cache_salt.clone(), max_tokens, events: tx }) {
-        return error(ApiError { status: 503, kind: "server_error", code: "engine_stopped", param: None, message: "engine stopped".into() });
+    if !w.engine.submit(Submit {
+        tokens,
+        salt: req.cache_salt.clone(),
+        max_tokens,
+        events: tx,
+    }) {
+        return error(ApiError {
+            status: 503,
+            kind: "server_error",
+            code: "engine_stopped",
+            param: None,
+            message: "engine stopped".into(),
+        });
     }
-    let id = format!("{}-{seed:016x}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" });
-    let out = Output { endpoint, id, model: w.model.clone(), created: now_s(), seed, include_usage: req.include_usage };
+    let id = format!(
+        "{}-{seed:016x}",
+        if endpoint == Endpoint::Chat {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        }
+    );
+    let out = Output {
+        endpoint,
+        id,
+        model: w.model.clone(),
+        created: now_s(),
+        seed,
+        include_usage: req.include_usage,
+    };
     let mut resp = if req.stream {
         stream_response(out, rx)
     } else {
@@ -113,7 +151,10 @@ struct Output {
 
 impl Output {
     fn piece(&self, index: usize) -> String {
-        format!(" {}", textgen::words(self.seed.wrapping_add(index as u64), 1).to_lowercase())
+        format!(
+            " {}",
+            textgen::words(self.seed.wrapping_add(index as u64), 1).to_lowercase()
+        )
     }
 
     fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
@@ -165,8 +206,13 @@ fn stream_response(out: Output, rx: mpsc::UnboundedReceiver<TokenEvent>) -> Resp
             Some(TokenEvent::Token { index, .. }) => {
                 sse(&out.chunk(out.token_choice(&out.piece(index), index == 0, None), None))
             }
-            Some(TokenEvent::Done { prompt_tokens, completion_tokens, cached_tokens }) => {
-                let mut b = sse(&out.chunk(out.token_choice("", false, Some("length")), None)).to_vec();
+            Some(TokenEvent::Done {
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            }) => {
+                let mut b =
+                    sse(&out.chunk(out.token_choice("", false, Some("length")), None)).to_vec();
                 if out.include_usage {
                     let u = Output::usage(prompt_tokens, completion_tokens, cached_tokens);
                     b.extend_from_slice(&sse(&out.chunk(json!([]), Some(u))));
@@ -176,7 +222,10 @@ fn stream_response(out: Output, rx: mpsc::UnboundedReceiver<TokenEvent>) -> Resp
             }
             Some(TokenEvent::Rejected { needed_blocks }) => {
                 let e = json!({"error": {"message": format!("request needs {needed_blocks} KV blocks, more than the cache holds"), "type": "invalid_request_error", "code": "context_length_exceeded"}});
-                return Some((Ok(Bytes::from(format!("data: {e}\n\ndata: [DONE]\n\n"))), (out, rx, true)));
+                return Some((
+                    Ok(Bytes::from(format!("data: {e}\n\ndata: [DONE]\n\n"))),
+                    (out, rx, true),
+                ));
             }
             None => return None,
         };
@@ -198,27 +247,51 @@ async fn full_response(
     while let Some(ev) = rx.recv().await {
         match ev {
             TokenEvent::Token { index, .. } => text.push_str(&out.piece(index)),
-            TokenEvent::Done { prompt_tokens, completion_tokens, cached_tokens } => {
+            TokenEvent::Done {
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            } => {
                 let choice = match req.endpoint {
-                    Endpoint::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"}),
-                    Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}),
+                    Endpoint::Chat => {
+                        json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"})
+                    }
+                    Endpoint::Completions => {
+                        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"})
+                    }
                 };
-                let object = if req.endpoint == Endpoint::Chat { "chat.completion" } else { "text_completion" };
+                let object = if req.endpoint == Endpoint::Chat {
+                    "chat.completion"
+                } else {
+                    "text_completion"
+                };
                 let body = json!({"id": out.id, "object": object, "created": out.created, "model": out.model,
                     "choices": [choice], "usage": Output::usage(prompt_tokens, completion_tokens, cached_tokens)});
                 return axum::Json(body).into_response();
             }
             TokenEvent::Rejected { needed_blocks } => {
-                return error(ApiError::bad_request("context_length_exceeded", None, format!("request needs {needed_blocks} KV blocks, more than the cache holds")));
+                return error(ApiError::bad_request(
+                    "context_length_exceeded",
+                    None,
+                    format!("request needs {needed_blocks} KV blocks, more than the cache holds"),
+                ));
             }
         }
     }
-    error(ApiError { status: 503, kind: "server_error", code: "engine_stopped", param: None, message: "engine stopped".into() })
+    error(ApiError {
+        status: 503,
+        kind: "server_error",
+        code: "engine_stopped",
+        param: None,
+        message: "engine stopped".into(),
+    })
 }
 
 async fn models(State(w): State<Arc<Worker>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [{"id": w.model, "object": "model",
-        "created": now_s(), "owned_by": "kvroute-sim", "max_model_len": w.max_model_len}]}))
+    axum::Json(
+        json!({"object": "list", "data": [{"id": w.model, "object": "model",
+        "created": now_s(), "owned_by": "kvroute-sim", "max_model_len": w.max_model_len}]}),
+    )
     .into_response()
 }
 
@@ -228,24 +301,48 @@ async fn tokenize(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
         Err(e) => return error(ApiError::bad_request("invalid_json", None, e.to_string())),
     };
     let tokens = if v.get("messages").is_some() {
-        let add_gen = v.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true);
+        let add_gen = v
+            .get("add_generation_prompt")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
         match request::parse(Endpoint::Chat, &body) {
-            Ok(ParsedRequest { prompt: Prompt::Messages(m), .. }) => w
+            Ok(ParsedRequest {
+                prompt: Prompt::Messages(m),
+                ..
+            }) => w
                 .bundle
                 .render_chat_with(&m, add_gen)
                 .and_then(|t| w.bundle.encode(&t, false)),
-            Ok(_) => return error(ApiError::bad_request("invalid_value", None, "bad messages".into())),
+            Ok(_) => {
+                return error(ApiError::bad_request(
+                    "invalid_value",
+                    None,
+                    "bad messages".into(),
+                ))
+            }
             Err(e) => return error(e.into()),
         }
     } else {
-        let add_special = v.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
+        let add_special = v
+            .get("add_special_tokens")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
         match v.get("prompt").and_then(Value::as_str) {
             Some(p) => w.bundle.encode(p, add_special),
-            None => return error(ApiError::bad_request("invalid_value", Some("prompt"), "'prompt' or 'messages' is required".into())),
+            None => {
+                return error(ApiError::bad_request(
+                    "invalid_value",
+                    Some("prompt"),
+                    "'prompt' or 'messages' is required".into(),
+                ))
+            }
         }
     };
     match tokens {
-        Ok(t) => axum::Json(json!({"count": t.len(), "max_model_len": w.max_model_len, "tokens": t})).into_response(),
+        Ok(t) => {
+            axum::Json(json!({"count": t.len(), "max_model_len": w.max_model_len, "tokens": t}))
+                .into_response()
+        }
         Err(e) => error(ApiError::bad_request("invalid_value", None, e.to_string())),
     }
 }

@@ -96,7 +96,10 @@ impl BlockCache {
         hashes: &[EngineHash],
         extra: usize,
     ) -> Result<Vec<EngineHash>, CacheError> {
-        let reuse_free = hashes.iter().filter(|h| self.free_cached.contains_key(h)).count();
+        let reuse_free = hashes
+            .iter()
+            .filter(|h| self.free_cached.contains_key(h))
+            .count();
         let needed_fresh = extra;
         // Reused free blocks move to in_use, so they stop being evictable.
         let evictable = self.free_cached.len() - reuse_free;

@@ -51,7 +51,11 @@ pub enum TokenEvent {
     /// One output token (index from 0); the first one marks the end of prefill.
     Token { index: usize, cached_tokens: usize },
     /// Generation finished.
-    Done { prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize },
+    Done {
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        cached_tokens: usize,
+    },
     /// The request can never fit in the KV cache.
     Rejected { needed_blocks: usize },
 }
@@ -82,8 +86,9 @@ pub struct EngineStats {
     pub steps: u64,
 }
 
-pub const TTFT_BUCKETS: [f64; 12] =
-    [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+pub const TTFT_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 struct Seq {
     tokens: Vec<u32>,
@@ -124,7 +129,11 @@ impl Engine {
     }
 }
 
-async fn run(cfg: EngineConfig, mut rx: mpsc::UnboundedReceiver<Submit>, stats: Arc<Mutex<EngineStats>>) {
+async fn run(
+    cfg: EngineConfig,
+    mut rx: mpsc::UnboundedReceiver<Submit>,
+    stats: Arc<Mutex<EngineStats>>,
+) {
     let bs = cfg.block_size.max(1);
     let mut cache = BlockCache::new(cfg.num_gpu_blocks);
     let mut waiting: VecDeque<Seq> = VecDeque::new();
@@ -142,7 +151,10 @@ async fn run(cfg: EngineConfig, mut rx: mpsc::UnboundedReceiver<Submit>, stats: 
         let step_start = Instant::now();
         admit(&cfg, &mut cache, &mut waiting, &mut running, &stats);
         // Plan: decodes first (one token each), prefill chunks with the remaining budget.
-        let decoding = running.iter().filter(|s| s.computed >= s.tokens.len()).count();
+        let decoding = running
+            .iter()
+            .filter(|s| s.computed >= s.tokens.len())
+            .count();
         let mut budget = cfg.max_num_batched_tokens.saturating_sub(decoding);
         let mut prefill_tokens = 0;
         let mut chunks = vec![0usize; running.len()];
@@ -178,7 +190,10 @@ async fn run(cfg: EngineConfig, mut rx: mpsc::UnboundedReceiver<Submit>, stats: 
                 let ttft = now.duration_since(s.arrived).as_secs_f64();
                 observe_ttft(&mut st, ttft);
             }
-            let _ = s.events.send(TokenEvent::Token { index: s.generated, cached_tokens: s.cached_tokens });
+            let _ = s.events.send(TokenEvent::Token {
+                index: s.generated,
+                cached_tokens: s.cached_tokens,
+            });
             s.generated += 1;
             st.generation_tokens_total += 1;
         }
@@ -248,12 +263,16 @@ fn admit(
         let len = s.tokens.len();
         // vLLM recomputes at least the last prompt token, so a fully cached prompt reuses
         // one block less.
-        let hit = cache.longest_prefix(&s.hashes).min(len.saturating_sub(1) / bs);
+        let hit = cache
+            .longest_prefix(&s.hashes)
+            .min(len.saturating_sub(1) / bs);
         let total_blocks = (len + s.max_tokens).div_ceil(bs);
         let fresh = total_blocks - hit;
         if total_blocks > cache.capacity() {
             if let Some(s) = waiting.pop_front() {
-                let _ = s.events.send(TokenEvent::Rejected { needed_blocks: total_blocks });
+                let _ = s.events.send(TokenEvent::Rejected {
+                    needed_blocks: total_blocks,
+                });
             }
             continue;
         }

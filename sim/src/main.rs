@@ -67,7 +67,10 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.speedup > 0.0, "--speedup must be > 0");
-    anyhow::ensure!(args.block_size > 0 && args.num_gpu_blocks > 0, "block size and blocks must be > 0");
+    anyhow::ensure!(
+        args.block_size > 0 && args.num_gpu_blocks > 0,
+        "block size and blocks must be > 0"
+    );
     let bundle = ModelBundle::demo().context("loading the demo model bundle")?;
     let cfg = EngineConfig {
         block_size: args.block_size,
@@ -83,7 +86,11 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut servers = Vec::new();
     for i in 0..args.workers {
-        let port = if args.base_port == 0 { 0 } else { args.base_port + i };
+        let port = if args.base_port == 0 {
+            0
+        } else {
+            args.base_port + i
+        };
         let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.host, port))
             .await
             .with_context(|| format!("binding worker {i} to port {port}"))?;
@@ -99,7 +106,9 @@ async fn main() -> anyhow::Result<()> {
         });
         // Harnesses wait for this line to learn the port.
         println!("kvroute-sim worker {i} listening on {addr}");
-        servers.push(tokio::spawn(async move { axum::serve(listener, api::router(worker)).await }));
+        servers.push(tokio::spawn(async move {
+            axum::serve(listener, api::router(worker)).await
+        }));
     }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => Ok(()),

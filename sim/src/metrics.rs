@@ -8,16 +8,59 @@ pub fn render(model: &str, block_size: usize, num_gpu_blocks: usize, st: &Engine
     let l = format!("engine=\"0\",model_name=\"{model}\"");
     let mut o = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {value}");
+        let _ = writeln!(
+            o,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {value}"
+        );
     };
-    metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", st.running.to_string());
-    metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", st.waiting.to_string());
-    metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 means 100 percent.", format!("{:.6}", st.kv_usage));
-    metric("vllm:prefix_cache_queries_total", "counter", "Prefix-cache queries, in tokens.", st.prefix_queries_tokens.to_string());
-    metric("vllm:prefix_cache_hits_total", "counter", "Prefix-cache hits, in tokens.", st.prefix_hits_tokens.to_string());
-    metric("vllm:prompt_tokens_total", "counter", "Prefill tokens processed.", st.prompt_tokens_total.to_string());
-    metric("vllm:generation_tokens_total", "counter", "Generation tokens processed.", st.generation_tokens_total.to_string());
-    metric("vllm:request_success_total", "counter", "Finished requests.", st.requests_finished.to_string());
+    metric(
+        "vllm:num_requests_running",
+        "gauge",
+        "Requests in the running batch.",
+        st.running.to_string(),
+    );
+    metric(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Requests waiting to be scheduled.",
+        st.waiting.to_string(),
+    );
+    metric(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage, 1 means 100 percent.",
+        format!("{:.6}", st.kv_usage),
+    );
+    metric(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix-cache queries, in tokens.",
+        st.prefix_queries_tokens.to_string(),
+    );
+    metric(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix-cache hits, in tokens.",
+        st.prefix_hits_tokens.to_string(),
+    );
+    metric(
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Prefill tokens processed.",
+        st.prompt_tokens_total.to_string(),
+    );
+    metric(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Generation tokens processed.",
+        st.generation_tokens_total.to_string(),
+    );
+    metric(
+        "vllm:request_success_total",
+        "counter",
+        "Finished requests.",
+        st.requests_finished.to_string(),
+    );
     let _ = writeln!(
         o,
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
@@ -26,7 +69,10 @@ pub fn render(model: &str, block_size: usize, num_gpu_blocks: usize, st: &Engine
          engine=\"0\",num_gpu_blocks=\"{num_gpu_blocks}\"}} 1.0"
     );
     let name = "vllm:time_to_first_token_seconds";
-    let _ = writeln!(o, "# HELP {name} Histogram of time to first token in seconds.\n# TYPE {name} histogram");
+    let _ = writeln!(
+        o,
+        "# HELP {name} Histogram of time to first token in seconds.\n# TYPE {name} histogram"
+    );
     let mut cum = 0;
     for (b, n) in TTFT_BUCKETS.iter().zip(&st.ttft_buckets) {
         cum += n;

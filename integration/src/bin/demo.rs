@@ -62,7 +62,10 @@ async fn main() -> anyhow::Result<()> {
         "kvroute demo: {} workers, {} requests ({} conversations x {} turns) over {:.1} s, seed {}, schedule hash {:016x}",
         args.workers, schedule.len(), args.conversations, args.turns, span.as_secs_f64(), args.seed, schedule_hash(&schedule)
     );
-    let sim_args = vec!["--prefill-ms-per-token".to_string(), args.prefill_ms_per_token.to_string()];
+    let sim_args = vec![
+        "--prefill-ms-per-token".to_string(),
+        args.prefill_ms_per_token.to_string(),
+    ];
     let profile = json!({"profile": {"prefill_ms_per_token": args.prefill_ms_per_token, "prefill_base_ms": 5.0, "decode_interference_ms": 0.5}});
     let mut results = BTreeMap::new();
     for policy in [Policy::Kvroute, Policy::LeastRequest] {
@@ -74,8 +77,15 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         };
         let started = Instant::now();
-        let stack = Stack::start(opts).await.with_context(|| format!("starting the {} stack", policy.name()))?;
-        println!("  {:<14} stack up in {:.1} s (Envoy + filter + {} workers); replaying...", policy.name(), started.elapsed().as_secs_f64(), args.workers);
+        let stack = Stack::start(opts)
+            .await
+            .with_context(|| format!("starting the {} stack", policy.name()))?;
+        println!(
+            "  {:<14} stack up in {:.1} s (Envoy + filter + {} workers); replaying...",
+            policy.name(),
+            started.elapsed().as_secs_f64(),
+            args.workers
+        );
         let replies = replay(&stack, &schedule).await;
         let summary = Summary::of(&replies, &stack.addrs());
         println!("  {:<14} done: {}", policy.name(), summary.one_line());
@@ -105,7 +115,10 @@ async fn replay(stack: &Stack, schedule: &[Arrival]) -> Vec<anyhow::Result<Reply
         .collect();
     let mut out = Vec::new();
     for t in tasks {
-        out.push(t.await.unwrap_or_else(|e| Err(anyhow::anyhow!("task failed: {e}"))));
+        out.push(
+            t.await
+                .unwrap_or_else(|e| Err(anyhow::anyhow!("task failed: {e}"))),
+        );
     }
     out
 }
@@ -123,9 +136,11 @@ struct Summary {
 
 impl Summary {
     fn of(replies: &[anyhow::Result<Reply>], addrs: &[String]) -> Summary {
-        let mut hist = hdrhistogram::Histogram::<u64>::new(3).unwrap_or_else(|_| unreachable_hist());
+        let mut hist =
+            hdrhistogram::Histogram::<u64>::new(3).unwrap_or_else(|_| unreachable_hist());
         let (mut prompt, mut cached, mut ok) = (0u64, 0u64, 0usize);
-        let mut per_worker: BTreeMap<String, usize> = addrs.iter().map(|a| (a.clone(), 0)).collect();
+        let mut per_worker: BTreeMap<String, usize> =
+            addrs.iter().map(|a| (a.clone(), 0)).collect();
         for r in replies.iter().flatten().filter(|r| r.status == 200) {
             ok += 1;
             let _ = hist.record(r.ttft.as_micros() as u64);
@@ -142,7 +157,11 @@ impl Summary {
             ttft_p50_ms: q(0.5),
             ttft_p90_ms: q(0.9),
             ttft_p99_ms: q(0.99),
-            cache_hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
+            cache_hit_rate: if prompt == 0 {
+                0.0
+            } else {
+                cached as f64 / prompt as f64
+            },
             per_worker,
         }
     }
@@ -150,14 +169,19 @@ impl Summary {
     fn one_line(&self) -> String {
         format!(
             "{}/{} ok, TTFT p50 {:.0} ms, p99 {:.0} ms, cache hits {:.1} %",
-            self.ok, self.requests, self.ttft_p50_ms, self.ttft_p99_ms, 100.0 * self.cache_hit_rate
+            self.ok,
+            self.requests,
+            self.ttft_p50_ms,
+            self.ttft_p99_ms,
+            100.0 * self.cache_hit_rate
         )
     }
 }
 
 fn unreachable_hist() -> hdrhistogram::Histogram<u64> {
     // `new(3)` only fails for sigfig > 5; keep a fallback instead of a panic path.
-    hdrhistogram::Histogram::new_with_bounds(1, u64::MAX / 2, 2).unwrap_or_else(|_| std::process::exit(2))
+    hdrhistogram::Histogram::new_with_bounds(1, u64::MAX / 2, 2)
+        .unwrap_or_else(|_| std::process::exit(2))
 }
 
 async fn decision_bench(stack: &Stack) -> anyhow::Result<()> {
@@ -167,13 +191,23 @@ async fn decision_bench(stack: &Stack) -> anyhow::Result<()> {
         let text = kvroute_core::textgen::words(0xBE7C4 + i, 6200);
         let body = json!({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1});
         let r = client::chat(&http, &stack.base_url(), &body).await?;
-        anyhow::ensure!(r.status == 200, "decision bench request failed: {}", r.status);
+        anyhow::ensure!(
+            r.status == 200,
+            "decision bench request failed: {}",
+            r.status
+        );
         if i == 0 {
-            println!("  decision bench: prompt of {} tokens", r.prompt_tokens.unwrap_or(0));
+            println!(
+                "  decision bench: prompt of {} tokens",
+                r.prompt_tokens.unwrap_or(0)
+            );
         }
     }
     tokio::time::sleep(Duration::from_secs(6)).await; // Envoy merges histograms every 5 s.
-    let q = stack.envoy.histogram_quantiles("wasmcustom.kvroute.decision_time_us").await?;
+    let q = stack
+        .envoy
+        .histogram_quantiles("wasmcustom.kvroute.decision_time_us")
+        .await?;
     println!(
         "  decision time (all requests so far, µs): p50 {:?} p99 {:?}",
         q.get("P50"),
@@ -197,7 +231,13 @@ fn report(results: &BTreeMap<&str, Summary>, args: &Args, hash: u64) -> anyhow::
         let spread: Vec<String> = s.per_worker.values().map(usize::to_string).collect();
         md.push_str(&format!(
             "| {name} | {}/{} | {:.0} | {:.0} | {:.0} | {:.1} % | {} |\n",
-            s.ok, s.requests, s.ttft_p50_ms, s.ttft_p90_ms, s.ttft_p99_ms, 100.0 * s.cache_hit_rate, spread.join(" / ")
+            s.ok,
+            s.requests,
+            s.ttft_p50_ms,
+            s.ttft_p90_ms,
+            s.ttft_p99_ms,
+            100.0 * s.cache_hit_rate,
+            spread.join(" / ")
         ));
     }
     if let (Some(k), Some(l)) = (kv, lr) {
@@ -213,7 +253,12 @@ fn report(results: &BTreeMap<&str, Summary>, args: &Args, hash: u64) -> anyhow::
     let dir = paths::repo_root().join("results");
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("demo.md"), &md)?;
-    std::fs::write(dir.join("demo.json"), serde_json::to_string_pretty(&json!({"seed": args.seed, "schedule_hash": format!("{hash:016x}"), "results": results}))?)?;
+    std::fs::write(
+        dir.join("demo.json"),
+        serde_json::to_string_pretty(
+            &json!({"seed": args.seed, "schedule_hash": format!("{hash:016x}"), "results": results}),
+        )?,
+    )?;
     println!("(written to results/demo.md and results/demo.json)");
     let failed: usize = results.values().map(|s| s.requests - s.ok).sum();
     anyhow::ensure!(failed == 0, "{failed} requests failed");
