@@ -68,6 +68,19 @@ impl ModelBundle {
         })
     }
 
+    /// The same tokenizer with another chat template (e.g. a misconfigured engine).
+    pub fn with_chat_template(&self, source: &str) -> Result<Self, ModelError> {
+        let template =
+            ChatTemplate::new(source, self.template.bos_token(), self.template.eos_token())?;
+        let mut fp = self.fingerprint.to_le_bytes().to_vec();
+        fp.extend_from_slice(source.as_bytes());
+        Ok(ModelBundle {
+            tokenizer: Arc::clone(&self.tokenizer),
+            template: Arc::new(template),
+            fingerprint: xxh3_64(&fp),
+        })
+    }
+
     /// The project's own demo bundle.
     pub fn demo() -> Result<Self, ModelError> {
         Self::from_hf(DEMO_TOKENIZER_JSON, DEMO_TOKENIZER_CONFIG)

@@ -42,6 +42,14 @@ impl ChatTemplate {
         })
     }
 
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
     /// Renders `messages` (already normalized to string content) to the prompt text.
     pub fn render(
         &self,

@@ -12,11 +12,22 @@ use crate::process::Guard;
 /// A running simulated worker.
 pub struct SimWorker {
     pub guard: Guard,
+    /// HTTP `ip:port`.
     pub addr: String,
+    pub events_port: u16,
+    pub replay_port: u16,
+    pub admin_port: u16,
+}
+
+/// The value after `key` in the sim's start-up line.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == key)?;
+    words.next()
 }
 
 impl SimWorker {
-    /// Starts one worker on a free loopback port with extra `args`.
+    /// Starts one worker on free loopback ports with extra `args`.
     pub async fn start(index: usize, args: &[String], dir: &Path) -> anyhow::Result<SimWorker> {
         let mut cmd = Command::new(paths::sim_bin()?);
         cmd.args(["--workers", "1", "--base-port", "0"]).args(args);
@@ -28,11 +39,41 @@ impl SimWorker {
         let line = guard
             .wait_line("listening on", Duration::from_secs(30))
             .await?;
-        let addr = line
-            .rsplit(' ')
-            .next()
-            .context("no address in sim output")?
-            .to_owned();
-        Ok(SimWorker { guard, addr })
+        let port = |k: &str| -> anyhow::Result<u16> {
+            field(&line, k)
+                .and_then(|p| p.parse().ok())
+                .with_context(|| format!("no {k} port in '{line}'"))
+        };
+        Ok(SimWorker {
+            addr: field(&line, "on")
+                .context("no address in sim output")?
+                .to_owned(),
+            events_port: port("events")?,
+            replay_port: port("replay")?,
+            admin_port: port("admin")?,
+            guard,
+        })
+    }
+
+    /// POSTs to the worker's fault endpoint, e.g. `evict?percent=50`.
+    pub async fn admin(
+        &self,
+        path_and_query: &str,
+        body: Option<serde_json::Value>,
+    ) -> anyhow::Result<serde_json::Value> {
+        let url = format!(
+            "http://127.0.0.1:{}/admin/{path_and_query}",
+            self.admin_port
+        );
+        let http = reqwest::Client::new();
+        let req = match body {
+            Some(b) => http.post(url).json(&b),
+            None => http.post(url),
+        };
+        let resp = req.send().await?;
+        let status = resp.status();
+        let v: serde_json::Value = resp.json().await?;
+        anyhow::ensure!(status.is_success(), "admin {path_and_query}: {status} {v}");
+        Ok(v)
     }
 }

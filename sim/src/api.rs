@@ -12,7 +12,6 @@ use axum::Router;
 use kvroute_core::error::ApiError;
 use kvroute_core::model::ModelBundle;
 use kvroute_core::request::{self, Endpoint, ParsedRequest, Prompt};
-use kvroute_core::textgen;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -23,16 +22,20 @@ use crate::metrics;
 pub const WORKER_HEADER: &str = "x-worker-id";
 const DEFAULT_MAX_TOKENS: u64 = 16;
 
-/// One worker's shared state.
-pub struct Worker {
+/// What one running worker serves with.
+pub struct Serving {
     pub id: String,
     pub model: String,
+    /// Tokenizer and the template actually served (may differ from the announced one).
     pub bundle: ModelBundle,
     pub engine: Engine,
-    pub block_size: usize,
+    /// The block size announced in `/metrics` (the engine may cache with another).
+    pub announced_block_size: usize,
     pub num_gpu_blocks: usize,
     pub max_model_len: usize,
 }
+
+type Worker = Serving;
 
 pub fn router(w: Arc<Worker>) -> Router {
     Router::new()
@@ -103,6 +106,7 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
         tokens,
         salt: req.cache_salt.clone(),
         max_tokens,
+        seed,
         events: tx,
     }) {
         return error(ApiError {
@@ -126,8 +130,8 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
         id,
         model: w.model.clone(),
         created: now_s(),
-        seed,
         include_usage: req.include_usage,
+        bundle: w.bundle.clone(),
     };
     let mut resp = if req.stream {
         stream_response(out, rx)
@@ -145,16 +149,13 @@ struct Output {
     id: String,
     model: String,
     created: u64,
-    seed: u64,
     include_usage: bool,
+    bundle: ModelBundle,
 }
 
 impl Output {
-    fn piece(&self, index: usize) -> String {
-        format!(
-            " {}",
-            textgen::words(self.seed.wrapping_add(index as u64), 1).to_lowercase()
-        )
+    fn piece(&self, id: u32) -> String {
+        self.bundle.decode(&[id]).unwrap_or_default()
     }
 
     fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
@@ -203,8 +204,8 @@ fn stream_response(out: Output, rx: mpsc::UnboundedReceiver<TokenEvent>) -> Resp
             return None;
         }
         let bytes = match rx.recv().await {
-            Some(TokenEvent::Token { index, .. }) => {
-                sse(&out.chunk(out.token_choice(&out.piece(index), index == 0, None), None))
+            Some(TokenEvent::Token { index, id }) => {
+                sse(&out.chunk(out.token_choice(&out.piece(id), index == 0, None), None))
             }
             Some(TokenEvent::Done {
                 prompt_tokens,
@@ -246,7 +247,7 @@ async fn full_response(
     let mut text = String::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            TokenEvent::Token { index, .. } => text.push_str(&out.piece(index)),
+            TokenEvent::Token { id, .. } => text.push_str(&out.piece(id)),
             TokenEvent::Done {
                 prompt_tokens,
                 completion_tokens,
@@ -349,6 +350,6 @@ async fn tokenize(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
 
 async fn metrics_text(State(w): State<Arc<Worker>>) -> Response {
     let st = w.engine.stats.lock().map(|s| s.clone()).unwrap_or_default();
-    let text = metrics::render(&w.model, w.block_size, w.num_gpu_blocks, &st);
+    let text = metrics::render(&w.model, w.announced_block_size, w.num_gpu_blocks, &st);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

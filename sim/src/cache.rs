@@ -15,21 +15,31 @@ use thiserror::Error;
 
 pub type EngineHash = u64;
 
+/// The engine's hash of one block: its parent's hash (none for block 0), its tokens, and for
+/// block 0 the request's `cache_salt`.
+pub fn engine_block_hash(
+    parent: Option<EngineHash>,
+    block: &[u32],
+    salt: Option<&str>,
+) -> EngineHash {
+    let mut h = DefaultHasher::new();
+    parent.hash(&mut h);
+    block.hash(&mut h);
+    if parent.is_none() {
+        salt.hash(&mut h);
+    }
+    h.finish()
+}
+
 /// The engine's block hashes of `tokens` (full blocks only).
 pub fn engine_hashes(tokens: &[u32], block_size: usize, salt: Option<&str>) -> Vec<EngineHash> {
-    let mut parent: u64 = 0x5eed;
+    let mut parent = None;
     tokens
         .chunks_exact(block_size.max(1))
-        .enumerate()
-        .map(|(i, block)| {
-            let mut h = DefaultHasher::new();
-            parent.hash(&mut h);
-            block.hash(&mut h);
-            if i == 0 {
-                salt.hash(&mut h);
-            }
-            parent = h.finish();
-            parent
+        .map(|block| {
+            let h = engine_block_hash(parent, block, salt);
+            parent = Some(h);
+            h
         })
         .collect()
 }
@@ -158,6 +168,27 @@ impl BlockCache {
             }
         }
         self.anonymous_in_use = self.anonymous_in_use.saturating_sub(anonymous);
+    }
+
+    /// Evicts up to `n` free cached blocks, least recently used first; returns them.
+    pub fn evict_free(&mut self, n: usize) -> Vec<EngineHash> {
+        (0..n)
+            .map_while(|_| self.free_cached.pop_front().map(|(h, ())| h))
+            .collect()
+    }
+
+    /// Free cached blocks (evictable).
+    pub fn free_cached_len(&self) -> usize {
+        self.free_cached.len()
+    }
+
+    /// Every cached block hash (in use or free), for consistency checks.
+    pub fn cached_set(&self) -> std::collections::BTreeSet<EngineHash> {
+        self.in_use
+            .keys()
+            .chain(self.free_cached.keys())
+            .copied()
+            .collect()
     }
 
     #[cfg(test)]

@@ -1,119 +1,152 @@
-//! kvroute-sim: simulated inference workers with vLLM's observable behaviour.
-//!
-//! Where to start: `main` parses flags and starts `--workers N` independent workers on ports
-//! `--base-port`.. on one tokio runtime; each is an [`engine::Engine`] (continuous batching,
-//! chunked prefill, paged prefix cache in [`cache`]) behind the HTTP surface in [`api`].
+//! kvroute-sim: runs N simulated workers on one tokio runtime. See the crate docs (`lib.rs`).
 
-mod api;
-mod cache;
-mod engine;
-mod metrics;
-
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::IpAddr;
 
 use anyhow::Context as _;
 use clap::Parser;
 use kvroute_core::model::ModelBundle;
+use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
+use kvroute_sim::profile::{self, Profile};
+use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
 
-use crate::engine::{Engine, EngineConfig, Timing};
-
-/// Simulated vLLM-like inference workers (OpenAI API, prefix cache, vLLM metrics).
+/// Simulated vLLM-like inference workers (OpenAI API, prefix cache, KV events, vLLM metrics).
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
     /// Number of independent workers in this process.
     #[arg(long, default_value_t = 1)]
     workers: u16,
-    /// HTTP port of worker 0; worker i listens on base-port + i (0: pick free ports).
+    /// HTTP port of worker 0; worker i uses base + i. 0 picks free ports (printed at start).
     #[arg(long, default_value_t = 8000)]
     base_port: u16,
-    /// Address to bind (loopback by default).
+    /// KV-event PUB port of worker 0 (0: free ports).
+    #[arg(long, default_value_t = 0)]
+    events_base_port: u16,
+    /// Replay ROUTER port of worker 0 (0: free ports).
+    #[arg(long, default_value_t = 0)]
+    replay_base_port: u16,
+    /// Fault-injection admin port of worker 0, always on 127.0.0.1 (0: free ports).
+    #[arg(long, default_value_t = 0)]
+    admin_base_port: u16,
+    /// Address for HTTP and event sockets (loopback by default).
     #[arg(long, default_value = "127.0.0.1")]
-    host: std::net::IpAddr,
+    host: IpAddr,
     /// Served model id.
     #[arg(long, default_value = "kvroute-demo")]
     model: String,
-    /// KV block size in tokens.
-    #[arg(long, default_value_t = 16)]
-    block_size: usize,
-    /// KV-cache capacity in blocks.
-    #[arg(long, default_value_t = 8192)]
-    num_gpu_blocks: usize,
-    /// Most sequences in the running batch.
-    #[arg(long, default_value_t = 256)]
-    max_num_seqs: usize,
-    /// Token budget of one scheduler step (decode tokens + prefill chunks).
-    #[arg(long, default_value_t = 2048)]
-    max_num_batched_tokens: usize,
-    /// Longest prompt + output accepted.
-    #[arg(long, default_value_t = 32768)]
-    max_model_len: usize,
-    /// Fixed cost of a scheduler step, ms (8B on one H100: ~5 ms decode floor).
-    #[arg(long, default_value_t = 5.0)]
-    step_floor_ms: f64,
-    /// Prefill cost per token, ms (8B on one H100: ~30 k tokens/s).
-    #[arg(long, default_value_t = 0.033)]
-    prefill_ms_per_token: f64,
-    /// Extra step cost per decoding sequence, ms.
-    #[arg(long, default_value_t = 0.05)]
-    decode_ms_per_seq: f64,
-    /// Divide every duration by this.
+    /// Timing profile: a built-in name or a .toml path.
+    #[arg(long, default_value = profile::DEFAULT)]
+    profile: String,
+    /// Divide every duration by this (long trace replays).
     #[arg(long, default_value_t = 1.0)]
     speedup: f64,
+    /// Override the profile's KV block size.
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// Override the profile's KV capacity in blocks.
+    #[arg(long)]
+    num_gpu_blocks: Option<usize>,
+    /// Override the profile's running-batch limit.
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
+    /// Override the profile's per-step token budget.
+    #[arg(long)]
+    max_num_batched_tokens: Option<usize>,
+    /// Override the profile's step floor (ms).
+    #[arg(long)]
+    step_floor_ms: Option<f64>,
+    /// Override the profile's prefill cost per token (ms).
+    #[arg(long)]
+    prefill_ms_per_token: Option<f64>,
+    /// Override the profile's cost per decoding sequence (ms).
+    #[arg(long)]
+    decode_ms_per_seq: Option<f64>,
+    /// KV-event topic.
+    #[arg(long, default_value = "")]
+    topic: String,
+    /// Event encoding inside batches.
+    #[arg(long, value_enum, default_value_t = EventEncoding::Array)]
+    event_encoding: EventEncoding,
+    /// Replay reply framing.
+    #[arg(long, value_enum, default_value_t = ReplyShape::Triple)]
+    replay_shape: ReplyShape,
+    /// Batches kept for replay.
+    #[arg(long, default_value_t = 10_000)]
+    buffer_steps: usize,
+}
+
+fn profile(a: &Args) -> anyhow::Result<Profile> {
+    let mut p = Profile::load(&a.profile)?;
+    p.block_size = a.block_size.unwrap_or(p.block_size);
+    p.num_gpu_blocks = a.num_gpu_blocks.unwrap_or(p.num_gpu_blocks);
+    p.max_num_seqs = a.max_num_seqs.unwrap_or(p.max_num_seqs);
+    p.max_num_batched_tokens = a.max_num_batched_tokens.unwrap_or(p.max_num_batched_tokens);
+    p.step_floor_ms = a.step_floor_ms.unwrap_or(p.step_floor_ms);
+    p.prefill_ms_per_token = a.prefill_ms_per_token.unwrap_or(p.prefill_ms_per_token);
+    p.decode_ms_per_seq = a.decode_ms_per_seq.unwrap_or(p.decode_ms_per_seq);
+    p.validate()?;
+    Ok(p)
+}
+
+fn port(base: u16, i: u16) -> u16 {
+    if base == 0 {
+        0
+    } else {
+        base + i
+    }
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.speedup > 0.0, "--speedup must be > 0");
-    anyhow::ensure!(
-        args.block_size > 0 && args.num_gpu_blocks > 0,
-        "block size and blocks must be > 0"
-    );
+    let profile = profile(&args)?;
     let bundle = ModelBundle::demo().context("loading the demo model bundle")?;
-    let cfg = EngineConfig {
-        block_size: args.block_size,
-        num_gpu_blocks: args.num_gpu_blocks,
-        max_num_seqs: args.max_num_seqs,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        timing: Timing {
-            step_floor_ms: args.step_floor_ms,
-            prefill_ms_per_token: args.prefill_ms_per_token,
-            decode_ms_per_seq: args.decode_ms_per_seq,
-            speedup: args.speedup,
-        },
+    let events = EventConfig {
+        topic: args.topic.clone(),
+        encoding: args.event_encoding,
+        reply_shape: args.replay_shape,
+        buffer_steps: args.buffer_steps.max(1),
     };
-    let mut servers = Vec::new();
+    let mut admins = Vec::new();
     for i in 0..args.workers {
-        let port = if args.base_port == 0 {
-            0
-        } else {
-            args.base_port + i
-        };
-        let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.host, port))
-            .await
-            .with_context(|| format!("binding worker {i} to port {port}"))?;
-        let addr = listener.local_addr()?;
-        let worker = Arc::new(api::Worker {
-            id: addr.to_string(),
+        let spec = WorkerSpec {
+            index: i as usize,
+            host: args.host,
             model: args.model.clone(),
-            bundle: bundle.clone(),
-            engine: Engine::start(cfg),
-            block_size: args.block_size,
-            num_gpu_blocks: args.num_gpu_blocks,
-            max_model_len: args.max_model_len,
-        });
-        // Harnesses wait for this line to learn the port.
-        println!("kvroute-sim worker {i} listening on {addr}");
-        servers.push(tokio::spawn(async move {
-            axum::serve(listener, api::router(worker)).await
-        }));
+            profile: profile.clone(),
+            speedup: args.speedup,
+            events: events.clone(),
+        };
+        let ports = Ports {
+            http: port(args.base_port, i),
+            events: port(args.events_base_port, i),
+            replay: port(args.replay_base_port, i),
+            admin: port(args.admin_base_port, i),
+        };
+        let worker = Worker::new(spec, bundle.clone(), ports);
+        let admin = worker.bind_admin().await?;
+        let p = worker
+            .start()
+            .await
+            .with_context(|| format!("starting worker {i}"))?;
+        // Harnesses read this line to learn the ports.
+        println!(
+            "kvroute-sim worker {i} listening on {}:{} events {} replay {} admin {} profile {}",
+            args.host,
+            p.http,
+            p.events,
+            p.replay,
+            admin.local_addr()?.port(),
+            profile.name
+        );
+        let app = kvroute_sim::admin::router(worker);
+        admins.push(tokio::spawn(async move { axum::serve(admin, app).await }));
     }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => Ok(()),
-        r = futures::future::select_all(servers) => {
-            r.0.context("worker task")?.context("worker server")?;
+        r = futures::future::select_all(admins) => {
+            r.0.context("admin task")?.context("admin server")?;
             Ok(())
         }
     }

@@ -1,8 +1,21 @@
-//! `/metrics` in Prometheus text format with vLLM's metric names and labels.
+//! `/metrics` in Prometheus text format with vLLM's metric names and labels, plus the
+//! simulator's own scheduling-lag histogram (`kvroute_sim:step_lag_seconds`).
 
 use std::fmt::Write;
 
-use crate::engine::{EngineStats, TTFT_BUCKETS};
+use crate::engine::{EngineStats, Histogram, BUCKETS};
+
+fn histogram(o: &mut String, name: &str, help: &str, labels: &str, h: &Histogram) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cum = 0;
+    for (b, n) in BUCKETS.iter().zip(&h.counts) {
+        cum += n;
+        let _ = writeln!(o, "{name}_bucket{{{labels},le=\"{b}\"}} {cum}");
+    }
+    let _ = writeln!(o, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(o, "{name}_sum{{{labels}}} {}", h.sum);
+    let _ = writeln!(o, "{name}_count{{{labels}}} {}", h.count);
+}
 
 pub fn render(model: &str, block_size: usize, num_gpu_blocks: usize, st: &EngineStats) -> String {
     let l = format!("engine=\"0\",model_name=\"{model}\"");
@@ -61,6 +74,12 @@ pub fn render(model: &str, block_size: usize, num_gpu_blocks: usize, st: &Engine
         "Finished requests.",
         st.requests_finished.to_string(),
     );
+    metric(
+        "kvroute_sim:cached_blocks",
+        "gauge",
+        "Blocks in the prefix cache (in use or free).",
+        st.cached_blocks.to_string(),
+    );
     let _ = writeln!(
         o,
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
@@ -68,18 +87,19 @@ pub fn render(model: &str, block_size: usize, num_gpu_blocks: usize, st: &Engine
          vllm:cache_config_info{{block_size=\"{block_size}\",enable_prefix_caching=\"True\",\
          engine=\"0\",num_gpu_blocks=\"{num_gpu_blocks}\"}} 1.0"
     );
-    let name = "vllm:time_to_first_token_seconds";
-    let _ = writeln!(
-        o,
-        "# HELP {name} Histogram of time to first token in seconds.\n# TYPE {name} histogram"
+    histogram(
+        &mut o,
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &l,
+        &st.ttft,
     );
-    let mut cum = 0;
-    for (b, n) in TTFT_BUCKETS.iter().zip(&st.ttft_buckets) {
-        cum += n;
-        let _ = writeln!(o, "{name}_bucket{{{l},le=\"{b}\"}} {cum}");
-    }
-    let _ = writeln!(o, "{name}_bucket{{{l},le=\"+Inf\"}} {}", st.ttft_count);
-    let _ = writeln!(o, "{name}_sum{{{l}}} {}", st.ttft_sum);
-    let _ = writeln!(o, "{name}_count{{{l}}} {}", st.ttft_count);
+    histogram(
+        &mut o,
+        "kvroute_sim:step_lag_seconds",
+        "Actual minus intended start of scheduler steps.",
+        &l,
+        &st.step_lag,
+    );
     o
 }

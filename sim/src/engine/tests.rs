@@ -1,0 +1,215 @@
+//! Engine behaviour under tokio's paused clock: durations are the model's, not the machine's.
+
+use std::collections::BTreeSet;
+
+use super::*;
+
+fn config(blocks: usize, batched: usize) -> EngineConfig {
+    EngineConfig {
+        block_size: 16,
+        num_gpu_blocks: blocks,
+        max_num_seqs: 64,
+        max_num_batched_tokens: batched,
+        timing: Timing {
+            step_floor_ms: 5.0,
+            prefill_ms_per_token: 0.1,
+            prefill_ms_per_token_sq: 0.0,
+            decode_ms_per_seq: 0.01,
+            kv_ms_per_1k_tokens: 0.0,
+            speedup: 1.0,
+        },
+        output_vocab: Arc::new((100..200).collect()),
+    }
+}
+
+fn core(cfg: EngineConfig) -> (Core, mpsc::UnboundedReceiver<(f64, Vec<KvEvent>)>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let core = Core {
+        cache: BlockCache::new(cfg.num_gpu_blocks),
+        cfg,
+        waiting: VecDeque::new(),
+        running: Vec::new(),
+        stats: Arc::new(Mutex::new(EngineStats::default())),
+        events: Some(tx),
+        pending: Vec::new(),
+    };
+    (core, rx)
+}
+
+fn tokens(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| seed * 100_000 + i).collect()
+}
+
+async fn submit(
+    core: &mut Core,
+    toks: Vec<u32>,
+    max_tokens: usize,
+) -> mpsc::UnboundedReceiver<TokenEvent> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    core.handle(Command::Submit(Submit {
+        tokens: toks,
+        salt: None,
+        max_tokens,
+        seed: 1,
+        events: tx,
+    }))
+    .await;
+    rx
+}
+
+/// Steps until every request has finished; returns each stream's time to first token.
+async fn run(
+    core: &mut Core,
+    streams: &mut [mpsc::UnboundedReceiver<TokenEvent>],
+) -> Vec<Duration> {
+    run_collect(core, streams).await.0
+}
+
+/// Like `run`, also returning every event each stream received.
+async fn run_collect(
+    core: &mut Core,
+    streams: &mut [mpsc::UnboundedReceiver<TokenEvent>],
+) -> (Vec<Duration>, Vec<Vec<TokenEvent>>) {
+    let start = Instant::now();
+    let mut ttft = vec![None; streams.len()];
+    let mut seen = vec![Vec::new(); streams.len()];
+    while !core.running.is_empty() || !core.waiting.is_empty() {
+        core.step().await;
+        core.flush_events();
+        for (i, rx) in streams.iter_mut().enumerate() {
+            while let Ok(ev) = rx.try_recv() {
+                if matches!(ev, TokenEvent::Token { index: 0, .. }) {
+                    ttft[i] = Some(start.elapsed());
+                }
+                seen[i].push(ev);
+            }
+        }
+    }
+    (
+        ttft.into_iter()
+            .map(|t| t.unwrap_or(Duration::MAX))
+            .collect(),
+        seen,
+    )
+}
+
+async fn lone_ttft(core: &mut Core, toks: Vec<u32>) -> Duration {
+    let mut rx = vec![submit(core, toks, 2).await];
+    run(core, &mut rx).await[0]
+}
+
+#[tokio::test(start_paused = true)]
+async fn ttft_grows_with_uncached_tokens_not_cached_ones() {
+    let (mut c, _ev) = core(config(4096, 8192));
+    let short = lone_ttft(&mut c, tokens(1, 1000)).await;
+    let long = lone_ttft(&mut c, tokens(2, 2000)).await;
+    assert!(long > short, "{long:?} <= {short:?}");
+    // The same 2000-token prompt again: all but the last block is cached.
+    let again = lone_ttft(&mut c, tokens(2, 2000)).await;
+    assert!(again < short, "a cached prompt took {again:?}");
+    // 2000 cached + 1000 new tokens costs about what 1000 uncached tokens cost.
+    let mut extended = tokens(2, 2000);
+    extended.extend(tokens(3, 1000));
+    let ext = lone_ttft(&mut c, extended).await;
+    assert!(ext < long, "{ext:?} >= {long:?}");
+    let diff = ext.as_secs_f64() - short.as_secs_f64();
+    assert!(
+        diff.abs() < 0.01,
+        "extended {ext:?} vs uncached 1000 {short:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn queueing_delays_the_second_of_two_long_prompts() {
+    let (mut c, _ev) = core(config(4096, 2048));
+    let mut rx = vec![
+        submit(&mut c, tokens(1, 4000), 2).await,
+        submit(&mut c, tokens(2, 4000), 2).await,
+    ];
+    let t = run(&mut c, &mut rx).await;
+    assert!(t[1] > t[0], "second {:?} not after first {:?}", t[1], t[0]);
+    let alone = lone_ttft(&mut core(config(4096, 2048)).0, tokens(1, 4000)).await;
+    assert!(
+        t[1] > alone + Duration::from_millis(100),
+        "{:?} vs alone {alone:?}",
+        t[1]
+    );
+}
+
+/// Applies a worker's events from sequence 0: the result is exactly its cache contents.
+#[tokio::test(start_paused = true)]
+async fn replaying_events_reproduces_the_cache() {
+    let (mut c, mut ev) = core(config(96, 512));
+    let mut model = BTreeSet::new();
+    let mut apply = |ev: &mut mpsc::UnboundedReceiver<(f64, Vec<KvEvent>)>| {
+        while let Ok((_, batch)) = ev.try_recv() {
+            for e in batch {
+                match e {
+                    KvEvent::BlockStored { block_hashes, .. } => model.extend(block_hashes),
+                    KvEvent::BlockRemoved { block_hashes, .. } => {
+                        for h in block_hashes {
+                            model.remove(&h);
+                        }
+                    }
+                    KvEvent::AllBlocksCleared => model.clear(),
+                }
+            }
+        }
+        model.clone()
+    };
+    for round in 0..6u32 {
+        let mut streams = Vec::new();
+        for r in 0..5u32 {
+            // Shared prefixes (seed r % 3) plus unique tails force reuse and eviction.
+            let mut t = tokens(r % 3, 160);
+            t.extend(tokens(10 + round * 10 + r, 100 + 37 * r as usize));
+            streams.push(submit(&mut c, t, 20).await);
+        }
+        run(&mut c, &mut streams).await;
+        if round == 3 {
+            let (tx, rx) = oneshot::channel();
+            c.handle(Command::Evict {
+                fraction: 0.5,
+                reply: tx,
+            })
+            .await;
+            assert!(rx.await.unwrap() > 0);
+        }
+        assert_eq!(apply(&mut ev), c.cache.cached_set(), "round {round}");
+    }
+    let (tx, rx) = oneshot::channel();
+    c.handle(Command::Reset { reply: tx }).await;
+    assert!(rx.await.unwrap());
+    assert!(apply(&mut ev).is_empty() && c.cache.cached_set().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn generated_blocks_are_cached_and_a_follow_up_reuses_them() {
+    let (mut c, _ev) = core(config(4096, 8192));
+    let prompt = tokens(4, 64);
+    let mut rx = submit(&mut c, prompt.clone(), 40).await;
+    let (_, seen) = run_collect(&mut c, std::slice::from_mut(&mut rx)).await;
+    let out: Vec<u32> = seen[0]
+        .iter()
+        .filter_map(|ev| match ev {
+            TokenEvent::Token { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(out.len(), 40);
+    // The next turn's prompt is the conversation so far: prompt + generated tokens.
+    let mut next = prompt;
+    next.extend(&out);
+    next.extend(tokens(5, 20));
+    let mut rx2 = submit(&mut c, next, 1).await;
+    let (_, seen) = run_collect(&mut c, std::slice::from_mut(&mut rx2)).await;
+    let cached = seen[0]
+        .iter()
+        .find_map(|ev| match ev {
+            TokenEvent::Done { cached_tokens, .. } => Some(*cached_tokens),
+            _ => None,
+        })
+        .unwrap_or(0);
+    // 64 prompt + 39 generated tokens have KV: 6 full blocks.
+    assert_eq!(cached, 96);
+}

@@ -1,0 +1,246 @@
+//! One simulated worker's lifecycle: its engine, HTTP server, KV-event publisher and replay
+//! socket, all of which a fault can crash and restart (with an empty cache and sequence
+//! numbers back to 0), plus the admin endpoint that stays up to inject those faults.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use kvroute_core::model::ModelBundle;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use zeromq::Socket;
+
+use crate::api::{self, Serving};
+use crate::engine::{Engine, EngineConfig, Timing};
+use crate::events::{self, EventConfig, EventLog};
+use crate::profile::Profile;
+
+/// Ports of one worker (0 = pick a free one at first start; restarts reuse the same ports).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ports {
+    pub http: u16,
+    pub events: u16,
+    pub replay: u16,
+    pub admin: u16,
+}
+
+/// Everything needed to (re)start a worker.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    pub index: usize,
+    pub host: IpAddr,
+    pub model: String,
+    pub profile: Profile,
+    pub speedup: f64,
+    pub events: EventConfig,
+}
+
+/// Deliberate misconfiguration: what the worker really does versus what it announces.
+#[derive(Debug, Clone, Default)]
+pub struct Misconfig {
+    /// Serve this chat template instead of the bundle's.
+    pub chat_template: Option<String>,
+    /// Cache with this block size while announcing the profile's.
+    pub block_size: Option<usize>,
+}
+
+struct Running {
+    serving: Arc<Serving>,
+    log: Arc<EventLog>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Aborts every task and waits until they are gone, so their ports are free again.
+    async fn shutdown(mut self) {
+        let tasks = std::mem::take(&mut self.tasks);
+        for t in &tasks {
+            t.abort();
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Serves `app` on `listener`; every connection task lives in a set owned by this future, so
+/// aborting it closes the listener and all open connections at once, like a crashed process.
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
+    let mut conns = tokio::task::JoinSet::new();
+    while let Ok((stream, _)) = listener.accept().await {
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        conns.spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await;
+        });
+        while conns.try_join_next().is_some() {}
+    }
+}
+
+/// A worker that can be crashed and restarted.
+pub struct Worker {
+    pub spec: WorkerSpec,
+    pub bundle: ModelBundle,
+    pub ports: Mutex<Ports>,
+    pub misconfig: Mutex<Misconfig>,
+    running: tokio::sync::Mutex<Option<Running>>,
+    output_vocab: Arc<Vec<u32>>,
+}
+
+/// Token ids of the bundle that decode to a space and a lowercase word: what the simulated
+/// model "generates", so that its output reads as words and re-tokenizes cleanly.
+pub fn word_tokens(bundle: &ModelBundle, vocab_size: u32) -> Vec<u32> {
+    let ids: Vec<u32> = (0..vocab_size)
+        .filter(|&id| {
+            bundle.decode(&[id]).is_ok_and(|t| {
+                t.len() > 2 && t.starts_with(' ') && t[1..].chars().all(|c| c.is_ascii_lowercase())
+            })
+        })
+        .collect();
+    if ids.is_empty() {
+        vec![0]
+    } else {
+        ids
+    }
+}
+
+impl Worker {
+    pub fn new(spec: WorkerSpec, bundle: ModelBundle, ports: Ports) -> Arc<Worker> {
+        let output_vocab = Arc::new(word_tokens(&bundle, 4096));
+        Arc::new(Worker {
+            spec,
+            bundle,
+            ports: Mutex::new(ports),
+            misconfig: Mutex::new(Misconfig::default()),
+            running: tokio::sync::Mutex::new(None),
+            output_vocab,
+        })
+    }
+
+    fn addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.spec.host, port)
+    }
+
+    /// Starts (or restarts) the engine and its sockets with an empty cache.
+    pub async fn start(self: &Arc<Self>) -> anyhow::Result<Ports> {
+        let mut guard = self.running.lock().await;
+        if let Some(r) = guard.take() {
+            r.shutdown().await; // crash whatever ran before: ports are released
+        }
+        let ports = *self.ports.lock().unwrap_or_else(|e| e.into_inner());
+        let mis = self
+            .misconfig
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let p = &self.spec.profile;
+        let bundle = match &mis.chat_template {
+            Some(t) => self
+                .bundle
+                .with_chat_template(t)
+                .context("misconfigured template")?,
+            None => self.bundle.clone(),
+        };
+        let listener = tokio::net::TcpListener::bind(self.addr(ports.http))
+            .await
+            .with_context(|| format!("binding HTTP port {}", ports.http))?;
+        let mut publisher = zeromq::PubSocket::new();
+        let pub_ep = publisher
+            .bind(&format!("tcp://{}:{}", self.spec.host, ports.events))
+            .await
+            .context("binding the KV-event PUB socket")?;
+        let mut replay = zeromq::RouterSocket::new();
+        let replay_ep = replay
+            .bind(&format!("tcp://{}:{}", self.spec.host, ports.replay))
+            .await
+            .context("binding the replay ROUTER socket")?;
+        let bound = Ports {
+            http: listener.local_addr()?.port(),
+            events: endpoint_port(&pub_ep.to_string()).unwrap_or(ports.events),
+            replay: endpoint_port(&replay_ep.to_string()).unwrap_or(ports.replay),
+            admin: ports.admin,
+        };
+        *self.ports.lock().unwrap_or_else(|e| e.into_inner()) = bound;
+        let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        let cfg = EngineConfig {
+            block_size: mis.block_size.unwrap_or(p.block_size),
+            num_gpu_blocks: p.num_gpu_blocks,
+            max_num_seqs: p.max_num_seqs,
+            max_num_batched_tokens: p.max_num_batched_tokens,
+            timing: Timing::from_profile(p, self.spec.speedup),
+            output_vocab: Arc::clone(&self.output_vocab),
+        };
+        let (engine, engine_task) = Engine::start(cfg, Some(ev_tx));
+        let log = Arc::new(EventLog::default());
+        let serving = Arc::new(Serving {
+            id: self.addr(bound.http).to_string(),
+            model: self.spec.model.clone(),
+            bundle,
+            engine,
+            announced_block_size: p.block_size,
+            num_gpu_blocks: p.num_gpu_blocks,
+            max_model_len: p.max_model_len,
+        });
+        let app = api::router(Arc::clone(&serving));
+        let http_task = tokio::spawn(serve(listener, app));
+        let pub_task = tokio::spawn(events::run_publisher(
+            publisher,
+            self.spec.events.clone(),
+            Arc::clone(&log),
+            ev_rx,
+        ));
+        let replay_task = tokio::spawn(events::run_replay(
+            replay,
+            self.spec.events.clone(),
+            Arc::clone(&log),
+        ));
+        *guard = Some(Running {
+            serving,
+            log,
+            tasks: vec![engine_task, http_task, pub_task, replay_task],
+        });
+        Ok(bound)
+    }
+
+    /// Stops the engine and closes its ports (a crash).
+    pub async fn crash(&self) {
+        if let Some(r) = self.running.lock().await.take() {
+            r.shutdown().await;
+        }
+    }
+
+    /// The running engine and event log, if up.
+    pub async fn current(&self) -> Option<(Arc<Serving>, Arc<EventLog>)> {
+        self.running
+            .lock()
+            .await
+            .as_ref()
+            .map(|r| (Arc::clone(&r.serving), Arc::clone(&r.log)))
+    }
+
+    /// Binds the admin port (loopback only) and returns its listener.
+    pub async fn bind_admin(&self) -> anyhow::Result<tokio::net::TcpListener> {
+        let port = self.ports.lock().unwrap_or_else(|e| e.into_inner()).admin;
+        let l =
+            tokio::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port))
+                .await
+                .context("binding the admin port")?;
+        self.ports.lock().unwrap_or_else(|e| e.into_inner()).admin = l.local_addr()?.port();
+        Ok(l)
+    }
+}
+
+fn endpoint_port(ep: &str) -> Option<u16> {
+    ep.rsplit(':').next()?.trim_end_matches('/').parse().ok()
+}
