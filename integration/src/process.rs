@@ -32,21 +32,48 @@ impl Guard {
 
     /// Reads stdout until a line contains `needle`; returns that line.
     pub async fn wait_line(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<String> {
+        let mut lines = self.wait_lines(needle, 1, timeout).await?;
+        lines
+            .pop()
+            .with_context(|| format!("{}: no line", self.name))
+    }
+
+    /// Reads stdout until `count` lines contain `needle`; returns them. Stdout can be read
+    /// this way once; afterwards it is drained in the background.
+    pub async fn wait_lines(
+        &mut self,
+        needle: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<String>> {
         let out = self.child.stdout.take().context("stdout already taken")?;
         let mut lines = BufReader::new(out).lines();
         let found = tokio::time::timeout(timeout, async {
-            while let Some(line) = lines.next_line().await? {
-                if line.contains(needle) {
-                    return Ok::<_, std::io::Error>(Some(line));
+            let mut found = Vec::new();
+            while found.len() < count {
+                match lines.next_line().await? {
+                    Some(line) if line.contains(needle) => found.push(line),
+                    Some(_) => {}
+                    None => break,
                 }
             }
-            Ok(None)
+            Ok::<_, std::io::Error>(found)
         })
         .await
         .with_context(|| format!("{}: no '{needle}' within {timeout:?}", self.name))??;
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        found.with_context(|| format!("{} exited before printing '{needle}'", self.name))
+        anyhow::ensure!(
+            found.len() == count,
+            "{} exited before printing '{needle}' {count} times",
+            self.name
+        );
+        Ok(found)
+    }
+
+    /// The OS process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// Kills the process now and waits for it.

@@ -4,8 +4,9 @@
 //! prefill chunks, sleeps for the step's modelled duration, then caches every block that became
 //! full (prompt or generated tokens) and publishes the matching KV events.
 //!
-//! Blocks for a request's whole length (prompt + `max_tokens`) are reserved at admission, so a
-//! running request never runs out of blocks (vLLM allocates lazily and preempts instead).
+//! Blocks are allocated as tokens are scheduled. When the cache is full, the most recently
+//! admitted running sequence is preempted: its blocks are freed (full ones stay cached) and it
+//! goes back to the front of the queue, to be recomputed, as vLLM does.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -120,11 +121,15 @@ pub struct EngineStats {
     pub prompt_tokens_total: u64,
     pub generation_tokens_total: u64,
     pub requests_finished: u64,
+    pub preemptions_total: u64,
     pub ttft: Histogram,
     /// Actual minus intended start of each step.
     pub step_lag: Histogram,
     pub steps: u64,
 }
+
+/// Granularity of tokio's timer.
+const TIMER_TICK: Duration = Duration::from_millis(1);
 
 /// Buckets in seconds, shared by the TTFT and step-lag histograms.
 pub const BUCKETS: [f64; 16] = [
@@ -164,34 +169,37 @@ impl Histogram {
 
 struct Seq {
     prompt_len: usize,
-    /// Prompt then generated token ids.
+    /// Prompt then generated token ids; every token's KV must be computed before the next
+    /// token is sampled, so the work left is `tokens.len() - computed`.
     tokens: Vec<u32>,
     salt: Option<String>,
     /// Hashes of the full blocks this request holds (prefix of its token blocks).
     hashes: Vec<EngineHash>,
+    /// Blocks held: the full ones in `hashes` plus fresh ones still filling.
+    allocated: usize,
     max_tokens: usize,
     computed: usize,
-    cached_tokens: usize,
-    fresh_blocks: usize,
-    hit_blocks: usize,
+    /// Prompt tokens reused at first admission (what `usage` reports); `None` until then.
+    cached_tokens: Option<usize>,
     generated: usize,
+    preemptions: u32,
     seed: u64,
     arrived: Instant,
     events: mpsc::UnboundedSender<TokenEvent>,
 }
 
 impl Seq {
-    /// Tokens whose KV is computed (the newest sampled token is not yet).
-    fn kv_tokens(&self) -> usize {
-        if self.computed < self.prompt_len {
-            self.computed
-        } else {
-            self.prompt_len + self.generated.saturating_sub(1)
-        }
+    fn need(&self) -> usize {
+        self.tokens.len() - self.computed
     }
 
-    fn filled(&self) -> usize {
-        self.hashes.len()
+    fn decoding(&self) -> bool {
+        self.generated > 0 && self.need() == 1
+    }
+
+    /// Blocks needed to hold the KV of `computed + n` tokens.
+    fn blocks_for(&self, n: usize, bs: usize) -> usize {
+        (self.computed + n).div_ceil(bs)
     }
 }
 
@@ -303,12 +311,12 @@ impl Core {
             tokens: s.tokens,
             salt: s.salt,
             hashes: Vec::new(),
+            allocated: 0,
             max_tokens: s.max_tokens.max(1),
             computed: 0,
-            cached_tokens: 0,
-            fresh_blocks: 0,
-            hit_blocks: 0,
+            cached_tokens: None,
             generated: 0,
+            preemptions: 0,
             seed: s.seed,
             arrived: Instant::now(),
             events: s.events,
@@ -325,34 +333,115 @@ impl Core {
         }
     }
 
-    async fn step(&mut self) {
-        self.admit();
+    /// Gives `running[i]` blocks for `n` more tokens, preempting the most recently admitted
+    /// other sequences (recompute later) when the cache is full. False if `i` itself had to go.
+    fn reserve(&mut self, i: usize, n: usize, preempted: &mut [bool]) -> bool {
         let bs = self.cfg.block_size;
+        loop {
+            let s = &self.running[i];
+            let more = s.blocks_for(n, bs).saturating_sub(s.allocated);
+            if more == 0 {
+                return true;
+            }
+            if let Ok(evicted) = self.cache.acquire(&[], more) {
+                if !evicted.is_empty() {
+                    self.pending.push(KvEvent::BlockRemoved {
+                        block_hashes: evicted,
+                        medium: "GPU",
+                    });
+                }
+                self.running[i].allocated += more;
+                return true;
+            }
+            let victim = (0..self.running.len())
+                .rev()
+                .find(|&v| !preempted[v])
+                .unwrap_or(i);
+            preempted[victim] = true;
+            let mut seq = std::mem::replace(&mut self.running[victim], placeholder());
+            release(&mut self.cache, &mut seq);
+            seq.computed = 0;
+            seq.preemptions += 1;
+            self.stats
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .preemptions_total += 1;
+            self.running[victim] = seq;
+            if victim == i {
+                return false;
+            }
+        }
+    }
+
+    async fn step(&mut self) {
+        let bs = self.cfg.block_size;
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut preempted = vec![false; self.running.len()];
+        let mut chunks = vec![0usize; self.running.len()];
+        // Running sequences: decodes first, then prefill chunks, each given its blocks.
+        let order: Vec<usize> = (0..self.running.len())
+            .filter(|&i| self.running[i].decoding())
+            .chain((0..self.running.len()).filter(|&i| !self.running[i].decoding()))
+            .collect();
+        for i in order {
+            if preempted[i] || budget == 0 {
+                continue;
+            }
+            let n = self.running[i].need().min(budget);
+            if self.reserve(i, n, &mut preempted) {
+                chunks[i] = n;
+                budget -= n;
+            }
+        }
+        // Preempted sequences go back to the front of the queue, in their original order.
+        let mut kept = Vec::new();
+        let mut kept_chunks = Vec::new();
+        let mut back = Vec::new();
+        for (seq, (p, c)) in std::mem::take(&mut self.running)
+            .into_iter()
+            .zip(preempted.iter().zip(&chunks))
+        {
+            if *p {
+                back.push(seq);
+            } else {
+                kept.push(seq);
+                kept_chunks.push(*c);
+            }
+        }
+        let had_preemption = !back.is_empty();
+        for seq in back.into_iter().rev() {
+            self.waiting.push_front(seq);
+        }
+        self.running = kept;
+        chunks = kept_chunks;
+        // New admissions, FCFS, only when nobody was preempted this step.
+        if !had_preemption {
+            self.admit(&mut budget, &mut chunks);
+        }
         let decoding = self
             .running
             .iter()
-            .filter(|s| s.computed >= s.prompt_len)
+            .zip(&chunks)
+            .filter(|(s, c)| **c > 0 && s.decoding())
             .count();
+        let prefill: usize = self
+            .running
+            .iter()
+            .zip(&chunks)
+            .filter(|(s, _)| !s.decoding())
+            .map(|(_, c)| c)
+            .sum();
         let context: usize = self
             .running
             .iter()
-            .filter(|s| s.computed >= s.prompt_len)
-            .map(|s| s.prompt_len + s.generated)
+            .filter(|s| s.decoding())
+            .map(|s| s.tokens.len())
             .sum();
-        let mut budget = self.cfg.max_num_batched_tokens.saturating_sub(decoding);
-        let mut chunks = vec![0usize; self.running.len()];
-        let mut prefill = 0;
-        for (i, s) in self.running.iter().enumerate() {
-            if s.computed < s.prompt_len && budget > 0 {
-                let c = (s.prompt_len - s.computed).min(budget);
-                chunks[i] = c;
-                budget -= c;
-                prefill += c;
-            }
-        }
         let start = Instant::now();
         let deadline = start + self.cfg.timing.step(prefill, decoding, context);
-        tokio::time::sleep_until(deadline).await;
+        // Tokio's timer wakes on the millisecond tick after a deadline; aiming one tick early
+        // centres the wake-up on the intended time instead of always running late.
+        tokio::time::sleep_until(deadline.checked_sub(TIMER_TICK).unwrap_or(deadline)).await;
         let now = Instant::now();
         let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         st.step_lag
@@ -360,33 +449,13 @@ impl Core {
         st.steps += 1;
         let vocab = Arc::clone(&self.cfg.output_vocab);
         for (s, chunk) in self.running.iter_mut().zip(&chunks) {
-            let was_decoding = s.computed >= s.prompt_len;
-            if !was_decoding && *chunk == 0 {
+            if *chunk == 0 {
                 continue;
             }
             s.computed += chunk;
-            if s.computed >= s.prompt_len {
-                if !was_decoding {
-                    st.ttft.observe(now.duration_since(s.arrived).as_secs_f64());
-                }
-                let pick = kvroute_core::textgen::draw(s.seed, s.generated as u64);
-                let id = vocab
-                    .get(pick as usize % vocab.len().max(1))
-                    .copied()
-                    .unwrap_or(0);
-                s.tokens.push(id);
-                let _ = s.events.send(TokenEvent::Token {
-                    index: s.generated,
-                    id,
-                });
-                s.generated += 1;
-                st.generation_tokens_total += 1;
-            }
             // Cache every block that is now full.
-            let full = s.kv_tokens() / bs;
-            let first_new = s.filled();
             let mut stored = Vec::new();
-            for b in first_new..full {
+            for b in s.hashes.len()..s.computed / bs {
                 let parent = s.hashes.last().copied();
                 let h =
                     engine_block_hash(parent, &s.tokens[b * bs..(b + 1) * bs], s.salt.as_deref());
@@ -405,19 +474,35 @@ impl Core {
                     lora_name: None,
                 });
             }
+            if s.computed == s.tokens.len() {
+                if s.generated == 0 {
+                    st.ttft.observe(now.duration_since(s.arrived).as_secs_f64());
+                }
+                let pick = kvroute_core::textgen::draw(s.seed, s.generated as u64);
+                let id = vocab
+                    .get(pick as usize % vocab.len().max(1))
+                    .copied()
+                    .unwrap_or(0);
+                s.tokens.push(id);
+                let _ = s.events.send(TokenEvent::Token {
+                    index: s.generated,
+                    id,
+                });
+                s.generated += 1;
+                st.generation_tokens_total += 1;
+            }
         }
         let mut i = 0;
         while i < self.running.len() {
             let closed = self.running[i].events.is_closed();
             if self.running[i].generated >= self.running[i].max_tokens || closed {
-                let s = self.running.remove(i);
-                let anon = s.fresh_blocks.saturating_sub(s.filled() - s.hit_blocks);
-                self.cache.release(&s.hashes, anon);
+                let mut s = self.running.remove(i);
+                release(&mut self.cache, &mut s);
                 if !closed {
                     let _ = s.events.send(TokenEvent::Done {
                         prompt_tokens: s.prompt_len,
                         completion_tokens: s.generated,
-                        cached_tokens: s.cached_tokens,
+                        cached_tokens: s.cached_tokens.unwrap_or(0),
                     });
                 }
                 st.requests_finished += 1;
@@ -433,9 +518,10 @@ impl Core {
         st.prefix_hits_tokens = self.cache.hits_tokens;
     }
 
-    fn admit(&mut self) {
+    /// Admits waiting sequences FCFS while the batch, the token budget and the cache allow.
+    fn admit(&mut self, budget: &mut usize, chunks: &mut Vec<usize>) {
         let bs = self.cfg.block_size;
-        while self.running.len() < self.cfg.max_num_seqs {
+        while self.running.len() < self.cfg.max_num_seqs && *budget > 0 {
             let Some(s) = self.waiting.front_mut() else {
                 break;
             };
@@ -443,15 +529,7 @@ impl Core {
                 self.waiting.pop_front();
                 continue;
             }
-            let len = s.prompt_len;
-            let prompt_hashes = engine_hashes(&s.tokens, bs, s.salt.as_deref());
-            // vLLM recomputes at least the last prompt token, so a fully cached prompt reuses
-            // one block less.
-            let hit = self
-                .cache
-                .longest_prefix(&prompt_hashes)
-                .min(len.saturating_sub(1) / bs);
-            let total_blocks = (len + s.max_tokens).div_ceil(bs);
+            let total_blocks = (s.prompt_len + s.max_tokens).div_ceil(bs);
             if total_blocks > self.cache.capacity() {
                 if let Some(s) = self.waiting.pop_front() {
                     let _ = s.events.send(TokenEvent::Rejected {
@@ -460,8 +538,17 @@ impl Core {
                 }
                 continue;
             }
-            let fresh = total_blocks - hit;
-            let Ok(evicted) = self.cache.acquire(&prompt_hashes[..hit], fresh) else {
+            let len = s.tokens.len();
+            let hashes = engine_hashes(&s.tokens, bs, s.salt.as_deref());
+            // vLLM recomputes at least the last token, so a fully cached prefix reuses one
+            // block less.
+            let hit = self
+                .cache
+                .longest_prefix(&hashes)
+                .min(len.saturating_sub(1) / bs);
+            let n = (len - hit * bs).min(*budget);
+            let fresh = (hit * bs + n).div_ceil(bs) - hit;
+            let Ok(evicted) = self.cache.acquire(&hashes[..hit], fresh) else {
                 break;
             };
             if !evicted.is_empty() {
@@ -470,19 +557,52 @@ impl Core {
                     medium: "GPU",
                 });
             }
-            self.cache.queries_tokens += len as u64;
-            self.cache.hits_tokens += (hit * bs) as u64;
-            s.cached_tokens = hit * bs;
+            if s.cached_tokens.is_none() {
+                self.cache.queries_tokens += len as u64;
+                self.cache.hits_tokens += (hit * bs) as u64;
+                s.cached_tokens = Some(hit * bs);
+            }
             s.computed = hit * bs;
-            s.hashes = prompt_hashes[..hit].to_vec();
-            s.fresh_blocks = fresh;
-            s.hit_blocks = hit;
+            s.hashes = hashes[..hit].to_vec();
+            s.allocated = hit + fresh;
             if let Some(s) = self.waiting.pop_front() {
-                let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-                st.prompt_tokens_total += len as u64;
+                if s.preemptions == 0 {
+                    let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+                    st.prompt_tokens_total += s.prompt_len as u64;
+                }
                 self.running.push(s);
+                chunks.push(n);
+                *budget -= n;
             }
         }
+    }
+}
+
+/// Releases a sequence's blocks (full ones stay cached as free blocks).
+fn release(cache: &mut BlockCache, s: &mut Seq) {
+    let anon = s.allocated - s.hashes.len();
+    cache.release(&s.hashes, anon);
+    s.hashes.clear();
+    s.allocated = 0;
+}
+
+/// A stand-in while a sequence is moved out of the running list.
+fn placeholder() -> Seq {
+    let (events, _) = mpsc::unbounded_channel();
+    Seq {
+        prompt_len: 0,
+        tokens: Vec::new(),
+        salt: None,
+        hashes: Vec::new(),
+        allocated: 0,
+        max_tokens: 0,
+        computed: 0,
+        cached_tokens: None,
+        generated: 0,
+        preemptions: 0,
+        seed: 0,
+        arrived: Instant::now(),
+        events,
     }
 }
 

@@ -213,3 +213,26 @@ async fn generated_blocks_are_cached_and_a_follow_up_reuses_them() {
     // 64 prompt + 39 generated tokens have KV: 6 full blocks.
     assert_eq!(cached, 96);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_full_cache_preempts_and_every_request_still_finishes() {
+    // 40 blocks; each request needs (200 + 100) / 16 = 19 blocks by its end.
+    let (mut c, _ev) = core(config(40, 4096));
+    let mut streams = Vec::new();
+    for r in 0..4 {
+        streams.push(submit(&mut c, tokens(20 + r, 200), 100).await);
+    }
+    let (_, seen) = run_collect(&mut c, &mut streams).await;
+    for (i, evs) in seen.iter().enumerate() {
+        let tokens = evs
+            .iter()
+            .filter(|e| matches!(e, TokenEvent::Token { .. }))
+            .count();
+        assert_eq!(tokens, 100, "request {i} got {tokens} tokens");
+        assert!(evs.iter().any(|e| matches!(e, TokenEvent::Done { .. })));
+    }
+    let st = c.stats.lock().unwrap().clone();
+    assert!(st.preemptions_total > 0, "no preemption happened");
+    assert_eq!(c.cache.used(), 0, "blocks leaked");
+    assert_eq!(c.cache.ref_total(), 0);
+}
