@@ -236,3 +236,59 @@ async fn a_full_cache_preempts_and_every_request_still_finishes() {
     assert_eq!(c.cache.used(), 0, "blocks leaked");
     assert_eq!(c.cache.ref_total(), 0);
 }
+
+/// Seeded random workloads: `cached_tokens` is the longest cached block-aligned prefix (short
+/// of the last token), never more than the prompt, and an idle engine holds no references.
+#[tokio::test(start_paused = true)]
+async fn random_workloads_keep_the_block_manager_invariants() {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    for seed in 0..8u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (mut c, _ev) = core(config(
+            rng.random_range(40..200),
+            rng.random_range(64..1024),
+        ));
+        for _ in 0..12 {
+            // One request alone: its reuse must equal what the cache held before it.
+            let mut t = tokens(rng.random_range(0..3), rng.random_range(0..120));
+            t.extend(tokens(
+                100 + rng.random_range(0..1000),
+                rng.random_range(1..100),
+            ));
+            let len = t.len();
+            let expected = c
+                .cache
+                .longest_prefix(&engine_hashes(&t, 16, None))
+                .min((len - 1) / 16)
+                * 16;
+            let mut rx = vec![submit(&mut c, t, rng.random_range(1..40)).await];
+            let (_, seen) = run_collect(&mut c, &mut rx).await;
+            let cached = seen[0].iter().find_map(|e| match e {
+                TokenEvent::Done {
+                    cached_tokens,
+                    prompt_tokens,
+                    ..
+                } => Some((*cached_tokens, *prompt_tokens)),
+                _ => None,
+            });
+            if let Some((cached, prompt)) = cached {
+                assert!(cached <= prompt && cached % 16 == 0);
+                assert_eq!(cached, expected, "seed {seed}");
+            }
+            // Then a concurrent burst, to exercise eviction and preemption.
+            let mut burst = Vec::new();
+            for _ in 0..rng.random_range(1..6) {
+                let t = tokens(rng.random_range(0..5), rng.random_range(1..300));
+                burst.push(submit(&mut c, t, rng.random_range(1..60)).await);
+            }
+            run(&mut c, &mut burst).await;
+            assert!(c.cache.cached_set().len() <= c.cache.capacity());
+            assert_eq!(
+                c.cache.used(),
+                0,
+                "seed {seed}: blocks held by an idle engine"
+            );
+            assert_eq!(c.cache.ref_total(), 0);
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The fault endpoint over real HTTP: evict, stall, reset, crash and restart.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvroute_core::model::ModelBundle;
+use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
+use kvroute_sim::profile::Profile;
+use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
+use serde_json::{json, Value};
+
+async fn start() -> (Arc<Worker>, u16, u16) {
+    let spec = WorkerSpec {
+        index: 0,
+        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        model: "kvroute-demo".into(),
+        profile: Profile::load("llama3-8b-h100").unwrap(),
+        speedup: 1.0,
+        events: EventConfig {
+            topic: String::new(),
+            encoding: EventEncoding::Array,
+            reply_shape: ReplyShape::Pair,
+            buffer_steps: 100,
+        },
+    };
+    let w = Worker::new(spec, ModelBundle::demo().unwrap(), Ports::default());
+    let admin = w.bind_admin().await.unwrap();
+    let admin_port = admin.local_addr().unwrap().port();
+    let http = w.start().await.unwrap().http;
+    let app = kvroute_sim::admin::router(Arc::clone(&w));
+    tokio::spawn(async move { axum::serve(admin, app).await });
+    (w, http, admin_port)
+}
+
+async fn admin(port: u16, path: &str) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/admin/{path}"))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+async fn cached(http: u16) -> u64 {
+    let body = json!({"model": "kvroute-demo", "max_tokens": 1,
+        "messages": [{"role": "user", "content": kvroute_core::textgen::words(5, 300)}]});
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{http}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn faults_change_what_the_worker_does() {
+    let (_w, http, port) = start().await;
+    assert_eq!(cached(http).await, 0);
+    assert!(cached(http).await > 0);
+    let (code, v) = admin(port, "evict?percent=100").await;
+    assert_eq!(code, 200);
+    assert!(v["evicted_blocks"].as_u64().unwrap() > 0);
+    assert_eq!(cached(http).await, 0, "evicted blocks were still reused");
+    let (code, _) = admin(port, "evict?all=true").await;
+    assert_eq!(code, 200);
+    assert_eq!(cached(http).await, 0);
+    assert_eq!(admin(port, "evict?percent=300").await.0, 400);
+    // A stall holds the next request back.
+    assert_eq!(admin(port, "stall?ms=400").await.0, 200);
+    let t = Instant::now();
+    cached(http).await;
+    assert!(
+        t.elapsed() >= Duration::from_millis(350),
+        "stall had no effect: {:?}",
+        t.elapsed()
+    );
+    // Crash closes the port; restart brings it back empty.
+    assert_eq!(admin(port, "crash").await.0, 200);
+    assert!(reqwest::get(format!("http://127.0.0.1:{http}/health"))
+        .await
+        .is_err());
+    let status: Value = reqwest::get(format!("http://127.0.0.1:{port}/admin/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["up"], false);
+    assert_eq!(admin(port, "evict?percent=10").await.0, 409);
+    assert_eq!(admin(port, "restart").await.0, 200);
+    assert_eq!(cached(http).await, 0);
+    assert!(cached(http).await > 0);
+}
