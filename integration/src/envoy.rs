@@ -71,6 +71,8 @@ pub struct Envoy {
     pub admin_port: u16,
     pub listen_port: u16,
     pub log: PathBuf,
+    /// From process start to the admin reporting ready (wasm compiled, filter configured).
+    pub startup: Duration,
 }
 
 impl Envoy {
@@ -84,6 +86,7 @@ impl Envoy {
         concurrency: u32,
     ) -> anyhow::Result<Envoy> {
         let log = dir.join("envoy.log");
+        let started = std::time::Instant::now();
         let mut cmd = Command::new(paths::envoy_bin()?);
         cmd.arg("-c")
             .arg(config)
@@ -131,6 +134,7 @@ impl Envoy {
             admin_port,
             listen_port,
             log,
+            startup: started.elapsed(),
         })
     }
 
