@@ -28,6 +28,7 @@ pub mod load;
 pub mod model;
 pub mod request;
 pub mod router;
+pub mod snapshot;
 pub mod template;
 pub mod textgen;
 #[cfg(not(target_arch = "wasm32"))]

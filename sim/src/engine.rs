@@ -472,6 +472,7 @@ impl Core {
                     block_size: bs,
                     medium: "GPU",
                     lora_name: None,
+                    salt: s.salt.clone().filter(|_| b0 == 0),
                 });
             }
             if s.computed == s.tokens.len() {

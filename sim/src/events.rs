@@ -44,6 +44,9 @@ pub enum KvEvent {
         block_size: usize,
         medium: &'static str,
         lora_name: Option<String>,
+        /// The request's `cache_salt`, carried in the first block's extra keys (as vLLM does)
+        /// when these blocks start at block 0.
+        salt: Option<String>,
     },
     BlockRemoved {
         block_hashes: Vec<EngineHash>,
@@ -54,6 +57,24 @@ pub enum KvEvent {
 
 fn uints<I: IntoIterator<Item = u64>>(it: I) -> Value {
     Value::Array(it.into_iter().map(Value::from).collect())
+}
+
+/// One entry per block: `[salt]` for the first block of a salted chain, nil for the others.
+fn extra_keys(blocks: usize, salt: Option<&str>) -> Value {
+    match salt {
+        None => Value::Nil,
+        Some(s) => Value::Array(
+            (0..blocks)
+                .map(|i| {
+                    if i == 0 {
+                        Value::Array(vec![Value::from(s)])
+                    } else {
+                        Value::Nil
+                    }
+                })
+                .collect(),
+        ),
+    }
 }
 
 fn opt_u64(v: Option<u64>) -> Value {
@@ -71,6 +92,7 @@ impl KvEvent {
                 block_size,
                 medium,
                 lora_name,
+                salt,
             } => (
                 "BlockStored",
                 vec![
@@ -93,7 +115,11 @@ impl KvEvent {
                         lora_name.clone().map_or(Value::Nil, Value::from),
                         lora_name.is_none(),
                     ),
-                    ("extra_keys", Value::Nil, true),
+                    (
+                        "extra_keys",
+                        extra_keys(block_hashes.len(), salt.as_deref()),
+                        salt.is_none(),
+                    ),
                     ("group_idx", Value::from(0u64), true),
                 ],
             ),
@@ -271,6 +297,7 @@ mod tests {
             block_size: 4,
             medium: "GPU",
             lora_name: None,
+            salt: None,
         }
     }
 

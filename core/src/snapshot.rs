@@ -1,0 +1,238 @@
+//! Knowledge snapshots from the updater to Envoy: which canonical block hashes each worker
+//! holds (from its KV events), how old that knowledge is, and whether the worker's announced
+//! config matches kvroute's. A compact little-endian binary format with a version byte; the
+//! decoder never panics (fuzz target `snapshot_decode`).
+
+use thiserror::Error;
+
+/// Format version of the encoding below.
+pub const SNAPSHOT_FORMAT: u8 = 1;
+const MAGIC: &[u8; 4] = b"KVRS";
+/// Bounds that keep a hostile or corrupt payload from allocating without limit.
+pub const MAX_WORKERS: usize = 4096;
+pub const MAX_HASHES_PER_WORKER: usize = 1 << 22;
+
+/// One worker's knowledge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerKnowledge {
+    /// `ip:port`, as in the filter's pool.
+    pub worker: String,
+    /// When the updater last heard from this worker's event stream (unix ms).
+    pub observed_at_ms: u64,
+    /// False when the worker's config does not match kvroute's: no cache credit.
+    pub compatible: bool,
+    /// Canonical block hashes on the GPU tier.
+    pub gpu: Vec<u64>,
+    /// Canonical block hashes on lower tiers (CPU, storage).
+    pub offloaded: Vec<u64>,
+}
+
+/// A full snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Increases with every change the updater publishes.
+    pub version: u64,
+    pub generated_at_ms: u64,
+    pub workers: Vec<WorkerKnowledge>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SnapshotError {
+    #[error("snapshot truncated")]
+    Truncated,
+    #[error("not a kvroute snapshot")]
+    Magic,
+    #[error("snapshot format {0} is not supported (expected {SNAPSHOT_FORMAT})")]
+    Format(u8),
+    #[error("snapshot count {0} exceeds its bound")]
+    TooLarge(usize),
+    #[error("worker name is not UTF-8")]
+    Utf8,
+    #[error("trailing bytes after the snapshot")]
+    Trailing,
+}
+
+fn put_hashes(out: &mut Vec<u8>, hashes: &[u64]) {
+    out.extend_from_slice(&(hashes.len() as u32).to_le_bytes());
+    for h in hashes {
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+}
+
+impl Snapshot {
+    pub fn encode(&self) -> Vec<u8> {
+        let size: usize = self
+            .workers
+            .iter()
+            .map(|w| 32 + w.worker.len() + 8 * (w.gpu.len() + w.offloaded.len()))
+            .sum();
+        let mut out = Vec::with_capacity(24 + size);
+        out.extend_from_slice(MAGIC);
+        out.push(SNAPSHOT_FORMAT);
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&self.generated_at_ms.to_le_bytes());
+        out.extend_from_slice(&(self.workers.len() as u32).to_le_bytes());
+        for w in &self.workers {
+            let name = &w.worker.as_bytes()[..w.worker.len().min(u16::MAX as usize)];
+            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            out.extend_from_slice(name);
+            out.extend_from_slice(&w.observed_at_ms.to_le_bytes());
+            out.push(u8::from(w.compatible));
+            put_hashes(&mut out, &w.gpu);
+            put_hashes(&mut out, &w.offloaded);
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
+        let mut r = Reader(bytes);
+        if r.take(4)? != MAGIC {
+            return Err(SnapshotError::Magic);
+        }
+        let format = r.u8()?;
+        if format != SNAPSHOT_FORMAT {
+            return Err(SnapshotError::Format(format));
+        }
+        let version = r.u64()?;
+        let generated_at_ms = r.u64()?;
+        let n = r.u32()? as usize;
+        if n > MAX_WORKERS {
+            return Err(SnapshotError::TooLarge(n));
+        }
+        let mut workers = Vec::with_capacity(n.min(64));
+        for _ in 0..n {
+            let len = r.u16()? as usize;
+            let worker =
+                String::from_utf8(r.take(len)?.to_vec()).map_err(|_| SnapshotError::Utf8)?;
+            let observed_at_ms = r.u64()?;
+            let compatible = r.u8()? != 0;
+            let gpu = r.hashes()?;
+            let offloaded = r.hashes()?;
+            workers.push(WorkerKnowledge {
+                worker,
+                observed_at_ms,
+                compatible,
+                gpu,
+                offloaded,
+            });
+        }
+        if !r.0.is_empty() {
+            return Err(SnapshotError::Trailing);
+        }
+        Ok(Snapshot {
+            version,
+            generated_at_ms,
+            workers,
+        })
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
+        if self.0.len() < n {
+            return Err(SnapshotError::Truncated);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], SnapshotError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, SnapshotError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, SnapshotError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, SnapshotError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, SnapshotError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn hashes(&mut self) -> Result<Vec<u64>, SnapshotError> {
+        let n = self.u32()? as usize;
+        if n > MAX_HASHES_PER_WORKER {
+            return Err(SnapshotError::TooLarge(n));
+        }
+        if self.0.len() < n * 8 {
+            return Err(SnapshotError::Truncated);
+        }
+        (0..n).map(|_| self.u64()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Snapshot {
+        Snapshot {
+            version: 3,
+            generated_at_ms: 1000,
+            workers: vec![WorkerKnowledge {
+                worker: "127.0.0.1:8000".into(),
+                observed_at_ms: 999,
+                compatible: true,
+                gpu: vec![1, 2],
+                offloaded: vec![],
+            }],
+        }
+    }
+
+    #[test]
+    fn golden_bytes() {
+        let mut want = b"KVRS\x01".to_vec();
+        want.extend_from_slice(&3u64.to_le_bytes());
+        want.extend_from_slice(&1000u64.to_le_bytes());
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&14u16.to_le_bytes());
+        want.extend_from_slice(b"127.0.0.1:8000");
+        want.extend_from_slice(&999u64.to_le_bytes());
+        want.push(1);
+        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(&1u64.to_le_bytes());
+        want.extend_from_slice(&2u64.to_le_bytes());
+        want.extend_from_slice(&0u32.to_le_bytes());
+        assert_eq!(sample().encode(), want);
+        assert_eq!(Snapshot::decode(&want), Ok(sample()));
+    }
+
+    #[test]
+    fn corrupt_input_is_an_error() {
+        let bytes = sample().encode();
+        for n in 0..bytes.len() {
+            assert!(Snapshot::decode(&bytes[..n]).is_err());
+        }
+        let mut bad = bytes.clone();
+        bad[4] = 9;
+        assert_eq!(Snapshot::decode(&bad), Err(SnapshotError::Format(9)));
+        let mut huge = bytes[..21].to_vec();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Snapshot::decode(&huge),
+            Err(SnapshotError::TooLarge(_))
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = Snapshot::decode(&bytes);
+        }
+
+        #[test]
+        fn round_trips(v: u64, names in proptest::collection::vec("[0-9.:]{1,21}", 0..4),
+                       hashes in proptest::collection::vec(any::<u64>(), 0..40)) {
+            let s = Snapshot { version: v, generated_at_ms: v / 2, workers: names.into_iter().map(|w| WorkerKnowledge {
+                worker: w, observed_at_ms: 5, compatible: false, gpu: hashes.clone(), offloaded: hashes.clone() }).collect() };
+            prop_assert_eq!(Snapshot::decode(&s.encode()), Ok(s));
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! kvroute-updater binary: see the crate docs (`lib.rs`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use kvroute_core::model::ModelBundle;
+use kvroute_updater::ingest::DomainBase;
+use kvroute_updater::state::State;
+use kvroute_updater::subscriber::{follow, Endpoints};
+
+/// Follows workers' KV events and serves canonical knowledge snapshots to kvroute.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Address of the HTTP surface (status, metrics, snapshots). Loopback by default.
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    listen: SocketAddr,
+    /// Shared token the Envoy side must send for snapshots (or env KVROUTE_UPDATER_TOKEN).
+    #[arg(long, env = "KVROUTE_UPDATER_TOKEN")]
+    token: String,
+    /// Model id (part of the cache domain).
+    #[arg(long, default_value = "kvroute-demo")]
+    model: String,
+    /// The engines' KV block size.
+    #[arg(long, default_value_t = 16)]
+    block_size: u32,
+    /// A worker: `HTTP_ADDR,EVENTS_ENDPOINT[,REPLAY_ENDPOINT]`, e.g.
+    /// `127.0.0.1:8000,tcp://127.0.0.1:5557,tcp://127.0.0.1:5558`. Repeat per worker.
+    #[arg(long = "worker", required = true)]
+    workers: Vec<String>,
+}
+
+fn endpoints(spec: &str) -> anyhow::Result<Endpoints> {
+    let mut parts = spec.split(',');
+    let worker = parts
+        .next()
+        .filter(|s| !s.is_empty())
+        .context("worker address missing")?;
+    worker
+        .parse::<SocketAddr>()
+        .with_context(|| format!("'{worker}' is not ip:port"))?;
+    let events = parts.next().context("events endpoint missing")?.to_owned();
+    Ok(Endpoints {
+        worker: worker.to_owned(),
+        events,
+        replay: parts.next().map(str::to_owned),
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.token.len() >= 16,
+        "--token must be at least 16 characters"
+    );
+    let eps: Vec<Endpoints> = args
+        .workers
+        .iter()
+        .map(|w| endpoints(w))
+        .collect::<anyhow::Result<_>>()?;
+    let bundle = ModelBundle::demo().context("loading the tokenizer for the cache domain")?;
+    let domain = DomainBase {
+        model: args.model.clone(),
+        tokenizer_fingerprint: bundle.fingerprint(),
+        block_size: args.block_size,
+        lora_name: None,
+    };
+    let state = Arc::new(State::new(domain, eps.iter().map(|e| e.worker.clone())));
+    for ep in eps {
+        tokio::spawn(follow(Arc::clone(&state), ep));
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .context("binding --listen")?;
+    println!("kvroute-updater listening on {}", listener.local_addr()?);
+    axum::serve(
+        listener,
+        kvroute_updater::server::router(state, &args.token),
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! The updater's HTTP surface (loopback by default): `/status` (JSON), `/metrics`
+//! (Prometheus), and `/v1/snapshot` (binary, see `kvroute_core::snapshot`), which requires the
+//! shared token in `x-kvroute-token` so that knowledge only ever comes from the updater.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use axum::extract::State as AxState;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+
+use crate::state::State;
+
+/// Header carrying the shared token.
+pub const TOKEN_HEADER: &str = "x-kvroute-token";
+
+#[derive(Clone)]
+struct Ctx {
+    state: Arc<State>,
+    token: Arc<str>,
+}
+
+pub fn router(state: Arc<State>, token: &str) -> Router {
+    Router::new()
+        .route("/status", get(status))
+        .route("/metrics", get(metrics))
+        .route("/v1/snapshot", get(snapshot))
+        .with_state(Ctx {
+            state,
+            token: token.into(),
+        })
+}
+
+async fn status(AxState(c): AxState<Ctx>) -> Response {
+    Json(c.state.status()).into_response()
+}
+
+/// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn snapshot(AxState(c): AxState<Ctx>, headers: HeaderMap) -> Response {
+    let given = headers
+        .get(TOKEN_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    if !same(given, c.token.as_bytes()) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong x-kvroute-token\n",
+        )
+            .into_response();
+    }
+    let snap = c.state.snapshot();
+    (
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        [("x-kvroute-snapshot-version", snap.version.to_string())],
+        snap.encode(),
+    )
+        .into_response()
+}
+
+async fn metrics(AxState(c): AxState<Ctx>) -> Response {
+    let status = c.state.status();
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "# TYPE kvroute_updater_snapshot_version gauge\nkvroute_updater_snapshot_version {}",
+        c.state.version()
+    );
+    let empty = serde_json::Map::new();
+    let workers = status["workers"].as_object().unwrap_or(&empty);
+    for name in [
+        "batches",
+        "events",
+        "gaps",
+        "replays",
+        "resyncs",
+        "orphans",
+        "block_size_mismatches",
+    ] {
+        let _ = writeln!(o, "# TYPE kvroute_updater_{name}_total counter");
+        for (w, v) in workers {
+            let _ = writeln!(
+                o,
+                "kvroute_updater_{name}_total{{worker=\"{w}\"}} {}",
+                v["stats"][name].as_u64().unwrap_or(0)
+            );
+        }
+    }
+    let _ = writeln!(o, "# TYPE kvroute_updater_blocks gauge");
+    for (w, v) in workers {
+        if let Some(tiers) = v["blocks"].as_object() {
+            for (tier, n) in tiers {
+                let _ = writeln!(
+                    o,
+                    "kvroute_updater_blocks{{worker=\"{w}\",tier=\"{tier}\"}} {}",
+                    n.as_u64().unwrap_or(0)
+                );
+            }
+        }
+    }
+    let _ = writeln!(o, "# TYPE kvroute_updater_connected gauge");
+    for (w, v) in workers {
+        let _ = writeln!(
+            o,
+            "kvroute_updater_connected{{worker=\"{w}\"}} {}",
+            u8::from(v["connected"].as_bool().unwrap_or(false))
+        );
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
+}

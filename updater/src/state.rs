@@ -1,0 +1,132 @@
+//! The updater's shared state: every worker's knowledge, and the snapshot version that moves
+//! whenever any of it changes.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kvroute_core::snapshot::{Snapshot, WorkerKnowledge as Wire};
+
+use crate::decode::Tier;
+use crate::ingest::{DomainBase, WorkerKnowledge};
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Per-worker entry.
+#[derive(Debug, Default)]
+pub struct Entry {
+    pub knowledge: WorkerKnowledge,
+    pub connected: bool,
+    /// False when the worker's announced config does not match kvroute's.
+    pub compatible: bool,
+}
+
+#[derive(Debug)]
+pub struct State {
+    pub domain: DomainBase,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    version: u64,
+    workers: BTreeMap<String, Entry>,
+}
+
+impl State {
+    pub fn new(domain: DomainBase, workers: impl IntoIterator<Item = String>) -> State {
+        let workers = workers
+            .into_iter()
+            .map(|w| {
+                (
+                    w,
+                    Entry {
+                        compatible: true,
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        State {
+            domain,
+            inner: Mutex::new(Inner {
+                version: 1,
+                workers,
+            }),
+        }
+    }
+
+    /// Runs `f` on `worker`'s entry and moves the version.
+    pub fn update<T>(
+        &self,
+        worker: &str,
+        f: impl FnOnce(&mut Entry, &DomainBase) -> T,
+    ) -> Option<T> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let out = inner.workers.get_mut(worker).map(|e| f(e, &self.domain));
+        if out.is_some() {
+            inner.version += 1;
+        }
+        out
+    }
+
+    pub fn version(&self) -> u64 {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).version
+    }
+
+    /// A full snapshot of everything known now.
+    pub fn snapshot(&self) -> Snapshot {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let workers = inner
+            .workers
+            .iter()
+            .map(|(w, e)| {
+                let mut offloaded = e.knowledge.blocks(Tier::Cpu);
+                offloaded.extend(e.knowledge.blocks(Tier::Storage));
+                Wire {
+                    worker: w.clone(),
+                    observed_at_ms: e.knowledge.stats.last_event_ms,
+                    compatible: e.compatible,
+                    gpu: e.knowledge.blocks(Tier::Gpu),
+                    offloaded,
+                }
+            })
+            .collect();
+        Snapshot {
+            version: inner.version,
+            generated_at_ms: now_ms(),
+            workers,
+        }
+    }
+
+    /// `/status` JSON.
+    pub fn status(&self) -> serde_json::Value {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let now = now_ms();
+        let workers: serde_json::Map<String, serde_json::Value> = inner
+            .workers
+            .iter()
+            .map(|(w, e)| {
+                let k = &e.knowledge;
+                let age =
+                    (k.stats.last_event_ms > 0).then(|| now.saturating_sub(k.stats.last_event_ms));
+                (
+                    w.clone(),
+                    serde_json::json!({
+                        "connected": e.connected,
+                        "compatible": e.compatible,
+                        "next_seq": k.next_seq,
+                        "blocks": k.counts(),
+                        "last_event_age_ms": age,
+                        "stats": k.stats,
+                    }),
+                )
+            })
+            .collect();
+        serde_json::json!({"version": inner.version, "workers": workers})
+    }
+}

@@ -1,0 +1,254 @@
+//! The updater following a real simulated worker over real ZMQ: its canonical knowledge
+//! predicts exactly what the worker reports as reused, survives dropped events (replay) and
+//! publisher restarts (resync), and is served only with the token.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvroute_core::hash::block_hashes;
+use kvroute_core::model::ModelBundle;
+use kvroute_core::request::Prompt;
+use kvroute_core::snapshot::Snapshot;
+use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
+use kvroute_sim::profile::Profile;
+use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
+use kvroute_updater::decode::Tier;
+use kvroute_updater::ingest::DomainBase;
+use kvroute_updater::state::State;
+use kvroute_updater::subscriber::{follow, Endpoints};
+use serde_json::{json, Value};
+
+struct Setup {
+    worker: Arc<Worker>,
+    http: u16,
+    state: Arc<State>,
+    name: String,
+    bundle: ModelBundle,
+}
+
+async fn setup(encoding: EventEncoding, shape: ReplyShape) -> Setup {
+    let spec = WorkerSpec {
+        index: 0,
+        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        model: "kvroute-demo".into(),
+        profile: Profile::load("llama3-8b-h100").unwrap(),
+        speedup: 10.0,
+        events: EventConfig {
+            topic: String::new(),
+            encoding,
+            reply_shape: shape,
+            buffer_steps: 1000,
+        },
+    };
+    let bundle = ModelBundle::demo().unwrap();
+    let worker = Worker::new(spec, bundle.clone(), Ports::default());
+    let p = worker.start().await.unwrap();
+    let name = format!("127.0.0.1:{}", p.http);
+    let domain = DomainBase {
+        model: "kvroute-demo".into(),
+        tokenizer_fingerprint: bundle.fingerprint(),
+        block_size: 16,
+        lora_name: None,
+    };
+    let state = Arc::new(State::new(domain, [name.clone()]));
+    let ep = Endpoints {
+        worker: name.clone(),
+        events: format!("tcp://127.0.0.1:{}", p.events),
+        replay: Some(format!("tcp://127.0.0.1:{}", p.replay)),
+    };
+    tokio::spawn(follow(Arc::clone(&state), ep));
+    Setup {
+        worker,
+        http: p.http,
+        state,
+        name,
+        bundle,
+    }
+}
+
+fn messages(conv: u64, turns: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role": "system", "content": kvroute_core::textgen::words(conv, 150)})];
+    for t in 0..turns {
+        m.push(json!({"role": "user", "content": kvroute_core::textgen::words(conv * 100 + t as u64, 20)}));
+    }
+    m
+}
+
+impl Setup {
+    async fn send(&self, msgs: &[Value]) -> u64 {
+        let body = json!({"model": "kvroute-demo", "messages": msgs, "max_tokens": 2});
+        let r = reqwest::Client::new()
+            .post(format!(
+                "http://127.0.0.1:{}/v1/chat/completions",
+                self.http
+            ))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let v: Value = r.json().await.unwrap();
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    }
+
+    /// What the updater's knowledge predicts the worker will reuse for `msgs`.
+    fn predicted(&self, msgs: &[Value]) -> u64 {
+        let tokens = self
+            .bundle
+            .prompt_tokens(&Prompt::Messages(msgs.to_vec()))
+            .unwrap();
+        let hashes = block_hashes(self.state.domain.seed(None, None), 16, &tokens);
+        let known: std::collections::HashSet<u64> = self.state.snapshot().workers[0]
+            .gpu
+            .iter()
+            .copied()
+            .collect();
+        let blocks = hashes.iter().take_while(|h| known.contains(h)).count();
+        // The engine recomputes the last token: a fully known prompt reuses one block less.
+        (blocks.min((tokens.len() - 1) / 16) * 16) as u64
+    }
+
+    async fn settle(&self, msgs: &[Value]) -> u64 {
+        // Events arrive asynchronously; wait until the prompt's blocks are known.
+        for _ in 0..100 {
+            let p = self.predicted(msgs);
+            if p > 0 {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        0
+    }
+
+    fn stat(&self, key: &str) -> u64 {
+        self.state.status()["workers"][&self.name]["stats"][key]
+            .as_u64()
+            .unwrap_or(0)
+    }
+}
+
+/// ZMQ subscriptions take a moment: send warm-up requests until the first events arrive.
+async fn warm_up(s: &Setup) {
+    for i in 0..50 {
+        s.send(&messages(9000 + i, 1)).await;
+        if s.stat("batches") > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the updater never received an event");
+}
+
+#[tokio::test]
+async fn predictions_from_events_match_reported_reuse() {
+    for enc in [EventEncoding::Array, EventEncoding::Map] {
+        let s = setup(enc, ReplyShape::Triple).await;
+        warm_up(&s).await;
+        for conv in 0..5u64 {
+            let first = messages(conv, 1);
+            s.send(&first).await;
+            s.settle(&first).await;
+            let second = messages(conv, 2);
+            let predicted = s.predicted(&second);
+            let actual = s.send(&second).await;
+            assert!(actual > 0);
+            assert_eq!(predicted, actual, "encoding {enc:?}, conversation {conv}");
+        }
+        assert_eq!(s.stat("orphans"), 0);
+    }
+}
+
+#[tokio::test]
+async fn dropped_batches_are_replayed() {
+    for shape in [ReplyShape::Pair, ReplyShape::Triple] {
+        let s = setup(EventEncoding::Array, shape).await;
+        warm_up(&s).await;
+        let (_, log) = s.worker.current().await.unwrap();
+        log.drop_remaining
+            .store(2, std::sync::atomic::Ordering::SeqCst);
+        let dropped = messages(50, 1);
+        s.send(&dropped).await;
+        s.send(&messages(51, 1)).await;
+        // The next published batch reveals the gap; the replay fills it.
+        s.send(&messages(52, 1)).await;
+        assert!(
+            s.settle(&dropped).await > 0,
+            "blocks of dropped batches never arrived"
+        );
+        assert!(s.stat("gaps") >= 1 && s.stat("replays") >= 1);
+        assert_eq!(s.stat("resyncs"), 0);
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_publisher_triggers_a_resync() {
+    let s = setup(EventEncoding::Map, ReplyShape::Triple).await;
+    warm_up(&s).await;
+    let before = messages(60, 1);
+    s.send(&before).await;
+    assert!(s.settle(&before).await > 0);
+    s.worker.crash().await;
+    s.worker.start().await.unwrap();
+    // New traffic after the restart: the updater notices the sequence went back and resyncs.
+    let mut last = messages(100, 1);
+    for i in 0..200 {
+        last = messages(100 + i, 1);
+        s.send(&last).await;
+        if s.stat("resyncs") >= 1 && s.predicted(&last) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(s.stat("resyncs") >= 1, "no resync after the restart");
+    assert_eq!(
+        s.predicted(&before),
+        0,
+        "knowledge from before the restart survived"
+    );
+    assert!(s.settle(&last).await > 0);
+}
+
+#[tokio::test]
+async fn snapshots_need_the_token() {
+    let s = setup(EventEncoding::Array, ReplyShape::Triple).await;
+    warm_up(&s).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = kvroute_updater::server::router(Arc::clone(&s.state), "0123456789abcdef");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = format!("http://127.0.0.1:{port}/v1/snapshot");
+    let http = reqwest::Client::new();
+    assert_eq!(http.get(&url).send().await.unwrap().status(), 401);
+    assert_eq!(
+        http.get(&url)
+            .header("x-kvroute-token", "wrong")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    let r = http
+        .get(&url)
+        .header("x-kvroute-token", "0123456789abcdef")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let snap = Snapshot::decode(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(snap.workers[0].worker, s.name);
+    assert!(!snap.workers[0].gpu.is_empty());
+    assert!(snap.workers[0].compatible);
+    let status: Value = http
+        .get(format!("http://127.0.0.1:{port}/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["workers"][&s.name]["connected"], true);
+    let _ = Tier::Gpu;
+}
