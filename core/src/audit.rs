@@ -29,11 +29,7 @@ impl AuditClass {
 pub fn classify(predicted: u64, actual: u64, prompt_tokens: u64, block_size: u32) -> AuditClass {
     let bs = u64::from(block_size);
     let whole_prompt = predicted > 0 && predicted + bs > prompt_tokens;
-    let needed = if whole_prompt {
-        predicted.saturating_sub(bs)
-    } else {
-        predicted
-    };
+    let needed = if whole_prompt { predicted.saturating_sub(bs) } else { predicted };
     match (predicted, actual) {
         (0, 0) => AuditClass::OrdinaryMiss,
         (0, _) => AuditClass::FalseMiss,

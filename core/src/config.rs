@@ -37,6 +37,82 @@ pub struct FilterConfig {
     pub max_prompt_bytes: usize,
     /// Adds `x-kvroute-decision` (worker, predicted cached tokens, reason) to responses.
     pub expose_decision_header: bool,
+    /// How far knowledge from KV events (via the updater) is trusted.
+    pub knowledge: KnowledgeConfig,
+}
+
+/// Trust in event knowledge delivered by the updater's snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KnowledgeConfig {
+    /// Event knowledge the updater has not confirmed for this long is ignored (the decision
+    /// uses routing history and feedback only, counted as fallback `stale_events`).
+    pub max_event_age_ms: u64,
+    /// Routing-history and feedback observations older than a worker's last event by more
+    /// than this are superseded by the event view.
+    pub event_grace_ms: u64,
+}
+
+impl Default for KnowledgeConfig {
+    fn default() -> Self {
+        KnowledgeConfig { max_event_age_ms: 5_000, event_grace_ms: 2_000 }
+    }
+}
+
+impl KnowledgeConfig {
+    pub fn trust(&self) -> crate::index::EventTrust {
+        crate::index::EventTrust {
+            max_age_ms: self.max_event_age_ms,
+            grace_ms: self.event_grace_ms,
+        }
+    }
+}
+
+/// Configuration of the singleton that pulls snapshots from the updater (bootstrap service).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotSyncConfig {
+    /// Envoy cluster of the updater.
+    pub cluster: String,
+    /// `:authority` sent to it.
+    #[serde(default = "default_authority")]
+    pub authority: String,
+    /// Shared token (`x-kvroute-token`).
+    pub token: String,
+    #[serde(default = "default_interval")]
+    pub interval_ms: u64,
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_authority() -> String {
+    "kvroute-updater".into()
+}
+fn default_interval() -> u64 {
+    100
+}
+fn default_timeout() -> u64 {
+    1000
+}
+
+impl SnapshotSyncConfig {
+    /// Parses `{"snapshot_sync": {...}}`; `Ok(None)` when the JSON is not a sync config.
+    pub fn from_json(bytes: &[u8]) -> Result<Option<Self>, ConfigError> {
+        let v: Value =
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let Some(inner) = v.get("snapshot_sync") else { return Ok(None) };
+        let cfg: SnapshotSyncConfig =
+            serde_json::from_value(inner.clone()).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        if cfg.cluster.is_empty() || cfg.token.len() < 16 {
+            return Err(ConfigError::Invalid(
+                "snapshot_sync needs a cluster and a token of 16+ characters".into(),
+            ));
+        }
+        if cfg.interval_ms == 0 || cfg.timeout_ms == 0 {
+            return Err(ConfigError::Invalid("snapshot_sync intervals must be > 0".into()));
+        }
+        Ok(Some(cfg))
+    }
 }
 
 impl Default for FilterConfig {
@@ -49,6 +125,7 @@ impl Default for FilterConfig {
             max_prompt_tokens: 262_144,
             max_prompt_bytes: 512 * 1024,
             expose_decision_header: false,
+            knowledge: KnowledgeConfig::default(),
         }
     }
 }
@@ -126,20 +203,18 @@ impl FilterConfig {
         }
         let h = &self.destination_header;
         if h.is_empty()
-            || h.bytes()
-                .any(|b| !(b.is_ascii_lowercase() || b == b'-' || b.is_ascii_digit()))
+            || h.bytes().any(|b| !(b.is_ascii_lowercase() || b == b'-' || b.is_ascii_digit()))
         {
-            return bad(format!(
-                "destination_header '{h}' must be a lowercase header name"
-            ));
+            return bad(format!("destination_header '{h}' must be a lowercase header name"));
         }
         if self.index.max_blocks_per_worker == 0 || self.index.predicted_ttl_ms == 0 {
-            return bad(
-                "index.max_blocks_per_worker and index.predicted_ttl_ms must be > 0".into(),
-            );
+            return bad("index.max_blocks_per_worker and index.predicted_ttl_ms must be > 0".into());
         }
         if !(self.tie_band.abs_ms >= 0.0 && self.tie_band.rel >= 0.0) {
             return bad("tie_band values must be >= 0".into());
+        }
+        if self.knowledge.max_event_age_ms == 0 {
+            return bad("knowledge.max_event_age_ms must be > 0".into());
         }
         if self.max_prompt_tokens == 0 || self.max_prompt_bytes == 0 {
             return bad("max_prompt_tokens and max_prompt_bytes must be > 0".into());
@@ -149,8 +224,7 @@ impl FilterConfig {
             if m.name.is_empty() || !names.insert(m.name.as_str()) {
                 return bad(format!("model name '{}' is empty or repeated", m.name));
             }
-            m.validate()
-                .map_err(|e| ConfigError::Invalid(format!("model '{}': {e}", m.name)))?;
+            m.validate().map_err(|e| ConfigError::Invalid(format!("model '{}': {e}", m.name)))?;
         }
         Ok(())
     }
@@ -171,10 +245,7 @@ impl ModelConfig {
             }
         }
         if !(1..=4096).contains(&self.block_size) {
-            return Err(format!(
-                "block_size {} is outside 1..=4096",
-                self.block_size
-            ));
+            return Err(format!("block_size {} is outside 1..=4096", self.block_size));
         }
         if self.tokenizer.is_some() != self.tokenizer_config.is_some() {
             return Err("give both 'tokenizer' and 'tokenizer_config', or neither (demo)".into());
@@ -204,18 +275,9 @@ mod tests {
     fn invalid_configs_say_why() {
         let cases = [
             (json!({}), "at least one model"),
-            (
-                json!({"models":[{"name":"m","workers":[]}]}),
-                "at least one ip:port",
-            ),
-            (
-                json!({"models":[{"name":"m","workers":["host:80"]}]}),
-                "not an ip:port",
-            ),
-            (
-                json!({"models":[{"name":"m","workers":["127.0.0.1:1","127.0.0.1:1"]}]}),
-                "twice",
-            ),
+            (json!({"models":[{"name":"m","workers":[]}]}), "at least one ip:port"),
+            (json!({"models":[{"name":"m","workers":["host:80"]}]}), "not an ip:port"),
+            (json!({"models":[{"name":"m","workers":["127.0.0.1:1","127.0.0.1:1"]}]}), "twice"),
             (
                 json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"block_size":0}]}),
                 "block_size",
@@ -232,18 +294,12 @@ mod tests {
                 json!({"models":[{"name":"m","workers":["127.0.0.1:1"]}],"destination_header":"X-Bad"}),
                 "lowercase",
             ),
-            (
-                json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"tokenizer":{}}]}),
-                "both",
-            ),
+            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"tokenizer":{}}]}), "both"),
         ];
         for (v, needle) in cases {
             let e = parse(v.clone()).unwrap_err().to_string();
             assert!(e.contains(needle), "{v}: {e}");
         }
-        assert!(matches!(
-            parse(json!({"modelz":[]})),
-            Err(ConfigError::Parse(_))
-        ));
+        assert!(matches!(parse(json!({"modelz":[]})), Err(ConfigError::Parse(_))));
     }
 }

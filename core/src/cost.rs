@@ -56,9 +56,7 @@ impl Profile {
         ];
         for (name, v) in fields {
             if !v.is_finite() || v < 0.0 {
-                return Err(format!(
-                    "profile.{name} must be a finite number >= 0, got {v}"
-                ));
+                return Err(format!("profile.{name} must be a finite number >= 0, got {v}"));
             }
         }
         if self.prefill_ms_per_token <= 0.0 && self.prefill_ms_per_token_sq <= 0.0 {
@@ -98,10 +96,7 @@ pub struct TieBand {
 
 impl Default for TieBand {
     fn default() -> Self {
-        TieBand {
-            abs_ms: 2.0,
-            rel: 0.05,
-        }
+        TieBand { abs_ms: 2.0, rel: 0.05 }
     }
 }
 
@@ -131,24 +126,14 @@ pub fn rank(
     tie: TieBand,
     pick: u64,
 ) -> Vec<Score> {
-    let mut scores: Vec<Score> = candidates
-        .iter()
-        .map(|c| score(profile, c, prompt_tokens, block_size))
-        .collect();
-    scores.sort_by(|a, b| {
-        a.ttft_ms
-            .total_cmp(&b.ttft_ms)
-            .then_with(|| a.worker.cmp(&b.worker))
-    });
+    let mut scores: Vec<Score> =
+        candidates.iter().map(|c| score(profile, c, prompt_tokens, block_size)).collect();
+    scores.sort_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms).then_with(|| a.worker.cmp(&b.worker)));
     let Some(best) = scores.first().map(|s| s.ttft_ms) else {
         return scores;
     };
     let band = best + tie.abs_ms.max(tie.rel * best);
-    let ties = scores
-        .iter()
-        .take_while(|s| s.ttft_ms <= band)
-        .count()
-        .max(1);
+    let ties = scores.iter().take_while(|s| s.ttft_ms <= band).count().max(1);
     let chosen = (pick % ties as u64) as usize;
     let primary = scores.remove(chosen);
     scores.insert(0, primary);
@@ -164,11 +149,7 @@ mod tests {
     const BS: u32 = 16;
 
     fn load(prefill_tokens: u64, prefilling: u32, inflight: u32) -> WorkerLoad {
-        WorkerLoad {
-            inflight_requests: inflight,
-            prefilling_requests: prefilling,
-            prefill_tokens,
-        }
+        WorkerLoad { inflight_requests: inflight, prefilling_requests: prefilling, prefill_tokens }
     }
 
     /// The design's three reference cases, output budget equal: A idle without the blocks,
@@ -176,38 +157,16 @@ mod tests {
     /// prefill tokens, 4 decoding) with half the prefix.
     fn reference_cases() -> Vec<Candidate> {
         vec![
-            Candidate {
-                worker: "A".into(),
-                cached_blocks: 0,
-                load: load(0, 0, 0),
-            },
-            Candidate {
-                worker: "B".into(),
-                cached_blocks: 256,
-                load: load(0, 0, 40),
-            },
-            Candidate {
-                worker: "C".into(),
-                cached_blocks: 128,
-                load: load(1000, 1, 5),
-            },
+            Candidate { worker: "A".into(), cached_blocks: 0, load: load(0, 0, 0) },
+            Candidate { worker: "B".into(), cached_blocks: 256, load: load(0, 0, 40) },
+            Candidate { worker: "C".into(), cached_blocks: 128, load: load(1000, 1, 5) },
         ]
     }
 
     fn winner(profile: Profile) -> String {
-        rank(
-            &profile,
-            &reference_cases(),
-            PROMPT,
-            BS,
-            TieBand {
-                abs_ms: 0.0,
-                rel: 0.0,
-            },
-            0,
-        )
-        .remove(0)
-        .worker
+        rank(&profile, &reference_cases(), PROMPT, BS, TieBand { abs_ms: 0.0, rel: 0.0 }, 0)
+            .remove(0)
+            .worker
     }
 
     fn profile(per_token: f64, interference: f64) -> Profile {
@@ -238,19 +197,11 @@ mod tests {
     fn near_ties_are_broken_by_the_pick() {
         let c: Vec<Candidate> = ["x", "y", "z"]
             .iter()
-            .map(|w| Candidate {
-                worker: w.to_string(),
-                cached_blocks: 0,
-                load: load(0, 0, 0),
-            })
+            .map(|w| Candidate { worker: w.to_string(), cached_blocks: 0, load: load(0, 0, 0) })
             .collect();
         let p = Profile::default();
         let firsts: std::collections::BTreeSet<String> = (0..3)
-            .map(|pick| {
-                rank(&p, &c, 100, BS, TieBand::default(), pick)[0]
-                    .worker
-                    .clone()
-            })
+            .map(|pick| rank(&p, &c, 100, BS, TieBand::default(), pick)[0].worker.clone())
             .collect();
         assert_eq!(firsts.len(), 3);
     }

@@ -14,13 +14,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn bad_request(code: &'static str, param: Option<&'static str>, message: String) -> Self {
-        ApiError {
-            status: 400,
-            kind: "invalid_request_error",
-            code,
-            param,
-            message,
-        }
+        ApiError { status: 400, kind: "invalid_request_error", code, param, message }
     }
 
     pub fn model_not_found(model: &str) -> Self {

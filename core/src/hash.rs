@@ -106,10 +106,7 @@ mod tests {
         let a = block_hashes(7, 4, &[1, 2, 3, 4, 5, 6, 7, 8]);
         let b = block_hashes(7, 4, &[9, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(a.len(), 2);
-        assert_ne!(
-            a[1], b[1],
-            "a different first block changes every later hash"
-        );
+        assert_ne!(a[1], b[1], "a different first block changes every later hash");
         assert_eq!(block_hashes(7, 4, &[1, 2, 3]).len(), 0);
     }
 
@@ -117,30 +114,12 @@ mod tests {
     fn every_domain_field_changes_the_seed() {
         let base = domain();
         let variants = [
-            CacheDomain {
-                model: "other".into(),
-                ..base.clone()
-            },
-            CacheDomain {
-                tokenizer_fingerprint: 1,
-                ..base.clone()
-            },
-            CacheDomain {
-                block_size: 16,
-                ..base.clone()
-            },
-            CacheDomain {
-                lora_name: Some("ad".into()),
-                ..base.clone()
-            },
-            CacheDomain {
-                tenant_salt: Some("tenant-a".into()),
-                ..base.clone()
-            },
-            CacheDomain {
-                tenant_salt: Some(String::new()),
-                ..base.clone()
-            },
+            CacheDomain { model: "other".into(), ..base.clone() },
+            CacheDomain { tokenizer_fingerprint: 1, ..base.clone() },
+            CacheDomain { block_size: 16, ..base.clone() },
+            CacheDomain { lora_name: Some("ad".into()), ..base.clone() },
+            CacheDomain { tenant_salt: Some("tenant-a".into()), ..base.clone() },
+            CacheDomain { tenant_salt: Some(String::new()), ..base.clone() },
         ];
         for v in &variants {
             assert_ne!(v.seed(), base.seed(), "{v:?}");

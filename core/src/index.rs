@@ -65,20 +65,68 @@ pub struct PrefixMatch {
 #[derive(Debug, Default)]
 struct WorkerBlocks {
     blocks: LinkedHashMap<u64, Observation>,
+    events: Option<EventView>,
+}
+
+/// A worker's blocks as its KV-event stream reports them (replaced whole per snapshot).
+#[derive(Debug, Default)]
+struct EventView {
+    blocks: std::collections::HashSet<u64>,
+    /// When the updater last heard from this worker's stream (unix ms).
+    observed_at_ms: u64,
+}
+
+/// How event knowledge is trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventTrust {
+    /// Event knowledge not confirmed by the updater for this long is ignored.
+    pub max_age_ms: u64,
+    /// Routed and feedback observations older than a worker's last event by more than this
+    /// are superseded by the event view (events say what really happened since).
+    pub grace_ms: u64,
+}
+
+impl Default for EventTrust {
+    fn default() -> Self {
+        EventTrust { max_age_ms: 5_000, grace_ms: 2_000 }
+    }
 }
 
 /// Per-worker block knowledge.
 #[derive(Debug)]
 pub struct KnowledgeIndex {
     limits: IndexLimits,
+    trust: EventTrust,
+    /// When the updater last confirmed its snapshot (unix ms); `None`: no event knowledge.
+    events_checked_at_ms: Option<u64>,
     workers: HashMap<String, WorkerBlocks>,
 }
 
 impl KnowledgeIndex {
     pub fn new(limits: IndexLimits) -> Self {
-        KnowledgeIndex {
-            limits,
-            workers: HashMap::new(),
+        Self::with_trust(limits, EventTrust::default())
+    }
+
+    pub fn with_trust(limits: IndexLimits, trust: EventTrust) -> Self {
+        KnowledgeIndex { limits, trust, events_checked_at_ms: None, workers: HashMap::new() }
+    }
+
+    /// Replaces `worker`'s event view with `hashes`, as last heard at `observed_at_ms`.
+    pub fn set_events(&mut self, worker: &str, hashes: &[u64], observed_at_ms: u64) {
+        let w = self.workers.entry(worker.to_owned()).or_default();
+        w.events = Some(EventView { blocks: hashes.iter().copied().collect(), observed_at_ms });
+    }
+
+    /// Records that the updater confirmed its knowledge at `at_ms`.
+    pub fn events_checked(&mut self, at_ms: u64) {
+        self.events_checked_at_ms = Some(at_ms);
+    }
+
+    /// Whether event knowledge exists, and whether it is fresh at `now_ms`.
+    pub fn event_state(&self, now_ms: u64) -> (bool, bool) {
+        match self.events_checked_at_ms {
+            None => (false, false),
+            Some(at) => (true, now_ms.saturating_sub(at) <= self.trust.max_age_ms),
         }
     }
 
@@ -89,13 +137,7 @@ impl KnowledgeIndex {
         let w = self.workers.entry(worker.to_owned()).or_default();
         for &h in hashes {
             w.blocks.remove(&h);
-            w.blocks.insert(
-                h,
-                Observation {
-                    source,
-                    at_ms: now_ms,
-                },
-            );
+            w.blocks.insert(h, Observation { source, at_ms: now_ms });
         }
         while w.blocks.len() > limits.max_blocks_per_worker {
             w.blocks.pop_front();
@@ -134,8 +176,22 @@ impl KnowledgeIndex {
         let Some(w) = self.workers.get(worker) else {
             return m;
         };
+        let events = w.events.as_ref().filter(|_| self.event_state(now_ms).1);
+        // With fresh events, older guesses are superseded by what the engine reported.
+        let superseded_before =
+            events.map_or(0, |e| e.observed_at_ms.saturating_sub(self.trust.grace_ms));
         for h in hashes {
-            match w.blocks.get(h).filter(|o| self.limits.alive(o, now_ms)) {
+            if let Some(e) = events.filter(|e| e.blocks.contains(h)) {
+                m.blocks += 1;
+                m.from_events += 1;
+                m.oldest_age_ms = m.oldest_age_ms.max(now_ms.saturating_sub(e.observed_at_ms));
+                continue;
+            }
+            match w
+                .blocks
+                .get(h)
+                .filter(|o| self.limits.alive(o, now_ms) && o.at_ms >= superseded_before)
+            {
                 Some(o) => {
                     m.blocks += 1;
                     m.oldest_age_ms = m.oldest_age_ms.max(now_ms.saturating_sub(o.at_ms));
@@ -178,14 +234,7 @@ mod tests {
         ix.insert("a", &[1, 2, 3], Source::Routed, 100);
         ix.insert("a", &[5], Source::KvEvent, 200);
         let m = ix.prefix_match("a", &[1, 2, 3, 4, 5], 300);
-        assert_eq!(
-            m,
-            PrefixMatch {
-                blocks: 3,
-                oldest_age_ms: 200,
-                from_events: 0
-            }
-        );
+        assert_eq!(m, PrefixMatch { blocks: 3, oldest_age_ms: 200, from_events: 0 });
         assert_eq!(ix.prefix_match("b", &[1], 300).blocks, 0);
     }
 
@@ -209,6 +258,34 @@ mod tests {
         ix.clear_worker("a");
         assert!(ix.is_empty());
     }
+
+    #[test]
+    fn fresh_events_supersede_older_guesses_and_stale_events_are_ignored() {
+        let trust = EventTrust { max_age_ms: 1000, grace_ms: 100 };
+        let mut ix = KnowledgeIndex::with_trust(LIMITS_LONG, trust);
+        ix.insert("a", &[1, 2, 3], Source::Feedback, 0);
+        assert_eq!(ix.prefix_match("a", &[1, 2, 3], 50).blocks, 3);
+        // Events at t=500 report only block 1: the older guesses about 2 and 3 give way.
+        ix.set_events("a", &[1], 500);
+        ix.events_checked(500);
+        assert_eq!(ix.event_state(600), (true, true));
+        let m = ix.prefix_match("a", &[1, 2, 3], 600);
+        assert_eq!((m.blocks, m.from_events), (1, 1));
+        // A prediction made after the last event still counts.
+        ix.insert("a", &[1, 2], Source::Routed, 700);
+        assert_eq!(ix.prefix_match("a", &[1, 2, 3], 750).blocks, 2);
+        // Unconfirmed for longer than max_age: events are ignored, history counts again.
+        assert_eq!(ix.event_state(2000), (true, false));
+        assert_eq!(ix.prefix_match("a", &[1, 2, 3], 2000).from_events, 0);
+        assert_eq!(ix.prefix_match("a", &[1, 2, 3], 2000).blocks, 3);
+    }
+
+    const LIMITS_LONG: IndexLimits = IndexLimits {
+        max_blocks_per_worker: 64,
+        routed_ttl_ms: 100_000,
+        feedback_ttl_ms: 100_000,
+        event_ttl_ms: 0,
+    };
 
     /// The obviously-correct reference: a recency-ordered list per worker.
     #[derive(Default)]
@@ -256,9 +333,8 @@ mod tests {
             for _ in 0..400 {
                 now += rng.random_range(0..300);
                 let w = ["a", "b", "c"][rng.random_range(0..3)];
-                let hashes: Vec<u64> = (0..rng.random_range(1..6))
-                    .map(|_| rng.random_range(0..16))
-                    .collect();
+                let hashes: Vec<u64> =
+                    (0..rng.random_range(1..6)).map(|_| rng.random_range(0..16)).collect();
                 match rng.random_range(0..10) {
                     0..=4 => {
                         let src = [Source::Routed, Source::KvEvent, Source::Feedback]

@@ -86,13 +86,7 @@ impl JournalEntry {
         if !r.0.is_empty() {
             return Err(JournalError::Trailing);
         }
-        Ok(JournalEntry {
-            seq,
-            at_ms,
-            source,
-            worker,
-            hashes,
-        })
+        Ok(JournalEntry { seq, at_ms, source, worker, hashes })
     }
 }
 
@@ -140,9 +134,7 @@ mod tests {
     #[test]
     fn golden_bytes() {
         let bytes = entry().encode();
-        let mut want = vec![
-            1u8, 7, 0, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0, 1, 14,
-        ];
+        let mut want = vec![1u8, 7, 0, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0, 1, 14];
         want.extend_from_slice(b"127.0.0.1:8001");
         want.extend_from_slice(&[2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
         want.extend_from_slice(&[0xff; 8]);

@@ -19,10 +19,7 @@ pub enum LoadDelta {
     /// The first response byte arrived: the prefill is done.
     FirstByte { prefill_tokens: u64 },
     /// The request ended; `prefilling` when it ended before its first byte.
-    End {
-        prefill_tokens: u64,
-        prefilling: bool,
-    },
+    End { prefill_tokens: u64, prefilling: bool },
 }
 
 impl WorkerLoad {
@@ -36,10 +33,7 @@ impl WorkerLoad {
                 self.prefill_tokens = self.prefill_tokens.saturating_add(prefill_tokens);
             }
             LoadDelta::FirstByte { prefill_tokens } => self.end_prefill(prefill_tokens),
-            LoadDelta::End {
-                prefill_tokens,
-                prefilling,
-            } => {
+            LoadDelta::End { prefill_tokens, prefilling } => {
                 if prefilling {
                     self.end_prefill(prefill_tokens);
                 }
@@ -56,8 +50,7 @@ impl WorkerLoad {
 
     /// Requests past prefill, now decoding.
     pub fn decoding_requests(&self) -> u32 {
-        self.inflight_requests
-            .saturating_sub(self.prefilling_requests)
+        self.inflight_requests.saturating_sub(self.prefilling_requests)
     }
 
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
@@ -89,38 +82,23 @@ mod tests {
 
     #[test]
     fn start_then_end_returns_to_idle_whatever_the_path() {
-        let s = LoadDelta::Start {
-            prefill_tokens: 100,
-        };
+        let s = LoadDelta::Start { prefill_tokens: 100 };
         let idle = WorkerLoad::default();
         let streamed = idle
             .apply(s)
-            .apply(LoadDelta::FirstByte {
-                prefill_tokens: 100,
-            })
-            .apply(LoadDelta::End {
-                prefill_tokens: 100,
-                prefilling: false,
-            });
-        let reset = idle.apply(s).apply(LoadDelta::End {
-            prefill_tokens: 100,
-            prefilling: true,
-        });
+            .apply(LoadDelta::FirstByte { prefill_tokens: 100 })
+            .apply(LoadDelta::End { prefill_tokens: 100, prefilling: false });
+        let reset = idle.apply(s).apply(LoadDelta::End { prefill_tokens: 100, prefilling: true });
         assert_eq!(streamed, idle);
         assert_eq!(reset, idle);
-        let mid = idle.apply(s).apply(LoadDelta::FirstByte {
-            prefill_tokens: 100,
-        });
+        let mid = idle.apply(s).apply(LoadDelta::FirstByte { prefill_tokens: 100 });
         assert_eq!(mid.decoding_requests(), 1);
     }
 
     #[test]
     fn encoding_round_trips_and_garbage_reads_idle() {
-        let l = WorkerLoad {
-            inflight_requests: 3,
-            prefilling_requests: 1,
-            prefill_tokens: 1 << 40,
-        };
+        let l =
+            WorkerLoad { inflight_requests: 3, prefilling_requests: 1, prefill_tokens: 1 << 40 };
         assert_eq!(WorkerLoad::decode(&l.encode()), l);
         assert_eq!(WorkerLoad::decode(&[1, 2, 3]), WorkerLoad::default());
     }

@@ -116,9 +116,7 @@ impl ModelBundle {
 
     /// Decodes ids to text (used by the simulated engine to produce output).
     pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
-        self.tokenizer
-            .decode(ids, false)
-            .map_err(|e| ModelError::Encode(e.to_string()))
+        self.tokenizer.decode(ids, false).map_err(|e| ModelError::Encode(e.to_string()))
     }
 
     /// The engine's token ids for a prompt: chat prompts are rendered and encoded without
@@ -137,11 +135,7 @@ impl ModelBundle {
 fn special(cfg: &Value, key: &str) -> String {
     match cfg.get(key) {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => o
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .into(),
+        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").into(),
         _ => String::new(),
     }
 }
@@ -172,22 +166,14 @@ mod tests {
     #[test]
     fn special_tokens_are_never_split() {
         let b = ModelBundle::demo().unwrap();
-        for tok in [
-            "<|start_header_id|>",
-            "<|end_header_id|>",
-            "<|eot_id|>",
-            "<|end_of_text|>",
-        ] {
+        for tok in ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|end_of_text|>"] {
             assert_eq!(b.encode(tok, false).unwrap().len(), 1, "{tok}");
         }
     }
 
     #[test]
     fn bad_files_are_errors() {
-        assert!(matches!(
-            ModelBundle::from_hf("{}", "{}"),
-            Err(ModelError::Tokenizer(_))
-        ));
+        assert!(matches!(ModelBundle::from_hf("{}", "{}"), Err(ModelError::Tokenizer(_))));
         assert!(matches!(
             ModelBundle::from_hf(DEMO_TOKENIZER_JSON, "{}"),
             Err(ModelError::Config(_))

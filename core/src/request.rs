@@ -102,10 +102,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, RequestEr
     };
     let cache_salt = opt_string(obj, "cache_salt")?.filter(|s| !s.is_empty());
     let user = opt_string(obj, "user")?;
-    let max_tokens = match obj
-        .get("max_completion_tokens")
-        .or_else(|| obj.get("max_tokens"))
-    {
+    let max_tokens = match obj.get("max_completion_tokens").or_else(|| obj.get("max_tokens")) {
         None | Some(Value::Null) => None,
         Some(v) => Some(v.as_u64().ok_or(RequestError::InvalidField("max_tokens"))?),
     };
@@ -202,24 +199,16 @@ mod tests {
 
     #[test]
     fn endpoints_from_paths() {
-        assert_eq!(
-            Endpoint::from_path("/v1/chat/completions"),
-            Some(Endpoint::Chat)
-        );
-        assert_eq!(
-            Endpoint::from_path("/v1/completions?x=1"),
-            Some(Endpoint::Completions)
-        );
+        assert_eq!(Endpoint::from_path("/v1/chat/completions"), Some(Endpoint::Chat));
+        assert_eq!(Endpoint::from_path("/v1/completions?x=1"), Some(Endpoint::Completions));
         assert_eq!(Endpoint::from_path("/v1/models"), None);
     }
 
     #[test]
     fn parses_chat_with_all_fields() {
-        let r = chat(
-            json!({"model":"m","messages":[{"role":"user","content":"hi"}],
+        let r = chat(json!({"model":"m","messages":[{"role":"user","content":"hi"}],
             "stream":true,"stream_options":{"include_usage":true},"cache_salt":"t1","user":"u",
-            "max_tokens":7}),
-        )
+            "max_tokens":7}))
         .unwrap();
         assert_eq!(r.model, "m");
         assert!(r.stream && r.include_usage);
@@ -233,27 +222,16 @@ mod tests {
         let r = chat(json!({"model":"m","messages":[{"role":"user","content":[
             {"type":"text","text":"a"},{"type":"text","text":"b"}]}]}))
         .unwrap();
-        let Prompt::Messages(m) = r.prompt else {
-            panic!("not messages")
-        };
+        let Prompt::Messages(m) = r.prompt else { panic!("not messages") };
         assert_eq!(m[0]["content"], "a\nb");
     }
 
     #[test]
     fn errors_name_the_problem() {
-        assert!(matches!(
-            parse(Endpoint::Chat, b"{not json"),
-            Err(RequestError::InvalidJson(_))
-        ));
+        assert!(matches!(parse(Endpoint::Chat, b"{not json"), Err(RequestError::InvalidJson(_))));
         assert_eq!(chat(json!([1])), Err(RequestError::NotAnObject));
-        assert_eq!(
-            chat(json!({"messages":[]})),
-            Err(RequestError::MissingModel)
-        );
-        assert_eq!(
-            chat(json!({"model":"m"})),
-            Err(RequestError::InvalidMessages)
-        );
+        assert_eq!(chat(json!({"messages":[]})), Err(RequestError::MissingModel));
+        assert_eq!(chat(json!({"model":"m"})), Err(RequestError::InvalidMessages));
         assert_eq!(
             chat(json!({"model":3,"messages":[]})),
             Err(RequestError::InvalidField("model"))
@@ -267,22 +245,10 @@ mod tests {
     #[test]
     fn completion_prompts() {
         let p = |v: Value| parse(Endpoint::Completions, v.to_string().as_bytes()).map(|r| r.prompt);
-        assert_eq!(
-            p(json!({"model":"m","prompt":"hi"})),
-            Ok(Prompt::Text("hi".into()))
-        );
-        assert_eq!(
-            p(json!({"model":"m","prompt":["hi"]})),
-            Ok(Prompt::Text("hi".into()))
-        );
-        assert_eq!(
-            p(json!({"model":"m","prompt":[1,2,3]})),
-            Ok(Prompt::Tokens(vec![1, 2, 3]))
-        );
-        assert_eq!(
-            p(json!({"model":"m","prompt":[1,-2]})),
-            Err(RequestError::InvalidPrompt)
-        );
+        assert_eq!(p(json!({"model":"m","prompt":"hi"})), Ok(Prompt::Text("hi".into())));
+        assert_eq!(p(json!({"model":"m","prompt":["hi"]})), Ok(Prompt::Text("hi".into())));
+        assert_eq!(p(json!({"model":"m","prompt":[1,2,3]})), Ok(Prompt::Tokens(vec![1, 2, 3])));
+        assert_eq!(p(json!({"model":"m","prompt":[1,-2]})), Err(RequestError::InvalidPrompt));
         assert_eq!(p(json!({"model":"m"})), Err(RequestError::InvalidPrompt));
     }
 }

@@ -22,13 +22,17 @@ pub enum FallbackReason {
     Tokenize,
     /// The prompt is longer than `max_prompt_tokens` or its body than `max_prompt_bytes`.
     TooLong,
+    /// Event knowledge exists but the updater has not confirmed it within its age limit:
+    /// decided on routing history and feedback only.
+    StaleEvents,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 3] = [
+    pub const ALL: [FallbackReason; 4] = [
         FallbackReason::Render,
         FallbackReason::Tokenize,
         FallbackReason::TooLong,
+        FallbackReason::StaleEvents,
     ];
 
     pub fn name(self) -> &'static str {
@@ -36,6 +40,7 @@ impl FallbackReason {
             FallbackReason::Render => "render_error",
             FallbackReason::Tokenize => "tokenize_error",
             FallbackReason::TooLong => "too_long",
+            FallbackReason::StaleEvents => "stale_events",
         }
     }
 }
@@ -50,6 +55,8 @@ pub struct Decision {
     pub block_size: u32,
     /// Age of the oldest knowledge credited to the primary (ms).
     pub knowledge_age_ms: u64,
+    /// How many of the primary's credited blocks come from its KV events.
+    pub blocks_from_events: usize,
     pub fallback: Option<FallbackReason>,
 }
 
@@ -65,28 +72,17 @@ impl Decision {
 
     /// Tokens the primary must compute (what its load is charged with).
     pub fn uncached_tokens(&self) -> u64 {
-        self.primary()
-            .map_or(self.prompt_tokens, |s| s.uncached_tokens)
+        self.primary().map_or(self.prompt_tokens, |s| s.uncached_tokens)
     }
 
     /// The destination header value: `primary,fallback`.
     pub fn header_value(&self) -> String {
-        self.ranked
-            .iter()
-            .take(2)
-            .map(|s| s.worker.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
+        self.ranked.iter().take(2).map(|s| s.worker.as_str()).collect::<Vec<_>>().join(",")
     }
 
     /// Classifies what the worker reported against this decision's prediction.
     pub fn audit(&self, actual_cached: u64) -> AuditClass {
-        classify(
-            self.predicted_cached_tokens(),
-            actual_cached,
-            self.prompt_tokens,
-            self.block_size,
-        )
+        classify(self.predicted_cached_tokens(), actual_cached, self.prompt_tokens, self.block_size)
     }
 }
 
@@ -102,6 +98,8 @@ pub struct Router {
     tie: TieBand,
     max_prompt_tokens: usize,
     max_prompt_bytes: usize,
+    /// Workers whose announced config does not match kvroute's: no cache credit.
+    incompatible: std::collections::HashSet<String>,
 }
 
 impl Router {
@@ -123,17 +121,12 @@ impl Router {
                     None => demo.insert(ModelBundle::demo().map_err(invalid)?).clone(),
                 },
             };
-            models.insert(
-                m.name.clone(),
-                ModelRoute {
-                    bundle,
-                    config: m.clone(),
-                },
-            );
+            models.insert(m.name.clone(), ModelRoute { bundle, config: m.clone() });
         }
         Ok(Router {
             models,
-            index: KnowledgeIndex::new(cfg.index.limits()),
+            index: KnowledgeIndex::with_trust(cfg.index.limits(), cfg.knowledge.trust()),
+            incompatible: Default::default(),
             tie: cfg.tie_band,
             max_prompt_tokens: cfg.max_prompt_tokens,
             max_prompt_bytes: cfg.max_prompt_bytes,
@@ -147,9 +140,7 @@ impl Router {
 
     /// Every configured worker, across models.
     pub fn all_workers(&self) -> impl Iterator<Item = &str> {
-        self.models
-            .values()
-            .flat_map(|m| m.config.workers.iter().map(String::as_str))
+        self.models.values().flat_map(|m| m.config.workers.iter().map(String::as_str))
     }
 
     /// The cache domain a request belongs to.
@@ -174,10 +165,7 @@ impl Router {
         now_ms: u64,
         pick: u64,
     ) -> Result<Decision, ApiError> {
-        let m = self
-            .models
-            .get(&req.model)
-            .ok_or_else(|| ApiError::model_not_found(&req.model))?;
+        let m = self.models.get(&req.model).ok_or_else(|| ApiError::model_not_found(&req.model))?;
         let bs = m.config.block_size;
         let estimate = (body_len / 4) as u64;
         if body_len > self.max_prompt_bytes {
@@ -223,37 +211,49 @@ impl Router {
             .workers
             .iter()
             .map(|w| {
-                let pm = self.index.prefix_match(w, &hashes, now_ms);
-                ages.insert(w.as_str(), pm.oldest_age_ms);
-                Candidate {
-                    worker: w.clone(),
-                    cached_blocks: pm.blocks,
-                    load: load(w),
-                }
+                let pm = if self.incompatible.contains(w) {
+                    Default::default()
+                } else {
+                    self.index.prefix_match(w, &hashes, now_ms)
+                };
+                ages.insert(w.as_str(), (pm.oldest_age_ms, pm.from_events));
+                Candidate { worker: w.clone(), cached_blocks: pm.blocks, load: load(w) }
             })
             .collect();
         let profile: &Profile = &m.config.profile;
-        let ranked = rank(
-            profile,
-            &candidates,
-            prompt_tokens,
-            m.config.block_size,
-            self.tie,
-            pick,
-        );
-        let knowledge_age_ms = ranked
-            .first()
-            .and_then(|s| ages.get(s.worker.as_str()))
-            .copied()
-            .unwrap_or(0);
+        let ranked = rank(profile, &candidates, prompt_tokens, m.config.block_size, self.tie, pick);
+        let (knowledge_age_ms, blocks_from_events) =
+            ranked.first().and_then(|s| ages.get(s.worker.as_str())).copied().unwrap_or((0, 0));
+        let fallback = fallback.or_else(|| {
+            (self.index.event_state(now_ms) == (true, false)).then_some(FallbackReason::StaleEvents)
+        });
         Decision {
             ranked,
             block_hashes: hashes,
             prompt_tokens,
             block_size: m.config.block_size,
             knowledge_age_ms,
+            blocks_from_events,
             fallback,
         }
+    }
+
+    /// Takes in an updater snapshot: each worker's event view and config verdict.
+    pub fn apply_snapshot(&mut self, snap: &crate::snapshot::Snapshot) {
+        for w in &snap.workers {
+            if w.compatible {
+                self.incompatible.remove(&w.worker);
+                self.index.set_events(&w.worker, &w.gpu, w.observed_at_ms);
+            } else {
+                self.incompatible.insert(w.worker.clone());
+                self.index.set_events(&w.worker, &[], w.observed_at_ms);
+            }
+        }
+    }
+
+    /// Records that the updater confirmed its knowledge at `at_ms`.
+    pub fn events_checked(&mut self, at_ms: u64) {
+        self.index.events_checked(at_ms);
     }
 
     /// Credits `worker` with blocks it is about to compute or was seen to hold.
@@ -301,10 +301,7 @@ mod tests {
         let d2 = r.decide(&q, 0, &idle, 10, 0).unwrap();
         assert_eq!(d2.primary().unwrap().worker, "127.0.0.1:2");
         assert_eq!(d2.knowledge_age_ms, 10);
-        assert_eq!(
-            d2.predicted_cached_tokens(),
-            d.block_hashes.len() as u64 * 16
-        );
+        assert_eq!(d2.predicted_cached_tokens(), d.block_hashes.len() as u64 * 16);
         assert_eq!(d2.header_value().split(',').count(), 2);
         let mut other = q.clone();
         other.model = "nope".into();
@@ -315,18 +312,12 @@ mod tests {
     fn tenants_never_share_cache_credit() {
         let mut r = router();
         let idle = |_: &str| WorkerLoad::default();
-        let a = r
-            .decide(&req(Some("tenant-a"), &LONG.repeat(20)), 0, &idle, 0, 0)
-            .unwrap();
+        let a = r.decide(&req(Some("tenant-a"), &LONG.repeat(20)), 0, &idle, 0, 0).unwrap();
         r.observe("127.0.0.1:3", &a.block_hashes, Source::Routed, 0);
-        let b = r
-            .decide(&req(Some("tenant-b"), &LONG.repeat(20)), 0, &idle, 0, 0)
-            .unwrap();
+        let b = r.decide(&req(Some("tenant-b"), &LONG.repeat(20)), 0, &idle, 0, 0).unwrap();
         assert_eq!(b.predicted_cached_tokens(), 0);
         assert!(a.block_hashes.iter().all(|h| !b.block_hashes.contains(h)));
-        let a2 = r
-            .decide(&req(Some("tenant-a"), &LONG.repeat(20)), 0, &idle, 0, 0)
-            .unwrap();
+        let a2 = r.decide(&req(Some("tenant-a"), &LONG.repeat(20)), 0, &idle, 0, 0).unwrap();
         assert!(a2.predicted_cached_tokens() > 0);
     }
 

@@ -108,22 +108,12 @@ impl Snapshot {
             let compatible = r.u8()? != 0;
             let gpu = r.hashes()?;
             let offloaded = r.hashes()?;
-            workers.push(WorkerKnowledge {
-                worker,
-                observed_at_ms,
-                compatible,
-                gpu,
-                offloaded,
-            });
+            workers.push(WorkerKnowledge { worker, observed_at_ms, compatible, gpu, offloaded });
         }
         if !r.0.is_empty() {
             return Err(SnapshotError::Trailing);
         }
-        Ok(Snapshot {
-            version,
-            generated_at_ms,
-            workers,
-        })
+        Ok(Snapshot { version, generated_at_ms, workers })
     }
 }
 
@@ -215,10 +205,7 @@ mod tests {
         assert_eq!(Snapshot::decode(&bad), Err(SnapshotError::Format(9)));
         let mut huge = bytes[..21].to_vec();
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(
-            Snapshot::decode(&huge),
-            Err(SnapshotError::TooLarge(_))
-        ));
+        assert!(matches!(Snapshot::decode(&huge), Err(SnapshotError::TooLarge(_))));
     }
 
     proptest! {

@@ -27,19 +27,12 @@ impl ChatTemplate {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
+        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
         env.add_template_owned(NAME, source.to_owned())
             .map_err(|e| TemplateError::Compile(e.to_string()))?;
-        Ok(ChatTemplate {
-            env,
-            bos_token: bos_token.into(),
-            eos_token: eos_token.into(),
-        })
+        Ok(ChatTemplate { env, bos_token: bos_token.into(), eos_token: eos_token.into() })
     }
 
     pub fn bos_token(&self) -> &str {
@@ -56,10 +49,7 @@ impl ChatTemplate {
         messages: &[Value],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        let tmpl = self
-            .env
-            .get_template(NAME)
-            .map_err(|e| TemplateError::Render(e.to_string()))?;
+        let tmpl = self.env.get_template(NAME).map_err(|e| TemplateError::Render(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => messages,
             bos_token => &self.bos_token,
@@ -98,9 +88,6 @@ mod tests {
 
     #[test]
     fn bad_template_is_a_compile_error() {
-        assert!(matches!(
-            ChatTemplate::new("{% for %}", "", ""),
-            Err(TemplateError::Compile(_))
-        ));
+        assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(TemplateError::Compile(_))));
     }
 }

@@ -29,10 +29,8 @@ const CORPUS_DOCS: u64 = 400;
 
 /// Trains the demo tokenizer; returns (`tokenizer.json`, `tokenizer_config.json`).
 pub fn train_demo_bundle() -> Result<(String, String), tokenizers::Error> {
-    let specials: Vec<AddedToken> = SPECIAL_TOKENS
-        .iter()
-        .map(|t| AddedToken::from(*t, true))
-        .collect();
+    let specials: Vec<AddedToken> =
+        SPECIAL_TOKENS.iter().map(|t| AddedToken::from(*t, true)).collect();
     let mut trainer = BpeTrainerBuilder::new()
         .vocab_size(VOCAB_SIZE)
         .min_frequency(2)
@@ -47,9 +45,7 @@ pub fn train_demo_bundle() -> Result<(String, String), tokenizers::Error> {
             ByteLevel::default().add_prefix_space(false),
         )))
         .with_post_processor(None::<tokenizers::PostProcessorWrapper>)
-        .with_decoder(Some(tokenizers::DecoderWrapper::ByteLevel(
-            ByteLevel::default(),
-        )))
+        .with_decoder(Some(tokenizers::DecoderWrapper::ByteLevel(ByteLevel::default())))
         .build()?;
     let corpus = (0..CORPUS_DOCS).map(|d| textgen::words(0xC0DE_0000 + d, 200));
     tk.train(&mut trainer, corpus)?;

@@ -93,10 +93,7 @@ mod tests {
             s.push(&SSE.as_bytes()[split..]);
             assert_eq!(
                 s.usage(),
-                Usage {
-                    prompt_tokens: Some(1234),
-                    cached_tokens: Some(1216)
-                },
+                Usage { prompt_tokens: Some(1234), cached_tokens: Some(1216) },
                 "split at {split}"
             );
         }
@@ -117,12 +114,6 @@ mod tests {
     fn null_or_absent_details_give_none() {
         let mut s = UsageScanner::default();
         s.push(br#"{"usage":{"prompt_tokens":3,"prompt_tokens_details":null}}"#);
-        assert_eq!(
-            s.usage(),
-            Usage {
-                prompt_tokens: Some(3),
-                cached_tokens: None
-            }
-        );
+        assert_eq!(s.usage(), Usage { prompt_tokens: Some(3), cached_tokens: None });
     }
 }

@@ -14,23 +14,10 @@ use tokenizers::{AddedToken, Tokenizer};
 const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 fn chatml_tokenizer() -> Tokenizer {
-    let words = [
-        "[UNK]",
-        "hello",
-        "world",
-        "system",
-        "user",
-        "assistant",
-        "be",
-        "brief",
-        ".",
-        "\n",
-    ];
-    let vocab: HashMap<String, u32> = words
-        .iter()
-        .enumerate()
-        .map(|(i, w)| (w.to_string(), i as u32))
-        .collect();
+    let words =
+        ["[UNK]", "hello", "world", "system", "user", "assistant", "be", "brief", ".", "\n"];
+    let vocab: HashMap<String, u32> =
+        words.iter().enumerate().map(|(i, w)| (w.to_string(), i as u32)).collect();
     let model = WordLevel::builder()
         .vocab(vocab.into_iter().collect())
         .unk_token("[UNK]".into())
@@ -61,19 +48,12 @@ fn a_differently_built_tokenizer_loads_and_matches_direct_tokenization() {
         "<|im_start|>system\nbe brief .<|im_end|>\n<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n"
     );
     let ids = bundle.prompt_tokens(&Prompt::Messages(messages)).unwrap();
-    let direct = tk
-        .encode(rendered.as_str(), false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
+    let direct = tk.encode(rendered.as_str(), false).unwrap().get_ids().to_vec();
     assert_eq!(ids, direct);
     let start = tk.token_to_id("<|im_start|>").unwrap();
     assert_eq!(ids[0], start, "special tokens are matched whole");
     assert_eq!(ids.iter().filter(|&&i| i == start).count(), 3);
-    assert_ne!(
-        bundle.fingerprint(),
-        ModelBundle::demo().unwrap().fingerprint()
-    );
+    assert_ne!(bundle.fingerprint(), ModelBundle::demo().unwrap().fingerprint());
 }
 
 #[test]
@@ -82,13 +62,6 @@ fn demo_bundle_matches_its_own_tokenizer_file() {
     let tk = Tokenizer::from_bytes(kvroute_core::model::DEMO_TOKENIZER_JSON.as_bytes()).unwrap();
     let messages = vec![json!({"role": "user", "content": "Route the request to the worker."})];
     let rendered = bundle.render_chat(&messages).unwrap();
-    let direct = tk
-        .encode(rendered.as_str(), false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
-    assert_eq!(
-        bundle.prompt_tokens(&Prompt::Messages(messages)).unwrap(),
-        direct
-    );
+    let direct = tk.encode(rendered.as_str(), false).unwrap().get_ids().to_vec();
+    assert_eq!(bundle.prompt_tokens(&Prompt::Messages(messages)).unwrap(), direct);
 }

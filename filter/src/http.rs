@@ -38,11 +38,7 @@ pub struct KvHttp {
 
 impl KvHttp {
     pub fn new(state: Rc<ThreadState>) -> Self {
-        KvHttp {
-            state,
-            endpoint: None,
-            inflight: None,
-        }
+        KvHttp { state, endpoint: None, inflight: None }
     }
 
     fn now_ms(&self) -> u64 {
@@ -64,10 +60,7 @@ impl KvHttp {
 
     /// A random draw for tie-breaking, from the clock and this stream's identity.
     fn pick(&self, now_ms: u64) -> u64 {
-        let nanos = self
-            .get_current_time()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
+        let nanos = self.get_current_time().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let seed = self as *const Self as usize as u64;
         xxhash_rust::xxh3::xxh3_64_with_seed(&nanos.to_le_bytes(), seed ^ now_ms)
     }
@@ -82,10 +75,7 @@ impl KvHttp {
         state.catch_up();
         let now = self.now_ms();
         let decided =
-            state
-                .router
-                .borrow()
-                .decide(&parsed, body.len(), &read_load, now, self.pick(now));
+            state.router.borrow().decide(&parsed, body.len(), &read_load, now, self.pick(now));
         let decision = match decided {
             Ok(d) => d,
             Err(e) => return self.reject(&e),
@@ -97,12 +87,7 @@ impl KvHttp {
             &state.config.destination_header,
             Some(&decision.header_value()),
         );
-        state.apply_load(
-            &primary,
-            LoadDelta::Start {
-                prefill_tokens: decision.uncached_tokens(),
-            },
-        );
+        state.apply_load(&primary, LoadDelta::Start { prefill_tokens: decision.uncached_tokens() });
         if let Some(reason) = decision.fallback {
             state.metrics.fallback(reason);
         }
@@ -137,9 +122,7 @@ impl KvHttp {
     fn first_byte(&mut self) {
         if let Some(f) = self.inflight.as_mut().filter(|f| f.prefilling) {
             f.prefilling = false;
-            let d = LoadDelta::FirstByte {
-                prefill_tokens: f.decision.uncached_tokens(),
-            };
+            let d = LoadDelta::FirstByte { prefill_tokens: f.decision.uncached_tokens() };
             self.state.apply_load(&f.worker, d);
         }
     }
@@ -208,10 +191,11 @@ impl HttpContext for KvHttp {
         if let (true, Some(f)) = (self.state.config.expose_decision_header, &self.inflight) {
             let d = &f.decision;
             let value = format!(
-                "worker={}; predicted_cached_tokens={}; prompt_tokens={}; knowledge_age_ms={}; fallback={}",
+                "worker={}; predicted_cached_tokens={}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}",
                 f.worker,
                 d.predicted_cached_tokens(),
                 d.prompt_tokens,
+                d.blocks_from_events,
                 d.knowledge_age_ms,
                 d.fallback.map_or("none", |r| r.name())
             );

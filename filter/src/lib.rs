@@ -4,12 +4,14 @@
 //! configuration into a [`kvroute_core::router::Router`] and makes one [`http::KvHttp`] per
 //! request. All decisions happen in `kvroute-core`; this crate only moves bytes between Envoy and
 //! the core: the request body in, the destination header out, load and knowledge through Envoy
-//! shared data ([`shared`]), counters to `/stats/prometheus` ([`metrics`]).
+//! shared data ([`shared`]), counters to `/stats/prometheus` ([`metrics`]). The same module
+//! also runs as the singleton bootstrap service that pulls the updater's snapshots ([`sync`]).
 
 pub mod http;
 pub mod metrics;
 pub mod root;
 pub mod shared;
+pub mod sync;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

@@ -43,10 +43,7 @@ fn add(id: Option<u32>, v: u64) {
 
 /// A worker address as a stats name segment: `127.0.0.1:8001` → `127_0_0_1_8001`.
 pub fn worker_segment(worker: &str) -> String {
-    worker
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
+    worker.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
 }
 
 impl Metrics {

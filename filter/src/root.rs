@@ -1,33 +1,53 @@
 //! The root context: one per Envoy worker thread. Turns the plugin configuration into a router;
 //! a bad configuration makes Envoy reject the filter, with the reason in its log.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use kvroute_core::config::FilterConfig;
+use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::journal::JournalEntry;
 use kvroute_core::load::LoadDelta;
 use kvroute_core::router::Router;
+use kvroute_core::snapshot::Snapshot;
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
 use crate::http::KvHttp;
 use crate::metrics::Metrics;
 use crate::shared::{journal_append, update_load, JournalCursor};
+use crate::sync::{read_head, SnapshotSync, DATA_KEY};
 
 /// What every request context of a thread shares.
 pub struct ThreadState {
     pub config: FilterConfig,
     pub router: RefCell<Router>,
     pub cursor: RefCell<JournalCursor>,
+    /// Version of the updater snapshot this thread has applied.
+    pub snapshot_version: Cell<u64>,
     pub metrics: Metrics,
 }
 
 impl ThreadState {
-    /// Applies knowledge other threads (and this one) journaled since the last call.
+    /// Applies knowledge other threads (and this one) journaled since the last call, and the
+    /// updater's snapshot when its version moved.
     pub fn catch_up(&self) {
         let entries = self.cursor.borrow_mut().poll();
         let mut router = self.router.borrow_mut();
+        if let Some((version, checked_at)) = read_head() {
+            router.events_checked(checked_at);
+            if version != self.snapshot_version.get() {
+                let data = hostcalls::get_shared_data(DATA_KEY).ok().and_then(|(d, _)| d);
+                match data.as_deref().map(Snapshot::decode) {
+                    Some(Ok(snap)) => {
+                        router.apply_snapshot(&snap);
+                        self.snapshot_version.set(snap.version);
+                    }
+                    Some(Err(e)) => log::warn!("kvroute: unreadable snapshot in shared data: {e}"),
+                    None => {}
+                }
+            }
+        }
         for e in entries {
             router.observe(&e.worker, &e.hashes, e.source, e.at_ms);
         }
@@ -49,16 +69,49 @@ impl ThreadState {
     }
 }
 
+/// The root context: a filter thread's (routing) or the singleton's (snapshot sync), chosen by
+/// the configuration it receives.
 #[derive(Default)]
 pub struct KvRoot {
     state: Option<Rc<ThreadState>>,
+    sync: Option<SnapshotSync>,
 }
 
-impl Context for KvRoot {}
+impl Context for KvRoot {
+    fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, trailers: usize) {
+        if let Some(s) = self.sync.as_mut() {
+            s.on_http_call_response(token, headers, body, trailers);
+        }
+    }
+}
 
 impl RootContext for KvRoot {
+    fn on_tick(&mut self) {
+        if let Some(s) = self.sync.as_mut() {
+            s.on_tick();
+        }
+    }
+
     fn on_configure(&mut self, _size: usize) -> bool {
         let bytes = self.get_plugin_configuration().unwrap_or_default();
+        match SnapshotSyncConfig::from_json(&bytes) {
+            Ok(Some(cfg)) => {
+                log::info!(
+                    "kvroute: snapshot sync from cluster {} every {} ms",
+                    cfg.cluster,
+                    cfg.interval_ms
+                );
+                let mut sync = SnapshotSync::new(cfg);
+                sync.start();
+                self.sync = Some(sync);
+                return true;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                log::error!("kvroute: rejecting plugin configuration: {e}");
+                return false;
+            }
+        }
         let built = FilterConfig::from_json(&bytes).and_then(|cfg| {
             let router = Router::new(&cfg)?;
             Ok((cfg, router))
@@ -76,6 +129,7 @@ impl RootContext for KvRoot {
                     config,
                     router: RefCell::new(router),
                     cursor: RefCell::new(JournalCursor::default()),
+                    snapshot_version: Cell::new(0),
                     metrics,
                 }));
                 true
@@ -88,6 +142,7 @@ impl RootContext for KvRoot {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // The singleton (sync mode) has no state and makes no HTTP contexts.
         let state = self.state.clone()?;
         Some(Box::new(KvHttp::new(state)))
     }

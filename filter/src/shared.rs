@@ -30,10 +30,7 @@ pub fn update_load(worker: &str, delta: LoadDelta) -> Option<WorkerLoad> {
     let key = load_key(worker);
     for _ in 0..CAS_ATTEMPTS {
         let (bytes, cas) = hostcalls::get_shared_data(&key).unwrap_or((None, None));
-        let next = bytes
-            .map(|b| WorkerLoad::decode(&b))
-            .unwrap_or_default()
-            .apply(delta);
+        let next = bytes.map(|b| WorkerLoad::decode(&b)).unwrap_or_default().apply(delta);
         match hostcalls::set_shared_data(&key, Some(&next.encode()), cas) {
             Ok(()) => return Some(next),
             Err(Status::CasMismatch) => continue,

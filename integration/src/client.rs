@@ -50,21 +50,15 @@ pub async fn send(
     headers: &[(&str, &str)],
 ) -> anyhow::Result<Reply> {
     let start = Instant::now();
-    let mut req = http
-        .post(format!("{url}{path}"))
-        .header("content-type", "application/json")
-        .body(body);
+    let mut req =
+        http.post(format!("{url}{path}")).header("content-type", "application/json").body(body);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
     let resp = req.send().await.context("sending request")?;
     let status = resp.status().as_u16();
-    let header = |name: &str| {
-        resp.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
+    let header =
+        |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let worker = header("x-worker-id");
     let decision = header("x-kvroute-decision");
     let streaming = header("content-type").is_some_and(|c| c.starts_with("text/event-stream"));
@@ -96,12 +90,5 @@ pub async fn send(
 
 /// `send` to `/v1/chat/completions` with a JSON body.
 pub async fn chat(http: &reqwest::Client, url: &str, body: &Value) -> anyhow::Result<Reply> {
-    send(
-        http,
-        url,
-        "/v1/chat/completions",
-        body.to_string().into_bytes(),
-        &[],
-    )
-    .await
+    send(http, url, "/v1/chat/completions", body.to_string().into_bytes(), &[]).await
 }

@@ -41,10 +41,8 @@ pub fn endpoints(addrs: &[String]) -> anyhow::Result<String> {
         .iter()
         .map(|a| {
             let sa: std::net::SocketAddr = a.parse().with_context(|| format!("bad address {a}"))?;
-            Ok(
-                serde_json::json!({"endpoint": {"address": {"socket_address": {
-                "address": sa.ip().to_string(), "port_value": sa.port()}}}}),
-            )
+            Ok(serde_json::json!({"endpoint": {"address": {"socket_address": {
+                "address": sa.ip().to_string(), "port_value": sa.port()}}}}))
         })
         .collect::<anyhow::Result<_>>()?;
     Ok(serde_json::Value::Array(list).to_string())
@@ -90,12 +88,7 @@ impl Envoy {
         let mut cmd = Command::new(paths::envoy_bin()?);
         cmd.arg("-c")
             .arg(config)
-            .args([
-                "--concurrency",
-                &concurrency.to_string(),
-                "--log-level",
-                "info",
-            ])
+            .args(["--concurrency", &concurrency.to_string(), "--log-level", "info"])
             .args([
                 "--base-id",
                 &(std::process::id() % 60_000 + u32::from(admin_port)).to_string(),
@@ -129,13 +122,7 @@ impl Envoy {
                 .join("\n");
             bail!("envoy did not become ready ({res:?}); log tail:\n{tail}");
         }
-        Ok(Envoy {
-            guard,
-            admin_port,
-            listen_port,
-            log,
-            startup: started.elapsed(),
-        })
+        Ok(Envoy { guard, admin_port, listen_port, log, startup: started.elapsed() })
     }
 
     pub fn base_url(&self) -> String {
@@ -148,19 +135,14 @@ impl Envoy {
 
     /// Prometheus samples from `/stats/prometheus`: `name{label="v",...}` → value.
     pub async fn prometheus(&self) -> anyhow::Result<HashMap<String, f64>> {
-        let text = reqwest::get(format!("{}/stats/prometheus", self.admin_url()))
-            .await?
-            .text()
-            .await?;
+        let text =
+            reqwest::get(format!("{}/stats/prometheus", self.admin_url())).await?.text().await?;
         let lines = text.lines().map(|l| Ok(l.to_owned()));
         let scrape = prometheus_parse::Scrape::parse(lines).context("parsing /stats/prometheus")?;
         let mut out = HashMap::new();
         for s in scrape.samples {
-            let mut labels: Vec<String> = s
-                .labels
-                .iter()
-                .map(|(k, v)| format!("{k}=\"{v}\""))
-                .collect();
+            let mut labels: Vec<String> =
+                s.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
             labels.sort();
             let key = if labels.is_empty() {
                 s.metric.clone()
@@ -184,10 +166,8 @@ impl Envoy {
     /// Histogram percentiles from the admin `/stats` text (`P50(interval,cumulative)` form):
     /// the cumulative value of each requested quantile of `stat`.
     pub async fn histogram_quantiles(&self, stat: &str) -> anyhow::Result<HashMap<String, f64>> {
-        let text = reqwest::get(format!("{}/stats?filter={stat}", self.admin_url()))
-            .await?
-            .text()
-            .await?;
+        let text =
+            reqwest::get(format!("{}/stats?filter={stat}", self.admin_url())).await?.text().await?;
         let line = text
             .lines()
             .find(|l| l.starts_with(&format!("{stat}:")))
@@ -196,11 +176,7 @@ impl Envoy {
         for part in line.split_whitespace().skip(1) {
             // P50(12.3,45.6)
             if let Some((q, rest)) = part.split_once('(') {
-                let cumulative = rest
-                    .trim_end_matches(')')
-                    .split(',')
-                    .nth(1)
-                    .unwrap_or("nan");
+                let cumulative = rest.trim_end_matches(')').split(',').nth(1).unwrap_or("nan");
                 if let Ok(v) = cumulative.parse::<f64>() {
                     out.insert(q.to_owned(), v);
                 }

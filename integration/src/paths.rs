@@ -12,22 +12,13 @@ pub fn repo_root() -> PathBuf {
 
 fn existing(env: &str, default: PathBuf, hint: &str) -> anyhow::Result<PathBuf> {
     let p = std::env::var_os(env).map(PathBuf::from).unwrap_or(default);
-    anyhow::ensure!(
-        p.exists(),
-        "{} not found ({hint}; or set {env})",
-        p.display()
-    );
-    p.canonicalize()
-        .with_context(|| format!("resolving {}", p.display()))
+    anyhow::ensure!(p.exists(), "{} not found ({hint}; or set {env})", p.display());
+    p.canonicalize().with_context(|| format!("resolving {}", p.display()))
 }
 
 /// The Envoy binary: `$KVROUTE_ENVOY`, else `.venv/bin/envoy` (installed by `./dev`).
 pub fn envoy_bin() -> anyhow::Result<PathBuf> {
-    existing(
-        "KVROUTE_ENVOY",
-        repo_root().join(".venv/bin/envoy"),
-        "run ./dev setup",
-    )
+    existing("KVROUTE_ENVOY", repo_root().join(".venv/bin/envoy"), "run ./dev setup")
 }
 
 /// The filter module: `$KVROUTE_WASM`, else the release build.
@@ -38,9 +29,14 @@ pub fn wasm_path() -> anyhow::Result<PathBuf> {
 
 /// The simulator binary: `$KVROUTE_SIM`, else the release build.
 pub fn sim_bin() -> anyhow::Result<PathBuf> {
+    existing("KVROUTE_SIM", repo_root().join("target/release/kvroute-sim"), "run ./dev build")
+}
+
+/// The updater binary: `$KVROUTE_UPDATER`, else the release build.
+pub fn updater_bin() -> anyhow::Result<PathBuf> {
     existing(
-        "KVROUTE_SIM",
-        repo_root().join("target/release/kvroute-sim"),
+        "KVROUTE_UPDATER",
+        repo_root().join("target/release/kvroute-updater"),
         "run ./dev build",
     )
 }

@@ -19,23 +19,15 @@ impl Guard {
     pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Guard> {
         let err =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(err))
-            .kill_on_drop(true);
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(err)).kill_on_drop(true);
         let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
-        Ok(Guard {
-            name: name.to_owned(),
-            child,
-        })
+        Ok(Guard { name: name.to_owned(), child })
     }
 
     /// Reads stdout until a line contains `needle`; returns that line.
     pub async fn wait_line(&mut self, needle: &str, timeout: Duration) -> anyhow::Result<String> {
         let mut lines = self.wait_lines(needle, 1, timeout).await?;
-        lines
-            .pop()
-            .with_context(|| format!("{}: no line", self.name))
+        lines.pop().with_context(|| format!("{}: no line", self.name))
     }
 
     /// Reads stdout until `count` lines contain `needle`; returns them. Stdout can be read
@@ -88,9 +80,6 @@ impl Guard {
 
     /// Waits for exit up to `timeout`.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        tokio::time::timeout(timeout, self.child.wait())
-            .await
-            .ok()
-            .and_then(Result::ok)
+        tokio::time::timeout(timeout, self.child.wait()).await.ok().and_then(Result::ok)
     }
 }

@@ -31,23 +31,16 @@ impl SimWorker {
     pub async fn start(index: usize, args: &[String], dir: &Path) -> anyhow::Result<SimWorker> {
         let mut cmd = Command::new(paths::sim_bin()?);
         cmd.args(["--workers", "1", "--base-port", "0"]).args(args);
-        let mut guard = Guard::spawn(
-            &format!("sim-{index}"),
-            cmd,
-            &dir.join(format!("sim-{index}.log")),
-        )?;
-        let line = guard
-            .wait_line("listening on", Duration::from_secs(30))
-            .await?;
+        let mut guard =
+            Guard::spawn(&format!("sim-{index}"), cmd, &dir.join(format!("sim-{index}.log")))?;
+        let line = guard.wait_line("listening on", Duration::from_secs(30)).await?;
         let port = |k: &str| -> anyhow::Result<u16> {
             field(&line, k)
                 .and_then(|p| p.parse().ok())
                 .with_context(|| format!("no {k} port in '{line}'"))
         };
         Ok(SimWorker {
-            addr: field(&line, "on")
-                .context("no address in sim output")?
-                .to_owned(),
+            addr: field(&line, "on").context("no address in sim output")?.to_owned(),
             events_port: port("events")?,
             replay_port: port("replay")?,
             admin_port: port("admin")?,
@@ -61,10 +54,7 @@ impl SimWorker {
         path_and_query: &str,
         body: Option<serde_json::Value>,
     ) -> anyhow::Result<serde_json::Value> {
-        let url = format!(
-            "http://127.0.0.1:{}/admin/{path_and_query}",
-            self.admin_port
-        );
+        let url = format!("http://127.0.0.1:{}/admin/{path_and_query}", self.admin_port);
         let http = reqwest::Client::new();
         let req = match body {
             Some(b) => http.post(url).json(&b),

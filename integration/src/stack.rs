@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::envoy::{self, Envoy};
 use crate::paths;
+use crate::process::Guard;
 use crate::sim::SimWorker;
 
 /// Which decision Envoy makes.
@@ -47,6 +48,8 @@ pub struct StackOptions {
     pub filter: Value,
     pub model_overrides: Value,
     pub envoy_concurrency: u32,
+    /// Start kvroute-updater following every worker's KV events.
+    pub updater: bool,
 }
 
 impl Default for StackOptions {
@@ -58,6 +61,7 @@ impl Default for StackOptions {
             filter: json!({}),
             model_overrides: json!({}),
             envoy_concurrency: 2,
+            updater: false,
         }
     }
 }
@@ -67,7 +71,69 @@ pub const MODEL: &str = "kvroute-demo";
 pub struct Stack {
     pub envoy: Envoy,
     pub workers: Vec<SimWorker>,
+    pub updater: Option<Updater>,
     pub dir: PathBuf,
+}
+
+/// Shared token between the updater and Envoy's snapshot singleton in test stacks.
+pub const UPDATER_TOKEN: &str = "kvroute-test-token-0123456789";
+
+/// A running kvroute-updater.
+pub struct Updater {
+    pub guard: Guard,
+    pub port: u16,
+    args: Vec<String>,
+    log: PathBuf,
+}
+
+impl Updater {
+    async fn start(
+        port: u16,
+        workers: &[SimWorker],
+        dir: &std::path::Path,
+    ) -> anyhow::Result<Updater> {
+        let mut args = vec![
+            "--listen".to_string(),
+            format!("127.0.0.1:{port}"),
+            "--token".into(),
+            UPDATER_TOKEN.into(),
+        ];
+        for w in workers {
+            args.push("--worker".into());
+            args.push(format!(
+                "{},tcp://127.0.0.1:{},tcp://127.0.0.1:{}",
+                w.addr, w.events_port, w.replay_port
+            ));
+        }
+        let log = dir.join("updater.log");
+        let guard = Self::spawn(&args, &log).await?;
+        Ok(Updater { guard, port, args, log })
+    }
+
+    async fn spawn(args: &[String], log: &std::path::Path) -> anyhow::Result<Guard> {
+        let mut cmd = tokio::process::Command::new(paths::updater_bin()?);
+        cmd.args(args);
+        let mut guard = Guard::spawn("kvroute-updater", cmd, log)?;
+        guard.wait_line("listening on", Duration::from_secs(30)).await?;
+        Ok(guard)
+    }
+
+    /// Kills the updater (an outage).
+    pub async fn stop(&mut self) {
+        self.guard.kill().await;
+    }
+
+    /// Starts it again on the same port.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.guard.kill().await;
+        self.guard = Self::spawn(&self.args, &self.log).await?;
+        Ok(())
+    }
+
+    /// The updater's `/status`.
+    pub async fn status(&self) -> anyhow::Result<Value> {
+        Ok(reqwest::get(format!("http://127.0.0.1:{}/status", self.port)).await?.json().await?)
+    }
 }
 
 fn merge(into: &mut Value, from: &Value) {
@@ -87,12 +153,19 @@ pub fn filter_config(addrs: &[String], opts: &StackOptions) -> Value {
     cfg
 }
 
+/// Loopback ports of one stack.
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    pub admin: u16,
+    pub listen: u16,
+    pub updater: u16,
+}
+
 /// Renders `template` for the given ports and workers into `dir`.
 pub fn write_config(
     template: &str,
     dir: &std::path::Path,
-    admin: u16,
-    listen: u16,
+    ports: Ports,
     addrs: &[String],
     filter: &Value,
 ) -> anyhow::Result<PathBuf> {
@@ -101,8 +174,10 @@ pub fn write_config(
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let wasm = paths::wasm_path()?;
     let vars = [
-        ("ADMIN_PORT", admin.to_string()),
-        ("LISTEN_PORT", listen.to_string()),
+        ("ADMIN_PORT", ports.admin.to_string()),
+        ("LISTEN_PORT", ports.listen.to_string()),
+        ("UPDATER_PORT", ports.updater.to_string()),
+        ("UPDATER_TOKEN", UPDATER_TOKEN.to_string()),
         ("WASM_PATH", wasm.display().to_string()),
         ("ENDPOINTS", envoy::endpoints(addrs)?),
         ("KVROUTE_CONFIG", filter.to_string()),
@@ -120,21 +195,20 @@ impl Stack {
             workers.push(SimWorker::start(i, &opts.sim_args, &dir).await?);
         }
         let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
-        let (admin, listen) = (paths::free_port()?, paths::free_port()?);
-        let config = write_config(
-            opts.policy.template(),
-            &dir,
-            admin,
-            listen,
-            &addrs,
-            &filter_config(&addrs, &opts),
-        )?;
-        let envoy = Envoy::start(&config, admin, listen, &dir, opts.envoy_concurrency).await?;
-        let stack = Stack {
-            envoy,
-            workers,
-            dir,
+        let ports = Ports {
+            admin: paths::free_port()?,
+            listen: paths::free_port()?,
+            updater: paths::free_port()?,
         };
+        let updater = match opts.updater {
+            true => Some(Updater::start(ports.updater, &workers, &dir).await?),
+            false => None,
+        };
+        let filter = filter_config(&addrs, &opts);
+        let config = write_config(opts.policy.template(), &dir, ports, &addrs, &filter)?;
+        let envoy =
+            Envoy::start(&config, ports.admin, ports.listen, &dir, opts.envoy_concurrency).await?;
+        let stack = Stack { envoy, workers, updater, dir };
         stack.wait_healthy(opts.workers).await?;
         Ok(stack)
     }

@@ -22,12 +22,8 @@ impl Conversation {
         Conversation {
             id,
             system: textgen::words(s, system_words),
-            users: (0..turns)
-                .map(|t| textgen::words(s + 1 + 2 * t as u64, user_words))
-                .collect(),
-            answers: (0..turns)
-                .map(|t| textgen::words(s + 2 + 2 * t as u64, user_words))
-                .collect(),
+            users: (0..turns).map(|t| textgen::words(s + 1 + 2 * t as u64, user_words)).collect(),
+            answers: (0..turns).map(|t| textgen::words(s + 2 + 2 * t as u64, user_words)).collect(),
         }
     }
 
@@ -131,14 +127,8 @@ mod tests {
 
     #[test]
     fn same_seed_same_schedule() {
-        assert_eq!(
-            schedule_hash(&w(1).schedule("m")),
-            schedule_hash(&w(1).schedule("m"))
-        );
-        assert_ne!(
-            schedule_hash(&w(1).schedule("m")),
-            schedule_hash(&w(2).schedule("m"))
-        );
+        assert_eq!(schedule_hash(&w(1).schedule("m")), schedule_hash(&w(1).schedule("m")));
+        assert_ne!(schedule_hash(&w(1).schedule("m")), schedule_hash(&w(2).schedule("m")));
         assert_eq!(w(1).schedule("m").len(), 12);
     }
 

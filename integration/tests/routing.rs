@@ -11,17 +11,13 @@ fn conversation(id: usize, turns: usize) -> Conversation {
 }
 
 async fn turn(http: &reqwest::Client, stack: &Stack, c: &Conversation, t: usize) -> Reply {
-    let r = client::chat(http, &stack.base_url(), &c.body(MODEL, t, 4, false))
-        .await
-        .unwrap();
+    let r = client::chat(http, &stack.base_url(), &c.body(MODEL, t, 4, false)).await.unwrap();
     assert_eq!(r.status, 200, "turn {t}: {}", r.body);
     r
 }
 
 fn predicted(r: &Reply) -> u64 {
-    r.decision_field("predicted_cached_tokens")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    r.decision_field("predicted_cached_tokens").and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 #[tokio::test]
@@ -39,10 +35,7 @@ async fn later_turns_land_on_the_worker_that_served_turn_one() {
             Some(a.as_str()),
             "turn {t} left the worker holding its prefix"
         );
-        assert!(
-            r.cached_tokens.unwrap_or(0) > 0,
-            "turn {t} reused nothing: {r:?}"
-        );
+        assert!(r.cached_tokens.unwrap_or(0) > 0, "turn {t} reused nothing: {r:?}");
         assert!(predicted(&r) > 0, "turn {t} predicted nothing: {r:?}");
     }
     // The audit counted predictions that the worker confirmed.
@@ -51,9 +44,7 @@ async fn later_turns_land_on_the_worker_that_served_turn_one() {
         std::time::Duration::from_secs(10),
         || async {
             let m = stack.envoy.prometheus().await.ok()?;
-            let v = m
-                .get("kvroute_audit_requests{kvroute_audit=\"hit_as_predicted\"}")
-                .copied()?;
+            let v = m.get("kvroute_audit_requests{kvroute_audit=\"hit_as_predicted\"}").copied()?;
             (v >= 3.0).then_some(v)
         },
     )
@@ -132,15 +123,9 @@ async fn client_sent_destination_header_is_ignored() {
     for (t, steer) in [(1, other.as_str()), (2, "127.0.0.1:1")] {
         let body = c.body(MODEL, t, 4, false).to_string().into_bytes();
         let headers = [("x-gateway-destination-endpoint", steer)];
-        let r = client::send(
-            &http,
-            &stack.base_url(),
-            "/v1/chat/completions",
-            body,
-            &headers,
-        )
-        .await
-        .unwrap();
+        let r = client::send(&http, &stack.base_url(), "/v1/chat/completions", body, &headers)
+            .await
+            .unwrap();
         assert_eq!(r.status, 200);
         assert_eq!(
             r.worker.as_deref(),

@@ -10,9 +10,8 @@ fn main() {
     let bs = 16;
     let mut cache = BlockCache::new(16_384);
     // 64 shared prefixes of 32 blocks, each request adds 8 unique blocks.
-    let prefixes: Vec<Vec<u32>> = (0..64u32)
-        .map(|p| (0..512).map(|t| p * 10_000 + t).collect())
-        .collect();
+    let prefixes: Vec<Vec<u32>> =
+        (0..64u32).map(|p| (0..512).map(|t| p * 10_000 + t).collect()).collect();
     let requests = 200_000u32;
     let mut ops = 0u64;
     let start = Instant::now();

@@ -39,10 +39,7 @@ pub fn router(w: Arc<Worker>) -> Router {
 }
 
 fn unavailable() -> Response {
-    (
-        StatusCode::CONFLICT,
-        Json(json!({"error": "worker is crashed; POST /admin/restart"})),
-    )
+    (StatusCode::CONFLICT, Json(json!({"error": "worker is crashed; POST /admin/restart"})))
         .into_response()
 }
 
@@ -67,8 +64,7 @@ async fn stall(State(w): State<Arc<Worker>>, Query(q): Query<StallQ>) -> Respons
     let Some((s, _)) = w.current().await else {
         return unavailable();
     };
-    s.engine
-        .command(Command::Stall(Duration::from_millis(q.ms)));
+    s.engine.command(Command::Stall(Duration::from_millis(q.ms)));
     Json(json!({"stalled_ms": q.ms})).into_response()
 }
 
@@ -102,10 +98,7 @@ async fn evict(State(w): State<Arc<Worker>>, Query(q): Query<EvictQ>) -> Respons
             .into_response();
     };
     let (tx, rx) = oneshot::channel();
-    s.engine.command(Command::Evict {
-        fraction: pct / 100.0,
-        reply: tx,
-    });
+    s.engine.command(Command::Evict { fraction: pct / 100.0, reply: tx });
     Json(json!({"evicted_blocks": rx.await.unwrap_or(0)})).into_response()
 }
 
@@ -118,8 +111,7 @@ async fn drop_events(State(w): State<Arc<Worker>>, Query(q): Query<DropQ>) -> Re
     let Some((_, log)) = w.current().await else {
         return unavailable();
     };
-    log.drop_remaining
-        .store(q.count, std::sync::atomic::Ordering::SeqCst);
+    log.drop_remaining.store(q.count, std::sync::atomic::Ordering::SeqCst);
     Json(json!({"dropping_batches": q.count, "next_seq": log.next_seq()})).into_response()
 }
 
@@ -132,10 +124,7 @@ struct MisconfigBody {
 
 async fn misconfig(State(w): State<Arc<Worker>>, Json(b): Json<MisconfigBody>) -> Response {
     if b.block_size == Some(0) {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({"error": "block_size must be > 0"})),
-        )
+        return (StatusCode::BAD_REQUEST, Json(json!({"error": "block_size must be > 0"})))
             .into_response();
     }
     let mut m = w.misconfig.lock().unwrap_or_else(|e| e.into_inner());
@@ -149,19 +138,12 @@ async fn status(State(w): State<Arc<Worker>>) -> Response {
     let cur = w.current().await;
     let (up, next_seq, cached) = match &cur {
         Some((s, log)) => {
-            let cached = s
-                .engine
-                .stats
-                .lock()
-                .map(|st| st.cached_blocks)
-                .unwrap_or(0);
+            let cached = s.engine.stats.lock().map(|st| st.cached_blocks).unwrap_or(0);
             (true, log.next_seq(), cached)
         }
         None => (false, 0, 0),
     };
-    Json(
-        json!({"up": up, "http_port": ports.http, "events_port": ports.events,
-        "replay_port": ports.replay, "next_seq": next_seq, "cached_blocks": cached}),
-    )
+    Json(json!({"up": up, "http_port": ports.http, "events_port": ports.events,
+        "replay_port": ports.replay, "next_seq": next_seq, "cached_blocks": cached}))
     .into_response()
 }

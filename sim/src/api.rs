@@ -52,12 +52,7 @@ pub fn router(w: Arc<Worker>) -> Router {
 
 fn error(e: ApiError) -> Response {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        e.body(),
-    )
-        .into_response()
+    (status, [(header::CONTENT_TYPE, "application/json")], e.body()).into_response()
 }
 
 async fn chat(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
@@ -69,9 +64,7 @@ async fn completions(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
 }
 
 fn now_s() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
@@ -94,11 +87,7 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
             w.max_model_len,
             tokens.len()
         );
-        return error(ApiError::bad_request(
-            "context_length_exceeded",
-            Some("messages"),
-            msg,
-        ));
+        return error(ApiError::bad_request("context_length_exceeded", Some("messages"), msg));
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let seed = xxhash_rust::xxh3::xxh3_64(body);
@@ -117,14 +106,8 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
             message: "engine stopped".into(),
         });
     }
-    let id = format!(
-        "{}-{seed:016x}",
-        if endpoint == Endpoint::Chat {
-            "chatcmpl"
-        } else {
-            "cmpl"
-        }
-    );
+    let id =
+        format!("{}-{seed:016x}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" });
     let out = Output {
         endpoint,
         id,
@@ -133,11 +116,8 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
         include_usage: req.include_usage,
         bundle: w.bundle.clone(),
     };
-    let mut resp = if req.stream {
-        stream_response(out, rx)
-    } else {
-        full_response(out, rx, &req).await
-    };
+    let mut resp =
+        if req.stream { stream_response(out, rx) } else { full_response(out, rx, &req).await };
     if let Ok(v) = HeaderValue::from_str(&w.id) {
         resp.headers_mut().insert(WORKER_HEADER, v);
     }
@@ -207,11 +187,7 @@ fn stream_response(out: Output, rx: mpsc::UnboundedReceiver<TokenEvent>) -> Resp
             Some(TokenEvent::Token { index, id }) => {
                 sse(&out.chunk(out.token_choice(&out.piece(id), index == 0, None), None))
             }
-            Some(TokenEvent::Done {
-                prompt_tokens,
-                completion_tokens,
-                cached_tokens,
-            }) => {
+            Some(TokenEvent::Done { prompt_tokens, completion_tokens, cached_tokens }) => {
                 let mut b =
                     sse(&out.chunk(out.token_choice("", false, Some("length")), None)).to_vec();
                 if out.include_usage {
@@ -248,11 +224,7 @@ async fn full_response(
     while let Some(ev) = rx.recv().await {
         match ev {
             TokenEvent::Token { id, .. } => text.push_str(&out.piece(id)),
-            TokenEvent::Done {
-                prompt_tokens,
-                completion_tokens,
-                cached_tokens,
-            } => {
+            TokenEvent::Done { prompt_tokens, completion_tokens, cached_tokens } => {
                 let choice = match req.endpoint {
                     Endpoint::Chat => {
                         json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"})
@@ -289,10 +261,8 @@ async fn full_response(
 }
 
 async fn models(State(w): State<Arc<Worker>>) -> Response {
-    axum::Json(
-        json!({"object": "list", "data": [{"id": w.model, "object": "model",
-        "created": now_s(), "owned_by": "kvroute-sim", "max_model_len": w.max_model_len}]}),
-    )
+    axum::Json(json!({"object": "list", "data": [{"id": w.model, "object": "model",
+        "created": now_s(), "owned_by": "kvroute-sim", "max_model_len": w.max_model_len}]}))
     .into_response()
 }
 
@@ -302,32 +272,18 @@ async fn tokenize(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
         Err(e) => return error(ApiError::bad_request("invalid_json", None, e.to_string())),
     };
     let tokens = if v.get("messages").is_some() {
-        let add_gen = v
-            .get("add_generation_prompt")
-            .and_then(Value::as_bool)
-            .unwrap_or(true);
+        let add_gen = v.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true);
         match request::parse(Endpoint::Chat, &body) {
-            Ok(ParsedRequest {
-                prompt: Prompt::Messages(m),
-                ..
-            }) => w
-                .bundle
-                .render_chat_with(&m, add_gen)
-                .and_then(|t| w.bundle.encode(&t, false)),
+            Ok(ParsedRequest { prompt: Prompt::Messages(m), .. }) => {
+                w.bundle.render_chat_with(&m, add_gen).and_then(|t| w.bundle.encode(&t, false))
+            }
             Ok(_) => {
-                return error(ApiError::bad_request(
-                    "invalid_value",
-                    None,
-                    "bad messages".into(),
-                ))
+                return error(ApiError::bad_request("invalid_value", None, "bad messages".into()))
             }
             Err(e) => return error(e.into()),
         }
     } else {
-        let add_special = v
-            .get("add_special_tokens")
-            .and_then(Value::as_bool)
-            .unwrap_or(true);
+        let add_special = v.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
         match v.get("prompt").and_then(Value::as_str) {
             Some(p) => w.bundle.encode(p, add_special),
             None => {

@@ -106,10 +106,7 @@ impl BlockCache {
         hashes: &[EngineHash],
         extra: usize,
     ) -> Result<Vec<EngineHash>, CacheError> {
-        let reuse_free = hashes
-            .iter()
-            .filter(|h| self.free_cached.contains_key(h))
-            .count();
+        let reuse_free = hashes.iter().filter(|h| self.free_cached.contains_key(h)).count();
         let needed_fresh = extra;
         // Reused free blocks move to in_use, so they stop being evictable.
         let evictable = self.free_cached.len() - reuse_free;
@@ -172,9 +169,7 @@ impl BlockCache {
 
     /// Evicts up to `n` free cached blocks, least recently used first; returns them.
     pub fn evict_free(&mut self, n: usize) -> Vec<EngineHash> {
-        (0..n)
-            .map_while(|_| self.free_cached.pop_front().map(|(h, ())| h))
-            .collect()
+        (0..n).map_while(|_| self.free_cached.pop_front().map(|(h, ())| h)).collect()
     }
 
     /// Free cached blocks (evictable).
@@ -184,11 +179,7 @@ impl BlockCache {
 
     /// Every cached block hash (in use or free), for consistency checks.
     pub fn cached_set(&self) -> std::collections::BTreeSet<EngineHash> {
-        self.in_use
-            .keys()
-            .chain(self.free_cached.keys())
-            .copied()
-            .collect()
+        self.in_use.keys().chain(self.free_cached.keys()).copied().collect()
     }
 
     #[cfg(test)]

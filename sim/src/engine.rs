@@ -74,11 +74,7 @@ pub enum TokenEvent {
     /// One output token; the first one marks the end of prefill.
     Token { index: usize, id: u32 },
     /// Generation finished.
-    Done {
-        prompt_tokens: usize,
-        completion_tokens: usize,
-        cached_tokens: usize,
-    },
+    Done { prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize },
     /// The request can never fit in the KV cache.
     Rejected { needed_blocks: usize },
 }
@@ -252,9 +248,7 @@ struct Core {
 }
 
 fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl Core {
@@ -285,10 +279,8 @@ impl Core {
                 let evicted = self.cache.evict_free(n as usize);
                 let count = evicted.len();
                 if count > 0 {
-                    self.pending.push(KvEvent::BlockRemoved {
-                        block_hashes: evicted,
-                        medium: "GPU",
-                    });
+                    self.pending
+                        .push(KvEvent::BlockRemoved { block_hashes: evicted, medium: "GPU" });
                 }
                 self.flush_events();
                 let _ = reply.send(count);
@@ -345,27 +337,19 @@ impl Core {
             }
             if let Ok(evicted) = self.cache.acquire(&[], more) {
                 if !evicted.is_empty() {
-                    self.pending.push(KvEvent::BlockRemoved {
-                        block_hashes: evicted,
-                        medium: "GPU",
-                    });
+                    self.pending
+                        .push(KvEvent::BlockRemoved { block_hashes: evicted, medium: "GPU" });
                 }
                 self.running[i].allocated += more;
                 return true;
             }
-            let victim = (0..self.running.len())
-                .rev()
-                .find(|&v| !preempted[v])
-                .unwrap_or(i);
+            let victim = (0..self.running.len()).rev().find(|&v| !preempted[v]).unwrap_or(i);
             preempted[victim] = true;
             let mut seq = std::mem::replace(&mut self.running[victim], placeholder());
             release(&mut self.cache, &mut seq);
             seq.computed = 0;
             seq.preemptions += 1;
-            self.stats
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .preemptions_total += 1;
+            self.stats.lock().unwrap_or_else(|e| e.into_inner()).preemptions_total += 1;
             self.running[victim] = seq;
             if victim == i {
                 return false;
@@ -397,9 +381,8 @@ impl Core {
         let mut kept = Vec::new();
         let mut kept_chunks = Vec::new();
         let mut back = Vec::new();
-        for (seq, (p, c)) in std::mem::take(&mut self.running)
-            .into_iter()
-            .zip(preempted.iter().zip(&chunks))
+        for (seq, (p, c)) in
+            std::mem::take(&mut self.running).into_iter().zip(preempted.iter().zip(&chunks))
         {
             if *p {
                 back.push(seq);
@@ -418,25 +401,12 @@ impl Core {
         if !had_preemption {
             self.admit(&mut budget, &mut chunks);
         }
-        let decoding = self
-            .running
-            .iter()
-            .zip(&chunks)
-            .filter(|(s, c)| **c > 0 && s.decoding())
-            .count();
-        let prefill: usize = self
-            .running
-            .iter()
-            .zip(&chunks)
-            .filter(|(s, _)| !s.decoding())
-            .map(|(_, c)| c)
-            .sum();
-        let context: usize = self
-            .running
-            .iter()
-            .filter(|s| s.decoding())
-            .map(|s| s.tokens.len())
-            .sum();
+        let decoding =
+            self.running.iter().zip(&chunks).filter(|(s, c)| **c > 0 && s.decoding()).count();
+        let prefill: usize =
+            self.running.iter().zip(&chunks).filter(|(s, _)| !s.decoding()).map(|(_, c)| c).sum();
+        let context: usize =
+            self.running.iter().filter(|s| s.decoding()).map(|s| s.tokens.len()).sum();
         let start = Instant::now();
         let deadline = start + self.cfg.timing.step(prefill, decoding, context);
         // Tokio's timer wakes on the millisecond tick after a deadline; aiming one tick early
@@ -444,8 +414,7 @@ impl Core {
         tokio::time::sleep_until(deadline.checked_sub(TIMER_TICK).unwrap_or(deadline)).await;
         let now = Instant::now();
         let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        st.step_lag
-            .observe(now.saturating_duration_since(deadline).as_secs_f64());
+        st.step_lag.observe(now.saturating_duration_since(deadline).as_secs_f64());
         st.steps += 1;
         let vocab = Arc::clone(&self.cfg.output_vocab);
         for (s, chunk) in self.running.iter_mut().zip(&chunks) {
@@ -480,15 +449,9 @@ impl Core {
                     st.ttft.observe(now.duration_since(s.arrived).as_secs_f64());
                 }
                 let pick = kvroute_core::textgen::draw(s.seed, s.generated as u64);
-                let id = vocab
-                    .get(pick as usize % vocab.len().max(1))
-                    .copied()
-                    .unwrap_or(0);
+                let id = vocab.get(pick as usize % vocab.len().max(1)).copied().unwrap_or(0);
                 s.tokens.push(id);
-                let _ = s.events.send(TokenEvent::Token {
-                    index: s.generated,
-                    id,
-                });
+                let _ = s.events.send(TokenEvent::Token { index: s.generated, id });
                 s.generated += 1;
                 st.generation_tokens_total += 1;
             }
@@ -533,9 +496,7 @@ impl Core {
             let total_blocks = (s.prompt_len + s.max_tokens).div_ceil(bs);
             if total_blocks > self.cache.capacity() {
                 if let Some(s) = self.waiting.pop_front() {
-                    let _ = s.events.send(TokenEvent::Rejected {
-                        needed_blocks: total_blocks,
-                    });
+                    let _ = s.events.send(TokenEvent::Rejected { needed_blocks: total_blocks });
                 }
                 continue;
             }
@@ -543,20 +504,14 @@ impl Core {
             let hashes = engine_hashes(&s.tokens, bs, s.salt.as_deref());
             // vLLM recomputes at least the last token, so a fully cached prefix reuses one
             // block less.
-            let hit = self
-                .cache
-                .longest_prefix(&hashes)
-                .min(len.saturating_sub(1) / bs);
+            let hit = self.cache.longest_prefix(&hashes).min(len.saturating_sub(1) / bs);
             let n = (len - hit * bs).min(*budget);
             let fresh = (hit * bs + n).div_ceil(bs) - hit;
             let Ok(evicted) = self.cache.acquire(&hashes[..hit], fresh) else {
                 break;
             };
             if !evicted.is_empty() {
-                self.pending.push(KvEvent::BlockRemoved {
-                    block_hashes: evicted,
-                    medium: "GPU",
-                });
+                self.pending.push(KvEvent::BlockRemoved { block_hashes: evicted, medium: "GPU" });
             }
             if s.cached_tokens.is_none() {
                 self.cache.queries_tokens += len as u64;

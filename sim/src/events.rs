@@ -65,13 +65,7 @@ fn extra_keys(blocks: usize, salt: Option<&str>) -> Value {
         None => Value::Nil,
         Some(s) => Value::Array(
             (0..blocks)
-                .map(|i| {
-                    if i == 0 {
-                        Value::Array(vec![Value::from(s)])
-                    } else {
-                        Value::Nil
-                    }
-                })
+                .map(|i| if i == 0 { Value::Array(vec![Value::from(s)]) } else { Value::Nil })
                 .collect(),
         ),
     }
@@ -97,16 +91,8 @@ impl KvEvent {
                 "BlockStored",
                 vec![
                     ("block_hashes", uints(block_hashes.iter().copied()), false),
-                    (
-                        "parent_block_hash",
-                        opt_u64(*parent_block_hash),
-                        parent_block_hash.is_none(),
-                    ),
-                    (
-                        "token_ids",
-                        uints(token_ids.iter().map(|&t| u64::from(t))),
-                        false,
-                    ),
+                    ("parent_block_hash", opt_u64(*parent_block_hash), parent_block_hash.is_none()),
+                    ("token_ids", uints(token_ids.iter().map(|&t| u64::from(t))), false),
                     ("block_size", Value::from(*block_size as u64), false),
                     ("lora_id", Value::Nil, true),
                     ("medium", Value::from(*medium), false),
@@ -115,18 +101,11 @@ impl KvEvent {
                         lora_name.clone().map_or(Value::Nil, Value::from),
                         lora_name.is_none(),
                     ),
-                    (
-                        "extra_keys",
-                        extra_keys(block_hashes.len(), salt.as_deref()),
-                        salt.is_none(),
-                    ),
+                    ("extra_keys", extra_keys(block_hashes.len(), salt.as_deref()), salt.is_none()),
                     ("group_idx", Value::from(0u64), true),
                 ],
             ),
-            KvEvent::BlockRemoved {
-                block_hashes,
-                medium,
-            } => (
+            KvEvent::BlockRemoved { block_hashes, medium } => (
                 "BlockRemoved",
                 vec![
                     ("block_hashes", uints(block_hashes.iter().copied()), false),
@@ -145,10 +124,7 @@ impl KvEvent {
             EventEncoding::Map => {
                 let mut entries = vec![(Value::from("type"), Value::from(tag))];
                 entries.extend(
-                    fields
-                        .into_iter()
-                        .filter(|(_, _, d)| !d)
-                        .map(|(k, v, _)| (Value::from(k), v)),
+                    fields.into_iter().filter(|(_, _, d)| !d).map(|(k, v, _)| (Value::from(k), v)),
                 );
                 Value::Map(entries)
             }
@@ -237,11 +213,7 @@ pub async fn run_publisher(
         if dropped {
             continue;
         }
-        let frames = vec![
-            Bytes::from(cfg.topic.clone().into_bytes()),
-            seq_frame(seq),
-            payload,
-        ];
+        let frames = vec![Bytes::from(cfg.topic.clone().into_bytes()), seq_frame(seq), payload];
         if let Some(m) = message(frames) {
             let _ = socket.send(m).await;
         }
@@ -310,20 +282,13 @@ mod tests {
         want.extend_from_slice(b"GPU");
         want.extend_from_slice(&[0xc0, 0xc0, 0x00, 0x00]);
         assert_eq!(want.len(), 42);
-        assert_eq!(
-            encode_batch(1.5, &[stored()], Some(0), EventEncoding::Array),
-            want
-        );
+        assert_eq!(encode_batch(1.5, &[stored()], Some(0), EventEncoding::Array), want);
     }
 
     #[test]
     fn golden_map_encoding() {
-        let got = encode_batch(
-            1.5,
-            &[stored(), KvEvent::AllBlocksCleared],
-            None,
-            EventEncoding::Map,
-        );
+        let got =
+            encode_batch(1.5, &[stored(), KvEvent::AllBlocksCleared], None, EventEncoding::Map);
         let mut want = vec![0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x92, 0x85];
         for (k, v) in [
             ("type", &b"\xabBlockStored"[..]),

@@ -126,10 +126,7 @@ async fn main() -> anyhow::Result<()> {
         };
         let worker = Worker::new(spec, bundle.clone(), ports);
         let admin = worker.bind_admin().await?;
-        let p = worker
-            .start()
-            .await
-            .with_context(|| format!("starting worker {i}"))?;
+        let p = worker.start().await.with_context(|| format!("starting worker {i}"))?;
         // Harnesses read this line to learn the ports.
         println!(
             "kvroute-sim worker {i} listening on {}:{} events {} replay {} admin {} profile {}",

@@ -21,10 +21,7 @@ pub fn render(model: &str, block_size: usize, num_gpu_blocks: usize, st: &Engine
     let l = format!("engine=\"0\",model_name=\"{model}\"");
     let mut o = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-        let _ = writeln!(
-            o,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {value}"
-        );
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {value}");
     };
     metric(
         "vllm:num_requests_running",

@@ -7,14 +7,8 @@ use thiserror::Error;
 
 /// Profiles built into the binary, by name.
 pub const BUILTIN: [(&str, &str); 2] = [
-    (
-        "llama3-8b-h100",
-        include_str!("../profiles/llama3-8b-h100.toml"),
-    ),
-    (
-        "llama3-70b-4xh100",
-        include_str!("../profiles/llama3-70b-4xh100.toml"),
-    ),
+    ("llama3-8b-h100", include_str!("../profiles/llama3-8b-h100.toml")),
+    ("llama3-70b-4xh100", include_str!("../profiles/llama3-70b-4xh100.toml")),
 ];
 
 /// The default: an 8B-class model on one H100, the most common single-GPU serving setup.
@@ -72,9 +66,7 @@ impl Profile {
             self.kv_ms_per_1k_tokens,
         ];
         if times.iter().any(|t| !t.is_finite() || *t < 0.0) {
-            return Err(ProfileError::Invalid(
-                "timing values must be finite and >= 0".into(),
-            ));
+            return Err(ProfileError::Invalid("timing values must be finite and >= 0".into()));
         }
         let sizes = [
             self.num_gpu_blocks,

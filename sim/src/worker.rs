@@ -80,9 +80,7 @@ async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
         let svc = hyper_util::service::TowerToHyperService::new(app.clone());
         conns.spawn(async move {
             let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, svc)
-                .await;
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
         });
         while conns.try_join_next().is_some() {}
     }
@@ -139,17 +137,10 @@ impl Worker {
             r.shutdown().await; // crash whatever ran before: ports are released
         }
         let ports = *self.ports.lock().unwrap_or_else(|e| e.into_inner());
-        let mis = self
-            .misconfig
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let mis = self.misconfig.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let p = &self.spec.profile;
         let bundle = match &mis.chat_template {
-            Some(t) => self
-                .bundle
-                .with_chat_template(t)
-                .context("misconfigured template")?,
+            Some(t) => self.bundle.with_chat_template(t).context("misconfigured template")?,
             None => self.bundle.clone(),
         };
         let listener = tokio::net::TcpListener::bind(self.addr(ports.http))
@@ -200,11 +191,8 @@ impl Worker {
             Arc::clone(&log),
             ev_rx,
         ));
-        let replay_task = tokio::spawn(events::run_replay(
-            replay,
-            self.spec.events.clone(),
-            Arc::clone(&log),
-        ));
+        let replay_task =
+            tokio::spawn(events::run_replay(replay, self.spec.events.clone(), Arc::clone(&log)));
         *guard = Some(Running {
             serving,
             log,
@@ -222,11 +210,7 @@ impl Worker {
 
     /// The running engine and event log, if up.
     pub async fn current(&self) -> Option<(Arc<Serving>, Arc<EventLog>)> {
-        self.running
-            .lock()
-            .await
-            .as_ref()
-            .map(|r| (Arc::clone(&r.serving), Arc::clone(&r.log)))
+        self.running.lock().await.as_ref().map(|r| (Arc::clone(&r.serving), Arc::clone(&r.log)))
     }
 
     /// Binds the admin port (loopback only) and returns its listener.

@@ -52,9 +52,7 @@ async fn cached(http: u16) -> u64 {
         .await
         .unwrap();
     let v: Value = r.json().await.unwrap();
-    v["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap()
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
 }
 
 #[tokio::test]
@@ -74,16 +72,10 @@ async fn faults_change_what_the_worker_does() {
     assert_eq!(admin(port, "stall?ms=400").await.0, 200);
     let t = Instant::now();
     cached(http).await;
-    assert!(
-        t.elapsed() >= Duration::from_millis(350),
-        "stall had no effect: {:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() >= Duration::from_millis(350), "stall had no effect: {:?}", t.elapsed());
     // Crash closes the port; restart brings it back empty.
     assert_eq!(admin(port, "crash").await.0, 200);
-    assert!(reqwest::get(format!("http://127.0.0.1:{http}/health"))
-        .await
-        .is_err());
+    assert!(reqwest::get(format!("http://127.0.0.1:{http}/health")).await.is_err());
     let status: Value = reqwest::get(format!("http://127.0.0.1:{port}/admin/status"))
         .await
         .unwrap()

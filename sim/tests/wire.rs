@@ -57,19 +57,14 @@ async fn post(port: u16, body: &Value) -> Value {
 
 async fn subscriber(port: u16) -> zeromq::SubSocket {
     let mut sub = zeromq::SubSocket::new();
-    sub.connect(&format!("tcp://127.0.0.1:{port}"))
-        .await
-        .unwrap();
+    sub.connect(&format!("tcp://127.0.0.1:{port}")).await.unwrap();
     sub.subscribe("").await.unwrap();
     sub
 }
 
 /// Receives the next message with a deadline: (topic, seq, payload).
 async fn next(sub: &mut zeromq::SubSocket) -> Option<(Bytes, u64, Bytes)> {
-    let m = tokio::time::timeout(Duration::from_secs(5), sub.recv())
-        .await
-        .ok()?
-        .ok()?;
+    let m = tokio::time::timeout(Duration::from_secs(5), sub.recv()).await.ok()?.ok()?;
     let f = m.into_vec();
     assert_eq!(f.len(), 3, "a KV-event message has three frames");
     let seq = u64::from_be_bytes(f[1].as_ref().try_into().unwrap());
@@ -125,8 +120,7 @@ async fn dropped_batches_show_as_a_gap_and_replay_fills_it() {
         let mut sub = subscriber(p.events).await;
         let (_, seen, _) = first_message(&mut sub, p.http).await;
         let (_, log) = w.current().await.unwrap();
-        log.drop_remaining
-            .store(2, std::sync::atomic::Ordering::SeqCst);
+        log.drop_remaining.store(2, std::sync::atomic::Ordering::SeqCst);
         for i in 0..3 {
             post(p.http, &chat(40, 2000 + i, None)).await;
         }
@@ -134,10 +128,7 @@ async fn dropped_batches_show_as_a_gap_and_replay_fills_it() {
         assert!(after >= seen + 3, "no gap: {seen} then {after}");
         // Replay from just after the last seen batch returns the missing ones, then END.
         let mut dealer = zeromq::DealerSocket::new();
-        dealer
-            .connect(&format!("tcp://127.0.0.1:{}", p.replay))
-            .await
-            .unwrap();
+        dealer.connect(&format!("tcp://127.0.0.1:{}", p.replay)).await.unwrap();
         let req = ZmqMessage::try_from(vec![
             Bytes::new(),
             Bytes::copy_from_slice(&(seen + 1).to_be_bytes()),
@@ -164,10 +155,7 @@ async fn dropped_batches_show_as_a_gap_and_replay_fills_it() {
             }
             got.push(u64::from_be_bytes(seq_frame.as_ref().try_into().unwrap()));
         }
-        assert!(
-            got.starts_with(&[seen + 1, seen + 2]),
-            "replay returned {got:?}"
-        );
+        assert!(got.starts_with(&[seen + 1, seen + 2]), "replay returned {got:?}");
     }
 }
 
@@ -177,19 +165,12 @@ async fn restart_empties_the_cache_and_resets_the_sequence() {
     let body = chat(200, 7, None);
     post(p.http, &body).await;
     let again = post(p.http, &body).await;
-    assert!(
-        again["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap()
-            > 0
-    );
+    assert!(again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0);
     let (_, log) = w.current().await.unwrap();
     assert!(log.next_seq() > 0);
     w.crash().await;
     assert!(
-        reqwest::get(format!("http://127.0.0.1:{}/health", p.http))
-            .await
-            .is_err(),
+        reqwest::get(format!("http://127.0.0.1:{}/health", p.http)).await.is_err(),
         "port still open after crash"
     );
     let p2 = w.start().await.unwrap();
@@ -203,17 +184,10 @@ async fn restart_empties_the_cache_and_resets_the_sequence() {
 #[tokio::test]
 async fn cache_salt_isolates_tenants() {
     let (_w, p) = worker(EventEncoding::Array, ReplyShape::Triple).await;
-    let cached = |v: &Value| {
-        v["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap()
-    };
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     post(p.http, &chat(200, 9, Some("tenant-a"))).await;
     assert!(cached(&post(p.http, &chat(200, 9, Some("tenant-a"))).await) > 0);
-    assert_eq!(
-        cached(&post(p.http, &chat(200, 9, Some("tenant-b"))).await),
-        0
-    );
+    assert_eq!(cached(&post(p.http, &chat(200, 9, Some("tenant-b"))).await), 0);
     assert_eq!(cached(&post(p.http, &chat(200, 9, None)).await), 0);
 }
 

@@ -18,11 +18,7 @@ pub enum Tier {
 
 impl Tier {
     fn parse(v: Option<&Value>) -> Tier {
-        match v
-            .and_then(Value::as_str)
-            .map(str::to_ascii_uppercase)
-            .as_deref()
-        {
+        match v.and_then(Value::as_str).map(str::to_ascii_uppercase).as_deref() {
             Some("CPU") | Some("CPU_PINNED") => Tier::Cpu,
             Some("STORAGE") | Some("DISK") => Tier::Storage,
             _ => Tier::Gpu,
@@ -89,10 +85,7 @@ fn key(v: &Value) -> Option<EngineKey> {
 
 fn keys(v: Option<&Value>, name: &'static str) -> Result<Vec<EngineKey>, DecodeError> {
     match v {
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| key(x).ok_or(DecodeError::Field(name)))
-            .collect(),
+        Some(Value::Array(a)) => a.iter().map(|x| key(x).ok_or(DecodeError::Field(name))).collect(),
         // Single-hash form (one event per page in SGLang).
         Some(v) => key(v).map(|k| vec![k]).ok_or(DecodeError::Field(name)),
         None => Err(DecodeError::Field(name)),
@@ -110,15 +103,8 @@ impl<'a> Fields<'a> {
     fn of(v: &'a Value) -> Result<Fields<'a>, DecodeError> {
         match v {
             Value::Array(a) => {
-                let tag = a
-                    .first()
-                    .and_then(Value::as_str)
-                    .ok_or(DecodeError::Field("tag"))?;
-                Ok(Fields {
-                    tag,
-                    positional: Some(&a[1..]),
-                    named: None,
-                })
+                let tag = a.first().and_then(Value::as_str).ok_or(DecodeError::Field("tag"))?;
+                Ok(Fields { tag, positional: Some(&a[1..]), named: None })
             }
             Value::Map(m) => {
                 let tag = m
@@ -126,11 +112,7 @@ impl<'a> Fields<'a> {
                     .find(|(k, _)| k.as_str() == Some("type"))
                     .and_then(|(_, v)| v.as_str())
                     .ok_or(DecodeError::Field("type"))?;
-                Ok(Fields {
-                    tag,
-                    positional: None,
-                    named: Some(m),
-                })
+                Ok(Fields { tag, positional: None, named: Some(m) })
             }
             _ => Err(DecodeError::Field("event")),
         }
@@ -140,10 +122,7 @@ impl<'a> Fields<'a> {
     fn get(&self, name: &str, pos: usize) -> Option<&'a Value> {
         let v = match (self.positional, self.named) {
             (Some(p), _) => p.get(pos),
-            (_, Some(m)) => m
-                .iter()
-                .find(|(k, _)| k.as_str() == Some(name))
-                .map(|(_, v)| v),
+            (_, Some(m)) => m.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v),
             _ => None,
         };
         v.filter(|v| !v.is_nil())
@@ -158,10 +137,7 @@ impl<'a> Fields<'a> {
                 .map(str::to_owned)
         };
         match (self.positional, self.named) {
-            (Some(p), _) => p
-                .iter()
-                .rev()
-                .find_map(|v| v.as_map().and_then(|m| salt_in(m))),
+            (Some(p), _) => p.iter().rev().find_map(|v| v.as_map().and_then(|m| salt_in(m))),
             (_, Some(m)) => salt_in(m).or_else(|| {
                 m.iter()
                     .find(|(k, _)| k.as_str() == Some("metadata"))
@@ -176,11 +152,7 @@ impl<'a> Fields<'a> {
 /// The salt in the first block's extra keys: the last string of `extra_keys[0]`.
 fn extra_keys_salt(v: Option<&Value>) -> Option<String> {
     let first = v?.as_array()?.first()?.as_array()?;
-    first
-        .iter()
-        .rev()
-        .find_map(|x| x.as_str())
-        .map(str::to_owned)
+    first.iter().rev().find_map(|x| x.as_str()).map(str::to_owned)
 }
 
 fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
@@ -208,10 +180,7 @@ fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
                 token_ids,
                 block_size,
                 tier: Tier::parse(f.get("medium", 5)),
-                lora_name: f
-                    .get("lora_name", 6)
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
+                lora_name: f.get("lora_name", 6).and_then(Value::as_str).map(str::to_owned),
                 salt: extra_keys_salt(f.get("extra_keys", 7)).or_else(|| f.trailing_salt()),
             })
         }
@@ -235,16 +204,9 @@ pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
         Some(Value::Integer(i)) => i.as_f64().unwrap_or(0.0),
         _ => return Err(DecodeError::Shape),
     };
-    let events = a
-        .get(1)
-        .and_then(Value::as_array)
-        .ok_or(DecodeError::Shape)?;
+    let events = a.get(1).and_then(Value::as_array).ok_or(DecodeError::Shape)?;
     let events = events.iter().map(event).collect::<Result<Vec<_>, _>>()?;
-    Ok(Batch {
-        ts,
-        events,
-        rank: a.get(2).and_then(Value::as_u64),
-    })
+    Ok(Batch { ts, events, rank: a.get(2).and_then(Value::as_u64) })
 }
 
 #[cfg(test)]
@@ -286,12 +248,7 @@ mod tests {
     #[test]
     fn decodes_map_form_sglang_variants_and_bytes_hashes() {
         let m = |pairs: Vec<(&str, Value)>| {
-            Value::Map(
-                pairs
-                    .into_iter()
-                    .map(|(k, v)| (Value::from(k), v))
-                    .collect(),
-            )
+            Value::Map(pairs.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
         };
         let stored = m(vec![
             ("type", "BlockStoredWithMetadata".into()),
@@ -312,22 +269,14 @@ mod tests {
         ]);
         let b = decode_batch(&enc(batch)).unwrap();
         match &b.events[0] {
-            EngineEvent::Stored {
-                hashes, tier, salt, ..
-            } => {
+            EngineEvent::Stored { hashes, tier, salt, .. } => {
                 assert_eq!(hashes.len(), 1);
                 assert_eq!(*tier, Tier::Cpu);
                 assert_eq!(salt.as_deref(), Some("tenant"));
             }
             e => panic!("{e:?}"),
         }
-        assert_eq!(
-            b.events[1],
-            EngineEvent::Removed {
-                hashes: vec![9],
-                tier: Tier::Gpu
-            }
-        );
+        assert_eq!(b.events[1], EngineEvent::Removed { hashes: vec![9], tier: Tier::Gpu });
         assert_eq!(b.events[2], EngineEvent::Unknown("Future".into()));
     }
 
@@ -343,10 +292,7 @@ mod tests {
             ])]),
             Value::Nil,
         ]);
-        assert_eq!(
-            decode_batch(&enc(no_tokens)),
-            Err(DecodeError::Field("token_ids"))
-        );
+        assert_eq!(decode_batch(&enc(no_tokens)), Err(DecodeError::Field("token_ids")));
     }
 
     proptest! {

@@ -74,10 +74,7 @@ impl WorkerKnowledge {
         match self.next_seq {
             None => SeqCheck::InOrder,
             Some(next) if seq == next => SeqCheck::InOrder,
-            Some(next) if seq > next => SeqCheck::Gap {
-                from: next,
-                to: seq,
-            },
+            Some(next) if seq > next => SeqCheck::Gap { from: next, to: seq },
             Some(_) => SeqCheck::Restart,
         }
     }
@@ -90,18 +87,12 @@ impl WorkerKnowledge {
 
     /// Blocks per tier.
     pub fn counts(&self) -> BTreeMap<&'static str, usize> {
-        self.tiers
-            .iter()
-            .map(|(t, s)| (t.name(), s.len()))
-            .collect()
+        self.tiers.iter().map(|(t, s)| (t.name(), s.len())).collect()
     }
 
     pub fn blocks(&self, tier: Tier) -> Vec<u64> {
-        let mut v: Vec<u64> = self
-            .tiers
-            .get(&tier)
-            .map(|s| s.iter().copied().collect())
-            .unwrap_or_default();
+        let mut v: Vec<u64> =
+            self.tiers.get(&tier).map(|s| s.iter().copied().collect()).unwrap_or_default();
         v.sort_unstable();
         v
     }
@@ -191,12 +182,7 @@ mod tests {
     use kvroute_core::hash::block_hashes;
 
     fn domain() -> DomainBase {
-        DomainBase {
-            model: "m".into(),
-            tokenizer_fingerprint: 1,
-            block_size: 4,
-            lora_name: None,
-        }
+        DomainBase { model: "m".into(), tokenizer_fingerprint: 1, block_size: 4, lora_name: None }
     }
 
     fn stored(
@@ -226,18 +212,8 @@ mod tests {
         let tokens: Vec<u32> = (0..12).collect();
         let mut w = WorkerKnowledge::default();
         // The engine publishes the chain in two events with its own (arbitrary) hashes.
-        w.apply(
-            0,
-            &stored(vec![900, 901], None, tokens[..8].to_vec(), Some("t")),
-            &d,
-            1,
-        );
-        w.apply(
-            1,
-            &stored(vec![902], Some(901), tokens[8..].to_vec(), None),
-            &d,
-            2,
-        );
+        w.apply(0, &stored(vec![900, 901], None, tokens[..8].to_vec(), Some("t")), &d, 1);
+        w.apply(1, &stored(vec![902], Some(901), tokens[8..].to_vec(), None), &d, 2);
         let want = block_hashes(d.seed(Some("t"), None), 4, &tokens);
         let mut want_sorted = want.clone();
         want_sorted.sort_unstable();
@@ -248,10 +224,7 @@ mod tests {
             &Batch {
                 ts: 0.0,
                 rank: None,
-                events: vec![EngineEvent::Removed {
-                    hashes: vec![902],
-                    tier: Tier::Gpu,
-                }],
+                events: vec![EngineEvent::Removed { hashes: vec![902], tier: Tier::Gpu }],
             },
             &d,
             3,

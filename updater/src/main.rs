@@ -34,33 +34,18 @@ struct Args {
 
 fn endpoints(spec: &str) -> anyhow::Result<Endpoints> {
     let mut parts = spec.split(',');
-    let worker = parts
-        .next()
-        .filter(|s| !s.is_empty())
-        .context("worker address missing")?;
-    worker
-        .parse::<SocketAddr>()
-        .with_context(|| format!("'{worker}' is not ip:port"))?;
+    let worker = parts.next().filter(|s| !s.is_empty()).context("worker address missing")?;
+    worker.parse::<SocketAddr>().with_context(|| format!("'{worker}' is not ip:port"))?;
     let events = parts.next().context("events endpoint missing")?.to_owned();
-    Ok(Endpoints {
-        worker: worker.to_owned(),
-        events,
-        replay: parts.next().map(str::to_owned),
-    })
+    Ok(Endpoints { worker: worker.to_owned(), events, replay: parts.next().map(str::to_owned) })
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    anyhow::ensure!(
-        args.token.len() >= 16,
-        "--token must be at least 16 characters"
-    );
-    let eps: Vec<Endpoints> = args
-        .workers
-        .iter()
-        .map(|w| endpoints(w))
-        .collect::<anyhow::Result<_>>()?;
+    anyhow::ensure!(args.token.len() >= 16, "--token must be at least 16 characters");
+    let eps: Vec<Endpoints> =
+        args.workers.iter().map(|w| endpoints(w)).collect::<anyhow::Result<_>>()?;
     let bundle = ModelBundle::demo().context("loading the tokenizer for the cache domain")?;
     let domain = DomainBase {
         model: args.model.clone(),
@@ -72,14 +57,8 @@ async fn main() -> anyhow::Result<()> {
     for ep in eps {
         tokio::spawn(follow(Arc::clone(&state), ep));
     }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .context("binding --listen")?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await.context("binding --listen")?;
     println!("kvroute-updater listening on {}", listener.local_addr()?);
-    axum::serve(
-        listener,
-        kvroute_updater::server::router(state, &args.token),
-    )
-    .await?;
+    axum::serve(listener, kvroute_updater::server::router(state, &args.token)).await?;
     Ok(())
 }

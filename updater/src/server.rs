@@ -5,7 +5,7 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
-use axum::extract::State as AxState;
+use axum::extract::{Query, State as AxState};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -27,10 +27,7 @@ pub fn router(state: Arc<State>, token: &str) -> Router {
         .route("/status", get(status))
         .route("/metrics", get(metrics))
         .route("/v1/snapshot", get(snapshot))
-        .with_state(Ctx {
-            state,
-            token: token.into(),
-        })
+        .with_state(Ctx { state, token: token.into() })
 }
 
 async fn status(AxState(c): AxState<Ctx>) -> Response {
@@ -42,17 +39,23 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn snapshot(AxState(c): AxState<Ctx>, headers: HeaderMap) -> Response {
-    let given = headers
-        .get(TOKEN_HEADER)
-        .map(|v| v.as_bytes())
-        .unwrap_or_default();
+#[derive(serde::Deserialize)]
+struct Since {
+    since: Option<u64>,
+}
+
+/// The full snapshot, or 304 when the caller already has the current version.
+async fn snapshot(
+    AxState(c): AxState<Ctx>,
+    Query(q): Query<Since>,
+    headers: HeaderMap,
+) -> Response {
+    let given = headers.get(TOKEN_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
     if !same(given, c.token.as_bytes()) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong x-kvroute-token\n",
-        )
-            .into_response();
+        return (StatusCode::UNAUTHORIZED, "missing or wrong x-kvroute-token\n").into_response();
+    }
+    if q.since == Some(c.state.version()) {
+        return StatusCode::NOT_MODIFIED.into_response();
     }
     let snap = c.state.snapshot();
     (
@@ -73,15 +76,9 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
     );
     let empty = serde_json::Map::new();
     let workers = status["workers"].as_object().unwrap_or(&empty);
-    for name in [
-        "batches",
-        "events",
-        "gaps",
-        "replays",
-        "resyncs",
-        "orphans",
-        "block_size_mismatches",
-    ] {
+    for name in
+        ["batches", "events", "gaps", "replays", "resyncs", "orphans", "block_size_mismatches"]
+    {
         let _ = writeln!(o, "# TYPE kvroute_updater_{name}_total counter");
         for (w, v) in workers {
             let _ = writeln!(

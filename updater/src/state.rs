@@ -11,9 +11,7 @@ use crate::decode::Tier;
 use crate::ingest::{DomainBase, WorkerKnowledge};
 
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Per-worker entry.
@@ -41,23 +39,9 @@ impl State {
     pub fn new(domain: DomainBase, workers: impl IntoIterator<Item = String>) -> State {
         let workers = workers
             .into_iter()
-            .map(|w| {
-                (
-                    w,
-                    Entry {
-                        compatible: true,
-                        ..Default::default()
-                    },
-                )
-            })
+            .map(|w| (w, Entry { compatible: true, ..Default::default() }))
             .collect();
-        State {
-            domain,
-            inner: Mutex::new(Inner {
-                version: 1,
-                workers,
-            }),
-        }
+        State { domain, inner: Mutex::new(Inner { version: 1, workers }) }
     }
 
     /// Runs `f` on `worker`'s entry and moves the version.
@@ -96,11 +80,7 @@ impl State {
                 }
             })
             .collect();
-        Snapshot {
-            version: inner.version,
-            generated_at_ms: now_ms(),
-            workers,
-        }
+        Snapshot { version: inner.version, generated_at_ms: now_ms(), workers }
     }
 
     /// `/status` JSON.

@@ -26,9 +26,7 @@ pub struct Endpoints {
 const END: [u8; 8] = [0xFF; 8];
 
 fn seq_of(frame: &Bytes) -> Option<u64> {
-    <[u8; 8]>::try_from(frame.as_ref())
-        .ok()
-        .map(u64::from_be_bytes)
+    <[u8; 8]>::try_from(frame.as_ref()).ok().map(u64::from_be_bytes)
 }
 
 /// Asks the replay socket for every buffered batch from `start`; returns `(seq, payload)` in
@@ -36,22 +34,14 @@ fn seq_of(frame: &Bytes) -> Option<u64> {
 pub async fn replay(endpoint: &str, start: u64) -> anyhow::Result<Vec<(u64, Bytes)>> {
     let mut dealer = zeromq::DealerSocket::new();
     tokio::time::timeout(Duration::from_secs(2), dealer.connect(endpoint)).await??;
-    let req = ZmqMessage::try_from(vec![
-        Bytes::new(),
-        Bytes::copy_from_slice(&start.to_be_bytes()),
-    ])
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let req =
+        ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())])
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     dealer.send(req).await?;
     let mut out = Vec::new();
     loop {
-        let m = tokio::time::timeout(Duration::from_secs(5), dealer.recv())
-            .await??
-            .into_vec();
-        let body: Vec<Bytes> = m
-            .into_iter()
-            .skip_while(|f| !f.is_empty())
-            .skip(1)
-            .collect();
+        let m = tokio::time::timeout(Duration::from_secs(5), dealer.recv()).await??.into_vec();
+        let body: Vec<Bytes> = m.into_iter().skip_while(|f| !f.is_empty()).skip(1).collect();
         let (seq, payload) = match body.len() {
             2 => (&body[0], &body[1]),
             3 => (&body[1], &body[2]),
@@ -165,17 +155,11 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
                 SeqCheck::InOrder => {}
                 SeqCheck::Gap { from, to } => {
                     state.update(&ep.worker, |e, _| e.knowledge.stats.gaps += 1);
-                    log_line(
-                        &ep.worker,
-                        &format!("gap: batches {from}..{to} missed, replaying"),
-                    );
+                    log_line(&ep.worker, &format!("gap: batches {from}..{to} missed, replaying"));
                     fill(&state, &ep, from, to).await;
                 }
                 SeqCheck::Restart => {
-                    log_line(
-                        &ep.worker,
-                        "publisher restarted or reconnected: full resync",
-                    );
+                    log_line(&ep.worker, "publisher restarted or reconnected: full resync");
                     state.update(&ep.worker, |e, _| {
                         e.knowledge.clear();
                         e.knowledge.stats.resyncs += 1;
@@ -191,9 +175,8 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
             log_line(&ep.worker, "event stream lost: reconnecting");
         }
         state.update(&ep.worker, |e, _| e.connected = false);
-        resync_next = state
-            .update(&ep.worker, |e, _| e.knowledge.next_seq.is_some())
-            .unwrap_or(false);
+        resync_next =
+            state.update(&ep.worker, |e, _| e.knowledge.next_seq.is_some()).unwrap_or(false);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -58,13 +58,7 @@ async fn setup(encoding: EventEncoding, shape: ReplyShape) -> Setup {
         replay: Some(format!("tcp://127.0.0.1:{}", p.replay)),
     };
     tokio::spawn(follow(Arc::clone(&state), ep));
-    Setup {
-        worker,
-        http: p.http,
-        state,
-        name,
-        bundle,
-    }
+    Setup { worker, http: p.http, state, name, bundle }
 }
 
 fn messages(conv: u64, turns: usize) -> Vec<Value> {
@@ -79,32 +73,21 @@ impl Setup {
     async fn send(&self, msgs: &[Value]) -> u64 {
         let body = json!({"model": "kvroute-demo", "messages": msgs, "max_tokens": 2});
         let r = reqwest::Client::new()
-            .post(format!(
-                "http://127.0.0.1:{}/v1/chat/completions",
-                self.http
-            ))
+            .post(format!("http://127.0.0.1:{}/v1/chat/completions", self.http))
             .json(&body)
             .send()
             .await
             .unwrap();
         let v: Value = r.json().await.unwrap();
-        v["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap()
+        v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
     }
 
     /// What the updater's knowledge predicts the worker will reuse for `msgs`.
     fn predicted(&self, msgs: &[Value]) -> u64 {
-        let tokens = self
-            .bundle
-            .prompt_tokens(&Prompt::Messages(msgs.to_vec()))
-            .unwrap();
+        let tokens = self.bundle.prompt_tokens(&Prompt::Messages(msgs.to_vec())).unwrap();
         let hashes = block_hashes(self.state.domain.seed(None, None), 16, &tokens);
-        let known: std::collections::HashSet<u64> = self.state.snapshot().workers[0]
-            .gpu
-            .iter()
-            .copied()
-            .collect();
+        let known: std::collections::HashSet<u64> =
+            self.state.snapshot().workers[0].gpu.iter().copied().collect();
         let blocks = hashes.iter().take_while(|h| known.contains(h)).count();
         // The engine recomputes the last token: a fully known prompt reuses one block less.
         (blocks.min((tokens.len() - 1) / 16) * 16) as u64
@@ -123,9 +106,7 @@ impl Setup {
     }
 
     fn stat(&self, key: &str) -> u64 {
-        self.state.status()["workers"][&self.name]["stats"][key]
-            .as_u64()
-            .unwrap_or(0)
+        self.state.status()["workers"][&self.name]["stats"][key].as_u64().unwrap_or(0)
     }
 }
 
@@ -166,17 +147,13 @@ async fn dropped_batches_are_replayed() {
         let s = setup(EventEncoding::Array, shape).await;
         warm_up(&s).await;
         let (_, log) = s.worker.current().await.unwrap();
-        log.drop_remaining
-            .store(2, std::sync::atomic::Ordering::SeqCst);
+        log.drop_remaining.store(2, std::sync::atomic::Ordering::SeqCst);
         let dropped = messages(50, 1);
         s.send(&dropped).await;
         s.send(&messages(51, 1)).await;
         // The next published batch reveals the gap; the replay fills it.
         s.send(&messages(52, 1)).await;
-        assert!(
-            s.settle(&dropped).await > 0,
-            "blocks of dropped batches never arrived"
-        );
+        assert!(s.settle(&dropped).await > 0, "blocks of dropped batches never arrived");
         assert!(s.stat("gaps") >= 1 && s.stat("replays") >= 1);
         assert_eq!(s.stat("resyncs"), 0);
     }
@@ -202,11 +179,7 @@ async fn a_restarted_publisher_triggers_a_resync() {
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     assert!(s.stat("resyncs") >= 1, "no resync after the restart");
-    assert_eq!(
-        s.predicted(&before),
-        0,
-        "knowledge from before the restart survived"
-    );
+    assert_eq!(s.predicted(&before), 0, "knowledge from before the restart survived");
     assert!(s.settle(&last).await > 0);
 }
 
@@ -222,20 +195,10 @@ async fn snapshots_need_the_token() {
     let http = reqwest::Client::new();
     assert_eq!(http.get(&url).send().await.unwrap().status(), 401);
     assert_eq!(
-        http.get(&url)
-            .header("x-kvroute-token", "wrong")
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        http.get(&url).header("x-kvroute-token", "wrong").send().await.unwrap().status(),
         401
     );
-    let r = http
-        .get(&url)
-        .header("x-kvroute-token", "0123456789abcdef")
-        .send()
-        .await
-        .unwrap();
+    let r = http.get(&url).header("x-kvroute-token", "0123456789abcdef").send().await.unwrap();
     assert_eq!(r.status(), 200);
     let snap = Snapshot::decode(&r.bytes().await.unwrap()).unwrap();
     assert_eq!(snap.workers[0].worker, s.name);

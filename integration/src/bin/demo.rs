@@ -62,10 +62,8 @@ async fn main() -> anyhow::Result<()> {
         "kvroute demo: {} workers, {} requests ({} conversations x {} turns) over {:.1} s, seed {}, schedule hash {:016x}",
         args.workers, schedule.len(), args.conversations, args.turns, span.as_secs_f64(), args.seed, schedule_hash(&schedule)
     );
-    let sim_args = vec![
-        "--prefill-ms-per-token".to_string(),
-        args.prefill_ms_per_token.to_string(),
-    ];
+    let sim_args =
+        vec!["--prefill-ms-per-token".to_string(), args.prefill_ms_per_token.to_string()];
     let profile = json!({"profile": {"prefill_ms_per_token": args.prefill_ms_per_token, "prefill_base_ms": 5.0, "decode_interference_ms": 0.5}});
     let mut results = BTreeMap::new();
     for policy in [Policy::Kvroute, Policy::LeastRequest] {
@@ -122,10 +120,7 @@ async fn replay(stack: &Stack, schedule: &[Arrival]) -> Vec<anyhow::Result<Reply
         .collect();
     let mut out = Vec::new();
     for t in tasks {
-        out.push(
-            t.await
-                .unwrap_or_else(|e| Err(anyhow::anyhow!("task failed: {e}"))),
-        );
+        out.push(t.await.unwrap_or_else(|e| Err(anyhow::anyhow!("task failed: {e}"))));
     }
     out
 }
@@ -163,11 +158,7 @@ impl Summary {
             ttft_p50_ms: q(0.5),
             ttft_p90_ms: q(0.9),
             ttft_p99_ms: q(0.99),
-            cache_hit_rate: if prompt == 0 {
-                0.0
-            } else {
-                cached as f64 / prompt as f64
-            },
+            cache_hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
             per_worker,
         })
     }
@@ -191,23 +182,13 @@ async fn decision_bench(stack: &Stack) -> anyhow::Result<()> {
         let text = kvroute_core::textgen::words(0xBE7C4 + i, 7050);
         let body = json!({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1});
         let r = client::chat(&http, &stack.base_url(), &body).await?;
-        anyhow::ensure!(
-            r.status == 200,
-            "decision bench request failed: {}",
-            r.status
-        );
+        anyhow::ensure!(r.status == 200, "decision bench request failed: {}", r.status);
         if i == 0 {
-            println!(
-                "  decision bench: prompt of {} tokens",
-                r.prompt_tokens.unwrap_or(0)
-            );
+            println!("  decision bench: prompt of {} tokens", r.prompt_tokens.unwrap_or(0));
         }
     }
     tokio::time::sleep(Duration::from_secs(6)).await; // Envoy merges histograms every 5 s.
-    let q = stack
-        .envoy
-        .histogram_quantiles("wasmcustom.kvroute.decision_time_us")
-        .await?;
+    let q = stack.envoy.histogram_quantiles("wasmcustom.kvroute.decision_time_us").await?;
     let show = |k: &str| q.get(k).map_or("n/a".to_string(), |v| format!("{v:.0}"));
     println!("  decision time for these prompts (parse + render + tokenize + hash + score), µs: p50 {} p99 {}", show("P50"), show("P99"));
     Ok(())

@@ -47,10 +47,7 @@ async fn main() -> anyhow::Result<()> {
     let mut sim = Guard::spawn("kvroute-sim", cmd, &dir.join("sim.log"))?;
     let pid = sim.pid().context("sim pid")?;
     let mut addrs = Vec::new();
-    for line in sim
-        .wait_lines("listening on", a.workers.into(), Duration::from_secs(60))
-        .await?
-    {
+    for line in sim.wait_lines("listening on", a.workers.into(), Duration::from_secs(60)).await? {
         let addr = line
             .split_whitespace()
             .skip_while(|w| *w != "on")
@@ -89,25 +86,12 @@ async fn main() -> anyhow::Result<()> {
     // Merge the per-worker lag histograms.
     let mut buckets: Vec<(f64, f64)> = Vec::new();
     for addr in &addrs {
-        let text = http
-            .get(format!("http://{addr}/metrics"))
-            .send()
-            .await?
-            .text()
-            .await?;
+        let text = http.get(format!("http://{addr}/metrics")).send().await?.text().await?;
         // Bucket lines: name_bucket{...,le="0.001"} 12
         let prefix = "kvroute_sim:step_lag_seconds_bucket{";
         for (i, line) in text.lines().filter(|l| l.starts_with(prefix)).enumerate() {
-            let le = line
-                .split("le=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or("+Inf");
-            let le: f64 = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse()?
-            };
+            let le = line.split("le=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("+Inf");
+            let le: f64 = if le == "+Inf" { f64::INFINITY } else { le.parse()? };
             let count: f64 = line.rsplit(' ').next().context("bucket count")?.parse()?;
             match buckets.get_mut(i) {
                 Some(b) => b.1 += count,
@@ -116,14 +100,8 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let steps = buckets.last().map_or(0.0, |b| b.1);
-    let p99 = buckets
-        .iter()
-        .find(|b| b.1 >= 0.99 * steps)
-        .map_or(f64::NAN, |b| b.0);
-    let p50 = buckets
-        .iter()
-        .find(|b| b.1 >= 0.5 * steps)
-        .map_or(f64::NAN, |b| b.0);
+    let p99 = buckets.iter().find(|b| b.1 >= 0.99 * steps).map_or(f64::NAN, |b| b.0);
+    let p50 = buckets.iter().find(|b| b.1 >= 0.5 * steps).map_or(f64::NAN, |b| b.0);
     println!(
         "{} workers, {:.0} req/s for {} s: {ok}/{total} ok; kvroute-sim CPU {:.2} cores; {:.0} steps; \
          scheduling lag p50 <= {:.1} ms, p99 <= {:.1} ms (bucket bounds)",

@@ -85,12 +85,7 @@ async fn run_collect(
             }
         }
     }
-    (
-        ttft.into_iter()
-            .map(|t| t.unwrap_or(Duration::MAX))
-            .collect(),
-        seen,
-    )
+    (ttft.into_iter().map(|t| t.unwrap_or(Duration::MAX)).collect(), seen)
 }
 
 async fn lone_ttft(core: &mut Core, toks: Vec<u32>) -> Duration {
@@ -113,27 +108,18 @@ async fn ttft_grows_with_uncached_tokens_not_cached_ones() {
     let ext = lone_ttft(&mut c, extended).await;
     assert!(ext < long, "{ext:?} >= {long:?}");
     let diff = ext.as_secs_f64() - short.as_secs_f64();
-    assert!(
-        diff.abs() < 0.01,
-        "extended {ext:?} vs uncached 1000 {short:?}"
-    );
+    assert!(diff.abs() < 0.01, "extended {ext:?} vs uncached 1000 {short:?}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn queueing_delays_the_second_of_two_long_prompts() {
     let (mut c, _ev) = core(config(4096, 2048));
-    let mut rx = vec![
-        submit(&mut c, tokens(1, 4000), 2).await,
-        submit(&mut c, tokens(2, 4000), 2).await,
-    ];
+    let mut rx =
+        vec![submit(&mut c, tokens(1, 4000), 2).await, submit(&mut c, tokens(2, 4000), 2).await];
     let t = run(&mut c, &mut rx).await;
     assert!(t[1] > t[0], "second {:?} not after first {:?}", t[1], t[0]);
     let alone = lone_ttft(&mut core(config(4096, 2048)).0, tokens(1, 4000)).await;
-    assert!(
-        t[1] > alone + Duration::from_millis(100),
-        "{:?} vs alone {alone:?}",
-        t[1]
-    );
+    assert!(t[1] > alone + Duration::from_millis(100), "{:?} vs alone {alone:?}", t[1]);
 }
 
 /// Applies a worker's events from sequence 0: the result is exactly its cache contents.
@@ -168,11 +154,7 @@ async fn replaying_events_reproduces_the_cache() {
         run(&mut c, &mut streams).await;
         if round == 3 {
             let (tx, rx) = oneshot::channel();
-            c.handle(Command::Evict {
-                fraction: 0.5,
-                reply: tx,
-            })
-            .await;
+            c.handle(Command::Evict { fraction: 0.5, reply: tx }).await;
             assert!(rx.await.unwrap() > 0);
         }
         assert_eq!(apply(&mut ev), c.cache.cached_set(), "round {round}");
@@ -224,10 +206,7 @@ async fn a_full_cache_preempts_and_every_request_still_finishes() {
     }
     let (_, seen) = run_collect(&mut c, &mut streams).await;
     for (i, evs) in seen.iter().enumerate() {
-        let tokens = evs
-            .iter()
-            .filter(|e| matches!(e, TokenEvent::Token { .. }))
-            .count();
+        let tokens = evs.iter().filter(|e| matches!(e, TokenEvent::Token { .. })).count();
         assert_eq!(tokens, 100, "request {i} got {tokens} tokens");
         assert!(evs.iter().any(|e| matches!(e, TokenEvent::Done { .. })));
     }
@@ -244,31 +223,20 @@ async fn random_workloads_keep_the_block_manager_invariants() {
     use rand::{rngs::StdRng, Rng, SeedableRng};
     for seed in 0..8u64 {
         let mut rng = StdRng::seed_from_u64(seed);
-        let (mut c, _ev) = core(config(
-            rng.random_range(40..200),
-            rng.random_range(64..1024),
-        ));
+        let (mut c, _ev) = core(config(rng.random_range(40..200), rng.random_range(64..1024)));
         for _ in 0..12 {
             // One request alone: its reuse must equal what the cache held before it.
             let mut t = tokens(rng.random_range(0..3), rng.random_range(0..120));
-            t.extend(tokens(
-                100 + rng.random_range(0..1000),
-                rng.random_range(1..100),
-            ));
+            t.extend(tokens(100 + rng.random_range(0..1000), rng.random_range(1..100)));
             let len = t.len();
-            let expected = c
-                .cache
-                .longest_prefix(&engine_hashes(&t, 16, None))
-                .min((len - 1) / 16)
-                * 16;
+            let expected =
+                c.cache.longest_prefix(&engine_hashes(&t, 16, None)).min((len - 1) / 16) * 16;
             let mut rx = vec![submit(&mut c, t, rng.random_range(1..40)).await];
             let (_, seen) = run_collect(&mut c, &mut rx).await;
             let cached = seen[0].iter().find_map(|e| match e {
-                TokenEvent::Done {
-                    cached_tokens,
-                    prompt_tokens,
-                    ..
-                } => Some((*cached_tokens, *prompt_tokens)),
+                TokenEvent::Done { cached_tokens, prompt_tokens, .. } => {
+                    Some((*cached_tokens, *prompt_tokens))
+                }
                 _ => None,
             });
             if let Some((cached, prompt)) = cached {
@@ -283,11 +251,7 @@ async fn random_workloads_keep_the_block_manager_invariants() {
             }
             run(&mut c, &mut burst).await;
             assert!(c.cache.cached_set().len() <= c.cache.capacity());
-            assert_eq!(
-                c.cache.used(),
-                0,
-                "seed {seed}: blocks held by an idle engine"
-            );
+            assert_eq!(c.cache.used(), 0, "seed {seed}: blocks held by an idle engine");
             assert_eq!(c.cache.ref_total(), 0);
         }
     }
