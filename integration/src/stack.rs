@@ -97,6 +97,8 @@ impl Updater {
             format!("127.0.0.1:{port}"),
             "--token".into(),
             UPDATER_TOKEN.into(),
+            "--align-interval-ms".into(),
+            "300".into(),
         ];
         for w in workers {
             args.push("--worker".into());

@@ -123,3 +123,36 @@ async fn routing_survives_an_updater_outage_and_recovers() {
             >= 1.0
     );
 }
+
+#[tokio::test]
+async fn a_worker_serving_another_template_is_flagged_incompatible() {
+    let stack = Stack::start(opts()).await.unwrap();
+    let c = Conversation::new(80, 0, 200, 10, 4);
+    let first = chat(&stack, &c, 0).await;
+    let addr = first.worker.clone().unwrap();
+    let sim = stack.workers.iter().find(|w| w.addr == addr).unwrap();
+    let template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+    sim.admin("misconfig", Some(json!({"chat_template": template}))).await.unwrap();
+    sim.admin("restart", None).await.unwrap();
+    let updater = stack.updater.as_ref().unwrap();
+    let reason = eventually("incompatible verdict", Duration::from_secs(15), || async {
+        let s = updater.status().await.ok()?;
+        let w = &s["workers"][&addr];
+        (w["compatible"] == false).then(|| w["alignment"].as_str().unwrap_or("").to_owned())
+    })
+    .await
+    .unwrap();
+    assert!(reason.contains("canary"), "unexpected reason: {reason}");
+    // The filter gives the misconfigured worker no cache credit.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for t in 1..4 {
+        let r = chat(&stack, &c, t).await;
+        if r.worker.as_deref() == Some(addr.as_str()) {
+            assert_eq!(
+                field(&r, "predicted_cached_tokens"),
+                0,
+                "credit for an incompatible worker"
+            );
+        }
+    }
+}

@@ -147,13 +147,11 @@ impl Worker {
             .await
             .with_context(|| format!("binding HTTP port {}", ports.http))?;
         let mut publisher = zeromq::PubSocket::new();
-        let pub_ep = publisher
-            .bind(&format!("tcp://{}:{}", self.spec.host, ports.events))
+        let pub_ep = bind_retrying(&mut publisher, self.spec.host, ports.events)
             .await
             .context("binding the KV-event PUB socket")?;
         let mut replay = zeromq::RouterSocket::new();
-        let replay_ep = replay
-            .bind(&format!("tcp://{}:{}", self.spec.host, ports.replay))
+        let replay_ep = bind_retrying(&mut replay, self.spec.host, ports.replay)
             .await
             .context("binding the replay ROUTER socket")?;
         let bound = Ports {
@@ -223,6 +221,25 @@ impl Worker {
         self.ports.lock().unwrap_or_else(|e| e.into_inner()).admin = l.local_addr()?.port();
         Ok(l)
     }
+}
+
+/// Binds a ZMQ socket; after a crash the old sockets' accept loops close asynchronously, so a
+/// restart retries for a short while when the port is still taken.
+async fn bind_retrying<S: Socket>(
+    socket: &mut S,
+    host: IpAddr,
+    port: u16,
+) -> anyhow::Result<zeromq::Endpoint> {
+    let endpoint = format!("tcp://{host}:{port}");
+    let mut last = None;
+    for _ in 0..60 {
+        match socket.bind(&endpoint).await {
+            Ok(ep) => return Ok(ep),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Err(last.map_or_else(|| anyhow::anyhow!("bind failed"), anyhow::Error::from))
 }
 
 fn endpoint_port(ep: &str) -> Option<u16> {

@@ -4,8 +4,10 @@
 //!
 //! Where to start: [`subscriber::follow`] runs per worker (SUB socket, gaps, replay, resync);
 //! [`ingest::WorkerKnowledge`] applies decoded batches ([`decode`]); [`state::State`] holds all
-//! workers and the snapshot version; [`server`] is the HTTP surface.
+//! workers and the snapshot version; [`alignment`] checks each worker's announced config;
+//! [`server`] is the HTTP surface.
 
+pub mod alignment;
 pub mod decode;
 pub mod ingest;
 pub mod server;

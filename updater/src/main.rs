@@ -26,6 +26,9 @@ struct Args {
     /// The engines' KV block size.
     #[arg(long, default_value_t = 16)]
     block_size: u32,
+    /// How often each worker's config alignment is checked (ms).
+    #[arg(long, default_value_t = 10_000)]
+    align_interval_ms: u64,
     /// A worker: `HTTP_ADDR,EVENTS_ENDPOINT[,REPLAY_ENDPOINT]`, e.g.
     /// `127.0.0.1:8000,tcp://127.0.0.1:5557,tcp://127.0.0.1:5558`. Repeat per worker.
     #[arg(long = "worker", required = true)]
@@ -54,9 +57,12 @@ async fn main() -> anyhow::Result<()> {
         lora_name: None,
     };
     let state = Arc::new(State::new(domain, eps.iter().map(|e| e.worker.clone())));
+    let names: Vec<String> = eps.iter().map(|e| e.worker.clone()).collect();
     for ep in eps {
         tokio::spawn(follow(Arc::clone(&state), ep));
     }
+    let interval = std::time::Duration::from_millis(args.align_interval_ms.max(100));
+    tokio::spawn(kvroute_updater::alignment::run(Arc::clone(&state), names, bundle, interval));
     let listener = tokio::net::TcpListener::bind(args.listen).await.context("binding --listen")?;
     println!("kvroute-updater listening on {}", listener.local_addr()?);
     axum::serve(listener, kvroute_updater::server::router(state, &args.token)).await?;

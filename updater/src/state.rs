@@ -21,6 +21,10 @@ pub struct Entry {
     pub connected: bool,
     /// False when the worker's announced config does not match kvroute's.
     pub compatible: bool,
+    /// Why it is incompatible, or the last check's error.
+    pub alignment: Option<String>,
+    /// Block-size mismatches in events seen by the last alignment pass.
+    pub mismatches_seen: u64,
 }
 
 #[derive(Debug)]
@@ -99,6 +103,7 @@ impl State {
                     serde_json::json!({
                         "connected": e.connected,
                         "compatible": e.compatible,
+                    "alignment": e.alignment,
                         "next_seq": k.next_seq,
                         "blocks": k.counts(),
                         "last_event_age_ms": age,
