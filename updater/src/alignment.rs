@@ -103,18 +103,6 @@ async fn check_inner(
     Ok(Verdict::Compatible)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_block_size_from_cache_config_info() {
-        let m = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"32\",engine=\"0\"} 1.0\n";
-        assert_eq!(announced_block_size(m), Some(32));
-        assert_eq!(announced_block_size("nothing"), None);
-    }
-}
-
 /// Checks every worker now and then every `interval`, updating their verdicts. Block-size
 /// mismatches seen in a worker's events also make it incompatible.
 pub async fn run(
@@ -151,5 +139,17 @@ pub async fn run(
             });
         }
         tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_block_size_from_cache_config_info() {
+        let m = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"32\",engine=\"0\"} 1.0\n";
+        assert_eq!(announced_block_size(m), Some(32));
+        assert_eq!(announced_block_size("nothing"), None);
     }
 }
