@@ -5,6 +5,7 @@
 use thiserror::Error;
 
 use crate::index::Source;
+use crate::wire::Reader;
 
 const VERSION: u8 = 1;
 /// Most hashes one entry carries (a 128 k-token prompt at block size 16 is 8192 blocks).
@@ -63,56 +64,32 @@ impl JournalEntry {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, JournalError> {
-        let mut r = Reader(bytes);
-        let version = r.u8()?;
+        let mut r = Reader::new(bytes);
+        let t = || JournalError::Truncated;
+        let version = r.u8().ok_or_else(t)?;
         if version != VERSION {
             return Err(JournalError::Version(version));
         }
-        let seq = r.u64()?;
-        let at_ms = r.u64()?;
-        let source = match r.u8()? {
+        let seq = r.u64().ok_or_else(t)?;
+        let at_ms = r.u64().ok_or_else(t)?;
+        let source = match r.u8().ok_or_else(t)? {
             0 => Source::KvEvent,
             1 => Source::Routed,
             2 => Source::Feedback,
             s => return Err(JournalError::Source(s)),
         };
-        let wlen = r.u8()? as usize;
-        let worker = String::from_utf8(r.take(wlen)?.to_vec()).map_err(|_| JournalError::Worker)?;
-        let n = r.u32()? as usize;
+        let wlen = r.u8().ok_or_else(t)? as usize;
+        let worker = String::from_utf8(r.take(wlen).ok_or_else(t)?.to_vec())
+            .map_err(|_| JournalError::Worker)?;
+        let n = r.u32().ok_or_else(t)? as usize;
         if n > MAX_HASHES {
             return Err(JournalError::TooMany(n));
         }
-        let hashes = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
-        if !r.0.is_empty() {
+        let hashes = (0..n).map(|_| r.u64().ok_or_else(t)).collect::<Result<Vec<_>, _>>()?;
+        if r.remaining() != 0 {
             return Err(JournalError::Trailing);
         }
         Ok(JournalEntry { seq, at_ms, source, worker, hashes })
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], JournalError> {
-        if self.0.len() < n {
-            return Err(JournalError::Truncated);
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-    fn u8(&mut self) -> Result<u8, JournalError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, JournalError> {
-        let mut b = [0u8; 4];
-        b.copy_from_slice(self.take(4)?);
-        Ok(u32::from_le_bytes(b))
-    }
-    fn u64(&mut self) -> Result<u64, JournalError> {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(b))
     }
 }
 

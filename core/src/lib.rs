@@ -34,3 +34,4 @@ pub mod textgen;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod train;
 pub mod usage;
+mod wire;

@@ -341,4 +341,37 @@ mod tests {
         let d2 = r.decide(&q, 0, &busy, 1, 0).unwrap();
         assert_ne!(d2.primary().unwrap().worker, "127.0.0.1:1");
     }
+
+    #[test]
+    fn snapshots_credit_events_and_incompatible_workers_get_none() {
+        use crate::snapshot::{Snapshot, WorkerKnowledge};
+        let mut r = router();
+        let idle = |_: &str| WorkerLoad::default();
+        let q = req(None, &LONG.repeat(20));
+        let d = r.decide(&q, 0, &idle, 0, 0).unwrap();
+        let view = |w: &str, compatible| WorkerKnowledge {
+            worker: w.into(),
+            observed_at_ms: 100,
+            compatible,
+            gpu: d.block_hashes.clone(),
+            offloaded: vec![],
+        };
+        let snap = Snapshot {
+            version: 2,
+            generated_at_ms: 100,
+            workers: vec![view("127.0.0.1:2", true), view("127.0.0.1:3", false)],
+        };
+        r.apply_snapshot(&snap);
+        r.events_checked(100);
+        let d2 = r.decide(&q, 0, &idle, 150, 0).unwrap();
+        assert_eq!(d2.primary().unwrap().worker, "127.0.0.1:2");
+        assert_eq!(d2.blocks_from_events, d.block_hashes.len());
+        assert_eq!(d2.fallback, None);
+        let incompatible = d2.ranked.iter().find(|s| s.worker == "127.0.0.1:3").unwrap();
+        assert_eq!(incompatible.cached_tokens, 0, "an incompatible worker got cache credit");
+        // Unconfirmed past the age limit: events no longer count, and the decision says so.
+        let d3 = r.decide(&q, 0, &idle, 100 + 6_000, 0).unwrap();
+        assert_eq!(d3.fallback, Some(FallbackReason::StaleEvents));
+        assert_eq!(d3.blocks_from_events, 0);
+    }
 }

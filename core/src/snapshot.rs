@@ -5,6 +5,8 @@
 
 use thiserror::Error;
 
+use crate::wire::Reader;
+
 /// Format version of the encoding below.
 pub const SNAPSHOT_FORMAT: u8 = 1;
 const MAGIC: &[u8; 4] = b"KVRS";
@@ -85,76 +87,49 @@ impl Snapshot {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
-        let mut r = Reader(bytes);
-        if r.take(4)? != MAGIC {
+        let mut r = Reader::new(bytes);
+        let t = || SnapshotError::Truncated;
+        if r.take(4).ok_or_else(t)? != MAGIC {
             return Err(SnapshotError::Magic);
         }
-        let format = r.u8()?;
+        let format = r.u8().ok_or_else(t)?;
         if format != SNAPSHOT_FORMAT {
             return Err(SnapshotError::Format(format));
         }
-        let version = r.u64()?;
-        let generated_at_ms = r.u64()?;
-        let n = r.u32()? as usize;
+        let version = r.u64().ok_or_else(t)?;
+        let generated_at_ms = r.u64().ok_or_else(t)?;
+        let n = r.u32().ok_or_else(t)? as usize;
         if n > MAX_WORKERS {
             return Err(SnapshotError::TooLarge(n));
         }
         let mut workers = Vec::with_capacity(n.min(64));
         for _ in 0..n {
-            let len = r.u16()? as usize;
-            let worker =
-                String::from_utf8(r.take(len)?.to_vec()).map_err(|_| SnapshotError::Utf8)?;
-            let observed_at_ms = r.u64()?;
-            let compatible = r.u8()? != 0;
-            let gpu = r.hashes()?;
-            let offloaded = r.hashes()?;
+            let len = r.u16().ok_or_else(t)? as usize;
+            let worker = String::from_utf8(r.take(len).ok_or_else(t)?.to_vec())
+                .map_err(|_| SnapshotError::Utf8)?;
+            let observed_at_ms = r.u64().ok_or_else(t)?;
+            let compatible = r.u8().ok_or_else(t)? != 0;
+            let gpu = hashes(&mut r)?;
+            let offloaded = hashes(&mut r)?;
             workers.push(WorkerKnowledge { worker, observed_at_ms, compatible, gpu, offloaded });
         }
-        if !r.0.is_empty() {
+        if r.remaining() != 0 {
             return Err(SnapshotError::Trailing);
         }
         Ok(Snapshot { version, generated_at_ms, workers })
     }
 }
 
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
-        if self.0.len() < n {
-            return Err(SnapshotError::Truncated);
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
+/// Reads a hash list, refusing counts past the bound or past the end of the payload.
+fn hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, SnapshotError> {
+    let n = r.u32().ok_or(SnapshotError::Truncated)? as usize;
+    if n > MAX_HASHES_PER_WORKER {
+        return Err(SnapshotError::TooLarge(n));
     }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], SnapshotError> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
+    if r.remaining() < n * 8 {
+        return Err(SnapshotError::Truncated);
     }
-    fn u8(&mut self) -> Result<u8, SnapshotError> {
-        Ok(self.array::<1>()?[0])
-    }
-    fn u16(&mut self) -> Result<u16, SnapshotError> {
-        Ok(u16::from_le_bytes(self.array()?))
-    }
-    fn u32(&mut self) -> Result<u32, SnapshotError> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-    fn u64(&mut self) -> Result<u64, SnapshotError> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-    fn hashes(&mut self) -> Result<Vec<u64>, SnapshotError> {
-        let n = self.u32()? as usize;
-        if n > MAX_HASHES_PER_WORKER {
-            return Err(SnapshotError::TooLarge(n));
-        }
-        if self.0.len() < n * 8 {
-            return Err(SnapshotError::Truncated);
-        }
-        (0..n).map(|_| self.u64()).collect()
-    }
+    (0..n).map(|_| r.u64().ok_or(SnapshotError::Truncated)).collect()
 }
 
 #[cfg(test)]

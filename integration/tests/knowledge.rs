@@ -30,14 +30,31 @@ async fn chat(stack: &Stack, c: &Conversation, turn: usize) -> Reply {
     r
 }
 
-/// Waits until the filter's decisions credit blocks from events (the snapshot arrived).
+/// Waits until the filter's decisions credit blocks from events (the snapshot arrived); on
+/// timeout, fails with the updater's status and the singleton's counters.
 async fn events_reach_the_filter(stack: &Stack, c: &Conversation, turn: usize) -> Reply {
-    eventually("event knowledge in decisions", Duration::from_secs(15), || async {
+    let found = eventually("event knowledge in decisions", Duration::from_secs(40), || async {
         let r = chat(stack, c, turn).await;
         (field(&r, "blocks_from_events") > 0).then_some(r)
     })
-    .await
-    .unwrap()
+    .await;
+    match found {
+        Ok(r) => r,
+        Err(e) => {
+            let status = match &stack.updater {
+                Some(u) => {
+                    u.status().await.map(|v| v.to_string()).unwrap_or_else(|e| e.to_string())
+                }
+                None => "no updater".into(),
+            };
+            let m = stack.envoy.prometheus().await.unwrap_or_default();
+            let sync: Vec<_> = m.iter().filter(|(k, _)| k.starts_with("kvroute_sync")).collect();
+            panic!(
+                "{e}\nupdater status: {status}\nsingleton: {sync:?}\nlogs in {}",
+                stack.dir.display()
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -128,8 +128,9 @@ pub struct EngineStats {
 const TIMER_TICK: Duration = Duration::from_millis(1);
 
 /// Buckets in seconds, shared by the TTFT and step-lag histograms.
-pub const BUCKETS: [f64; 16] = [
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+pub const BUCKETS: [f64; 17] = [
+    0.0005, 0.001, 0.0015, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0,
 ];
 
 /// A fixed-bucket histogram (Prometheus style).

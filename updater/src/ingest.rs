@@ -72,6 +72,8 @@ impl WorkerKnowledge {
     /// Classifies `seq`; the caller replays or resyncs as told, then calls [`apply`].
     pub fn check(&self, seq: u64) -> SeqCheck {
         match self.next_seq {
+            // The first batch seen: anything published before it is fetched from replay.
+            None if seq > 0 => SeqCheck::Gap { from: 0, to: seq },
             None => SeqCheck::InOrder,
             Some(next) if seq == next => SeqCheck::InOrder,
             Some(next) if seq > next => SeqCheck::Gap { from: next, to: seq },
@@ -251,7 +253,8 @@ mod tests {
     #[test]
     fn sequence_checks() {
         let mut w = WorkerKnowledge::default();
-        assert_eq!(w.check(5), SeqCheck::InOrder);
+        assert_eq!(w.check(0), SeqCheck::InOrder);
+        assert_eq!(w.check(5), SeqCheck::Gap { from: 0, to: 5 });
         w.next_seq = Some(6);
         assert_eq!(w.check(6), SeqCheck::InOrder);
         assert_eq!(w.check(9), SeqCheck::Gap { from: 6, to: 9 });

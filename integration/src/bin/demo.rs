@@ -72,6 +72,8 @@ async fn main() -> anyhow::Result<()> {
             workers: args.workers,
             sim_args: sim_args.clone(),
             model_overrides: profile.clone(),
+            // kvroute learns from the workers' KV events through kvroute-updater.
+            updater: policy == Policy::Kvroute,
             ..Default::default()
         };
         let started = Instant::now();
@@ -201,7 +203,7 @@ fn report(results: &BTreeMap<&str, Summary>, args: &Args, hash: u64) -> anyhow::
     md.push_str(&format!(
         "## kvroute vs LEAST_REQUEST\n\nScope: {} simulated workers (profile llama3-8b-h100, prefill raised to {} ms/token), \
          {} conversations x {} turns, system prompt {} words, seed {}, schedule hash {hash:016x}, \
-         knowledge: routing history + response feedback.\n\n",
+         knowledge for kvroute: KV events via kvroute-updater (100 ms snapshot tick) + routing history + response feedback.\n\n",
         args.workers, args.prefill_ms_per_token, args.conversations, args.turns, args.system_words, args.seed
     ));
     md.push_str("| policy | ok | TTFT p50 (ms) | TTFT p90 (ms) | TTFT p99 (ms) | cache-hit rate | requests per worker |\n|---|---|---|---|---|---|---|\n");
