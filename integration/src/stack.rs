@@ -89,6 +89,7 @@ pub struct Updater {
 impl Updater {
     async fn start(
         port: u16,
+        envoy_admin: u16,
         workers: &[SimWorker],
         dir: &std::path::Path,
     ) -> anyhow::Result<Updater> {
@@ -99,6 +100,8 @@ impl Updater {
             UPDATER_TOKEN.into(),
             "--align-interval-ms".into(),
             "300".into(),
+            "--envoy-admin".into(),
+            format!("http://127.0.0.1:{envoy_admin}"),
         ];
         for w in workers {
             args.push("--worker".into());
@@ -203,7 +206,7 @@ impl Stack {
             updater: paths::free_port()?,
         };
         let updater = match opts.updater {
-            true => Some(Updater::start(ports.updater, &workers, &dir).await?),
+            true => Some(Updater::start(ports.updater, ports.admin, &workers, &dir).await?),
             false => None,
         };
         let filter = filter_config(&addrs, &opts);

@@ -173,3 +173,34 @@ async fn a_worker_serving_another_template_is_flagged_incompatible() {
         }
     }
 }
+
+#[tokio::test]
+async fn envoy_health_checks_decide_membership_and_load_is_scraped() {
+    let stack = Stack::start(opts()).await.unwrap();
+    let c = Conversation::new(81, 0, 200, 10, 3);
+    chat(&stack, &c, 0).await;
+    let addr = events_reach_the_filter(&stack, &c, 1).await.worker.unwrap();
+    let updater = stack.updater.as_ref().unwrap();
+    let status = updater.status().await.unwrap();
+    let w = &status["workers"][&addr];
+    assert!(w["reported_load"]["running"].is_number(), "no scraped load: {w}");
+    assert!(w["reported_load_age_ms"].as_u64().is_some());
+    assert!(w["blocks"]["GPU"].as_u64().unwrap_or(0) > 0);
+    // The worker's HTTP port goes away: Envoy's health checks drop it, the updater purges it.
+    let sim = stack.workers.iter().find(|s| s.addr == addr).unwrap();
+    sim.admin("crash", None).await.unwrap();
+    eventually("worker purged", Duration::from_secs(20), || async {
+        let s = updater.status().await.ok()?;
+        let w = &s["workers"][&addr];
+        (w["member"] == false && w["blocks"]["GPU"].as_u64().unwrap_or(0) == 0).then_some(())
+    })
+    .await
+    .unwrap();
+    sim.admin("restart", None).await.unwrap();
+    eventually("worker back in the pool", Duration::from_secs(20), || async {
+        let s = updater.status().await.ok()?;
+        (s["workers"][&addr]["member"] == true).then_some(())
+    })
+    .await
+    .unwrap();
+}

@@ -29,6 +29,16 @@ struct Args {
     /// How often each worker's config alignment is checked (ms).
     #[arg(long, default_value_t = 10_000)]
     align_interval_ms: u64,
+    /// How often each worker's `/metrics` is scraped (ms).
+    #[arg(long, default_value_t = 500)]
+    scrape_interval_ms: u64,
+    /// Envoy's admin address (e.g. `http://127.0.0.1:9901`): its health checks decide which
+    /// workers are in the pool. Without it, every configured worker is.
+    #[arg(long)]
+    envoy_admin: Option<String>,
+    /// The Envoy cluster holding the workers.
+    #[arg(long, default_value = "workers")]
+    envoy_cluster: String,
     /// A worker: `HTTP_ADDR,EVENTS_ENDPOINT[,REPLAY_ENDPOINT]`, e.g.
     /// `127.0.0.1:8000,tcp://127.0.0.1:5557,tcp://127.0.0.1:5558`. Repeat per worker.
     #[arg(long = "worker", required = true)]
@@ -62,6 +72,17 @@ async fn main() -> anyhow::Result<()> {
         tokio::spawn(follow(Arc::clone(&state), ep));
     }
     let interval = std::time::Duration::from_millis(args.align_interval_ms.max(100));
+    let scrape = std::time::Duration::from_millis(args.scrape_interval_ms.max(50));
+    tokio::spawn(kvroute_updater::scrape::run_scrape(Arc::clone(&state), names.clone(), scrape));
+    if let Some(admin) = args.envoy_admin.clone() {
+        let cluster = args.envoy_cluster.clone();
+        tokio::spawn(kvroute_updater::scrape::run_membership(
+            Arc::clone(&state),
+            admin,
+            cluster,
+            names.clone(),
+        ));
+    }
     tokio::spawn(kvroute_updater::alignment::run(Arc::clone(&state), names, bundle, interval));
     let listener = tokio::net::TcpListener::bind(args.listen).await.context("binding --listen")?;
     println!("kvroute-updater listening on {}", listener.local_addr()?);

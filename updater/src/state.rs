@@ -25,6 +25,10 @@ pub struct Entry {
     pub alignment: Option<String>,
     /// Block-size mismatches in events seen by the last alignment pass.
     pub mismatches_seen: u64,
+    /// Whether Envoy's health checks keep this worker in the pool (true without an Envoy).
+    pub member: bool,
+    /// What the worker last reported about its load.
+    pub load: Option<crate::scrape::ReportedLoad>,
 }
 
 #[derive(Debug)]
@@ -43,7 +47,7 @@ impl State {
     pub fn new(domain: DomainBase, workers: impl IntoIterator<Item = String>) -> State {
         let workers = workers
             .into_iter()
-            .map(|w| (w, Entry { compatible: true, ..Default::default() }))
+            .map(|w| (w, Entry { compatible: true, member: true, ..Default::default() }))
             .collect();
         State { domain, inner: Mutex::new(Inner { version: 1, workers }) }
     }
@@ -104,6 +108,9 @@ impl State {
                         "connected": e.connected,
                         "compatible": e.compatible,
                     "alignment": e.alignment,
+                    "member": e.member,
+                    "reported_load": e.load,
+                    "reported_load_age_ms": e.load.as_ref().map(|l| now.saturating_sub(l.observed_at_ms)),
                         "next_seq": k.next_seq,
                         "blocks": k.counts(),
                         "last_event_age_ms": age,

@@ -59,7 +59,14 @@ pub async fn replay(endpoint: &str, start: u64) -> anyhow::Result<Vec<(u64, Byte
 fn apply(state: &State, worker: &str, seq: u64, payload: &[u8]) {
     match decode_batch(payload) {
         Ok(batch) => {
-            state.update(worker, |e, d| e.knowledge.apply(seq, &batch, d, now_ms()));
+            state.update(worker, |e, d| {
+                if e.member {
+                    e.knowledge.apply(seq, &batch, d, now_ms());
+                } else {
+                    // Out of the pool: events are not indexed (resynced when it returns).
+                    e.knowledge.next_seq = Some(seq + 1);
+                }
+            });
         }
         Err(e) => {
             log_line(worker, &format!("undecodable batch {seq}: {e}"));

@@ -1,0 +1,153 @@
+//! Worker-reported load from `/metrics` (vLLM and SGLang names), each value stamped with the
+//! time it was observed, and Envoy's view of which workers are in the pool (admin `/clusters`).
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+/// Load a worker reported about itself.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ReportedLoad {
+    pub running: Option<f64>,
+    pub waiting: Option<f64>,
+    /// KV-cache usage, 0..1.
+    pub kv_usage: Option<f64>,
+    /// Unix ms of the scrape.
+    pub observed_at_ms: u64,
+}
+
+/// The first sample of `name` (labels ignored) in a Prometheus text exposition.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            return None;
+        }
+        l.rsplit(' ').next()?.parse().ok()
+    })
+}
+
+/// Reads vLLM's gauges, or SGLang's where vLLM's are absent.
+pub fn parse_load(text: &str, observed_at_ms: u64) -> ReportedLoad {
+    ReportedLoad {
+        running: sample(text, "vllm:num_requests_running")
+            .or_else(|| sample(text, "sglang:num_running_reqs")),
+        waiting: sample(text, "vllm:num_requests_waiting")
+            .or_else(|| sample(text, "sglang:num_queue_reqs")),
+        kv_usage: sample(text, "vllm:kv_cache_usage_perc")
+            .or_else(|| sample(text, "vllm:gpu_cache_usage_perc"))
+            .or_else(|| sample(text, "sglang:token_usage")),
+        observed_at_ms,
+    }
+}
+
+/// Healthy hosts of `cluster` in Envoy's admin `/clusters` text output.
+pub fn healthy_members(clusters: &str, cluster: &str) -> BTreeSet<String> {
+    let prefix = format!("{cluster}::");
+    clusters
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (host, tail) = rest.split_once("::")?;
+            let flags = tail.strip_prefix("health_flags::")?;
+            (flags == "healthy").then(|| host.to_owned())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_vllm_and_sglang_gauges() {
+        let vllm = "# HELP x\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n";
+        assert_eq!(
+            parse_load(vllm, 7),
+            ReportedLoad {
+                running: Some(3.0),
+                waiting: Some(1.0),
+                kv_usage: Some(0.25),
+                observed_at_ms: 7
+            }
+        );
+        let sglang = "sglang:num_running_reqs{model_name=\"m\"} 5.0\nsglang:num_queue_reqs{model_name=\"m\"} 2.0\nsglang:token_usage{model_name=\"m\"} 0.5\n";
+        let l = parse_load(sglang, 1);
+        assert_eq!((l.running, l.waiting, l.kv_usage), (Some(5.0), Some(2.0), Some(0.5)));
+        assert_eq!(parse_load("vllm:num_requests_running_total 9\n", 0).running, None);
+    }
+
+    #[test]
+    fn reads_healthy_hosts_from_envoy_clusters() {
+        let text = "workers::127.0.0.1:8001::health_flags::healthy\n\
+                    workers::127.0.0.1:8002::health_flags::/failed_active_hc\n\
+                    workers::127.0.0.1:8001::cx_active::0\n\
+                    other::127.0.0.1:9::health_flags::healthy\n";
+        let m = healthy_members(text, "workers");
+        assert_eq!(m.into_iter().collect::<Vec<_>>(), vec!["127.0.0.1:8001".to_string()]);
+    }
+}
+
+/// Scrapes every worker's `/metrics` every `interval`, storing what each reports.
+pub async fn run_scrape(
+    state: std::sync::Arc<crate::state::State>,
+    workers: Vec<String>,
+    interval: std::time::Duration,
+) {
+    let http = reqwest::Client::new();
+    loop {
+        for w in &workers {
+            let got = http
+                .get(format!("http://{w}/metrics"))
+                .timeout(std::time::Duration::from_secs(2))
+                .send()
+                .await;
+            if let Ok(text) = match got {
+                Ok(r) => r.text().await,
+                Err(e) => Err(e),
+            } {
+                let load = parse_load(&text, crate::state::now_ms());
+                state.update(w, |e, _| e.load = Some(load));
+            }
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// Follows Envoy's admin `/clusters`: a worker Envoy's health checks drop leaves the pool, its
+/// blocks are purged and its events ignored; when it returns, its stream is resynced from
+/// replay. Without an answer from Envoy (or without the cluster in it) membership stays as is.
+pub async fn run_membership(
+    state: std::sync::Arc<crate::state::State>,
+    admin: String,
+    cluster: String,
+    workers: Vec<String>,
+) {
+    let http = reqwest::Client::new();
+    let listed = format!("{cluster}::");
+    loop {
+        let text = match http
+            .get(format!("{admin}/clusters"))
+            .timeout(std::time::Duration::from_secs(2))
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() => r.text().await.ok(),
+            _ => None,
+        };
+        if let Some(text) = text.filter(|t| t.contains(&listed)) {
+            let healthy = healthy_members(&text, &cluster);
+            for w in &workers {
+                let member = healthy.contains(w);
+                state.update(w, |e, _| {
+                    if e.member != member {
+                        e.knowledge.clear();
+                        e.knowledge.next_seq = None;
+                    }
+                    e.member = member;
+                });
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
