@@ -55,39 +55,6 @@ pub fn healthy_members(clusters: &str, cluster: &str) -> BTreeSet<String> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_vllm_and_sglang_gauges() {
-        let vllm = "# HELP x\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n";
-        assert_eq!(
-            parse_load(vllm, 7),
-            ReportedLoad {
-                running: Some(3.0),
-                waiting: Some(1.0),
-                kv_usage: Some(0.25),
-                observed_at_ms: 7
-            }
-        );
-        let sglang = "sglang:num_running_reqs{model_name=\"m\"} 5.0\nsglang:num_queue_reqs{model_name=\"m\"} 2.0\nsglang:token_usage{model_name=\"m\"} 0.5\n";
-        let l = parse_load(sglang, 1);
-        assert_eq!((l.running, l.waiting, l.kv_usage), (Some(5.0), Some(2.0), Some(0.5)));
-        assert_eq!(parse_load("vllm:num_requests_running_total 9\n", 0).running, None);
-    }
-
-    #[test]
-    fn reads_healthy_hosts_from_envoy_clusters() {
-        let text = "workers::127.0.0.1:8001::health_flags::healthy\n\
-                    workers::127.0.0.1:8002::health_flags::/failed_active_hc\n\
-                    workers::127.0.0.1:8001::cx_active::0\n\
-                    other::127.0.0.1:9::health_flags::healthy\n";
-        let m = healthy_members(text, "workers");
-        assert_eq!(m.into_iter().collect::<Vec<_>>(), vec!["127.0.0.1:8001".to_string()]);
-    }
-}
-
 /// Scrapes every worker's `/metrics` every `interval`, storing what each reports.
 pub async fn run_scrape(
     state: std::sync::Arc<crate::state::State>,
@@ -149,5 +116,38 @@ pub async fn run_membership(
             }
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_vllm_and_sglang_gauges() {
+        let vllm = "# HELP x\nvllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n";
+        assert_eq!(
+            parse_load(vllm, 7),
+            ReportedLoad {
+                running: Some(3.0),
+                waiting: Some(1.0),
+                kv_usage: Some(0.25),
+                observed_at_ms: 7
+            }
+        );
+        let sglang = "sglang:num_running_reqs{model_name=\"m\"} 5.0\nsglang:num_queue_reqs{model_name=\"m\"} 2.0\nsglang:token_usage{model_name=\"m\"} 0.5\n";
+        let l = parse_load(sglang, 1);
+        assert_eq!((l.running, l.waiting, l.kv_usage), (Some(5.0), Some(2.0), Some(0.5)));
+        assert_eq!(parse_load("vllm:num_requests_running_total 9\n", 0).running, None);
+    }
+
+    #[test]
+    fn reads_healthy_hosts_from_envoy_clusters() {
+        let text = "workers::127.0.0.1:8001::health_flags::healthy\n\
+                    workers::127.0.0.1:8002::health_flags::/failed_active_hc\n\
+                    workers::127.0.0.1:8001::cx_active::0\n\
+                    other::127.0.0.1:9::health_flags::healthy\n";
+        let m = healthy_members(text, "workers");
+        assert_eq!(m.into_iter().collect::<Vec<_>>(), vec!["127.0.0.1:8001".to_string()]);
     }
 }
