@@ -202,7 +202,27 @@ impl KnowledgeIndex {
                 None => break,
             }
         }
+        // Credit from events fades over the second half of their allowed age.
+        let w = self.event_weight(now_ms);
+        if m.from_events > 0 && w < 1.0 {
+            let kept = (m.from_events as f64 * w) as usize;
+            m.blocks -= m.from_events - kept;
+            m.from_events = kept;
+        }
         m
+    }
+
+    /// Weight of event knowledge at `now_ms`: 1 while younger than half the allowed age, then
+    /// falling linearly to 0 at the limit.
+    pub fn event_weight(&self, now_ms: u64) -> f64 {
+        let Some(at) = self.events_checked_at_ms else { return 1.0 };
+        let age = now_ms.saturating_sub(at) as f64;
+        let max = self.trust.max_age_ms.max(1) as f64;
+        if age <= max / 2.0 {
+            1.0
+        } else {
+            ((max - age) / (max / 2.0)).clamp(0.0, 1.0)
+        }
     }
 
     /// Drops expired observations from the old end of each worker's list.
@@ -274,6 +294,10 @@ mod tests {
         // A prediction made after the last event still counts.
         ix.insert("a", &[1, 2], Source::Routed, 700);
         assert_eq!(ix.prefix_match("a", &[1, 2, 3], 750).blocks, 2);
+        // Three quarters of the allowed age: event credit is halved.
+        ix.set_events("a", &[1, 2, 3, 4], 500);
+        assert_eq!(ix.prefix_match("a", &[1, 2, 3, 4], 500 + 750).from_events, 2);
+        ix.set_events("a", &[1], 500);
         // Unconfirmed for longer than max_age: events are ignored, history counts again.
         assert_eq!(ix.event_state(2000), (true, false));
         assert_eq!(ix.prefix_match("a", &[1, 2, 3], 2000).from_events, 0);
