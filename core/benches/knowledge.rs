@@ -79,6 +79,7 @@ fn main() {
                     compatible: true,
                     gpu,
                     offloaded: vec![],
+                    load: None,
                 }
             })
             .collect(),

@@ -51,11 +51,13 @@ pub struct KnowledgeConfig {
     /// Routing-history and feedback observations older than a worker's last event by more
     /// than this are superseded by the event view.
     pub event_grace_ms: u64,
+    /// Worker-reported load older than this is not used.
+    pub max_load_age_ms: u64,
 }
 
 impl Default for KnowledgeConfig {
     fn default() -> Self {
-        KnowledgeConfig { max_event_age_ms: 5_000, event_grace_ms: 2_000 }
+        KnowledgeConfig { max_event_age_ms: 5_000, event_grace_ms: 2_000, max_load_age_ms: 2_000 }
     }
 }
 

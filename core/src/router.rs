@@ -100,6 +100,27 @@ pub struct Router {
     max_prompt_bytes: usize,
     /// Workers whose announced config does not match kvroute's: no cache credit.
     incompatible: std::collections::HashSet<String>,
+    /// What each worker last reported about its load (via the updater).
+    reported: HashMap<String, crate::snapshot::ReportedLoad>,
+    max_load_age_ms: u64,
+}
+
+/// Combines the router's own load accounting with what the worker reported: the worker sees
+/// traffic from every router replica, the router sees its own requests without delay. Each
+/// count takes the larger of the two; queued tokens stay the router's own (workers do not
+/// report them).
+pub fn combine_load(
+    own: WorkerLoad,
+    reported: Option<&crate::snapshot::ReportedLoad>,
+) -> WorkerLoad {
+    let Some(r) = reported else { return own };
+    let prefilling = own.prefilling_requests.max(r.waiting);
+    let decoding = own.decoding_requests().max(r.running);
+    WorkerLoad {
+        inflight_requests: prefilling.saturating_add(decoding),
+        prefilling_requests: prefilling,
+        prefill_tokens: own.prefill_tokens,
+    }
 }
 
 impl Router {
@@ -127,6 +148,8 @@ impl Router {
             models,
             index: KnowledgeIndex::with_trust(cfg.index.limits(), cfg.knowledge.trust()),
             incompatible: Default::default(),
+            reported: HashMap::new(),
+            max_load_age_ms: cfg.knowledge.max_load_age_ms,
             tie: cfg.tie_band,
             max_prompt_tokens: cfg.max_prompt_tokens,
             max_prompt_bytes: cfg.max_prompt_bytes,
@@ -206,20 +229,24 @@ impl Router {
         fallback: Option<FallbackReason>,
     ) -> Decision {
         let mut ages = HashMap::new();
-        let candidates: Vec<Candidate> = m
-            .config
-            .workers
-            .iter()
-            .map(|w| {
-                let pm = if self.incompatible.contains(w) {
-                    Default::default()
-                } else {
-                    self.index.prefix_match(w, &hashes, now_ms)
-                };
-                ages.insert(w.as_str(), (pm.oldest_age_ms, pm.from_events));
-                Candidate { worker: w.clone(), cached_blocks: pm.blocks, load: load(w) }
-            })
-            .collect();
+        let candidates: Vec<Candidate> =
+            m.config
+                .workers
+                .iter()
+                .map(|w| {
+                    let pm = if self.incompatible.contains(w) {
+                        Default::default()
+                    } else {
+                        self.index.prefix_match(w, &hashes, now_ms)
+                    };
+                    ages.insert(w.as_str(), (pm.oldest_age_ms, pm.from_events));
+                    let reported = self.reported.get(w).filter(|r| {
+                        now_ms.saturating_sub(r.observed_at_ms) <= self.max_load_age_ms
+                    });
+                    let load = combine_load(load(w), reported);
+                    Candidate { worker: w.clone(), cached_blocks: pm.blocks, load }
+                })
+                .collect();
         let profile: &Profile = &m.config.profile;
         let ranked = rank(profile, &candidates, prompt_tokens, m.config.block_size, self.tie, pick);
         let (knowledge_age_ms, blocks_from_events) =
@@ -241,6 +268,10 @@ impl Router {
     /// Takes in an updater snapshot: each worker's event view and config verdict.
     pub fn apply_snapshot(&mut self, snap: &crate::snapshot::Snapshot) {
         for w in &snap.workers {
+            match w.load {
+                Some(l) => self.reported.insert(w.worker.clone(), l),
+                None => self.reported.remove(&w.worker),
+            };
             if w.compatible {
                 self.incompatible.remove(&w.worker);
                 self.index.set_events(&w.worker, &w.gpu, w.observed_at_ms);
@@ -355,6 +386,7 @@ mod tests {
             compatible,
             gpu: d.block_hashes.clone(),
             offloaded: vec![],
+            load: None,
         };
         let snap = Snapshot {
             version: 2,
@@ -373,5 +405,17 @@ mod tests {
         let d3 = r.decide(&q, 0, &idle, 100 + 6_000, 0).unwrap();
         assert_eq!(d3.fallback, Some(FallbackReason::StaleEvents));
         assert_eq!(d3.blocks_from_events, 0);
+    }
+
+    #[test]
+    fn reported_load_counts_what_other_replicas_sent() {
+        use crate::snapshot::ReportedLoad;
+        let own = WorkerLoad { inflight_requests: 3, prefilling_requests: 1, prefill_tokens: 500 };
+        assert_eq!(combine_load(own, None), own);
+        let busy = ReportedLoad { running: 10, waiting: 4, observed_at_ms: 0 };
+        let c = combine_load(own, Some(&busy));
+        assert_eq!((c.prefilling_requests, c.decoding_requests(), c.prefill_tokens), (4, 10, 500));
+        let quiet = ReportedLoad { running: 0, waiting: 0, observed_at_ms: 0 };
+        assert_eq!(combine_load(own, Some(&quiet)), own, "a lagging report never hides own load");
     }
 }

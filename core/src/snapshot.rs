@@ -8,7 +8,7 @@ use thiserror::Error;
 use crate::wire::Reader;
 
 /// Format version of the encoding below.
-pub const SNAPSHOT_FORMAT: u8 = 1;
+pub const SNAPSHOT_FORMAT: u8 = 2;
 const MAGIC: &[u8; 4] = b"KVRS";
 /// Bounds that keep a hostile or corrupt payload from allocating without limit.
 pub const MAX_WORKERS: usize = 4096;
@@ -27,6 +27,17 @@ pub struct WorkerKnowledge {
     pub gpu: Vec<u64>,
     /// Canonical block hashes on lower tiers (CPU, storage).
     pub offloaded: Vec<u64>,
+    /// What the worker last reported about its load, if scraped.
+    pub load: Option<ReportedLoad>,
+}
+
+/// Worker-reported load (`vllm:num_requests_running` / `_waiting` or SGLang's), with its age.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportedLoad {
+    pub running: u32,
+    pub waiting: u32,
+    /// Unix ms of the scrape.
+    pub observed_at_ms: u64,
 }
 
 /// A full snapshot.
@@ -80,6 +91,15 @@ impl Snapshot {
             out.extend_from_slice(name);
             out.extend_from_slice(&w.observed_at_ms.to_le_bytes());
             out.push(u8::from(w.compatible));
+            match &w.load {
+                None => out.push(0),
+                Some(l) => {
+                    out.push(1);
+                    out.extend_from_slice(&l.running.to_le_bytes());
+                    out.extend_from_slice(&l.waiting.to_le_bytes());
+                    out.extend_from_slice(&l.observed_at_ms.to_le_bytes());
+                }
+            }
             put_hashes(&mut out, &w.gpu);
             put_hashes(&mut out, &w.offloaded);
         }
@@ -109,9 +129,24 @@ impl Snapshot {
                 .map_err(|_| SnapshotError::Utf8)?;
             let observed_at_ms = r.u64().ok_or_else(t)?;
             let compatible = r.u8().ok_or_else(t)? != 0;
+            let load = match r.u8().ok_or_else(t)? {
+                0 => None,
+                _ => Some(ReportedLoad {
+                    running: r.u32().ok_or_else(t)?,
+                    waiting: r.u32().ok_or_else(t)?,
+                    observed_at_ms: r.u64().ok_or_else(t)?,
+                }),
+            };
             let gpu = hashes(&mut r)?;
             let offloaded = hashes(&mut r)?;
-            workers.push(WorkerKnowledge { worker, observed_at_ms, compatible, gpu, offloaded });
+            workers.push(WorkerKnowledge {
+                worker,
+                observed_at_ms,
+                compatible,
+                gpu,
+                offloaded,
+                load,
+            });
         }
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing);
@@ -147,13 +182,14 @@ mod tests {
                 compatible: true,
                 gpu: vec![1, 2],
                 offloaded: vec![],
+                load: None,
             }],
         }
     }
 
     #[test]
     fn golden_bytes() {
-        let mut want = b"KVRS\x01".to_vec();
+        let mut want = b"KVRS\x02".to_vec();
         want.extend_from_slice(&3u64.to_le_bytes());
         want.extend_from_slice(&1000u64.to_le_bytes());
         want.extend_from_slice(&1u32.to_le_bytes());
@@ -161,6 +197,7 @@ mod tests {
         want.extend_from_slice(b"127.0.0.1:8000");
         want.extend_from_slice(&999u64.to_le_bytes());
         want.push(1);
+        want.push(0);
         want.extend_from_slice(&2u32.to_le_bytes());
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&2u64.to_le_bytes());
@@ -193,7 +230,8 @@ mod tests {
         fn round_trips(v: u64, names in proptest::collection::vec("[0-9.:]{1,21}", 0..4),
                        hashes in proptest::collection::vec(any::<u64>(), 0..40)) {
             let s = Snapshot { version: v, generated_at_ms: v / 2, workers: names.into_iter().map(|w| WorkerKnowledge {
-                worker: w, observed_at_ms: 5, compatible: false, gpu: hashes.clone(), offloaded: hashes.clone() }).collect() };
+                worker: w, observed_at_ms: 5, compatible: false, gpu: hashes.clone(), offloaded: hashes.clone(),
+                load: Some(ReportedLoad { running: 3, waiting: v as u32, observed_at_ms: v }) }).collect() };
             prop_assert_eq!(Snapshot::decode(&s.encode()), Ok(s));
         }
     }

@@ -85,6 +85,13 @@ impl State {
                     compatible: e.compatible,
                     gpu: e.knowledge.blocks(Tier::Gpu),
                     offloaded,
+                    load: e.load.as_ref().and_then(|l| {
+                        Some(kvroute_core::snapshot::ReportedLoad {
+                            running: l.running? as u32,
+                            waiting: l.waiting? as u32,
+                            observed_at_ms: l.observed_at_ms,
+                        })
+                    }),
                 }
             })
             .collect();
