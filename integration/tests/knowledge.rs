@@ -94,7 +94,16 @@ async fn an_eviction_reaches_the_next_prediction() {
     let w = stack.workers.iter().find(|w| w.addr == worker).unwrap();
     let evicted = w.admin("evict?percent=100", None).await.unwrap();
     assert!(evicted["evicted_blocks"].as_u64().unwrap() > 0);
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Wait for the removal to reach the updater, then for ten snapshot ticks (100 ms each) so
+    // Envoy's singleton holds a snapshot that includes it.
+    let updater = stack.updater.as_ref().unwrap();
+    eventually("eviction seen by the updater", Duration::from_secs(20), || async {
+        let s = updater.status().await.ok()?;
+        (s["workers"][&worker]["blocks"]["GPU"].as_u64().unwrap_or(0) == 0).then_some(())
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let after = chat(&stack, &c, 2).await;
     assert_eq!(after.cached_tokens, Some(0), "the worker still reused blocks after eviction");
     assert_eq!(

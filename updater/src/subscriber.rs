@@ -107,15 +107,28 @@ async fn fill(state: &State, ep: &Endpoints, from: u64, to: u64) {
     });
 }
 
-/// Quiet time after which the SUB socket is recreated: a restarted publisher is not always
-/// noticed by the socket itself.
-const IDLE_RECONNECT: Duration = Duration::from_secs(3);
+/// Fetches every buffered batch from the next expected one on (all of them on a first
+/// connection) and applies them in order. Returns the sequence number live messages must reach
+/// before they are new (older ones were just applied from the replay).
+async fn catch_up(state: &State, ep: &Endpoints) -> Option<u64> {
+    let replay_ep = ep.replay.as_ref()?;
+    let from = state.update(&ep.worker, |e, _| e.knowledge.next_seq).flatten().unwrap_or(0);
+    let got = replay(replay_ep, from).await.unwrap_or_default();
+    let mut next = from;
+    for (seq, payload) in got {
+        if seq != next {
+            break;
+        }
+        apply(state, &ep.worker, seq, &payload);
+        next += 1;
+    }
+    (next > from).then_some(next)
+}
 
-/// Follows one worker's stream until the task is dropped, reconnecting on errors and after
-/// quiet periods. The first batch after a reconnect that is not the next expected one means a
-/// restart or a long gap: both end in a full resync.
+/// Follows one worker's stream until the task is dropped. After subscribing, everything the
+/// worker published before (ZMQ's slow joiner drops it) is fetched from its replay socket. A
+/// lost connection ends in a full resync.
 pub async fn follow(state: Arc<State>, ep: Endpoints) {
-    let mut resync_next = false;
     loop {
         let mut sub = zeromq::SubSocket::new();
         let mut monitor = sub.monitor();
@@ -133,8 +146,9 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
             continue;
         }
         state.update(&ep.worker, |e, _| e.connected = true);
-        let mut idle_until = tokio::time::Instant::now() + IDLE_RECONNECT;
-        let mut lost = true;
+        // Let the subscription reach the publisher, then fetch what came before it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut dup_floor = catch_up(&state, &ep).await;
         loop {
             let msg = tokio::select! {
                 m = sub.recv() => match m { Ok(m) => m, Err(_) => break },
@@ -142,22 +156,20 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
                     Some(zeromq::SocketEvent::Disconnected(_)) | None => break,
                     Some(_) => continue,
                 },
-                _ = tokio::time::sleep_until(idle_until) => {
-                    lost = false;
-                    break;
-                }
             };
-            idle_until = tokio::time::Instant::now() + IDLE_RECONNECT;
             let frames = msg.into_vec();
             let (Some(seq), Some(payload)) = (frames.get(1).and_then(seq_of), frames.get(2)) else {
                 continue;
             };
-            let mut check = state
+            if let Some(floor) = dup_floor {
+                if seq < floor {
+                    continue; // already applied from the replay
+                }
+                dup_floor = None;
+            }
+            let check = state
                 .update(&ep.worker, |e, _| e.knowledge.check(seq))
                 .unwrap_or(SeqCheck::InOrder);
-            if std::mem::take(&mut resync_next) && check != SeqCheck::InOrder {
-                check = SeqCheck::Restart;
-            }
             match check {
                 SeqCheck::InOrder => {}
                 SeqCheck::Gap { from, to } => {
@@ -166,7 +178,7 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
                     fill(&state, &ep, from, to).await;
                 }
                 SeqCheck::Restart => {
-                    log_line(&ep.worker, "publisher restarted or reconnected: full resync");
+                    log_line(&ep.worker, "publisher restarted: full resync");
                     state.update(&ep.worker, |e, _| {
                         e.knowledge.clear();
                         e.knowledge.stats.resyncs += 1;
@@ -178,12 +190,13 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
             }
             apply(&state, &ep.worker, seq, payload);
         }
-        if lost {
-            log_line(&ep.worker, "event stream lost: reconnecting");
-        }
-        state.update(&ep.worker, |e, _| e.connected = false);
-        resync_next =
-            state.update(&ep.worker, |e, _| e.knowledge.next_seq.is_some()).unwrap_or(false);
+        log_line(&ep.worker, "event stream lost: reconnecting with a full resync");
+        state.update(&ep.worker, |e, _| {
+            e.connected = false;
+            e.knowledge.clear();
+            e.knowledge.next_seq = None;
+            e.knowledge.stats.resyncs += 1;
+        });
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
