@@ -38,8 +38,6 @@ pub struct SnapshotSync {
     pending: bool,
     fetched: Option<u32>,
     failed: Option<u32>,
-    /// Gauge: version of the snapshot in shared data.
-    version_gauge: Option<u32>,
 }
 
 impl SnapshotSync {
@@ -55,11 +53,6 @@ impl SnapshotSync {
             .ok(),
             failed: hostcalls::define_metric(MetricType::Counter, "kvroute.sync.fetch_failures")
                 .ok(),
-            version_gauge: hostcalls::define_metric(
-                MetricType::Gauge,
-                "kvroute.sync.snapshot_version",
-            )
-            .ok(),
         }
     }
 
@@ -99,9 +92,6 @@ impl Context for SnapshotSync {
                         self.version = s.version;
                         write_head(s.version, now);
                         Self::count(self.fetched);
-                        if let Some(id) = self.version_gauge {
-                            let _ = hostcalls::record_metric(id, s.version);
-                        }
                     }
                     Err(e) => {
                         log::warn!("kvroute: rejecting snapshot from the updater: {e}");
