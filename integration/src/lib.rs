@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod envoy;
+pub mod eval;
 pub mod paths;
 pub mod process;
 pub mod sim;

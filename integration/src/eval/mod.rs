@@ -1,0 +1,13 @@
+//! The evaluation harness behind `kvroute-bench`: a topology, a seeded workload turned once into
+//! an open-loop schedule, every policy replayed on it through the same Envoy path, faults on a
+//! schedule, per-request records, and a report (Markdown, JSON, SVG).
+//!
+//! Where to start: [`record`] holds what is measured per request; [`sse`] turns a response
+//! stream into token timings; [`mooncake`] replays the Mooncake trace; [`report`] aggregates
+//! and writes the results.
+
+pub mod mooncake;
+pub mod record;
+pub mod report;
+pub mod schedule;
+pub mod sse;
