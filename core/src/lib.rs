@@ -20,6 +20,7 @@
 pub mod audit;
 pub mod config;
 pub mod cost;
+pub mod delta;
 pub mod error;
 pub mod hash;
 pub mod index;

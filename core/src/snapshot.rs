@@ -65,7 +65,56 @@ pub enum SnapshotError {
     Trailing,
 }
 
-fn put_hashes(out: &mut Vec<u8>, hashes: &[u64]) {
+/// The per-worker fields that full snapshots and deltas share.
+pub(crate) struct WorkerHead {
+    pub worker: String,
+    pub observed_at_ms: u64,
+    pub compatible: bool,
+    pub load: Option<ReportedLoad>,
+}
+
+pub(crate) fn put_head(
+    out: &mut Vec<u8>,
+    worker: &str,
+    observed_at_ms: u64,
+    compatible: bool,
+    load: Option<&ReportedLoad>,
+) {
+    let name = &worker.as_bytes()[..worker.len().min(u16::MAX as usize)];
+    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    out.extend_from_slice(name);
+    out.extend_from_slice(&observed_at_ms.to_le_bytes());
+    out.push(u8::from(compatible));
+    match load {
+        None => out.push(0),
+        Some(l) => {
+            out.push(1);
+            out.extend_from_slice(&l.running.to_le_bytes());
+            out.extend_from_slice(&l.waiting.to_le_bytes());
+            out.extend_from_slice(&l.observed_at_ms.to_le_bytes());
+        }
+    }
+}
+
+pub(crate) fn read_head(r: &mut Reader<'_>) -> Result<WorkerHead, SnapshotError> {
+    let t = || SnapshotError::Truncated;
+    let len = r.u16().ok_or_else(t)? as usize;
+    let worker =
+        String::from_utf8(r.take(len).ok_or_else(t)?.to_vec()).map_err(|_| SnapshotError::Utf8)?;
+    let observed_at_ms = r.u64().ok_or_else(t)?;
+    let compatible = r.u8().ok_or_else(t)? != 0;
+    let load = match r.u8().ok_or_else(t)? {
+        0 => None,
+        _ => Some(ReportedLoad {
+            running: r.u32().ok_or_else(t)?,
+            waiting: r.u32().ok_or_else(t)?,
+            observed_at_ms: r.u64().ok_or_else(t)?,
+        }),
+    };
+    Ok(WorkerHead { worker, observed_at_ms, compatible, load })
+}
+
+pub(crate) fn put_hashes(out: &mut Vec<u8>, hashes: &[u64]) {
     out.extend_from_slice(&(hashes.len() as u32).to_le_bytes());
     for h in hashes {
         out.extend_from_slice(&h.to_le_bytes());
@@ -86,20 +135,7 @@ impl Snapshot {
         out.extend_from_slice(&self.generated_at_ms.to_le_bytes());
         out.extend_from_slice(&(self.workers.len() as u32).to_le_bytes());
         for w in &self.workers {
-            let name = &w.worker.as_bytes()[..w.worker.len().min(u16::MAX as usize)];
-            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
-            out.extend_from_slice(name);
-            out.extend_from_slice(&w.observed_at_ms.to_le_bytes());
-            out.push(u8::from(w.compatible));
-            match &w.load {
-                None => out.push(0),
-                Some(l) => {
-                    out.push(1);
-                    out.extend_from_slice(&l.running.to_le_bytes());
-                    out.extend_from_slice(&l.waiting.to_le_bytes());
-                    out.extend_from_slice(&l.observed_at_ms.to_le_bytes());
-                }
-            }
+            put_head(&mut out, &w.worker, w.observed_at_ms, w.compatible, w.load.as_ref());
             put_hashes(&mut out, &w.gpu);
             put_hashes(&mut out, &w.offloaded);
         }
@@ -124,19 +160,7 @@ impl Snapshot {
         }
         let mut workers = Vec::with_capacity(n.min(64));
         for _ in 0..n {
-            let len = r.u16().ok_or_else(t)? as usize;
-            let worker = String::from_utf8(r.take(len).ok_or_else(t)?.to_vec())
-                .map_err(|_| SnapshotError::Utf8)?;
-            let observed_at_ms = r.u64().ok_or_else(t)?;
-            let compatible = r.u8().ok_or_else(t)? != 0;
-            let load = match r.u8().ok_or_else(t)? {
-                0 => None,
-                _ => Some(ReportedLoad {
-                    running: r.u32().ok_or_else(t)?,
-                    waiting: r.u32().ok_or_else(t)?,
-                    observed_at_ms: r.u64().ok_or_else(t)?,
-                }),
-            };
+            let WorkerHead { worker, observed_at_ms, compatible, load } = read_head(&mut r)?;
             let gpu = hashes(&mut r)?;
             let offloaded = hashes(&mut r)?;
             workers.push(WorkerKnowledge {
@@ -156,7 +180,7 @@ impl Snapshot {
 }
 
 /// Reads a hash list, refusing counts past the bound or past the end of the payload.
-fn hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, SnapshotError> {
+pub(crate) fn hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, SnapshotError> {
     let n = r.u32().ok_or(SnapshotError::Truncated)? as usize;
     if n > MAX_HASHES_PER_WORKER {
         return Err(SnapshotError::TooLarge(n));

@@ -1,0 +1,342 @@
+//! Sequenced snapshot deltas: what changed in the updater's knowledge between two snapshot
+//! versions. A delta from version `a` to `b` applies only to a snapshot at version `a`; anything
+//! else (a gap) means fetching a full [`Snapshot`]. Little-endian binary with its own magic and
+//! format byte; the decoder never panics (fuzz target `delta_decode`).
+//!
+//! Per worker a delta carries the worker's current head (event age, config verdict, reported
+//! load), an optional reset (drop every block first), then removed and added hashes per tier
+//! class. Hash lists in snapshots are kept sorted, which makes diffs a linear merge.
+
+use std::collections::{BTreeMap, HashSet};
+
+use thiserror::Error;
+
+use crate::snapshot::{
+    hashes, put_hashes, put_head, read_head, ReportedLoad, Snapshot, SnapshotError, WorkerHead,
+    WorkerKnowledge, MAX_WORKERS,
+};
+use crate::wire::Reader;
+
+/// Format version of the delta encoding.
+pub const DELTA_FORMAT: u8 = 1;
+const MAGIC: &[u8; 4] = b"KVRD";
+
+/// Added and removed hashes of one tier class.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetChange {
+    pub add: Vec<u64>,
+    pub remove: Vec<u64>,
+}
+
+impl SetChange {
+    pub fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.remove.is_empty()
+    }
+
+    /// The change from sorted `old` to sorted `new`.
+    fn between(old: &[u64], new: &[u64]) -> SetChange {
+        let (mut i, mut j) = (0, 0);
+        let mut c = SetChange::default();
+        while i < old.len() || j < new.len() {
+            match (old.get(i), new.get(j)) {
+                (Some(a), Some(b)) if a == b => {
+                    i += 1;
+                    j += 1;
+                }
+                (Some(a), Some(b)) if a < b => {
+                    c.remove.push(*a);
+                    i += 1;
+                }
+                (Some(a), None) => {
+                    c.remove.push(*a);
+                    i += 1;
+                }
+                (_, Some(b)) => {
+                    c.add.push(*b);
+                    j += 1;
+                }
+                (None, None) => break,
+            }
+        }
+        c
+    }
+
+    /// Applies the change to a sorted, deduplicated list, keeping it so.
+    fn apply(&self, list: &mut Vec<u64>) {
+        if !self.remove.is_empty() {
+            let gone: HashSet<u64> = self.remove.iter().copied().collect();
+            list.retain(|h| !gone.contains(h));
+        }
+        if !self.add.is_empty() {
+            list.extend_from_slice(&self.add);
+            list.sort_unstable();
+            list.dedup();
+        }
+    }
+}
+
+/// What changed for one worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerDelta {
+    pub worker: String,
+    pub observed_at_ms: u64,
+    pub compatible: bool,
+    pub load: Option<ReportedLoad>,
+    /// Drop every known block of this worker before applying the changes.
+    pub reset: bool,
+    pub gpu: SetChange,
+    pub offloaded: SetChange,
+}
+
+/// The changes from snapshot version `from_version` to `to_version`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delta {
+    pub from_version: u64,
+    pub to_version: u64,
+    pub generated_at_ms: u64,
+    /// Workers with any change; the others are unchanged.
+    pub workers: Vec<WorkerDelta>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DeltaError {
+    #[error("not a kvroute delta")]
+    Magic,
+    #[error("delta format {0} is not supported (expected {DELTA_FORMAT})")]
+    Format(u8),
+    #[error(transparent)]
+    Body(#[from] SnapshotError),
+    #[error("delta {from}->{to} does not apply to version {have}")]
+    Gap { from: u64, to: u64, have: u64 },
+}
+
+/// Whether `bytes` start like a delta (rather than a full snapshot).
+pub fn is_delta(bytes: &[u8]) -> bool {
+    bytes.starts_with(MAGIC)
+}
+
+impl Delta {
+    /// The changes from `old` to `new` (both with sorted hash lists, as the updater makes them).
+    pub fn between(old: &Snapshot, new: &Snapshot) -> Delta {
+        let before: BTreeMap<&str, &WorkerKnowledge> =
+            old.workers.iter().map(|w| (w.worker.as_str(), w)).collect();
+        let mut workers = Vec::new();
+        for w in &new.workers {
+            let prev = before.get(w.worker.as_str());
+            let empty = Vec::new();
+            let gpu = SetChange::between(prev.map_or(&empty, |p| &p.gpu), &w.gpu);
+            let offloaded = SetChange::between(prev.map_or(&empty, |p| &p.offloaded), &w.offloaded);
+            let head_same = prev.is_some_and(|p| {
+                p.observed_at_ms == w.observed_at_ms
+                    && p.compatible == w.compatible
+                    && p.load == w.load
+            });
+            if head_same && gpu.is_empty() && offloaded.is_empty() {
+                continue;
+            }
+            // After a clear, sending the new contents is shorter than listing every removal.
+            let reset = prev.is_none()
+                || gpu.remove.len() + offloaded.remove.len() > w.gpu.len() + w.offloaded.len();
+            let (gpu, offloaded) = if reset {
+                (
+                    SetChange { add: w.gpu.clone(), remove: Vec::new() },
+                    SetChange { add: w.offloaded.clone(), remove: Vec::new() },
+                )
+            } else {
+                (gpu, offloaded)
+            };
+            workers.push(WorkerDelta {
+                worker: w.worker.clone(),
+                observed_at_ms: w.observed_at_ms,
+                compatible: w.compatible,
+                load: w.load,
+                reset,
+                gpu,
+                offloaded,
+            });
+        }
+        Delta {
+            from_version: old.version,
+            to_version: new.version,
+            generated_at_ms: new.generated_at_ms,
+            workers,
+        }
+    }
+
+    /// One delta with the effect of applying `deltas` in order; `None` if they are not
+    /// contiguous (or there are none).
+    pub fn compose(deltas: &[Delta]) -> Option<Delta> {
+        let first = deltas.first()?;
+        let mut version = first.from_version;
+        // Per worker: head of the latest delta, reset seen, final presence per hash.
+        type Acc<'a> = (&'a WorkerDelta, bool, BTreeMap<u64, bool>, BTreeMap<u64, bool>);
+        let mut acc: BTreeMap<&str, Acc<'_>> = BTreeMap::new();
+        for d in deltas {
+            if d.from_version != version {
+                return None;
+            }
+            version = d.to_version;
+            for w in &d.workers {
+                let e = acc
+                    .entry(w.worker.as_str())
+                    .or_insert_with(|| (w, false, BTreeMap::new(), BTreeMap::new()));
+                e.0 = w;
+                if w.reset {
+                    e.1 = true;
+                    e.2.clear();
+                    e.3.clear();
+                }
+                for (change, map) in [(&w.gpu, &mut e.2), (&w.offloaded, &mut e.3)] {
+                    for h in &change.remove {
+                        map.insert(*h, false);
+                    }
+                    for h in &change.add {
+                        map.insert(*h, true);
+                    }
+                }
+            }
+        }
+        let collect = |m: &BTreeMap<u64, bool>, reset: bool| SetChange {
+            add: m.iter().filter(|(_, p)| **p).map(|(h, _)| *h).collect(),
+            remove: if reset {
+                Vec::new()
+            } else {
+                m.iter().filter(|(_, p)| !**p).map(|(h, _)| *h).collect()
+            },
+        };
+        let workers = acc
+            .into_values()
+            .map(|(w, reset, gpu, off)| WorkerDelta {
+                worker: w.worker.clone(),
+                observed_at_ms: w.observed_at_ms,
+                compatible: w.compatible,
+                load: w.load,
+                reset,
+                gpu: collect(&gpu, reset),
+                offloaded: collect(&off, reset),
+            })
+            .collect();
+        let generated_at_ms = deltas.last().map_or(0, |d| d.generated_at_ms);
+        Some(Delta {
+            from_version: first.from_version,
+            to_version: version,
+            generated_at_ms,
+            workers,
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let size: usize = self
+            .workers
+            .iter()
+            .map(|w| {
+                48 + w.worker.len()
+                    + 8 * (w.gpu.add.len()
+                        + w.gpu.remove.len()
+                        + w.offloaded.add.len()
+                        + w.offloaded.remove.len())
+            })
+            .sum();
+        let mut out = Vec::with_capacity(32 + size);
+        out.extend_from_slice(MAGIC);
+        out.push(DELTA_FORMAT);
+        out.extend_from_slice(&self.from_version.to_le_bytes());
+        out.extend_from_slice(&self.to_version.to_le_bytes());
+        out.extend_from_slice(&self.generated_at_ms.to_le_bytes());
+        out.extend_from_slice(&(self.workers.len() as u32).to_le_bytes());
+        for w in &self.workers {
+            put_head(&mut out, &w.worker, w.observed_at_ms, w.compatible, w.load.as_ref());
+            out.push(u8::from(w.reset));
+            for list in [&w.gpu.remove, &w.gpu.add, &w.offloaded.remove, &w.offloaded.add] {
+                put_hashes(&mut out, list);
+            }
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Delta, DeltaError> {
+        let mut r = Reader::new(bytes);
+        let t = || DeltaError::Body(SnapshotError::Truncated);
+        if r.take(4).ok_or_else(t)? != MAGIC {
+            return Err(DeltaError::Magic);
+        }
+        let format = r.u8().ok_or_else(t)?;
+        if format != DELTA_FORMAT {
+            return Err(DeltaError::Format(format));
+        }
+        let from_version = r.u64().ok_or_else(t)?;
+        let to_version = r.u64().ok_or_else(t)?;
+        let generated_at_ms = r.u64().ok_or_else(t)?;
+        let n = r.u32().ok_or_else(t)? as usize;
+        if n > MAX_WORKERS {
+            return Err(SnapshotError::TooLarge(n).into());
+        }
+        let mut workers = Vec::with_capacity(n.min(64));
+        for _ in 0..n {
+            let WorkerHead { worker, observed_at_ms, compatible, load } = read_head(&mut r)?;
+            let reset = r.u8().ok_or_else(t)? != 0;
+            let gpu_remove = hashes(&mut r)?;
+            let gpu_add = hashes(&mut r)?;
+            let off_remove = hashes(&mut r)?;
+            let off_add = hashes(&mut r)?;
+            workers.push(WorkerDelta {
+                worker,
+                observed_at_ms,
+                compatible,
+                load,
+                reset,
+                gpu: SetChange { add: gpu_add, remove: gpu_remove },
+                offloaded: SetChange { add: off_add, remove: off_remove },
+            });
+        }
+        if r.remaining() != 0 {
+            return Err(SnapshotError::Trailing.into());
+        }
+        Ok(Delta { from_version, to_version, generated_at_ms, workers })
+    }
+}
+
+impl Snapshot {
+    /// Moves this snapshot to the delta's version; refuses a delta from another version.
+    pub fn apply_delta(&mut self, d: &Delta) -> Result<(), DeltaError> {
+        if d.from_version != self.version {
+            return Err(DeltaError::Gap {
+                from: d.from_version,
+                to: d.to_version,
+                have: self.version,
+            });
+        }
+        for w in &d.workers {
+            let i = match self.workers.iter().position(|k| k.worker == w.worker) {
+                Some(i) => i,
+                None => {
+                    self.workers.push(WorkerKnowledge {
+                        worker: w.worker.clone(),
+                        observed_at_ms: 0,
+                        compatible: true,
+                        gpu: Vec::new(),
+                        offloaded: Vec::new(),
+                        load: None,
+                    });
+                    self.workers.len() - 1
+                }
+            };
+            let k = &mut self.workers[i];
+            k.observed_at_ms = w.observed_at_ms;
+            k.compatible = w.compatible;
+            k.load = w.load;
+            if w.reset {
+                k.gpu.clear();
+                k.offloaded.clear();
+            }
+            w.gpu.apply(&mut k.gpu);
+            w.offloaded.apply(&mut k.offloaded);
+        }
+        self.version = d.to_version;
+        self.generated_at_ms = d.generated_at_ms;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
