@@ -1,4 +1,4 @@
-//! Knowledge snapshots arrive over HTTP from the updater: any bytes decode or fail cleanly.
+//! Snapshot deltas arrive over HTTP from the updater and sit in shared data: any bytes decode or fail cleanly.
 #![no_main]
 use kvroute_core::delta::Delta;
 use libfuzzer_sys::fuzz_target;
