@@ -115,46 +115,53 @@ pub fn is_delta(bytes: &[u8]) -> bool {
     bytes.starts_with(MAGIC)
 }
 
+impl WorkerDelta {
+    /// What changed for one worker (hash lists sorted); `None` when nothing did.
+    pub fn between(old: Option<&WorkerKnowledge>, new: &WorkerKnowledge) -> Option<WorkerDelta> {
+        let empty = Vec::new();
+        let gpu = SetChange::between(old.map_or(&empty, |p| &p.gpu), &new.gpu);
+        let offloaded = SetChange::between(old.map_or(&empty, |p| &p.offloaded), &new.offloaded);
+        let head_same = old.is_some_and(|p| {
+            p.observed_at_ms == new.observed_at_ms
+                && p.compatible == new.compatible
+                && p.load == new.load
+        });
+        if head_same && gpu.is_empty() && offloaded.is_empty() {
+            return None;
+        }
+        // After a clear, sending the new contents is shorter than listing every removal.
+        let reset = old.is_none()
+            || gpu.remove.len() + offloaded.remove.len() > new.gpu.len() + new.offloaded.len();
+        let (gpu, offloaded) = if reset {
+            (
+                SetChange { add: new.gpu.clone(), remove: Vec::new() },
+                SetChange { add: new.offloaded.clone(), remove: Vec::new() },
+            )
+        } else {
+            (gpu, offloaded)
+        };
+        Some(WorkerDelta {
+            worker: new.worker.clone(),
+            observed_at_ms: new.observed_at_ms,
+            compatible: new.compatible,
+            load: new.load,
+            reset,
+            gpu,
+            offloaded,
+        })
+    }
+}
+
 impl Delta {
     /// The changes from `old` to `new` (both with sorted hash lists, as the updater makes them).
     pub fn between(old: &Snapshot, new: &Snapshot) -> Delta {
         let before: BTreeMap<&str, &WorkerKnowledge> =
             old.workers.iter().map(|w| (w.worker.as_str(), w)).collect();
-        let mut workers = Vec::new();
-        for w in &new.workers {
-            let prev = before.get(w.worker.as_str());
-            let empty = Vec::new();
-            let gpu = SetChange::between(prev.map_or(&empty, |p| &p.gpu), &w.gpu);
-            let offloaded = SetChange::between(prev.map_or(&empty, |p| &p.offloaded), &w.offloaded);
-            let head_same = prev.is_some_and(|p| {
-                p.observed_at_ms == w.observed_at_ms
-                    && p.compatible == w.compatible
-                    && p.load == w.load
-            });
-            if head_same && gpu.is_empty() && offloaded.is_empty() {
-                continue;
-            }
-            // After a clear, sending the new contents is shorter than listing every removal.
-            let reset = prev.is_none()
-                || gpu.remove.len() + offloaded.remove.len() > w.gpu.len() + w.offloaded.len();
-            let (gpu, offloaded) = if reset {
-                (
-                    SetChange { add: w.gpu.clone(), remove: Vec::new() },
-                    SetChange { add: w.offloaded.clone(), remove: Vec::new() },
-                )
-            } else {
-                (gpu, offloaded)
-            };
-            workers.push(WorkerDelta {
-                worker: w.worker.clone(),
-                observed_at_ms: w.observed_at_ms,
-                compatible: w.compatible,
-                load: w.load,
-                reset,
-                gpu,
-                offloaded,
-            });
-        }
+        let workers = new
+            .workers
+            .iter()
+            .filter_map(|w| WorkerDelta::between(before.get(w.worker.as_str()).copied(), w))
+            .collect();
         Delta {
             from_version: old.version,
             to_version: new.version,

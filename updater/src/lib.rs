@@ -10,6 +10,7 @@
 pub mod alignment;
 pub mod decode;
 pub mod ingest;
+pub mod publish;
 pub mod scrape;
 pub mod server;
 pub mod state;

@@ -1,5 +1,6 @@
 //! The updater's HTTP surface (loopback by default): `/status` (JSON), `/metrics`
-//! (Prometheus), and `/v1/snapshot` (binary, see `kvroute_core::snapshot`), which requires the
+//! (Prometheus), and `/v1/snapshot?since=V` (binary: a `kvroute_core::delta` from V, or a full
+//! `kvroute_core::snapshot`), which requires the
 //! shared token in `x-kvroute-token` so that knowledge only ever comes from the updater.
 
 use std::fmt::Write;
@@ -11,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 
+use crate::publish::Answer;
 use crate::state::State;
 
 /// Header carrying the shared token.
@@ -44,7 +46,8 @@ struct Since {
     since: Option<u64>,
 }
 
-/// The full snapshot, or 304 when the caller already has the current version.
+/// 304 when the caller already has the current version, else the delta from its version
+/// (`since`) when the updater still has it, else the full snapshot.
 async fn snapshot(
     AxState(c): AxState<Ctx>,
     Query(q): Query<Since>,
@@ -54,14 +57,18 @@ async fn snapshot(
     if !same(given, c.token.as_bytes()) {
         return (StatusCode::UNAUTHORIZED, "missing or wrong x-kvroute-token\n").into_response();
     }
-    if q.since == Some(c.state.version()) {
-        return StatusCode::NOT_MODIFIED.into_response();
-    }
-    let snap = c.state.snapshot();
+    let (kind, version, body) = match c.state.answer(q.since) {
+        Answer::NotModified => return StatusCode::NOT_MODIFIED.into_response(),
+        Answer::Delta(d) => ("delta", d.to_version, d.encode()),
+        Answer::Full(s) => ("full", s.version, s.encode()),
+    };
     (
         [(header::CONTENT_TYPE, "application/octet-stream")],
-        [("x-kvroute-snapshot-version", snap.version.to_string())],
-        snap.encode(),
+        [
+            ("x-kvroute-snapshot-version", version.to_string()),
+            ("x-kvroute-snapshot-kind", kind.into()),
+        ],
+        body,
     )
         .into_response()
 }

@@ -1,7 +1,7 @@
 //! The updater's shared state: every worker's knowledge, and the snapshot version that moves
 //! whenever any of it changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -9,6 +9,7 @@ use kvroute_core::snapshot::{Snapshot, WorkerKnowledge as Wire};
 
 use crate::decode::Tier;
 use crate::ingest::{DomainBase, WorkerKnowledge};
+use crate::publish::{Answer, Publisher, RingLimits};
 
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -37,10 +38,12 @@ pub struct State {
     inner: Mutex<Inner>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
-    version: u64,
     workers: BTreeMap<String, Entry>,
+    /// Workers changed since the last publication.
+    dirty: BTreeSet<String>,
+    publisher: Publisher,
 }
 
 impl State {
@@ -48,8 +51,10 @@ impl State {
         let workers = workers
             .into_iter()
             .map(|w| (w, Entry { compatible: true, member: true, ..Default::default() }))
-            .collect();
-        State { domain, inner: Mutex::new(Inner { version: 1, workers }) }
+            .collect::<BTreeMap<String, Entry>>();
+        let dirty = workers.keys().cloned().collect();
+        let publisher = Publisher::new(now_ms(), RingLimits::default());
+        State { domain, inner: Mutex::new(Inner { workers, dirty, publisher }) }
     }
 
     /// Runs `f` on `worker`'s entry and moves the version.
@@ -61,41 +66,42 @@ impl State {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let out = inner.workers.get_mut(worker).map(|e| f(e, &self.domain));
         if out.is_some() {
-            inner.version += 1;
+            inner.dirty.insert(worker.to_owned());
         }
         out
     }
 
+    /// Publishes what changed since the last call as a new snapshot version (if anything did).
+    fn publish(inner: &mut Inner) {
+        if inner.dirty.is_empty() {
+            return;
+        }
+        let dirty = std::mem::take(&mut inner.dirty);
+        let changed =
+            dirty.iter().filter_map(|w| inner.workers.get(w).map(|e| wire(w, e))).collect();
+        inner.publisher.publish(changed, now_ms());
+    }
+
+    /// The published snapshot version (after publishing pending changes).
     pub fn version(&self) -> u64 {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).version
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        Self::publish(&mut inner);
+        inner.publisher.version()
     }
 
     /// A full snapshot of everything known now.
     pub fn snapshot(&self) -> Snapshot {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let workers = inner
-            .workers
-            .iter()
-            .map(|(w, e)| {
-                let mut offloaded = e.knowledge.blocks(Tier::Cpu);
-                offloaded.extend(e.knowledge.blocks(Tier::Storage));
-                Wire {
-                    worker: w.clone(),
-                    observed_at_ms: e.knowledge.stats.last_event_ms,
-                    compatible: e.compatible,
-                    gpu: e.knowledge.blocks(Tier::Gpu),
-                    offloaded,
-                    load: e.load.as_ref().and_then(|l| {
-                        Some(kvroute_core::snapshot::ReportedLoad {
-                            running: l.running? as u32,
-                            waiting: l.waiting? as u32,
-                            observed_at_ms: l.observed_at_ms,
-                        })
-                    }),
-                }
-            })
-            .collect();
-        Snapshot { version: inner.version, generated_at_ms: now_ms(), workers }
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        Self::publish(&mut inner);
+        inner.publisher.full().clone()
+    }
+
+    /// What a caller holding version `since` should receive: nothing new, the composed delta,
+    /// or a full snapshot.
+    pub fn answer(&self, since: Option<u64>) -> Answer {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        Self::publish(&mut inner);
+        inner.publisher.answer(since)
     }
 
     /// `/status` JSON.
@@ -126,6 +132,28 @@ impl State {
                 )
             })
             .collect();
-        serde_json::json!({"version": inner.version, "workers": workers})
+        serde_json::json!({"version": inner.publisher.version(), "workers": workers})
+    }
+}
+
+/// One worker's entry as published (hash lists sorted).
+fn wire(worker: &str, e: &Entry) -> Wire {
+    let mut offloaded = e.knowledge.blocks(Tier::Cpu);
+    offloaded.extend(e.knowledge.blocks(Tier::Storage));
+    offloaded.sort_unstable();
+    offloaded.dedup();
+    Wire {
+        worker: worker.to_owned(),
+        observed_at_ms: e.knowledge.stats.last_event_ms,
+        compatible: e.compatible,
+        gpu: e.knowledge.blocks(Tier::Gpu),
+        offloaded,
+        load: e.load.as_ref().and_then(|l| {
+            Some(kvroute_core::snapshot::ReportedLoad {
+                running: l.running? as u32,
+                waiting: l.waiting? as u32,
+                observed_at_ms: l.observed_at_ms,
+            })
+        }),
     }
 }

@@ -1,0 +1,198 @@
+//! Publication of the updater's knowledge as versioned snapshots plus sequenced deltas.
+//!
+//! Every publication that changes something gets the next version and a [`Delta`] from the
+//! previous one, kept in a bounded ring. A caller at version `v` gets the composed delta
+//! `v -> current` while the ring still reaches back to `v`, a full snapshot otherwise, and
+//! nothing (304) when it is current. Versions start at the start time in microseconds, so they
+//! keep increasing across an updater restart and a caller never mistakes a new history for
+//! its old one.
+
+use std::collections::VecDeque;
+
+use kvroute_core::delta::{Delta, WorkerDelta};
+use kvroute_core::snapshot::{Snapshot, WorkerKnowledge};
+
+/// What a caller at some version should receive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    NotModified,
+    Full(Snapshot),
+    Delta(Delta),
+}
+
+/// Bounds of the delta ring.
+#[derive(Debug, Clone, Copy)]
+pub struct RingLimits {
+    pub max_deltas: usize,
+    /// Total hashes held by the ring's deltas.
+    pub max_hashes: usize,
+}
+
+impl Default for RingLimits {
+    fn default() -> Self {
+        RingLimits { max_deltas: 512, max_hashes: 4 << 20 }
+    }
+}
+
+#[derive(Debug)]
+pub struct Publisher {
+    current: Snapshot,
+    ring: VecDeque<(Delta, usize)>,
+    ring_hashes: usize,
+    limits: RingLimits,
+}
+
+fn hashes_in(d: &Delta) -> usize {
+    d.workers
+        .iter()
+        .map(|w| {
+            w.gpu.add.len()
+                + w.gpu.remove.len()
+                + w.offloaded.add.len()
+                + w.offloaded.remove.len()
+                + 1
+        })
+        .sum()
+}
+
+impl Publisher {
+    pub fn new(start_ms: u64, limits: RingLimits) -> Publisher {
+        Publisher {
+            current: Snapshot {
+                version: start_ms.saturating_mul(1000),
+                generated_at_ms: start_ms,
+                workers: Vec::new(),
+            },
+            ring: VecDeque::new(),
+            ring_hashes: 0,
+            limits,
+        }
+    }
+
+    pub fn version(&self) -> u64 {
+        self.current.version
+    }
+
+    /// The current full snapshot.
+    pub fn full(&self) -> &Snapshot {
+        &self.current
+    }
+
+    /// Publishes the new state of `changed` workers (hash lists sorted); a new version only
+    /// when something differs.
+    pub fn publish(&mut self, changed: Vec<WorkerKnowledge>, now_ms: u64) -> bool {
+        let mut workers = Vec::new();
+        for w in changed {
+            let i = self.current.workers.iter().position(|k| k.worker == w.worker);
+            if let Some(d) = WorkerDelta::between(i.map(|i| &self.current.workers[i]), &w) {
+                workers.push(d);
+            }
+            match i {
+                Some(i) => self.current.workers[i] = w,
+                None => {
+                    self.current.workers.push(w);
+                    self.current.workers.sort_by(|a, b| a.worker.cmp(&b.worker));
+                }
+            }
+        }
+        self.current.generated_at_ms = now_ms;
+        if workers.is_empty() {
+            return false;
+        }
+        let from = self.current.version;
+        self.current.version += 1;
+        let delta = Delta {
+            from_version: from,
+            to_version: self.current.version,
+            generated_at_ms: now_ms,
+            workers,
+        };
+        let n = hashes_in(&delta);
+        self.ring.push_back((delta, n));
+        self.ring_hashes += n;
+        while self.ring.len() > self.limits.max_deltas || self.ring_hashes > self.limits.max_hashes
+        {
+            match self.ring.pop_front() {
+                Some((_, n)) => self.ring_hashes -= n,
+                None => break,
+            }
+        }
+        true
+    }
+
+    /// What a caller at `since` (none: it has nothing) should receive.
+    pub fn answer(&self, since: Option<u64>) -> Answer {
+        let Some(since) = since.filter(|v| *v > 0) else {
+            return Answer::Full(self.current.clone());
+        };
+        if since == self.current.version {
+            return Answer::NotModified;
+        }
+        let start = self.ring.iter().position(|(d, _)| d.from_version == since);
+        let composed = start.and_then(|i| {
+            let tail: Vec<Delta> = self.ring.iter().skip(i).map(|(d, _)| d.clone()).collect();
+            Delta::compose(&tail)
+        });
+        match composed {
+            Some(mut d) => {
+                d.generated_at_ms = self.current.generated_at_ms;
+                Answer::Delta(d)
+            }
+            None => Answer::Full(self.current.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(name: &str, gpu: &[u64]) -> WorkerKnowledge {
+        WorkerKnowledge {
+            worker: name.into(),
+            observed_at_ms: 1,
+            compatible: true,
+            gpu: gpu.to_vec(),
+            offloaded: vec![],
+            load: None,
+        }
+    }
+
+    #[test]
+    fn callers_get_a_delta_a_full_snapshot_or_nothing() {
+        let mut p = Publisher::new(5, RingLimits { max_deltas: 2, max_hashes: 1000 });
+        let v0 = p.version();
+        assert_eq!(v0, 5000);
+        assert!(p.publish(vec![w("a", &[1]), w("b", &[2])], 10));
+        assert!(!p.publish(vec![w("a", &[1])], 11), "no change, no version");
+        assert!(p.publish(vec![w("a", &[1, 3])], 12));
+        let v2 = p.version();
+        assert_eq!(p.answer(Some(v2)), Answer::NotModified);
+        let Answer::Delta(d) = p.answer(Some(v0 + 1)) else { panic!("expected a delta") };
+        assert_eq!((d.from_version, d.to_version), (v0 + 1, v2));
+        assert_eq!(d.workers.len(), 1);
+        let mut s = match p.answer(None) {
+            Answer::Full(s) => s,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(s.version, v2);
+        // Older than the ring (bound 2): a full snapshot.
+        assert!(p.publish(vec![w("b", &[])], 13));
+        assert!(matches!(p.answer(Some(v0)), Answer::Full(_)));
+        // Unknown versions (another updater's history) also get a full snapshot.
+        assert!(matches!(p.answer(Some(42)), Answer::Full(_)));
+        let Answer::Delta(d) = p.answer(Some(v2)) else { panic!("expected a delta") };
+        s.apply_delta(&d).unwrap();
+        assert_eq!(&s, p.full());
+    }
+
+    #[test]
+    fn the_ring_is_bounded_by_hashes() {
+        let mut p = Publisher::new(1, RingLimits { max_deltas: 100, max_hashes: 50 });
+        for i in 0..20u64 {
+            p.publish(vec![w("a", &(0..i * 10).collect::<Vec<_>>())], i);
+        }
+        assert!(p.ring_hashes <= 50);
+        assert!(p.ring.len() < 20);
+    }
+}
