@@ -1,8 +1,9 @@
 //! The cost model: estimated time to first token in milliseconds, and ordered selection.
 //!
-//! `ttft(w) = wait(w) + prefill(uncached(w))`, where `wait(w)` is the prefill work already queued
+//! `ttft(w) = wait(w) + prefill(uncached(w)) + transfer(offloaded(w))`, where `wait(w)` is the prefill work already queued
 //! on `w` (router-tracked uncached tokens of requests not yet at first token) plus the slowdown
-//! from the requests `w` is decoding. The profile's numbers come from the plugin config.
+//! from the requests `w` is decoding, and `transfer` moves prefix blocks that `w` holds only on a
+//! lower tier (CPU, storage) back to the GPU. The profile's numbers come from the plugin config.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +21,8 @@ pub struct Profile {
     pub prefill_ms_per_token_sq: f64,
     /// Extra wait per request the worker is decoding (decode steps interleave with prefill).
     pub decode_interference_ms: f64,
+    /// Cost of loading one cached token's KV from a lower tier (CPU, storage) to the GPU.
+    pub transfer_ms_per_token: f64,
 }
 
 impl Default for Profile {
@@ -30,6 +33,9 @@ impl Default for Profile {
             prefill_ms_per_token: 0.033,
             prefill_ms_per_token_sq: 4.2e-7,
             decode_interference_ms: 0.5,
+            // 128 KiB of KV per token (32 layers x 8 KV heads x 128 dims x K,V x bf16) over
+            // PCIe 5 at ~50 GB/s.
+            transfer_ms_per_token: 0.0026,
         }
     }
 }
@@ -53,6 +59,7 @@ impl Profile {
             ("prefill_ms_per_token", self.prefill_ms_per_token),
             ("prefill_ms_per_token_sq", self.prefill_ms_per_token_sq),
             ("decode_interference_ms", self.decode_interference_ms),
+            ("transfer_ms_per_token", self.transfer_ms_per_token),
         ];
         for (name, v) in fields {
             if !v.is_finite() || v < 0.0 {
@@ -70,8 +77,10 @@ impl Profile {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
     pub worker: String,
-    /// Leading prompt blocks believed cached on this worker.
+    /// Leading prompt blocks believed cached on this worker (any tier).
     pub cached_blocks: usize,
+    /// How many of those sit only on a lower tier and must be transferred.
+    pub offloaded_blocks: usize,
     pub load: WorkerLoad,
 }
 
@@ -83,6 +92,7 @@ pub struct Score {
     pub uncached_tokens: u64,
     pub wait_ms: f64,
     pub prefill_ms: f64,
+    pub transfer_ms: f64,
     pub ttft_ms: f64,
 }
 
@@ -104,15 +114,18 @@ impl Default for TieBand {
 pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u32) -> Score {
     let cached = (c.cached_blocks as u64 * u64::from(block_size)).min(prompt_tokens);
     let uncached = prompt_tokens - cached;
+    let transferred = (c.offloaded_blocks as u64 * u64::from(block_size)).min(cached);
     let wait_ms = profile.wait_ms(&c.load);
     let prefill_ms = profile.prefill_ms(uncached);
+    let transfer_ms = transferred as f64 * profile.transfer_ms_per_token;
     Score {
         worker: c.worker.clone(),
         cached_tokens: cached,
         uncached_tokens: uncached,
         wait_ms,
         prefill_ms,
-        ttft_ms: wait_ms + prefill_ms,
+        transfer_ms,
+        ttft_ms: wait_ms + prefill_ms + transfer_ms,
     }
 }
 
@@ -157,9 +170,24 @@ mod tests {
     /// prefill tokens, 4 decoding) with half the prefix.
     fn reference_cases() -> Vec<Candidate> {
         vec![
-            Candidate { worker: "A".into(), cached_blocks: 0, load: load(0, 0, 0) },
-            Candidate { worker: "B".into(), cached_blocks: 256, load: load(0, 0, 40) },
-            Candidate { worker: "C".into(), cached_blocks: 128, load: load(1000, 1, 5) },
+            Candidate {
+                worker: "A".into(),
+                cached_blocks: 0,
+                offloaded_blocks: 0,
+                load: load(0, 0, 0),
+            },
+            Candidate {
+                worker: "B".into(),
+                cached_blocks: 256,
+                offloaded_blocks: 0,
+                load: load(0, 0, 40),
+            },
+            Candidate {
+                worker: "C".into(),
+                cached_blocks: 128,
+                offloaded_blocks: 0,
+                load: load(1000, 1, 5),
+            },
         ]
     }
 
@@ -175,6 +203,7 @@ mod tests {
             prefill_ms_per_token: per_token,
             prefill_ms_per_token_sq: 0.0,
             decode_interference_ms: interference,
+            transfer_ms_per_token: 0.0,
         }
     }
 
@@ -197,7 +226,12 @@ mod tests {
     fn near_ties_are_broken_by_the_pick() {
         let c: Vec<Candidate> = ["x", "y", "z"]
             .iter()
-            .map(|w| Candidate { worker: w.to_string(), cached_blocks: 0, load: load(0, 0, 0) })
+            .map(|w| Candidate {
+                worker: w.to_string(),
+                cached_blocks: 0,
+                offloaded_blocks: 0,
+                load: load(0, 0, 0),
+            })
             .collect();
         let p = Profile::default();
         let firsts: std::collections::BTreeSet<String> = (0..3)
@@ -215,10 +249,13 @@ mod tests {
     }
 
     fn arb_candidate() -> impl Strategy<Value = Candidate> {
-        (0usize..300, 0u64..20_000, 0u32..8, 0u32..64).prop_map(|(b, t, p, i)| Candidate {
-            worker: format!("w{b}-{t}-{p}-{i}"),
-            cached_blocks: b,
-            load: load(t, p, p + i),
+        (0usize..300, 0u64..20_000, 0u32..8, 0u32..64, 0usize..300).prop_map(|(b, t, p, i, o)| {
+            Candidate {
+                worker: format!("w{b}-{t}-{p}-{i}-{o}"),
+                cached_blocks: b,
+                offloaded_blocks: o.min(b),
+                load: load(t, p, p + i),
+            }
         })
     }
 
@@ -228,6 +265,18 @@ mod tests {
             let p = Profile::default();
             let more = Candidate { cached_blocks: c.cached_blocks + extra, ..c.clone() };
             prop_assert!(score(&p, &more, prompt, BS).ttft_ms <= score(&p, &c, prompt, BS).ttft_ms);
+        }
+
+        #[test]
+        fn gpu_blocks_beat_offloaded_ones_which_beat_recompute(c in arb_candidate(), k in 0usize..300, prompt in 0u64..8192) {
+            let p = Profile::default();
+            let moved = Candidate { offloaded_blocks: (c.offloaded_blocks + k).min(c.cached_blocks), ..c.clone() };
+            let none = Candidate { cached_blocks: 0, offloaded_blocks: 0, ..c.clone() };
+            let (base, after) = (score(&p, &c, prompt, BS), score(&p, &moved, prompt, BS));
+            prop_assert!(after.ttft_ms >= base.ttft_ms);
+            // Loading over PCIe is cheaper than recomputing in the default profile.
+            prop_assert!(after.ttft_ms <= score(&p, &none, prompt, BS).ttft_ms);
+            prop_assert!(after.transfer_ms >= 0.0 && after.transfer_ms <= after.cached_tokens as f64 * p.transfer_ms_per_token);
         }
 
         #[test]

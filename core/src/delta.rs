@@ -129,8 +129,10 @@ impl WorkerDelta {
         if head_same && gpu.is_empty() && offloaded.is_empty() {
             return None;
         }
-        // After a clear, sending the new contents is shorter than listing every removal.
+        // After a clear, sending the new contents is shorter than listing every removal; a
+        // worker that becomes compatible again is sent whole (receivers emptied its view).
         let reset = old.is_none()
+            || old.is_some_and(|p| p.compatible != new.compatible)
             || gpu.remove.len() + offloaded.remove.len() > new.gpu.len() + new.offloaded.len();
         let (gpu, offloaded) = if reset {
             (

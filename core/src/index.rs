@@ -60,6 +60,9 @@ pub struct PrefixMatch {
     pub oldest_age_ms: u64,
     /// How many of the matched blocks come from the KV event stream.
     pub from_events: usize,
+    /// How many of the matched blocks sit only in a lower tier (CPU, storage): they must be
+    /// transferred back before use.
+    pub offloaded: usize,
 }
 
 #[derive(Debug, Default)]
@@ -68,12 +71,24 @@ struct WorkerBlocks {
     events: Option<EventView>,
 }
 
-/// A worker's blocks as its KV-event stream reports them (replaced whole per snapshot).
+/// A worker's blocks as its KV-event stream reports them (from snapshots and their deltas).
 #[derive(Debug, Default)]
 struct EventView {
     blocks: std::collections::HashSet<u64>,
+    /// Blocks on lower tiers (CPU, storage).
+    offloaded: std::collections::HashSet<u64>,
     /// When the updater last heard from this worker's stream (unix ms).
     observed_at_ms: u64,
+}
+
+/// A change to one worker's event view (see [`KnowledgeIndex::change_events`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EventChange<'a> {
+    pub reset: bool,
+    pub gpu_add: &'a [u64],
+    pub gpu_remove: &'a [u64],
+    pub offloaded_add: &'a [u64],
+    pub offloaded_remove: &'a [u64],
 }
 
 /// How event knowledge is trusted.
@@ -111,10 +126,40 @@ impl KnowledgeIndex {
         KnowledgeIndex { limits, trust, events_checked_at_ms: None, workers: HashMap::new() }
     }
 
-    /// Replaces `worker`'s event view with `hashes`, as last heard at `observed_at_ms`.
-    pub fn set_events(&mut self, worker: &str, hashes: &[u64], observed_at_ms: u64) {
+    /// Replaces `worker`'s event view with `gpu` and `offloaded` hashes, as last heard at
+    /// `observed_at_ms`.
+    pub fn set_events(
+        &mut self,
+        worker: &str,
+        gpu: &[u64],
+        offloaded: &[u64],
+        observed_at_ms: u64,
+    ) {
         let w = self.workers.entry(worker.to_owned()).or_default();
-        w.events = Some(EventView { blocks: hashes.iter().copied().collect(), observed_at_ms });
+        w.events = Some(EventView {
+            blocks: gpu.iter().copied().collect(),
+            offloaded: offloaded.iter().copied().collect(),
+            observed_at_ms,
+        });
+    }
+
+    /// Changes `worker`'s event view: optionally empties it, then removes and adds per tier.
+    pub fn change_events(&mut self, worker: &str, change: EventChange<'_>, observed_at_ms: u64) {
+        let w = self.workers.entry(worker.to_owned()).or_default();
+        let view = w.events.get_or_insert_with(EventView::default);
+        if change.reset {
+            view.blocks.clear();
+            view.offloaded.clear();
+        }
+        for h in change.gpu_remove {
+            view.blocks.remove(h);
+        }
+        view.blocks.extend(change.gpu_add.iter().copied());
+        for h in change.offloaded_remove {
+            view.offloaded.remove(h);
+        }
+        view.offloaded.extend(change.offloaded_add.iter().copied());
+        view.observed_at_ms = observed_at_ms;
     }
 
     /// Records that the updater confirmed its knowledge at `at_ms`.
@@ -199,7 +244,16 @@ impl KnowledgeIndex {
                         m.from_events += 1;
                     }
                 }
-                None => break,
+                None => match events.filter(|e| e.offloaded.contains(h)) {
+                    Some(e) => {
+                        m.blocks += 1;
+                        m.from_events += 1;
+                        m.offloaded += 1;
+                        m.oldest_age_ms =
+                            m.oldest_age_ms.max(now_ms.saturating_sub(e.observed_at_ms));
+                    }
+                    None => break,
+                },
             }
         }
         // Credit from events fades over the second half of their allowed age.
@@ -208,6 +262,7 @@ impl KnowledgeIndex {
             let kept = (m.from_events as f64 * w) as usize;
             m.blocks -= m.from_events - kept;
             m.from_events = kept;
+            m.offloaded = m.offloaded.min(kept);
         }
         m
     }
@@ -254,7 +309,7 @@ mod tests {
         ix.insert("a", &[1, 2, 3], Source::Routed, 100);
         ix.insert("a", &[5], Source::KvEvent, 200);
         let m = ix.prefix_match("a", &[1, 2, 3, 4, 5], 300);
-        assert_eq!(m, PrefixMatch { blocks: 3, oldest_age_ms: 200, from_events: 0 });
+        assert_eq!(m, PrefixMatch { blocks: 3, oldest_age_ms: 200, from_events: 0, offloaded: 0 });
         assert_eq!(ix.prefix_match("b", &[1], 300).blocks, 0);
     }
 
@@ -286,7 +341,7 @@ mod tests {
         ix.insert("a", &[1, 2, 3], Source::Feedback, 0);
         assert_eq!(ix.prefix_match("a", &[1, 2, 3], 50).blocks, 3);
         // Events at t=500 report only block 1: the older guesses about 2 and 3 give way.
-        ix.set_events("a", &[1], 500);
+        ix.set_events("a", &[1], &[], 500);
         ix.events_checked(500);
         assert_eq!(ix.event_state(600), (true, true));
         let m = ix.prefix_match("a", &[1, 2, 3], 600);
@@ -295,9 +350,9 @@ mod tests {
         ix.insert("a", &[1, 2], Source::Routed, 700);
         assert_eq!(ix.prefix_match("a", &[1, 2, 3], 750).blocks, 2);
         // Three quarters of the allowed age: event credit is halved.
-        ix.set_events("a", &[1, 2, 3, 4], 500);
+        ix.set_events("a", &[1, 2, 3, 4], &[], 500);
         assert_eq!(ix.prefix_match("a", &[1, 2, 3, 4], 500 + 750).from_events, 2);
-        ix.set_events("a", &[1], 500);
+        ix.set_events("a", &[1], &[], 500);
         // Unconfirmed for longer than max_age: events are ignored, history counts again.
         assert_eq!(ix.event_state(2000), (true, false));
         assert_eq!(ix.prefix_match("a", &[1, 2, 3], 2000).from_events, 0);

@@ -8,7 +8,7 @@ use crate::config::{ConfigError, FilterConfig, ModelConfig};
 use crate::cost::{rank, Candidate, Profile, Score, TieBand};
 use crate::error::ApiError;
 use crate::hash::{block_hashes, CacheDomain};
-use crate::index::{KnowledgeIndex, Source};
+use crate::index::{EventChange, KnowledgeIndex, Source};
 use crate::load::WorkerLoad;
 use crate::model::ModelBundle;
 use crate::request::ParsedRequest;
@@ -244,7 +244,12 @@ impl Router {
                         now_ms.saturating_sub(r.observed_at_ms) <= self.max_load_age_ms
                     });
                     let load = combine_load(load(w), reported);
-                    Candidate { worker: w.clone(), cached_blocks: pm.blocks, load }
+                    Candidate {
+                        worker: w.clone(),
+                        cached_blocks: pm.blocks,
+                        offloaded_blocks: pm.offloaded,
+                        load,
+                    }
                 })
                 .collect();
         let profile: &Profile = &m.config.profile;
@@ -272,13 +277,46 @@ impl Router {
                 Some(l) => self.reported.insert(w.worker.clone(), l),
                 None => self.reported.remove(&w.worker),
             };
+            self.verdict(&w.worker, w.compatible);
             if w.compatible {
-                self.incompatible.remove(&w.worker);
-                self.index.set_events(&w.worker, &w.gpu, w.observed_at_ms);
+                self.index.set_events(&w.worker, &w.gpu, &w.offloaded, w.observed_at_ms);
             } else {
-                self.incompatible.insert(w.worker.clone());
-                self.index.set_events(&w.worker, &[], w.observed_at_ms);
+                self.index.set_events(&w.worker, &[], &[], w.observed_at_ms);
             }
+        }
+    }
+
+    /// Takes in a delta of the updater's knowledge (the caller checks that it follows the
+    /// version last applied).
+    pub fn apply_delta(&mut self, d: &crate::delta::Delta) {
+        for w in &d.workers {
+            match w.load {
+                Some(l) => self.reported.insert(w.worker.clone(), l),
+                None => self.reported.remove(&w.worker),
+            };
+            self.verdict(&w.worker, w.compatible);
+            let change = if w.compatible {
+                EventChange {
+                    // A verdict flipping back to compatible comes as a reset with the whole
+                    // view (see `WorkerDelta::between`).
+                    reset: w.reset,
+                    gpu_add: &w.gpu.add,
+                    gpu_remove: &w.gpu.remove,
+                    offloaded_add: &w.offloaded.add,
+                    offloaded_remove: &w.offloaded.remove,
+                }
+            } else {
+                EventChange { reset: true, ..Default::default() }
+            };
+            self.index.change_events(&w.worker, change, w.observed_at_ms);
+        }
+    }
+
+    fn verdict(&mut self, worker: &str, compatible: bool) {
+        if compatible {
+            self.incompatible.remove(worker);
+        } else {
+            self.incompatible.insert(worker.to_owned());
         }
     }
 
@@ -405,6 +443,75 @@ mod tests {
         let d3 = r.decide(&q, 0, &idle, 100 + 6_000, 0).unwrap();
         assert_eq!(d3.fallback, Some(FallbackReason::StaleEvents));
         assert_eq!(d3.blocks_from_events, 0);
+    }
+
+    #[test]
+    fn deltas_move_the_view_like_full_snapshots_and_offloaded_blocks_cost_a_transfer() {
+        use crate::delta::Delta;
+        use crate::snapshot::{Snapshot, WorkerKnowledge};
+        let idle = |_: &str| WorkerLoad::default();
+        let q = req(None, &LONG.repeat(20));
+        let r = router();
+        let hashes = r.decide(&q, 0, &idle, 0, 0).unwrap().block_hashes;
+        let mut sorted = hashes.clone();
+        sorted.sort_unstable();
+        let view = |w: &str, gpu: Vec<u64>, offloaded: Vec<u64>| WorkerKnowledge {
+            worker: w.into(),
+            observed_at_ms: 100,
+            compatible: true,
+            gpu,
+            offloaded,
+            load: None,
+        };
+        let s1 = Snapshot {
+            version: 1,
+            generated_at_ms: 100,
+            workers: vec![view("127.0.0.1:1", vec![], vec![]), view("127.0.0.1:2", vec![], vec![])],
+        };
+        // Worker 2 holds the whole prefix, but only in CPU memory.
+        let s2 = Snapshot {
+            version: 2,
+            generated_at_ms: 100,
+            workers: vec![
+                view("127.0.0.1:1", vec![], vec![]),
+                view("127.0.0.1:2", vec![], sorted.clone()),
+            ],
+        };
+        // Then it is loaded back to the GPU, and worker 1 computes the first half.
+        let half = {
+            let mut h = hashes[..hashes.len() / 2].to_vec();
+            h.sort_unstable();
+            h
+        };
+        let s3 = Snapshot {
+            version: 3,
+            generated_at_ms: 100,
+            workers: vec![view("127.0.0.1:1", half, vec![]), view("127.0.0.1:2", sorted, vec![])],
+        };
+        let mut full = router();
+        let mut delta = router();
+        full.events_checked(100);
+        delta.events_checked(100);
+        full.apply_snapshot(&s1);
+        delta.apply_snapshot(&s1);
+        let decide = |r: &Router| r.decide(&q, 0, &idle, 150, 0).unwrap();
+        for s in [&s2, &s3] {
+            let prev = if s.version == 2 { &s1 } else { &s2 };
+            full.apply_snapshot(s);
+            delta.apply_delta(&Delta::between(prev, s));
+            assert_eq!(decide(&full).ranked, decide(&delta).ranked, "version {}", s.version);
+        }
+        let mut r = router();
+        r.events_checked(100);
+        r.apply_snapshot(&s2);
+        let d = decide(&r);
+        let w2 = d.primary().unwrap();
+        assert_eq!(w2.worker, "127.0.0.1:2", "loading from CPU beats recomputing");
+        assert!(w2.cached_tokens > 0 && w2.transfer_ms > 0.0);
+        r.apply_delta(&Delta::between(&s2, &s3));
+        let d = decide(&r);
+        assert_eq!(d.primary().unwrap().worker, "127.0.0.1:2");
+        assert_eq!(d.primary().unwrap().transfer_ms, 0.0, "back on the GPU: no transfer");
     }
 
     #[test]
