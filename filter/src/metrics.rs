@@ -16,6 +16,7 @@ pub struct Metrics {
     decisions: HashMap<String, u32>,
     inflight: HashMap<String, (u32, u32)>,
     fallbacks: HashMap<&'static str, u32>,
+    updates: HashMap<&'static str, u32>,
     audit: HashMap<&'static str, u32>,
     predicted_blocks: Option<u32>,
     predicted_tokens: Option<u32>,
@@ -75,6 +76,11 @@ impl Metrics {
                 m.fallbacks.insert(r.name(), id);
             }
         }
+        for kind in ["full", "delta"] {
+            if let Some(id) = define(c, &format!("kvroute.knowledge.{kind}.updates")) {
+                m.updates.insert(kind, id);
+            }
+        }
         for a in [
             AuditClass::HitAsPredicted,
             AuditClass::FalseHit,
@@ -112,6 +118,11 @@ impl Metrics {
     pub fn audit(&self, class: AuditClass, actual_tokens: u64) {
         add(self.audit.get(class.name()).copied(), 1);
         add(self.actual_tokens, actual_tokens);
+    }
+
+    /// A thread applied a full snapshot or a delta of the updater's knowledge.
+    pub fn knowledge_update(&self, kind: &'static str) {
+        add(self.updates.get(kind).copied(), 1);
     }
 
     pub fn rejected(&self) {

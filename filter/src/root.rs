@@ -8,15 +8,13 @@ use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::journal::JournalEntry;
 use kvroute_core::load::LoadDelta;
 use kvroute_core::router::Router;
-use kvroute_core::snapshot::Snapshot;
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
 use crate::http::KvHttp;
 use crate::metrics::Metrics;
 use crate::shared::{journal_append, update_load, JournalCursor};
-use crate::sync::{read_head, SnapshotSync, DATA_KEY};
+use crate::sync::{read_delta, read_full, read_head, Head, SnapshotSync, RING};
 
 /// What every request context of a thread shares.
 pub struct ThreadState {
@@ -34,23 +32,40 @@ impl ThreadState {
     pub fn catch_up(&self) {
         let entries = self.cursor.borrow_mut().poll();
         let mut router = self.router.borrow_mut();
-        if let Some((version, checked_at)) = read_head() {
-            router.events_checked(checked_at);
-            if version != self.snapshot_version.get() {
-                let data = hostcalls::get_shared_data(DATA_KEY).ok().and_then(|(d, _)| d);
-                match data.as_deref().map(Snapshot::decode) {
-                    Some(Ok(snap)) => {
-                        router.apply_snapshot(&snap);
-                        self.snapshot_version.set(snap.version);
-                    }
-                    Some(Err(e)) => log::warn!("kvroute: unreadable snapshot in shared data: {e}"),
-                    None => {}
-                }
+        if let Some(head) = read_head() {
+            router.events_checked(head.checked_at_ms);
+            if head.version != self.snapshot_version.get() {
+                let v = self.follow(&mut router, &head);
+                self.snapshot_version.set(v);
             }
         }
         for e in entries {
             router.observe(&e.worker, &e.hashes, e.source, e.at_ms);
         }
+    }
+
+    /// Brings the router to `head.version`: along the ring's deltas from this thread's version,
+    /// or from the full snapshot when the chain has a gap. Returns the version reached.
+    fn follow(&self, router: &mut Router, head: &Head) -> u64 {
+        let mut v = self.chain(router, head, self.snapshot_version.get());
+        if v != head.version {
+            if let Some(full) = read_full() {
+                router.apply_snapshot(&full);
+                self.metrics.knowledge_update("full");
+                v = self.chain(router, head, full.version);
+            }
+        }
+        v
+    }
+
+    fn chain(&self, router: &mut Router, head: &Head, mut v: u64) -> u64 {
+        for _ in 0..RING {
+            let Some(d) = head.next_after(v).and_then(read_delta) else { break };
+            router.apply_delta(&d);
+            self.metrics.knowledge_update("delta");
+            v = d.to_version;
+        }
+        v
     }
 
     /// Changes a worker's shared load and publishes it.

@@ -1,14 +1,23 @@
-//! The singleton (Envoy bootstrap wasm service, same `vm_id` as the filter): pulls knowledge
-//! snapshots from the updater on a short tick and publishes them in shared data, where every
-//! worker thread's filter picks them up when the version moves.
+//! The singleton (Envoy bootstrap wasm service, same `vm_id` as the filter): pulls knowledge from
+//! the updater on a short tick and publishes it in shared data, where every worker thread's
+//! filter picks it up when the version moves.
 //!
-//! Shared data: `kvroute.snapshot.head` = version (u64 LE) + time the updater last confirmed
-//! it (unix ms, u64 LE); `kvroute.snapshot.data` = the encoded snapshot. The payload is
-//! validated (decoded) here before it is published.
+//! The singleton asks for `since=<its version>` and gets 304, a delta (`kvroute_core::delta`)
+//! or a full snapshot. It keeps the full snapshot in memory, applies deltas to it, and publishes:
+//! - `kvroute.snapshot.head`: see [`Head`] — the current version, when the updater last
+//!   confirmed it, the version of the full snapshot in shared data, and which delta sits in
+//!   which ring slot;
+//! - `kvroute.snapshot.data`: a full snapshot (rewritten every [`FULL_EVERY`] deltas, so a
+//!   thread that fell behind the ring still finds a chain from it);
+//! - `kvroute.snapshot.delta.<slot>`: the last [`RING`] deltas as received.
+//!
+//! A thread follows the chain of deltas from its own version; a gap means reading the full
+//! snapshot, then the deltas after it. Payloads are validated (decoded) before publication.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use kvroute_core::config::SnapshotSyncConfig;
+use kvroute_core::delta::{is_delta, Delta};
 use kvroute_core::snapshot::Snapshot;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, RootContext};
@@ -16,43 +25,124 @@ use proxy_wasm::types::MetricType;
 
 pub const HEAD_KEY: &str = "kvroute.snapshot.head";
 pub const DATA_KEY: &str = "kvroute.snapshot.data";
+/// Delta ring slots in shared data.
+pub const RING: usize = 16;
+/// The full snapshot in shared data is rewritten after this many deltas.
+pub const FULL_EVERY: usize = RING / 2;
 
-/// Reads the head key: (version, confirmed at ms).
-pub fn read_head() -> Option<(u64, u64)> {
-    let (bytes, _) = hostcalls::get_shared_data(HEAD_KEY).ok()?;
-    let b = bytes?;
-    let v = u64::from_le_bytes(b.get(0..8)?.try_into().ok()?);
-    let at = u64::from_le_bytes(b.get(8..16)?.try_into().ok()?);
-    Some((v, at))
+pub fn delta_key(slot: u8) -> String {
+    format!("kvroute.snapshot.delta.{slot}")
 }
 
-fn write_head(version: u64, at_ms: u64) {
-    let mut b = version.to_le_bytes().to_vec();
-    b.extend_from_slice(&at_ms.to_le_bytes());
-    let _ = hostcalls::set_shared_data(HEAD_KEY, Some(&b), None);
+/// One delta in the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingEntry {
+    pub slot: u8,
+    pub from: u64,
+    pub to: u64,
+}
+
+/// The small key every thread reads on each request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Head {
+    pub version: u64,
+    /// When the updater last confirmed `version` (unix ms).
+    pub checked_at_ms: u64,
+    /// Version of the full snapshot under [`DATA_KEY`].
+    pub full_version: u64,
+    pub ring: Vec<RingEntry>,
+}
+
+impl Head {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(25 + 17 * self.ring.len());
+        for v in [self.version, self.checked_at_ms, self.full_version] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.push(self.ring.len() as u8);
+        for e in &self.ring {
+            b.push(e.slot);
+            b.extend_from_slice(&e.from.to_le_bytes());
+            b.extend_from_slice(&e.to.to_le_bytes());
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Head> {
+        let u64_at = |i: usize| Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?));
+        let n = *b.get(24)? as usize;
+        let ring = (0..n.min(RING))
+            .map(|k| {
+                let at = 25 + 17 * k;
+                Some(RingEntry { slot: *b.get(at)?, from: u64_at(at + 1)?, to: u64_at(at + 9)? })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Head {
+            version: u64_at(0)?,
+            checked_at_ms: u64_at(8)?,
+            full_version: u64_at(16)?,
+            ring,
+        })
+    }
+
+    /// The ring entry continuing from `version`.
+    pub fn next_after(&self, version: u64) -> Option<RingEntry> {
+        self.ring.iter().copied().find(|e| e.from == version)
+    }
+}
+
+/// Reads the head key.
+pub fn read_head() -> Option<Head> {
+    let (bytes, _) = hostcalls::get_shared_data(HEAD_KEY).ok()?;
+    Head::decode(&bytes?)
+}
+
+fn read(key: &str) -> Option<Vec<u8>> {
+    hostcalls::get_shared_data(key).ok().and_then(|(d, _)| d)
+}
+
+/// Reads the delta of ring entry `e`, if the slot still holds it.
+pub fn read_delta(e: RingEntry) -> Option<Delta> {
+    let d = Delta::decode(&read(&delta_key(e.slot))?).ok()?;
+    (d.from_version == e.from && d.to_version == e.to).then_some(d)
+}
+
+/// Reads the full snapshot.
+pub fn read_full() -> Option<Snapshot> {
+    match Snapshot::decode(&read(DATA_KEY)?) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            log::warn!("kvroute: unreadable snapshot in shared data: {e}");
+            None
+        }
+    }
 }
 
 pub struct SnapshotSync {
     cfg: SnapshotSyncConfig,
-    version: u64,
+    full: Option<Snapshot>,
+    head: Head,
+    next_slot: u8,
+    deltas_since_full: usize,
     pending: bool,
-    fetched: Option<u32>,
+    fetched_full: Option<u32>,
+    fetched_delta: Option<u32>,
     failed: Option<u32>,
 }
 
 impl SnapshotSync {
     pub fn new(cfg: SnapshotSyncConfig) -> Self {
+        let c = MetricType::Counter;
         SnapshotSync {
             cfg,
-            version: 0,
+            full: None,
+            head: Head::default(),
+            next_slot: 0,
+            deltas_since_full: 0,
             pending: false,
-            fetched: hostcalls::define_metric(
-                MetricType::Counter,
-                "kvroute.sync.snapshots_fetched",
-            )
-            .ok(),
-            failed: hostcalls::define_metric(MetricType::Counter, "kvroute.sync.fetch_failures")
-                .ok(),
+            fetched_full: hostcalls::define_metric(c, "kvroute.sync.full_snapshots").ok(),
+            fetched_delta: hostcalls::define_metric(c, "kvroute.sync.deltas").ok(),
+            failed: hostcalls::define_metric(c, "kvroute.sync.fetch_failures").ok(),
         }
     }
 
@@ -69,6 +159,52 @@ impl SnapshotSync {
     pub fn start(&mut self) {
         self.set_tick_period(Duration::from_millis(self.cfg.interval_ms));
     }
+
+    fn version(&self) -> u64 {
+        self.full.as_ref().map_or(0, |s| s.version)
+    }
+
+    fn write_head(&self) {
+        let _ = hostcalls::set_shared_data(HEAD_KEY, Some(&self.head.encode()), None);
+    }
+
+    fn publish_full(&mut self, encoded: Option<Vec<u8>>) {
+        let Some(full) = &self.full else { return };
+        let bytes = encoded.unwrap_or_else(|| full.encode());
+        let _ = hostcalls::set_shared_data(DATA_KEY, Some(&bytes), None);
+        self.head.full_version = full.version;
+        self.deltas_since_full = 0;
+    }
+
+    fn take_full(&mut self, body: Vec<u8>) -> Result<(), String> {
+        let snap = Snapshot::decode(&body).map_err(|e| e.to_string())?;
+        self.head.version = snap.version;
+        self.head.ring.clear();
+        self.full = Some(snap);
+        self.publish_full(Some(body));
+        Self::count(self.fetched_full);
+        Ok(())
+    }
+
+    fn take_delta(&mut self, body: Vec<u8>) -> Result<(), String> {
+        let d = Delta::decode(&body).map_err(|e| e.to_string())?;
+        let Some(full) = self.full.as_mut() else { return Err("delta without a base".into()) };
+        full.apply_delta(&d).map_err(|e| e.to_string())?;
+        let slot = self.next_slot;
+        self.next_slot = ((slot as usize + 1) % RING) as u8;
+        // Unlist the slot before overwriting it, so no thread trusts a half-written chain.
+        self.head.ring.retain(|e| e.slot != slot);
+        self.write_head();
+        let _ = hostcalls::set_shared_data(&delta_key(slot), Some(&body), None);
+        self.head.ring.push(RingEntry { slot, from: d.from_version, to: d.to_version });
+        self.head.version = d.to_version;
+        self.deltas_since_full += 1;
+        if self.deltas_since_full >= FULL_EVERY {
+            self.publish_full(None);
+        }
+        Self::count(self.fetched_delta);
+        Ok(())
+    }
 }
 
 impl Context for SnapshotSync {
@@ -82,25 +218,29 @@ impl Context for SnapshotSync {
         self.pending = false;
         let status = self.get_http_call_response_header(":status").unwrap_or_default();
         let now = self.now_ms();
-        match status.as_str() {
-            "304" => write_head(self.version, now),
+        let taken = match status.as_str() {
+            "304" => Ok(()),
             "200" => {
                 let body = self.get_http_call_response_body(0, body_size).unwrap_or_default();
-                match Snapshot::decode(&body) {
-                    Ok(s) => {
-                        let _ = hostcalls::set_shared_data(DATA_KEY, Some(&body), None);
-                        self.version = s.version;
-                        write_head(s.version, now);
-                        Self::count(self.fetched);
-                    }
-                    Err(e) => {
-                        log::warn!("kvroute: rejecting snapshot from the updater: {e}");
-                        Self::count(self.failed);
-                    }
+                if is_delta(&body) {
+                    self.take_delta(body)
+                } else {
+                    self.take_full(body)
                 }
             }
-            other => {
-                log::debug!("kvroute: snapshot fetch answered {other}");
+            other => Err(format!("updater answered {other}")),
+        };
+        match taken {
+            Ok(()) => {
+                self.head.checked_at_ms = now;
+                self.write_head();
+            }
+            Err(e) => {
+                log::debug!("kvroute: snapshot sync: {e}");
+                if self.full.is_some() && status == "200" {
+                    // Out of step with the updater: start over from a full snapshot.
+                    self.full = None;
+                }
                 Self::count(self.failed);
             }
         }
@@ -112,7 +252,7 @@ impl RootContext for SnapshotSync {
         if self.pending {
             return;
         }
-        let path = format!("/v1/snapshot?since={}", self.version);
+        let path = format!("/v1/snapshot?since={}", self.version());
         let headers = vec![
             (":method", "GET"),
             (":path", path.as_str()),
@@ -124,5 +264,30 @@ impl RootContext for SnapshotSync {
             Ok(_) => self.pending = true,
             Err(_) => Self::count(self.failed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_round_trips_and_rejects_truncation() {
+        let h = Head {
+            version: 9,
+            checked_at_ms: 1234,
+            full_version: 7,
+            ring: vec![
+                RingEntry { slot: 3, from: 7, to: 8 },
+                RingEntry { slot: 4, from: 8, to: 9 },
+            ],
+        };
+        let b = h.encode();
+        assert_eq!(Head::decode(&b), Some(h.clone()));
+        for n in 0..b.len() {
+            assert_eq!(Head::decode(&b[..n]), None);
+        }
+        assert_eq!(h.next_after(7).map(|e| e.slot), Some(3));
+        assert_eq!(h.next_after(9), None);
     }
 }

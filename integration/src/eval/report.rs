@@ -207,8 +207,7 @@ pub fn summarize(scope: &Scope, ceiling: Option<f64>, slo: Slo, runs: &[RunResul
         .map(String::as_str)
         .filter(|c| *c != ALL)
         .collect();
-    let cohorts: Vec<String> =
-        std::iter::once(ALL).chain(tags).map(str::to_owned).collect();
+    let cohorts: Vec<String> = std::iter::once(ALL).chain(tags).map(str::to_owned).collect();
 
     let policies: Vec<PolicyReport> = runs
         .iter()
@@ -417,7 +416,12 @@ mod tests {
         (0..n).map(|w| format!("127.0.0.1:{}", 9000 + w)).collect()
     }
 
-    fn run(policy: &str, n: usize, records: Vec<RequestRecord>, queue: Vec<QueueSample>) -> RunResult {
+    fn run(
+        policy: &str,
+        n: usize,
+        records: Vec<RequestRecord>,
+        queue: Vec<QueueSample>,
+    ) -> RunResult {
         RunResult { policy: policy.into(), workers: workers(n), duration_s: 10.0, records, queue }
     }
 
@@ -476,9 +480,12 @@ mod tests {
                 (Some(x), Some(y)) if x.fract() != 0.0 || y.fract() != 0.0 => close(x, y),
                 _ => x == y,
             },
-            (Array(x), Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y)),
+            (Array(x), Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+            }
             (Object(x), Object(y)) => {
-                x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+                x.len() == y.len()
+                    && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
             }
             _ => a == b,
         }
@@ -487,7 +494,8 @@ mod tests {
     #[test]
     fn quantiles_are_exact_nearest_rank() {
         // TTFTs 1..=100 ms in shuffled order, plus a failed request that must not count.
-        let mut records: Vec<_> = (1..=100).map(|i| rec(i, "w", ((i * 37) % 100 + 1) as f64, &[])).collect();
+        let mut records: Vec<_> =
+            (1..=100).map(|i| rec(i, "w", ((i * 37) % 100 + 1) as f64, &[])).collect();
         records.push(failed(101));
         let report = summarize(&scope(), None, SLO, &[run("p", 1, records, vec![])]);
         let all = report.policies[0].all().expect("cohort all");
@@ -498,7 +506,8 @@ mod tests {
         // 100 gaps of 10 ms and 100 of 20 ms: rank 198 of 200 is 20.
         assert_eq!(all.gap_p99_ms, Some(20.0));
 
-        let one = summarize(&scope(), None, SLO, &[run("p", 1, vec![rec(0, "w", 42.0, &[])], vec![])]);
+        let one =
+            summarize(&scope(), None, SLO, &[run("p", 1, vec![rec(0, "w", 42.0, &[])], vec![])]);
         let all = one.policies[0].all().expect("cohort all");
         assert_eq!((all.ttft_p50_ms, all.ttft_p99_ms), (Some(42.0), Some(42.0)));
     }
@@ -649,7 +658,10 @@ mod tests {
         assert_eq!(report.baseline, None);
         assert_eq!(report.ratios.len(), 6);
         for r in &report.ratios {
-            assert_eq!((r.ttft_p50, r.ttft_p99, r.gap_p99, r.useful_per_s), (None, None, None, None));
+            assert_eq!(
+                (r.ttft_p50, r.ttft_p99, r.gap_p99, r.useful_per_s),
+                (None, None, None, None)
+            );
         }
         assert!(markdown(&report).contains("| all | round-robin | n/a | n/a | n/a | n/a |"));
 
@@ -780,6 +792,9 @@ mod tests {
         assert!(markdown(&report).contains("x\\|y"));
         let random = report.policy("random").expect("random");
         assert_eq!(random.queue.imbalance, None);
-        assert_eq!(random.queue.workers.last().map(|w| (w.worker.as_str(), w.served)), Some(("elsewhere", 5)));
+        assert_eq!(
+            random.queue.workers.last().map(|w| (w.worker.as_str(), w.served)),
+            Some(("elsewhere", 5))
+        );
     }
 }
