@@ -133,6 +133,25 @@ impl Envoy {
         format!("http://127.0.0.1:{}", self.admin_port)
     }
 
+    /// Waits until Envoy's active health checks report `n` healthy workers.
+    pub async fn wait_healthy(&self, n: usize) -> anyhow::Result<()> {
+        let url = format!("{}/clusters", self.admin_url());
+        crate::eventually("healthy workers", Duration::from_secs(30), || {
+            let url = url.clone();
+            async move {
+                let text = reqwest::get(&url).await.ok()?.text().await.ok()?;
+                let healthy = text
+                    .lines()
+                    .filter(|l| {
+                        l.starts_with("workers::") && l.ends_with("::health_flags::healthy")
+                    })
+                    .count();
+                (healthy == n).then_some(())
+            }
+        })
+        .await
+    }
+
     /// Prometheus samples from `/stats/prometheus`: `name{label="v",...}` → value.
     pub async fn prometheus(&self) -> anyhow::Result<HashMap<String, f64>> {
         let text =

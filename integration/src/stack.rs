@@ -93,6 +93,26 @@ impl Updater {
         workers: &[SimWorker],
         dir: &std::path::Path,
     ) -> anyhow::Result<Updater> {
+        let endpoints: Vec<String> = workers
+            .iter()
+            .map(|w| {
+                format!(
+                    "{},tcp://127.0.0.1:{},tcp://127.0.0.1:{}",
+                    w.addr, w.events_port, w.replay_port
+                )
+            })
+            .collect();
+        Self::start_for(port, Some(envoy_admin), &endpoints, dir).await
+    }
+
+    /// Starts the updater on `port` following `endpoints` (`http,events,replay` as its
+    /// `--worker` flag takes them), with Envoy's admin deciding membership if given.
+    pub async fn start_for(
+        port: u16,
+        envoy_admin: Option<u16>,
+        endpoints: &[String],
+        dir: &std::path::Path,
+    ) -> anyhow::Result<Updater> {
         let mut args = vec![
             "--listen".to_string(),
             format!("127.0.0.1:{port}"),
@@ -100,15 +120,14 @@ impl Updater {
             UPDATER_TOKEN.into(),
             "--align-interval-ms".into(),
             "300".into(),
-            "--envoy-admin".into(),
-            format!("http://127.0.0.1:{envoy_admin}"),
         ];
-        for w in workers {
+        if let Some(admin) = envoy_admin {
+            args.push("--envoy-admin".into());
+            args.push(format!("http://127.0.0.1:{admin}"));
+        }
+        for e in endpoints {
             args.push("--worker".into());
-            args.push(format!(
-                "{},tcp://127.0.0.1:{},tcp://127.0.0.1:{}",
-                w.addr, w.events_port, w.replay_port
-            ));
+            args.push(e.clone());
         }
         let log = dir.join("updater.log");
         let guard = Self::spawn(&args, &log).await?;
@@ -177,6 +196,18 @@ pub fn write_config(
     let path = paths::repo_root().join("envoy").join(template);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    write_config_text(template, &text, dir, ports, addrs, filter)
+}
+
+/// Renders template `text` (named `name`) for the given ports and workers into `dir`.
+pub fn write_config_text(
+    name: &str,
+    text: &str,
+    dir: &std::path::Path,
+    ports: Ports,
+    addrs: &[String],
+    filter: &Value,
+) -> anyhow::Result<PathBuf> {
     let wasm = paths::wasm_path()?;
     let vars = [
         ("ADMIN_PORT", ports.admin.to_string()),
@@ -187,8 +218,8 @@ pub fn write_config(
         ("ENDPOINTS", envoy::endpoints(addrs)?),
         ("KVROUTE_CONFIG", filter.to_string()),
     ];
-    let out = dir.join(template);
-    std::fs::write(&out, envoy::render(&text, &vars)?)?;
+    let out = dir.join(name);
+    std::fs::write(&out, envoy::render(text, &vars)?)?;
     Ok(out)
 }
 
@@ -228,21 +259,7 @@ impl Stack {
 
     /// Waits until Envoy's active health checks report `n` healthy workers.
     pub async fn wait_healthy(&self, n: usize) -> anyhow::Result<()> {
-        let url = format!("{}/clusters", self.envoy.admin_url());
-        crate::eventually("healthy workers", Duration::from_secs(30), || {
-            let url = url.clone();
-            async move {
-                let text = reqwest::get(&url).await.ok()?.text().await.ok()?;
-                let healthy = text
-                    .lines()
-                    .filter(|l| {
-                        l.starts_with("workers::") && l.ends_with("::health_flags::healthy")
-                    })
-                    .count();
-                (healthy == n).then_some(())
-            }
-        })
-        .await
+        self.envoy.wait_healthy(n).await
     }
 
     /// Kills worker `i`'s process (its port goes away).

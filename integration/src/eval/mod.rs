@@ -6,8 +6,14 @@
 //! stream into token timings; [`mooncake`] replays the Mooncake trace; [`report`] aggregates
 //! and writes the results.
 
+pub mod cluster;
+pub mod delay;
 pub mod mooncake;
 pub mod record;
 pub mod report;
+pub mod runner;
 pub mod schedule;
+pub mod send;
 pub mod sse;
+pub mod topology;
+pub mod workloads;

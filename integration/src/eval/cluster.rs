@@ -1,0 +1,311 @@
+//! A running topology for one policy: workers, the updater (kvroute with events), an optional
+//! knowledge delay relay, and M Envoy instances with that policy. Dropping it stops every
+//! process it started.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::envoy::Envoy;
+use crate::eval::delay::DelayRelay;
+use crate::eval::topology::Topology;
+use crate::paths;
+use crate::sim::SimWorker;
+use crate::stack::{write_config, write_config_text, Ports, Updater, MODEL};
+
+/// What makes the routing decision. Every policy goes through the same Envoy listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// The kvroute filter with KV events from kvroute-updater.
+    Kvroute,
+    /// The kvroute filter with its own routing history and response feedback only.
+    KvrouteNoEvents,
+    /// Envoy's LEAST_REQUEST.
+    LeastRequest,
+    /// Envoy's ROUND_ROBIN.
+    RoundRobin,
+    /// Envoy's RANDOM.
+    Random,
+    /// Deliberately bad: everything to the first worker (the harness's self-check).
+    Pinned,
+}
+
+impl Policy {
+    pub const COMPARED: [Policy; 5] = [
+        Policy::Kvroute,
+        Policy::KvrouteNoEvents,
+        Policy::LeastRequest,
+        Policy::RoundRobin,
+        Policy::Random,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Kvroute => "kvroute",
+            Policy::KvrouteNoEvents => "kvroute-no-events",
+            Policy::LeastRequest => "least-request",
+            Policy::RoundRobin => "round-robin",
+            Policy::Random => "random",
+            Policy::Pinned => "pinned",
+        }
+    }
+
+    pub fn parse(s: &str) -> anyhow::Result<Policy> {
+        [Policy::Pinned]
+            .into_iter()
+            .chain(Policy::COMPARED)
+            .find(|p| p.name() == s)
+            .with_context(|| format!("unknown policy {s}"))
+    }
+
+    fn filter(self) -> bool {
+        matches!(self, Policy::Kvroute | Policy::KvrouteNoEvents)
+    }
+
+    fn lb_policy(self) -> &'static str {
+        match self {
+            Policy::RoundRobin | Policy::Pinned => "ROUND_ROBIN",
+            Policy::Random => "RANDOM",
+            _ => "LEAST_REQUEST",
+        }
+    }
+}
+
+/// A scheduled fault.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Fault {
+    /// The worker's ports go away (it stays down for the rest of the run).
+    WorkerLoss { worker: usize },
+    /// Evict this share of the worker's free cached blocks.
+    Evict { worker: usize, percent: u32 },
+    /// The updater is down for this long, then restarts.
+    UpdaterOutage { duration_ms: u64 },
+    /// Knowledge reaches Envoy this much later, for this long.
+    KnowledgeDelay { delay_ms: u64, duration_ms: u64 },
+}
+
+/// A fault at a time of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimedFault {
+    pub at_ms: u64,
+    #[serde(flatten)]
+    pub fault: Fault,
+}
+
+impl TimedFault {
+    pub fn describe(&self) -> String {
+        let what = match &self.fault {
+            Fault::WorkerLoss { worker } => format!("worker {worker} lost"),
+            Fault::Evict { worker, percent } => {
+                format!("{percent} % of worker {worker}'s cache evicted")
+            }
+            Fault::UpdaterOutage { duration_ms } => {
+                format!("updater down for {:.1} s", *duration_ms as f64 / 1000.0)
+            }
+            Fault::KnowledgeDelay { delay_ms, duration_ms } => format!(
+                "knowledge delayed by {delay_ms} ms for {:.1} s",
+                *duration_ms as f64 / 1000.0
+            ),
+        };
+        format!("t={:.1} s: {what}", self.at_ms as f64 / 1000.0)
+    }
+}
+
+/// A worker of the cluster.
+pub enum WorkerHandle {
+    Sim(SimWorker),
+    External { addr: String },
+}
+
+impl WorkerHandle {
+    pub fn addr(&self) -> &str {
+        match self {
+            WorkerHandle::Sim(s) => &s.addr,
+            WorkerHandle::External { addr } => addr,
+        }
+    }
+}
+
+pub struct Cluster {
+    pub policy: Policy,
+    pub workers: Vec<WorkerHandle>,
+    pub envoys: Vec<Envoy>,
+    pub updater: Option<Updater>,
+    pub relay: Option<DelayRelay>,
+    pub dir: PathBuf,
+    base_delay: Duration,
+}
+
+impl Cluster {
+    pub async fn start(topo: &Topology, policy: Policy) -> anyhow::Result<Cluster> {
+        topo.validate()?;
+        let dir = paths::scratch_dir(&format!("bench-{}", policy.name()))?;
+        let mut workers = Vec::new();
+        let mut endpoints = Vec::new();
+        if topo.workers.external.is_empty() {
+            let mut args = vec![
+                "--profile".to_string(),
+                topo.workers.profile.clone(),
+                "--speedup".into(),
+                topo.workers.speedup.to_string(),
+            ];
+            if let Some(p) = topo.workers.prefill_ms_per_token {
+                args.extend(["--prefill-ms-per-token".into(), p.to_string()]);
+            }
+            args.extend(topo.workers.sim_args.iter().cloned());
+            for i in 0..topo.workers.count {
+                let w = SimWorker::start(i, &args, &dir).await?;
+                endpoints.push(format!(
+                    "{},tcp://127.0.0.1:{},tcp://127.0.0.1:{}",
+                    w.addr, w.events_port, w.replay_port
+                ));
+                workers.push(WorkerHandle::Sim(w));
+            }
+        } else {
+            for e in &topo.workers.external {
+                if let (Some(ev), Some(rp)) = (&e.events, &e.replay) {
+                    endpoints.push(format!("{},{ev},{rp}", e.addr));
+                }
+                workers.push(WorkerHandle::External { addr: e.addr.clone() });
+            }
+        }
+        let addrs: Vec<String> = workers.iter().map(|w| w.addr().to_owned()).collect();
+        let updater_port = paths::free_port()?;
+        let base_delay = Duration::from_millis(topo.knowledge.delay_ms);
+        let (updater, relay) = if policy == Policy::Kvroute {
+            let u = Updater::start_for(updater_port, None, &endpoints, &dir).await?;
+            let r = DelayRelay::start(updater_port, base_delay).await?;
+            (Some(u), Some(r))
+        } else {
+            (None, None)
+        };
+        let mut envoys = Vec::new();
+        for i in 0..topo.envoy.instances {
+            let ports = Ports {
+                admin: paths::free_port()?,
+                listen: paths::free_port()?,
+                // Without the updater the singleton finds nothing there and the filter routes on
+                // its own history.
+                updater: relay.as_ref().map_or(updater_port, |r| r.port),
+            };
+            let sub = dir.join(format!("envoy-{i}"));
+            std::fs::create_dir_all(&sub)?;
+            let config = Self::config(topo, policy, &sub, ports, &addrs)?;
+            let envoy =
+                Envoy::start(&config, ports.admin, ports.listen, &sub, topo.envoy.concurrency)
+                    .await
+                    .with_context(|| format!("starting Envoy {i} for {}", policy.name()))?;
+            envoys.push(envoy);
+        }
+        let cluster = Cluster { policy, workers, envoys, updater, relay, dir, base_delay };
+        let healthy = if policy == Policy::Pinned { 1 } else { addrs.len() };
+        for e in &cluster.envoys {
+            e.wait_healthy(healthy).await?;
+        }
+        Ok(cluster)
+    }
+
+    fn config(
+        topo: &Topology,
+        policy: Policy,
+        dir: &std::path::Path,
+        ports: Ports,
+        addrs: &[String],
+    ) -> anyhow::Result<PathBuf> {
+        if policy.filter() {
+            let mut profile = json!({});
+            if let Some(p) = topo.workers.prefill_ms_per_token {
+                profile = json!({"prefill_ms_per_token": p, "prefill_base_ms": 5.0});
+            }
+            let filter = json!({
+                "models": [{"name": MODEL, "workers": addrs, "profile": profile}],
+                "expose_decision_header": true,
+                "knowledge": {"max_event_age_ms": topo.knowledge.max_event_age_ms},
+            });
+            return write_config("kvroute.yaml", dir, ports, addrs, &filter);
+        }
+        let path = paths::repo_root().join("envoy").join("least-request.yaml");
+        let text = std::fs::read_to_string(&path)?;
+        anyhow::ensure!(text.contains("lb_policy: LEAST_REQUEST"), "baseline template changed");
+        let text =
+            text.replace("lb_policy: LEAST_REQUEST", &format!("lb_policy: {}", policy.lb_policy()));
+        let addrs = if policy == Policy::Pinned { &addrs[..1] } else { addrs };
+        let name = format!("{}.yaml", policy.name());
+        write_config_text(&name, &text, dir, ports, addrs, &json!({}))
+    }
+
+    /// Base URLs of the Envoy instances.
+    pub fn urls(&self) -> Vec<String> {
+        self.envoys.iter().map(Envoy::base_url).collect()
+    }
+
+    pub fn addrs(&self) -> Vec<String> {
+        self.workers.iter().map(|w| w.addr().to_owned()).collect()
+    }
+
+    /// Applies a fault now.
+    pub async fn apply(&mut self, fault: &Fault) -> anyhow::Result<()> {
+        let sim = |w: usize| match self.workers.get(w) {
+            Some(WorkerHandle::Sim(s)) => Ok(s),
+            Some(WorkerHandle::External { .. }) => {
+                anyhow::bail!("faults on external worker {w} are not supported")
+            }
+            None => anyhow::bail!("no worker {w}"),
+        };
+        match fault {
+            Fault::WorkerLoss { worker } => {
+                sim(*worker)?.admin("crash", None).await?;
+            }
+            Fault::Evict { worker, percent } => {
+                sim(*worker)?.admin(&format!("evict?percent={percent}"), None).await?;
+            }
+            Fault::UpdaterOutage { .. } => {
+                if let Some(u) = self.updater.as_mut() {
+                    u.stop().await;
+                }
+            }
+            Fault::KnowledgeDelay { delay_ms, .. } => {
+                if let Some(r) = &self.relay {
+                    r.set_delay(Duration::from_millis(*delay_ms));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a fault that has a duration.
+    pub async fn end(&mut self, fault: &Fault) -> anyhow::Result<()> {
+        match fault {
+            Fault::UpdaterOutage { .. } => {
+                if let Some(u) = self.updater.as_mut() {
+                    u.restart().await?;
+                }
+            }
+            Fault::KnowledgeDelay { .. } => {
+                if let Some(r) = &self.relay {
+                    r.set_delay(self.base_delay);
+                }
+            }
+            Fault::WorkerLoss { .. } | Fault::Evict { .. } => {}
+        }
+        Ok(())
+    }
+}
+
+impl Fault {
+    /// How long the fault lasts (zero: a one-off event).
+    pub fn duration(&self) -> Duration {
+        match self {
+            Fault::UpdaterOutage { duration_ms } | Fault::KnowledgeDelay { duration_ms, .. } => {
+                Duration::from_millis(*duration_ms)
+            }
+            _ => Duration::ZERO,
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! Runs one policy on a schedule: brings the cluster up, replays every arrival open-loop (each
+//! request at its scheduled time, whatever happened to the others), applies the faults on time,
+//! samples every worker's queue, and collects one record per request.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::sync::{watch, Mutex};
+
+use crate::eval::cluster::{Cluster, Policy, TimedFault};
+use crate::eval::record::{QueueSample, RequestRecord, RunResult, Slo};
+use crate::eval::schedule::Scheduled;
+use crate::eval::send::send;
+use crate::eval::topology::Topology;
+
+/// How often every worker's `/metrics` is scraped for its queue.
+pub const QUEUE_SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// Knobs of a run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// A request that has not finished by then counts as failed.
+    pub request_timeout: Duration,
+    /// Draw a progress bar (stderr, only on a terminal).
+    pub progress: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { request_timeout: Duration::from_secs(120), progress: true }
+    }
+}
+
+/// Runs `policy` on `schedule`.
+pub async fn run_policy(
+    topo: &Topology,
+    policy: Policy,
+    schedule: &[Scheduled],
+    slo: Slo,
+    faults: &[TimedFault],
+    opts: &RunOptions,
+) -> anyhow::Result<RunResult> {
+    let cluster = Cluster::start(topo, policy).await?;
+    let urls = cluster.urls();
+    let workers = cluster.addrs();
+    let cluster = Arc::new(Mutex::new(cluster));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let start = tokio::time::Instant::now();
+    let sampler = tokio::spawn(sample_queues(workers.clone(), start, stop_rx.clone()));
+    let fault_task = tokio::spawn(run_faults(cluster.clone(), faults.to_vec(), start, stop_rx));
+    let bar = progress_bar(opts.progress, schedule.len() as u64, policy.name());
+    let http = reqwest::Client::new();
+    let tasks: Vec<_> = schedule
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (http, url, s, bar) =
+                (http.clone(), urls[i % urls.len()].clone(), s.clone(), bar.clone());
+            let timeout = opts.request_timeout;
+            tokio::spawn(async move {
+                tokio::time::sleep_until(start + s.at).await;
+                let r = send(&http, &url, i, &s, &slo, timeout).await;
+                bar.inc(1);
+                r
+            })
+        })
+        .collect();
+    let mut records = Vec::with_capacity(tasks.len());
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await {
+            Ok(r) => records.push(r),
+            Err(e) => anyhow::bail!("request task {i} failed: {e}"),
+        }
+    }
+    let duration_s = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let _ = stop_tx.send(true);
+    let queue = sampler.await.unwrap_or_default();
+    if let Ok(Err(e)) = fault_task.await {
+        anyhow::bail!("applying faults: {e}");
+    }
+    tag_routed_away(&mut records);
+    // Stop every process of this policy before the next one starts.
+    drop(cluster);
+    Ok(RunResult { policy: policy.name().into(), workers, duration_s, records, queue })
+}
+
+fn progress_bar(show: bool, len: u64, name: &str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template(
+        "  {prefix:<18} [{elapsed_precise}] {bar:30} {pos}/{len} requests finished",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_prefix(name.to_owned());
+    bar
+}
+
+/// Marks `hot-prefix` requests that were not served by the worker serving most of them.
+pub fn tag_routed_away(records: &mut [RequestRecord]) {
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for r in records.iter().filter(|r| r.cohorts.iter().any(|c| c == "hot-prefix")) {
+        if let Some(w) = &r.worker {
+            *counts.entry(w.as_str()).or_default() += 1;
+        }
+    }
+    let Some(hot) = counts.into_iter().max_by_key(|(_, n)| *n).map(|(w, _)| w.to_owned()) else {
+        return;
+    };
+    for r in records.iter_mut() {
+        let is_hot = r.cohorts.iter().any(|c| c == "hot-prefix");
+        if is_hot && r.worker.as_deref().is_some_and(|w| w != hot) {
+            r.cohorts.push("routed-away".into());
+        }
+    }
+}
+
+async fn run_faults(
+    cluster: Arc<Mutex<Cluster>>,
+    faults: Vec<TimedFault>,
+    start: tokio::time::Instant,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    // (time, index, is_end), in time order.
+    let mut events: Vec<(Duration, usize, bool)> = Vec::new();
+    for (i, f) in faults.iter().enumerate() {
+        let at = Duration::from_millis(f.at_ms);
+        events.push((at, i, false));
+        if !f.fault.duration().is_zero() {
+            events.push((at + f.fault.duration(), i, true));
+        }
+    }
+    events.sort();
+    for (at, i, end) in events {
+        tokio::select! {
+            _ = tokio::time::sleep_until(start + at) => {}
+            _ = stop.changed() => {}
+        }
+        let mut c = cluster.lock().await;
+        let f = &faults[i].fault;
+        if end {
+            c.end(f).await?;
+        } else {
+            c.apply(f).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn sample_queues(
+    workers: Vec<String>,
+    start: tokio::time::Instant,
+    mut stop: watch::Receiver<bool>,
+) -> Vec<QueueSample> {
+    let http = match reqwest::Client::builder().timeout(Duration::from_millis(500)).build() {
+        Ok(h) => h,
+        Err(_) => return Vec::new(),
+    };
+    let mut out = Vec::new();
+    let began = Instant::now();
+    // Bounded: at most a day of samples.
+    while began.elapsed() < Duration::from_secs(86_400) && !*stop.borrow() {
+        for (i, w) in workers.iter().enumerate() {
+            if let Some((running, waiting)) = scrape_queue(&http, w).await {
+                out.push(QueueSample {
+                    t_ms: start.elapsed().as_secs_f64() * 1000.0,
+                    worker: i,
+                    running,
+                    waiting,
+                });
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(QUEUE_SAMPLE_EVERY) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    out
+}
+
+/// `vllm:num_requests_running` and `_waiting` (SGLang: `sglang:num_running_reqs`,
+/// `sglang:num_queue_reqs`) from a worker's `/metrics`.
+pub async fn scrape_queue(http: &reqwest::Client, worker: &str) -> Option<(u32, u32)> {
+    let text = http.get(format!("http://{worker}/metrics")).send().await.ok()?.text().await.ok()?;
+    parse_queue(&text)
+}
+
+pub fn parse_queue(text: &str) -> Option<(u32, u32)> {
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).ok()?;
+    let value = |names: [&str; 2]| {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| names.contains(&s.metric.as_str()))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .reduce(|a, b| a + b)
+    };
+    let running = value(["vllm:num_requests_running", "sglang:num_running_reqs"])?;
+    let waiting = value(["vllm:num_requests_waiting", "sglang:num_queue_reqs"]).unwrap_or(0.0);
+    Some((running.max(0.0) as u32, waiting.max(0.0) as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(worker: &str, cohorts: &[&str]) -> RequestRecord {
+        RequestRecord {
+            id: 0,
+            at_ms: 0.0,
+            status: 200,
+            error: None,
+            worker: Some(worker.into()),
+            ttft_ms: Some(1.0),
+            gaps_ms: vec![],
+            max_gap_ms: 0.0,
+            stalls: 0,
+            e2e_ms: 1.0,
+            output_tokens: 1,
+            prompt_tokens: None,
+            cached_tokens: None,
+            predicted_cached_tokens: None,
+            within_slo: true,
+            cohorts: cohorts.iter().map(|c| c.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn hot_requests_served_elsewhere_are_routed_away() {
+        let mut r = vec![
+            rec("a", &["hot-prefix"]),
+            rec("a", &["hot-prefix"]),
+            rec("b", &["hot-prefix"]),
+            rec("b", &["background"]),
+        ];
+        tag_routed_away(&mut r);
+        assert_eq!(r[2].cohorts, ["hot-prefix", "routed-away"]);
+        assert_eq!(r[0].cohorts, ["hot-prefix"]);
+        assert_eq!(r[3].cohorts, ["background"]);
+    }
+
+    #[test]
+    fn queue_from_vllm_and_sglang_metrics() {
+        let vllm = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 2\n";
+        assert_eq!(parse_queue(vllm), Some((3, 2)));
+        let sglang = "sglang:num_running_reqs{model_name=\"m\"} 5\nsglang:num_queue_reqs{model_name=\"m\"} 1\n";
+        assert_eq!(parse_queue(sglang), Some((5, 1)));
+        assert_eq!(parse_queue("other 1\n"), None);
+    }
+}

@@ -1,0 +1,194 @@
+//! The cluster a comparison runs on, from a TOML file or a preset: simulated workers (each with
+//! a timing profile) or existing OpenAI-compatible endpoints, M Envoy instances, the updater,
+//! and an optional knowledge delay between the updater and Envoy.
+
+use serde::{Deserialize, Serialize};
+
+/// The whole topology.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Topology {
+    pub workers: Workers,
+    pub envoy: EnvoySpec,
+    pub knowledge: Knowledge,
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Topology {
+            workers: Workers::default(),
+            envoy: EnvoySpec::default(),
+            knowledge: Knowledge::default(),
+        }
+    }
+}
+
+/// Where the workers come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Workers {
+    /// Simulated workers to start (ignored when `external` is set).
+    pub count: usize,
+    /// Sim timing profile: a built-in name or a .toml path.
+    pub profile: String,
+    /// Prefill cost override (ms per token); raises the stakes of reuse on small machines.
+    pub prefill_ms_per_token: Option<f64>,
+    /// Sim time compression (every duration divided by this).
+    pub speedup: f64,
+    /// Extra flags for every simulated worker.
+    pub sim_args: Vec<String>,
+    /// Existing endpoints instead of sims (a real vLLM pool).
+    pub external: Vec<External>,
+}
+
+impl Default for Workers {
+    fn default() -> Self {
+        Workers {
+            count: 4,
+            profile: "llama3-8b-h100".into(),
+            prefill_ms_per_token: Some(0.2),
+            speedup: 1.0,
+            sim_args: Vec::new(),
+            external: Vec::new(),
+        }
+    }
+}
+
+/// An existing OpenAI-compatible worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct External {
+    /// HTTP `ip:port`.
+    pub addr: String,
+    /// KV-event PUB endpoint, e.g. `tcp://10.0.0.5:5557` (kvroute with events needs it).
+    pub events: Option<String>,
+    /// Replay ROUTER endpoint.
+    pub replay: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvoySpec {
+    /// Envoy replicas, each with the filter; clients spread requests over them.
+    pub instances: usize,
+    /// Worker threads per Envoy.
+    pub concurrency: u32,
+}
+
+impl Default for EnvoySpec {
+    fn default() -> Self {
+        EnvoySpec { instances: 1, concurrency: 2 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Knowledge {
+    /// Extra delay on every updater → Envoy snapshot response (ms).
+    pub delay_ms: u64,
+    /// The filter's allowed age of event knowledge (ms).
+    pub max_event_age_ms: u64,
+}
+
+impl Default for Knowledge {
+    fn default() -> Self {
+        Knowledge { delay_ms: 0, max_event_age_ms: 5000 }
+    }
+}
+
+impl Topology {
+    pub fn from_toml(text: &str) -> anyhow::Result<Topology> {
+        let t: Topology = toml::from_str(text)?;
+        t.validate()?;
+        Ok(t)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let n = self.worker_count();
+        anyhow::ensure!((1..=64).contains(&n), "workers: between 1 and 64, got {n}");
+        anyhow::ensure!(
+            (1..=8).contains(&self.envoy.instances),
+            "envoy.instances: between 1 and 8, got {}",
+            self.envoy.instances
+        );
+        anyhow::ensure!(
+            (1..=16).contains(&self.envoy.concurrency),
+            "envoy.concurrency: between 1 and 16"
+        );
+        anyhow::ensure!(
+            self.workers.speedup.is_finite() && self.workers.speedup > 0.0,
+            "workers.speedup must be > 0"
+        );
+        if let Some(p) = self.workers.prefill_ms_per_token {
+            anyhow::ensure!(p.is_finite() && p > 0.0, "workers.prefill_ms_per_token must be > 0");
+        }
+        for e in &self.workers.external {
+            e.addr
+                .parse::<std::net::SocketAddr>()
+                .map_err(|_| anyhow::anyhow!("workers.external: bad address {}", e.addr))?;
+        }
+        anyhow::ensure!(self.knowledge.delay_ms <= 60_000, "knowledge.delay_ms: at most 60000");
+        Ok(())
+    }
+
+    pub fn worker_count(&self) -> usize {
+        if self.workers.external.is_empty() {
+            self.workers.count
+        } else {
+            self.workers.external.len()
+        }
+    }
+
+    /// One line for the report's scope header.
+    pub fn describe(&self) -> String {
+        let workers = if self.workers.external.is_empty() {
+            format!(
+                "{} simulated workers (profile {}{}{})",
+                self.workers.count,
+                self.workers.profile,
+                self.workers
+                    .prefill_ms_per_token
+                    .map(|p| format!(", prefill {p} ms/token"))
+                    .unwrap_or_default(),
+                if self.workers.speedup != 1.0 {
+                    format!(", time compressed x{}", self.workers.speedup)
+                } else {
+                    String::new()
+                }
+            )
+        } else {
+            format!("{} external workers", self.workers.external.len())
+        };
+        format!(
+            "{workers}; {} Envoy instance(s) x {} threads; kvroute-updater{}",
+            self.envoy.instances,
+            self.envoy.concurrency,
+            if self.knowledge.delay_ms > 0 {
+                format!(" behind a {} ms knowledge delay", self.knowledge.delay_ms)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_with_defaults_and_validation() {
+        let t = Topology::from_toml("[workers]\ncount = 3\n[envoy]\ninstances = 2\n").unwrap();
+        assert_eq!((t.worker_count(), t.envoy.instances, t.envoy.concurrency), (3, 2, 2));
+        assert!(t.describe().contains("3 simulated workers"));
+        let ext = Topology::from_toml(
+            "[[workers.external]]\naddr = \"127.0.0.1:8000\"\nevents = \"tcp://127.0.0.1:5557\"\n",
+        )
+        .unwrap();
+        assert_eq!(ext.worker_count(), 1);
+        assert!(Topology::from_toml("[workers]\ncount = 0\n").is_err());
+        assert!(Topology::from_toml("[envoy]\ninstances = 9\n").is_err());
+        assert!(Topology::from_toml("[workers]\nbogus = 1\n").is_err());
+        assert!(Topology::from_toml("[[workers.external]]\naddr = \"nope\"\n").is_err());
+    }
+}

@@ -1,0 +1,413 @@
+//! The workloads of a comparison. Each is made from a seed, turned once into an open-loop
+//! [`Scheduled`] list that every policy replays identically, and carries its SLO.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use anyhow::Context;
+use kvroute_core::textgen::{draw, words};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::eval::mooncake;
+use crate::eval::record::Slo;
+use crate::eval::schedule::{chat_body, Scheduled};
+use crate::stack::MODEL;
+use crate::workload::Conversation;
+
+/// The shape of a workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Shape {
+    /// Stable multi-turn conversations, each with its own long system prompt; conversation `c`
+    /// belongs to tenant `c % tenants` (tenants other than the first send a `cache_salt`).
+    MultiTurn {
+        conversations: usize,
+        turns: usize,
+        system_words: usize,
+        user_words: usize,
+        start_gap_ms: u64,
+        think_time_ms: u64,
+        tenants: usize,
+    },
+    /// Many unique documents, each asked about once (little reuse).
+    UniqueDocs { requests: usize, doc_words: usize, interval_ms: u64 },
+    /// Background conversations, then from `hot_at_ms` a flash crowd on one long system prompt.
+    FlashCrowd {
+        conversations: usize,
+        turns: usize,
+        system_words: usize,
+        start_gap_ms: u64,
+        think_time_ms: u64,
+        hot_at_ms: u64,
+        hot_requests: usize,
+        hot_interval_ms: u64,
+        hot_system_words: usize,
+    },
+    /// The Mooncake conversation trace (`../shared/traces/`), compressed and sampled.
+    Mooncake { start_ms: u64, window_ms: u64, speedup: f64, sample: f64, tokens_per_block: usize },
+    /// Agentic fan-out: one context, `fanout` parallel sub-requests, then a merge request.
+    FanOut {
+        groups: usize,
+        context_words: usize,
+        fanout: usize,
+        task_words: usize,
+        group_gap_ms: u64,
+        merge_after_ms: u64,
+    },
+}
+
+/// A named, seeded workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    pub name: String,
+    pub seed: u64,
+    /// Fixed output length of every request (equal budgets across policies).
+    pub output_tokens: u64,
+    pub slo: Slo,
+    pub shape: Shape,
+}
+
+/// A jittered duration in [0.5, 1.5) x `span`, from the seed.
+fn jitter(seed: u64, i: u64, span: Duration) -> Duration {
+    span.mul_f64(0.5 + (draw(seed, i) % 1000) as f64 / 1000.0)
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+fn tenant_name(t: usize) -> String {
+    ((b'a' + (t % 26) as u8) as char).to_string()
+}
+
+impl Workload {
+    /// The open-loop schedule, sorted by arrival.
+    pub fn schedule(&self) -> anyhow::Result<Vec<Scheduled>> {
+        let out_tokens = self.output_tokens;
+        let seed = self.seed;
+        let mut out = match &self.shape {
+            Shape::MultiTurn {
+                conversations,
+                turns,
+                system_words,
+                user_words,
+                start_gap_ms,
+                think_time_ms,
+                tenants,
+            } => {
+                let mut out = Vec::new();
+                for c in 0..*conversations {
+                    let tenant = c % (*tenants).max(1);
+                    let conv = Conversation::new(seed, c, *system_words, *user_words, *turns);
+                    let mut at =
+                        ms(start_gap_ms * c as u64) + jitter(seed, c as u64, ms(*start_gap_ms));
+                    for t in 0..*turns {
+                        if t > 0 {
+                            at += jitter(seed ^ 0x7, (c * 1000 + t) as u64, ms(*think_time_ms));
+                        }
+                        let mut body = conv.body(MODEL, t, out_tokens, true);
+                        if tenant > 0 {
+                            body["cache_salt"] = json!(format!("tenant-{}", tenant_name(tenant)));
+                        }
+                        let turn = if t == 0 { "turn-1" } else { "turn-2+" };
+                        out.push(Scheduled {
+                            at,
+                            body,
+                            output_tokens: out_tokens,
+                            cohorts: vec![turn.into(), format!("tenant:{}", tenant_name(tenant))],
+                        });
+                    }
+                }
+                out
+            }
+            Shape::UniqueDocs { requests, doc_words, interval_ms } => {
+                let mut at = Duration::ZERO;
+                (0..*requests)
+                    .map(|i| {
+                        at += jitter(seed ^ 0xD0C, i as u64, ms(*interval_ms));
+                        let doc = words(seed.wrapping_add(0xD0C0 + i as u64), *doc_words);
+                        let q = words(seed.wrapping_add(0x9 + i as u64), 12);
+                        let msgs = vec![
+                            json!({"role": "user", "content": format!("{doc}\n\nQuestion:{q}")}),
+                        ];
+                        Scheduled {
+                            at,
+                            body: chat_body(MODEL, msgs, out_tokens),
+                            output_tokens: out_tokens,
+                            cohorts: vec!["unique-doc".into()],
+                        }
+                    })
+                    .collect()
+            }
+            Shape::FlashCrowd {
+                conversations,
+                turns,
+                system_words,
+                start_gap_ms,
+                think_time_ms,
+                hot_at_ms,
+                hot_requests,
+                hot_interval_ms,
+                hot_system_words,
+            } => {
+                let background = Workload {
+                    shape: Shape::MultiTurn {
+                        conversations: *conversations,
+                        turns: *turns,
+                        system_words: *system_words,
+                        user_words: 30,
+                        start_gap_ms: *start_gap_ms,
+                        think_time_ms: *think_time_ms,
+                        tenants: 1,
+                    },
+                    ..self.clone()
+                };
+                let mut out: Vec<Scheduled> = background
+                    .schedule()?
+                    .into_iter()
+                    .map(|mut s| {
+                        s.cohorts = vec!["background".into()];
+                        s
+                    })
+                    .collect();
+                let system = words(seed ^ 0x407, *hot_system_words);
+                let mut at = ms(*hot_at_ms);
+                for i in 0..*hot_requests {
+                    at += jitter(seed ^ 0x408, i as u64, ms(*hot_interval_ms));
+                    let msgs = vec![
+                        json!({"role": "system", "content": system}),
+                        json!({"role": "user", "content": words(seed.wrapping_add(0x4090 + i as u64), 25)}),
+                    ];
+                    out.push(Scheduled {
+                        at,
+                        body: chat_body(MODEL, msgs, out_tokens),
+                        output_tokens: out_tokens,
+                        cohorts: vec!["hot-prefix".into()],
+                    });
+                }
+                out
+            }
+            Shape::Mooncake { start_ms, window_ms, speedup, sample, tokens_per_block } => {
+                let path = mooncake::default_trace_path();
+                let trace = mooncake::load(&path)
+                    .with_context(|| format!("loading the Mooncake trace {}", path.display()))?;
+                mooncake::Replay {
+                    seed,
+                    start_ms: *start_ms,
+                    window_ms: *window_ms,
+                    speedup: *speedup,
+                    sample: *sample,
+                    tokens_per_block: *tokens_per_block,
+                    max_output_tokens: out_tokens,
+                    model: MODEL.into(),
+                }
+                .schedule(&trace)
+            }
+            Shape::FanOut {
+                groups,
+                context_words,
+                fanout,
+                task_words,
+                group_gap_ms,
+                merge_after_ms,
+            } => {
+                let mut out = Vec::new();
+                for g in 0..*groups {
+                    let context = words(seed.wrapping_add(0xFA0 + g as u64), *context_words);
+                    let start = ms(group_gap_ms * g as u64)
+                        + jitter(seed ^ 0xFA, g as u64, ms(*group_gap_ms / 4));
+                    let system = json!({"role": "system", "content": context});
+                    let mut answers = Vec::new();
+                    for k in 0..*fanout {
+                        let task = words(
+                            seed.wrapping_add(0xFA1_0000 + (g * 1000 + k) as u64),
+                            *task_words,
+                        );
+                        answers.push(words(
+                            seed.wrapping_add(0xFA2_0000 + (g * 1000 + k) as u64),
+                            out_tokens as usize,
+                        ));
+                        let msgs = vec![system.clone(), json!({"role": "user", "content": task})];
+                        out.push(Scheduled {
+                            at: start + ms(k as u64 * 5),
+                            body: chat_body(MODEL, msgs, out_tokens),
+                            output_tokens: out_tokens,
+                            cohorts: vec!["fanout-sub".into()],
+                        });
+                    }
+                    let merge = format!("Merge these findings:{}", answers.join("\n"));
+                    let msgs = vec![system, json!({"role": "user", "content": merge})];
+                    out.push(Scheduled {
+                        at: start + ms(*merge_after_ms),
+                        body: chat_body(MODEL, msgs, out_tokens),
+                        output_tokens: out_tokens,
+                        cohorts: vec!["fanout-merge".into()],
+                    });
+                }
+                out
+            }
+        };
+        out.sort_by_key(|s| s.at);
+        Ok(out)
+    }
+
+    /// One line for the report's scope header.
+    pub fn describe(&self) -> String {
+        let what = match &self.shape {
+            Shape::MultiTurn { conversations, turns, system_words, tenants, .. } => format!(
+                "multi-turn: {conversations} conversations x {turns} turns, system prompt {system_words} words, {tenants} tenant(s)"
+            ),
+            Shape::UniqueDocs { requests, doc_words, .. } => {
+                format!("unique documents: {requests} requests of {doc_words} words")
+            }
+            Shape::FlashCrowd { conversations, hot_at_ms, hot_requests, hot_system_words, .. } => format!(
+                "flash crowd: {conversations} background conversations; from t={:.1} s, {hot_requests} requests on one {hot_system_words}-word system prompt",
+                *hot_at_ms as f64 / 1000.0
+            ),
+            Shape::Mooncake { start_ms, window_ms, speedup, sample, tokens_per_block } => format!(
+                "Mooncake conversation trace: window {:.0}-{:.0} s, sampled {:.0} %, time compressed x{speedup}, one 512-token trace block = {tokens_per_block} tokens",
+                *start_ms as f64 / 1000.0,
+                (*start_ms + *window_ms) as f64 / 1000.0,
+                sample * 100.0
+            ),
+            Shape::FanOut { groups, context_words, fanout, .. } => format!(
+                "agentic fan-out: {groups} contexts of {context_words} words, {fanout} parallel sub-requests each, then a merge"
+            ),
+        };
+        format!(
+            "{} ({what}; output {} tokens per request; seed {})",
+            self.name, self.output_tokens, self.seed
+        )
+    }
+}
+
+/// The hit rate of one unbounded cache that saw every request in order: cached tokens (whole
+/// reused blocks) over prompt tokens, tenants kept apart. No routing can beat it.
+pub fn reuse_ceiling(schedule: &[Scheduled], block_size: u32) -> anyhow::Result<f64> {
+    let bundle = kvroute_core::model::ModelBundle::demo()?;
+    let mut seen = HashSet::new();
+    let (mut reused, mut total) = (0u64, 0u64);
+    for s in schedule {
+        let req = kvroute_core::request::parse(
+            kvroute_core::request::Endpoint::Chat,
+            s.body.to_string().as_bytes(),
+        )?;
+        let tokens = bundle.prompt_tokens(&req.prompt)?;
+        let seed =
+            req.cache_salt.as_deref().map_or(0, |t| xxhash_rust::xxh3::xxh3_64(t.as_bytes()));
+        total += tokens.len() as u64;
+        let mut hit = true;
+        for h in kvroute_core::hash::block_hashes(seed, block_size, &tokens) {
+            // Engines reuse a prefix: the first miss ends the run.
+            hit &= !seen.insert(h);
+            if hit {
+                reused += u64::from(block_size);
+            }
+        }
+    }
+    Ok(if total == 0 { 0.0 } else { reused as f64 / total as f64 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::schedule::hash;
+
+    fn slo() -> Slo {
+        Slo { ttft_ms: 1000.0, mean_gap_ms: 100.0, stall_ms: 250.0 }
+    }
+
+    fn all(seed: u64) -> Vec<Workload> {
+        let w = |name: &str, shape| Workload {
+            name: name.into(),
+            seed,
+            output_tokens: 8,
+            slo: slo(),
+            shape,
+        };
+        vec![
+            w(
+                "multi-turn",
+                Shape::MultiTurn {
+                    conversations: 4,
+                    turns: 3,
+                    system_words: 60,
+                    user_words: 10,
+                    start_gap_ms: 100,
+                    think_time_ms: 500,
+                    tenants: 2,
+                },
+            ),
+            w("unique", Shape::UniqueDocs { requests: 6, doc_words: 80, interval_ms: 100 }),
+            w(
+                "flash",
+                Shape::FlashCrowd {
+                    conversations: 2,
+                    turns: 2,
+                    system_words: 50,
+                    start_gap_ms: 100,
+                    think_time_ms: 300,
+                    hot_at_ms: 500,
+                    hot_requests: 5,
+                    hot_interval_ms: 20,
+                    hot_system_words: 100,
+                },
+            ),
+            w(
+                "fanout",
+                Shape::FanOut {
+                    groups: 2,
+                    context_words: 80,
+                    fanout: 3,
+                    task_words: 10,
+                    group_gap_ms: 1000,
+                    merge_after_ms: 400,
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn same_seed_same_schedule_for_every_workload() {
+        for (a, b) in all(5).iter().zip(all(5)) {
+            assert_eq!(hash(&a.schedule().unwrap()), hash(&b.schedule().unwrap()), "{}", a.name);
+        }
+        for (a, b) in all(5).iter().zip(all(6)) {
+            assert_ne!(hash(&a.schedule().unwrap()), hash(&b.schedule().unwrap()), "{}", a.name);
+        }
+    }
+
+    #[test]
+    fn shapes_have_their_cohorts_and_order() {
+        let [mt, unique, flash, fanout] = <[Workload; 4]>::try_from(all(1)).unwrap();
+        let s = mt.schedule().unwrap();
+        assert_eq!(s.len(), 12);
+        assert!(s.windows(2).all(|w| w[0].at <= w[1].at));
+        assert!(s.iter().any(|x| x.body.get("cache_salt").is_some()), "second tenant salts");
+        assert!(s.iter().any(|x| x.cohorts.contains(&"tenant:b".to_string())));
+        let u = unique.schedule().unwrap();
+        assert!(u.iter().all(|x| x.cohorts == ["unique-doc"]));
+        let f = flash.schedule().unwrap();
+        let hot: Vec<_> = f.iter().filter(|x| x.cohorts == ["hot-prefix"]).collect();
+        assert_eq!(hot.len(), 5);
+        assert!(hot.iter().all(|x| x.at >= Duration::from_millis(500)));
+        assert_eq!(
+            hot[0].body["messages"][0], hot[4].body["messages"][0],
+            "one shared system prompt"
+        );
+        let o = fanout.schedule().unwrap();
+        assert_eq!(o.iter().filter(|x| x.cohorts == ["fanout-merge"]).count(), 2);
+        assert_eq!(o.iter().filter(|x| x.cohorts == ["fanout-sub"]).count(), 6);
+    }
+
+    #[test]
+    fn ceilings_reflect_reuse() {
+        let [mt, unique, flash, _] = <[Workload; 4]>::try_from(all(1)).unwrap();
+        let c = |w: &Workload| reuse_ceiling(&w.schedule().unwrap(), 16).unwrap();
+        assert!(c(&unique) < 0.05, "unique documents barely reuse: {}", c(&unique));
+        assert!(c(&mt) > 0.3, "later turns reuse earlier ones: {}", c(&mt));
+        assert!(c(&flash) > c(&unique));
+    }
+}
