@@ -9,6 +9,7 @@
 pub mod cluster;
 pub mod delay;
 pub mod mooncake;
+pub mod preset;
 pub mod record;
 pub mod report;
 pub mod runner;

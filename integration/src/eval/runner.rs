@@ -190,15 +190,18 @@ pub async fn scrape_queue(http: &reqwest::Client, worker: &str) -> Option<(u32, 
 }
 
 pub fn parse_queue(text: &str) -> Option<(u32, u32)> {
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).ok()?;
+    // prometheus-parse rejects the `:` of vLLM's metric names, so read the samples directly:
+    // `name{labels} value [timestamp]`, summed over label sets (engines).
     let value = |names: [&str; 2]| {
-        scrape
-            .samples
-            .iter()
-            .filter(|s| names.contains(&s.metric.as_str()))
-            .map(|s| match s.value {
-                prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
-                _ => 0.0,
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let name = l.split(['{', ' ']).next()?;
+                if !names.contains(&name) {
+                    return None;
+                }
+                let rest = l.rsplit_once('}').map_or(&l[name.len()..], |(_, r)| r);
+                rest.split_whitespace().next()?.parse::<f64>().ok()
             })
             .reduce(|a, b| a + b)
     };
@@ -253,5 +256,7 @@ mod tests {
         let sglang = "sglang:num_running_reqs{model_name=\"m\"} 5\nsglang:num_queue_reqs{model_name=\"m\"} 1\n";
         assert_eq!(parse_queue(sglang), Some((5, 1)));
         assert_eq!(parse_queue("other 1\n"), None);
+        let two_engines = "vllm:num_requests_running{engine=\"0\"} 1 1700000000\nvllm:num_requests_running{engine=\"1\"} 2\nvllm:num_requests_waiting 4\n";
+        assert_eq!(parse_queue(two_engines), Some((3, 4)));
     }
 }

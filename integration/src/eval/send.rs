@@ -59,6 +59,7 @@ pub async fn send(
         Ok(Err(e)) => rec.error = Some(e),
         Ok(Ok(())) => {}
     }
+    rec.stalls = rec.gaps_ms.iter().filter(|g| **g > slo.stall_ms).count() as u32;
     let mean_gap = rec.gaps_ms.iter().sum::<f64>() / rec.gaps_ms.len().max(1) as f64;
     rec.within_slo = rec.ok()
         && rec.output_tokens >= s.output_tokens

@@ -1,0 +1,213 @@
+//! kvroute-bench: compares routing policies on the same seeded arrivals through real Envoy, with
+//! faults, and writes a report (Markdown, JSON, SVG) per workload plus a summary.
+//!
+//! `kvroute-bench --preset demo` (about a minute), `--preset full` (every workload against
+//! every policy), `--plan my-plan.toml` (a plan file; `--print-plan` shows the format).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use kvroute_integration::eval::cluster::Policy;
+use kvroute_integration::eval::preset::{self, Plan};
+use kvroute_integration::eval::report::{self, Report, Scope};
+use kvroute_integration::eval::runner::{run_policy, RunOptions};
+use kvroute_integration::eval::{schedule, workloads};
+use kvroute_integration::paths;
+
+#[derive(Parser, Debug)]
+#[command(about = "Compare routing policies on identical arrivals through real Envoy")]
+struct Args {
+    /// A preset plan: demo, full or selfcheck.
+    #[arg(long, default_value = "demo")]
+    preset: String,
+    /// A plan file (TOML) instead of a preset.
+    #[arg(long)]
+    plan: Option<PathBuf>,
+    /// Replace the plan's topology with this TOML file.
+    #[arg(long)]
+    topology: Option<PathBuf>,
+    /// Base seed of the workloads.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Only these workloads (comma-separated names).
+    #[arg(long, value_delimiter = ',')]
+    workloads: Option<Vec<String>>,
+    /// Only these policies (comma-separated): kvroute, kvroute-no-events, least-request,
+    /// round-robin, random, pinned.
+    #[arg(long, value_delimiter = ',')]
+    policies: Option<Vec<String>>,
+    /// Results folder (default: results/<plan name>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print the plan as TOML and exit.
+    #[arg(long)]
+    print_plan: bool,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or("unknown memory".into(), |kb| format!("{:.0} GiB", kb as f64 / 1048576.0));
+    format!("{cores} cores, {mem}, {} {}", std::env::consts::OS, std::env::consts::ARCH)
+}
+
+fn load_plan(args: &Args) -> anyhow::Result<Plan> {
+    let mut plan = match &args.plan {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing plan {}", p.display()))?
+        }
+        None => preset::preset(&args.preset, args.seed)?,
+    };
+    if let Some(t) = &args.topology {
+        let text =
+            std::fs::read_to_string(t).with_context(|| format!("reading {}", t.display()))?;
+        plan.topology = kvroute_integration::eval::topology::Topology::from_toml(&text)?;
+    }
+    let policies = match &args.policies {
+        Some(names) => {
+            Some(names.iter().map(|n| Policy::parse(n)).collect::<anyhow::Result<Vec<_>>>()?)
+        }
+        None => None,
+    };
+    plan.select(args.workloads.as_deref(), policies.as_deref())?;
+    Ok(plan)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let plan = load_plan(&args)?;
+    if args.print_plan {
+        print!("{}", toml::to_string(&plan)?);
+        return Ok(());
+    }
+    let out =
+        args.out.clone().unwrap_or_else(|| paths::repo_root().join("results").join(&plan.name));
+    std::fs::create_dir_all(&out)?;
+    let out = out.canonicalize().unwrap_or(out);
+    let opts = RunOptions { progress: !args.quiet, ..Default::default() };
+    let block_size = 16;
+    let mut reports: Vec<Report> = Vec::new();
+    let mut failed = 0usize;
+    println!(
+        "kvroute-bench: plan {}, {} workload(s) x {} policies; {}",
+        plan.name,
+        plan.scenarios.len(),
+        plan.policies.len(),
+        plan.topology.describe()
+    );
+    for sc in &plan.scenarios {
+        let w = &sc.workload;
+        let sched = w.schedule()?;
+        let hash = schedule::hash(&sched);
+        let ceiling = workloads::reuse_ceiling(&sched, block_size)?;
+        let span = sched.last().map_or(0.0, |s| s.at.as_secs_f64());
+        println!(
+            "\n== {} — {} requests over {:.1} s, schedule hash {hash:016x}, hit-rate ceiling {:.1} %",
+            w.name,
+            sched.len(),
+            span,
+            100.0 * ceiling
+        );
+        for f in &sc.faults {
+            println!("   fault {}", f.describe());
+        }
+        let mut runs = Vec::new();
+        for &policy in &plan.policies {
+            let r = run_policy(&plan.topology, policy, &sched, w.slo, &sc.faults, &opts)
+                .await
+                .with_context(|| format!("{} on {}", policy.name(), w.name))?;
+            let ok = r.records.iter().filter(|r| r.ok()).count();
+            failed += r.records.len() - ok;
+            println!(
+                "   {:<18} {ok}/{} ok in {:.1} s",
+                policy.name(),
+                r.records.len(),
+                r.duration_s
+            );
+            runs.push(r);
+        }
+        let scope = Scope {
+            title: format!("{} — {}", plan.name, w.name),
+            model_profile: format!(
+                "{}{}",
+                plan.topology.workers.profile,
+                plan.topology
+                    .workers
+                    .prefill_ms_per_token
+                    .map(|p| format!(" with prefill at {p} ms/token"))
+                    .unwrap_or_default()
+            ),
+            workload: w.describe(),
+            seed: w.seed,
+            schedule_hash: hash,
+            requests: sched.len(),
+            knowledge: format!(
+                "kvroute: KV events via kvroute-updater, pulled by Envoy every 100 ms as snapshot deltas, event credit allowed for {} ms (fading after half), extra delay {} ms; kvroute-no-events: routing history and response feedback only",
+                plan.topology.knowledge.max_event_age_ms, plan.topology.knowledge.delay_ms
+            ),
+            topology: plan.topology.describe(),
+            machine: machine(),
+            faults: sc.faults.iter().map(|f| f.describe()).collect(),
+            block_size,
+        };
+        let rep = report::summarize(&scope, Some(ceiling), w.slo, &runs);
+        let dir = out.join(&w.name);
+        report::write(&rep, &runs, &dir)?;
+        println!("\n{}", report::summary_table(&rep));
+        println!("   (report: {})", dir.join("report.md").display());
+        reports.push(rep);
+    }
+    let summary = overview(&plan, &reports);
+    std::fs::write(out.join("summary.md"), &summary)?;
+    println!("\n{summary}\n(written to {})", out.display());
+    anyhow::ensure!(
+        failed == 0 || plan.scenarios.iter().any(|s| !s.faults.is_empty()),
+        "{failed} requests failed"
+    );
+    Ok(())
+}
+
+/// Ratios against least-request for every workload and cohort, in one table.
+fn overview(plan: &Plan, reports: &[Report]) -> String {
+    let fmt = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("x{v:.2}"));
+    let mut md = format!(
+        "# kvroute-bench — plan {}\n\nTopology: {}. Machine: {}.\n\nRatios against least-request (TTFT and gap: lower is better; useful completions/s: higher is better).\n\n| workload | cohort | policy | TTFT p50 | TTFT p99 | gap p99 | useful/s | hit rate (ceiling) |\n|---|---|---|---|---|---|---|---|\n",
+        plan.name,
+        plan.topology.describe(),
+        machine()
+    );
+    for rep in reports {
+        let workload = rep.scope.title.split(" — ").nth(1).unwrap_or(&rep.scope.title).to_owned();
+        for r in &rep.ratios {
+            let hit = rep
+                .policy(&r.policy)
+                .and_then(|p| p.cohort(&r.cohort))
+                .and_then(|c| c.hit_rate)
+                .map_or("n/a".into(), |h| format!("{:.1} %", 100.0 * h));
+            md.push_str(&format!(
+                "| {workload} | {} | {} | {} | {} | {} | {} | {hit} ({}) |\n",
+                r.cohort,
+                r.policy,
+                fmt(r.ttft_p50),
+                fmt(r.ttft_p99),
+                fmt(r.gap_p99),
+                fmt(r.useful_per_s),
+                rep.ceiling.map_or("n/a".into(), |c| format!("{:.1} %", 100.0 * c)),
+            ));
+        }
+    }
+    md
+}
