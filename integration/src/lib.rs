@@ -3,7 +3,7 @@
 //!
 //! Where to start: [`stack::Stack::start`] brings a whole stack up and tears it down on drop;
 //! [`client`] sends chat requests and records per-request timings; [`workload`] makes seeded
-//! multi-turn conversations; the `kvroute-demo` binary compares policies on one schedule.
+//! multi-turn conversations; [`eval`] is the evaluation harness behind `kvroute-bench`.
 //! Every process started here is killed when its guard drops, also when a test fails.
 
 pub mod client;

@@ -184,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
 fn overview(plan: &Plan, reports: &[Report]) -> String {
     let fmt = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("x{v:.2}"));
     let mut md = format!(
-        "# kvroute-bench — plan {}\n\nTopology: {}. Machine: {}.\n\nRatios against least-request (TTFT and gap: lower is better; useful completions/s: higher is better).\n\n| workload | cohort | policy | TTFT p50 | TTFT p99 | gap p99 | useful/s | hit rate (ceiling) |\n|---|---|---|---|---|---|---|---|\n",
+        "# kvroute-bench — plan {}\n\nTopology: {}. Machine: {}.\n\nRatios against least-request (TTFT and gap: lower is better; useful completions/s: higher is better).\n\n| workload | cohort | policy | TTFT p50 | TTFT p99 | gap p99 | useful/s | hit rate (workload ceiling) |\n|---|---|---|---|---|---|---|---|\n",
         plan.name,
         plan.topology.describe(),
         machine()

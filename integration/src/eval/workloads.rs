@@ -112,12 +112,11 @@ impl Workload {
                             body["cache_salt"] = json!(format!("tenant-{}", tenant_name(tenant)));
                         }
                         let turn = if t == 0 { "turn-1" } else { "turn-2+" };
-                        out.push(Scheduled {
-                            at,
-                            body,
-                            output_tokens: out_tokens,
-                            cohorts: vec![turn.into(), format!("tenant:{}", tenant_name(tenant))],
-                        });
+                        let mut cohorts = vec![turn.to_string()];
+                        if *tenants > 1 {
+                            cohorts.push(format!("tenant:{}", tenant_name(tenant)));
+                        }
+                        out.push(Scheduled { at, body, output_tokens: out_tokens, cohorts });
                     }
                 }
                 out
