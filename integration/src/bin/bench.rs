@@ -43,6 +43,9 @@ struct Args {
     /// Print the plan as TOML and exit.
     #[arg(long)]
     print_plan: bool,
+    /// Only make the schedules and print their size, hash and hit-rate ceiling.
+    #[arg(long)]
+    dry_run: bool,
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
@@ -124,6 +127,9 @@ async fn main() -> anyhow::Result<()> {
         for f in &sc.faults {
             println!("   fault {}", f.describe());
         }
+        if args.dry_run {
+            continue;
+        }
         let mut runs = Vec::new();
         for &policy in &plan.policies {
             let r = run_policy(&plan.topology, policy, &sched, w.slo, &sc.faults, &opts)
@@ -169,6 +175,9 @@ async fn main() -> anyhow::Result<()> {
         println!("\n{}", report::summary_table(&rep));
         println!("   (report: {})", dir.join("report.md").display());
         reports.push(rep);
+    }
+    if args.dry_run {
+        return Ok(());
     }
     let summary = overview(&plan, &reports);
     std::fs::write(out.join("summary.md"), &summary)?;

@@ -78,8 +78,11 @@ fn lock(feed: &Shared) -> std::sync::MutexGuard<'_, Feed> {
     feed.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Status, extra headers and body for one request head.
-fn answer(head: &str, feed: &Shared) -> (&'static str, Vec<(String, String)>, Arc<Vec<u8>>) {
+/// A response: status line, extra headers, body.
+type Response = (&'static str, Vec<(String, String)>, Arc<Vec<u8>>);
+
+/// The response to one request head.
+fn answer(head: &str, feed: &Shared) -> Response {
     let empty = Arc::new(Vec::new());
     let mut lines = head.split("\r\n");
     let target = lines.next().and_then(|l| l.split_whitespace().nth(1)).unwrap_or("");
@@ -291,15 +294,19 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(a.workers >= 2, "--workers must be at least 2");
     let dir = paths::scratch_dir("envoymem")?;
     let sim = SimWorker::start(0, &[], &dir).await?;
+    // Distinct free loopback ports: all held while picking, released before Envoy starts.
+    let held = (0..a.workers + 2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut free =
+        held.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<Vec<u16>, _>>()?;
+    drop(held);
+    let mut take = || free.pop().context("out of ports");
+    let ports = Ports { admin: take()?, listen: take()?, updater: take()? };
     let mut addrs = vec![sim.addr.clone()];
     for _ in 1..a.workers {
-        addrs.push(format!("127.0.0.1:{}", paths::free_port()?));
+        addrs.push(format!("127.0.0.1:{}", take()?));
     }
-    let ports = Ports {
-        admin: paths::free_port()?,
-        listen: paths::free_port()?,
-        updater: paths::free_port()?,
-    };
     let filter = stack::filter_config(&addrs, &StackOptions::default());
 
     // The probe prompt's block hashes, as the filter computes them.

@@ -105,8 +105,8 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
                         seed + 3,
                         Shape::Mooncake {
                             start_ms: 0,
-                            window_ms: 60_000,
-                            speedup: 2.0,
+                            window_ms: 300_000,
+                            speedup: 10.0,
                             sample: 0.5,
                             tokens_per_block: 32,
                         },
