@@ -119,7 +119,7 @@ impl TimedFault {
 
 /// A worker of the cluster.
 pub enum WorkerHandle {
-    Sim(SimWorker),
+    Sim(Box<SimWorker>),
     External { addr: String },
 }
 
@@ -165,7 +165,7 @@ impl Cluster {
                     "{},tcp://127.0.0.1:{},tcp://127.0.0.1:{}",
                     w.addr, w.events_port, w.replay_port
                 ));
-                workers.push(WorkerHandle::Sim(w));
+                workers.push(WorkerHandle::Sim(Box::new(w)));
             }
         } else {
             for e in &topo.workers.external {

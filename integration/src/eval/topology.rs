@@ -5,22 +5,12 @@
 use serde::{Deserialize, Serialize};
 
 /// The whole topology.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Topology {
     pub workers: Workers,
     pub envoy: EnvoySpec,
     pub knowledge: Knowledge,
-}
-
-impl Default for Topology {
-    fn default() -> Self {
-        Topology {
-            workers: Workers::default(),
-            envoy: EnvoySpec::default(),
-            knowledge: Knowledge::default(),
-        }
-    }
 }
 
 /// Where the workers come from.
