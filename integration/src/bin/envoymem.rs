@@ -485,7 +485,7 @@ async fn main() -> anyhow::Result<()> {
         c0.thread_full, c1.thread_full, c2.thread_full, c2.sync_full, c2.sync_failures
     );
     println!(
-        "  requests to bring both threads onto the big snapshot: {sent} ({ok} answered 200); probe decision: status {}, {}",
+        "  requests to bring every thread onto the big snapshot: {sent} ({ok} answered 200); probe decision: status {}, {}",
         credited.status,
         credited.decision.as_deref().unwrap_or("no decision header")
     );
