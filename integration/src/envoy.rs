@@ -156,7 +156,8 @@ impl Envoy {
     pub async fn prometheus(&self) -> anyhow::Result<HashMap<String, f64>> {
         let text =
             reqwest::get(format!("{}/stats/prometheus", self.admin_url())).await?.text().await?;
-        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        // Envoy writes label-less samples as `name{} value`, which prometheus-parse skips.
+        let lines = text.lines().map(|l| Ok(l.replacen("{} ", " ", 1)));
         let scrape = prometheus_parse::Scrape::parse(lines).context("parsing /stats/prometheus")?;
         let mut out = HashMap::new();
         for s in scrape.samples {

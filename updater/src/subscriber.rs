@@ -102,6 +102,7 @@ async fn fill(state: &State, ep: &Endpoints, from: u64, to: u64) {
             // Still missing: the knowledge may be wrong; start over from what the stream says.
             e.knowledge.clear();
             e.knowledge.stats.resyncs += 1;
+            e.knowledge.stats.last_event_ms = crate::state::now_ms();
         }
         e.knowledge.next_seq = Some(to);
     });
@@ -196,6 +197,8 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
             e.knowledge.clear();
             e.knowledge.next_seq = None;
             e.knowledge.stats.resyncs += 1;
+            // As of now nothing is known to be cached there: older routing guesses give way.
+            e.knowledge.stats.last_event_ms = crate::state::now_ms();
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
