@@ -1,5 +1,6 @@
 //! Knowledge index at scale, natively: memory for 64 workers x 16 384 event blocks, and the
-//! decision time (hash lookups + cost model + ranking, no tokenization) for an 8k-token prompt.
+//! decision time (hash lookups + cost model + ranking, no tokenization) for an 8k-token prompt,
+//! and a full snapshot against a delta that changes 1 % of every worker's blocks.
 //! Run: `cargo bench -p kvroute-core --bench knowledge`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -7,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use kvroute_core::config::FilterConfig;
+use kvroute_core::delta::Delta;
 use kvroute_core::hash::block_hashes;
 use kvroute_core::load::WorkerLoad;
 use kvroute_core::router::Router;
@@ -57,7 +59,7 @@ fn main() {
         .seed();
     let hashes = block_hashes(seed, 16, &prompt);
     let before = LIVE.load(Ordering::Relaxed);
-    let snap = Snapshot {
+    let make = || Snapshot {
         version: 1,
         generated_at_ms: 0,
         workers: workers
@@ -84,6 +86,7 @@ fn main() {
             })
             .collect(),
     };
+    let snap = make();
     let encoded = snap.encode();
     let t = Instant::now();
     router.apply_snapshot(&snap);
@@ -117,5 +120,38 @@ fn main() {
         "decision for an 8192-token prompt given as token ids (hash 512 blocks, look up 64 workers, rank): p50 {:.1} µs, p99 {:.1} µs",
         q(0.5),
         q(0.99)
+    );
+    // The next version: 1 % of every worker's blocks evicted and as many new ones stored.
+    let mut sorted = make();
+    for w in &mut sorted.workers {
+        w.gpu.sort_unstable();
+    }
+    let mut next = sorted.clone();
+    next.version = 2;
+    let churn = BLOCKS / 100;
+    for (i, w) in next.workers.iter_mut().enumerate() {
+        w.gpu.drain(BLOCKS - churn..);
+        w.gpu.extend(
+            (0..churn as u64).map(|b| (b + 1_000_000).wrapping_mul(0x51_7CC1_B727_220B) ^ i as u64),
+        );
+        w.gpu.sort_unstable();
+    }
+    let delta = Delta::between(&sorted, &next).encode();
+    let t = Instant::now();
+    let decoded = Delta::decode(&delta).expect("delta");
+    router.apply_delta(&decoded);
+    let apply_delta = t.elapsed();
+    let full = next.encode();
+    let t = Instant::now();
+    router.apply_snapshot(&Snapshot::decode(&full).expect("snapshot"));
+    let apply_full = t.elapsed();
+    println!(
+        "next version with 1 % of blocks changed on every worker: delta {:.0} KiB decoded + applied in {:.2} ms, full snapshot {:.1} MiB decoded + applied in {:.1} ms (x{:.0} the bytes, x{:.0} the time)",
+        delta.len() as f64 / 1024.0,
+        apply_delta.as_secs_f64() * 1000.0,
+        full.len() as f64 / 1048576.0,
+        apply_full.as_secs_f64() * 1000.0,
+        full.len() as f64 / delta.len() as f64,
+        apply_full.as_secs_f64() / apply_delta.as_secs_f64().max(1e-9)
     );
 }
