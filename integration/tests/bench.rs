@@ -49,7 +49,7 @@ async fn a_pinned_policy_shows_as_imbalance_and_starved_cohorts() {
     let share = pinned.queue.workers.iter().map(|w| w.share.unwrap_or(0.0)).fold(0.0, f64::max);
     assert_eq!(share, 1.0, "pinned: one worker served everything");
     let imb = pinned.queue.imbalance.expect("queue samples during the run");
-    assert!((imb - n).abs() < 0.01, "pinned imbalance {imb}, expected {n}");
+    assert!(imb > n / 2.0 && imb <= n, "pinned imbalance {imb}, expected close to {n}");
     assert!(lr.queue.imbalance.is_some_and(|i| i < imb), "least-request spreads the queue");
     // Starved: the pinned worker's queue makes the first turns wait far longer.
     let p99 = |p: &report::PolicyReport, c: &str| p.cohort(c).and_then(|c| c.ttft_p99_ms).unwrap();

@@ -134,10 +134,11 @@ impl AuditCounts {
 /// How evenly a run spread its queue over the workers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueStats {
-    /// Mean over sample instants of `max_w q_w / mean_w q_w`, where `q_w` is worker `w`'s
-    /// `running + waiting` (held from one sample to its next; counted once every sampled worker
-    /// has reported) and the mean is over all N workers of the topology. Instants where every
-    /// queue is empty are skipped. 1.0 = perfectly even; N = everything on one worker of N.
+    /// Mean over sample instants of `max_w q_w / ceil(sum_w q_w / N)`, where `q_w` is worker
+    /// `w`'s `running + waiting` (held from one sample to its next; counted once every sampled
+    /// worker has reported) over all N workers of the topology. Instants where every queue is
+    /// empty are skipped. 1.0 = as even as whole requests allow; up to N = everything on one
+    /// worker of N.
     /// `None` without such an instant.
     pub imbalance: Option<f64>,
     /// Sample instants the imbalance averages over.
@@ -455,7 +456,7 @@ mod tests {
             (0..40).map(|i| rec(i, &w[0], 100.0 + 20.0 * i as f64, &cohorts(i))).collect();
         vec![
             run("least-request", 4, even, queue(4, |t, _| 1 + (t % 3) as u32)),
-            run("all-on-one", 4, skewed, queue(4, |t, w| if w == 0 { 3 + t as u32 } else { 0 })),
+            run("all-on-one", 4, skewed, queue(4, |t, w| if w == 0 { 4 * (1 + t as u32) } else { 0 })),
         ]
     }
 

@@ -159,9 +159,10 @@ fn queues(report: &Report, out: &mut String) {
     out.push_str(
         "## Queue balance\n\nA worker's queue is `running + waiting` from its `/metrics`, held \
          from one sample to the next. At each sample instant (once every sampled worker has \
-         reported), imbalance = busiest worker's queue / mean queue over all N workers; instants \
-         where every queue is empty are skipped, and the table shows the mean over the rest. \
-         1.00 = perfectly even; N = everything on one worker of N. Share = the worker's part of \
+         reported), imbalance = busiest worker's queue / the smallest busiest queue the total \
+         allows (ceil(total / N)); instants where every queue is empty are skipped, and the \
+         table shows the mean over the rest. 1.00 = as even as whole requests allow; up to N = \
+         everything on one worker of N. Share = the worker's part of \
          the requests that named a worker (`x-worker-id`).\n\n",
     );
     let summary = report.policies.iter().map(|p| {

@@ -99,10 +99,12 @@ fn worker_count(run: &RunResult) -> usize {
 ///
 /// Each worker's queue (`running + waiting`) is held from one sample to its next. At every
 /// distinct sample time, once every worker that is ever sampled has been sampled at least once
-/// (a worker never sampled counts as 0), the instant's imbalance is `max_w q_w / mean_w q_w`
-/// over all N workers; instants whose total is 0 are skipped. The result is the plain mean
-/// over those instants: 1.0 when every worker holds the same queue, N when one worker holds
-/// everything. Sampling is periodic, so this is a time average.
+/// (a worker never sampled counts as 0), the instant's imbalance is the busiest worker's queue
+/// over the smallest busiest queue its total allows, `max_w q_w / ceil(sum_w q_w / N)`, over
+/// all N workers; instants whose total is 0 are skipped. The result is the plain mean over
+/// those instants: 1.0 when the queue is spread as evenly as whole requests allow (so a lone
+/// request does not count as imbalance), up to N when one worker holds everything. Sampling is
+/// periodic, so this is a time average.
 pub(super) fn imbalance(run: &RunResult) -> (Option<f64>, usize) {
     let n = worker_count(run);
     let mut samples: Vec<_> = run.queue.iter().filter(|s| s.t_ms.is_finite()).collect();
@@ -134,7 +136,8 @@ pub(super) fn imbalance(run: &RunResult) -> (Option<f64>, usize) {
         let total: u64 = current.iter().sum();
         let max = current.iter().copied().max().unwrap_or(0);
         if total > 0 {
-            sum += max as f64 * n as f64 / total as f64;
+            // The smallest possible busiest queue for this total is ceil(total / n).
+            sum += max as f64 / total.div_ceil(n as u64) as f64;
             instants += 1;
         }
     }
