@@ -46,6 +46,10 @@ struct Args {
     /// Only make the schedules and print their size, hash and hit-rate ceiling.
     #[arg(long)]
     dry_run: bool,
+    /// Recompute the reports of an earlier run from its `report.json` files (for example after
+    /// a change to the report), without running anything.
+    #[arg(long)]
+    rerender: Option<PathBuf>,
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
@@ -91,6 +95,9 @@ fn load_plan(args: &Args) -> anyhow::Result<Plan> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(dir) = &args.rerender {
+        return rerender(dir);
+    }
     let plan = load_plan(&args)?;
     if args.print_plan {
         print!("{}", toml::to_string(&plan)?);
@@ -179,7 +186,7 @@ async fn main() -> anyhow::Result<()> {
     if args.dry_run {
         return Ok(());
     }
-    let summary = overview(&plan, &reports);
+    let summary = overview(&plan.name, &plan.topology.describe(), &reports);
     std::fs::write(out.join("summary.md"), &summary)?;
     println!("\n{summary}\n(written to {})", out.display());
     anyhow::ensure!(
@@ -190,13 +197,13 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Ratios against least-request for every workload and cohort, in one table.
-fn overview(plan: &Plan, reports: &[Report]) -> String {
+fn overview(name: &str, topology: &str, reports: &[Report]) -> String {
     let fmt = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("x{v:.2}"));
     let mut md = format!(
         "# kvroute-bench — plan {}\n\nTopology: {}. Machine: {}.\n\nRatios against least-request (TTFT and gap: lower is better; useful completions/s: higher is better).\n\n| workload | cohort | policy | TTFT p50 | TTFT p99 | gap p99 | useful/s | hit rate (workload ceiling) |\n|---|---|---|---|---|---|---|---|\n",
-        plan.name,
-        plan.topology.describe(),
-        machine()
+        name,
+        topology,
+        reports.first().map_or_else(machine, |r| r.scope.machine.clone())
     );
     for rep in reports {
         let workload = rep.scope.title.split(" — ").nth(1).unwrap_or(&rep.scope.title).to_owned();
@@ -219,4 +226,33 @@ fn overview(plan: &Plan, reports: &[Report]) -> String {
         }
     }
     md
+}
+
+/// Re-summarizes every `<dir>/<workload>/report.json` and rewrites the reports and the summary.
+fn rerender(dir: &std::path::Path) -> anyhow::Result<()> {
+    let mut subdirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("report.json").is_file())
+        .collect();
+    let mut reports = Vec::new();
+    let mut topology = String::new();
+    // Keep the order the workloads ran in (the schedule hash does not tell it; titles do not
+    // either), so sort by the file's modification time.
+    subdirs
+        .sort_by_key(|p| std::fs::metadata(p.join("report.json")).and_then(|m| m.modified()).ok());
+    for sub in subdirs {
+        let (old, runs) = report::read_json(&sub.join("report.json"))?;
+        let rep = report::summarize(&old.scope, old.ceiling, old.slo, &runs);
+        report::write(&rep, &runs, &sub)?;
+        println!("{}\n{}", rep.scope.title, report::summary_table(&rep));
+        topology = rep.scope.topology.clone();
+        reports.push(rep);
+    }
+    anyhow::ensure!(!reports.is_empty(), "no */report.json under {}", dir.display());
+    let name = dir.file_name().map_or("results".into(), |n| n.to_string_lossy().into_owned());
+    let summary = overview(&name, &topology, &reports);
+    std::fs::write(dir.join("summary.md"), &summary)?;
+    println!("{summary}");
+    Ok(())
 }
