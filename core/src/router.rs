@@ -273,10 +273,7 @@ impl Router {
     /// Takes in an updater snapshot: each worker's event view and config verdict.
     pub fn apply_snapshot(&mut self, snap: &crate::snapshot::Snapshot) {
         for w in &snap.workers {
-            match w.load {
-                Some(l) => self.reported.insert(w.worker.clone(), l),
-                None => self.reported.remove(&w.worker),
-            };
+            self.set_reported(&w.worker, w.load);
             self.verdict(&w.worker, w.compatible);
             if w.compatible {
                 self.index.set_events(&w.worker, &w.gpu, &w.offloaded, w.observed_at_ms);
@@ -290,10 +287,7 @@ impl Router {
     /// version last applied).
     pub fn apply_delta(&mut self, d: &crate::delta::Delta) {
         for w in &d.workers {
-            match w.load {
-                Some(l) => self.reported.insert(w.worker.clone(), l),
-                None => self.reported.remove(&w.worker),
-            };
+            self.set_reported(&w.worker, w.load);
             self.verdict(&w.worker, w.compatible);
             let change = if w.compatible {
                 EventChange {
@@ -310,6 +304,13 @@ impl Router {
             };
             self.index.change_events(&w.worker, change, w.observed_at_ms);
         }
+    }
+
+    fn set_reported(&mut self, worker: &str, load: Option<crate::snapshot::ReportedLoad>) {
+        match load {
+            Some(l) => self.reported.insert(worker.to_owned(), l),
+            None => self.reported.remove(worker),
+        };
     }
 
     fn verdict(&mut self, worker: &str, compatible: bool) {

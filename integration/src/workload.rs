@@ -1,7 +1,5 @@
-//! Seeded multi-turn chat workloads, turned once into an open-loop arrival schedule that every
-//! policy replays identically.
-
-use std::time::Duration;
+//! Seeded multi-turn conversations (the evaluation harness turns them into schedules, see
+//! `eval::workloads`).
 
 use kvroute_core::textgen;
 use serde_json::{json, Value};
@@ -45,92 +43,9 @@ impl Conversation {
     }
 }
 
-/// One scheduled request.
-#[derive(Debug, Clone)]
-pub struct Arrival {
-    pub at: Duration,
-    pub conversation: usize,
-    pub turn: usize,
-    pub body: Value,
-}
-
-/// Shape of a multi-turn workload.
-#[derive(Debug, Clone)]
-pub struct MultiTurn {
-    pub seed: u64,
-    pub conversations: usize,
-    pub turns: usize,
-    pub system_words: usize,
-    pub user_words: usize,
-    pub max_tokens: u64,
-    /// Conversations start this far apart (with seeded jitter).
-    pub start_gap: Duration,
-    /// Time between turns of one conversation (with seeded jitter).
-    pub think_time: Duration,
-}
-
-impl MultiTurn {
-    /// The open-loop schedule, sorted by arrival time.
-    pub fn schedule(&self, model: &str) -> Vec<Arrival> {
-        let mut out = Vec::new();
-        for c in 0..self.conversations {
-            let conv =
-                Conversation::new(self.seed, c, self.system_words, self.user_words, self.turns);
-            let jitter = |i: u64, span: Duration| {
-                let r = textgen::draw(self.seed ^ 0xA11, c as u64 * 1000 + i) % 1000;
-                span.mul_f64(0.5 + r as f64 / 1000.0)
-            };
-            let mut at = self.start_gap * c as u32 + jitter(999, self.start_gap);
-            for t in 0..self.turns {
-                if t > 0 {
-                    at += jitter(t as u64, self.think_time);
-                }
-                out.push(Arrival {
-                    at,
-                    conversation: c,
-                    turn: t,
-                    body: conv.body(model, t, self.max_tokens, true),
-                });
-            }
-        }
-        out.sort_by_key(|a| a.at);
-        out
-    }
-}
-
-/// A fingerprint of a schedule (times and bodies), printed so runs can be compared.
-pub fn schedule_hash(s: &[Arrival]) -> u64 {
-    let mut bytes = Vec::new();
-    for a in s {
-        bytes.extend_from_slice(&(a.at.as_micros() as u64).to_le_bytes());
-        bytes.extend_from_slice(a.body.to_string().as_bytes());
-    }
-    xxhash_rust::xxh3::xxh3_64(&bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn w(seed: u64) -> MultiTurn {
-        MultiTurn {
-            seed,
-            conversations: 4,
-            turns: 3,
-            system_words: 50,
-            user_words: 10,
-            max_tokens: 8,
-            start_gap: Duration::from_millis(100),
-            think_time: Duration::from_millis(500),
-        }
-    }
-
-    #[test]
-    fn same_seed_same_schedule() {
-        assert_eq!(schedule_hash(&w(1).schedule("m")), schedule_hash(&w(1).schedule("m")));
-        assert_ne!(schedule_hash(&w(1).schedule("m")), schedule_hash(&w(2).schedule("m")));
-        assert_eq!(w(1).schedule("m").len(), 12);
-    }
 
     #[test]
     fn later_turns_extend_earlier_ones() {

@@ -50,6 +50,8 @@ pub struct WorkerStats {
     pub gaps: u64,
     pub replays: u64,
     pub resyncs: u64,
+    /// Times the live subscription was silent while replay held new batches (then renewed).
+    pub resubscribes: u64,
     /// Stored blocks whose parent was unknown (missed events): not indexed.
     pub orphans: u64,
     /// Stored events whose block size differs from kvroute's: not indexed.

@@ -83,9 +83,16 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
     );
     let empty = serde_json::Map::new();
     let workers = status["workers"].as_object().unwrap_or(&empty);
-    for name in
-        ["batches", "events", "gaps", "replays", "resyncs", "orphans", "block_size_mismatches"]
-    {
+    for name in [
+        "batches",
+        "events",
+        "gaps",
+        "replays",
+        "resyncs",
+        "resubscribes",
+        "orphans",
+        "block_size_mismatches",
+    ] {
         let _ = writeln!(o, "# TYPE kvroute_updater_{name}_total counter");
         for (w, v) in workers {
             let _ = writeln!(

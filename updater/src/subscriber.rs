@@ -126,6 +126,10 @@ async fn catch_up(state: &State, ep: &Endpoints) -> Option<u64> {
     (next > from).then_some(next)
 }
 
+/// How long a worker's live stream may stay silent before the replay buffer is asked whether
+/// batches were published that the subscription did not deliver.
+const SILENCE_PROBE: Duration = Duration::from_secs(2);
+
 /// Follows one worker's stream until the task is dropped. After subscribing, everything the
 /// worker published before (ZMQ's slow joiner drops it) is fetched from its replay socket. A
 /// lost connection ends in a full resync.
@@ -150,6 +154,9 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
         // Let the subscription reach the publisher, then fetch what came before it.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut dup_floor = catch_up(&state, &ep).await;
+        let mut probe = tokio::time::interval(SILENCE_PROBE);
+        probe.tick().await;
+        let (mut heard, mut resubscribe) = (false, false);
         loop {
             let msg = tokio::select! {
                 m = sub.recv() => match m { Ok(m) => m, Err(_) => break },
@@ -157,7 +164,20 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
                     Some(zeromq::SocketEvent::Disconnected(_)) | None => break,
                     Some(_) => continue,
                 },
+                _ = probe.tick() => {
+                    // A silent stream is normal for an idle worker, but if the replay buffer
+                    // holds batches the subscription never delivered, it was lost: take them
+                    // and subscribe again.
+                    if !std::mem::take(&mut heard) {
+                        if catch_up(&state, &ep).await.is_some() {
+                            resubscribe = true;
+                            break;
+                        }
+                    }
+                    continue;
+                }
             };
+            heard = true;
             let frames = msg.into_vec();
             let (Some(seq), Some(payload)) = (frames.get(1).and_then(seq_of), frames.get(2)) else {
                 continue;
@@ -190,6 +210,11 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
                 }
             }
             apply(&state, &ep.worker, seq, payload);
+        }
+        if resubscribe {
+            log_line(&ep.worker, "live stream silent while replay had new batches: resubscribing");
+            state.update(&ep.worker, |e, _| e.knowledge.stats.resubscribes += 1);
+            continue;
         }
         log_line(&ep.worker, "event stream lost: reconnecting with a full resync");
         state.update(&ep.worker, |e, _| {

@@ -160,6 +160,29 @@ async fn dropped_batches_are_replayed() {
 }
 
 #[tokio::test]
+async fn a_silent_stream_is_caught_up_from_replay() {
+    let s = setup(EventEncoding::Array, ReplyShape::Triple).await;
+    warm_up(&s).await;
+    // From now on nothing reaches the subscriber (as if its subscription were lost), and no
+    // later batch reveals the gap: only the silence probe can find these blocks.
+    let (_, log) = s.worker.current().await.unwrap();
+    log.drop_remaining.store(1_000, std::sync::atomic::Ordering::SeqCst);
+    let unseen = messages(70, 1);
+    s.send(&unseen).await;
+    let mut found = 0;
+    for _ in 0..200 {
+        found = s.predicted(&unseen);
+        if found > 0 && s.stat("resubscribes") >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(found > 0, "blocks published only to replay never arrived");
+    assert!(s.stat("resubscribes") >= 1);
+    assert_eq!(s.stat("resyncs"), 0, "catching up keeps what was known");
+}
+
+#[tokio::test]
 async fn a_restarted_publisher_triggers_a_resync() {
     let s = setup(EventEncoding::Map, ReplyShape::Triple).await;
     warm_up(&s).await;
