@@ -128,6 +128,7 @@ pub struct SnapshotSync {
     fetched_full: Option<u32>,
     fetched_delta: Option<u32>,
     failed: Option<u32>,
+    version_gauge: Option<u32>,
 }
 
 impl SnapshotSync {
@@ -143,6 +144,11 @@ impl SnapshotSync {
             fetched_full: hostcalls::define_metric(c, "kvroute.sync.full_snapshots").ok(),
             fetched_delta: hostcalls::define_metric(c, "kvroute.sync.deltas").ok(),
             failed: hostcalls::define_metric(c, "kvroute.sync.fetch_failures").ok(),
+            version_gauge: hostcalls::define_metric(
+                MetricType::Gauge,
+                "kvroute.sync.snapshot_version",
+            )
+            .ok(),
         }
     }
 
@@ -234,6 +240,9 @@ impl Context for SnapshotSync {
             Ok(()) => {
                 self.head.checked_at_ms = now;
                 self.write_head();
+                if let Some(id) = self.version_gauge {
+                    let _ = hostcalls::record_metric(id, self.head.version);
+                }
             }
             Err(e) => {
                 log::debug!("kvroute: snapshot sync: {e}");

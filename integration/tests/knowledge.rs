@@ -99,6 +99,22 @@ async fn unlabelled(stack: &Stack, name: &str) -> Option<f64> {
     })
 }
 
+/// Waits until Envoy's singleton holds the updater's current snapshot version (threads apply it
+/// on their next request).
+async fn envoy_catches_up(stack: &Stack) {
+    let updater = stack.updater.as_ref().unwrap();
+    let v = updater.status().await.unwrap()["version"].as_u64().unwrap() as f64;
+    let caught_up =
+        eventually("Envoy at the updater's version", Duration::from_secs(20), || async {
+            let have = unlabelled(stack, "kvroute_sync_snapshot_version").await?;
+            (have >= v).then_some(())
+        })
+        .await;
+    if let Err(e) = caught_up {
+        panic!("{e}\n{}", diagnostics(stack).await);
+    }
+}
+
 /// How many times Envoy's worker threads applied a `kind` ("full" or "delta") knowledge update.
 fn knowledge_updates(m: &HashMap<String, f64>, kind: &str) -> f64 {
     m.get(&format!("kvroute_knowledge_updates{{kvroute_kind=\"{kind}\"}}")).copied().unwrap_or(0.0)
@@ -174,8 +190,8 @@ async fn an_eviction_reaches_the_next_prediction() {
     let w = stack.workers.iter().find(|w| w.addr == worker).unwrap();
     let evicted = w.admin("evict?percent=100", None).await.unwrap();
     assert!(evicted["evicted_blocks"].as_u64().unwrap() > 0);
-    // Wait for the removal to reach the updater, then for ten snapshot ticks (100 ms each) so
-    // Envoy's singleton holds a snapshot that includes it.
+    // Wait for the removal to reach the updater, then for Envoy's singleton to hold a snapshot
+    // version that includes it.
     let updater = stack.updater.as_ref().unwrap();
     eventually("eviction seen by the updater", Duration::from_secs(20), || async {
         let s = updater.status().await.ok()?;
@@ -183,7 +199,7 @@ async fn an_eviction_reaches_the_next_prediction() {
     })
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    envoy_catches_up(&stack).await;
     let after = chat(&stack, &c, 2).await;
     assert_eq!(after.cached_tokens, Some(0), "the worker still reused blocks after eviction");
     assert_eq!(
@@ -250,7 +266,7 @@ async fn a_worker_serving_another_template_is_flagged_incompatible() {
     .unwrap();
     assert!(reason.contains("canary"), "unexpected reason: {reason}");
     // The filter gives the misconfigured worker no cache credit.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    envoy_catches_up(&stack).await;
     for t in 1..4 {
         let r = chat(&stack, &c, t).await;
         if r.worker.as_deref() == Some(addr.as_str()) {

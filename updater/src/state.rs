@@ -106,7 +106,8 @@ impl State {
 
     /// `/status` JSON.
     pub fn status(&self) -> serde_json::Value {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        Self::publish(&mut inner);
         let now = now_ms();
         let workers: serde_json::Map<String, serde_json::Value> = inner
             .workers

@@ -456,7 +456,12 @@ mod tests {
             (0..40).map(|i| rec(i, &w[0], 100.0 + 20.0 * i as f64, &cohorts(i))).collect();
         vec![
             run("least-request", 4, even, queue(4, |t, _| 1 + (t % 3) as u32)),
-            run("all-on-one", 4, skewed, queue(4, |t, w| if w == 0 { 4 * (1 + t as u32) } else { 0 })),
+            run(
+                "all-on-one",
+                4,
+                skewed,
+                queue(4, |t, w| if w == 0 { 4 * (1 + t as u32) } else { 0 }),
+            ),
         ]
     }
 
