@@ -168,11 +168,9 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
                     // A silent stream is normal for an idle worker, but if the replay buffer
                     // holds batches the subscription never delivered, it was lost: take them
                     // and subscribe again.
-                    if !std::mem::take(&mut heard) {
-                        if catch_up(&state, &ep).await.is_some() {
-                            resubscribe = true;
-                            break;
-                        }
+                    if !std::mem::take(&mut heard) && catch_up(&state, &ep).await.is_some() {
+                        resubscribe = true;
+                        break;
                     }
                     continue;
                 }
