@@ -48,7 +48,9 @@ impl ThreadState {
     /// or from the full snapshot when the chain has a gap. Returns the version reached.
     fn follow(&self, router: &mut Router, head: &Head) -> u64 {
         let mut v = self.chain(router, head, self.snapshot_version.get());
-        if v != head.version {
+        // The full snapshot helps only if it is not the one this thread already stands on;
+        // otherwise wait for the singleton instead of decoding megabytes on every request.
+        if v != head.version && v != head.full_version {
             if let Some(full) = read_full() {
                 router.apply_snapshot(&full);
                 self.metrics.knowledge_update("full");

@@ -30,15 +30,20 @@ pub struct Reply {
 impl Reply {
     /// A field of the decision header, e.g. `predicted_cached_tokens`.
     pub fn decision_field(&self, key: &str) -> Option<String> {
-        self.decision.as_ref()?.split("; ").find_map(|kv| {
-            let (k, v) = kv.split_once('=')?;
-            (k == key).then(|| v.to_owned())
-        })
+        decision_field(self.decision.as_ref()?, key).map(str::to_owned)
     }
 
     pub fn json(&self) -> Option<Value> {
         serde_json::from_str(&self.body).ok()
     }
+}
+
+/// A field of an `x-kvroute-decision` header value (`key=value; key=value; ...`).
+pub fn decision_field<'a>(header: &'a str, key: &str) -> Option<&'a str> {
+    header.split("; ").find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == key).then_some(v)
+    })
 }
 
 /// Sends `body` to `url` + `path` with extra `headers`, reading the response to the end.

@@ -87,16 +87,9 @@ where
 const SYNC_COUNTERS: [&str; 3] =
     ["kvroute_sync_full_snapshots", "kvroute_sync_deltas", "kvroute_sync_fetch_failures"];
 
-/// A counter without labels from Envoy's `/stats/prometheus`. Envoy writes those as
-/// `name{} 3`, which `Envoy::prometheus` does not parse, so they are read from the text.
+/// A stat without labels from Envoy's `/stats/prometheus` (written `name{} 3` by Envoy).
 async fn unlabelled(stack: &Stack, name: &str) -> Option<f64> {
-    let url = format!("{}/stats/prometheus", stack.envoy.admin_url());
-    let text = reqwest::get(url).await.ok()?.text().await.ok()?;
-    text.lines().find_map(|l| {
-        let rest = l.strip_prefix(name)?;
-        let rest = rest.strip_prefix("{}").unwrap_or(rest);
-        rest.strip_prefix(' ')?.trim().parse().ok()
-    })
+    stack.envoy.prometheus().await.ok()?.get(name).copied()
 }
 
 /// Waits until Envoy's singleton holds the updater's current snapshot version (threads apply it

@@ -16,15 +16,21 @@ pub struct ReportedLoad {
     pub observed_at_ms: u64,
 }
 
-/// The first sample of `name` (labels ignored) in a Prometheus text exposition.
+/// The samples of `name` in a Prometheus text exposition, summed over label sets (one per
+/// engine of a data-parallel worker); `name{labels} value [timestamp]`.
 fn sample(text: &str, name: &str) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let rest = l.strip_prefix(name)?;
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            return None;
-        }
-        l.rsplit(' ').next()?.parse().ok()
-    })
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let values = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.rsplit_once('}')?.1,
+                None if rest.starts_with(' ') => rest,
+                None => return None,
+            };
+            values.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .reduce(|a, b| a + b)
 }
 
 /// Reads vLLM's gauges, or SGLang's where vLLM's are absent.
@@ -139,6 +145,8 @@ mod tests {
         let l = parse_load(sglang, 1);
         assert_eq!((l.running, l.waiting, l.kv_usage), (Some(5.0), Some(2.0), Some(0.5)));
         assert_eq!(parse_load("vllm:num_requests_running_total 9\n", 0).running, None);
+        let two_engines = "vllm:num_requests_running{engine=\"0\"} 1 1700000000\nvllm:num_requests_running{engine=\"1\"} 2\n";
+        assert_eq!(parse_load(two_engines, 0).running, Some(3.0));
     }
 
     #[test]

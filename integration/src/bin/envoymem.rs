@@ -183,17 +183,6 @@ fn proc_status(pid: u32) -> anyhow::Result<HashMap<String, u64>> {
         .collect())
 }
 
-/// A sample from Envoy's `/stats/prometheus` text; `name` as written there, with its labels
-/// (label-less custom stats are written `name{}`).
-fn sample(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            (k == name || k.strip_suffix("{}") == Some(name)).then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0.0)
-}
-
 struct Counters {
     thread_full: f64,
     thread_delta: f64,
@@ -203,14 +192,14 @@ struct Counters {
 }
 
 async fn counters(envoy: &Envoy) -> anyhow::Result<Counters> {
-    let text =
-        reqwest::get(format!("{}/stats/prometheus", envoy.admin_url())).await?.text().await?;
+    let m = envoy.prometheus().await?;
+    let get = |name: &str| m.get(name).copied().unwrap_or(0.0);
     Ok(Counters {
-        thread_full: sample(&text, "kvroute_knowledge_updates{kvroute_kind=\"full\"}"),
-        thread_delta: sample(&text, "kvroute_knowledge_updates{kvroute_kind=\"delta\"}"),
-        sync_full: sample(&text, "kvroute_sync_full_snapshots"),
-        sync_delta: sample(&text, "kvroute_sync_deltas"),
-        sync_failures: sample(&text, "kvroute_sync_fetch_failures"),
+        thread_full: get("kvroute_knowledge_updates{kvroute_kind=\"full\"}"),
+        thread_delta: get("kvroute_knowledge_updates{kvroute_kind=\"delta\"}"),
+        sync_full: get("kvroute_sync_full_snapshots"),
+        sync_delta: get("kvroute_sync_deltas"),
+        sync_failures: get("kvroute_sync_fetch_failures"),
     })
 }
 

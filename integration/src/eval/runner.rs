@@ -189,25 +189,10 @@ pub async fn scrape_queue(http: &reqwest::Client, worker: &str) -> Option<(u32, 
     parse_queue(&text)
 }
 
+/// The same reading the updater makes of a worker's load.
 pub fn parse_queue(text: &str) -> Option<(u32, u32)> {
-    // prometheus-parse rejects the `:` of vLLM's metric names, so read the samples directly:
-    // `name{labels} value [timestamp]`, summed over label sets (engines).
-    let value = |names: [&str; 2]| {
-        text.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let name = l.split(['{', ' ']).next()?;
-                if !names.contains(&name) {
-                    return None;
-                }
-                let rest = l.rsplit_once('}').map_or(&l[name.len()..], |(_, r)| r);
-                rest.split_whitespace().next()?.parse::<f64>().ok()
-            })
-            .reduce(|a, b| a + b)
-    };
-    let running = value(["vllm:num_requests_running", "sglang:num_running_reqs"])?;
-    let waiting = value(["vllm:num_requests_waiting", "sglang:num_queue_reqs"]).unwrap_or(0.0);
-    Some((running.max(0.0) as u32, waiting.max(0.0) as u32))
+    let load = kvroute_updater::scrape::parse_load(text, 0);
+    Some((load.running?.max(0.0) as u32, load.waiting.unwrap_or(0.0).max(0.0) as u32))
 }
 
 #[cfg(test)]

@@ -16,12 +16,9 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// A field of kvroute's `x-kvroute-decision` header.
-pub fn decision_field(header: &str, key: &str) -> Option<u64> {
-    header.split("; ").find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        (k == key).then(|| v.parse().ok()).flatten()
-    })
+/// A numeric field of kvroute's `x-kvroute-decision` header.
+pub fn decision_number(header: &str, key: &str) -> Option<u64> {
+    crate::client::decision_field(header, key)?.parse().ok()
 }
 
 /// Sends `s` to `url` (an Envoy listener) and records what happened; never fails.
@@ -87,7 +84,7 @@ async fn exchange(
         |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     rec.worker = header("x-worker-id");
     rec.predicted_cached_tokens =
-        header("x-kvroute-decision").and_then(|d| decision_field(&d, "predicted_cached_tokens"));
+        header("x-kvroute-decision").and_then(|d| decision_number(&d, "predicted_cached_tokens"));
     let mut stream = resp.bytes_stream();
     if rec.status != 200 {
         let mut body = Vec::new();
@@ -130,8 +127,8 @@ mod tests {
     #[test]
     fn decision_fields() {
         let h = "worker=127.0.0.1:8001; predicted_cached_tokens=128; blocks_from_events=8";
-        assert_eq!(decision_field(h, "predicted_cached_tokens"), Some(128));
-        assert_eq!(decision_field(h, "blocks_from_events"), Some(8));
-        assert_eq!(decision_field(h, "nope"), None);
+        assert_eq!(decision_number(h, "predicted_cached_tokens"), Some(128));
+        assert_eq!(decision_number(h, "blocks_from_events"), Some(8));
+        assert_eq!(decision_number(h, "nope"), None);
     }
 }
