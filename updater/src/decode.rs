@@ -193,9 +193,15 @@ fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
     }
 }
 
+/// Deepest msgpack nesting read, as rmpv counts it (a container and its contents are two
+/// levels). A batch needs about a dozen (batch, events, event, extra keys, one block's keys,
+/// a key tuple); rmpv's own default (1024) lets a hostile payload recurse so deep that a debug
+/// build overflows a 2 MiB thread stack (fuzz seed `event_decode/deep-nesting.msgpack`).
+const MAX_DEPTH: usize = 64;
+
 /// Decodes one batch payload.
 pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
-    let v = rmpv::decode::read_value(&mut &payload[..])
+    let v = rmpv::decode::read_value_with_max_depth(&mut &payload[..], MAX_DEPTH)
         .map_err(|e| DecodeError::Msgpack(e.to_string()))?;
     let a = v.as_array().ok_or(DecodeError::Shape)?;
     let ts = match a.first() {
@@ -293,6 +299,20 @@ mod tests {
             Value::Nil,
         ]);
         assert_eq!(decode_batch(&enc(no_tokens)), Err(DecodeError::Field("token_ids")));
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error() {
+        let mut deep = vec![0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0];
+        deep.extend(std::iter::repeat_n(0x91, 3000));
+        deep.push(0xc0);
+        let r = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || decode_batch(&deep))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(matches!(r, Err(DecodeError::Msgpack(_))), "{r:?}");
     }
 
     proptest! {
