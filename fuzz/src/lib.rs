@@ -1,0 +1,160 @@
+//! The bodies of the fuzz targets, one function per target in `fuzz_targets/`.
+//!
+//! Each `fuzz_targets/<name>.rs` only hands libFuzzer's input to the function of the same name
+//! here, so the same code runs under `cargo +nightly fuzz run <name>` (`./dev fuzz`) and, on
+//! stable, in this crate's tests, which replay every committed seed in `corpus/<name>/`
+//! (`./dev test`). A function panics only on a bug: the decoders must return errors, and what
+//! they accept must survive a round trip.
+
+use std::sync::OnceLock;
+
+use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
+use kvroute_core::delta::Delta;
+use kvroute_core::journal::JournalEntry;
+use kvroute_core::load::WorkerLoad;
+use kvroute_core::model::ModelBundle;
+use kvroute_core::request::{parse, Endpoint};
+use kvroute_core::snapshot::Snapshot;
+use kvroute_core::usage::UsageScanner;
+
+#[cfg(test)]
+mod seeds;
+
+/// A target: its name (as in `Cargo.toml`'s `[[bin]]` and `corpus/`) and its body.
+pub type Target = (&'static str, fn(&[u8]));
+
+/// Every target.
+pub const TARGETS: &[Target] = &[
+    ("request_parse", request_parse),
+    ("journal_decode", journal_decode),
+    ("usage_scan", usage_scan),
+    ("config_parse", config_parse),
+    ("snapshot_decode", snapshot_decode),
+    ("event_decode", event_decode),
+    ("delta_decode", delta_decode),
+];
+
+/// Request bodies come straight from clients: parsing, rendering and tokenizing any bytes
+/// must return a value or an error, never panic.
+pub fn request_parse(data: &[u8]) {
+    // Loading the demo bundle costs far more than one input; it is the same every time.
+    static BUNDLE: OnceLock<Option<ModelBundle>> = OnceLock::new();
+    let bundle = BUNDLE.get_or_init(|| ModelBundle::demo().ok());
+    for ep in [Endpoint::Chat, Endpoint::Completions] {
+        if let (Ok(req), Some(b)) = (parse(ep, data), bundle.as_ref()) {
+            let _ = b.prompt_tokens(&req.prompt);
+        }
+    }
+}
+
+/// Shared-data journal entries and load counters: the decoders never panic, and an accepted
+/// entry round-trips.
+pub fn journal_decode(data: &[u8]) {
+    if let Ok(e) = JournalEntry::decode(data) {
+        assert_eq!(JournalEntry::decode(&e.encode()), Ok(e));
+    }
+    let load = WorkerLoad::decode(data);
+    assert_eq!(WorkerLoad::decode(&load.encode()), load);
+}
+
+/// Response bodies come from workers: the usage scanner takes any chunking of any bytes (the
+/// first byte picks where the input is split in two).
+pub fn usage_scan(data: &[u8]) {
+    let mut s = UsageScanner::default();
+    let split = data.first().map_or(0, |b| *b as usize % (data.len().max(1)));
+    s.push(&data[..split]);
+    s.push(&data[split..]);
+    let _ = s.usage();
+}
+
+/// Plugin configurations (the filter's and the snapshot singleton's): any bytes parse and
+/// validate to a config or an error, and a valid filter config builds a router or an error.
+pub fn config_parse(data: &[u8]) {
+    if let Ok(cfg) = FilterConfig::from_json(data) {
+        let _ = kvroute_core::router::Router::new(&cfg);
+    }
+    let _ = SnapshotSyncConfig::from_json(data, &sync_env);
+}
+
+/// The Envoy environment the singleton's `token_env` is looked up in: one variable.
+pub fn sync_env(name: &str) -> Option<String> {
+    (name == "KVROUTE_TOKEN").then(|| "0123456789abcdef".to_string())
+}
+
+/// Knowledge snapshots arrive over HTTP from the updater: any bytes decode or fail cleanly.
+pub fn snapshot_decode(data: &[u8]) {
+    if let Ok(s) = Snapshot::decode(data) {
+        assert_eq!(Snapshot::decode(&s.encode()), Ok(s));
+    }
+}
+
+/// KV-event payloads come from workers over ZMQ: any bytes decode or fail cleanly.
+pub fn event_decode(data: &[u8]) {
+    let _ = kvroute_updater::decode::decode_batch(data);
+}
+
+/// Snapshot deltas arrive over HTTP from the updater and sit in shared data: any bytes decode
+/// or fail cleanly.
+pub fn delta_decode(data: &[u8]) {
+    if let Ok(s) = Delta::decode(data) {
+        assert_eq!(Delta::decode(&s.encode()), Ok(s));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::TARGETS;
+
+    fn root() -> &'static Path {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn corpus(target: &str) -> Vec<PathBuf> {
+        let dir = root().join("corpus").join(target);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Every file of `fuzz_targets/` is in [`TARGETS`] and the other way round.
+    #[test]
+    fn every_fuzz_target_is_listed() {
+        let mut on_disk: Vec<String> = std::fs::read_dir(root().join("fuzz_targets"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+            .collect();
+        on_disk.sort();
+        let mut listed: Vec<String> = TARGETS.iter().map(|(n, _)| n.to_string()).collect();
+        listed.sort();
+        assert_eq!(on_disk, listed);
+    }
+
+    /// Replays every committed seed of every target through the target's own code, each on
+    /// its own thread with Rust's default 2 MiB stack (a tokio worker's too): a stack overflow
+    /// aborts the run, and the abort message names the thread, i.e. the target and the seed.
+    #[test]
+    fn committed_corpus_replays() {
+        for (name, run) in TARGETS {
+            let files = corpus(name);
+            assert!(files.len() >= 3, "corpus/{name}/ has {} seeds, want a handful", files.len());
+            for f in files {
+                let data = std::fs::read(&f).unwrap();
+                let seed = f.file_name().unwrap().to_string_lossy();
+                let r = std::thread::Builder::new()
+                    .name(format!("{name}/{seed}"))
+                    .spawn(move || run(&data))
+                    .unwrap()
+                    .join();
+                assert!(r.is_ok(), "{name} panics on {}", f.display());
+            }
+        }
+    }
+}

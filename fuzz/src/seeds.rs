@@ -1,0 +1,562 @@
+//! The seed corpus of every target, made with the project's own encoders: valid inputs a
+//! worker, a client, the updater or Envoy's shared data really carries, plus a few hostile
+//! ones (truncated, deeply nested, not UTF-8, absurd counts).
+//!
+//! `corpus/<target>/` holds exactly these files. The test below checks that, so a format
+//! change shows up as stale seeds; `KVROUTE_WRITE_SEEDS=1 cargo test --manifest-path
+//! fuzz/Cargo.toml seeds` rewrites them. Files libFuzzer finds are not committed (`./dev fuzz`
+//! keeps them in `fuzz/target/`); an input that once crashed a target is added here by hand,
+//! under a name starting with `crash-`, so it is replayed by `./dev test` forever.
+
+use std::path::Path;
+
+use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
+use kvroute_core::delta::{Delta, SetChange, WorkerDelta};
+use kvroute_core::index::Source;
+use kvroute_core::journal::JournalEntry;
+use kvroute_core::load::WorkerLoad;
+use kvroute_core::request::{parse, Endpoint};
+use kvroute_core::router::Router;
+use kvroute_core::snapshot::{ReportedLoad, Snapshot, WorkerKnowledge};
+use kvroute_core::usage::{Usage, UsageScanner};
+use kvroute_updater::decode::{decode_batch, EngineEvent};
+use rmpv::Value;
+use serde_json::json;
+
+type Seeds = Vec<(&'static str, Vec<u8>)>;
+
+/// `data` cut at about two thirds.
+fn truncated(data: &[u8]) -> Vec<u8> {
+    data[..data.len() * 2 / 3].to_vec()
+}
+
+fn json_bytes(v: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// `depth` nested JSON arrays around `inner` under `key` of an otherwise plausible object.
+fn deep_json(prefix: &str, depth: usize) -> Vec<u8> {
+    let mut s = prefix.as_bytes().to_vec();
+    s.extend(std::iter::repeat_n(b'[', depth));
+    s.extend(std::iter::repeat_n(b']', depth));
+    s.push(b'}');
+    s
+}
+
+fn request_parse() -> Seeds {
+    let chat = json_bytes(json!({
+        "model": "demo",
+        "messages": [
+            {"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "Summarize the plot of Hamlet in two sentences."}
+        ],
+        "max_tokens": 64,
+        "temperature": 0.2
+    }));
+    let chat_stream = json_bytes(json!({
+        "model": "demo",
+        "messages": [
+            {"role": "system", "content": "You answer questions about the attached report."},
+            {"role": "user", "content": [
+                {"type": "text", "text": "Here is the report:"},
+                {"type": "text", "text": "Q3 revenue grew 12% while costs fell."}
+            ]},
+            {"role": "assistant", "content": "Revenue grew and costs fell."},
+            {"role": "user", "content": "By how much did revenue grow?"}
+        ],
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "cache_salt": "tenant-a",
+        "user": "user-42",
+        "max_completion_tokens": 32
+    }));
+    let completion = json_bytes(json!({
+        "model": "demo", "prompt": "Once upon a time, in a quiet village,", "max_tokens": 16,
+        "stream": false
+    }));
+    let tokens = json_bytes(json!({
+        "model": "demo", "prompt": (1u32..=40).collect::<Vec<_>>(), "max_tokens": 8
+    }));
+    let unicode = json_bytes(json!({
+        "model": "demo",
+        "messages": [{"role": "user", "content": "naïve café 東京 🚀 \u{0000} \\ \" \t end"}],
+        "cache_salt": ""
+    }));
+    for body in [&chat, &chat_stream] {
+        parse(Endpoint::Chat, body).unwrap();
+    }
+    for body in [&completion, &tokens] {
+        parse(Endpoint::Completions, body).unwrap();
+    }
+    parse(Endpoint::Chat, &unicode).unwrap();
+    let mut not_utf8 = br#"{"model":"demo","messages":[{"role":"user","content":"caf"#.to_vec();
+    not_utf8.extend_from_slice(b"\xc3\x28 \xff\xfe");
+    not_utf8.extend_from_slice(br#""}]}"#);
+    vec![
+        ("chat.json", chat.clone()),
+        ("chat-stream-salted-parts.json", chat_stream),
+        ("completion-text.json", completion),
+        ("completion-token-ids.json", tokens),
+        ("chat-unicode.json", unicode),
+        (
+            "wrong-types.json",
+            br#"{"model":"demo","messages":[{"role":"user","content":7}],"stream":"yes","max_tokens":-1}"#
+                .to_vec(),
+        ),
+        ("truncated.json", truncated(&chat)),
+        ("deep-nesting.json", deep_json(r#"{"model":"demo","messages":"#, 600)),
+        ("not-utf8.json", not_utf8),
+    ]
+}
+
+/// The usage block of a vLLM response.
+fn usage_json(prompt: u64, cached: u64) -> serde_json::Value {
+    json!({
+        "prompt_tokens": prompt, "completion_tokens": 8, "total_tokens": prompt + 8,
+        "prompt_tokens_details": {"cached_tokens": cached}
+    })
+}
+
+fn scan(data: &[u8]) -> Usage {
+    let mut s = UsageScanner::default();
+    let split = data.first().map_or(0, |b| *b as usize % (data.len().max(1)));
+    s.push(&data[..split]);
+    s.push(&data[split..]);
+    s.usage()
+}
+
+fn usage_scan() -> Seeds {
+    let chunk = |delta: serde_json::Value, usage: serde_json::Value| {
+        let v = json!({
+            "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1_700_000_000,
+            "model": "demo", "choices": delta, "usage": usage
+        });
+        format!("data: {v}\n\n")
+    };
+    let mut sse = String::new();
+    for word in ["Revenue", " grew", " 12%."] {
+        sse += &chunk(json!([{"index": 0, "delta": {"content": word}}]), json!(null));
+    }
+    sse += &chunk(json!([]), usage_json(1034, 1024));
+    sse += "data: [DONE]\n\n";
+    let body = json_bytes(json!({
+        "id": "cmpl-2", "object": "text_completion", "model": "demo",
+        "choices": [{"index": 0, "text": " there lived a cat.", "finish_reason": "length"}],
+        "usage": usage_json(17, 0)
+    }));
+    let no_details = json_bytes(json!({
+        "id": "cmpl-3", "object": "text_completion", "model": "demo", "choices": [],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6,
+                  "prompt_tokens_details": null}
+    }));
+    // The first byte ('{', 123) picks the split: pad so that it falls inside "cached_tokens".
+    let key = br#""cached_tokens""#;
+    let head: &[u8] = br#""usage": {"prompt_tokens": 300, "prompt_tokens_details": {"#;
+    let mut split_key = b"{".to_vec();
+    split_key.extend(std::iter::repeat_n(b' ', 123 - key.len() / 2 - 1 - head.len()));
+    split_key.extend_from_slice(head);
+    split_key.extend_from_slice(br#""cached_tokens": 256}}}"#);
+    let at = split_key.windows(key.len()).position(|w| w == key).unwrap();
+    assert!(at < 123 && 123 < at + key.len(), "split at 123 is inside the key at {at}");
+
+    assert_eq!(scan(sse.as_bytes()).cached_tokens, Some(1024));
+    assert_eq!(scan(&body).prompt_tokens, Some(17));
+    assert_eq!(scan(&split_key).cached_tokens, Some(256));
+    let mut garbage = b"data: {\"usage\": {\"cached_tokens\": \xff\xfe 12".to_vec();
+    garbage.extend_from_slice(b"\x00\"prompt_tokens\":99999999999999999999999 }");
+    vec![
+        ("sse-stream-with-usage.txt", sse.clone().into_bytes()),
+        ("json-body.json", body),
+        ("usage-null-details.json", no_details),
+        ("key-across-chunks.json", split_key),
+        ("sse-cut-in-number.txt", sse.as_bytes()[..sse.find("1024").unwrap() + 2].to_vec()),
+        ("not-utf8-and-overflow.txt", garbage),
+    ]
+}
+
+fn config_parse() -> Seeds {
+    let minimal = json_bytes(json!({"models": [{"name": "demo", "workers": ["127.0.0.1:8000"]}]}));
+    let full = json_bytes(json!({
+        "models": [
+            {
+                "name": "llama-3-8b", "workers": ["10.0.0.5:8000", "10.0.0.6:8000", "[::1]:8000"],
+                "block_size": 32, "lora_name": "sql-adapter",
+                "profile": {
+                    "prefill_base_ms": 5.0, "prefill_ms_per_token": 0.033,
+                    "prefill_ms_per_token_sq": 4.2e-7, "decode_interference_ms": 0.5,
+                    "transfer_ms_per_token": 0.0026
+                }
+            },
+            {"name": "demo", "workers": ["127.0.0.1:8001"]}
+        ],
+        "destination_header": "x-gateway-destination-endpoint",
+        "index": {"max_blocks_per_worker": 65536, "predicted_ttl_ms": 120000,
+                  "feedback_ttl_ms": 600000},
+        "tie_band": {"abs_ms": 2.0, "rel": 0.05},
+        "max_prompt_tokens": 262144, "max_prompt_bytes": 524288,
+        "expose_decision_header": true,
+        "knowledge": {"max_event_age_ms": 5000, "event_grace_ms": 2000, "max_load_age_ms": 2000}
+    }));
+    // A word-level tokenizer and a one-line template: the smallest bundle a config can carry.
+    let tiny = json_bytes(json!({"models": [{
+        "name": "tiny", "workers": ["127.0.0.1:9000"], "block_size": 4,
+        "tokenizer": {
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "unk_token": "<unk>",
+                      "vocab": {"<unk>": 0, "<s>": 1, "hello": 2, "world": 3}}
+        },
+        "tokenizer_config": {
+            "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}",
+            "bos_token": "<s>", "eos_token": "<unk>"
+        }
+    }]}));
+    for c in [&minimal, &full, &tiny] {
+        let cfg = FilterConfig::from_json(c).unwrap();
+        Router::new(&cfg).unwrap();
+    }
+    let sync = json_bytes(json!({"snapshot_sync": {
+        "cluster": "kvroute_updater", "authority": "kvroute-updater",
+        "token": "0123456789abcdef0123", "interval_ms": 100, "timeout_ms": 1000
+    }}));
+    let sync_env = json_bytes(json!({"snapshot_sync": {
+        "cluster": "kvroute_updater", "token_env": "KVROUTE_TOKEN"
+    }}));
+    for s in [&sync, &sync_env] {
+        assert!(SnapshotSyncConfig::from_json(s, &crate::sync_env).unwrap().is_some());
+    }
+    let unknown = json_bytes(json!({"models": [{"name": "demo", "workers": ["127.0.0.1:8000"],
+                                                "blocksize": 16}]}));
+    let mut not_utf8 = br#"{"models":[{"name":"d"#.to_vec();
+    not_utf8.extend_from_slice(b"\xed\xa0\x80\xff");
+    not_utf8.extend_from_slice(br#"","workers":["127.0.0.1:8000"]}]}"#);
+    vec![
+        ("minimal.json", minimal),
+        ("every-field.json", full.clone()),
+        ("inline-tokenizer.json", tiny),
+        ("snapshot-sync.json", sync),
+        ("snapshot-sync-token-env.json", sync_env),
+        ("unknown-field.json", unknown),
+        ("truncated.json", truncated(&full)),
+        ("deep-nesting.json", deep_json(r#"{"models":"#, 600)),
+        ("not-utf8.json", not_utf8),
+    ]
+}
+
+fn journal_decode() -> Seeds {
+    let entry = |seq, source, worker: &str, hashes: Vec<u64>, retract| {
+        let at_ms = 1_700_000_000_123;
+        let e = JournalEntry { seq, at_ms, source, worker: worker.into(), hashes, retract };
+        let b = e.encode();
+        assert_eq!(JournalEntry::decode(&b), Ok(e));
+        b
+    };
+    let routed = entry(7, Source::Routed, "127.0.0.1:8001", vec![1, u64::MAX], false);
+    let retract = entry(8, Source::Routed, "127.0.0.1:8001", vec![1, u64::MAX], true);
+    let feedback = entry(
+        1 << 40,
+        Source::Feedback,
+        "10.0.0.5:8000",
+        (0..48u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect(),
+        false,
+    );
+    let kv = entry(0, Source::KvEvent, "[::1]:8000", vec![], false);
+    let load = WorkerLoad { inflight_requests: 3, prefilling_requests: 1, prefill_tokens: 4096 };
+    let mut bad_source = routed.clone();
+    bad_source[17] = 9;
+    let mut not_utf8 = routed.clone();
+    not_utf8[19] = 0xff;
+    let mut too_many = routed[..19 + 14].to_vec();
+    too_many.extend_from_slice(&u32::MAX.to_le_bytes());
+    let mut trailing = routed.clone();
+    trailing.push(0);
+    vec![
+        ("routed.bin", routed.clone()),
+        ("routed-retracted.bin", retract),
+        ("feedback-48-hashes.bin", feedback),
+        ("kv-event-empty.bin", kv),
+        ("worker-load.bin", load.encode().to_vec()),
+        ("truncated.bin", truncated(&routed)),
+        ("bad-source.bin", bad_source),
+        ("worker-not-utf8.bin", not_utf8),
+        ("hash-count-u32-max.bin", too_many),
+        ("trailing-byte.bin", trailing),
+    ]
+}
+
+fn two_snapshots() -> (Snapshot, Snapshot) {
+    let w = |name: &str, gpu: Vec<u64>, off: Vec<u64>, load| WorkerKnowledge {
+        worker: name.into(),
+        observed_at_ms: 1_700_000_000_000,
+        compatible: true,
+        gpu,
+        offloaded: off,
+        load,
+    };
+    let load = ReportedLoad { running: 4, waiting: 2, observed_at_ms: 1_700_000_000_050 };
+    let a = Snapshot {
+        version: 1_700_000_000_000_000,
+        generated_at_ms: 1_700_000_000_100,
+        workers: vec![
+            w("127.0.0.1:8000", vec![3, 10, 42, 1 << 63], vec![7], Some(load)),
+            WorkerKnowledge { compatible: false, ..w("127.0.0.1:8001", vec![5, 6], vec![], None) },
+        ],
+    };
+    let b = Snapshot {
+        version: a.version + 3,
+        generated_at_ms: a.generated_at_ms + 300,
+        workers: vec![
+            w("127.0.0.1:8000", vec![3, 42, 99, 1 << 63], vec![7, 10], Some(load)),
+            w("127.0.0.1:8002", vec![11, 12, 13], vec![], None),
+        ],
+    };
+    (a, b)
+}
+
+fn snapshot_decode() -> Seeds {
+    let (a, b) = two_snapshots();
+    let empty = Snapshot { version: 1, generated_at_ms: 0, workers: vec![] };
+    for s in [&a, &b, &empty] {
+        assert_eq!(Snapshot::decode(&s.encode()).as_ref(), Ok(s));
+    }
+    let bytes = a.encode();
+    let mut old_format = bytes.clone();
+    old_format[4] = 1;
+    let mut not_utf8 = bytes.clone();
+    not_utf8[27] = 0xc0;
+    // Worker count 1, then a name of 0 bytes and a GPU list of u32::MAX hashes.
+    let mut huge = bytes[..25].to_vec();
+    huge.extend_from_slice(&1u32.to_le_bytes());
+    huge.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+    huge.extend_from_slice(&u32::MAX.to_le_bytes());
+    vec![
+        ("two-workers.bin", bytes.clone()),
+        ("changed.bin", b.encode()),
+        ("empty.bin", empty.encode()),
+        ("truncated.bin", truncated(&bytes)),
+        ("old-format.bin", old_format),
+        ("worker-not-utf8.bin", not_utf8),
+        ("hash-count-u32-max.bin", huge),
+    ]
+}
+
+fn delta_decode() -> Seeds {
+    let (a, b) = two_snapshots();
+    let d = Delta::between(&a, &b);
+    assert!(!d.workers.is_empty());
+    let reset = Delta {
+        from_version: b.version,
+        to_version: b.version + 1,
+        generated_at_ms: b.generated_at_ms + 100,
+        workers: vec![WorkerDelta {
+            worker: "127.0.0.1:8002".into(),
+            observed_at_ms: b.generated_at_ms + 90,
+            compatible: true,
+            load: Some(ReportedLoad { running: 0, waiting: 0, observed_at_ms: 0 }),
+            reset: true,
+            gpu: SetChange { add: vec![21, 22], remove: vec![] },
+            offloaded: SetChange::default(),
+        }],
+    };
+    let composed = Delta::compose(&[d.clone(), reset.clone()]).unwrap();
+    let noop = Delta { from_version: 5, to_version: 6, generated_at_ms: 0, workers: vec![] };
+    for x in [&d, &reset, &composed, &noop] {
+        assert_eq!(Delta::decode(&x.encode()).as_ref(), Ok(x));
+    }
+    let bytes = d.encode();
+    let mut many_workers = bytes[..29].to_vec();
+    many_workers.extend_from_slice(&u32::MAX.to_le_bytes());
+    vec![
+        ("between-two-snapshots.bin", bytes.clone()),
+        ("reset-worker.bin", reset.encode()),
+        ("composed.bin", composed.encode()),
+        ("no-change.bin", noop.encode()),
+        ("truncated.bin", truncated(&bytes)),
+        ("a-snapshot-not-a-delta.bin", a.encode()),
+        ("worker-count-u32-max.bin", many_workers),
+    ]
+}
+
+fn msgpack(v: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, v).unwrap();
+    out
+}
+
+fn map(pairs: Vec<(&str, Value)>) -> Value {
+    Value::Map(pairs.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
+}
+
+fn ints(it: impl IntoIterator<Item = u64>) -> Value {
+    Value::Array(it.into_iter().map(Value::from).collect())
+}
+
+fn batch(ts: Value, events: Vec<Value>, rank: Value) -> Vec<u8> {
+    msgpack(&Value::Array(vec![ts, Value::Array(events), rank]))
+}
+
+fn event_decode() -> Seeds {
+    // vLLM's positional form: [tag, block_hashes, parent, token_ids, block_size, lora_id,
+    // medium, lora_name, extra_keys], as kvroute-sim publishes it (golden bytes in sim/).
+    let mut golden = vec![0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x91, 0x9a, 0xab];
+    golden.extend_from_slice(b"BlockStored");
+    golden.extend_from_slice(&[0x91, 0x07, 0xc0, 0x94, 1, 2, 3, 4, 4, 0xc0, 0xa3]);
+    golden.extend_from_slice(b"GPU");
+    golden.extend_from_slice(&[0xc0, 0xc0, 0x00, 0x00]);
+    let stored = |hashes: Value, parent: Value, tokens: u64, medium: &str, lora: Value, extra| {
+        Value::Array(vec![
+            "BlockStored".into(),
+            hashes,
+            parent,
+            ints(100..100 + tokens),
+            16.into(),
+            Value::Nil,
+            medium.into(),
+            lora,
+            extra,
+        ])
+    };
+    let salted = Value::Array(vec![Value::Array(vec!["tenant-a".into()]), Value::Nil]);
+    let array_form = batch(
+        Value::F64(1_700_000_000.25),
+        vec![
+            stored(ints([11, 12]), Value::Nil, 32, "GPU", Value::Nil, salted),
+            stored(ints([13]), 12.into(), 16, "GPU", "sql-adapter".into(), Value::Nil),
+            Value::Array(vec!["BlockRemoved".into(), ints([11]), "GPU".into()]),
+            stored(ints([11]), Value::Nil, 16, "CPU", Value::Nil, Value::Nil),
+            Value::Array(vec!["AllBlocksCleared".into()]),
+        ],
+        1.into(),
+    );
+    let map_form = batch(
+        Value::F64(1.5),
+        vec![
+            map(vec![
+                ("type", "BlockStored".into()),
+                ("block_hashes", ints([7, 8])),
+                ("parent_block_hash", 6.into()),
+                ("token_ids", ints(0..8)),
+                ("block_size", 4.into()),
+                ("medium", "cpu_pinned".into()),
+            ]),
+            map(vec![
+                ("type", "BlockRemoved".into()),
+                ("block_hashes", ints([7])),
+                ("medium", "CPU".into()),
+            ]),
+            map(vec![("type", "AllBlocksCleared".into())]),
+        ],
+        Value::Nil,
+    );
+    // SGLang: one hash per page, bytes or negative-integer hashes, salt in metadata or in a
+    // trailing map, integer timestamps, and event kinds kvroute does not know.
+    let sglang = batch(
+        Value::from(1_700_000_000u64),
+        vec![
+            map(vec![
+                ("type", "BlockStoredWithMetadata".into()),
+                ("block_hashes", Value::Binary(vec![0xde, 0xad, 0xbe, 0xef])),
+                ("parent_block_hash", Value::from(-5i64)),
+                ("token_ids", ints(1..=4)),
+                ("block_size", 4.into()),
+                ("metadata", map(vec![("cache_salt", "tenant-b".into())])),
+            ]),
+            Value::Array(vec![
+                "BlockStored".into(),
+                Value::from(-1i64),
+                Value::Nil,
+                ints(5..=8),
+                4.into(),
+                Value::Nil,
+                Value::Nil,
+                Value::Nil,
+                Value::Nil,
+                map(vec![("cache_salt", "tenant-c".into())]),
+            ]),
+            map(vec![("type", "BlockRemoved".into()), ("block_hashes", "page-9".into())]),
+            map(vec![("type", "KVCacheResized".into()), ("num_blocks", 1024.into())]),
+        ],
+        Value::Nil,
+    );
+    for (b, n) in [(&golden, 1), (&array_form, 5), (&map_form, 3), (&sglang, 4)] {
+        assert_eq!(decode_batch(b).unwrap().events.len(), n);
+    }
+    assert!(matches!(
+        &decode_batch(&array_form).unwrap().events[0],
+        EngineEvent::Stored { salt: Some(s), .. } if s == "tenant-a"
+    ));
+    let big_token = batch(
+        Value::F64(0.0),
+        vec![stored(ints([1]), Value::Nil, 0, "GPU", Value::Nil, Value::Nil)]
+            .into_iter()
+            .map(|mut e| {
+                if let Value::Array(a) = &mut e {
+                    a[3] = ints([u64::from(u32::MAX) + 1]);
+                }
+                e
+            })
+            .collect(),
+        Value::Nil,
+    );
+    let mut not_utf8_tag = vec![0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x91, 0x91, 0xab];
+    not_utf8_tag.extend_from_slice(b"Block\xffStored");
+    not_utf8_tag.push(0xc0);
+    // An array header claiming 2^32 - 1 elements, and 3000 nested one-element arrays.
+    let huge_len = vec![0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff];
+    let mut deep = vec![0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0];
+    deep.extend(std::iter::repeat_n(0x91, 3000));
+    deep.push(0xc0);
+    vec![
+        ("vllm-array-golden.msgpack", golden),
+        ("vllm-array-salt-lora-cpu.msgpack", array_form.clone()),
+        ("vllm-map-form.msgpack", map_form),
+        ("sglang-variants.msgpack", sglang),
+        ("token-id-over-u32.msgpack", big_token),
+        ("truncated.msgpack", truncated(&array_form)),
+        ("tag-not-utf8.msgpack", not_utf8_tag),
+        ("array-len-u32-max.msgpack", huge_len),
+        ("deep-nesting.msgpack", deep),
+    ]
+}
+
+/// Every generated seed, by target.
+pub fn all() -> Vec<(&'static str, Seeds)> {
+    vec![
+        ("request_parse", request_parse()),
+        ("journal_decode", journal_decode()),
+        ("usage_scan", usage_scan()),
+        ("config_parse", config_parse()),
+        ("snapshot_decode", snapshot_decode()),
+        ("event_decode", event_decode()),
+        ("delta_decode", delta_decode()),
+    ]
+}
+
+#[test]
+fn seeds_are_committed_and_current() {
+    let write = std::env::var_os("KVROUTE_WRITE_SEEDS").is_some_and(|v| v == "1");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let mut stale = Vec::new();
+    for (target, seeds) in all() {
+        let dir = root.join(target);
+        let total: usize = seeds.iter().map(|(_, b)| b.len()).sum();
+        assert!(total <= 16 * 1024, "{target}: {total} bytes of seeds, keep them small");
+        if write {
+            std::fs::create_dir_all(&dir).unwrap();
+        }
+        for (name, bytes) in seeds {
+            let path = dir.join(name);
+            if write {
+                std::fs::write(&path, &bytes).unwrap();
+            } else if std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
+                stale.push(format!("{target}/{name}"));
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "seeds missing or stale (KVROUTE_WRITE_SEEDS=1 cargo test --manifest-path \
+         fuzz/Cargo.toml seeds rewrites them): {stale:?}"
+    );
+}
