@@ -36,6 +36,9 @@ pub fn announced_block_size(metrics: &str) -> Option<u32> {
     rest.split('"').next()?.parse().ok()
 }
 
+/// How an over-long answer shows in a verdict.
+const TOO_LARGE: &str = "answer larger than";
+
 /// Checks one worker (`ip:port`) against the model, tokenizer and block size kvroute uses.
 pub async fn check(
     http: &reqwest::Client,
@@ -43,8 +46,9 @@ pub async fn check(
     model: &str,
     bundle: &ModelBundle,
     block_size: u32,
+    max_body: usize,
 ) -> Verdict {
-    match check_inner(http, worker, model, bundle, block_size).await {
+    match check_inner(http, worker, model, bundle, block_size, max_body).await {
         Ok(v) => v,
         Err(e) => Verdict::Unknown(format!("{e:#}")),
     }
@@ -56,24 +60,24 @@ async fn check_inner(
     model: &str,
     bundle: &ModelBundle,
     block_size: u32,
+    max_body: usize,
 ) -> anyhow::Result<Verdict> {
+    use crate::http_body::{json as capped_json, text as capped_text};
     let base = format!("http://{worker}");
     let timeout = Duration::from_secs(3);
-    let models: Value =
-        http.get(format!("{base}/v1/models")).timeout(timeout).send().await?.json().await?;
+    let models =
+        capped_json(http.get(format!("{base}/v1/models")).timeout(timeout).send().await?, max_body)
+            .await?;
     let served = models["data"].as_array().is_some_and(|d| d.iter().any(|m| m["id"] == model));
     if !served {
         return Ok(Verdict::Incompatible(format!("model '{model}' is not in /v1/models")));
     }
     let body = json!({"model": model, "messages": canary(), "add_generation_prompt": true});
-    let tok: Value = http
-        .post(format!("{base}/tokenize"))
-        .json(&body)
-        .timeout(timeout)
-        .send()
-        .await?
-        .json()
-        .await?;
+    let tok = capped_json(
+        http.post(format!("{base}/tokenize")).json(&body).timeout(timeout).send().await?,
+        max_body,
+    )
+    .await?;
     let theirs: Vec<u64> = tok["tokens"]
         .as_array()
         .map(|a| a.iter().filter_map(Value::as_u64).collect())
@@ -92,7 +96,9 @@ async fn check_inner(
             ours.len()
         )));
     }
-    let metrics = http.get(format!("{base}/metrics")).timeout(timeout).send().await?.text().await?;
+    let metrics =
+        capped_text(http.get(format!("{base}/metrics")).timeout(timeout).send().await?, max_body)
+            .await?;
     if let Some(bs) = announced_block_size(&metrics) {
         if bs != block_size {
             return Ok(Verdict::Incompatible(format!(
@@ -116,7 +122,11 @@ pub async fn run(
     let block_size = state.domain.block_size;
     loop {
         for w in &workers {
-            let verdict = check(&http, w, &model, &bundle, block_size).await;
+            let max_body = state.limits.max_http_body_bytes;
+            let verdict = check(&http, w, &model, &bundle, block_size, max_body).await;
+            if matches!(&verdict, Verdict::Unknown(why) if why.contains(TOO_LARGE)) {
+                state.cap_hit(w, crate::limits::Cap::HttpBody);
+            }
             state.update(w, |e, _| {
                 let mismatches = e.knowledge.stats.block_size_mismatches;
                 let new_mismatches = mismatches > e.mismatches_seen;

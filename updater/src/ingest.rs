@@ -2,11 +2,13 @@
 //! canonically from its token ids with kvroute's chain hash and the worker's cache domain; the
 //! engine's own hash values are only used as keys to find parents and removals.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use kvroute_core::hash::{block_hash, CacheDomain};
 
+use crate::blocks::BlockIndex;
 use crate::decode::{Batch, EngineEvent, EngineKey, Tier};
+use crate::limits::{BlockLimits, CapsHit};
 
 /// What kvroute's hashing needs to know about the served model (the tenant salt comes from
 /// each chain's first block).
@@ -57,16 +59,30 @@ pub struct WorkerStats {
     /// Stored events whose block size differs from kvroute's: not indexed.
     pub block_size_mismatches: u64,
     pub unknown_events: u64,
-    /// Unix ms of the last applied batch.
+    /// Replays whose window started later than asked (the engine's buffer rolled over): what
+    /// they held was applied, what was known before stayed.
+    pub rollovers: u64,
+    /// Replays cut short by a replay cap.
+    pub replays_cut: u64,
+    /// Batches refused or undecodable (oversized, not msgpack, wrong shape).
+    pub bad_batches: u64,
+    /// How often each cap was hit.
+    pub caps_hit: CapsHit,
+    /// Unix ms of the last applied batch. Only events move it, never a resync.
     pub last_event_ms: u64,
+    /// Unix ms of the last resync: blocks known before it are as of this time (what was
+    /// removed in batches the updater could not get is unknown).
+    pub last_resync_ms: u64,
 }
 
 /// One worker's knowledge.
 #[derive(Debug, Default)]
 pub struct WorkerKnowledge {
     pub next_seq: Option<u64>,
-    engine_to_canonical: HashMap<EngineKey, (u64, Tier)>,
-    tiers: BTreeMap<Tier, HashSet<u64>>,
+    /// Sequence number and payload digest of the last applied batch: a replay that starts
+    /// with it again proves the publisher's history continues (same process).
+    pub last_applied: Option<(u64, u64)>,
+    index: BlockIndex,
     pub stats: WorkerStats,
 }
 
@@ -83,29 +99,41 @@ impl WorkerKnowledge {
         }
     }
 
-    /// Forgets everything (publisher restart, worker removed, cache reset).
+    /// Knowledge bounded by `limits`.
+    pub fn with_limits(limits: BlockLimits) -> WorkerKnowledge {
+        WorkerKnowledge { index: BlockIndex::new(limits), ..Default::default() }
+    }
+
+    /// Forgets every block (publisher restart, worker removed, cache reset).
     pub fn clear(&mut self) {
-        self.engine_to_canonical.clear();
-        self.tiers.clear();
+        self.index.clear();
     }
 
     /// Blocks per tier.
     pub fn counts(&self) -> BTreeMap<&'static str, usize> {
-        self.tiers.iter().map(|(t, s)| (t.name(), s.len())).collect()
+        self.index.counts().into_iter().map(|(t, n)| (t.name(), n)).collect()
+    }
+
+    /// Whether no block is known on any tier.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Engine hashes mapped to canonical ones (all tiers).
+    pub fn engine_keys(&self) -> usize {
+        self.index.engine_keys()
     }
 
     pub fn blocks(&self, tier: Tier) -> Vec<u64> {
-        let mut v: Vec<u64> =
-            self.tiers.get(&tier).map(|s| s.iter().copied().collect()).unwrap_or_default();
-        v.sort_unstable();
-        v
+        self.index.blocks(tier)
     }
 
-    /// Applies batch `seq` (already checked); `now_ms` stamps the observation.
-    pub fn apply(&mut self, seq: u64, batch: &Batch, domain: &DomainBase, now_ms: u64) {
+    /// Applies batch `seq` (already checked); `stamp_ms` is when it was observed (the last
+    /// event time never goes back).
+    pub fn apply(&mut self, seq: u64, batch: &Batch, domain: &DomainBase, stamp_ms: u64) {
         self.next_seq = Some(seq + 1);
         self.stats.batches += 1;
-        self.stats.last_event_ms = now_ms;
+        self.stats.last_event_ms = self.stats.last_event_ms.max(stamp_ms);
         for e in &batch.events {
             self.stats.events += 1;
             match e {
@@ -127,13 +155,9 @@ impl WorkerKnowledge {
                     salt.as_deref(),
                     domain,
                 ),
-                EngineEvent::Removed { hashes, .. } => {
+                EngineEvent::Removed { hashes, tier } => {
                     for k in hashes {
-                        if let Some((c, t)) = self.engine_to_canonical.remove(k) {
-                            if let Some(set) = self.tiers.get_mut(&t) {
-                                set.remove(&c);
-                            }
-                        }
+                        self.index.remove(*k, *tier);
                     }
                 }
                 EngineEvent::AllCleared => self.clear(),
@@ -164,18 +188,25 @@ impl WorkerKnowledge {
         }
         let mut canonical = match parent {
             None => domain.seed(salt, lora),
-            Some(p) => match self.engine_to_canonical.get(&p) {
-                Some((c, _)) => *c,
+            Some(p) => match self.index.parent(p, tier) {
+                Some(c) => c,
                 None => {
                     self.stats.orphans += hashes.len() as u64;
                     return;
                 }
             },
         };
-        for (k, block) in hashes.iter().zip(tokens.chunks_exact(block_size)) {
-            canonical = block_hash(canonical, block);
-            self.engine_to_canonical.insert(*k, (canonical, tier));
-            self.tiers.entry(tier).or_default().insert(canonical);
+        let chain: Vec<(EngineKey, u64)> = hashes
+            .iter()
+            .zip(tokens.chunks_exact(block_size))
+            .map(|(k, block)| {
+                canonical = block_hash(canonical, block);
+                (*k, canonical)
+            })
+            .collect();
+        // Tail first, so that under a cap a prefix's head outlives its tail (see `blocks`).
+        for (k, c) in chain.into_iter().rev() {
+            self.index.insert(k, tier, c, &mut self.stats.caps_hit);
         }
     }
 }

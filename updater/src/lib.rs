@@ -2,15 +2,22 @@
 //! re-hashes every stored block canonically (kvroute's chain hash over the token ids, seeded by
 //! the cache domain), and serves the result as versioned snapshots.
 //!
-//! Where to start: [`subscriber::follow`] runs per worker (SUB socket, gaps, replay, resync);
-//! [`ingest::WorkerKnowledge`] applies decoded batches ([`decode`]); [`state::State`] holds all
-//! workers and the snapshot version; [`alignment`] checks each worker's announced config;
-//! [`server`] is the HTTP surface.
+//! Where to start: [`subscriber::follow`] runs per worker (SUB socket, gaps, [`replay`],
+//! resync), behind a [`frameguard`] that bounds what the ZMQ codec may allocate;
+//! [`ingest::WorkerKnowledge`] applies decoded batches ([`decode`]) to a bounded
+//! [`blocks::BlockIndex`]; [`limits`] holds every bound and the counters of its hits;
+//! [`state::State`] holds all workers and the snapshot version; [`alignment`] checks each
+//! worker's announced config; [`server`] is the HTTP surface.
 
 pub mod alignment;
+pub mod blocks;
 pub mod decode;
+pub mod frameguard;
+pub mod http_body;
 pub mod ingest;
+pub mod limits;
 pub mod publish;
+pub mod replay;
 pub mod scrape;
 pub mod server;
 pub mod state;

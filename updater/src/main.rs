@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use kvroute_core::model::ModelBundle;
 use kvroute_updater::ingest::DomainBase;
+use kvroute_updater::limits::{BlockLimits, Limits, ReplayLimits, WireLimits};
 use kvroute_updater::state::State;
 use kvroute_updater::subscriber::{follow, Endpoints};
 
@@ -39,10 +40,59 @@ struct Args {
     /// The Envoy cluster holding the workers.
     #[arg(long, default_value = "workers")]
     envoy_cluster: String,
+    /// Most blocks kept per worker and tier; past it the oldest-known blocks are forgotten.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_blocks_per_tier: usize,
+    /// Most engine-hash -> canonical-hash entries kept per worker (all tiers).
+    #[arg(long, default_value_t = 3 << 20)]
+    max_engine_keys: usize,
+    /// Most batches taken from one replay; a longer replay is cut.
+    #[arg(long, default_value_t = 20_000)]
+    max_replay_batches: usize,
+    /// Most payload bytes taken from one replay.
+    #[arg(long, default_value_t = 256 << 20)]
+    max_replay_bytes: usize,
+    /// Most time spent on one replay (ms).
+    #[arg(long, default_value_t = 10_000)]
+    max_replay_ms: u64,
+    /// After a replay was cut, the worker's next replay waits this long (ms).
+    #[arg(long, default_value_t = 5_000)]
+    replay_retry_ms: u64,
+    /// Longest ZMQ frame (and batch payload) accepted from a worker; longer ones are refused
+    /// before the ZMQ codec allocates them.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_frame_bytes: usize,
+    /// Most frames in one ZMQ message from a worker.
+    #[arg(long, default_value_t = 16)]
+    max_message_frames: usize,
+    /// Largest HTTP answer read from a worker (`/metrics`, `/tokenize`, `/v1/models`).
+    #[arg(long, default_value_t = 4 << 20)]
+    max_http_body_bytes: usize,
     /// A worker: `HTTP_ADDR,EVENTS_ENDPOINT[,REPLAY_ENDPOINT]`, e.g.
     /// `127.0.0.1:8000,tcp://127.0.0.1:5557,tcp://127.0.0.1:5558`. Repeat per worker.
     #[arg(long = "worker", required = true)]
     workers: Vec<String>,
+}
+
+fn limits(a: &Args) -> Limits {
+    use std::time::Duration;
+    Limits {
+        blocks: BlockLimits {
+            max_blocks_per_tier: a.max_blocks_per_tier.max(1),
+            max_engine_keys: a.max_engine_keys.max(1),
+        },
+        replay: ReplayLimits {
+            max_batches: a.max_replay_batches.max(1),
+            max_bytes: a.max_replay_bytes.max(1),
+            max_time: Duration::from_millis(a.max_replay_ms.max(100)),
+            retry_after: Duration::from_millis(a.replay_retry_ms),
+        },
+        wire: WireLimits {
+            max_frame_bytes: a.max_frame_bytes.max(1024),
+            max_message_frames: a.max_message_frames.max(4),
+        },
+        max_http_body_bytes: a.max_http_body_bytes.max(64 << 10),
+    }
 }
 
 fn endpoints(spec: &str) -> anyhow::Result<Endpoints> {
@@ -66,7 +116,8 @@ async fn main() -> anyhow::Result<()> {
         block_size: args.block_size,
         lora_name: None,
     };
-    let state = Arc::new(State::new(domain, eps.iter().map(|e| e.worker.clone())));
+    let workers = eps.iter().map(|e| e.worker.clone());
+    let state = Arc::new(State::with_limits(domain, workers, limits(&args)));
     let names: Vec<String> = eps.iter().map(|e| e.worker.clone()).collect();
     for ep in eps {
         tokio::spawn(follow(Arc::clone(&state), ep));

@@ -75,10 +75,14 @@ pub async fn run_scrape(
                 .timeout(std::time::Duration::from_secs(2))
                 .send()
                 .await;
-            if let Ok(text) = match got {
-                Ok(r) => r.text().await,
-                Err(e) => Err(e),
-            } {
+            let text = match got {
+                Ok(r) => crate::http_body::text(r, state.limits.max_http_body_bytes).await,
+                Err(e) => Err(e.into()),
+            };
+            if let Err(crate::http_body::BodyError::TooLarge(_)) = &text {
+                state.cap_hit(w, crate::limits::Cap::HttpBody);
+            }
+            if let Ok(text) = text {
                 let load = parse_load(&text, crate::state::now_ms());
                 state.update(w, |e, _| e.load = Some(load));
             }

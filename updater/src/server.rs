@@ -92,6 +92,9 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
         "resubscribes",
         "orphans",
         "block_size_mismatches",
+        "rollovers",
+        "replays_cut",
+        "bad_batches",
     ] {
         let _ = writeln!(o, "# TYPE kvroute_updater_{name}_total counter");
         for (w, v) in workers {
@@ -101,6 +104,22 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
                 v["stats"][name].as_u64().unwrap_or(0)
             );
         }
+    }
+    let _ = writeln!(o, "# TYPE kvroute_updater_caps_hit_total counter");
+    for (w, v) in workers {
+        for cap in crate::limits::Cap::ALL {
+            let name = cap.name();
+            let _ = writeln!(
+                o,
+                "kvroute_updater_caps_hit_total{{worker=\"{w}\",cap=\"{name}\"}} {}",
+                v["stats"]["caps_hit"][name].as_u64().unwrap_or(0)
+            );
+        }
+    }
+    let _ = writeln!(o, "# TYPE kvroute_updater_engine_keys gauge");
+    for (w, v) in workers {
+        let n = v["engine_keys"].as_u64().unwrap_or(0);
+        let _ = writeln!(o, "kvroute_updater_engine_keys{{worker=\"{w}\"}} {n}");
     }
     let _ = writeln!(o, "# TYPE kvroute_updater_blocks gauge");
     for (w, v) in workers {

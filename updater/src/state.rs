@@ -9,6 +9,7 @@ use kvroute_core::snapshot::{Snapshot, WorkerKnowledge as Wire};
 
 use crate::decode::Tier;
 use crate::ingest::{DomainBase, WorkerKnowledge};
+use crate::limits::Limits;
 use crate::publish::{Answer, Publisher, RingLimits};
 
 pub fn now_ms() -> u64 {
@@ -35,6 +36,7 @@ pub struct Entry {
 #[derive(Debug)]
 pub struct State {
     pub domain: DomainBase,
+    pub limits: Limits,
     inner: Mutex<Inner>,
 }
 
@@ -48,13 +50,33 @@ struct Inner {
 
 impl State {
     pub fn new(domain: DomainBase, workers: impl IntoIterator<Item = String>) -> State {
+        State::with_limits(domain, workers, Limits::default())
+    }
+
+    /// A state whose workers' knowledge is bounded by `limits`.
+    pub fn with_limits(
+        domain: DomainBase,
+        workers: impl IntoIterator<Item = String>,
+        limits: Limits,
+    ) -> State {
         let workers = workers
             .into_iter()
-            .map(|w| (w, Entry { compatible: true, member: true, ..Default::default() }))
+            .map(|w| {
+                let knowledge = WorkerKnowledge::with_limits(limits.blocks);
+                (w, Entry { compatible: true, member: true, knowledge, ..Default::default() })
+            })
             .collect::<BTreeMap<String, Entry>>();
         let dirty = workers.keys().cloned().collect();
         let publisher = Publisher::new(now_ms(), RingLimits::default());
-        State { domain, inner: Mutex::new(Inner { workers, dirty, publisher }) }
+        State { domain, limits, inner: Mutex::new(Inner { workers, dirty, publisher }) }
+    }
+
+    /// Counts a cap hit for `worker` (not a knowledge change: no new version).
+    pub fn cap_hit(&self, worker: &str, cap: crate::limits::Cap) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = inner.workers.get_mut(worker) {
+            e.knowledge.stats.caps_hit.hit(cap);
+        }
     }
 
     /// Runs `f` on `worker`'s entry and moves the version.
@@ -127,6 +149,7 @@ impl State {
                     "reported_load_age_ms": e.load.as_ref().map(|l| now.saturating_sub(l.observed_at_ms)),
                         "next_seq": k.next_seq,
                         "blocks": k.counts(),
+                        "engine_keys": k.engine_keys(),
                         "last_event_age_ms": age,
                         "stats": k.stats,
                     }),

@@ -1,16 +1,29 @@
-//! One worker's event stream: a ZMQ SUB socket, gap detection from sequence numbers, replay
-//! over the worker's ROUTER socket, and a full resync when the publisher restarts.
+//! One worker's event stream: a ZMQ SUB socket (behind a [`FrameGuard`]), gap detection from
+//! sequence numbers, and catching up from the worker's replay socket.
+//!
+//! What is known is kept unless the publisher provably restarted: a replay window that starts
+//! later than asked (the engine's buffer rolled over) is applied on top of the blocks known
+//! before, and a lost connection keeps them too. The sequence going back, or a replay whose
+//! first batch is the last one applied but with different bytes, is a restart: the worker's
+//! blocks are gone and are rebuilt from replay. No resync moves the last-event time forward:
+//! only batches do, replayed ones with the time the engine published them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+use tokio::time::Instant;
+use zeromq::{Socket, SocketRecv};
 
 use crate::decode::decode_batch;
+use crate::frameguard::{FrameGuard, OnCap};
 use crate::ingest::SeqCheck;
+use crate::limits::{Cap, Limits};
+use crate::replay::{self, seq_of, End};
 use crate::state::{now_ms, State};
+
+pub use crate::replay::fetch as replay;
 
 /// Where a worker publishes.
 #[derive(Debug, Clone)]
@@ -23,58 +36,6 @@ pub struct Endpoints {
     pub replay: Option<String>,
 }
 
-const END: [u8; 8] = [0xFF; 8];
-
-fn seq_of(frame: &Bytes) -> Option<u64> {
-    <[u8; 8]>::try_from(frame.as_ref()).ok().map(u64::from_be_bytes)
-}
-
-/// Asks the replay socket for every buffered batch from `start`; returns `(seq, payload)` in
-/// order. Accepts both reply shapes (`seq, payload` and `topic, seq, payload`).
-pub async fn replay(endpoint: &str, start: u64) -> anyhow::Result<Vec<(u64, Bytes)>> {
-    let mut dealer = zeromq::DealerSocket::new();
-    tokio::time::timeout(Duration::from_secs(2), dealer.connect(endpoint)).await??;
-    let req =
-        ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())])
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-    dealer.send(req).await?;
-    let mut out = Vec::new();
-    loop {
-        let m = tokio::time::timeout(Duration::from_secs(5), dealer.recv()).await??.into_vec();
-        let body: Vec<Bytes> = m.into_iter().skip_while(|f| !f.is_empty()).skip(1).collect();
-        let (seq, payload) = match body.len() {
-            2 => (&body[0], &body[1]),
-            3 => (&body[1], &body[2]),
-            n => anyhow::bail!("replay reply with {n} frames"),
-        };
-        if seq.as_ref() == END {
-            return Ok(out);
-        }
-        if let Some(s) = seq_of(seq) {
-            out.push((s, payload.clone()));
-        }
-    }
-}
-
-fn apply(state: &State, worker: &str, seq: u64, payload: &[u8]) {
-    match decode_batch(payload) {
-        Ok(batch) => {
-            state.update(worker, |e, d| {
-                if e.member {
-                    e.knowledge.apply(seq, &batch, d, now_ms());
-                } else {
-                    // Out of the pool: events are not indexed (resynced when it returns).
-                    e.knowledge.next_seq = Some(seq + 1);
-                }
-            });
-        }
-        Err(e) => {
-            log_line(worker, &format!("undecodable batch {seq}: {e}"));
-            state.update(worker, |e, _| e.knowledge.next_seq = Some(seq + 1));
-        }
-    }
-}
-
 fn log_line(worker: &str, msg: &str) {
     eprintln!(
         "{{\"component\":\"kvroute-updater\",\"worker\":\"{worker}\",\"msg\":{}}}",
@@ -82,63 +43,233 @@ fn log_line(worker: &str, msg: &str) {
     );
 }
 
-/// Fills `from..to` from the replay socket; counts a replay, or a gap that stays open.
-async fn fill(state: &State, ep: &Endpoints, from: u64, to: u64) {
-    let got = match &ep.replay {
-        Some(r) => replay(r, from).await.unwrap_or_default(),
-        None => Vec::new(),
-    };
-    let mut next = from;
-    for (seq, payload) in got.into_iter().filter(|(s, _)| *s >= from && *s < to) {
-        if seq != next {
-            break;
-        }
-        apply(state, &ep.worker, seq, &payload);
-        next += 1;
-    }
-    state.update(&ep.worker, |e, _| {
-        e.knowledge.stats.replays += 1;
-        if next < to {
-            // Still missing: the knowledge may be wrong; start over from what the stream says.
-            e.knowledge.clear();
-            e.knowledge.stats.resyncs += 1;
-            e.knowledge.stats.last_event_ms = crate::state::now_ms();
-        }
-        e.knowledge.next_seq = Some(to);
-    });
+fn digest(payload: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(payload)
 }
 
-/// Fetches every buffered batch from the next expected one on (all of them on a first
-/// connection) and applies them in order. Returns the sequence number live messages must reach
-/// before they are new (older ones were just applied from the replay).
-async fn catch_up(state: &State, ep: &Endpoints) -> Option<u64> {
-    let replay_ep = ep.replay.as_ref()?;
-    let from = state.update(&ep.worker, |e, _| e.knowledge.next_seq).flatten().unwrap_or(0);
-    let got = replay(replay_ep, from).await.unwrap_or_default();
-    let mut next = from;
-    for (seq, payload) in got {
-        if seq != next {
-            break;
+/// How a batch reached the updater.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Live,
+    Replay,
+}
+
+/// What a catch-up from replay found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caught {
+    /// Batches applied; live messages below this sequence number were among them.
+    Upto(u64),
+    Nothing,
+    /// The publisher's history is not the one known: it restarted.
+    Restarted,
+}
+
+/// One worker being followed.
+struct Follower {
+    state: Arc<State>,
+    worker: String,
+    limits: Limits,
+    /// The guarded replay endpoint.
+    replay: Option<FrameGuard>,
+    /// No replay before this instant (a replay was cut recently).
+    replay_after: Option<Instant>,
+}
+
+impl Follower {
+    fn apply(&self, seq: u64, payload: &[u8], via: Via) {
+        let decoded = if payload.len() > self.limits.wire.max_frame_bytes {
+            self.state.cap_hit(&self.worker, Cap::PayloadBytes);
+            Err(format!("payload of {} bytes over the cap", payload.len()))
+        } else {
+            decode_batch(payload).map_err(|e| e.to_string())
+        };
+        let now = now_ms();
+        let d = digest(payload);
+        self.state.update(&self.worker, |e, domain| {
+            e.knowledge.last_applied = Some((seq, d));
+            match &decoded {
+                Ok(batch) if e.member => {
+                    // A replayed batch is as recent as the engine says (never in the future).
+                    let stamp = match via {
+                        Via::Live => now,
+                        Via::Replay if batch.ts > 0.0 => ((batch.ts * 1000.0) as u64).min(now),
+                        Via::Replay => e.knowledge.stats.last_event_ms,
+                    };
+                    e.knowledge.apply(seq, batch, domain, stamp);
+                }
+                // Out of the pool: events are not indexed (resynced when it returns).
+                Ok(_) => e.knowledge.next_seq = Some(seq + 1),
+                Err(_) => {
+                    e.knowledge.stats.bad_batches += 1;
+                    e.knowledge.next_seq = Some(seq + 1);
+                }
+            }
+        });
+        if let Err(msg) = decoded {
+            log_line(&self.worker, &format!("batch {seq} refused: {msg}"));
         }
-        apply(state, &ep.worker, seq, &payload);
-        next += 1;
     }
-    (next > from).then_some(next)
+
+    /// Marks a resync: blocks known so far are kept, as of now.
+    fn resynced(&self, rollover: bool) {
+        self.state.update(&self.worker, |e, _| {
+            e.knowledge.stats.resyncs += 1;
+            e.knowledge.stats.rollovers += u64::from(rollover);
+            e.knowledge.stats.last_resync_ms = now_ms();
+        });
+    }
+
+    /// Forgets the worker's blocks: its publisher restarted.
+    fn restarted(&self) {
+        self.state.update(&self.worker, |e, _| {
+            e.knowledge.clear();
+            e.knowledge.next_seq = None;
+            e.knowledge.last_applied = None;
+            e.knowledge.stats.resyncs += 1;
+            e.knowledge.stats.last_resync_ms = now_ms();
+        });
+    }
+
+    /// Applies what the replay buffer holds after the last applied batch (below `upto`, when
+    /// given), checking first that the publisher's history is the one known.
+    async fn catch_up(&mut self, upto: Option<u64>) -> Caught {
+        let Some(endpoint) = self.replay.as_ref().map(|g| g.endpoint().to_owned()) else {
+            return Caught::Nothing;
+        };
+        if self.replay_after.is_some_and(|t| Instant::now() < t) {
+            return Caught::Nothing;
+        }
+        let (next, last) = self
+            .state
+            .update(&self.worker, |e, _| (e.knowledge.next_seq, e.knowledge.last_applied))
+            .unwrap_or((None, None));
+        // Ask again for the last applied batch: its bytes prove continuity.
+        let witness = last.filter(|(s, _)| next == Some(s + 1));
+        let ask = witness.map(|(s, _)| s).or(next).unwrap_or(0);
+        let got = match replay::fetch(&endpoint, ask, &self.limits.replay).await {
+            Ok(r) => r,
+            Err(e) => {
+                log_line(&self.worker, &format!("replay from {ask} failed: {e}"));
+                return Caught::Nothing;
+            }
+        };
+        self.state.update(&self.worker, |e, _| e.knowledge.stats.replays += 1);
+        match &got.end {
+            End::Complete => {}
+            End::Cut(cap) => {
+                log_line(&self.worker, &format!("replay from {ask} cut by {}", cap.name()));
+                let cap = *cap;
+                self.state.update(&self.worker, |e, _| {
+                    e.knowledge.stats.replays_cut += 1;
+                    e.knowledge.stats.caps_hit.hit(cap);
+                });
+                self.replay_after = Some(Instant::now() + self.limits.replay.retry_after);
+            }
+            End::Broken(why) => log_line(&self.worker, &format!("replay from {ask}: {why}")),
+        }
+        let mut batches = got
+            .batches
+            .into_iter()
+            .filter(|(s, _)| *s >= ask && upto.is_none_or(|u| *s < u))
+            .peekable();
+        if let Some((seq, d)) = witness {
+            if let Some((s, p)) = batches.peek() {
+                if *s == seq {
+                    if digest(p) != d {
+                        return Caught::Restarted;
+                    }
+                    batches.next();
+                }
+            }
+        }
+        let Some(first) = batches.peek().map(|(s, _)| *s) else {
+            return Caught::Nothing;
+        };
+        if next.is_some_and(|n| first > n) {
+            // The engine's buffer no longer reaches back to what was asked: what it holds is
+            // applied on top of what was known.
+            log_line(&self.worker, &format!("replay starts at {first}, not {ask}: rolled over"));
+            self.resynced(true);
+        }
+        let mut expected = first;
+        for (s, p) in batches {
+            if s != expected {
+                break;
+            }
+            self.apply(s, &p, Via::Replay);
+            expected += 1;
+        }
+        Caught::Upto(expected)
+    }
+
+    /// Catches up; after a detected restart, rebuilds from the start of the new history.
+    async fn catch_up_or_rebuild(&mut self, upto: Option<u64>) -> Caught {
+        match self.catch_up(upto).await {
+            Caught::Restarted => {
+                log_line(&self.worker, "publisher restarted: full resync");
+                self.restarted();
+                self.catch_up(upto).await
+            }
+            other => other,
+        }
+    }
+
+    /// A live batch after `from..to` were missed: fill from replay; what stays missing is
+    /// skipped, keeping what is known.
+    async fn fill(&mut self, from: u64, to: u64) {
+        self.state.update(&self.worker, |e, _| e.knowledge.stats.gaps += 1);
+        log_line(&self.worker, &format!("gap: batches {from}..{to} missed, replaying"));
+        self.catch_up_or_rebuild(Some(to)).await;
+        let (next, known) = self
+            .state
+            .update(&self.worker, |e, _| (e.knowledge.next_seq, !e.knowledge.is_empty()))
+            .unwrap_or((None, false));
+        if next != Some(to) {
+            if next.is_some() || known {
+                self.resynced(false);
+            }
+            self.state.update(&self.worker, |e, _| e.knowledge.next_seq = Some(to));
+        }
+    }
 }
 
 /// How long a worker's live stream may stay silent before the replay buffer is asked whether
 /// batches were published that the subscription did not deliver.
 const SILENCE_PROBE: Duration = Duration::from_secs(2);
 
+fn on_cap(state: &Arc<State>, worker: &str) -> OnCap {
+    let (state, worker) = (Arc::clone(state), worker.to_owned());
+    Arc::new(move |cap| state.cap_hit(&worker, cap))
+}
+
 /// Follows one worker's stream until the task is dropped. After subscribing, everything the
-/// worker published before (ZMQ's slow joiner drops it) is fetched from its replay socket. A
-/// lost connection ends in a full resync.
+/// worker published before (ZMQ's slow joiner drops it) is fetched from its replay socket.
 pub async fn follow(state: Arc<State>, ep: Endpoints) {
+    let limits = state.limits;
+    let cap = on_cap(&state, &ep.worker);
+    let events = match FrameGuard::start(&ep.events, limits.wire, Arc::clone(&cap)).await {
+        Ok(g) => g,
+        Err(e) => return log_line(&ep.worker, &format!("events endpoint: {e}")),
+    };
+    let replay = match &ep.replay {
+        Some(r) => match FrameGuard::start(r, limits.wire, cap).await {
+            Ok(g) => Some(g),
+            Err(e) => return log_line(&ep.worker, &format!("replay endpoint: {e}")),
+        },
+        None => None,
+    };
+    let mut f = Follower {
+        state: Arc::clone(&state),
+        worker: ep.worker.clone(),
+        limits,
+        replay,
+        replay_after: None,
+    };
     loop {
         let mut sub = zeromq::SubSocket::new();
         let mut monitor = sub.monitor();
         let connected = async {
-            sub.connect(&ep.events).await?;
+            sub.connect(events.endpoint()).await?;
             sub.subscribe("").await?;
             Ok::<_, zeromq::ZmqError>(())
         };
@@ -153,7 +284,10 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
         state.update(&ep.worker, |e, _| e.connected = true);
         // Let the subscription reach the publisher, then fetch what came before it.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let mut dup_floor = catch_up(&state, &ep).await;
+        let mut dup_floor = match f.catch_up_or_rebuild(None).await {
+            Caught::Upto(n) => Some(n),
+            _ => None,
+        };
         let mut probe = tokio::time::interval(SILENCE_PROBE);
         probe.tick().await;
         let (mut heard, mut resubscribe) = (false, false);
@@ -168,7 +302,9 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
                     // A silent stream is normal for an idle worker, but if the replay buffer
                     // holds batches the subscription never delivered, it was lost: take them
                     // and subscribe again.
-                    if !std::mem::take(&mut heard) && catch_up(&state, &ep).await.is_some() {
+                    if !std::mem::take(&mut heard)
+                        && matches!(f.catch_up_or_rebuild(None).await, Caught::Upto(_))
+                    {
                         resubscribe = true;
                         break;
                     }
@@ -177,7 +313,8 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
             };
             heard = true;
             let frames = msg.into_vec();
-            let (Some(seq), Some(payload)) = (frames.get(1).and_then(seq_of), frames.get(2)) else {
+            let (Some(seq), Some(payload)) = (frames.get(1).and_then(|f| seq_of(f)), frames.get(2))
+            else {
                 continue;
             };
             if let Some(floor) = dup_floor {
@@ -186,43 +323,35 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
                 }
                 dup_floor = None;
             }
-            let check = state
-                .update(&ep.worker, |e, _| e.knowledge.check(seq))
-                .unwrap_or(SeqCheck::InOrder);
-            match check {
-                SeqCheck::InOrder => {}
-                SeqCheck::Gap { from, to } => {
-                    state.update(&ep.worker, |e, _| e.knowledge.stats.gaps += 1);
-                    log_line(&ep.worker, &format!("gap: batches {from}..{to} missed, replaying"));
-                    fill(&state, &ep, from, to).await;
-                }
-                SeqCheck::Restart => {
-                    log_line(&ep.worker, "publisher restarted: full resync");
-                    state.update(&ep.worker, |e, _| {
-                        e.knowledge.clear();
-                        e.knowledge.stats.resyncs += 1;
-                    });
-                    if seq > 0 {
-                        fill(&state, &ep, 0, seq).await;
-                    }
-                }
-            }
-            apply(&state, &ep.worker, seq, payload);
+            live(&mut f, seq, payload).await;
         }
         if resubscribe {
             log_line(&ep.worker, "live stream silent while replay had new batches: resubscribing");
             state.update(&ep.worker, |e, _| e.knowledge.stats.resubscribes += 1);
             continue;
         }
-        log_line(&ep.worker, "event stream lost: reconnecting with a full resync");
-        state.update(&ep.worker, |e, _| {
-            e.connected = false;
-            e.knowledge.clear();
-            e.knowledge.next_seq = None;
-            e.knowledge.stats.resyncs += 1;
-            // As of now nothing is known to be cached there: older routing guesses give way.
-            e.knowledge.stats.last_event_ms = crate::state::now_ms();
-        });
+        // The blocks stay: on reconnecting, the replay tells whether the history continues.
+        log_line(&ep.worker, "event stream lost: reconnecting");
+        state.update(&ep.worker, |e, _| e.connected = false);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Handles one live batch.
+async fn live(f: &mut Follower, seq: u64, payload: &Bytes) {
+    let check =
+        f.state.update(&f.worker, |e, _| e.knowledge.check(seq)).unwrap_or(SeqCheck::InOrder);
+    match check {
+        SeqCheck::InOrder => {}
+        SeqCheck::Gap { from, to } => f.fill(from, to).await,
+        SeqCheck::Restart => {
+            log_line(&f.worker, "publisher restarted (sequence went back): full resync");
+            f.restarted();
+            if seq > 0 {
+                f.catch_up(Some(seq)).await;
+                f.state.update(&f.worker, |e, _| e.knowledge.next_seq = Some(seq));
+            }
+        }
+    }
+    f.apply(seq, payload, Via::Live);
 }
