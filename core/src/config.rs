@@ -39,6 +39,25 @@ pub struct FilterConfig {
     pub expose_decision_header: bool,
     /// How far knowledge from KV events (via the updater) is trusted.
     pub knowledge: KnowledgeConfig,
+    /// Bounds on the knowledge journal shared by Envoy's threads.
+    pub journal: crate::shared::journal::JournalLimits,
+    /// Leases and bounds of the router-tracked load.
+    pub load: crate::shared::load::LoadLimits,
+    /// Each thread's housekeeping period: knowledge refresh off the request path, load
+    /// heartbeats, lease expiry, reconciliation with worker-reported load.
+    pub tick_ms: u64,
+    /// Deliberate faults for testing a deployment's failure policy. Off by default.
+    pub fault_injection: FaultInjection,
+}
+
+/// Deliberate faults, for proving that traffic survives them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultInjection {
+    /// A request to exactly this path (which must start with `/kvroute/`) aborts the VM of the
+    /// thread that handles it, as a bug would: the plugin's failure policy then decides what
+    /// happens to traffic. Never set it where clients can reach the listener.
+    pub trap_path: Option<String>,
 }
 
 /// Trust in event knowledge delivered by the updater's snapshots.
@@ -53,11 +72,18 @@ pub struct KnowledgeConfig {
     pub event_grace_ms: u64,
     /// Worker-reported load older than this is not used.
     pub max_load_age_ms: u64,
+    /// Bounds the snapshot and delta decoders enforce before allocating.
+    pub decode_limits: crate::snapshot::DecodeLimits,
 }
 
 impl Default for KnowledgeConfig {
     fn default() -> Self {
-        KnowledgeConfig { max_event_age_ms: 5_000, event_grace_ms: 2_000, max_load_age_ms: 2_000 }
+        KnowledgeConfig {
+            max_event_age_ms: 5_000,
+            event_grace_ms: 2_000,
+            max_load_age_ms: 2_000,
+            decode_limits: Default::default(),
+        }
     }
 }
 
@@ -79,8 +105,15 @@ pub struct SnapshotSyncConfig {
     /// `:authority` sent to it.
     #[serde(default = "default_authority")]
     pub authority: String,
-    /// Shared token (`x-kvroute-token`).
+    /// Shared token (`x-kvroute-token`), inline in the plugin configuration (visible in
+    /// Envoy's `/config_dump`). Prefer `token_env`.
+    #[serde(default)]
     pub token: String,
+    /// Name of an environment variable of the Envoy process that holds the token, exposed to
+    /// the VM by `vm_config.environment_variables.host_env_keys`: the token then never appears
+    /// in the bootstrap or in `/config_dump`.
+    #[serde(default)]
+    pub token_env: Option<String>,
     #[serde(default = "default_interval")]
     pub interval_ms: u64,
     #[serde(default = "default_timeout")]
@@ -99,12 +132,27 @@ fn default_timeout() -> u64 {
 
 impl SnapshotSyncConfig {
     /// Parses `{"snapshot_sync": {...}}`; `Ok(None)` when the JSON is not a sync config.
-    pub fn from_json(bytes: &[u8]) -> Result<Option<Self>, ConfigError> {
+    /// `env` looks up the variable named by `token_env`.
+    pub fn from_json(
+        bytes: &[u8],
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, ConfigError> {
         let v: Value =
             serde_json::from_slice(bytes).map_err(|e| ConfigError::Parse(e.to_string()))?;
         let Some(inner) = v.get("snapshot_sync") else { return Ok(None) };
-        let cfg: SnapshotSyncConfig =
+        let mut cfg: SnapshotSyncConfig =
             serde_json::from_value(inner.clone()).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        if let Some(name) = &cfg.token_env {
+            if !cfg.token.is_empty() {
+                return Err(ConfigError::Invalid("give 'token' or 'token_env', not both".into()));
+            }
+            cfg.token = env(name).ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "snapshot_sync.token_env: {name} is not set in the VM's environment \
+                     (set it for Envoy and list it in vm_config.environment_variables.host_env_keys)"
+                ))
+            })?;
+        }
         if cfg.cluster.is_empty() || cfg.token.len() < 16 {
             return Err(ConfigError::Invalid(
                 "snapshot_sync needs a cluster and a token of 16+ characters".into(),
@@ -128,6 +176,10 @@ impl Default for FilterConfig {
             max_prompt_bytes: 512 * 1024,
             expose_decision_header: false,
             knowledge: KnowledgeConfig::default(),
+            journal: Default::default(),
+            load: Default::default(),
+            tick_ms: 250,
+            fault_injection: FaultInjection::default(),
         }
     }
 }
@@ -221,6 +273,20 @@ impl FilterConfig {
         if self.max_prompt_tokens == 0 || self.max_prompt_bytes == 0 {
             return bad("max_prompt_tokens and max_prompt_bytes must be > 0".into());
         }
+        if self.tick_ms == 0 || self.tick_ms > 10_000 {
+            return bad("tick_ms must be 1..=10000".into());
+        }
+        self.journal.validate().map_err(ConfigError::Invalid)?;
+        self.load.validate(self.tick_ms).map_err(ConfigError::Invalid)?;
+        let d = self.knowledge.decode_limits;
+        if d.max_workers == 0 || d.max_hashes_per_worker == 0 {
+            return bad("knowledge.decode_limits values must be > 0".into());
+        }
+        if let Some(p) = &self.fault_injection.trap_path {
+            if !p.starts_with("/kvroute/") || p.len() <= "/kvroute/".len() {
+                return bad("fault_injection.trap_path must start with /kvroute/".into());
+            }
+        }
         let mut names = HashSet::new();
         for m in &self.models {
             if m.name.is_empty() || !names.insert(m.name.as_str()) {
@@ -303,5 +369,22 @@ mod tests {
             assert!(e.contains(needle), "{v}: {e}");
         }
         assert!(matches!(parse(json!({"modelz":[]})), Err(ConfigError::Parse(_))));
+    }
+
+    #[test]
+    fn sync_token_comes_from_the_environment_when_named() {
+        let env = |k: &str| (k == "TOK").then(|| "0123456789abcdef".to_string());
+        let sync = |v: Value| SnapshotSyncConfig::from_json(v.to_string().as_bytes(), &env);
+        let c = sync(json!({"snapshot_sync": {"cluster": "u", "token_env": "TOK"}})).unwrap();
+        assert_eq!(c.map(|c| c.token).as_deref(), Some("0123456789abcdef"));
+        let unset = sync(json!({"snapshot_sync": {"cluster": "u", "token_env": "NOPE"}}));
+        assert!(unset.unwrap_err().to_string().contains("NOPE is not set"));
+        let both = sync(
+            json!({"snapshot_sync": {"cluster": "u", "token": "0123456789abcdef", "token_env": "TOK"}}),
+        );
+        assert!(both.unwrap_err().to_string().contains("not both"));
+        let short = sync(json!({"snapshot_sync": {"cluster": "u", "token": "short"}}));
+        assert!(short.unwrap_err().to_string().contains("16+"));
+        assert_eq!(sync(json!({"models": []})).unwrap(), None);
     }
 }

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashSet};
 use thiserror::Error;
 
 use crate::snapshot::{
-    hashes, put_hashes, put_head, read_head, ReportedLoad, Snapshot, SnapshotError, WorkerHead,
-    WorkerKnowledge, MAX_WORKERS,
+    hashes, put_hashes, put_head, read_head, DecodeLimits, ReportedLoad, Snapshot, SnapshotError,
+    WorkerHead, WorkerKnowledge,
 };
 use crate::wire::Reader;
 
@@ -264,6 +264,11 @@ impl Delta {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Delta, DeltaError> {
+        Self::decode_with(bytes, &DecodeLimits::default())
+    }
+
+    /// Decodes within `limits`.
+    pub fn decode_with(bytes: &[u8], limits: &DecodeLimits) -> Result<Delta, DeltaError> {
         let mut r = Reader::new(bytes);
         let t = || DeltaError::Body(SnapshotError::Truncated);
         if r.take(4).ok_or_else(t)? != MAGIC {
@@ -277,17 +282,17 @@ impl Delta {
         let to_version = r.u64().ok_or_else(t)?;
         let generated_at_ms = r.u64().ok_or_else(t)?;
         let n = r.u32().ok_or_else(t)? as usize;
-        if n > MAX_WORKERS {
+        if n > limits.max_workers {
             return Err(SnapshotError::TooLarge(n).into());
         }
         let mut workers = Vec::with_capacity(n.min(64));
         for _ in 0..n {
             let WorkerHead { worker, observed_at_ms, compatible, load } = read_head(&mut r)?;
             let reset = r.u8().ok_or_else(t)? != 0;
-            let gpu_remove = hashes(&mut r)?;
-            let gpu_add = hashes(&mut r)?;
-            let off_remove = hashes(&mut r)?;
-            let off_add = hashes(&mut r)?;
+            let gpu_remove = hashes(&mut r, limits)?;
+            let gpu_add = hashes(&mut r, limits)?;
+            let off_remove = hashes(&mut r, limits)?;
+            let off_add = hashes(&mut r, limits)?;
             workers.push(WorkerDelta {
                 worker,
                 observed_at_ms,

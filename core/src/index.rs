@@ -199,6 +199,18 @@ impl KnowledgeIndex {
         }
     }
 
+    /// Takes back routing credit: forgets those of `hashes` on `worker` that only routing
+    /// history vouches for (feedback and events stay).
+    pub fn retract_routed(&mut self, worker: &str, hashes: &[u64]) {
+        if let Some(w) = self.workers.get_mut(worker) {
+            for h in hashes {
+                if w.blocks.get(h).is_some_and(|o| o.source == Source::Routed) {
+                    w.blocks.remove(h);
+                }
+            }
+        }
+    }
+
     /// Forgets everything about `worker`.
     pub fn clear_worker(&mut self, worker: &str) {
         self.workers.remove(worker);

@@ -11,7 +11,8 @@ const VERSION: u8 = 1;
 /// Most hashes one entry carries (a 128 k-token prompt at block size 16 is 8192 blocks).
 pub const MAX_HASHES: usize = 16_384;
 
-/// One observation batch: `worker` holds `hashes` since `at_ms`, according to `source`.
+/// One observation batch: `worker` holds `hashes` since `at_ms`, according to `source`; or,
+/// with `retract`, a routing credit taken back (the worker failed, or another one served).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalEntry {
     pub seq: u64,
@@ -19,7 +20,11 @@ pub struct JournalEntry {
     pub source: Source,
     pub worker: String,
     pub hashes: Vec<u64>,
+    pub retract: bool,
 }
+
+/// Flag in the source byte marking a retraction.
+const RETRACT: u8 = 0x80;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum JournalError {
@@ -52,7 +57,7 @@ impl JournalEntry {
         out.push(VERSION);
         out.extend_from_slice(&self.seq.to_le_bytes());
         out.extend_from_slice(&self.at_ms.to_le_bytes());
-        out.push(source_byte(self.source));
+        out.push(source_byte(self.source) | if self.retract { RETRACT } else { 0 });
         let w = &self.worker.as_bytes()[..self.worker.len().min(255)];
         out.push(w.len() as u8);
         out.extend_from_slice(w);
@@ -72,7 +77,9 @@ impl JournalEntry {
         }
         let seq = r.u64().ok_or_else(t)?;
         let at_ms = r.u64().ok_or_else(t)?;
-        let source = match r.u8().ok_or_else(t)? {
+        let byte = r.u8().ok_or_else(t)?;
+        let retract = byte & RETRACT != 0;
+        let source = match byte & !RETRACT {
             0 => Source::KvEvent,
             1 => Source::Routed,
             2 => Source::Feedback,
@@ -89,7 +96,7 @@ impl JournalEntry {
         if r.remaining() != 0 {
             return Err(JournalError::Trailing);
         }
-        Ok(JournalEntry { seq, at_ms, source, worker, hashes })
+        Ok(JournalEntry { seq, at_ms, source, worker, hashes, retract })
     }
 }
 
@@ -105,6 +112,7 @@ mod tests {
             source: Source::Routed,
             worker: "127.0.0.1:8001".into(),
             hashes: vec![1, u64::MAX],
+            retract: false,
         }
     }
 
@@ -117,6 +125,10 @@ mod tests {
         want.extend_from_slice(&[0xff; 8]);
         assert_eq!(bytes, want);
         assert_eq!(JournalEntry::decode(&bytes), Ok(entry()));
+        let retract = JournalEntry { retract: true, ..entry() };
+        let b = retract.encode();
+        assert_eq!(b[17], 0x81);
+        assert_eq!(JournalEntry::decode(&b), Ok(retract));
     }
 
     #[test]
@@ -137,8 +149,8 @@ mod tests {
         }
 
         #[test]
-        fn round_trips(seq: u64, at: u64, w in "[0-9.:]{0,40}", hashes in proptest::collection::vec(any::<u64>(), 0..50)) {
-            let e = JournalEntry { seq, at_ms: at, source: Source::Feedback, worker: w, hashes };
+        fn round_trips(seq: u64, at: u64, w in "[0-9.:]{0,40}", hashes in proptest::collection::vec(any::<u64>(), 0..50), retract: bool) {
+            let e = JournalEntry { seq, at_ms: at, source: Source::Feedback, worker: w, hashes, retract };
             prop_assert_eq!(JournalEntry::decode(&e.encode()), Ok(e));
         }
     }

@@ -16,6 +16,8 @@
 //! - [`audit`]: prediction audit classes.
 //! - [`config`]: filter configuration with defaults and `validate()`.
 //! - [`error`]: OpenAI-style error bodies.
+//! - [`shared`]: the protocol over Envoy shared data (journal, load shards with leases,
+//!   snapshot head and delta ring), behind a small store trait with an in-memory fake.
 
 pub mod audit;
 pub mod config;
@@ -29,6 +31,7 @@ pub mod load;
 pub mod model;
 pub mod request;
 pub mod router;
+pub mod shared;
 pub mod snapshot;
 pub mod template;
 pub mod textgen;

@@ -13,12 +13,18 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// Maps a request path (query string ignored) to an endpoint kvroute routes.
-    pub fn from_path(path: &str) -> Option<Endpoint> {
-        let path = path.split('?').next().unwrap_or(path);
-        match path.trim_end_matches('/') {
-            "/v1/chat/completions" => Some(Endpoint::Chat),
-            "/v1/completions" => Some(Endpoint::Completions),
+    /// Maps a request path, as the raw bytes Envoy holds (HTTP/2 lets any byte through), to an
+    /// endpoint kvroute routes. The query string is ignored whatever its bytes; a path that is
+    /// not exactly one of the endpoints (including one with non-UTF-8 bytes) is not ours.
+    pub fn from_path(path: &[u8]) -> Option<Endpoint> {
+        let path = path.split(|b| *b == b'?').next().unwrap_or(path);
+        let mut end = path.len();
+        while end > 1 && path[end - 1] == b'/' {
+            end -= 1;
+        }
+        match &path[..end] {
+            b"/v1/chat/completions" => Some(Endpoint::Chat),
+            b"/v1/completions" => Some(Endpoint::Completions),
             _ => None,
         }
     }
@@ -35,12 +41,25 @@ pub enum Prompt {
     Tokens(Vec<u32>),
 }
 
+/// A valid request whose prompt kvroute does not hash: it is routed on load alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadOnly {
+    /// Messages with non-text content parts (images, audio, files): the engine's cache keys
+    /// include the media, which kvroute does not see, so any credit would be a guess.
+    Multimodal,
+    /// A completion with several prompts: the engine caches each one on its own.
+    Batch,
+}
+
 /// The routing-relevant view of one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParsedRequest {
     pub endpoint: Endpoint,
     pub model: String,
+    /// For a [`LoadOnly`] request: the text parts (or the prompts joined), for size only.
     pub prompt: Prompt,
+    /// Set when the prompt must not be hashed (see [`LoadOnly`]).
+    pub load_only: Option<LoadOnly>,
     pub stream: bool,
     pub include_usage: bool,
     pub cache_salt: Option<String>,
@@ -59,7 +78,7 @@ pub enum RequestError {
     MissingModel,
     #[error("'messages' must be a non-empty array of message objects")]
     InvalidMessages,
-    #[error("'prompt' must be a string or an array of token ids")]
+    #[error("'prompt' must be a string, an array of strings, or token ids")]
     InvalidPrompt,
     #[error("'{0}' has the wrong type")]
     InvalidField(&'static str),
@@ -90,8 +109,11 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, RequestEr
         }
         Some(_) => return Err(RequestError::InvalidField("model")),
     };
-    let prompt = match endpoint {
-        Endpoint::Chat => Prompt::Messages(parse_messages(obj.get("messages"))?),
+    let (prompt, load_only) = match endpoint {
+        Endpoint::Chat => {
+            let (messages, media) = parse_messages(obj.get("messages"))?;
+            (Prompt::Messages(messages), media.then_some(LoadOnly::Multimodal))
+        }
         Endpoint::Completions => parse_prompt(obj.get("prompt"))?,
     };
     let stream = opt_bool(obj, "stream")?.unwrap_or(false);
@@ -110,6 +132,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, RequestEr
         endpoint,
         model,
         prompt,
+        load_only,
         stream,
         include_usage,
         cache_salt,
@@ -134,17 +157,25 @@ fn opt_string(obj: &Map<String, Value>, key: &'static str) -> Result<Option<Stri
     }
 }
 
-fn parse_messages(messages: Option<&Value>) -> Result<Vec<Value>, RequestError> {
+/// The messages with their content normalized, and whether any had a non-text part.
+fn parse_messages(messages: Option<&Value>) -> Result<(Vec<Value>, bool), RequestError> {
     let list = messages
         .and_then(Value::as_array)
         .filter(|l| !l.is_empty())
         .ok_or(RequestError::InvalidMessages)?;
-    list.iter().map(normalize_message).collect()
+    let mut media = false;
+    let out =
+        list.iter().map(|m| normalize_message(m, &mut media)).collect::<Result<Vec<_>, _>>()?;
+    Ok((out, media))
 }
 
+/// Content part types of the OpenAI chat API that carry something other than text.
+const MEDIA_PARTS: [&str; 5] = ["image_url", "input_audio", "file", "video_url", "audio_url"];
+
 /// Turns content-part arrays into one string, as vLLM does for string-content templates:
-/// text parts joined by a newline. Non-text parts are not supported by the demo template.
-fn normalize_message(msg: &Value) -> Result<Value, RequestError> {
+/// text parts joined by a newline. Media parts are valid but not hashable: they set `media`
+/// and contribute no text.
+fn normalize_message(msg: &Value, media: &mut bool) -> Result<Value, RequestError> {
     let obj = msg.as_object().ok_or(RequestError::InvalidMessages)?;
     if !matches!(obj.get("role"), Some(Value::String(_))) {
         return Err(RequestError::InvalidMessages);
@@ -159,6 +190,7 @@ fn normalize_message(msg: &Value) -> Result<Value, RequestError> {
                 let p = part.as_object().ok_or(RequestError::InvalidMessages)?;
                 match (p.get("type").and_then(Value::as_str), p.get("text")) {
                     (Some("text"), Some(Value::String(t))) => texts.push(t.as_str()),
+                    (Some(kind), _) if MEDIA_PARTS.contains(&kind) => *media = true,
                     _ => return Err(RequestError::InvalidMessages),
                 }
             }
@@ -170,22 +202,31 @@ fn normalize_message(msg: &Value) -> Result<Value, RequestError> {
     Ok(Value::Object(out))
 }
 
-fn parse_prompt(prompt: Option<&Value>) -> Result<Prompt, RequestError> {
-    match prompt {
-        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
-        Some(Value::Array(items)) if !items.is_empty() => {
-            if let Some(Value::String(s)) = items.first().filter(|_| items.len() == 1) {
-                return Ok(Prompt::Text(s.clone()));
-            }
-            items
-                .iter()
-                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
-                .collect::<Option<Vec<u32>>>()
-                .map(Prompt::Tokens)
-                .ok_or(RequestError::InvalidPrompt)
-        }
-        _ => Err(RequestError::InvalidPrompt),
+fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
+    items.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
+}
+
+/// A completion prompt: a string, token ids, or a batch (several strings or token-id lists),
+/// which is routed load-only with the prompts joined for its size.
+fn parse_prompt(prompt: Option<&Value>) -> Result<(Prompt, Option<LoadOnly>), RequestError> {
+    let items = match prompt {
+        Some(Value::String(s)) => return Ok((Prompt::Text(s.clone()), None)),
+        Some(Value::Array(items)) if !items.is_empty() => items,
+        _ => return Err(RequestError::InvalidPrompt),
+    };
+    if let [Value::String(s)] = items.as_slice() {
+        return Ok((Prompt::Text(s.clone()), None));
     }
+    if let Some(ids) = token_ids(items) {
+        return Ok((Prompt::Tokens(ids), None));
+    }
+    let batch = Some(LoadOnly::Batch);
+    if let Some(texts) = items.iter().map(Value::as_str).collect::<Option<Vec<&str>>>() {
+        return Ok((Prompt::Text(texts.join("\n")), batch));
+    }
+    let lists = items.iter().map(|i| i.as_array().and_then(|l| token_ids(l)));
+    let ids = lists.collect::<Option<Vec<Vec<u32>>>>().ok_or(RequestError::InvalidPrompt)?;
+    Ok((Prompt::Tokens(ids.concat()), batch))
 }
 
 #[cfg(test)]
@@ -199,9 +240,14 @@ mod tests {
 
     #[test]
     fn endpoints_from_paths() {
-        assert_eq!(Endpoint::from_path("/v1/chat/completions"), Some(Endpoint::Chat));
-        assert_eq!(Endpoint::from_path("/v1/completions?x=1"), Some(Endpoint::Completions));
-        assert_eq!(Endpoint::from_path("/v1/models"), None);
+        assert_eq!(Endpoint::from_path(b"/v1/chat/completions"), Some(Endpoint::Chat));
+        assert_eq!(Endpoint::from_path(b"/v1/completions?x=1"), Some(Endpoint::Completions));
+        assert_eq!(Endpoint::from_path(b"/v1/completions//"), Some(Endpoint::Completions));
+        assert_eq!(Endpoint::from_path(b"/v1/models"), None);
+        assert_eq!(Endpoint::from_path(b"/v1/chat/completions?\xff\xfe"), Some(Endpoint::Chat));
+        assert_eq!(Endpoint::from_path(b"/v1/chat/\xffcompletions"), None);
+        assert_eq!(Endpoint::from_path(b""), None);
+        assert_eq!(Endpoint::from_path(b"/"), None);
     }
 
     #[test]
@@ -250,5 +296,31 @@ mod tests {
         assert_eq!(p(json!({"model":"m","prompt":[1,2,3]})), Ok(Prompt::Tokens(vec![1, 2, 3])));
         assert_eq!(p(json!({"model":"m","prompt":[1,-2]})), Err(RequestError::InvalidPrompt));
         assert_eq!(p(json!({"model":"m"})), Err(RequestError::InvalidPrompt));
+        assert_eq!(p(json!({"model":"m","prompt":["a",[1]]})), Err(RequestError::InvalidPrompt));
+    }
+
+    #[test]
+    fn media_parts_and_batches_are_valid_but_load_only() {
+        let r = chat(json!({"model":"m","messages":[{"role":"user","content":[
+            {"type":"text","text":"what is this"},
+            {"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}))
+        .unwrap();
+        assert_eq!(r.load_only, Some(LoadOnly::Multimodal));
+        let Prompt::Messages(m) = r.prompt else { panic!("not messages") };
+        assert_eq!(m[0]["content"], "what is this");
+        let unknown = json!({"model":"m","messages":[{"role":"user","content":[{"type":"x"}]}]});
+        assert_eq!(chat(unknown), Err(RequestError::InvalidMessages));
+        let c = |v: Value| parse(Endpoint::Completions, v.to_string().as_bytes()).unwrap();
+        let texts = c(json!({"model":"m","prompt":["a","b"]}));
+        assert_eq!(
+            (texts.prompt, texts.load_only),
+            (Prompt::Text("a\nb".into()), Some(LoadOnly::Batch))
+        );
+        let ids = c(json!({"model":"m","prompt":[[1,2],[3]]}));
+        assert_eq!(
+            (ids.prompt, ids.load_only),
+            (Prompt::Tokens(vec![1, 2, 3]), Some(LoadOnly::Batch))
+        );
+        assert_eq!(c(json!({"model":"m","prompt":"a"})).load_only, None);
     }
 }

@@ -11,7 +11,7 @@ use crate::hash::{block_hashes, CacheDomain};
 use crate::index::{EventChange, KnowledgeIndex, Source};
 use crate::load::WorkerLoad;
 use crate::model::ModelBundle;
-use crate::request::ParsedRequest;
+use crate::request::{LoadOnly, ParsedRequest};
 
 /// Why a decision was made without cache knowledge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,14 +25,20 @@ pub enum FallbackReason {
     /// Event knowledge exists but the updater has not confirmed it within its age limit:
     /// decided on routing history and feedback only.
     StaleEvents,
+    /// Messages with media parts: the engine's cache keys include media kvroute does not see.
+    Multimodal,
+    /// A completion with several prompts.
+    Batch,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 4] = [
+    pub const ALL: [FallbackReason; 6] = [
         FallbackReason::Render,
         FallbackReason::Tokenize,
         FallbackReason::TooLong,
         FallbackReason::StaleEvents,
+        FallbackReason::Multimodal,
+        FallbackReason::Batch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +47,8 @@ impl FallbackReason {
             FallbackReason::Tokenize => "tokenize_error",
             FallbackReason::TooLong => "too_long",
             FallbackReason::StaleEvents => "stale_events",
+            FallbackReason::Multimodal => "multimodal",
+            FallbackReason::Batch => "batch_prompt",
         }
     }
 }
@@ -191,16 +199,14 @@ impl Router {
         let m = self.models.get(&req.model).ok_or_else(|| ApiError::model_not_found(&req.model))?;
         let bs = m.config.block_size;
         let estimate = (body_len / 4) as u64;
-        if body_len > self.max_prompt_bytes {
-            return Ok(self.rank(
-                m,
-                Vec::new(),
-                estimate,
-                load,
-                now_ms,
-                pick,
-                Some(FallbackReason::TooLong),
-            ));
+        let load_only = match req.load_only {
+            Some(LoadOnly::Multimodal) => Some(FallbackReason::Multimodal),
+            Some(LoadOnly::Batch) => Some(FallbackReason::Batch),
+            None if body_len > self.max_prompt_bytes => Some(FallbackReason::TooLong),
+            None => None,
+        };
+        if load_only.is_some() {
+            return Ok(self.rank(m, Vec::new(), estimate, load, now_ms, pick, load_only));
         }
         let (tokens, fallback) = match m.bundle.prompt_tokens(&req.prompt) {
             Ok(t) if t.len() > self.max_prompt_tokens => {
@@ -229,29 +235,27 @@ impl Router {
         fallback: Option<FallbackReason>,
     ) -> Decision {
         let mut ages = HashMap::new();
-        let candidates: Vec<Candidate> =
-            m.config
-                .workers
-                .iter()
-                .map(|w| {
-                    let pm = if self.incompatible.contains(w) {
-                        Default::default()
-                    } else {
-                        self.index.prefix_match(w, &hashes, now_ms)
-                    };
-                    ages.insert(w.as_str(), (pm.oldest_age_ms, pm.from_events));
-                    let reported = self.reported.get(w).filter(|r| {
-                        now_ms.saturating_sub(r.observed_at_ms) <= self.max_load_age_ms
-                    });
-                    let load = combine_load(load(w), reported);
-                    Candidate {
-                        worker: w.clone(),
-                        cached_blocks: pm.blocks,
-                        offloaded_blocks: pm.offloaded,
-                        load,
-                    }
-                })
-                .collect();
+        let candidates: Vec<Candidate> = m
+            .config
+            .workers
+            .iter()
+            .map(|w| {
+                let pm = if self.incompatible.contains(w) {
+                    Default::default()
+                } else {
+                    self.index.prefix_match(w, &hashes, now_ms)
+                };
+                ages.insert(w.as_str(), (pm.oldest_age_ms, pm.from_events));
+                let reported = self.reported_load(w, now_ms);
+                let load = combine_load(load(w), reported.as_ref());
+                Candidate {
+                    worker: w.clone(),
+                    cached_blocks: pm.blocks,
+                    offloaded_blocks: pm.offloaded,
+                    load,
+                }
+            })
+            .collect();
         let profile: &Profile = &m.config.profile;
         let ranked = rank(profile, &candidates, prompt_tokens, m.config.block_size, self.tie, pick);
         let (knowledge_age_ms, blocks_from_events) =
@@ -330,6 +334,27 @@ impl Router {
     pub fn observe(&mut self, worker: &str, hashes: &[u64], source: Source, now_ms: u64) {
         self.index.insert(worker, hashes, source, now_ms);
     }
+
+    /// Applies a journal entry: a credit, or a routing credit taken back.
+    pub fn apply_journal(&mut self, e: &crate::journal::JournalEntry) {
+        if e.retract {
+            self.index.retract_routed(&e.worker, &e.hashes);
+        } else {
+            self.observe(&e.worker, &e.hashes, e.source, e.at_ms);
+        }
+    }
+
+    /// What `worker` last reported about its load, if younger than the allowed age.
+    pub fn reported_load(
+        &self,
+        worker: &str,
+        now_ms: u64,
+    ) -> Option<crate::snapshot::ReportedLoad> {
+        self.reported
+            .get(worker)
+            .filter(|r| now_ms.saturating_sub(r.observed_at_ms) <= self.max_load_age_ms)
+            .copied()
+    }
 }
 
 #[cfg(test)]
@@ -358,6 +383,23 @@ mod tests {
     }
 
     const LONG: &str = "the quick brown fox jumps over the lazy dog and keeps running far away ";
+
+    #[test]
+    fn media_and_batch_requests_are_routed_on_load_alone() {
+        let r = router();
+        let idle = |_: &str| WorkerLoad::default();
+        let body = json!({"model":"m","messages":[{"role":"user","content":[
+            {"type":"text","text":LONG},{"type":"image_url","image_url":{"url":"x"}}]}]});
+        let q = parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap();
+        let d = r.decide(&q, 400, &idle, 0, 0).unwrap();
+        assert_eq!(d.fallback, Some(FallbackReason::Multimodal));
+        assert!(d.block_hashes.is_empty() && d.primary().is_some());
+        let body = json!({"model":"m","prompt":[LONG, LONG]});
+        let q = parse(Endpoint::Completions, body.to_string().as_bytes()).unwrap();
+        let d = r.decide(&q, 400, &idle, 0, 0).unwrap();
+        assert_eq!(d.fallback, Some(FallbackReason::Batch));
+        assert!(d.block_hashes.is_empty());
+    }
 
     #[test]
     fn credited_worker_wins_and_unknown_model_is_404() {

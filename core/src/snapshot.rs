@@ -12,6 +12,22 @@ pub const SNAPSHOT_FORMAT: u8 = 2;
 const MAGIC: &[u8; 4] = b"KVRS";
 /// Bounds that keep a hostile or corrupt payload from allocating without limit.
 pub const MAX_WORKERS: usize = 4096;
+
+/// Bounds a decoder of snapshots and deltas enforces before allocating; configurable in the
+/// filter (`knowledge.decode_limits`) so an operator can size them to the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DecodeLimits {
+    pub max_workers: usize,
+    /// Per worker and per list (GPU, offloaded, and each side of a delta).
+    pub max_hashes_per_worker: usize,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        DecodeLimits { max_workers: MAX_WORKERS, max_hashes_per_worker: MAX_HASHES_PER_WORKER }
+    }
+}
 pub const MAX_HASHES_PER_WORKER: usize = 1 << 22;
 
 /// One worker's knowledge.
@@ -143,6 +159,11 @@ impl Snapshot {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
+        Self::decode_with(bytes, &DecodeLimits::default())
+    }
+
+    /// Decodes within `limits`.
+    pub fn decode_with(bytes: &[u8], limits: &DecodeLimits) -> Result<Snapshot, SnapshotError> {
         let mut r = Reader::new(bytes);
         let t = || SnapshotError::Truncated;
         if r.take(4).ok_or_else(t)? != MAGIC {
@@ -155,14 +176,14 @@ impl Snapshot {
         let version = r.u64().ok_or_else(t)?;
         let generated_at_ms = r.u64().ok_or_else(t)?;
         let n = r.u32().ok_or_else(t)? as usize;
-        if n > MAX_WORKERS {
+        if n > limits.max_workers {
             return Err(SnapshotError::TooLarge(n));
         }
         let mut workers = Vec::with_capacity(n.min(64));
         for _ in 0..n {
             let WorkerHead { worker, observed_at_ms, compatible, load } = read_head(&mut r)?;
-            let gpu = hashes(&mut r)?;
-            let offloaded = hashes(&mut r)?;
+            let gpu = hashes(&mut r, limits)?;
+            let offloaded = hashes(&mut r, limits)?;
             workers.push(WorkerKnowledge {
                 worker,
                 observed_at_ms,
@@ -180,9 +201,9 @@ impl Snapshot {
 }
 
 /// Reads a hash list, refusing counts past the bound or past the end of the payload.
-pub(crate) fn hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, SnapshotError> {
+pub(crate) fn hashes(r: &mut Reader<'_>, limits: &DecodeLimits) -> Result<Vec<u64>, SnapshotError> {
     let n = r.u32().ok_or(SnapshotError::Truncated)? as usize;
-    if n > MAX_HASHES_PER_WORKER {
+    if n > limits.max_hashes_per_worker {
         return Err(SnapshotError::TooLarge(n));
     }
     if r.remaining() < n * 8 {

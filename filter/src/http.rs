@@ -1,22 +1,22 @@
 //! One request: buffer the body, decide, set the destination header; then watch the response
-//! for the first byte (prefill done) and the usage counts (prediction audit), and release the
-//! worker's load when the stream ends however it ends.
+//! for the worker that really served it, its status, the first byte (prefill done) and the
+//! usage counts (prediction audit), and release the load when the stream ends however it ends.
+//! Every host value is read as bytes through [`crate::host`]; nothing here can panic.
 
 use std::rc::Rc;
-use std::time::{Instant, UNIX_EPOCH};
 
 use kvroute_core::error::ApiError;
 use kvroute_core::index::Source;
 use kvroute_core::journal::JournalEntry;
-use kvroute_core::load::LoadDelta;
 use kvroute_core::request::{self, Endpoint};
 use kvroute_core::router::Decision;
+use kvroute_core::shared::load::Ticket;
 use kvroute_core::usage::UsageScanner;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, LogLevel};
 
+use crate::host;
 use crate::root::ThreadState;
-use crate::shared::read_load;
 
 /// Response header with the decision summary, when the config asks for it.
 pub const DECISION_HEADER: &str = "x-kvroute-decision";
@@ -24,7 +24,13 @@ pub const DECISION_HEADER: &str = "x-kvroute-decision";
 /// A routed request still in flight.
 struct InFlight {
     decision: Decision,
-    worker: String,
+    ticket: Ticket,
+    /// The worker the decision chose.
+    planned: String,
+    /// The worker Envoy used (differs from `planned` after a connect-failure retry).
+    served: String,
+    /// The response status, once its headers arrived.
+    status: Option<u16>,
     prefilling: bool,
     released: bool,
     scanner: UsageScanner,
@@ -41,41 +47,44 @@ impl KvHttp {
         KvHttp { state, endpoint: None, inflight: None }
     }
 
-    fn now_ms(&self) -> u64 {
-        self.get_current_time()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
-    }
-
     fn reject(&self, e: &ApiError) -> Action {
         self.state.metrics.rejected();
-        self.send_http_response(
-            u32::from(e.status),
-            vec![("content-type", "application/json")],
-            Some(&e.body()),
-        );
+        host::send_response(e.status, &[("content-type", "application/json")], &e.body());
         Action::Pause
     }
 
     /// A random draw for tie-breaking, from the clock and this stream's identity.
     fn pick(&self, now_ms: u64) -> u64 {
-        let nanos = self.get_current_time().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let seed = self as *const Self as usize as u64;
-        xxhash_rust::xxh3::xxh3_64_with_seed(&nanos.to_le_bytes(), seed ^ now_ms)
+        xxhash_rust::xxh3::xxh3_64_with_seed(&host::now_nanos().to_le_bytes(), seed ^ now_ms)
+    }
+
+    fn journal(&self, worker: &str, hashes: &[u64], source: Source, retract: bool) {
+        if hashes.is_empty() {
+            return;
+        }
+        self.state.publish(JournalEntry {
+            seq: 0,
+            at_ms: host::now_ms(),
+            source,
+            worker: worker.to_owned(),
+            hashes: hashes.to_vec(),
+            retract,
+        });
     }
 
     fn route(&mut self, endpoint: Endpoint, body: &[u8]) -> Action {
-        let started = Instant::now();
+        let started = host::now_nanos();
         let parsed = match request::parse(endpoint, body) {
             Ok(p) => p,
             Err(e) => return self.reject(&e.into()),
         };
         let state = Rc::clone(&self.state);
-        state.catch_up();
-        let now = self.now_ms();
-        let decided =
-            state.router.borrow().decide(&parsed, body.len(), &read_load, now, self.pick(now));
+        state.catch_up(true);
+        let now = host::now_ms();
+        let view = state.load_view(now);
+        let load = |w: &str| view.load(w);
+        let decided = state.router.borrow().decide(&parsed, body.len(), &load, now, self.pick(now));
         let decision = match decided {
             Ok(d) => d,
             Err(e) => return self.reject(&e),
@@ -83,26 +92,25 @@ impl KvHttp {
         let Some(primary) = decision.primary().map(|s| s.worker.clone()) else {
             return Action::Continue;
         };
-        self.set_http_request_header(
+        if !host::set_request_header(
             &state.config.destination_header,
             Some(&decision.header_value()),
-        );
-        state.apply_load(&primary, LoadDelta::Start { prefill_tokens: decision.uncached_tokens() });
+        ) {
+            // Envoy's fallback policy will pick a worker; nothing of ours to track.
+            return Action::Continue;
+        }
+        let ticket = {
+            let mut shard = state.shard.borrow_mut();
+            shard.start(&state.metrics, &primary, decision.uncached_tokens(), now)
+        };
+        state.flush_load(now);
         if let Some(reason) = decision.fallback {
             state.metrics.fallback(reason);
         }
-        if !decision.block_hashes.is_empty() {
-            state.publish(JournalEntry {
-                seq: 0,
-                at_ms: now,
-                source: Source::Routed,
-                worker: primary.clone(),
-                hashes: decision.block_hashes.clone(),
-            });
-        }
+        self.journal(&primary, &decision.block_hashes, Source::Routed, false);
         let predicted = decision.predicted_cached_tokens();
         let blocks = predicted / u64::from(decision.block_size.max(1));
-        let us = started.elapsed().as_micros() as u64;
+        let us = host::now_nanos().saturating_sub(started) / 1000;
         state.metrics.decision(&primary, blocks, predicted, us);
         log::debug!(
             "kvroute: decision worker={primary} prompt_tokens={} predicted_cached={predicted} age_ms={} us={us}",
@@ -111,7 +119,10 @@ impl KvHttp {
         );
         self.inflight = Some(InFlight {
             decision,
-            worker: primary,
+            ticket,
+            served: primary.clone(),
+            planned: primary,
+            status: None,
             prefilling: true,
             released: false,
             scanner: UsageScanner::default(),
@@ -119,40 +130,76 @@ impl KvHttp {
         Action::Continue
     }
 
+    /// Response headers: who served, with what status. Load and routing credit move to the
+    /// worker that served; a failed answer takes the routing credit back.
+    fn response_started(&mut self) {
+        let status = host::response_header(":status")
+            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
+        let served = host::property(&["upstream", "address"])
+            .and_then(|a| String::from_utf8(a).ok())
+            .filter(|a| !a.is_empty());
+        let Some(f) = self.inflight.as_mut() else { return };
+        f.status = status;
+        if let Some(served) = served.filter(|s| *s != f.planned) {
+            self.state.shard.borrow_mut().served_by(f.ticket, &served);
+            f.served = served;
+        }
+        let ok = status.is_some_and(|s| (200..300).contains(&s));
+        let (planned, served) = (f.planned.clone(), f.served.clone());
+        let hashes = f.decision.block_hashes.clone();
+        if planned != served {
+            self.journal(&planned, &hashes, Source::Routed, true);
+            if ok {
+                self.journal(&served, &hashes, Source::Routed, false);
+            }
+        } else if !ok {
+            self.journal(&served, &hashes, Source::Routed, true);
+        }
+    }
+
     fn first_byte(&mut self) {
         if let Some(f) = self.inflight.as_mut().filter(|f| f.prefilling) {
             f.prefilling = false;
-            let d = LoadDelta::FirstByte { prefill_tokens: f.decision.uncached_tokens() };
-            self.state.apply_load(&f.worker, d);
+            self.state.shard.borrow_mut().first_byte(f.ticket);
+            self.state.flush_load(host::now_ms());
         }
     }
 
     /// Releases the load and audits the prediction; runs once per routed request.
     fn finish(&mut self) {
-        let now = self.now_ms();
         let Some(f) = self.inflight.as_mut().filter(|f| !f.released) else {
             return;
         };
         f.released = true;
-        let d = LoadDelta::End {
-            prefill_tokens: f.decision.uncached_tokens(),
-            prefilling: f.prefilling,
-        };
-        self.state.apply_load(&f.worker, d);
+        self.state.shard.borrow_mut().end(f.ticket);
+        self.state.flush_load(host::now_ms());
+        let (served, hashes) = (f.served.clone(), f.decision.block_hashes.clone());
+        if f.status.is_none() {
+            // Reset before any response: the worker may never have seen the prompt.
+            self.journal(&served, &hashes, Source::Routed, true);
+            return;
+        }
         let Some(actual) = f.scanner.usage().cached_tokens else {
             return;
         };
         self.state.metrics.audit(f.decision.audit(actual), actual);
-        if !f.decision.block_hashes.is_empty() {
-            let entry = JournalEntry {
-                seq: 0,
-                at_ms: now,
-                source: Source::Feedback,
-                worker: f.worker.clone(),
-                hashes: f.decision.block_hashes.clone(),
-            };
-            self.state.publish(entry);
+        if f.status.is_some_and(|s| (200..300).contains(&s)) {
+            self.journal(&served, &hashes, Source::Feedback, false);
         }
+    }
+
+    fn decision_summary(&self) -> Option<String> {
+        let f = self.inflight.as_ref()?;
+        let d = &f.decision;
+        Some(format!(
+            "worker={}; predicted_cached_tokens={}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}",
+            f.served,
+            d.predicted_cached_tokens(),
+            d.prompt_tokens,
+            d.blocks_from_events,
+            d.knowledge_age_ms,
+            d.fallback.map_or("none", |r| r.name())
+        ))
     }
 }
 
@@ -160,11 +207,18 @@ impl Context for KvHttp {}
 
 impl HttpContext for KvHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        // A client must never steer routing: drop any copy of our header before anything else.
-        self.set_http_request_header(&self.state.config.destination_header, None);
-        let method = self.get_http_request_header(":method").unwrap_or_default();
-        let path = self.get_http_request_header(":path").unwrap_or_default();
-        self.endpoint = Endpoint::from_path(&path).filter(|_| method == "POST");
+        // A client must never steer routing: the native filter before this one strips copies
+        // of our header already; dropping it here too keeps configs without it safe.
+        host::set_request_header(&self.state.config.destination_header, None);
+        let method = host::request_header(":method").unwrap_or_default();
+        let path = host::request_header(":path").unwrap_or_default();
+        if let Some(trap) = &self.state.config.fault_injection.trap_path {
+            if path == trap.as_bytes() {
+                host::log(LogLevel::Warn, "kvroute: fault injection: aborting this VM");
+                std::process::abort();
+            }
+        }
+        self.endpoint = Endpoint::from_path(&path).filter(|_| method == b"POST");
         match self.endpoint {
             None => Action::Continue,
             Some(_) if end_of_stream => self.reject(&ApiError::bad_request(
@@ -183,23 +237,16 @@ impl HttpContext for KvHttp {
         if !end_of_stream {
             return Action::Pause;
         }
-        let body = self.get_http_request_body(0, body_size).unwrap_or_default();
+        let body = host::request_body(body_size).unwrap_or_default();
         self.route(endpoint, &body)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let (true, Some(f)) = (self.state.config.expose_decision_header, &self.inflight) {
-            let d = &f.decision;
-            let value = format!(
-                "worker={}; predicted_cached_tokens={}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}",
-                f.worker,
-                d.predicted_cached_tokens(),
-                d.prompt_tokens,
-                d.blocks_from_events,
-                d.knowledge_age_ms,
-                d.fallback.map_or("none", |r| r.name())
-            );
-            self.set_http_response_header(DECISION_HEADER, Some(&value));
+        self.response_started();
+        if self.state.config.expose_decision_header {
+            if let Some(value) = self.decision_summary() {
+                host::set_response_header(DECISION_HEADER, &value);
+            }
         }
         Action::Continue
     }
@@ -210,7 +257,7 @@ impl HttpContext for KvHttp {
         }
         if body_size > 0 {
             self.first_byte();
-            if let Some(chunk) = self.get_http_response_body(0, body_size) {
+            if let Some(chunk) = host::response_body(body_size) {
                 if let Some(f) = self.inflight.as_mut() {
                     f.scanner.push(&chunk);
                 }

@@ -4,9 +4,12 @@
 //! configuration into a [`kvroute_core::router::Router`] and makes one [`http::KvHttp`] per
 //! request. All decisions happen in `kvroute-core`; this crate only moves bytes between Envoy and
 //! the core: the request body in, the destination header out, load and knowledge through Envoy
-//! shared data ([`shared`]), counters to `/stats/prometheus` ([`metrics`]). The same module
-//! also runs as the singleton bootstrap service that pulls the updater's snapshots ([`sync`]).
+//! shared data ([`shared`], the protocol itself is `kvroute_core::shared`), counters to
+//! `/stats/prometheus` ([`metrics`]). The same module also runs as the singleton bootstrap
+//! service that pulls the updater's snapshots ([`sync`]). Host calls go through [`host`],
+//! which reads every value as bytes and never panics; a panic hook logs through Envoy.
 
+pub mod host;
 pub mod http;
 pub mod metrics;
 pub mod root;
@@ -14,6 +17,7 @@ pub mod shared;
 pub mod sync;
 
 proxy_wasm::main! {{
+    host::install_panic_hook();
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
         Box::new(root::KvRoot::default())

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use kvroute_core::audit::AuditClass;
 use kvroute_core::load::WorkerLoad;
 use kvroute_core::router::FallbackReason;
+use kvroute_core::shared::{Counter, Counters};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
@@ -23,7 +24,7 @@ pub struct Metrics {
     actual_tokens: Option<u32>,
     decision_us: Option<u32>,
     errors: Option<u32>,
-    lost_updates: Option<u32>,
+    shared: HashMap<Counter, u32>,
 }
 
 fn define(kind: MetricType, name: &str) -> Option<u32> {
@@ -56,9 +57,13 @@ impl Metrics {
             actual_tokens: define(c, "kvroute.actual_cached_tokens"),
             decision_us: define(MetricType::Histogram, "kvroute.decision_time_us"),
             errors: define(c, "kvroute.rejected_requests"),
-            lost_updates: define(c, "kvroute.lost_shared_updates"),
             ..Default::default()
         };
+        for what in Counter::ALL {
+            if let Some(id) = define(c, &format!("kvroute.shared.{}.events", what.name())) {
+                m.shared.insert(what, id);
+            }
+        }
         for w in workers {
             let seg = worker_segment(w);
             if let Some(id) = define(c, &format!("kvroute.worker.{seg}.decisions")) {
@@ -120,16 +125,18 @@ impl Metrics {
         add(self.actual_tokens, actual_tokens);
     }
 
-    /// A thread applied a full snapshot or a delta of the updater's knowledge.
-    pub fn knowledge_update(&self, kind: &'static str) {
-        add(self.updates.get(kind).copied(), 1);
+    /// A thread applied `n` full snapshots or deltas of the updater's knowledge.
+    pub fn knowledge_updates(&self, kind: &'static str, n: u64) {
+        add(self.updates.get(kind).copied(), n);
     }
 
     pub fn rejected(&self) {
         add(self.errors, 1);
     }
+}
 
-    pub fn lost_update(&self) {
-        add(self.lost_updates, 1);
+impl Counters for Metrics {
+    fn count(&self, what: Counter, n: u64) {
+        add(self.shared.get(&what).copied(), n);
     }
 }

@@ -1,88 +1,94 @@
 //! The root context: one per Envoy worker thread. Turns the plugin configuration into a router;
-//! a bad configuration makes Envoy reject the filter, with the reason in its log.
+//! a bad configuration makes Envoy reject the filter, with the reason in its log. Each thread
+//! also ticks: it refreshes knowledge off the request path, heartbeats its load shard, expires
+//! leases and reconciles its load with what workers report.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::journal::JournalEntry;
-use kvroute_core::load::LoadDelta;
 use kvroute_core::router::Router;
+use kvroute_core::shared::journal::{self, JournalCursor};
+use kvroute_core::shared::knowledge::Follower;
+use kvroute_core::shared::load::{LoadView, Shard};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
+use crate::host;
 use crate::http::KvHttp;
 use crate::metrics::Metrics;
-use crate::shared::{journal_append, update_load, JournalCursor};
-use crate::sync::{read_delta, read_full, read_head, Head, SnapshotSync, RING};
+use crate::shared::HostStore;
+use crate::sync::SnapshotSync;
+
+/// How many request-path polls' worth of journal a tick may apply.
+const TICK_POLLS: usize = 8;
 
 /// What every request context of a thread shares.
 pub struct ThreadState {
     pub config: FilterConfig,
     pub router: RefCell<Router>,
-    pub cursor: RefCell<JournalCursor>,
-    /// Version of the updater snapshot this thread has applied.
-    pub snapshot_version: Cell<u64>,
+    cursor: RefCell<JournalCursor>,
+    follower: RefCell<Follower>,
+    pub shard: RefCell<Shard>,
     pub metrics: Metrics,
 }
 
 impl ThreadState {
-    /// Applies knowledge other threads (and this one) journaled since the last call, and the
-    /// updater's snapshot when its version moved.
-    pub fn catch_up(&self) {
-        let entries = self.cursor.borrow_mut().poll();
+    /// Applies knowledge journaled by every thread since the last call, and the updater's
+    /// snapshot when its version moved. On the request path the work is bounded: at most one
+    /// poll of journal, deltas only (a thread with no knowledge yet may read the full snapshot).
+    pub fn catch_up(&self, on_request: bool) {
+        let limit = self.config.journal.max_hashes_per_poll;
+        let polls = if on_request { 1 } else { TICK_POLLS };
         let mut router = self.router.borrow_mut();
-        if let Some(head) = read_head() {
-            router.events_checked(head.checked_at_ms);
-            if head.version != self.snapshot_version.get() {
-                let v = self.follow(&mut router, &head);
-                self.snapshot_version.set(v);
+        let mut follower = self.follower.borrow_mut();
+        let allow_full = !on_request || follower.version() == 0;
+        let done = follower.catch_up(&HostStore, &self.metrics, &mut router, allow_full);
+        self.metrics.knowledge_updates("delta", done.deltas);
+        self.metrics.knowledge_updates("full", done.full);
+        let mut cursor = self.cursor.borrow_mut();
+        for _ in 0..polls {
+            let (entries, more) = cursor.poll(&HostStore, &self.metrics, limit);
+            for e in &entries {
+                router.apply_journal(e);
+            }
+            if !more {
+                break;
             }
         }
-        for e in entries {
-            router.observe(&e.worker, &e.hashes, e.source, e.at_ms);
-        }
     }
 
-    /// Brings the router to `head.version`: along the ring's deltas from this thread's version,
-    /// or from the full snapshot when the chain has a gap. Returns the version reached.
-    fn follow(&self, router: &mut Router, head: &Head) -> u64 {
-        let mut v = self.chain(router, head, self.snapshot_version.get());
-        // The full snapshot helps only if it is not the one this thread already stands on;
-        // otherwise wait for the singleton instead of decoding megabytes on every request.
-        if v != head.version && v != head.full_version {
-            if let Some(full) = read_full() {
-                router.apply_snapshot(&full);
-                self.metrics.knowledge_update("full");
-                v = self.chain(router, head, full.version);
-            }
-        }
-        v
+    /// The router-tracked load of every worker, across all live threads.
+    pub fn load_view(&self, now_ms: u64) -> LoadView {
+        LoadView::read(&HostStore, &self.metrics, &self.shard.borrow(), now_ms)
     }
 
-    fn chain(&self, router: &mut Router, head: &Head, mut v: u64) -> u64 {
-        for _ in 0..RING {
-            let Some(d) = head.next_after(v).and_then(read_delta) else { break };
-            router.apply_delta(&d);
-            self.metrics.knowledge_update("delta");
-            v = d.to_version;
-        }
-        v
-    }
-
-    /// Changes a worker's shared load and publishes it.
-    pub fn apply_load(&self, worker: &str, delta: LoadDelta) {
-        match update_load(worker, delta) {
-            Some(load) => self.metrics.load(worker, &load),
-            None => self.metrics.lost_update(),
-        }
+    /// Writes this thread's shard after a change.
+    pub fn flush_load(&self, now_ms: u64) {
+        self.shard.borrow().flush(&HostStore, &self.metrics, now_ms);
     }
 
     /// Journals an observation for every thread (including this one) to apply.
     pub fn publish(&self, entry: JournalEntry) {
-        if !journal_append(entry) {
-            self.metrics.lost_update();
+        journal::append(&HostStore, &self.metrics, &self.config.journal, entry);
+    }
+
+    /// Housekeeping, every `tick_ms`.
+    pub fn tick(&self, now_ms: u64) {
+        self.catch_up(false);
+        let view = self.load_view(now_ms);
+        let mut shard = self.shard.borrow_mut();
+        let router = self.router.borrow();
+        let slack = self.config.load.reconcile_slack_ms;
+        for w in router.all_workers() {
+            if let Some(report) = router.reported_load(w, now_ms) {
+                let before = view.started_before(w, report.observed_at_ms.saturating_sub(slack));
+                shard.reconcile(&self.metrics, w, &report, before);
+            }
+            self.metrics.load(w, &view.load(w));
         }
+        shard.tick(&HostStore, &self.metrics, now_ms);
     }
 }
 
@@ -107,18 +113,21 @@ impl RootContext for KvRoot {
         if let Some(s) = self.sync.as_mut() {
             s.on_tick();
         }
+        if let Some(state) = &self.state {
+            state.tick(host::now_ms());
+        }
     }
 
     fn on_configure(&mut self, _size: usize) -> bool {
-        let bytes = self.get_plugin_configuration().unwrap_or_default();
-        match SnapshotSyncConfig::from_json(&bytes) {
+        let bytes = host::plugin_configuration().unwrap_or_default();
+        match SnapshotSyncConfig::from_json(&bytes, &|k| std::env::var(k).ok()) {
             Ok(Some(cfg)) => {
                 log::info!(
                     "kvroute: snapshot sync from cluster {} every {} ms",
                     cfg.cluster,
                     cfg.interval_ms
                 );
-                let mut sync = SnapshotSync::new(cfg);
+                let sync = SnapshotSync::new(cfg);
                 sync.start();
                 self.sync = Some(sync);
                 return true;
@@ -141,12 +150,22 @@ impl RootContext for KvRoot {
                     .iter()
                     .map(|m| format!("{}={}", m.name, m.workers.len()))
                     .collect();
-                log::info!("kvroute: configured, pools {}", pools.join(" "));
+                let now = host::now_ms();
+                let shard = Shard::register(&HostStore, &metrics, config.load, now);
+                log::info!(
+                    "kvroute: configured, pools {}, load shard {}",
+                    pools.join(" "),
+                    shard.id()
+                );
+                if !host::set_tick(config.tick_ms) {
+                    log::warn!("kvroute: no tick; knowledge refreshes on requests only");
+                }
                 self.state = Some(Rc::new(ThreadState {
+                    follower: RefCell::new(Follower::new(config.knowledge.decode_limits)),
                     config,
                     router: RefCell::new(router),
                     cursor: RefCell::new(JournalCursor::default()),
-                    snapshot_version: Cell::new(0),
+                    shard: RefCell::new(shard),
                     metrics,
                 }));
                 true

@@ -89,10 +89,10 @@ impl Envoy {
         cmd.arg("-c")
             .arg(config)
             .args(["--concurrency", &concurrency.to_string(), "--log-level", "info"])
-            .args([
-                "--base-id",
-                &(std::process::id() % 60_000 + u32::from(admin_port)).to_string(),
-            ]);
+            .args(["--base-id", &(std::process::id() % 60_000 + u32::from(admin_port)).to_string()])
+            // The singleton reads the updater's token from Envoy's environment (host_env_keys),
+            // so it never appears in the bootstrap or /config_dump.
+            .env("KVROUTE_UPDATER_TOKEN", crate::stack::UPDATER_TOKEN);
         let mut guard = Guard::spawn("envoy", cmd, &log)?;
         let http = reqwest::Client::new();
         let ready = format!("http://127.0.0.1:{admin_port}/ready");

@@ -213,7 +213,6 @@ pub fn write_config_text(
         ("ADMIN_PORT", ports.admin.to_string()),
         ("LISTEN_PORT", ports.listen.to_string()),
         ("UPDATER_PORT", ports.updater.to_string()),
-        ("UPDATER_TOKEN", UPDATER_TOKEN.to_string()),
         ("WASM_PATH", wasm.display().to_string()),
         ("ENDPOINTS", envoy::endpoints(addrs)?),
         ("KVROUTE_CONFIG", filter.to_string()),

@@ -75,6 +75,8 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
     if req.model != w.model {
         return error(ApiError::model_not_found(&req.model));
     }
+    // Media parts and batch prompts are simulated by their text alone (joined for a batch):
+    // the prefill work is of the right order, the media encoder is not modelled.
     let tokens = match w.bundle.prompt_tokens(&req.prompt) {
         Ok(t) => t,
         Err(e) => return error(ApiError::bad_request("invalid_value", None, e.to_string())),

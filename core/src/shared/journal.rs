@@ -1,0 +1,142 @@
+//! The knowledge journal in shared data: a ring of [`JournalEntry`] slots and a head counter.
+//! A writer claims a sequence number with compare-and-swap on the head, then fills its slot;
+//! every thread reads the slots it has not applied yet. Both ends are bounded: an entry carries
+//! at most `max_hashes_per_entry` hashes, and one poll returns at most `max_hashes_per_poll`
+//! (the rest waits for the next poll, e.g. on the thread's tick, off the request path).
+
+use serde::{Deserialize, Serialize};
+
+use super::{read_u64, update, Counter, Counters, SharedStore};
+use crate::journal::JournalEntry;
+
+/// Journal slots; a thread more than this many entries behind skips ahead.
+pub const SLOTS: u64 = 512;
+pub const HEAD_KEY: &str = "kvroute.journal.head";
+
+pub fn slot_key(seq: u64) -> String {
+    format!("kvroute.journal.{}", seq % SLOTS)
+}
+
+/// Bounds on journal work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JournalLimits {
+    /// Most block hashes one entry carries: the prompt's first blocks (a prefix match needs
+    /// the head of the chain; 2048 blocks are 32 k tokens at block size 16).
+    pub max_hashes_per_entry: usize,
+    /// Most hashes a thread applies in one poll on the request path.
+    pub max_hashes_per_poll: usize,
+}
+
+impl Default for JournalLimits {
+    fn default() -> Self {
+        JournalLimits { max_hashes_per_entry: 2048, max_hashes_per_poll: 16_384 }
+    }
+}
+
+impl JournalLimits {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_hashes_per_entry == 0 || self.max_hashes_per_entry > crate::journal::MAX_HASHES
+        {
+            return Err(format!(
+                "journal.max_hashes_per_entry must be 1..={}",
+                crate::journal::MAX_HASHES
+            ));
+        }
+        if self.max_hashes_per_poll < self.max_hashes_per_entry {
+            return Err("journal.max_hashes_per_poll must be >= max_hashes_per_entry".into());
+        }
+        Ok(())
+    }
+}
+
+/// Appends `entry` (its `seq` is assigned here, its hashes capped); false if it could not be
+/// written (counted as a lost update).
+pub fn append<S: SharedStore + ?Sized>(
+    store: &S,
+    counters: &dyn Counters,
+    limits: &JournalLimits,
+    mut entry: JournalEntry,
+) -> bool {
+    if entry.hashes.len() > limits.max_hashes_per_entry {
+        let cut = entry.hashes.len() - limits.max_hashes_per_entry;
+        counters.count(Counter::JournalHashesCapped, cut as u64);
+        entry.hashes.truncate(limits.max_hashes_per_entry);
+    }
+    let claimed = update(store, HEAD_KEY, |b| {
+        let head = read_u64(b);
+        ((head + 1).to_le_bytes().to_vec(), head)
+    });
+    let written = claimed.and_then(|seq| {
+        entry.seq = seq;
+        store.set(&slot_key(seq), &entry.encode(), None)
+    });
+    if written.is_err() {
+        counters.count(Counter::LostUpdate, 1);
+    }
+    written.is_ok()
+}
+
+/// A thread's reading position in the journal.
+#[derive(Debug, Default)]
+pub struct JournalCursor {
+    next: u64,
+    /// Polls in a row that found slot `next` claimed but not written.
+    stalled: u32,
+}
+
+/// Polls a claimed-but-unwritten slot may hold the reader before it is given up (its writer
+/// lost the write, or its VM died between claiming and writing).
+const STALL_POLLS: u32 = 3;
+
+impl JournalCursor {
+    /// Entries this thread has not applied yet, oldest first, up to `max_hashes` hashes (at
+    /// least one entry). An entry whose slot is not written yet stops the read; it is retried
+    /// on the next call. Returns the entries and whether more are waiting.
+    pub fn poll<S: SharedStore + ?Sized>(
+        &mut self,
+        store: &S,
+        counters: &dyn Counters,
+        max_hashes: usize,
+    ) -> (Vec<JournalEntry>, bool) {
+        let head = read_u64(store.get(HEAD_KEY).0.as_deref());
+        if head.saturating_sub(self.next) > SLOTS {
+            let start = head - SLOTS;
+            counters.count(Counter::JournalSkipped, start - self.next);
+            self.next = start;
+        }
+        let mut out = Vec::new();
+        let mut hashes = 0usize;
+        while self.next < head {
+            if !out.is_empty() && hashes >= max_hashes {
+                counters.count(Counter::JournalDeferred, head - self.next);
+                return (out, true);
+            }
+            let slot = store.get(&slot_key(self.next)).0;
+            let entry = slot.as_deref().map(JournalEntry::decode);
+            match entry {
+                Some(Ok(e)) if e.seq == self.next => {
+                    hashes += e.hashes.len();
+                    out.push(e);
+                }
+                // The writer claimed the slot but has not filled it yet: wait a few polls.
+                None | Some(Ok(_)) if self.stalled < STALL_POLLS => {
+                    self.stalled += 1;
+                    break;
+                }
+                None => counters.count(Counter::JournalSkipped, 1),
+                Some(Ok(_)) => counters.count(Counter::JournalSkipped, 1),
+                Some(Err(_)) => {
+                    counters.count(Counter::JournalSkipped, 1);
+                    counters.count(Counter::Corrupt, 1);
+                }
+            }
+            self.next += 1;
+            self.stalled = 0;
+        }
+        (out, false)
+    }
+}
+
+#[cfg(test)]
+mod tests;

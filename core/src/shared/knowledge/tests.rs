@@ -1,0 +1,163 @@
+use serde_json::json;
+
+use super::*;
+use crate::config::FilterConfig;
+use crate::shared::fake::{MemStore, Tally};
+use crate::snapshot::WorkerKnowledge;
+
+const W: &str = "127.0.0.1:1";
+
+fn router() -> Router {
+    let cfg = json!({"models":[{"name":"m","workers":[W, "127.0.0.1:2"]}]});
+    Router::new(&FilterConfig::from_json(cfg.to_string().as_bytes()).unwrap()).unwrap()
+}
+
+fn request() -> crate::request::ParsedRequest {
+    let body = json!({"model":"m","prompt": (0..1024).collect::<Vec<u32>>()});
+    let e = crate::request::Endpoint::Completions;
+    crate::request::parse(e, body.to_string().as_bytes()).unwrap()
+}
+
+/// The request's first `k` block hashes, sorted as the updater sends them.
+fn blocks(k: usize) -> Vec<u64> {
+    let seed = router().domain(&request()).map(|d| d.seed()).unwrap_or_default();
+    let tokens: Vec<u32> = (0..1024).collect();
+    let mut h = crate::hash::block_hashes(seed, 16, &tokens);
+    h.truncate(k);
+    h.sort_unstable();
+    h
+}
+
+fn snap(version: u64) -> Snapshot {
+    let gpu = blocks((version as usize * 3) % 64);
+    let worker = WorkerKnowledge {
+        worker: W.into(),
+        observed_at_ms: version,
+        compatible: true,
+        gpu,
+        offloaded: Vec::new(),
+        load: None,
+    };
+    Snapshot { version, generated_at_ms: version, workers: vec![worker] }
+}
+
+fn publish_chain(store: &MemStore, p: &mut Publisher, from: u64, to: u64) {
+    for v in from..to {
+        let d = Delta::between(&snap(v), &snap(v + 1));
+        assert_eq!(p.take(store, d.encode()).unwrap(), Taken::Delta);
+        p.confirmed(store, v + 1);
+    }
+}
+
+#[test]
+fn a_thread_that_keeps_up_applies_only_deltas() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut p = Publisher::new(DecodeLimits::default());
+    assert_eq!(p.take(&store, snap(1).encode()).unwrap(), Taken::Full);
+    p.confirmed(&store, 1);
+    let (mut f, mut r) = (Follower::default(), router());
+    assert_eq!(f.catch_up(&store, &t, &mut r, true), Followed { deltas: 0, full: 1 });
+    for v in 1..40 {
+        publish_chain(&store, &mut p, v, v + 1);
+        assert_eq!(f.catch_up(&store, &t, &mut r, false), Followed { deltas: 1, full: 0 });
+        assert_eq!(f.version(), v + 1);
+    }
+    assert_eq!(p.head().ring.len(), RING);
+    assert_eq!(p.head().full_version, 33, "rewritten every {FULL_EVERY} deltas");
+}
+
+#[test]
+fn an_idle_thread_past_the_ring_catches_up_from_the_full_snapshot_off_the_request_path() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut p = Publisher::new(DecodeLimits::default());
+    p.take(&store, snap(1).encode()).unwrap();
+    p.confirmed(&store, 1);
+    let (mut f, mut r) = (Follower::default(), router());
+    f.catch_up(&store, &t, &mut r, true);
+    publish_chain(&store, &mut p, 1, 1 + 3 * RING as u64);
+    // The request path only follows deltas: the chain from v1 is gone, so it waits.
+    assert_eq!(f.catch_up(&store, &t, &mut r, false), Followed::default());
+    assert_eq!(f.version(), 1);
+    // The tick reads the full snapshot, then the deltas after it.
+    let done = f.catch_up(&store, &t, &mut r, true);
+    assert_eq!(done.full, 1);
+    assert_eq!(f.version(), p.head().version);
+    let now = p.head().checked_at_ms;
+    let mut fresh = router();
+    fresh.apply_snapshot(&snap(p.head().version));
+    fresh.events_checked(now);
+    let probe = |r: &Router| {
+        let d = r.decide(&request(), 100, &|_| Default::default(), now, 0).unwrap();
+        let mut c: Vec<_> = d.ranked.iter().map(|s| (s.worker.clone(), s.cached_tokens)).collect();
+        c.sort();
+        c
+    };
+    assert_eq!(probe(&r), probe(&fresh));
+    assert!(probe(&r).iter().any(|(w, c)| w == W && *c > 0), "{:?}", probe(&r));
+}
+
+#[test]
+fn corrupt_values_stop_the_chain_without_panicking() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut p = Publisher::new(DecodeLimits::default());
+    p.take(&store, snap(1).encode()).unwrap();
+    p.confirmed(&store, 1);
+    p.confirmed(&store, 1);
+    let (mut f, mut r) = (Follower::default(), router());
+    f.catch_up(&store, &t, &mut r, true);
+    publish_chain(&store, &mut p, 1, 3);
+    let e = p.head().next_after(1).unwrap();
+    store.poke(&delta_key(e.slot), b"KVRD\x01garbage");
+    assert_eq!(f.catch_up(&store, &t, &mut r, false).deltas, 0);
+    // The thread stands on the full snapshot already: it does not re-read it, even on a tick.
+    store.poke(DATA_KEY, b"not a snapshot");
+    assert_eq!(f.catch_up(&store, &t, &mut r, true), Followed::default());
+    assert_eq!(t.get(Counter::Corrupt), 0);
+    // A new thread must read it: it is refused and counted.
+    let mut newcomer = Follower::default();
+    assert_eq!(newcomer.catch_up(&store, &t, &mut r, true).full, 0);
+    assert_eq!(t.get(Counter::Corrupt), 1);
+    store.poke(HEAD_KEY, &[1, 2, 3]);
+    assert_eq!(f.catch_up(&store, &t, &mut r, true), Followed::default());
+    // The publisher refuses garbage and asks for a full snapshot next.
+    assert!(p.take(&store, b"KVRD\x01junk".to_vec()).is_err());
+    assert_eq!(p.version(), 0);
+    assert!(matches!(
+        p.take(&store, Delta::between(&snap(3), &snap(4)).encode()),
+        Err(PublishError::NoBase)
+    ));
+}
+
+#[test]
+fn decode_limits_bound_what_is_accepted() {
+    let store = MemStore::new();
+    let tight = DecodeLimits { max_workers: 4, max_hashes_per_worker: 5 };
+    let mut p = Publisher::new(tight);
+    assert!(p.take(&store, snap(1).encode()).is_ok(), "3 hashes");
+    assert!(p.take(&store, snap(2).encode()).is_err(), "6 hashes");
+    let mut many = snap(1);
+    many.workers = (0..5)
+        .map(|i| WorkerKnowledge { worker: format!("w{i}"), ..snap(1).workers[0].clone() })
+        .collect();
+    assert!(p.take(&store, many.encode()).is_err(), "5 workers");
+}
+
+#[test]
+fn head_round_trips_and_rejects_truncation() {
+    let h = Head {
+        version: 9,
+        checked_at_ms: 1234,
+        full_version: 7,
+        ring: vec![RingEntry { slot: 3, from: 7, to: 8 }, RingEntry { slot: 4, from: 8, to: 9 }],
+    };
+    let b = h.encode();
+    assert_eq!(Head::decode(&b), Some(h.clone()));
+    for n in 0..b.len() {
+        assert_eq!(Head::decode(&b[..n]), None);
+    }
+    let mut long = b.clone();
+    long.push(0);
+    assert_eq!(Head::decode(&long), None);
+    assert_eq!(h.next_after(7).map(|e| e.slot), Some(3));
+    assert_eq!(h.next_after(9), None);
+}

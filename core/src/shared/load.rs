@@ -1,0 +1,450 @@
+//! Router-tracked load in shared data, built so that no failure leaks it for long.
+//!
+//! Each Envoy thread owns one shard (`kvroute.load.shard.<id>`): the requests it sent and has
+//! not seen end, each with its start time. Only the owner writes its shard, so no
+//! compare-and-swap can be lost on the request path; readers sum every live shard listed in
+//! the registry (`kvroute.load.shards`). Three mechanisms bound any leak:
+//! - **Leases**: an entry older than `lease_ms` stops counting and is purged (an end that
+//!   never came: a reset the host did not report, a context torn down).
+//! - **Heartbeats**: a shard not rewritten for `shard_timeout_ms` belongs to a thread whose VM
+//!   died; readers ignore it and the first to notice unlists it.
+//! - **Reconciliation**: when a worker reports fewer running + waiting requests than the
+//!   router tracks as started well before that report, the excess (oldest first) is removed.
+//!   Under-counts need no correction here: the decision already takes, per count, the larger
+//!   of the router's view and the worker's report.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{update, Counter, Counters, SharedStore};
+use crate::load::WorkerLoad;
+use crate::snapshot::ReportedLoad;
+use crate::wire::Reader;
+
+pub const REGISTRY_KEY: &str = "kvroute.load.shards";
+const SHARD_VERSION: u8 = 1;
+const ENTRY_LEN: usize = 33;
+/// Most shards the registry lists (threads of all Envoy VMs sharing this `vm_id`).
+pub const MAX_SHARDS: usize = 1024;
+
+pub fn shard_key(id: u32) -> String {
+    format!("kvroute.load.shard.{id}")
+}
+
+/// The key of a worker address in shards.
+pub fn worker_key(worker: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(worker.as_bytes())
+}
+
+/// Bounds of the load accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoadLimits {
+    /// An in-flight entry stops counting this long after its request started. Set it above
+    /// the longest request the route allows (its timeout, or the longest stream expected).
+    pub lease_ms: u64,
+    /// A shard not rewritten for this long is a dead thread's; each thread rewrites its own
+    /// at least every tick.
+    pub shard_timeout_ms: u64,
+    /// Only requests started this long before a worker's load report are expected in it.
+    pub reconcile_slack_ms: u64,
+    /// Most in-flight entries one thread tracks; past it the oldest go.
+    pub max_inflight_per_thread: usize,
+}
+
+impl Default for LoadLimits {
+    fn default() -> Self {
+        LoadLimits {
+            lease_ms: 600_000,
+            shard_timeout_ms: 10_000,
+            reconcile_slack_ms: 2_000,
+            max_inflight_per_thread: 16_384,
+        }
+    }
+}
+
+impl LoadLimits {
+    pub fn validate(&self, tick_ms: u64) -> Result<(), String> {
+        if self.lease_ms == 0 || self.max_inflight_per_thread == 0 {
+            return Err("load.lease_ms and load.max_inflight_per_thread must be > 0".into());
+        }
+        if self.shard_timeout_ms < 3 * tick_ms {
+            return Err(format!(
+                "load.shard_timeout_ms ({}) must be at least 3 ticks ({tick_ms} ms each)",
+                self.shard_timeout_ms
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One request in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub id: u64,
+    pub worker: u64,
+    pub started_ms: u64,
+    pub prefill_tokens: u64,
+    pub prefilling: bool,
+}
+
+/// A shard as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShardData {
+    pub heartbeat_ms: u64,
+    pub entries: Vec<Entry>,
+}
+
+impl ShardData {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(13 + ENTRY_LEN * self.entries.len());
+        b.push(SHARD_VERSION);
+        b.extend_from_slice(&self.heartbeat_ms.to_le_bytes());
+        b.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        for e in &self.entries {
+            for v in [e.id, e.worker, e.started_ms, e.prefill_tokens] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            b.push(u8::from(e.prefilling));
+        }
+        b
+    }
+
+    /// Decodes a shard; `None` for anything malformed (never panics).
+    pub fn decode(bytes: &[u8]) -> Option<ShardData> {
+        let mut r = Reader::new(bytes);
+        if r.u8()? != SHARD_VERSION {
+            return None;
+        }
+        let heartbeat_ms = r.u64()?;
+        let n = r.u32()? as usize;
+        if r.remaining() != n.checked_mul(ENTRY_LEN)? {
+            return None;
+        }
+        let entries = (0..n)
+            .map(|_| {
+                Some(Entry {
+                    id: r.u64()?,
+                    worker: r.u64()?,
+                    started_ms: r.u64()?,
+                    prefill_tokens: r.u64()?,
+                    prefilling: r.u8()? != 0,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(ShardData { heartbeat_ms, entries })
+    }
+}
+
+/// Decodes the registry: the ids of the listed shards.
+pub fn decode_registry(bytes: &[u8]) -> Option<Vec<u32>> {
+    let mut r = Reader::new(bytes);
+    let n = r.u32()? as usize;
+    if n > MAX_SHARDS || r.remaining() != n * 4 {
+        return None;
+    }
+    (0..n).map(|_| r.u32()).collect()
+}
+
+pub fn encode_registry(ids: &[u32]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(4 + 4 * ids.len());
+    b.extend_from_slice(&(ids.len() as u32).to_le_bytes());
+    for id in ids {
+        b.extend_from_slice(&id.to_le_bytes());
+    }
+    b
+}
+
+fn registry<S: SharedStore + ?Sized>(store: &S, counters: &dyn Counters) -> Vec<u32> {
+    match store.get(REGISTRY_KEY).0 {
+        None => Vec::new(),
+        Some(b) => decode_registry(&b).unwrap_or_else(|| {
+            counters.count(Counter::Corrupt, 1);
+            Vec::new()
+        }),
+    }
+}
+
+/// Changes the registry under compare-and-swap; a corrupt registry starts over.
+fn edit_registry<S: SharedStore + ?Sized>(
+    store: &S,
+    f: impl Fn(&mut Vec<u32>),
+) -> Result<Vec<u32>, super::StoreError> {
+    update(store, REGISTRY_KEY, |b| {
+        let mut ids = b.and_then(decode_registry).unwrap_or_default();
+        f(&mut ids);
+        ids.truncate(MAX_SHARDS);
+        (encode_registry(&ids), ids)
+    })
+}
+
+/// The shard of one thread: the only writer of its key.
+#[derive(Debug)]
+pub struct Shard {
+    id: u32,
+    data: ShardData,
+    next_request: u64,
+    limits: LoadLimits,
+    /// Per worker, the time of the last worker report already reconciled.
+    reconciled: HashMap<u64, u64>,
+}
+
+/// What one request holds in a shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(u64);
+
+impl Shard {
+    /// Claims a new shard id and lists it in the registry.
+    pub fn register<S: SharedStore + ?Sized>(
+        store: &S,
+        counters: &dyn Counters,
+        limits: LoadLimits,
+        now_ms: u64,
+    ) -> Shard {
+        let claimed = update(store, "kvroute.load.next_shard", |b| {
+            let id = super::read_u64(b);
+            ((id + 1).to_le_bytes().to_vec(), id as u32)
+        });
+        let id = claimed.unwrap_or_else(|_| {
+            counters.count(Counter::LostUpdate, 1);
+            // Unlikely id from the clock: a shard that is not listed still counts for this
+            // thread, and the next heartbeat lists it.
+            (now_ms as u32) | 0x8000_0000
+        });
+        let shard = Shard {
+            id,
+            data: ShardData { heartbeat_ms: now_ms, entries: Vec::new() },
+            next_request: 0,
+            limits,
+            reconciled: HashMap::new(),
+        };
+        shard.flush(store, counters, now_ms);
+        shard.ensure_listed(store, counters);
+        shard
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn entries(&self) -> &[Entry] {
+        &self.data.entries
+    }
+
+    fn ensure_listed<S: SharedStore + ?Sized>(&self, store: &S, counters: &dyn Counters) {
+        if registry(store, counters).contains(&self.id) {
+            return;
+        }
+        let id = self.id;
+        let listed = edit_registry(store, |ids| {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        });
+        if listed.is_err() {
+            counters.count(Counter::LostUpdate, 1);
+        }
+    }
+
+    /// Writes the shard with a fresh heartbeat.
+    pub fn flush<S: SharedStore + ?Sized>(&self, store: &S, counters: &dyn Counters, now_ms: u64) {
+        let data = ShardData { heartbeat_ms: now_ms, entries: self.data.entries.clone() };
+        if store.set(&shard_key(self.id), &data.encode(), None).is_err() {
+            counters.count(Counter::LostUpdate, 1);
+        }
+    }
+
+    /// A request was sent to `worker` with this many uncached prompt tokens.
+    pub fn start(
+        &mut self,
+        counters: &dyn Counters,
+        worker: &str,
+        tokens: u64,
+        now: u64,
+    ) -> Ticket {
+        let id = self.next_request;
+        self.next_request += 1;
+        if self.data.entries.len() >= self.limits.max_inflight_per_thread {
+            let cut = self.data.entries.len() + 1 - self.limits.max_inflight_per_thread;
+            self.data.entries.drain(..cut);
+            counters.count(Counter::InflightCapped, cut as u64);
+        }
+        self.data.entries.push(Entry {
+            id,
+            worker: worker_key(worker),
+            started_ms: now,
+            prefill_tokens: tokens,
+            prefilling: true,
+        });
+        Ticket(id)
+    }
+
+    fn entry(&mut self, t: Ticket) -> Option<&mut Entry> {
+        self.data.entries.iter_mut().find(|e| e.id == t.0)
+    }
+
+    /// The first response byte arrived: the prefill is done.
+    pub fn first_byte(&mut self, t: Ticket) {
+        if let Some(e) = self.entry(t) {
+            e.prefilling = false;
+        }
+    }
+
+    /// The request is being served by `worker` (a retry moved it from the planned one).
+    pub fn served_by(&mut self, t: Ticket, worker: &str) {
+        if let Some(e) = self.entry(t) {
+            e.worker = worker_key(worker);
+        }
+    }
+
+    /// The request ended, however it ended. Unknown tickets (already expired) are ignored.
+    pub fn end(&mut self, t: Ticket) {
+        self.data.entries.retain(|e| e.id != t.0);
+    }
+
+    /// Purges entries whose lease ran out; returns how many.
+    pub fn expire(&mut self, counters: &dyn Counters, now_ms: u64) -> usize {
+        let lease = self.limits.lease_ms;
+        let before = self.data.entries.len();
+        self.data.entries.retain(|e| now_ms.saturating_sub(e.started_ms) < lease);
+        let n = before - self.data.entries.len();
+        counters.count(Counter::LeaseExpired, n as u64);
+        n
+    }
+
+    /// Trims over-counts against `worker`'s report: `tracked_before` is what all shards track
+    /// for it as started at least the slack before the report. This shard removes its share
+    /// of the excess, oldest first, once per report. Returns how many entries it removed.
+    pub fn reconcile(
+        &mut self,
+        counters: &dyn Counters,
+        worker: &str,
+        report: &ReportedLoad,
+        tracked_before: u64,
+    ) -> usize {
+        let key = worker_key(worker);
+        if self.reconciled.get(&key).is_some_and(|at| *at >= report.observed_at_ms) {
+            return 0;
+        }
+        self.reconciled.insert(key, report.observed_at_ms);
+        let reported = u64::from(report.running) + u64::from(report.waiting);
+        let excess = tracked_before.saturating_sub(reported);
+        let cutoff = report.observed_at_ms.saturating_sub(self.limits.reconcile_slack_ms);
+        let mut mine: Vec<(u64, u64)> = self
+            .data
+            .entries
+            .iter()
+            .filter(|e| e.worker == key && e.started_ms <= cutoff)
+            .map(|e| (e.started_ms, e.id))
+            .collect();
+        if excess == 0 || mine.is_empty() || tracked_before == 0 {
+            return 0;
+        }
+        // This shard's share of the excess, rounded up.
+        let share = (excess * mine.len() as u64).div_ceil(tracked_before) as usize;
+        mine.sort_unstable();
+        let drop: Vec<u64> = mine.iter().take(share).map(|(_, id)| *id).collect();
+        self.data.entries.retain(|e| !drop.contains(&e.id));
+        counters.count(Counter::Reconciled, drop.len() as u64);
+        drop.len()
+    }
+
+    /// A heartbeat: purges expired entries, rewrites the shard, re-lists it if a lost write
+    /// or a sweep unlisted it.
+    pub fn tick<S: SharedStore + ?Sized>(&mut self, store: &S, counters: &dyn Counters, now: u64) {
+        self.expire(counters, now);
+        self.flush(store, counters, now);
+        self.ensure_listed(store, counters);
+    }
+}
+
+/// Everything the live shards hold, by worker key.
+#[derive(Debug, Default, Clone)]
+pub struct LoadView {
+    by_worker: HashMap<u64, (WorkerLoad, Vec<u64>)>,
+}
+
+impl LoadView {
+    /// Reads every listed shard (this thread's own from memory), leaving out dead shards and
+    /// expired entries; unlists dead shards and counts their entries as dropped.
+    pub fn read<S: SharedStore + ?Sized>(
+        store: &S,
+        counters: &dyn Counters,
+        own: &Shard,
+        now_ms: u64,
+    ) -> LoadView {
+        let limits = own.limits;
+        let mut view = LoadView::default();
+        let mut dead = Vec::new();
+        for id in registry(store, counters) {
+            if id == own.id {
+                continue;
+            }
+            let Some(bytes) = store.get(&shard_key(id)).0 else {
+                dead.push((id, 0));
+                continue;
+            };
+            let Some(shard) = ShardData::decode(&bytes) else {
+                counters.count(Counter::Corrupt, 1);
+                dead.push((id, 0));
+                continue;
+            };
+            if now_ms.saturating_sub(shard.heartbeat_ms) > limits.shard_timeout_ms {
+                dead.push((id, shard.entries.len()));
+                continue;
+            }
+            view.add(&shard.entries, &limits, now_ms);
+        }
+        view.add(&own.data.entries, &limits, now_ms);
+        if !dead.is_empty() {
+            sweep(store, counters, &dead);
+        }
+        view
+    }
+
+    fn add(&mut self, entries: &[Entry], limits: &LoadLimits, now_ms: u64) {
+        for e in entries.iter().filter(|e| now_ms.saturating_sub(e.started_ms) < limits.lease_ms) {
+            let (load, starts) = self.by_worker.entry(e.worker).or_default();
+            load.inflight_requests = load.inflight_requests.saturating_add(1);
+            if e.prefilling {
+                load.prefilling_requests = load.prefilling_requests.saturating_add(1);
+                load.prefill_tokens = load.prefill_tokens.saturating_add(e.prefill_tokens);
+            }
+            starts.push(e.started_ms);
+        }
+    }
+
+    /// The router-tracked load of `worker` across all live threads.
+    pub fn load(&self, worker: &str) -> WorkerLoad {
+        self.by_worker.get(&worker_key(worker)).map(|(l, _)| *l).unwrap_or_default()
+    }
+
+    /// How many tracked requests to `worker` started at or before `at_ms`.
+    pub fn started_before(&self, worker: &str, at_ms: u64) -> u64 {
+        self.by_worker
+            .get(&worker_key(worker))
+            .map_or(0, |(_, s)| s.iter().filter(|t| **t <= at_ms).count() as u64)
+    }
+}
+
+/// Unlists dead shards and empties their keys; only the reader whose write unlisted a shard
+/// counts the entries it held.
+fn sweep<S: SharedStore + ?Sized>(store: &S, counters: &dyn Counters, dead: &[(u32, usize)]) {
+    let swept = update(store, REGISTRY_KEY, |b| {
+        let mut ids = b.and_then(decode_registry).unwrap_or_default();
+        let removed: Vec<(u32, usize)> =
+            dead.iter().copied().filter(|(d, _)| ids.contains(d)).collect();
+        ids.retain(|id| !dead.iter().any(|(d, _)| d == id));
+        (encode_registry(&ids), removed)
+    });
+    let Ok(removed) = swept else { return };
+    for (id, _) in &removed {
+        let _ = store.set(&shard_key(*id), &[], None);
+    }
+    let lost: usize = removed.iter().map(|(_, n)| n).sum();
+    counters.count(Counter::ShardDropped, lost as u64);
+}
+
+#[cfg(test)]
+mod tests;

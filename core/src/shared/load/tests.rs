@@ -1,0 +1,196 @@
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::shared::fake::{MemStore, Tally};
+
+const W: &str = "127.0.0.1:8001";
+const LIMITS: LoadLimits = LoadLimits {
+    lease_ms: 60_000,
+    shard_timeout_ms: 3_000,
+    reconcile_slack_ms: 500,
+    max_inflight_per_thread: 100,
+};
+
+fn view(store: &MemStore, t: &Tally, own: &Shard, now: u64) -> WorkerLoad {
+    LoadView::read(store, t, own, now).load(W)
+}
+
+#[test]
+fn threads_see_each_others_requests_through_their_shards() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut a = Shard::register(&store, &t, LIMITS, 0);
+    let mut b = Shard::register(&store, &t, LIMITS, 0);
+    assert_ne!(a.id(), b.id());
+    let r1 = a.start(&t, W, 100, 10);
+    let r2 = a.start(&t, W, 50, 10);
+    a.first_byte(r1);
+    a.flush(&store, &t, 10);
+    let seen = view(&store, &t, &b, 20);
+    assert_eq!(
+        seen,
+        WorkerLoad { inflight_requests: 2, prefilling_requests: 1, prefill_tokens: 50 }
+    );
+    b.start(&t, W, 7, 20);
+    b.flush(&store, &t, 20);
+    assert_eq!(view(&store, &t, &b, 20).inflight_requests, 3, "own shard read from memory");
+    a.end(r1);
+    a.end(r2);
+    a.end(r2);
+    a.flush(&store, &t, 30);
+    assert_eq!(view(&store, &t, &b, 30).inflight_requests, 1);
+    assert_eq!(view(&store, &t, &a, 30).prefill_tokens, 7);
+}
+
+#[test]
+fn dropped_ends_stop_counting_when_their_lease_runs_out() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut a = Shard::register(&store, &t, LIMITS, 0);
+    for _ in 0..5 {
+        a.start(&t, W, 10, 1_000); // ends never arrive
+    }
+    a.tick(&store, &t, 1_000);
+    assert_eq!(view(&store, &t, &a, 60_999).inflight_requests, 5);
+    // Within the bound, whether or not the owner has ticked since.
+    assert_eq!(view(&store, &t, &a, 61_000).inflight_requests, 0);
+    a.tick(&store, &t, 61_000);
+    assert_eq!(t.get(Counter::LeaseExpired), 5);
+    assert!(a.entries().is_empty());
+}
+
+#[test]
+fn a_dead_threads_shard_stops_counting_and_is_unlisted() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut dead = Shard::register(&store, &t, LIMITS, 0);
+    let live = Shard::register(&store, &t, LIMITS, 0);
+    for _ in 0..4 {
+        dead.start(&t, W, 10, 0);
+    }
+    dead.flush(&store, &t, 1_000);
+    // The VM traps: no more heartbeats. Until the timeout its requests still count.
+    assert_eq!(view(&store, &t, &live, 4_000).inflight_requests, 4);
+    assert_eq!(view(&store, &t, &live, 4_001).inflight_requests, 0);
+    assert_eq!(t.get(Counter::ShardDropped), 4);
+    assert_eq!(decode_registry(&store.get(REGISTRY_KEY).0.unwrap()), Some(vec![live.id()]));
+    // A second reader noticing the same death counts nothing more.
+    view(&store, &t, &live, 5_000);
+    assert_eq!(t.get(Counter::ShardDropped), 4);
+    // A thread that was only slow comes back listed on its next tick.
+    dead.tick(&store, &t, 5_000);
+    assert_eq!(view(&store, &t, &live, 5_001).inflight_requests, 4);
+}
+
+#[test]
+fn reports_trim_over_counts_in_proportion_and_once_per_report() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut a = Shard::register(&store, &t, LIMITS, 0);
+    let mut b = Shard::register(&store, &t, LIMITS, 0);
+    for _ in 0..6 {
+        a.start(&t, W, 10, 1_000);
+    }
+    for _ in 0..2 {
+        b.start(&t, W, 10, 1_000);
+    }
+    let recent = a.start(&t, W, 10, 9_800); // after the report's cutoff: not expected in it
+    a.flush(&store, &t, 10_000);
+    b.flush(&store, &t, 10_000);
+    let report = ReportedLoad { running: 3, waiting: 1, observed_at_ms: 10_000 };
+    let v = LoadView::read(&store, &t, &a, 10_000);
+    let before = v.started_before(W, report.observed_at_ms - LIMITS.reconcile_slack_ms);
+    assert_eq!(before, 8);
+    // Excess 4 of 8: a holds 6/8 → 3, b holds 2/8 → 1.
+    assert_eq!(a.reconcile(&t, W, &report, before), 3);
+    assert_eq!(b.reconcile(&t, W, &report, before), 1);
+    assert_eq!(a.reconcile(&t, W, &report, before), 0, "once per report");
+    a.flush(&store, &t, 10_000);
+    b.flush(&store, &t, 10_000);
+    let after = LoadView::read(&store, &t, &a, 10_000);
+    assert_eq!(after.load(W).inflight_requests, 5, "4 reported + the recent one");
+    assert!(a.entries().iter().any(|e| e.id == recent.0));
+    assert_eq!(t.get(Counter::Reconciled), 4);
+    // A report with more than we track changes nothing (other replicas' requests).
+    let busy = ReportedLoad { running: 50, waiting: 9, observed_at_ms: 20_000 };
+    assert_eq!(a.reconcile(&t, W, &busy, 4), 0);
+}
+
+#[test]
+fn many_threads_register_at_once_and_all_are_listed() {
+    let store = Arc::new(MemStore::new());
+    let handles: Vec<_> = (0..16)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let t = Tally::default();
+                let mut s = Shard::register(&*store, &t, LIMITS, 0);
+                for i in 0..50 {
+                    let r = s.start(&t, W, 1, i);
+                    if i % 2 == 0 {
+                        s.end(r);
+                    }
+                    s.flush(&*store, &t, i);
+                }
+                s.id()
+            })
+        })
+        .collect();
+    let mut ids: Vec<u32> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 16, "ids are unique");
+    let mut listed = decode_registry(&store.get(REGISTRY_KEY).0.unwrap()).unwrap();
+    listed.sort_unstable();
+    assert_eq!(listed, ids);
+    let t = Tally::default();
+    let me = Shard::register(&*store, &t, LIMITS, 0);
+    assert_eq!(view(&store, &t, &me, 100).inflight_requests, 16 * 25);
+}
+
+#[test]
+fn corrupt_values_never_panic_and_are_counted() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut a = Shard::register(&store, &t, LIMITS, 0);
+    let b = Shard::register(&store, &t, LIMITS, 0);
+    a.start(&t, W, 1, 0);
+    store.poke(&shard_key(b.id()), b"\x01short");
+    assert_eq!(view(&store, &t, &a, 1).inflight_requests, 1);
+    assert!(t.get(Counter::Corrupt) >= 1);
+    store.poke(REGISTRY_KEY, b"\xff\xff\xff\xff");
+    assert_eq!(view(&store, &t, &a, 1).inflight_requests, 1);
+    // The next heartbeat rebuilds a registry that lists the thread again.
+    a.tick(&store, &t, 2);
+    assert_eq!(decode_registry(&store.get(REGISTRY_KEY).0.unwrap()), Some(vec![a.id()]));
+}
+
+#[test]
+fn a_thread_past_its_cap_drops_its_oldest_entries() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut a = Shard::register(&store, &t, LIMITS, 0);
+    for i in 0..130 {
+        a.start(&t, W, 1, i);
+    }
+    assert_eq!(a.entries().len(), 100);
+    assert_eq!(a.entries()[0].started_ms, 30);
+    assert_eq!(t.get(Counter::InflightCapped), 30);
+}
+
+proptest! {
+    #[test]
+    fn shard_codec_round_trips_and_never_panics(
+        hb: u64,
+        raw in proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>()), 0..20),
+        junk in proptest::collection::vec(any::<u8>(), 0..200),
+    ) {
+        let entries = raw.into_iter().map(|(id, worker, started_ms, prefill_tokens, prefilling)| {
+            Entry { id, worker, started_ms, prefill_tokens, prefilling }
+        }).collect();
+        let d = ShardData { heartbeat_ms: hb, entries };
+        prop_assert_eq!(ShardData::decode(&d.encode()), Some(d.clone()));
+        let b = d.encode();
+        for n in 0..b.len() {
+            prop_assert_eq!(ShardData::decode(&b[..n]), None);
+        }
+        let _ = ShardData::decode(&junk);
+        let _ = decode_registry(&junk);
+    }
+}
