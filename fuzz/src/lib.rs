@@ -14,6 +14,8 @@ use kvroute_core::journal::JournalEntry;
 use kvroute_core::load::WorkerLoad;
 use kvroute_core::model::ModelBundle;
 use kvroute_core::request::{parse, Endpoint};
+use kvroute_core::shared::knowledge::Head;
+use kvroute_core::shared::load::{decode_registry, encode_registry, ShardData};
 use kvroute_core::snapshot::Snapshot;
 use kvroute_core::usage::UsageScanner;
 
@@ -32,6 +34,8 @@ pub const TARGETS: &[Target] = &[
     ("snapshot_decode", snapshot_decode),
     ("event_decode", event_decode),
     ("delta_decode", delta_decode),
+    ("shared_head_decode", shared_head_decode),
+    ("shared_load_decode", shared_load_decode),
 ];
 
 /// Request bodies come straight from clients: parsing, rendering and tokenizing any bytes
@@ -98,6 +102,29 @@ pub fn event_decode(data: &[u8]) {
 pub fn delta_decode(data: &[u8]) {
     if let Ok(s) = Delta::decode(data) {
         assert_eq!(Delta::decode(&s.encode()), Ok(s));
+    }
+}
+
+/// The snapshot head in Envoy shared data (version, confirmation time, full version, delta
+/// ring), read by every thread on every request: any bytes decode or fail cleanly, and the
+/// encoding of an accepted head is exactly the bytes it came from.
+pub fn shared_head_decode(data: &[u8]) {
+    if let Some(h) = Head::decode(data) {
+        assert_eq!(h.encode(), data);
+        for e in &h.ring {
+            assert!(h.next_after(e.from).is_some_and(|n| n.from == e.from));
+        }
+    }
+}
+
+/// A thread's load shard (in-flight entries with their leases) and the shard registry in
+/// Envoy shared data: any bytes decode or fail cleanly, and what is accepted round-trips.
+pub fn shared_load_decode(data: &[u8]) {
+    if let Some(s) = ShardData::decode(data) {
+        assert_eq!(ShardData::decode(&s.encode()), Some(s));
+    }
+    if let Some(ids) = decode_registry(data) {
+        assert_eq!(encode_registry(&ids), data);
     }
 }
 

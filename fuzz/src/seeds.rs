@@ -17,6 +17,8 @@ use kvroute_core::journal::JournalEntry;
 use kvroute_core::load::WorkerLoad;
 use kvroute_core::request::{parse, Endpoint};
 use kvroute_core::router::Router;
+use kvroute_core::shared::knowledge::{Head, RingEntry, RING};
+use kvroute_core::shared::load::{decode_registry, encode_registry, Entry, ShardData, MAX_SHARDS};
 use kvroute_core::snapshot::{ReportedLoad, Snapshot, WorkerKnowledge};
 use kvroute_core::usage::{Usage, UsageScanner};
 use kvroute_updater::decode::{decode_batch, EngineEvent};
@@ -378,6 +380,90 @@ fn delta_decode() -> Seeds {
     ]
 }
 
+fn shared_head_decode() -> Seeds {
+    let v0 = 1_700_000_000_000_000u64;
+    let entry = |i: u64| RingEntry { slot: (i % RING as u64) as u8, from: v0 + i, to: v0 + i + 1 };
+    let head = |n: u64, full| Head {
+        version: v0 + n,
+        checked_at_ms: 1_700_000_000_500,
+        full_version: full,
+        ring: (0..n).map(entry).collect(),
+    };
+    let three = head(3, v0);
+    let full_ring = head(RING as u64, v0 + 8);
+    let fresh = Head::default();
+    for h in [&three, &full_ring, &fresh] {
+        assert_eq!(Head::decode(&h.encode()).as_ref(), Some(h));
+    }
+    let bytes = three.encode();
+    let mut too_long = full_ring.encode();
+    too_long[24] = RING as u8 + 1;
+    too_long.extend_from_slice(&ring_entry_bytes(&entry(RING as u64)));
+    let mut trailing = bytes.clone();
+    trailing.push(0);
+    vec![
+        ("three-deltas.bin", bytes.clone()),
+        ("full-ring.bin", full_ring.encode()),
+        ("fresh.bin", fresh.encode()),
+        ("truncated.bin", truncated(&bytes)),
+        ("ring-count-over-max.bin", too_long),
+        ("trailing-byte.bin", trailing),
+    ]
+}
+
+/// One ring entry as [`Head::encode`] writes it.
+fn ring_entry_bytes(e: &RingEntry) -> Vec<u8> {
+    let mut b = vec![e.slot];
+    b.extend_from_slice(&e.from.to_le_bytes());
+    b.extend_from_slice(&e.to.to_le_bytes());
+    b
+}
+
+fn shared_load_decode() -> Seeds {
+    let shard = ShardData {
+        heartbeat_ms: 1_700_000_000_250,
+        entries: vec![
+            Entry {
+                id: 1,
+                worker: 0x1234_5678_9abc_def0,
+                started_ms: 1_700_000_000_100,
+                prefill_tokens: 4096,
+                prefilling: true,
+            },
+            Entry {
+                id: 2,
+                worker: 0x0fed_cba9_8765_4321,
+                started_ms: 1_700_000_000_200,
+                prefill_tokens: 0,
+                prefilling: false,
+            },
+        ],
+    };
+    let empty = ShardData { heartbeat_ms: 1_700_000_000_000, entries: vec![] };
+    for s in [&shard, &empty] {
+        assert_eq!(ShardData::decode(&s.encode()).as_ref(), Some(s));
+    }
+    let registry = encode_registry(&[0, 1, 2, 7]);
+    assert_eq!(decode_registry(&registry), Some(vec![0, 1, 2, 7]));
+    let bytes = shard.encode();
+    let mut prefilling_7 = bytes.clone();
+    *prefilling_7.last_mut().unwrap() = 7;
+    let mut huge = bytes[..9].to_vec();
+    huge.extend_from_slice(&u32::MAX.to_le_bytes());
+    let mut too_many = (MAX_SHARDS as u32 + 1).to_le_bytes().to_vec();
+    too_many.extend(std::iter::repeat_n(0u8, 16));
+    vec![
+        ("shard-two-entries.bin", bytes.clone()),
+        ("shard-empty.bin", empty.encode()),
+        ("registry-four.bin", registry),
+        ("registry-empty.bin", encode_registry(&[])),
+        ("shard-truncated.bin", truncated(&bytes)),
+        ("shard-flag-byte-7.bin", prefilling_7),
+        ("shard-count-u32-max.bin", huge),
+        ("registry-count-over-max.bin", too_many),
+    ]
+}
+
 fn msgpack(v: &Value) -> Vec<u8> {
     let mut out = Vec::new();
     rmpv::encode::write_value(&mut out, v).unwrap();
@@ -530,6 +616,8 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("snapshot_decode", snapshot_decode()),
         ("event_decode", event_decode()),
         ("delta_decode", delta_decode()),
+        ("shared_head_decode", shared_head_decode()),
+        ("shared_load_decode", shared_load_decode()),
     ]
 }
 

@@ -1,0 +1,5 @@
+//! Load shards and the shard registry in shared data; the body (and what it checks) is `kvroute_fuzz::shared_load_decode`.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| kvroute_fuzz::shared_load_decode(data));
