@@ -2,11 +2,11 @@
 //! worker, a client, the updater or Envoy's shared data really carries, plus a few hostile
 //! ones (truncated, deeply nested, not UTF-8, absurd counts).
 //!
-//! `corpus/<target>/` holds exactly these files. The test below checks that, so a format
-//! change shows up as stale seeds; `KVROUTE_WRITE_SEEDS=1 cargo test --manifest-path
-//! fuzz/Cargo.toml seeds` rewrites them. Files libFuzzer finds are not committed (`./dev fuzz`
-//! keeps them in `fuzz/target/`); an input that once crashed a target is added here by hand,
-//! under a name starting with `crash-`, so it is replayed by `./dev test` forever.
+//! `corpus/<target>/` holds these files. The test below checks that they are there and
+//! current, so a format change shows up as stale seeds; `KVROUTE_WRITE_SEEDS=1 cargo test
+//! --manifest-path fuzz/Cargo.toml seeds` rewrites them. What libFuzzer finds is not committed
+//! (`./dev fuzz` keeps it in `fuzz/scratch/`); an input that once crashed a target is added to
+//! its corpus by hand, under a name starting with `crash-`, and `./dev test` replays it forever.
 
 use std::path::Path;
 
