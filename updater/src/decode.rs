@@ -307,7 +307,7 @@ mod tests {
         deep.extend(std::iter::repeat_n(0x91, 3000));
         deep.push(0xc0);
         let r = std::thread::Builder::new()
-            .stack_size(256 * 1024)
+            .stack_size(1024 * 1024)
             .spawn(move || decode_batch(&deep))
             .unwrap()
             .join()
