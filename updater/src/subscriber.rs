@@ -167,19 +167,26 @@ impl Follower {
             }
             End::Broken(why) => log_line(&self.worker, &format!("replay from {ask}: {why}")),
         }
+        let holds_any = got.batches.iter().any(|(s, _)| *s >= ask);
         let mut batches = got
             .batches
             .into_iter()
             .filter(|(s, _)| *s >= ask && upto.is_none_or(|u| *s < u))
             .peekable();
         if let Some((seq, d)) = witness {
-            if let Some((s, p)) = batches.peek() {
-                if *s == seq {
+            match batches.peek() {
+                Some((s, p)) if *s == seq => {
                     if digest(p) != d {
                         return Caught::Restarted;
                     }
                     batches.next();
                 }
+                Some(_) => {}
+                // A complete replay holds nothing from the last applied batch on: a publisher
+                // that kept running still buffers at least that batch (or later ones, after a
+                // roll-over), so this one restarted and has not reached that sequence again.
+                None if !holds_any && matches!(got.end, End::Complete) => return Caught::Restarted,
+                None => {}
             }
         }
         let Some(first) = batches.peek().map(|(s, _)| *s) else {
