@@ -36,6 +36,7 @@ pub const TARGETS: &[Target] = &[
     ("delta_decode", delta_decode),
     ("shared_head_decode", shared_head_decode),
     ("shared_load_decode", shared_load_decode),
+    ("shared_protocol", shared_protocol),
 ];
 
 /// Request bodies come straight from clients: parsing, rendering and tokenizing any bytes
@@ -126,6 +127,84 @@ pub fn shared_load_decode(data: &[u8]) {
     if let Some(ids) = decode_registry(data) {
         assert_eq!(encode_registry(&ids), data);
     }
+}
+
+/// The shared-data keys [`shared_protocol`] fills, by index.
+pub fn protocol_keys() -> Vec<String> {
+    use kvroute_core::shared::{journal, knowledge, load};
+    let mut keys = vec![knowledge::HEAD_KEY.to_owned(), knowledge::DATA_KEY.to_owned()];
+    keys.extend((0..4).map(knowledge::delta_key));
+    keys.push(journal::HEAD_KEY.to_owned());
+    keys.extend((0..4).map(journal::slot_key));
+    keys.push(load::REGISTRY_KEY.to_owned());
+    keys.extend((0..4).map(load::shard_key));
+    keys
+}
+
+/// Encodes a store's values as [`shared_protocol`] reads them: `[key index, len (u16 LE),
+/// bytes]` records.
+pub fn protocol_records(store: &kvroute_core::shared::fake::MemStore) -> Vec<u8> {
+    use kvroute_core::shared::SharedStore;
+    let mut out = Vec::new();
+    for (i, key) in protocol_keys().iter().enumerate() {
+        if let Some(v) = store.get(key).0 {
+            let v = &v[..v.len().min(u16::MAX as usize)];
+            out.push(i as u8);
+            out.extend_from_slice(&(v.len() as u16).to_le_bytes());
+            out.extend_from_slice(v);
+        }
+    }
+    out
+}
+
+/// Whatever other VMs (or a corruption) left in shared data, a thread's whole protocol runs
+/// over it without panicking: following the knowledge chain (with and without the full
+/// snapshot), polling the journal into a router, registering a load shard and reading every
+/// shard. The input is records of `[key index, len (u16 LE), bytes]` (see [`protocol_keys`]).
+pub fn shared_protocol(data: &[u8]) {
+    use kvroute_core::router::Router;
+    use kvroute_core::shared::fake::{MemStore, Tally};
+    use kvroute_core::shared::journal::JournalCursor;
+    use kvroute_core::shared::knowledge::Follower;
+    use kvroute_core::shared::load::{LoadLimits, LoadView, Shard};
+    thread_local! {
+        static ROUTER: Option<std::cell::RefCell<Router>> = {
+            let cfg = br#"{"models": [{"name": "m", "workers": ["127.0.0.1:1", "127.0.0.1:2"]}]}"#;
+            FilterConfig::from_json(cfg)
+                .ok()
+                .and_then(|c| Router::new(&c).ok())
+                .map(std::cell::RefCell::new)
+        };
+    }
+    let keys = protocol_keys();
+    let store = MemStore::new();
+    let mut rest = data;
+    while let [k, a, b, tail @ ..] = rest {
+        let len = (u16::from_le_bytes([*a, *b]) as usize).min(tail.len());
+        store.poke(&keys[*k as usize % keys.len()], &tail[..len]);
+        rest = &tail[len..];
+    }
+    let tally = Tally::default();
+    ROUTER.with(|r| {
+        let Some(r) = r else { return };
+        let mut router = r.borrow_mut();
+        for allow_full in [false, true] {
+            Follower::default().catch_up(&store, &tally, &mut router, allow_full);
+        }
+        let mut cursor = JournalCursor::default();
+        for _ in 0..8 {
+            let (entries, more) = cursor.poll(&store, &tally, 4096);
+            for e in &entries {
+                router.apply_journal(e);
+            }
+            if !more {
+                break;
+            }
+        }
+    });
+    let shard = Shard::register(&store, &tally, LoadLimits::default(), 1_700_000_000_000);
+    let view = LoadView::read(&store, &tally, &shard, 1_700_000_001_000);
+    let _ = view.load("127.0.0.1:1");
 }
 
 #[cfg(test)]

@@ -618,6 +618,63 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("delta_decode", delta_decode()),
         ("shared_head_decode", shared_head_decode()),
         ("shared_load_decode", shared_load_decode()),
+        ("shared_protocol", shared_protocol()),
+    ]
+}
+
+/// Shared data as a running deployment leaves it: a published snapshot and deltas, journal
+/// entries, two threads' load shards; then the same with damage.
+fn shared_protocol() -> Seeds {
+    use kvroute_core::shared::fake::{MemStore, Tally};
+    use kvroute_core::shared::journal::{self, JournalLimits};
+    use kvroute_core::shared::knowledge::Publisher;
+    use kvroute_core::shared::load::{LoadLimits, Shard};
+    use kvroute_core::snapshot::DecodeLimits;
+    let (old, new) = two_snapshots();
+    let store = MemStore::new();
+    let t = Tally::default();
+    let mut p = Publisher::new(DecodeLimits::default());
+    p.take(&store, old.encode()).unwrap();
+    p.take(&store, Delta::between(&old, &new).encode()).unwrap();
+    p.confirmed(&store, 1_700_000_000_500);
+    let entry = |worker: &str, retract| {
+        let e = JournalEntry {
+            seq: 0,
+            at_ms: 1_700_000_000_400,
+            source: kvroute_core::index::Source::Routed,
+            worker: worker.into(),
+            hashes: vec![1, 2, 3],
+            retract,
+        };
+        journal::append(&store, &t, &JournalLimits::default(), e);
+    };
+    entry("127.0.0.1:1", false);
+    entry("127.0.0.1:2", true);
+    for _ in 0..2 {
+        let mut s = Shard::register(&store, &t, LoadLimits::default(), 1_700_000_000_000);
+        s.start(&t, "127.0.0.1:1", 512, 1_700_000_000_100);
+        s.flush(&store, &t, 1_700_000_000_900);
+    }
+    let healthy = crate::protocol_records(&store);
+    let keys = crate::protocol_keys();
+    let damaged = |key: &str, bytes: &[u8]| {
+        let copy = MemStore::new();
+        for k in &keys {
+            if let Some(v) = kvroute_core::shared::SharedStore::get(&store, k).0 {
+                copy.poke(k, &v);
+            }
+        }
+        copy.poke(key, bytes);
+        crate::protocol_records(&copy)
+    };
+    vec![
+        ("healthy.bin", healthy.clone()),
+        ("truncated.bin", truncated(&healthy)),
+        ("head-garbage.bin", damaged(&keys[0], b"\x01\x02\x03")),
+        ("delta-slot-garbage.bin", damaged(&keys[2], b"KVRD\x01\xff\xff")),
+        ("journal-head-far-ahead.bin", damaged(&keys[6], &u64::MAX.to_le_bytes())),
+        ("registry-garbage.bin", damaged(&keys[11], &[0xff; 9])),
+        ("shard-truncated.bin", damaged(&keys[12], &[1, 2, 3])),
     ]
 }
 
