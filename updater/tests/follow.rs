@@ -2,21 +2,21 @@
 //! predicts exactly what the worker reports as reused, survives dropped events (replay) and
 //! publisher restarts (resync), and is served only with the token.
 
-use std::net::{IpAddr, Ipv4Addr};
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{sim_setup, SimSetup};
 use kvroute_core::hash::block_hashes;
 use kvroute_core::model::ModelBundle;
 use kvroute_core::request::Prompt;
 use kvroute_core::snapshot::Snapshot;
-use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
-use kvroute_sim::profile::Profile;
-use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
+use kvroute_sim::events::{EventEncoding, ReplyShape};
+use kvroute_sim::worker::Worker;
 use kvroute_updater::decode::Tier;
-use kvroute_updater::ingest::DomainBase;
 use kvroute_updater::state::State;
-use kvroute_updater::subscriber::{follow, Endpoints};
+use kvroute_updater::subscriber::follow;
 use serde_json::{json, Value};
 
 struct Setup {
@@ -28,37 +28,9 @@ struct Setup {
 }
 
 async fn setup(encoding: EventEncoding, shape: ReplyShape) -> Setup {
-    let spec = WorkerSpec {
-        index: 0,
-        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        model: "kvroute-demo".into(),
-        profile: Profile::load("llama3-8b-h100").unwrap(),
-        speedup: 10.0,
-        events: EventConfig {
-            topic: String::new(),
-            encoding,
-            reply_shape: shape,
-            buffer_steps: 1000,
-        },
-    };
-    let bundle = ModelBundle::demo().unwrap();
-    let worker = Worker::new(spec, bundle.clone(), Ports::default());
-    let p = worker.start().await.unwrap();
-    let name = format!("127.0.0.1:{}", p.http);
-    let domain = DomainBase {
-        model: "kvroute-demo".into(),
-        tokenizer_fingerprint: bundle.fingerprint(),
-        block_size: 16,
-        lora_name: None,
-    };
-    let state = Arc::new(State::new(domain, [name.clone()]));
-    let ep = Endpoints {
-        worker: name.clone(),
-        events: format!("tcp://127.0.0.1:{}", p.events),
-        replay: Some(format!("tcp://127.0.0.1:{}", p.replay)),
-    };
+    let SimSetup { worker, http, state, name, ep, bundle } = sim_setup(encoding, shape, 1000).await;
     tokio::spawn(follow(Arc::clone(&state), ep));
-    Setup { worker, http: p.http, state, name, bundle }
+    Setup { worker, http, state, name, bundle }
 }
 
 fn messages(conv: u64, turns: usize) -> Vec<Value> {

@@ -5,19 +5,15 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use common::{spawn, until};
+use common::{sim_setup, spawn, until, SimSetup};
 use kvroute_core::hash::block_hashes;
 use kvroute_core::model::ModelBundle;
 use kvroute_core::request::Prompt;
-use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
-use kvroute_sim::profile::Profile;
-use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
-use kvroute_updater::ingest::DomainBase;
+use kvroute_sim::events::{EventEncoding, ReplyShape};
 use kvroute_updater::state::{now_ms, State};
-use kvroute_updater::subscriber::{follow, Endpoints};
+use kvroute_updater::subscriber::follow;
 use serde_json::{json, Value};
 
 const BUFFER_STEPS: usize = 4;
@@ -52,53 +48,13 @@ fn stats(state: &State, name: &str) -> Value {
     state.status()["workers"][name]["stats"].clone()
 }
 
-struct Setup {
-    worker: Arc<Worker>,
-    http: u16,
-    state: Arc<State>,
-    name: String,
-    ep: Endpoints,
-    bundle: ModelBundle,
-}
-
-/// A simulated worker (dropping it, also when a test fails, aborts its tasks) and a state
-/// for it; nobody follows it yet.
-async fn setup() -> Setup {
-    let spec = WorkerSpec {
-        index: 0,
-        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        model: "kvroute-demo".into(),
-        profile: Profile::load("llama3-8b-h100").unwrap(),
-        speedup: 10.0,
-        events: EventConfig {
-            topic: String::new(),
-            encoding: EventEncoding::Array,
-            reply_shape: ReplyShape::Triple,
-            buffer_steps: BUFFER_STEPS,
-        },
-    };
-    let bundle = ModelBundle::demo().unwrap();
-    let worker = Worker::new(spec, bundle.clone(), Ports::default());
-    let p = worker.start().await.unwrap();
-    let name = format!("127.0.0.1:{}", p.http);
-    let domain = DomainBase {
-        model: "kvroute-demo".into(),
-        tokenizer_fingerprint: bundle.fingerprint(),
-        block_size: 16,
-        lora_name: None,
-    };
-    let state = Arc::new(State::new(domain, [name.clone()]));
-    let ep = Endpoints {
-        worker: name.clone(),
-        events: format!("tcp://127.0.0.1:{}", p.events),
-        replay: Some(format!("tcp://127.0.0.1:{}", p.replay)),
-    };
-    Setup { worker, http: p.http, state, name, ep, bundle }
+async fn setup() -> SimSetup {
+    sim_setup(EventEncoding::Array, ReplyShape::Triple, BUFFER_STEPS).await
 }
 
 #[tokio::test]
 async fn a_rolled_over_replay_is_applied_keeping_what_was_known() {
-    let Setup { worker, http, state, name, ep, bundle } = setup().await;
+    let SimSetup { worker, http, state, name, ep, bundle } = setup().await;
     let first = spawn(follow(Arc::clone(&state), ep.clone()));
     let before = messages(1);
     send(http, &before).await;

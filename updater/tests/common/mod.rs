@@ -4,11 +4,15 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvroute_sim::events::{encode_batch, EventEncoding, KvEvent};
+use kvroute_core::model::ModelBundle;
+use kvroute_sim::events::{encode_batch, EventConfig, EventEncoding, KvEvent, ReplyShape};
+use kvroute_sim::profile::Profile;
+use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
 use kvroute_updater::ingest::DomainBase;
 use kvroute_updater::limits::Limits;
 use kvroute_updater::state::State;
@@ -164,4 +168,47 @@ pub fn cap(state: &State, name: &str) -> u64 {
 
 pub fn blocks(state: &State, tier: &str) -> u64 {
     status(state)["blocks"][tier].as_u64().unwrap_or(0)
+}
+
+/// A real simulated worker of the demo model (dropping it, also when a test fails, aborts its
+/// tasks) and an updater state for it; nobody follows it yet.
+pub struct SimSetup {
+    pub worker: Arc<Worker>,
+    pub http: u16,
+    pub state: Arc<State>,
+    pub name: String,
+    pub ep: Endpoints,
+    pub bundle: ModelBundle,
+}
+
+pub async fn sim_setup(
+    encoding: EventEncoding,
+    reply_shape: ReplyShape,
+    buffer_steps: usize,
+) -> SimSetup {
+    let spec = WorkerSpec {
+        index: 0,
+        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        model: "kvroute-demo".into(),
+        profile: Profile::load("llama3-8b-h100").unwrap(),
+        speedup: 10.0,
+        events: EventConfig { topic: String::new(), encoding, reply_shape, buffer_steps },
+    };
+    let bundle = ModelBundle::demo().unwrap();
+    let worker = Worker::new(spec, bundle.clone(), Ports::default());
+    let p = worker.start().await.unwrap();
+    let name = format!("127.0.0.1:{}", p.http);
+    let domain = DomainBase {
+        model: "kvroute-demo".into(),
+        tokenizer_fingerprint: bundle.fingerprint(),
+        block_size: 16,
+        lora_name: None,
+    };
+    let state = Arc::new(State::new(domain, [name.clone()]));
+    let ep = Endpoints {
+        worker: name.clone(),
+        events: format!("tcp://127.0.0.1:{}", p.events),
+        replay: Some(format!("tcp://127.0.0.1:{}", p.replay)),
+    };
+    SimSetup { worker, http: p.http, state, name, ep, bundle }
 }
