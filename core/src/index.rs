@@ -326,6 +326,18 @@ mod tests {
     }
 
     #[test]
+    fn a_retraction_takes_back_routing_credit_only() {
+        let mut ix = KnowledgeIndex::new(LIMITS);
+        ix.insert("a", &[1, 2], Source::Feedback, 0);
+        ix.insert("a", &[3, 4], Source::Routed, 0);
+        ix.insert("b", &[1, 2, 3, 4], Source::Routed, 0);
+        ix.retract_routed("a", &[1, 2, 3, 4]);
+        assert_eq!(ix.prefix_match("a", &[1, 2, 3, 4], 10).blocks, 2, "feedback stays");
+        assert_eq!(ix.prefix_match("b", &[1, 2, 3, 4], 10).blocks, 4, "other workers untouched");
+        ix.retract_routed("nobody", &[1]);
+    }
+
+    #[test]
     fn routed_knowledge_expires_events_do_not() {
         let mut ix = KnowledgeIndex::new(LIMITS);
         ix.insert("a", &[1], Source::Routed, 0);
