@@ -37,6 +37,7 @@ pub const TARGETS: &[Target] = &[
     ("shared_head_decode", shared_head_decode),
     ("shared_load_decode", shared_load_decode),
     ("shared_protocol", shared_protocol),
+    ("zmtp_frames", zmtp_frames),
 ];
 
 /// Request bodies come straight from clients: parsing, rendering and tokenizing any bytes
@@ -127,6 +128,23 @@ pub fn shared_load_decode(data: &[u8]) {
     if let Some(ids) = decode_registry(data) {
         assert_eq!(encode_registry(&ids), data);
     }
+}
+
+/// The ZMTP framing a worker sends, as the updater's frame guard relays it: any bytes, in any
+/// read sizes (the first byte picks the size), pass or fail cleanly, and the guard never
+/// forwards more than it received (an oversized frame shrinks to an empty one).
+pub fn zmtp_frames(data: &[u8]) {
+    use kvroute_updater::frameguard::Framer;
+    use kvroute_updater::limits::WireLimits;
+    let step = data.first().map_or(1, |b| usize::from(*b % 64) + 1);
+    let mut framer = Framer::new(WireLimits { max_frame_bytes: 256, max_message_frames: 4 });
+    let (mut out, mut hits) = (Vec::new(), Vec::new());
+    for chunk in data.chunks(step) {
+        if framer.feed(chunk, &mut out, &mut hits).is_err() {
+            break;
+        }
+    }
+    assert!(out.len() <= data.len());
 }
 
 /// The shared-data keys [`shared_protocol`] fills, by index.

@@ -619,6 +619,55 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("shared_head_decode", shared_head_decode()),
         ("shared_load_decode", shared_load_decode()),
         ("shared_protocol", shared_protocol()),
+        ("zmtp_frames", zmtp_frames()),
+    ]
+}
+
+/// ZMTP as a vLLM publisher sends it: greeting, READY, then three-frame messages; then a frame
+/// that announces far more than it carries, a command frame over the cap, too many frames.
+fn zmtp_frames() -> Seeds {
+    let frame = |flags: u8, body: &[u8]| {
+        let mut v = if body.len() > 255 {
+            let mut v = vec![flags | 0b010];
+            v.extend_from_slice(&(body.len() as u64).to_be_bytes());
+            v
+        } else {
+            vec![flags, body.len() as u8]
+        };
+        v.extend_from_slice(body);
+        v
+    };
+    let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0];
+    greeting.extend_from_slice(b"NULL");
+    greeting.resize(64, 0);
+    let mut healthy = greeting.clone();
+    healthy.extend(frame(0b100, b"\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB"));
+    for seq in 0u64..3 {
+        healthy.extend(frame(0b001, b"kv-events"));
+        healthy.extend(frame(0b001, &seq.to_be_bytes()));
+        healthy.extend(frame(0, &[0x93; 40]));
+    }
+    let mut huge = greeting.clone();
+    huge.push(0b010);
+    huge.extend_from_slice(&(1u64 << 62).to_be_bytes());
+    huge.extend_from_slice(&[0; 32]);
+    let mut big_command = greeting.clone();
+    big_command.extend(frame(0b100, &[7; 300]));
+    let mut many = greeting.clone();
+    for _ in 0..10 {
+        many.extend(frame(0b001, b"x"));
+    }
+    many.extend(frame(0, b"end"));
+    let mut over_cap = greeting;
+    over_cap.extend(frame(0b001, b"kv-events"));
+    over_cap.extend(frame(0, &[1; 400]));
+    vec![
+        ("three-batches.bin", healthy.clone()),
+        ("truncated.bin", truncated(&healthy)),
+        ("announces-2-62-bytes.bin", huge),
+        ("command-over-cap.bin", big_command),
+        ("eleven-frames.bin", many),
+        ("frame-over-cap.bin", over_cap),
     ]
 }
 
