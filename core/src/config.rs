@@ -35,6 +35,10 @@ pub struct FilterConfig {
     /// Bodies larger than this (bytes) are routed load-only without tokenizing, so one huge
     /// prompt cannot hold an Envoy worker thread (tokenizing runs at ~0.5 M tokens/s).
     pub max_prompt_bytes: usize,
+    /// Request bodies larger than this get 413 from the filter, whatever the protocol (the
+    /// listener's buffer limit answers 413 for HTTP/1.1, but HTTP/2 streams are bounded by
+    /// their flow-control window instead). Match `per_connection_buffer_limit_bytes`.
+    pub max_body_bytes: usize,
     /// Adds `x-kvroute-decision` (worker, predicted cached tokens, reason) to responses.
     pub expose_decision_header: bool,
     /// How far knowledge from KV events (via the updater) is trusted.
@@ -174,6 +178,7 @@ impl Default for FilterConfig {
             tie_band: TieBand::default(),
             max_prompt_tokens: 262_144,
             max_prompt_bytes: 512 * 1024,
+            max_body_bytes: 8 << 20,
             expose_decision_header: false,
             knowledge: KnowledgeConfig::default(),
             journal: Default::default(),
@@ -273,6 +278,9 @@ impl FilterConfig {
         if self.max_prompt_tokens == 0 || self.max_prompt_bytes == 0 {
             return bad("max_prompt_tokens and max_prompt_bytes must be > 0".into());
         }
+        if self.max_body_bytes < self.max_prompt_bytes {
+            return bad("max_body_bytes must be >= max_prompt_bytes".into());
+        }
         if self.tick_ms == 0 || self.tick_ms > 10_000 {
             return bad("tick_ms must be 1..=10000".into());
         }
@@ -363,6 +371,23 @@ mod tests {
                 "lowercase",
             ),
             (json!({"models":[{"name":"m","workers":["127.0.0.1:1"],"tokenizer":{}}]}), "both"),
+            (
+                json!({"models":[{"name":"m","workers":["127.0.0.1:1"]}],"max_body_bytes":1}),
+                "max_body_bytes",
+            ),
+            (json!({"models":[{"name":"m","workers":["127.0.0.1:1"]}],"tick_ms":0}), "tick_ms"),
+            (
+                json!({"models":[{"name":"m","workers":["127.0.0.1:1"]}],"load":{"shard_timeout_ms":100}}),
+                "3 ticks",
+            ),
+            (
+                json!({"models":[{"name":"m","workers":["127.0.0.1:1"]}],"journal":{"max_hashes_per_entry":0}}),
+                "max_hashes_per_entry",
+            ),
+            (
+                json!({"models":[{"name":"m","workers":["127.0.0.1:1"]}],"fault_injection":{"trap_path":"/v1/x"}}),
+                "/kvroute/",
+            ),
         ];
         for (v, needle) in cases {
             let e = parse(v.clone()).unwrap_err().to_string();

@@ -27,6 +27,21 @@ impl ApiError {
         }
     }
 
+    /// A body over the configured limit (the same shape as Envoy's own 413, mapped in the
+    /// shipped bootstrap).
+    pub fn too_large(limit_bytes: usize) -> Self {
+        ApiError {
+            status: 413,
+            kind: "invalid_request_error",
+            code: "request_too_large",
+            param: None,
+            message: format!(
+                "request body is larger than the {} MiB limit",
+                limit_bytes.div_ceil(1 << 20)
+            ),
+        }
+    }
+
     /// The JSON body: `{"error": {"message", "type", "param", "code"}}`.
     pub fn body(&self) -> Vec<u8> {
         json!({"error": {

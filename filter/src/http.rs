@@ -234,6 +234,11 @@ impl HttpContext for KvHttp {
         let Some(endpoint) = self.endpoint else {
             return Action::Continue;
         };
+        let limit = self.state.config.max_body_bytes;
+        if body_size > limit {
+            self.endpoint = None;
+            return self.reject(&ApiError::too_large(limit));
+        }
         if !end_of_stream {
             return Action::Pause;
         }
