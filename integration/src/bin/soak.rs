@@ -600,7 +600,30 @@ fn summary(
             fmt(e)
         );
     }
-    let _ = writeln!(md, "\nFlat means less than 5 % growth from minute 10 to the end (the halfway point for runs shorter than 15 minutes). The updater's RSS restarts with the process at each updater restart.\n");
+    let _ = writeln!(md, "\nFlat means less than 5 % growth from minute 10 to the end (the halfway point for runs shorter than 15 minutes). The updater's RSS restarts with the process at each updater restart, so its row compares different processes; the lines below do not.\n");
+    let growth = |pick: Pick, from: f64| -> String {
+        match (at(samples, from).map(pick), end.map(pick)) {
+            (Some(a), Some(b)) if a.is_finite() && b.is_finite() && a > 0.0 => {
+                format!("{a:.1} → {b:.1} MiB ({:+.1} MiB, {:+.1} %)", b - a, (b - a) / a * 100.0)
+            }
+            _ => "n/a".into(),
+        }
+    };
+    let end_t = end.map_or(0.0, |s| s.t);
+    let tail = (end_t / 3.0).min(600.0);
+    for (name, pick) in procs {
+        let _ =
+            writeln!(md, "- {name}, last {:.0} min: {}", tail / 60.0, growth(pick, end_t - tail));
+    }
+    if let Some(last) = events.iter().rev().find(|e| e.fault == Fault::UpdaterRestart) {
+        let _ = writeln!(
+            md,
+            "- kvroute-updater, the last process (restarted at {:.0} s), one minute after its start → end: {}",
+            last.at,
+            growth(procs[1].1, last.at + 60.0)
+        );
+    }
+    let _ = writeln!(md);
     let _ = writeln!(md, "## Normal requests\n");
     let refs: Vec<&Done> = all.iter().collect();
     let _ = writeln!(md, "- overall: {}", rate(&refs));
