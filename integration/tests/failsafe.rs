@@ -98,7 +98,8 @@ async fn a_dead_vm_leaves_traffic_flowing_and_its_load_heals() {
     .unwrap();
 
     // Traffic flows: every request on fresh connections succeeds, over both protocols, and
-    // more VMs killed on purpose change nothing.
+    // more VMs killed on purpose change nothing. The native filters still hold with VMs gone:
+    // an oversized body gets 413, whatever thread it lands on.
     for i in 0..3 {
         trap(&h2(), &stack).await;
         trap(&reqwest::Client::new(), &stack).await;
@@ -107,6 +108,13 @@ async fn a_dead_vm_leaves_traffic_flowing_and_its_load_heals() {
             let r = normal(&http, &stack, 100 + 10 * i + j).await;
             assert_eq!(r.status, 200, "after {} traps: {}", 2 * (i + 1), r.body);
         }
+    }
+    for http in [h2(), reqwest::Client::new()] {
+        let huge = vec![b' '; 10 << 20];
+        let r = client::send(&http, &stack.base_url(), "/v1/chat/completions", huge, &[])
+            .await
+            .unwrap();
+        assert_eq!(r.status, 413, "{}", r.body);
     }
 }
 

@@ -58,6 +58,11 @@ struct Args {
     seed: u64,
     #[arg(long, default_value = "results/soak")]
     out: PathBuf,
+    /// KV-cache capacity of each simulated worker, in blocks (default: its profile's). A small
+    /// cache fills within minutes, so a run reaches the steady state where the workers evict
+    /// as much as they store and every index in the stack is at its working size.
+    #[arg(long)]
+    num_gpu_blocks: Option<usize>,
 }
 
 /// The faults, in rotation.
@@ -240,8 +245,13 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
 
     eprintln!("soak: starting Envoy, the updater and {} workers", args.workers);
+    let sim_args = match args.num_gpu_blocks {
+        Some(n) => vec!["--num-gpu-blocks".to_string(), n.to_string()],
+        None => Vec::new(),
+    };
     let mut stack = Stack::start(StackOptions {
         workers: args.workers,
+        sim_args,
         updater: true,
         filter: json!({"fault_injection": {"trap_path": TRAP_PATH}}),
         // Four worker threads: each VM abort takes one thread's VM; the rest keep routing.
