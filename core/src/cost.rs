@@ -282,7 +282,12 @@ mod tests {
         #[test]
         fn more_load_never_costs_less(c in arb_candidate(), t in 0u64..5000, d in 0u32..10) {
             let p = Profile::default();
-            let busier = Candidate { load: c.load.apply(crate::load::LoadDelta::Start { prefill_tokens: t }), ..c.clone() };
+            let started = WorkerLoad {
+                inflight_requests: c.load.inflight_requests + 1,
+                prefilling_requests: c.load.prefilling_requests + 1,
+                prefill_tokens: c.load.prefill_tokens + t,
+            };
+            let busier = Candidate { load: started, ..c.clone() };
             let decoding = Candidate { load: WorkerLoad { inflight_requests: c.load.inflight_requests + d, ..c.load }, ..c.clone() };
             let base = score(&p, &c, 4096, BS).ttft_ms;
             prop_assert!(score(&p, &busier, 4096, BS).ttft_ms >= base);

@@ -11,7 +11,6 @@ use std::sync::OnceLock;
 use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::delta::Delta;
 use kvroute_core::journal::JournalEntry;
-use kvroute_core::load::WorkerLoad;
 use kvroute_core::model::ModelBundle;
 use kvroute_core::request::{parse, Endpoint};
 use kvroute_core::shared::knowledge::Head;
@@ -53,14 +52,11 @@ pub fn request_parse(data: &[u8]) {
     }
 }
 
-/// Shared-data journal entries and load counters: the decoders never panic, and an accepted
-/// entry round-trips.
+/// Shared-data journal entries: the decoder never panics, and an accepted entry round-trips.
 pub fn journal_decode(data: &[u8]) {
     if let Ok(e) = JournalEntry::decode(data) {
         assert_eq!(JournalEntry::decode(&e.encode()), Ok(e));
     }
-    let load = WorkerLoad::decode(data);
-    assert_eq!(WorkerLoad::decode(&load.encode()), load);
 }
 
 /// Response bodies come from workers: the usage scanner takes any chunking of any bytes (the

@@ -14,7 +14,6 @@ use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::delta::{Delta, SetChange, WorkerDelta};
 use kvroute_core::index::Source;
 use kvroute_core::journal::JournalEntry;
-use kvroute_core::load::WorkerLoad;
 use kvroute_core::request::{parse, Endpoint};
 use kvroute_core::router::Router;
 use kvroute_core::shared::knowledge::{Head, RingEntry, RING};
@@ -264,7 +263,6 @@ fn journal_decode() -> Seeds {
         false,
     );
     let kv = entry(0, Source::KvEvent, "[::1]:8000", vec![], false);
-    let load = WorkerLoad { inflight_requests: 3, prefilling_requests: 1, prefill_tokens: 4096 };
     let mut bad_source = routed.clone();
     bad_source[17] = 9;
     let mut not_utf8 = routed.clone();
@@ -278,7 +276,6 @@ fn journal_decode() -> Seeds {
         ("routed-retracted.bin", retract),
         ("feedback-48-hashes.bin", feedback),
         ("kv-event-empty.bin", kv),
-        ("worker-load.bin", load.encode().to_vec()),
         ("truncated.bin", truncated(&routed)),
         ("bad-source.bin", bad_source),
         ("worker-not-utf8.bin", not_utf8),
