@@ -9,6 +9,7 @@
 //! - [`request`]: OpenAI request parsing (`/v1/chat/completions`, `/v1/completions`).
 //! - [`template`]: chat-template rendering (minijinja, Hugging Face conventions).
 //! - [`model`]: tokenizer + template bundle, fingerprint, the built-in demo bundle.
+//! - [`bundle`]: the checksummed, part-cut transfer format of a model bundle (updater → Envoy).
 //! - [`hash`]: the one block-hashing path, seeded by a [`hash::CacheDomain`].
 //! - [`index`]: per-worker knowledge with source, age, TTL and LRU bounds.
 //! - [`cost`]: the millisecond cost model and ordered selection.
@@ -20,6 +21,7 @@
 //!   snapshot head and delta ring), behind a small store trait with an in-memory fake.
 
 pub mod audit;
+pub mod bundle;
 pub mod config;
 pub mod cost;
 pub mod delta;
