@@ -81,6 +81,16 @@ impl ModelBundle {
         })
     }
 
+    /// Loads a Hugging Face style model directory (`tokenizer.json`, `tokenizer_config.json`).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn from_dir(dir: &std::path::Path) -> Result<Self, ModelError> {
+        let read = |name: &str| {
+            std::fs::read_to_string(dir.join(name))
+                .map_err(|e| ModelError::Config(format!("{}: {e}", dir.join(name).display())))
+        };
+        Self::from_hf(&read("tokenizer.json")?, &read("tokenizer_config.json")?)
+    }
+
     /// The project's own demo bundle.
     pub fn demo() -> Result<Self, ModelError> {
         Self::from_hf(DEMO_TOKENIZER_JSON, DEMO_TOKENIZER_CONFIG)
@@ -131,6 +141,28 @@ impl ModelBundle {
     }
 }
 
+/// Where `./dev setup` puts the Qwen3 bundle (`.cache/models/qwen3/` in the repository), or
+/// `KVROUTE_QWEN3_DIR` when set. Used by tests, the harness and the benchmarks.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn qwen3_dir() -> std::path::PathBuf {
+    match std::env::var_os("KVROUTE_QWEN3_DIR") {
+        Some(d) => d.into(),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/models/qwen3"),
+    }
+}
+
+/// The Qwen3 bundle from [`qwen3_dir`], with an error that says how to get it.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn qwen3() -> Result<ModelBundle, ModelError> {
+    let dir = qwen3_dir();
+    ModelBundle::from_dir(&dir).map_err(|e| {
+        ModelError::Config(format!(
+            "Qwen3 bundle missing at {} (run ./dev setup): {e}",
+            dir.display()
+        ))
+    })
+}
+
 /// A special token from tokenizer_config.json: either a string or `{"content": "..."}`.
 fn special(cfg: &Value, key: &str) -> String {
     match cfg.get(key) {
@@ -178,5 +210,15 @@ mod tests {
             ModelBundle::from_hf(DEMO_TOKENIZER_JSON, "{}"),
             Err(ModelError::Config(_))
         ));
+    }
+
+    #[test]
+    fn qwen3_bundle_loads_and_renders_chatml() {
+        let b = qwen3().unwrap();
+        let msgs = vec![json!({"role":"user","content":"hello"})];
+        let text = b.render_chat(&msgs).unwrap();
+        assert_eq!(text, "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n");
+        let ids = b.prompt_tokens(&Prompt::Messages(msgs)).unwrap();
+        assert_eq!(ids[0], b.encode("<|im_start|>", false).unwrap()[0]);
     }
 }
