@@ -73,7 +73,7 @@ impl BundleFiles {
         if format != BUNDLE_FORMAT {
             return Err(BundleError::Format(format));
         }
-        let mut file = |r: &mut Reader<'_>| -> Result<Vec<u8>, BundleError> {
+        let file = |r: &mut Reader<'_>| -> Result<Vec<u8>, BundleError> {
             let n = r.u32().ok_or_else(t)? as usize;
             Ok(r.take(n).ok_or_else(t)?.to_vec())
         };
