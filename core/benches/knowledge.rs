@@ -82,9 +82,11 @@ fn main() {
                     gpu,
                     offloaded: vec![],
                     load: None,
+                    ..Default::default()
                 }
             })
             .collect(),
+        ..Default::default()
     };
     let snap = make();
     let encoded = snap.encode();

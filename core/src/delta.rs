@@ -4,22 +4,34 @@
 //! format byte; the decoder never panics (fuzz target `delta_decode`).
 //!
 //! Per worker a delta carries the worker's current head (event age, config verdict, reported
-//! load), an optional reset (drop every block first), then removed and added hashes per tier
-//! class. Hash lists in snapshots are kept sorted, which makes diffs a linear merge.
+//! load), an optional reset (drop every block first), its base model and adapter list when
+//! they changed, then removed and added hashes per tier class. The snapshot's model list
+//! travels when it changed. Hash lists in snapshots are kept sorted, which makes diffs a
+//! linear merge.
+//!
+//! Layout (format 2): `KVRD`, format byte, `from_version`, `to_version`, `generated_at_ms`
+//! (u64 each), a models flag u8 (1: the model list follows, as in a snapshot), workers (u32
+//! count; each: the snapshot's worker head, a flags u8 (1 reset, 2 model follows, 4 adapters
+//! follow; other bits are an error), the model, the adapters, then GPU removed, GPU added,
+//! offloaded removed, offloaded added (u32 count; each u64)).
 
 use std::collections::{BTreeMap, HashSet};
 
 use thiserror::Error;
 
 use crate::snapshot::{
-    hashes, put_hashes, put_head, read_head, DecodeLimits, ReportedLoad, Snapshot, SnapshotError,
+    hashes, put_hashes, put_head, put_models, put_names, put_str, read_head, read_models,
+    read_names, read_str, DecodeLimits, ModelInfo, ReportedLoad, Snapshot, SnapshotError,
     WorkerHead, WorkerKnowledge,
 };
 use crate::wire::Reader;
 
 /// Format version of the delta encoding.
-pub const DELTA_FORMAT: u8 = 1;
+pub const DELTA_FORMAT: u8 = 2;
 const MAGIC: &[u8; 4] = b"KVRD";
+const RESET: u8 = 1;
+const HAS_MODEL: u8 = 2;
+const HAS_ADAPTERS: u8 = 4;
 
 /// Added and removed hashes of one tier class.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -84,6 +96,10 @@ pub struct WorkerDelta {
     pub load: Option<ReportedLoad>,
     /// Drop every known block of this worker before applying the changes.
     pub reset: bool,
+    /// Its base model, when it changed (always for a worker new to the receiver).
+    pub model: Option<String>,
+    /// Its loaded LoRA adapters, when they changed (always for a new worker).
+    pub adapters: Option<Vec<String>>,
     pub gpu: SetChange,
     pub offloaded: SetChange,
 }
@@ -94,6 +110,8 @@ pub struct Delta {
     pub from_version: u64,
     pub to_version: u64,
     pub generated_at_ms: u64,
+    /// The snapshot's new model list, when it changed.
+    pub models: Option<Vec<ModelInfo>>,
     /// Workers with any change; the others are unchanged.
     pub workers: Vec<WorkerDelta>,
 }
@@ -121,12 +139,20 @@ impl WorkerDelta {
         let empty = Vec::new();
         let gpu = SetChange::between(old.map_or(&empty, |p| &p.gpu), &new.gpu);
         let offloaded = SetChange::between(old.map_or(&empty, |p| &p.offloaded), &new.offloaded);
+        let model = (old.map(|p| &p.model) != Some(&new.model)).then(|| new.model.clone());
+        let adapters =
+            (old.map(|p| &p.adapters) != Some(&new.adapters)).then(|| new.adapters.clone());
         let head_same = old.is_some_and(|p| {
             p.observed_at_ms == new.observed_at_ms
                 && p.compatible == new.compatible
                 && p.load == new.load
         });
-        if head_same && gpu.is_empty() && offloaded.is_empty() {
+        if head_same
+            && model.is_none()
+            && adapters.is_none()
+            && gpu.is_empty()
+            && offloaded.is_empty()
+        {
             return None;
         }
         // After a clear, sending the new contents is shorter than listing every removal; a
@@ -148,6 +174,8 @@ impl WorkerDelta {
             compatible: new.compatible,
             load: new.load,
             reset,
+            model,
+            adapters,
             gpu,
             offloaded,
         })
@@ -168,6 +196,7 @@ impl Delta {
             from_version: old.version,
             to_version: new.version,
             generated_at_ms: new.generated_at_ms,
+            models: (old.models != new.models).then(|| new.models.clone()),
             workers,
         }
     }
@@ -177,25 +206,44 @@ impl Delta {
     pub fn compose(deltas: &[Delta]) -> Option<Delta> {
         let first = deltas.first()?;
         let mut version = first.from_version;
-        // Per worker: head of the latest delta, reset seen, final presence per hash.
-        type Acc<'a> = (&'a WorkerDelta, bool, BTreeMap<u64, bool>, BTreeMap<u64, bool>);
+        // Per worker: head of the latest delta, reset seen, final presence per hash, and the
+        // latest model and adapters sent.
+        struct Acc<'a> {
+            head: &'a WorkerDelta,
+            reset: bool,
+            gpu: BTreeMap<u64, bool>,
+            off: BTreeMap<u64, bool>,
+            model: Option<&'a String>,
+            adapters: Option<&'a Vec<String>>,
+        }
         let mut acc: BTreeMap<&str, Acc<'_>> = BTreeMap::new();
+        let mut models = None;
         for d in deltas {
             if d.from_version != version {
                 return None;
             }
             version = d.to_version;
+            if d.models.is_some() {
+                models = d.models.clone();
+            }
             for w in &d.workers {
-                let e = acc
-                    .entry(w.worker.as_str())
-                    .or_insert_with(|| (w, false, BTreeMap::new(), BTreeMap::new()));
-                e.0 = w;
+                let e = acc.entry(w.worker.as_str()).or_insert_with(|| Acc {
+                    head: w,
+                    reset: false,
+                    gpu: BTreeMap::new(),
+                    off: BTreeMap::new(),
+                    model: None,
+                    adapters: None,
+                });
+                e.head = w;
+                e.model = w.model.as_ref().or(e.model);
+                e.adapters = w.adapters.as_ref().or(e.adapters);
                 if w.reset {
-                    e.1 = true;
-                    e.2.clear();
-                    e.3.clear();
+                    e.reset = true;
+                    e.gpu.clear();
+                    e.off.clear();
                 }
-                for (change, map) in [(&w.gpu, &mut e.2), (&w.offloaded, &mut e.3)] {
+                for (change, map) in [(&w.gpu, &mut e.gpu), (&w.offloaded, &mut e.off)] {
                     for h in &change.remove {
                         map.insert(*h, false);
                     }
@@ -215,14 +263,16 @@ impl Delta {
         };
         let workers = acc
             .into_values()
-            .map(|(w, reset, gpu, off)| WorkerDelta {
-                worker: w.worker.clone(),
-                observed_at_ms: w.observed_at_ms,
-                compatible: w.compatible,
-                load: w.load,
-                reset,
-                gpu: collect(&gpu, reset),
-                offloaded: collect(&off, reset),
+            .map(|a| WorkerDelta {
+                worker: a.head.worker.clone(),
+                observed_at_ms: a.head.observed_at_ms,
+                compatible: a.head.compatible,
+                load: a.head.load,
+                reset: a.reset,
+                model: a.model.cloned(),
+                adapters: a.adapters.cloned(),
+                gpu: collect(&a.gpu, a.reset),
+                offloaded: collect(&a.off, a.reset),
             })
             .collect();
         let generated_at_ms = deltas.last().map_or(0, |d| d.generated_at_ms);
@@ -230,6 +280,7 @@ impl Delta {
             from_version: first.from_version,
             to_version: version,
             generated_at_ms,
+            models,
             workers,
         })
     }
@@ -239,7 +290,9 @@ impl Delta {
             .workers
             .iter()
             .map(|w| {
-                48 + w.worker.len()
+                52 + w.worker.len()
+                    + w.model.as_ref().map_or(0, String::len)
+                    + w.adapters.iter().flatten().map(|a| 2 + a.len()).sum::<usize>()
                     + 8 * (w.gpu.add.len()
                         + w.gpu.remove.len()
                         + w.offloaded.add.len()
@@ -252,10 +305,26 @@ impl Delta {
         out.extend_from_slice(&self.from_version.to_le_bytes());
         out.extend_from_slice(&self.to_version.to_le_bytes());
         out.extend_from_slice(&self.generated_at_ms.to_le_bytes());
+        match &self.models {
+            None => out.push(0),
+            Some(m) => {
+                out.push(1);
+                put_models(&mut out, m);
+            }
+        }
         out.extend_from_slice(&(self.workers.len() as u32).to_le_bytes());
         for w in &self.workers {
             put_head(&mut out, &w.worker, w.observed_at_ms, w.compatible, w.load.as_ref());
-            out.push(u8::from(w.reset));
+            let flags = if w.reset { RESET } else { 0 }
+                | if w.model.is_some() { HAS_MODEL } else { 0 }
+                | if w.adapters.is_some() { HAS_ADAPTERS } else { 0 };
+            out.push(flags);
+            if let Some(m) = &w.model {
+                put_str(&mut out, m);
+            }
+            if let Some(a) = &w.adapters {
+                put_names(&mut out, a);
+            }
             for list in [&w.gpu.remove, &w.gpu.add, &w.offloaded.remove, &w.offloaded.add] {
                 put_hashes(&mut out, list);
             }
@@ -281,6 +350,11 @@ impl Delta {
         let from_version = r.u64().ok_or_else(t)?;
         let to_version = r.u64().ok_or_else(t)?;
         let generated_at_ms = r.u64().ok_or_else(t)?;
+        let models = match r.u8().ok_or_else(t)? {
+            0 => None,
+            1 => Some(read_models(&mut r, limits)?),
+            f => return Err(SnapshotError::Flags(f).into()),
+        };
         let n = r.u32().ok_or_else(t)? as usize;
         if n > limits.max_workers {
             return Err(SnapshotError::TooLarge(n).into());
@@ -288,7 +362,17 @@ impl Delta {
         let mut workers = Vec::with_capacity(n.min(64));
         for _ in 0..n {
             let WorkerHead { worker, observed_at_ms, compatible, load } = read_head(&mut r)?;
-            let reset = r.u8().ok_or_else(t)? != 0;
+            let flags = r.u8().ok_or_else(t)?;
+            if flags & !(RESET | HAS_MODEL | HAS_ADAPTERS) != 0 {
+                return Err(SnapshotError::Flags(flags).into());
+            }
+            let reset = flags & RESET != 0;
+            let model = if flags & HAS_MODEL != 0 { Some(read_str(&mut r)?) } else { None };
+            let adapters = if flags & HAS_ADAPTERS != 0 {
+                Some(read_names(&mut r, limits.max_adapters_per_worker)?)
+            } else {
+                None
+            };
             let gpu_remove = hashes(&mut r, limits)?;
             let gpu_add = hashes(&mut r, limits)?;
             let off_remove = hashes(&mut r, limits)?;
@@ -299,6 +383,8 @@ impl Delta {
                 compatible,
                 load,
                 reset,
+                model,
+                adapters,
                 gpu: SetChange { add: gpu_add, remove: gpu_remove },
                 offloaded: SetChange { add: off_add, remove: off_remove },
             });
@@ -306,7 +392,7 @@ impl Delta {
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing.into());
         }
-        Ok(Delta { from_version, to_version, generated_at_ms, workers })
+        Ok(Delta { from_version, to_version, generated_at_ms, models, workers })
     }
 }
 
@@ -326,11 +412,8 @@ impl Snapshot {
                 None => {
                     self.workers.push(WorkerKnowledge {
                         worker: w.worker.clone(),
-                        observed_at_ms: 0,
                         compatible: true,
-                        gpu: Vec::new(),
-                        offloaded: Vec::new(),
-                        load: None,
+                        ..WorkerKnowledge::default()
                     });
                     self.workers.len() - 1
                 }
@@ -339,12 +422,21 @@ impl Snapshot {
             k.observed_at_ms = w.observed_at_ms;
             k.compatible = w.compatible;
             k.load = w.load;
+            if let Some(m) = &w.model {
+                k.model.clone_from(m);
+            }
+            if let Some(a) = &w.adapters {
+                k.adapters.clone_from(a);
+            }
             if w.reset {
                 k.gpu.clear();
                 k.offloaded.clear();
             }
             w.gpu.apply(&mut k.gpu);
             w.offloaded.apply(&mut k.offloaded);
+        }
+        if let Some(m) = &d.models {
+            self.models.clone_from(m);
         }
         self.version = d.to_version;
         self.generated_at_ms = d.generated_at_ms;

@@ -468,11 +468,13 @@ mod tests {
             gpu: d.block_hashes.clone(),
             offloaded: vec![],
             load: None,
+            ..Default::default()
         };
         let snap = Snapshot {
             version: 2,
             generated_at_ms: 100,
             workers: vec![view("127.0.0.1:2", true), view("127.0.0.1:3", false)],
+            ..Default::default()
         };
         r.apply_snapshot(&snap);
         r.events_checked(100);
@@ -505,11 +507,13 @@ mod tests {
             gpu,
             offloaded,
             load: None,
+            ..Default::default()
         };
         let s1 = Snapshot {
             version: 1,
             generated_at_ms: 100,
             workers: vec![view("127.0.0.1:1", vec![], vec![]), view("127.0.0.1:2", vec![], vec![])],
+            ..Default::default()
         };
         // Worker 2 holds the whole prefix, but only in CPU memory.
         let s2 = Snapshot {
@@ -519,6 +523,7 @@ mod tests {
                 view("127.0.0.1:1", vec![], vec![]),
                 view("127.0.0.1:2", vec![], sorted.clone()),
             ],
+            ..Default::default()
         };
         // Then it is loaded back to the GPU, and worker 1 computes the first half.
         let half = {
@@ -530,6 +535,7 @@ mod tests {
             version: 3,
             generated_at_ms: 100,
             workers: vec![view("127.0.0.1:1", half, vec![]), view("127.0.0.1:2", sorted, vec![])],
+            ..Default::default()
         };
         let mut full = router();
         let mut delta = router();

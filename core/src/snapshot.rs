@@ -1,17 +1,28 @@
-//! Knowledge snapshots from the updater to Envoy: which canonical block hashes each worker
-//! holds (from its KV events), how old that knowledge is, and whether the worker's announced
+//! Knowledge snapshots from the updater to Envoy: which models the updater serves bundles for,
+//! which canonical block hashes each worker holds (from its KV events), how old that knowledge
+//! is, which model and LoRA adapters each worker serves, and whether the worker's announced
 //! config matches kvroute's. A compact little-endian binary format with a version byte; the
 //! decoder never panics (fuzz target `snapshot_decode`).
+//!
+//! Layout (format 3): `KVRS`, format byte, `version` u64, `generated_at_ms` u64, models (u16
+//! count; each: u16-length name, `fingerprint` u64, `block_size` u32), workers (u32 count; each:
+//! u16-length name, `observed_at_ms` u64, `compatible` u8, load flag u8 [`running` u32,
+//! `waiting` u32, `observed_at_ms` u64], u16-length model, adapters (u16 count; each u16-length
+//! name), GPU hashes and offloaded hashes (u32 count; each u64)). Strings are UTF-8.
 
 use thiserror::Error;
 
 use crate::wire::Reader;
 
 /// Format version of the encoding below.
-pub const SNAPSHOT_FORMAT: u8 = 2;
+pub const SNAPSHOT_FORMAT: u8 = 3;
 const MAGIC: &[u8; 4] = b"KVRS";
 /// Bounds that keep a hostile or corrupt payload from allocating without limit.
 pub const MAX_WORKERS: usize = 4096;
+/// Default bound on the models a snapshot lists.
+pub const MAX_MODELS: usize = 256;
+/// Default bound on one worker's adapter list.
+pub const MAX_ADAPTERS_PER_WORKER: usize = 1024;
 
 /// Bounds a decoder of snapshots and deltas enforces before allocating; configurable in the
 /// filter (`knowledge.decode_limits`) so an operator can size them to the pool.
@@ -21,17 +32,39 @@ pub struct DecodeLimits {
     pub max_workers: usize,
     /// Per worker and per list (GPU, offloaded, and each side of a delta).
     pub max_hashes_per_worker: usize,
+    /// Models listed at the top of a snapshot or delta.
+    pub max_models: usize,
+    /// LoRA adapters listed for one worker.
+    pub max_adapters_per_worker: usize,
 }
 
 impl Default for DecodeLimits {
     fn default() -> Self {
-        DecodeLimits { max_workers: MAX_WORKERS, max_hashes_per_worker: MAX_HASHES_PER_WORKER }
+        DecodeLimits {
+            max_workers: MAX_WORKERS,
+            max_hashes_per_worker: MAX_HASHES_PER_WORKER,
+            max_models: MAX_MODELS,
+            max_adapters_per_worker: MAX_ADAPTERS_PER_WORKER,
+        }
     }
 }
 pub const MAX_HASHES_PER_WORKER: usize = 1 << 22;
 
+/// A model the updater serves a tokenizer bundle for (`GET /v1/bundles/{fingerprint}/{part}`):
+/// what Envoy should have to hash that model's prompts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// The model id clients send (the workers' base model in `/v1/models`).
+    pub name: String,
+    /// `ModelBundle::fingerprint()` of its bundle: part of the cache domain.
+    pub fingerprint: u64,
+    /// The workers' KV block size in tokens; 0 while not known yet (no worker announced one
+    /// and none was configured).
+    pub block_size: u32,
+}
+
 /// One worker's knowledge.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkerKnowledge {
     /// `ip:port`, as in the filter's pool.
     pub worker: String,
@@ -45,6 +78,10 @@ pub struct WorkerKnowledge {
     pub offloaded: Vec<u64>,
     /// What the worker last reported about its load, if scraped.
     pub load: Option<ReportedLoad>,
+    /// Its base model (the `/v1/models` entry without `parent`); empty while not known.
+    pub model: String,
+    /// The LoRA adapters it has loaded (`/v1/models` entries whose `parent` is the base).
+    pub adapters: Vec<String>,
 }
 
 /// Worker-reported load (`vllm:num_requests_running` / `_waiting` or SGLang's), with its age.
@@ -57,11 +94,13 @@ pub struct ReportedLoad {
 }
 
 /// A full snapshot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// Increases with every change the updater publishes.
     pub version: u64,
     pub generated_at_ms: u64,
+    /// The models whose bundles the updater serves, sorted by name.
+    pub models: Vec<ModelInfo>,
     pub workers: Vec<WorkerKnowledge>,
 }
 
@@ -75,10 +114,12 @@ pub enum SnapshotError {
     Format(u8),
     #[error("snapshot count {0} exceeds its bound")]
     TooLarge(usize),
-    #[error("worker name is not UTF-8")]
+    #[error("a name is not UTF-8")]
     Utf8,
     #[error("trailing bytes after the snapshot")]
     Trailing,
+    #[error("unknown worker flags {0:#04x}")]
+    Flags(u8),
 }
 
 /// The per-worker fields that full snapshots and deltas share.
@@ -89,6 +130,22 @@ pub(crate) struct WorkerHead {
     pub load: Option<ReportedLoad>,
 }
 
+/// Writes a u16-length-prefixed string, cut at a character boundary to fit.
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
+    let mut end = s.len().min(u16::MAX as usize);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.extend_from_slice(&(end as u16).to_le_bytes());
+    out.extend_from_slice(&s.as_bytes()[..end]);
+}
+
+pub(crate) fn read_str(r: &mut Reader<'_>) -> Result<String, SnapshotError> {
+    let t = || SnapshotError::Truncated;
+    let len = r.u16().ok_or_else(t)? as usize;
+    String::from_utf8(r.take(len).ok_or_else(t)?.to_vec()).map_err(|_| SnapshotError::Utf8)
+}
+
 pub(crate) fn put_head(
     out: &mut Vec<u8>,
     worker: &str,
@@ -96,9 +153,7 @@ pub(crate) fn put_head(
     compatible: bool,
     load: Option<&ReportedLoad>,
 ) {
-    let name = &worker.as_bytes()[..worker.len().min(u16::MAX as usize)];
-    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    out.extend_from_slice(name);
+    put_str(out, worker);
     out.extend_from_slice(&observed_at_ms.to_le_bytes());
     out.push(u8::from(compatible));
     match load {
@@ -114,9 +169,7 @@ pub(crate) fn put_head(
 
 pub(crate) fn read_head(r: &mut Reader<'_>) -> Result<WorkerHead, SnapshotError> {
     let t = || SnapshotError::Truncated;
-    let len = r.u16().ok_or_else(t)? as usize;
-    let worker =
-        String::from_utf8(r.take(len).ok_or_else(t)?.to_vec()).map_err(|_| SnapshotError::Utf8)?;
+    let worker = read_str(r)?;
     let observed_at_ms = r.u64().ok_or_else(t)?;
     let compatible = r.u8().ok_or_else(t)? != 0;
     let load = match r.u8().ok_or_else(t)? {
@@ -128,6 +181,61 @@ pub(crate) fn read_head(r: &mut Reader<'_>) -> Result<WorkerHead, SnapshotError>
         }),
     };
     Ok(WorkerHead { worker, observed_at_ms, compatible, load })
+}
+
+/// Writes a u16-counted list of strings (at most `u16::MAX` of them).
+pub(crate) fn put_names(out: &mut Vec<u8>, names: &[String]) {
+    let names = &names[..names.len().min(u16::MAX as usize)];
+    out.extend_from_slice(&(names.len() as u16).to_le_bytes());
+    for n in names {
+        put_str(out, n);
+    }
+}
+
+/// Reads a list of strings, refusing counts past `max` or past the end of the payload.
+pub(crate) fn read_names(r: &mut Reader<'_>, max: usize) -> Result<Vec<String>, SnapshotError> {
+    let n = r.u16().ok_or(SnapshotError::Truncated)? as usize;
+    if n > max {
+        return Err(SnapshotError::TooLarge(n));
+    }
+    if r.remaining() < n * 2 {
+        return Err(SnapshotError::Truncated);
+    }
+    (0..n).map(|_| read_str(r)).collect()
+}
+
+pub(crate) fn put_models(out: &mut Vec<u8>, models: &[ModelInfo]) {
+    let models = &models[..models.len().min(u16::MAX as usize)];
+    out.extend_from_slice(&(models.len() as u16).to_le_bytes());
+    for m in models {
+        put_str(out, &m.name);
+        out.extend_from_slice(&m.fingerprint.to_le_bytes());
+        out.extend_from_slice(&m.block_size.to_le_bytes());
+    }
+}
+
+/// Reads the model list, refusing counts past the bound or past the end of the payload.
+pub(crate) fn read_models(
+    r: &mut Reader<'_>,
+    limits: &DecodeLimits,
+) -> Result<Vec<ModelInfo>, SnapshotError> {
+    let t = || SnapshotError::Truncated;
+    let n = r.u16().ok_or_else(t)? as usize;
+    if n > limits.max_models {
+        return Err(SnapshotError::TooLarge(n));
+    }
+    if r.remaining() < n * 14 {
+        return Err(SnapshotError::Truncated);
+    }
+    (0..n)
+        .map(|_| {
+            Ok(ModelInfo {
+                name: read_str(r)?,
+                fingerprint: r.u64().ok_or_else(t)?,
+                block_size: r.u32().ok_or_else(t)?,
+            })
+        })
+        .collect()
 }
 
 pub(crate) fn put_hashes(out: &mut Vec<u8>, hashes: &[u64]) {
@@ -142,16 +250,25 @@ impl Snapshot {
         let size: usize = self
             .workers
             .iter()
-            .map(|w| 32 + w.worker.len() + 8 * (w.gpu.len() + w.offloaded.len()))
-            .sum();
-        let mut out = Vec::with_capacity(24 + size);
+            .map(|w| {
+                36 + w.worker.len()
+                    + w.model.len()
+                    + w.adapters.iter().map(|a| 2 + a.len()).sum::<usize>()
+                    + 8 * (w.gpu.len() + w.offloaded.len())
+            })
+            .sum::<usize>()
+            + self.models.iter().map(|m| 14 + m.name.len()).sum::<usize>();
+        let mut out = Vec::with_capacity(26 + size);
         out.extend_from_slice(MAGIC);
         out.push(SNAPSHOT_FORMAT);
         out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&self.generated_at_ms.to_le_bytes());
+        put_models(&mut out, &self.models);
         out.extend_from_slice(&(self.workers.len() as u32).to_le_bytes());
         for w in &self.workers {
             put_head(&mut out, &w.worker, w.observed_at_ms, w.compatible, w.load.as_ref());
+            put_str(&mut out, &w.model);
+            put_names(&mut out, &w.adapters);
             put_hashes(&mut out, &w.gpu);
             put_hashes(&mut out, &w.offloaded);
         }
@@ -175,6 +292,7 @@ impl Snapshot {
         }
         let version = r.u64().ok_or_else(t)?;
         let generated_at_ms = r.u64().ok_or_else(t)?;
+        let models = read_models(&mut r, limits)?;
         let n = r.u32().ok_or_else(t)? as usize;
         if n > limits.max_workers {
             return Err(SnapshotError::TooLarge(n));
@@ -182,6 +300,8 @@ impl Snapshot {
         let mut workers = Vec::with_capacity(n.min(64));
         for _ in 0..n {
             let WorkerHead { worker, observed_at_ms, compatible, load } = read_head(&mut r)?;
+            let model = read_str(&mut r)?;
+            let adapters = read_names(&mut r, limits.max_adapters_per_worker)?;
             let gpu = hashes(&mut r, limits)?;
             let offloaded = hashes(&mut r, limits)?;
             workers.push(WorkerKnowledge {
@@ -191,12 +311,14 @@ impl Snapshot {
                 gpu,
                 offloaded,
                 load,
+                model,
+                adapters,
             });
         }
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing);
         }
-        Ok(Snapshot { version, generated_at_ms, workers })
+        Ok(Snapshot { version, generated_at_ms, models, workers })
     }
 }
 
@@ -221,6 +343,7 @@ mod tests {
         Snapshot {
             version: 3,
             generated_at_ms: 1000,
+            models: vec![ModelInfo { name: "m".into(), fingerprint: 9, block_size: 16 }],
             workers: vec![WorkerKnowledge {
                 worker: "127.0.0.1:8000".into(),
                 observed_at_ms: 999,
@@ -228,21 +351,33 @@ mod tests {
                 gpu: vec![1, 2],
                 offloaded: vec![],
                 load: None,
+                model: "m".into(),
+                adapters: vec!["sql".into()],
             }],
         }
     }
 
     #[test]
     fn golden_bytes() {
-        let mut want = b"KVRS\x02".to_vec();
+        let mut want = b"KVRS\x03".to_vec();
         want.extend_from_slice(&3u64.to_le_bytes());
         want.extend_from_slice(&1000u64.to_le_bytes());
-        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&1u16.to_le_bytes()); // one model
+        want.extend_from_slice(&1u16.to_le_bytes());
+        want.push(b'm');
+        want.extend_from_slice(&9u64.to_le_bytes());
+        want.extend_from_slice(&16u32.to_le_bytes());
+        want.extend_from_slice(&1u32.to_le_bytes()); // one worker
         want.extend_from_slice(&14u16.to_le_bytes());
         want.extend_from_slice(b"127.0.0.1:8000");
         want.extend_from_slice(&999u64.to_le_bytes());
         want.push(1);
         want.push(0);
+        want.extend_from_slice(&1u16.to_le_bytes()); // its model
+        want.push(b'm');
+        want.extend_from_slice(&1u16.to_le_bytes()); // one adapter
+        want.extend_from_slice(&3u16.to_le_bytes());
+        want.extend_from_slice(b"sql");
         want.extend_from_slice(&2u32.to_le_bytes());
         want.extend_from_slice(&1u64.to_le_bytes());
         want.extend_from_slice(&2u64.to_le_bytes());
@@ -260,23 +395,53 @@ mod tests {
         let mut bad = bytes.clone();
         bad[4] = 9;
         assert_eq!(Snapshot::decode(&bad), Err(SnapshotError::Format(9)));
+        // No models, then u32::MAX workers.
         let mut huge = bytes[..21].to_vec();
+        huge.extend_from_slice(&0u16.to_le_bytes());
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(Snapshot::decode(&huge), Err(SnapshotError::TooLarge(_))));
+    }
+
+    #[test]
+    fn model_and_adapter_counts_are_bounded_before_allocating() {
+        let bytes = sample().encode();
+        let tight = DecodeLimits { max_models: 0, ..DecodeLimits::default() };
+        assert_eq!(Snapshot::decode_with(&bytes, &tight), Err(SnapshotError::TooLarge(1)));
+        let tight = DecodeLimits { max_adapters_per_worker: 0, ..DecodeLimits::default() };
+        assert_eq!(Snapshot::decode_with(&bytes, &tight), Err(SnapshotError::TooLarge(1)));
+        // A model count the payload cannot hold.
+        let mut short = bytes[..21].to_vec();
+        short.extend_from_slice(&200u16.to_le_bytes());
+        assert_eq!(Snapshot::decode(&short), Err(SnapshotError::Truncated));
+    }
+
+    #[test]
+    fn long_names_are_cut_at_a_character_boundary() {
+        let mut s = sample();
+        s.workers[0].model = "é".repeat(40_000);
+        let back = Snapshot::decode(&s.encode()).unwrap();
+        assert_eq!(back.workers[0].model.len(), 65_534);
+        assert!(s.workers[0].model.starts_with(&back.workers[0].model));
     }
 
     proptest! {
         #[test]
         fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = Snapshot::decode(&bytes);
+            let mut with_magic = b"KVRS\x03".to_vec();
+            with_magic.extend_from_slice(&bytes);
+            let _ = Snapshot::decode(&with_magic);
         }
 
         #[test]
         fn round_trips(v: u64, names in proptest::collection::vec("[0-9.:]{1,21}", 0..4),
-                       hashes in proptest::collection::vec(any::<u64>(), 0..40)) {
-            let s = Snapshot { version: v, generated_at_ms: v / 2, workers: names.into_iter().map(|w| WorkerKnowledge {
+                       hashes in proptest::collection::vec(any::<u64>(), 0..40),
+                       adapters in proptest::collection::vec("[a-z-]{0,12}", 0..3)) {
+            let models = vec![ModelInfo { name: "qwen".into(), fingerprint: v, block_size: v as u32 }];
+            let s = Snapshot { version: v, generated_at_ms: v / 2, models, workers: names.into_iter().map(|w| WorkerKnowledge {
                 worker: w, observed_at_ms: 5, compatible: false, gpu: hashes.clone(), offloaded: hashes.clone(),
-                load: Some(ReportedLoad { running: 3, waiting: v as u32, observed_at_ms: v }) }).collect() };
+                load: Some(ReportedLoad { running: 3, waiting: v as u32, observed_at_ms: v }),
+                model: "qwen".into(), adapters: adapters.clone() }).collect() };
             prop_assert_eq!(Snapshot::decode(&s.encode()), Ok(s));
         }
     }

@@ -18,7 +18,7 @@ use kvroute_core::request::{parse, Endpoint};
 use kvroute_core::router::Router;
 use kvroute_core::shared::knowledge::{Head, RingEntry, RING};
 use kvroute_core::shared::load::{decode_registry, encode_registry, Entry, ShardData, MAX_SHARDS};
-use kvroute_core::snapshot::{ReportedLoad, Snapshot, WorkerKnowledge};
+use kvroute_core::snapshot::{ModelInfo, ReportedLoad, Snapshot, WorkerKnowledge};
 use kvroute_core::usage::{Usage, UsageScanner};
 use kvroute_updater::decode::{decode_batch, EngineEvent};
 use rmpv::Value;
@@ -292,22 +292,41 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
         gpu,
         offloaded: off,
         load,
+        model: "Qwen/Qwen3-8B".into(),
+        adapters: vec![],
     };
     let load = ReportedLoad { running: 4, waiting: 2, observed_at_ms: 1_700_000_000_050 };
+    let qwen = ModelInfo {
+        name: "Qwen/Qwen3-8B".into(),
+        fingerprint: 0x0123_4567_89ab_cdef,
+        block_size: 16,
+    };
+    let demo = ModelInfo { name: "kvroute-demo".into(), fingerprint: 42, block_size: 0 };
     let a = Snapshot {
         version: 1_700_000_000_000_000,
         generated_at_ms: 1_700_000_000_100,
+        models: vec![qwen.clone()],
         workers: vec![
-            w("127.0.0.1:8000", vec![3, 10, 42, 1 << 63], vec![7], Some(load)),
+            WorkerKnowledge {
+                adapters: vec!["sql-lora".into()],
+                ..w("127.0.0.1:8000", vec![3, 10, 42, 1 << 63], vec![7], Some(load))
+            },
             WorkerKnowledge { compatible: false, ..w("127.0.0.1:8001", vec![5, 6], vec![], None) },
         ],
     };
     let b = Snapshot {
         version: a.version + 3,
         generated_at_ms: a.generated_at_ms + 300,
+        models: vec![qwen, demo],
         workers: vec![
-            w("127.0.0.1:8000", vec![3, 42, 99, 1 << 63], vec![7, 10], Some(load)),
-            w("127.0.0.1:8002", vec![11, 12, 13], vec![], None),
+            WorkerKnowledge {
+                adapters: vec!["sql-lora".into(), "chat-lora".into()],
+                ..w("127.0.0.1:8000", vec![3, 42, 99, 1 << 63], vec![7, 10], Some(load))
+            },
+            WorkerKnowledge {
+                model: "kvroute-demo".into(),
+                ..w("127.0.0.1:8002", vec![11, 12, 13], vec![], None)
+            },
         ],
     };
     (a, b)
@@ -315,20 +334,32 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
 
 fn snapshot_decode() -> Seeds {
     let (a, b) = two_snapshots();
-    let empty = Snapshot { version: 1, generated_at_ms: 0, workers: vec![] };
+    let empty = Snapshot { version: 1, generated_at_ms: 0, ..Snapshot::default() };
     for s in [&a, &b, &empty] {
         assert_eq!(Snapshot::decode(&s.encode()).as_ref(), Ok(s));
     }
     let bytes = a.encode();
     let mut old_format = bytes.clone();
-    old_format[4] = 1;
+    old_format[4] = 2;
+    // Header (21 bytes), then the model list: its first name starts at 21 + 2 + 2.
     let mut not_utf8 = bytes.clone();
-    not_utf8[27] = 0xc0;
-    // Worker count 1, then a name of 0 bytes and a GPU list of u32::MAX hashes.
-    let mut huge = bytes[..25].to_vec();
+    not_utf8[25] = 0xc0;
+    // No models, worker count 1, then a name of 0 bytes, no load, no model, no adapters and a
+    // GPU list of u32::MAX hashes.
+    let mut huge = bytes[..21].to_vec();
+    huge.extend_from_slice(&0u16.to_le_bytes());
     huge.extend_from_slice(&1u32.to_le_bytes());
-    huge.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+    huge.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]);
     huge.extend_from_slice(&u32::MAX.to_le_bytes());
+    // A model count of u16::MAX.
+    let mut many_models = bytes[..21].to_vec();
+    many_models.extend_from_slice(&u16::MAX.to_le_bytes());
+    // One worker announcing u16::MAX adapters.
+    let mut many_adapters = bytes[..21].to_vec();
+    many_adapters.extend_from_slice(&0u16.to_le_bytes());
+    many_adapters.extend_from_slice(&1u32.to_le_bytes());
+    many_adapters.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]);
+    many_adapters.extend_from_slice(&u16::MAX.to_le_bytes());
     vec![
         ("two-workers.bin", bytes.clone()),
         ("changed.bin", b.encode()),
@@ -337,6 +368,8 @@ fn snapshot_decode() -> Seeds {
         ("old-format.bin", old_format),
         ("worker-not-utf8.bin", not_utf8),
         ("hash-count-u32-max.bin", huge),
+        ("model-count-u16-max.bin", many_models),
+        ("adapter-count-u16-max.bin", many_adapters),
     ]
 }
 
@@ -348,24 +381,37 @@ fn delta_decode() -> Seeds {
         from_version: b.version,
         to_version: b.version + 1,
         generated_at_ms: b.generated_at_ms + 100,
+        models: None,
         workers: vec![WorkerDelta {
             worker: "127.0.0.1:8002".into(),
             observed_at_ms: b.generated_at_ms + 90,
             compatible: true,
             load: Some(ReportedLoad { running: 0, waiting: 0, observed_at_ms: 0 }),
             reset: true,
+            model: None,
+            adapters: Some(vec!["sql-lora".into()]),
             gpu: SetChange { add: vec![21, 22], remove: vec![] },
             offloaded: SetChange::default(),
         }],
     };
     let composed = Delta::compose(&[d.clone(), reset.clone()]).unwrap();
-    let noop = Delta { from_version: 5, to_version: 6, generated_at_ms: 0, workers: vec![] };
+    let noop =
+        Delta { from_version: 5, to_version: 6, generated_at_ms: 0, models: None, workers: vec![] };
     for x in [&d, &reset, &composed, &noop] {
         assert_eq!(Delta::decode(&x.encode()).as_ref(), Ok(x));
     }
+    assert!(d.models.is_some(), "the model list changed between the two snapshots");
     let bytes = d.encode();
+    // Header (29 bytes), models unchanged, then u32::MAX workers.
     let mut many_workers = bytes[..29].to_vec();
+    many_workers.push(0);
     many_workers.extend_from_slice(&u32::MAX.to_le_bytes());
+    // One worker whose flags byte has an unknown bit.
+    let mut bad_flags = bytes[..29].to_vec();
+    bad_flags.push(0);
+    bad_flags.extend_from_slice(&1u32.to_le_bytes());
+    bad_flags.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0x80]);
+    bad_flags.extend_from_slice(&[0; 16]);
     vec![
         ("between-two-snapshots.bin", bytes.clone()),
         ("reset-worker.bin", reset.encode()),
@@ -374,6 +420,7 @@ fn delta_decode() -> Seeds {
         ("truncated.bin", truncated(&bytes)),
         ("a-snapshot-not-a-delta.bin", a.encode()),
         ("worker-count-u32-max.bin", many_workers),
+        ("unknown-worker-flags.bin", bad_flags),
     ]
 }
 

@@ -61,7 +61,7 @@ impl Publisher {
             current: Snapshot {
                 version: start_ms.saturating_mul(1000),
                 generated_at_ms: start_ms,
-                workers: Vec::new(),
+                ..Snapshot::default()
             },
             ring: VecDeque::new(),
             ring_hashes: 0,
@@ -105,6 +105,7 @@ impl Publisher {
             from_version: from,
             to_version: self.current.version,
             generated_at_ms: now_ms,
+            models: None,
             workers,
         };
         let n = hashes_in(&delta);
@@ -155,6 +156,7 @@ mod tests {
             gpu: gpu.to_vec(),
             offloaded: vec![],
             load: None,
+            ..Default::default()
         }
     }
 

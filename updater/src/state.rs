@@ -179,5 +179,6 @@ fn wire(worker: &str, e: &Entry) -> Wire {
                 observed_at_ms: l.observed_at_ms,
             })
         }),
+        ..Default::default()
     }
 }

@@ -9,11 +9,14 @@ fn worker(name: &str, gpu: Vec<u64>, observed: u64) -> WorkerKnowledge {
         gpu,
         offloaded: Vec::new(),
         load: None,
+        model: "m".into(),
+        adapters: Vec::new(),
     }
 }
 
 fn snap(version: u64, workers: Vec<WorkerKnowledge>) -> Snapshot {
-    Snapshot { version, generated_at_ms: version * 10, workers }
+    let models = vec![ModelInfo { name: "m".into(), fingerprint: 1, block_size: 16 }];
+    Snapshot { version, generated_at_ms: version * 10, models, workers }
 }
 
 #[test]
@@ -22,25 +25,33 @@ fn golden_bytes() {
         from_version: 3,
         to_version: 4,
         generated_at_ms: 40,
+        models: None,
         workers: vec![WorkerDelta {
             worker: "w".into(),
             observed_at_ms: 39,
             compatible: true,
             load: None,
             reset: false,
+            model: None,
+            adapters: Some(vec!["sql".into()]),
             gpu: SetChange { add: vec![7], remove: vec![5] },
             offloaded: SetChange::default(),
         }],
     };
-    let mut want = b"KVRD\x01".to_vec();
+    let mut want = b"KVRD\x02".to_vec();
     for v in [3u64, 4, 40] {
         want.extend_from_slice(&v.to_le_bytes());
     }
+    want.push(0); // models unchanged
     want.extend_from_slice(&1u32.to_le_bytes());
     want.extend_from_slice(&1u16.to_le_bytes());
     want.push(b'w');
     want.extend_from_slice(&39u64.to_le_bytes());
-    want.extend_from_slice(&[1, 0, 0]); // compatible, no load, no reset
+    want.extend_from_slice(&[1, 0]); // compatible, no load
+    want.push(4); // flags: no reset, no model, adapters follow
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.extend_from_slice(&3u16.to_le_bytes());
+    want.extend_from_slice(b"sql");
     want.extend_from_slice(&1u32.to_le_bytes());
     want.extend_from_slice(&5u64.to_le_bytes()); // gpu removed
     want.extend_from_slice(&1u32.to_le_bytes());
@@ -51,6 +62,86 @@ fn golden_bytes() {
     assert_eq!(Delta::decode(&want), Ok(d));
     assert!(is_delta(&want));
     assert!(!is_delta(&snap(1, vec![]).encode()));
+}
+
+#[test]
+fn golden_bytes_with_models_and_a_new_worker() {
+    let d = Delta {
+        from_version: 1,
+        to_version: 2,
+        generated_at_ms: 5,
+        models: Some(vec![ModelInfo { name: "q".into(), fingerprint: 7, block_size: 32 }]),
+        workers: vec![WorkerDelta {
+            worker: "w".into(),
+            observed_at_ms: 0,
+            compatible: false,
+            load: None,
+            reset: true,
+            model: Some("q".into()),
+            adapters: Some(vec![]),
+            gpu: SetChange::default(),
+            offloaded: SetChange::default(),
+        }],
+    };
+    let mut want = b"KVRD\x02".to_vec();
+    for v in [1u64, 2, 5] {
+        want.extend_from_slice(&v.to_le_bytes());
+    }
+    want.push(1); // the model list follows
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'q');
+    want.extend_from_slice(&7u64.to_le_bytes());
+    want.extend_from_slice(&32u32.to_le_bytes());
+    want.extend_from_slice(&1u32.to_le_bytes());
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'w');
+    want.extend_from_slice(&0u64.to_le_bytes());
+    want.extend_from_slice(&[0, 0]); // incompatible, no load
+    want.push(1 | 2 | 4); // reset, model, adapters
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'q');
+    want.extend_from_slice(&0u16.to_le_bytes()); // no adapters
+    for _ in 0..4 {
+        want.extend_from_slice(&0u32.to_le_bytes());
+    }
+    assert_eq!(d.encode(), want);
+    assert_eq!(Delta::decode(&want), Ok(d));
+    // Unknown flag bits are refused.
+    let mut bad = want.clone();
+    let flags_at = want.len() - 16 - 2 - 1 - 2 - 1;
+    assert_eq!(bad[flags_at], 7);
+    bad[flags_at] = 0x17;
+    assert_eq!(Delta::decode(&bad), Err(DeltaError::Body(SnapshotError::Flags(0x17))));
+}
+
+#[test]
+fn model_and_adapter_changes_travel_alone_and_compose() {
+    let old = snap(1, vec![worker("a", vec![1], 5)]);
+    let mut mid = snap(2, vec![worker("a", vec![1], 5)]);
+    mid.workers[0].adapters = vec!["sql".into()];
+    let d1 = Delta::between(&old, &mid);
+    assert_eq!(d1.workers.len(), 1);
+    let w = &d1.workers[0];
+    assert_eq!((w.model.as_ref(), w.adapters.as_ref()), (None, Some(&vec!["sql".to_string()])));
+    assert!(!w.reset && w.gpu.is_empty());
+    assert_eq!(d1.models, None);
+    let mut new = mid.clone();
+    new.version = 3;
+    new.workers[0].model = "q".into();
+    new.models.push(ModelInfo { name: "q".into(), fingerprint: 2, block_size: 16 });
+    let d2 = Delta::between(&mid, &new);
+    assert_eq!(d2.workers[0].model.as_deref(), Some("q"));
+    assert_eq!(d2.workers[0].adapters, None);
+    assert_eq!(d2.models.as_ref(), Some(&new.models));
+    let d13 = Delta::compose(&[d1, d2]).unwrap();
+    assert_eq!(d13.workers[0].model.as_deref(), Some("q"));
+    assert_eq!(d13.workers[0].adapters.as_deref(), Some(&["sql".to_string()][..]));
+    let mut s = old.clone();
+    s.apply_delta(&Delta::decode(&d13.encode()).unwrap()).unwrap();
+    assert_eq!(s, new);
+    // Nothing changed: no worker entry.
+    assert!(Delta::between(&new, &new).workers.is_empty());
 }
 
 #[test]
@@ -143,10 +234,16 @@ fn evolve(seed: u64, steps: usize) -> Vec<Snapshot> {
                 let mut w = worker(&format!("w{i}"), s.iter().copied().collect(), v as u64);
                 w.offloaded = s.iter().filter(|h| *h % 3 == 0).copied().collect();
                 w.compatible = rng.random_range(0..5) != 0;
+                w.model = ["m", "q"][rng.random_range(0..2)].into();
+                w.adapters = (0..rng.random_range(0..3)).map(|a| format!("lora{a}")).collect();
                 w
             })
             .collect();
-        out.push(snap(v as u64 + 1, workers));
+        let mut s = snap(v as u64 + 1, workers);
+        if rng.random_range(0..3) == 0 {
+            s.models[0].block_size = rng.random_range(0..3) * 16;
+        }
+        out.push(s);
     }
     out
 }
@@ -155,7 +252,7 @@ proptest! {
     #[test]
     fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
         let _ = Delta::decode(&bytes);
-        let mut with_magic = b"KVRD\x01".to_vec();
+        let mut with_magic = b"KVRD\x02".to_vec();
         with_magic.extend_from_slice(&bytes);
         let _ = Delta::decode(&with_magic);
     }
@@ -174,9 +271,11 @@ proptest! {
         }
         let last = snaps.last().unwrap();
         prop_assert_eq!(&chained.workers, &last.workers);
+        prop_assert_eq!(&chained.models, &last.models);
         let mut composed = snaps[0].clone();
         composed.apply_delta(&Delta::compose(&deltas).unwrap()).unwrap();
         prop_assert_eq!(&composed.workers, &last.workers);
+        prop_assert_eq!(&composed.models, &last.models);
         prop_assert_eq!(composed.version, last.version);
     }
 }

@@ -327,8 +327,10 @@ async fn main() -> anyhow::Result<()> {
                 gpu: vec![],
                 offloaded: vec![],
                 load: None,
+                ..Default::default()
             })
             .collect(),
+        ..Default::default()
     };
     let feed: Shared = Arc::new(Mutex::new(Feed {
         version: empty.version,

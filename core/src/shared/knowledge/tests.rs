@@ -37,8 +37,9 @@ fn snap(version: u64) -> Snapshot {
         gpu,
         offloaded: Vec::new(),
         load: None,
+        ..Default::default()
     };
-    Snapshot { version, generated_at_ms: version, workers: vec![worker] }
+    Snapshot { version, generated_at_ms: version, workers: vec![worker], ..Default::default() }
 }
 
 fn publish_chain(store: &MemStore, p: &mut Publisher, from: u64, to: u64) {
@@ -131,7 +132,7 @@ fn corrupt_values_stop_the_chain_without_panicking() {
 #[test]
 fn decode_limits_bound_what_is_accepted() {
     let store = MemStore::new();
-    let tight = DecodeLimits { max_workers: 4, max_hashes_per_worker: 5 };
+    let tight = DecodeLimits { max_workers: 4, max_hashes_per_worker: 5, ..Default::default() };
     let mut p = Publisher::new(tight);
     assert!(p.take(&store, snap(1).encode()).is_ok(), "3 hashes");
     assert!(p.take(&store, snap(2).encode()).is_err(), "6 hashes");
