@@ -122,6 +122,10 @@ pub struct SnapshotSyncConfig {
     pub interval_ms: u64,
     #[serde(default = "default_timeout")]
     pub timeout_ms: u64,
+    /// Model bundles (tokenizer + chat template) fetched from the updater into shared data,
+    /// for models configured with `"bundle"`.
+    #[serde(default)]
+    pub bundles: crate::shared::bundles::BundleLimits,
 }
 
 fn default_authority() -> String {
@@ -165,6 +169,7 @@ impl SnapshotSyncConfig {
         if cfg.interval_ms == 0 || cfg.timeout_ms == 0 {
             return Err(ConfigError::Invalid("snapshot_sync intervals must be > 0".into()));
         }
+        cfg.bundles.validate().map_err(|e| ConfigError::Invalid(format!("snapshot_sync.{e}")))?;
         Ok(Some(cfg))
     }
 }
@@ -203,18 +208,82 @@ pub struct ModelConfig {
     /// LoRA adapter name, part of the cache domain.
     #[serde(default)]
     pub lora_name: Option<String>,
-    /// `tokenizer.json` content (object). Absent: the built-in demo bundle.
+    /// `tokenizer.json` content (object), inline. Absent (and no `bundle`): the built-in demo
+    /// bundle.
     #[serde(default)]
     pub tokenizer: Option<Value>,
     /// `tokenizer_config.json` content (object with `chat_template`, `bos_token`, ...).
     #[serde(default)]
     pub tokenizer_config: Option<Value>,
+    /// The bundle distributed by the updater through shared data: `"updater"` (whatever
+    /// fingerprint the updater names for this model) or a pinned 16-hex-digit fingerprint.
+    /// Exclusive with the inline `tokenizer` / `tokenizer_config`.
+    #[serde(default)]
+    pub bundle: Option<BundleRef>,
     #[serde(default)]
     pub profile: Profile,
 }
 
 fn default_block_size() -> u32 {
     16
+}
+
+/// A model's bundle from the updater, as written in the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum BundleRef {
+    /// `"updater"`: the fingerprint the updater names for this model, as it changes.
+    Updater,
+    /// `"<16 hex digits>"`: only the bundle with this fingerprint.
+    Pinned(u64),
+}
+
+impl TryFrom<String> for BundleRef {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if s == "updater" {
+            return Ok(BundleRef::Updater);
+        }
+        if s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if let Ok(fp) = u64::from_str_radix(&s, 16) {
+                return Ok(BundleRef::Pinned(fp));
+            }
+        }
+        Err(format!("bundle '{s}' is neither \"updater\" nor a 16-hex-digit fingerprint"))
+    }
+}
+
+impl From<BundleRef> for String {
+    fn from(b: BundleRef) -> String {
+        match b {
+            BundleRef::Updater => "updater".into(),
+            BundleRef::Pinned(fp) => format!("{fp:016x}"),
+        }
+    }
+}
+
+/// Where a model's tokenizer and chat template come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BundleSource<'a> {
+    /// `tokenizer` and `tokenizer_config` inline in the configuration.
+    Inline { tokenizer: &'a Value, tokenizer_config: &'a Value },
+    /// The built-in demo bundle (neither inline files nor `bundle`).
+    Demo,
+    /// Distributed by the updater through shared data.
+    Shared(BundleRef),
+}
+
+impl ModelConfig {
+    /// Where this model's bundle comes from (after `validate`, exactly one source applies).
+    pub fn bundle_source(&self) -> BundleSource<'_> {
+        match (&self.bundle, &self.tokenizer, &self.tokenizer_config) {
+            (Some(b), _, _) => BundleSource::Shared(*b),
+            (None, Some(tokenizer), Some(tokenizer_config)) => {
+                BundleSource::Inline { tokenizer, tokenizer_config }
+            }
+            _ => BundleSource::Demo,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -326,6 +395,11 @@ impl ModelConfig {
         if self.tokenizer.is_some() != self.tokenizer_config.is_some() {
             return Err("give both 'tokenizer' and 'tokenizer_config', or neither (demo)".into());
         }
+        if self.bundle.is_some() && self.tokenizer.is_some() {
+            return Err("give the bundle inline ('tokenizer' + 'tokenizer_config') or from \
+                        the updater ('bundle'), not both"
+                .into());
+        }
         self.profile.validate()
     }
 }
@@ -394,6 +468,58 @@ mod tests {
             assert!(e.contains(needle), "{v}: {e}");
         }
         assert!(matches!(parse(json!({"modelz":[]})), Err(ConfigError::Parse(_))));
+    }
+
+    #[test]
+    fn a_model_bundle_is_inline_the_demo_or_from_the_updater() {
+        let model = |extra: Value| {
+            let mut m = json!({"name": "m", "workers": ["127.0.0.1:1"]});
+            for (k, v) in extra.as_object().unwrap() {
+                m[k] = v.clone();
+            }
+            parse(json!({ "models": [m] })).map(|c| c.models[0].clone())
+        };
+        let demo = model(json!({})).unwrap();
+        assert_eq!(demo.bundle_source(), BundleSource::Demo);
+        let t = json!({"model": {}});
+        let inline = model(json!({"tokenizer": t, "tokenizer_config": {}})).unwrap();
+        assert!(matches!(inline.bundle_source(), BundleSource::Inline { .. }));
+        let updater = model(json!({"bundle": "updater"})).unwrap();
+        assert_eq!(updater.bundle_source(), BundleSource::Shared(BundleRef::Updater));
+        let pinned = model(json!({"bundle": "00c0FFee12345678"})).unwrap();
+        assert_eq!(
+            pinned.bundle_source(),
+            BundleSource::Shared(BundleRef::Pinned(0xc0ffee12345678))
+        );
+        assert_eq!(String::from(BundleRef::Pinned(0xc0ffee12345678)), "00c0ffee12345678");
+        for bad in
+            ["", "upd", "c0ffee", "00c0ffee123456789", "zzzzzzzzzzzzzzzz", "+0c0ffee12345678"]
+        {
+            let e = model(json!({ "bundle": bad })).unwrap_err().to_string();
+            assert!(e.contains("16-hex-digit"), "{bad}: {e}");
+        }
+        let both = model(json!({"bundle": "updater", "tokenizer": t, "tokenizer_config": {}}));
+        assert!(both.unwrap_err().to_string().contains("not both"));
+    }
+
+    #[test]
+    fn the_singleton_takes_bundle_bounds() {
+        let sync = |v: Value| SnapshotSyncConfig::from_json(v.to_string().as_bytes(), &|_| None);
+        let tok = "0123456789abcdef";
+        let c = sync(json!({"snapshot_sync": {"cluster": "u", "token": tok}})).unwrap().unwrap();
+        assert!(c.bundles.enabled);
+        assert_eq!(c.bundles.max_bundles, 4);
+        let c = sync(json!({"snapshot_sync": {"cluster": "u", "token": tok,
+            "bundles": {"max_bundles": 2, "grace_ms": 5}}}))
+        .unwrap()
+        .unwrap();
+        assert_eq!((c.bundles.max_bundles, c.bundles.grace_ms), (2, 5));
+        let bad = sync(json!({"snapshot_sync": {"cluster": "u", "token": tok,
+            "bundles": {"retry_min_ms": 10, "retry_max_ms": 5}}}));
+        assert!(bad.unwrap_err().to_string().contains("retry_min_ms"));
+        let unknown =
+            sync(json!({"snapshot_sync": {"cluster": "u", "token": tok, "bundles": {"x": 1}}}));
+        assert!(unknown.is_err());
     }
 
     #[test]

@@ -10,9 +10,12 @@
 //!   entries stop counting, and worker-reported load trims over-counts.
 //! - [`knowledge`]: the updater's snapshots as the singleton publishes them (head, delta ring,
 //!   full snapshot) and the chain follower each thread uses to catch up.
+//! - [`bundles`]: model bundles the singleton fetches from the updater part by part, and the
+//!   manifest from which every thread builds its tokenizers.
 //!
 //! Time is passed in as unix milliseconds; nothing here reads a clock.
 
+pub mod bundles;
 pub mod fake;
 pub mod journal;
 pub mod knowledge;
