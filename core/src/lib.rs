@@ -37,6 +37,7 @@ pub mod shared;
 pub mod snapshot;
 pub mod template;
 pub mod textgen;
+pub mod tokcache;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod train;
 pub mod usage;

@@ -139,6 +139,12 @@ impl ModelBundle {
             Prompt::Tokens(t) => Ok(t.clone()),
         }
     }
+
+    /// The tokenizer itself, for inspecting its configuration (the token cache reads which
+    /// added tokens cut a text at points where tokenization is stable).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
 }
 
 /// Where `./dev setup` puts the Qwen3 bundle (`.cache/models/qwen3/` in the repository), or
