@@ -208,6 +208,10 @@ pub struct ModelConfig {
     /// LoRA adapter name, part of the cache domain.
     #[serde(default)]
     pub lora_name: Option<String>,
+    /// LoRA adapters of this base model that clients may name as `model`: routed within this
+    /// pool, hashed in the adapter's cache domain. Workers also report the adapters they load.
+    #[serde(default)]
+    pub adapters: Vec<String>,
     /// `tokenizer.json` content (object), inline. Absent (and no `bundle`): the built-in demo
     /// bundle.
     #[serde(default)]
@@ -370,6 +374,11 @@ impl FilterConfig {
                 return bad(format!("model name '{}' is empty or repeated", m.name));
             }
             m.validate().map_err(|e| ConfigError::Invalid(format!("model '{}': {e}", m.name)))?;
+        }
+        for a in self.models.iter().flat_map(|m| &m.adapters) {
+            if a.is_empty() || !names.insert(a.as_str()) {
+                return bad(format!("adapter '{a}' is empty or repeats a model or adapter name"));
+            }
         }
         Ok(())
     }

@@ -1,9 +1,11 @@
 //! The cost model: estimated time to first token in milliseconds, and ordered selection.
 //!
-//! `ttft(w) = wait(w) + prefill(uncached(w)) + transfer(offloaded(w))`, where `wait(w)` is the prefill work already queued
-//! on `w` (router-tracked uncached tokens of requests not yet at first token) plus the slowdown
-//! from the requests `w` is decoding, and `transfer` moves prefix blocks that `w` holds only on a
-//! lower tier (CPU, storage) back to the GPU. The profile's numbers come from the plugin config.
+//! `ttft(w) = wait(w) + prefill(uncached(w)) + transfer(offloaded(w)) + adapter(w)`, where
+//! `wait(w)` is the prefill work already queued on `w` (router-tracked uncached tokens of
+//! requests not yet at first token) plus the slowdown from the requests `w` is decoding,
+//! `transfer` moves prefix blocks that `w` holds only on a lower tier (CPU, storage) back to
+//! the GPU, and `adapter` loads the request's LoRA adapter on a worker that has not loaded it.
+//! The profile's numbers come from the plugin config.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +25,9 @@ pub struct Profile {
     pub decode_interference_ms: f64,
     /// Cost of loading one cached token's KV from a lower tier (CPU, storage) to the GPU.
     pub transfer_ms_per_token: f64,
+    /// Cost of loading a LoRA adapter on a worker that has not loaded it (reading the weights
+    /// and moving them to the GPU), paid by a request for that adapter before its prefill.
+    pub adapter_load_ms: f64,
 }
 
 impl Default for Profile {
@@ -36,6 +41,8 @@ impl Default for Profile {
             // 128 KiB of KV per token (32 layers x 8 KV heads x 128 dims x K,V x bf16) over
             // PCIe 5 at ~50 GB/s.
             transfer_ms_per_token: 0.0026,
+            // A rank-16 adapter of an 8B model (tens of MB) read from local disk.
+            adapter_load_ms: 250.0,
         }
     }
 }
@@ -60,6 +67,7 @@ impl Profile {
             ("prefill_ms_per_token_sq", self.prefill_ms_per_token_sq),
             ("decode_interference_ms", self.decode_interference_ms),
             ("transfer_ms_per_token", self.transfer_ms_per_token),
+            ("adapter_load_ms", self.adapter_load_ms),
         ];
         for (name, v) in fields {
             if !v.is_finite() || v < 0.0 {
@@ -82,6 +90,8 @@ pub struct Candidate {
     /// How many of those sit only on a lower tier and must be transferred.
     pub offloaded_blocks: usize,
     pub load: WorkerLoad,
+    /// The request names a LoRA adapter this worker has not loaded.
+    pub adapter_missing: bool,
 }
 
 /// A candidate's estimate.
@@ -93,6 +103,8 @@ pub struct Score {
     pub wait_ms: f64,
     pub prefill_ms: f64,
     pub transfer_ms: f64,
+    /// Loading the request's adapter (0 where it is loaded, or for a base-model request).
+    pub adapter_ms: f64,
     pub ttft_ms: f64,
 }
 
@@ -118,6 +130,7 @@ pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u
     let wait_ms = profile.wait_ms(&c.load);
     let prefill_ms = profile.prefill_ms(uncached);
     let transfer_ms = transferred as f64 * profile.transfer_ms_per_token;
+    let adapter_ms = if c.adapter_missing { profile.adapter_load_ms } else { 0.0 };
     Score {
         worker: c.worker.clone(),
         cached_tokens: cached,
@@ -125,7 +138,8 @@ pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u
         wait_ms,
         prefill_ms,
         transfer_ms,
-        ttft_ms: wait_ms + prefill_ms + transfer_ms,
+        adapter_ms,
+        ttft_ms: wait_ms + prefill_ms + transfer_ms + adapter_ms,
     }
 }
 
@@ -175,18 +189,21 @@ mod tests {
                 cached_blocks: 0,
                 offloaded_blocks: 0,
                 load: load(0, 0, 0),
+                adapter_missing: false,
             },
             Candidate {
                 worker: "B".into(),
                 cached_blocks: 256,
                 offloaded_blocks: 0,
                 load: load(0, 0, 40),
+                adapter_missing: false,
             },
             Candidate {
                 worker: "C".into(),
                 cached_blocks: 128,
                 offloaded_blocks: 0,
                 load: load(1000, 1, 5),
+                adapter_missing: false,
             },
         ]
     }
@@ -204,6 +221,7 @@ mod tests {
             prefill_ms_per_token_sq: 0.0,
             decode_interference_ms: interference,
             transfer_ms_per_token: 0.0,
+            adapter_load_ms: 0.0,
         }
     }
 
@@ -231,6 +249,7 @@ mod tests {
                 cached_blocks: 0,
                 offloaded_blocks: 0,
                 load: load(0, 0, 0),
+                adapter_missing: false,
             })
             .collect();
         let p = Profile::default();
@@ -255,6 +274,7 @@ mod tests {
                 cached_blocks: b,
                 offloaded_blocks: o.min(b),
                 load: load(t, p, p + i),
+                adapter_missing: false,
             }
         })
     }
@@ -292,6 +312,24 @@ mod tests {
             let base = score(&p, &c, 4096, BS).ttft_ms;
             prop_assert!(score(&p, &busier, 4096, BS).ttft_ms >= base);
             prop_assert!(score(&p, &decoding, 4096, BS).ttft_ms >= base);
+        }
+
+        #[test]
+        fn the_worker_with_the_adapter_loaded_ranks_first_until_its_queue_outweighs_loading_it(
+            c in arb_candidate(), others in 1usize..6, prompt in 0u64..32_768, pick in any::<u64>()
+        ) {
+            let p = Profile::default();
+            let exact = TieBand { abs_ms: 0.0, rel: 0.0 };
+            let mut cs = vec![Candidate { worker: "loaded".into(), ..c.clone() }];
+            cs.extend((0..others).map(|i| Candidate {
+                worker: format!("cold{i}"),
+                adapter_missing: true,
+                ..c.clone()
+            }));
+            prop_assert_eq!(&rank(&p, &cs, prompt, BS, exact, pick)[0].worker, "loaded");
+            // Queued prefill work on it that takes longer than loading the adapter: it loses.
+            cs[0].load.prefill_tokens += (p.adapter_load_ms / p.prefill_ms_per_token) as u64 + 1;
+            prop_assert_ne!(&rank(&p, &cs, prompt, BS, exact, pick)[0].worker, "loaded");
         }
 
         #[test]

@@ -1,0 +1,262 @@
+//! The mutable half of a router: what it knows about workers, changing per request and per
+//! snapshot — the block index, config verdicts, reported load, and which LoRA adapters each
+//! worker has loaded (with the base model it serves, from which adapter names map to a base).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::config::FilterConfig;
+use crate::delta::Delta;
+use crate::index::{EventChange, KnowledgeIndex, PrefixMatch, Source};
+use crate::journal::JournalEntry;
+use crate::snapshot::{ModelInfo, ReportedLoad, Snapshot};
+
+/// What a worker serves, as it reported (through the updater).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Serving {
+    /// Its base model; empty while not known.
+    model: String,
+    /// Loaded adapters, sorted and deduplicated.
+    adapters: Vec<String>,
+}
+
+/// One thread's knowledge of every worker.
+pub struct Knowledge {
+    index: KnowledgeIndex,
+    /// Workers whose announced config does not match kvroute's: no cache credit.
+    incompatible: HashSet<String>,
+    /// What each worker last reported about its load (via the updater).
+    reported: HashMap<String, ReportedLoad>,
+    max_load_age_ms: u64,
+    serving: HashMap<String, Serving>,
+    /// Adapter -> base model -> how many workers report that pair.
+    adapter_bases: HashMap<String, BTreeMap<String, u32>>,
+    /// The models (and bundle fingerprints) the updater last named.
+    models: Vec<ModelInfo>,
+}
+
+impl Knowledge {
+    pub fn new(cfg: &FilterConfig) -> Knowledge {
+        Knowledge {
+            index: KnowledgeIndex::with_trust(cfg.index.limits(), cfg.knowledge.trust()),
+            incompatible: HashSet::new(),
+            reported: HashMap::new(),
+            max_load_age_ms: cfg.knowledge.max_load_age_ms,
+            serving: HashMap::new(),
+            adapter_bases: HashMap::new(),
+            models: Vec::new(),
+        }
+    }
+
+    /// The leading `hashes` known on `worker` (none for an incompatible worker).
+    pub fn prefix_match(&self, worker: &str, hashes: &[u64], now_ms: u64) -> PrefixMatch {
+        if self.incompatible.contains(worker) {
+            return PrefixMatch::default();
+        }
+        self.index.prefix_match(worker, hashes, now_ms)
+    }
+
+    /// Event knowledge exists but the updater has not confirmed it within its age limit.
+    pub fn events_stale(&self, now_ms: u64) -> bool {
+        self.index.event_state(now_ms) == (true, false)
+    }
+
+    /// What `worker` last reported about its load, if younger than the allowed age.
+    pub fn reported_load(&self, worker: &str, now_ms: u64) -> Option<ReportedLoad> {
+        self.reported
+            .get(worker)
+            .filter(|r| now_ms.saturating_sub(r.observed_at_ms) <= self.max_load_age_ms)
+            .copied()
+    }
+
+    /// Records the adapters `worker` has loaded and the base model it serves (an empty base:
+    /// not known, its adapters then name no base).
+    pub fn set_adapters(&mut self, worker: &str, base_model: &str, adapters: &[String]) {
+        let mut adapters = adapters.to_vec();
+        adapters.sort();
+        adapters.dedup();
+        let next = Serving { model: base_model.to_owned(), adapters };
+        let prev = self.serving.insert(worker.to_owned(), next.clone()).unwrap_or_default();
+        self.count_bases(&prev, false);
+        self.count_bases(&next, true);
+    }
+
+    fn count_bases(&mut self, s: &Serving, add: bool) {
+        if s.model.is_empty() {
+            return;
+        }
+        for a in &s.adapters {
+            let bases = self.adapter_bases.entry(a.clone()).or_default();
+            let n = bases.entry(s.model.clone()).or_default();
+            *n = if add { n.saturating_add(1) } else { n.saturating_sub(1) };
+            if *n == 0 {
+                bases.remove(&s.model);
+            }
+            if bases.is_empty() {
+                self.adapter_bases.remove(a);
+            }
+        }
+    }
+
+    /// Whether `worker` reported `adapter` loaded.
+    pub fn has_adapter(&self, worker: &str, adapter: &str) -> bool {
+        self.serving
+            .get(worker)
+            .is_some_and(|s| s.adapters.binary_search_by(|a| a.as_str().cmp(adapter)).is_ok())
+    }
+
+    /// The base model workers report `adapter` under (the most reported one if they disagree).
+    pub fn adapter_base(&self, adapter: &str) -> Option<&str> {
+        let bases = self.adapter_bases.get(adapter)?;
+        let (base, _) = bases.iter().max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))?;
+        Some(base.as_str())
+    }
+
+    /// The models (and bundle fingerprints) the updater last named.
+    pub fn updater_models(&self) -> &[ModelInfo] {
+        &self.models
+    }
+
+    /// Takes in an updater snapshot: the model list and each worker's event view, config
+    /// verdict, load and adapters.
+    pub fn apply_snapshot(&mut self, snap: &Snapshot) {
+        self.models.clone_from(&snap.models);
+        for w in &snap.workers {
+            self.set_reported(&w.worker, w.load);
+            self.verdict(&w.worker, w.compatible);
+            self.set_adapters(&w.worker, &w.model, &w.adapters);
+            if w.compatible {
+                self.index.set_events(&w.worker, &w.gpu, &w.offloaded, w.observed_at_ms);
+            } else {
+                self.index.set_events(&w.worker, &[], &[], w.observed_at_ms);
+            }
+        }
+    }
+
+    /// Takes in a delta of the updater's knowledge (the caller checks that it follows the
+    /// version last applied).
+    pub fn apply_delta(&mut self, d: &Delta) {
+        if let Some(models) = &d.models {
+            self.models.clone_from(models);
+        }
+        for w in &d.workers {
+            self.set_reported(&w.worker, w.load);
+            self.verdict(&w.worker, w.compatible);
+            if w.model.is_some() || w.adapters.is_some() {
+                let prev = self.serving.get(&w.worker).cloned().unwrap_or_default();
+                let model = w.model.as_deref().unwrap_or(&prev.model);
+                self.set_adapters(
+                    &w.worker,
+                    model,
+                    w.adapters.as_deref().unwrap_or(&prev.adapters),
+                );
+            }
+            let change = if w.compatible {
+                EventChange {
+                    // A verdict flipping back to compatible comes as a reset with the whole
+                    // view (see `WorkerDelta::between`).
+                    reset: w.reset,
+                    gpu_add: &w.gpu.add,
+                    gpu_remove: &w.gpu.remove,
+                    offloaded_add: &w.offloaded.add,
+                    offloaded_remove: &w.offloaded.remove,
+                }
+            } else {
+                EventChange { reset: true, ..Default::default() }
+            };
+            self.index.change_events(&w.worker, change, w.observed_at_ms);
+        }
+    }
+
+    fn set_reported(&mut self, worker: &str, load: Option<ReportedLoad>) {
+        match load {
+            Some(l) => self.reported.insert(worker.to_owned(), l),
+            None => self.reported.remove(worker),
+        };
+    }
+
+    fn verdict(&mut self, worker: &str, compatible: bool) {
+        if compatible {
+            self.incompatible.remove(worker);
+        } else {
+            self.incompatible.insert(worker.to_owned());
+        }
+    }
+
+    /// Records that the updater confirmed its knowledge at `at_ms`.
+    pub fn events_checked(&mut self, at_ms: u64) {
+        self.index.events_checked(at_ms);
+    }
+
+    /// Credits `worker` with blocks it is about to compute or was seen to hold.
+    pub fn observe(&mut self, worker: &str, hashes: &[u64], source: Source, now_ms: u64) {
+        self.index.insert(worker, hashes, source, now_ms);
+    }
+
+    /// Applies a journal entry: a credit, or a routing credit taken back.
+    pub fn apply_journal(&mut self, e: &JournalEntry) {
+        if e.retract {
+            self.index.retract_routed(&e.worker, &e.hashes);
+        } else {
+            self.observe(&e.worker, &e.hashes, e.source, e.at_ms);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::WorkerKnowledge;
+    use serde_json::json;
+
+    fn knowledge() -> Knowledge {
+        let cfg = json!({"models": [{"name": "m", "workers": ["127.0.0.1:1"]}]});
+        Knowledge::new(&FilterConfig::from_json(cfg.to_string().as_bytes()).unwrap())
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn adapters_map_to_the_base_their_workers_serve() {
+        let mut k = knowledge();
+        k.set_adapters("w1", "base", &names(&["sql", "law", "sql"]));
+        k.set_adapters("w2", "base", &names(&["sql"]));
+        k.set_adapters("w3", "", &names(&["orphan"]));
+        assert!(k.has_adapter("w1", "law") && k.has_adapter("w2", "sql"));
+        assert!(!k.has_adapter("w2", "law") && !k.has_adapter("w9", "sql"));
+        assert_eq!(k.adapter_base("sql"), Some("base"));
+        assert_eq!(k.adapter_base("orphan"), None, "a worker of unknown base names no base");
+        k.set_adapters("w1", "base", &[]);
+        assert_eq!(k.adapter_base("law"), None, "unloaded everywhere: forgotten");
+        assert_eq!(k.adapter_base("sql"), Some("base"));
+        k.set_adapters("w4", "other", &names(&["sql"]));
+        k.set_adapters("w5", "other", &names(&["sql"]));
+        assert_eq!(k.adapter_base("sql"), Some("other"), "the most reported base wins");
+    }
+
+    #[test]
+    fn snapshots_and_deltas_carry_adapters_and_models() {
+        let mut k = knowledge();
+        let w = |adapters: &[&str]| WorkerKnowledge {
+            worker: "127.0.0.1:1".into(),
+            compatible: true,
+            model: "m".into(),
+            adapters: names(adapters),
+            ..Default::default()
+        };
+        let s1 = Snapshot {
+            version: 1,
+            models: vec![ModelInfo { name: "m".into(), fingerprint: 7, block_size: 16 }],
+            workers: vec![w(&["a"])],
+            ..Default::default()
+        };
+        k.apply_snapshot(&s1);
+        assert!(k.has_adapter("127.0.0.1:1", "a"));
+        assert_eq!(k.updater_models()[0].fingerprint, 7);
+        let s2 = Snapshot { version: 2, workers: vec![w(&["b"])], ..s1.clone() };
+        k.apply_delta(&Delta::between(&s1, &s2));
+        assert!(k.has_adapter("127.0.0.1:1", "b") && !k.has_adapter("127.0.0.1:1", "a"));
+        assert_eq!(k.adapter_base("b"), Some("m"));
+    }
+}
