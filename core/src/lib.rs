@@ -9,10 +9,14 @@
 //! - [`request`]: OpenAI request parsing (`/v1/chat/completions`, `/v1/completions`).
 //! - [`template`]: chat-template rendering (minijinja, Hugging Face conventions).
 //! - [`model`]: tokenizer + template bundle, fingerprint, the built-in demo bundle.
+//! - [`tokcache`]: a thread's bounded cache of token ids of chat prompts, cut after added
+//!   tokens, so turn k of a conversation tokenizes only what turn k-1 did not have.
 //! - [`bundle`]: the checksummed, part-cut transfer format of a model bundle (updater → Envoy).
 //! - [`hash`]: the one block-hashing path, seeded by a [`hash::CacheDomain`].
 //! - [`index`]: per-worker knowledge with source, age, TTL and LRU bounds.
 //! - [`cost`]: the millisecond cost model and ordered selection.
+//! - [`router`]: the decision: an immutable [`router::Plan`] (models, bundles, pools, LoRA
+//!   adapters, limits; swapped whole) and the mutable [`router::Knowledge`] of workers.
 //! - [`usage`]: streaming scanner for `cached_tokens` in JSON or SSE responses.
 //! - [`audit`]: prediction audit classes.
 //! - [`config`]: filter configuration with defaults and `validate()`.
