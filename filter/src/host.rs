@@ -63,6 +63,18 @@ pub fn now_nanos() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// Size of this VM's linear memory in bytes (it grows, never shrinks).
+pub fn wasm_memory_bytes() -> usize {
+    #[cfg(target_arch = "wasm32")]
+    {
+        core::arch::wasm32::memory_size(0) << 16
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        0
+    }
+}
+
 pub fn set_tick(ms: u64) -> bool {
     hostcalls::set_tick_period(Duration::from_millis(ms)).is_ok()
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use kvroute_core::audit::AuditClass;
 use kvroute_core::load::WorkerLoad;
 use kvroute_core::router::FallbackReason;
+use kvroute_core::shared::bundles::Manifest;
 use kvroute_core::shared::{Counter, Counters};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
@@ -25,6 +26,8 @@ pub struct Metrics {
     decision_us: Option<u32>,
     errors: Option<u32>,
     shared: HashMap<Counter, u32>,
+    /// This thread's bundle builds.
+    pub bundles: BundleMetrics,
 }
 
 fn define(kind: MetricType, name: &str) -> Option<u32> {
@@ -43,6 +46,84 @@ fn add(id: Option<u32>, v: u64) {
     }
 }
 
+/// Increments a counter by one.
+pub fn count(id: Option<u32>) {
+    add(id, 1);
+}
+
+/// Increments a counter by `n`.
+pub fn count_n(id: Option<u32>, n: usize) {
+    add(id, n as u64);
+}
+
+fn gauge(id: Option<u32>, v: u64) {
+    if let Some(id) = id {
+        let _ = hostcalls::record_metric(id, v);
+    }
+}
+
+/// Model bundles from the updater: the singleton's fetches and what it keeps in shared data
+/// (`kvroute_bundles_*`), and the threads' builds (`kvroute_bundles_builds`,
+/// `kvroute_bundles_build_failures`, histogram `kvroute_bundle_build_ms`).
+#[derive(Debug, Default)]
+pub struct BundleMetrics {
+    pub parts_fetched: Option<u32>,
+    pub published: Option<u32>,
+    pub fetch_failures: Option<u32>,
+    pub list_failures: Option<u32>,
+    pub removed: Option<u32>,
+    pub capped: Option<u32>,
+    available: Option<u32>,
+    stored_bytes: Option<u32>,
+    pub builds: Option<u32>,
+    pub build_failures: Option<u32>,
+    build_ms: Option<u32>,
+}
+
+impl BundleMetrics {
+    /// The singleton's.
+    pub fn define_sync() -> Self {
+        let c = MetricType::Counter;
+        let g = MetricType::Gauge;
+        BundleMetrics {
+            parts_fetched: define(c, "kvroute.bundles.parts_fetched"),
+            published: define(c, "kvroute.bundles.published"),
+            fetch_failures: define(c, "kvroute.bundles.fetch_failures"),
+            list_failures: define(c, "kvroute.bundles.list_failures"),
+            removed: define(c, "kvroute.bundles.removed"),
+            capped: define(c, "kvroute.bundles.capped"),
+            available: define(g, "kvroute.bundles.available"),
+            stored_bytes: define(g, "kvroute.bundles.stored_bytes"),
+            ..Default::default()
+        }
+    }
+
+    /// A worker thread's.
+    pub fn define_thread() -> Self {
+        let c = MetricType::Counter;
+        BundleMetrics {
+            builds: define(c, "kvroute.bundles.builds"),
+            build_failures: define(c, "kvroute.bundles.build_failures"),
+            build_ms: define(MetricType::Histogram, "kvroute.bundle_build_ms"),
+            ..Default::default()
+        }
+    }
+
+    /// What the manifest holds: models with a bundle, bytes kept.
+    pub fn stored(&self, m: &Manifest) {
+        gauge(self.available, m.models.len() as u64);
+        gauge(self.stored_bytes, m.stored_bytes());
+    }
+
+    /// A thread built a bundle in `ms`.
+    pub fn built(&self, ms: u64) {
+        count(self.builds);
+        if let Some(id) = self.build_ms {
+            let _ = hostcalls::record_metric(id, ms);
+        }
+    }
+}
+
 /// A worker address as a stats name segment: `127.0.0.1:8001` → `127_0_0_1_8001`.
 pub fn worker_segment(worker: &str) -> String {
     worker.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
@@ -57,6 +138,7 @@ impl Metrics {
             actual_tokens: define(c, "kvroute.actual_cached_tokens"),
             decision_us: define(MetricType::Histogram, "kvroute.decision_time_us"),
             errors: define(c, "kvroute.rejected_requests"),
+            bundles: BundleMetrics::define_thread(),
             ..Default::default()
         };
         for what in Counter::ALL {

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::journal::JournalEntry;
 use kvroute_core::router::Router;
+use kvroute_core::shared::bundles::BundleFollower;
 use kvroute_core::shared::journal::{self, JournalCursor};
 use kvroute_core::shared::knowledge::Follower;
 use kvroute_core::shared::load::{LoadView, Shard};
@@ -17,7 +18,7 @@ use proxy_wasm::types::ContextType;
 
 use crate::host;
 use crate::http::KvHttp;
-use crate::metrics::Metrics;
+use crate::metrics::{count, Metrics};
 use crate::shared::HostStore;
 use crate::sync::SnapshotSync;
 
@@ -32,6 +33,8 @@ pub struct ThreadState {
     follower: RefCell<Follower>,
     pub shard: RefCell<Shard>,
     pub metrics: Metrics,
+    /// Bundles of the models fed by the updater, built from shared data on the tick.
+    bundles: RefCell<BundleFollower>,
 }
 
 impl ThreadState {
@@ -74,8 +77,49 @@ impl ThreadState {
         journal::append(&HostStore, &self.metrics, &self.config.journal, entry);
     }
 
+    /// Builds a bundle the manifest names that this thread does not have yet (at most one per
+    /// tick: building a 151 k-token tokenizer takes a while), and swaps the router's bundles
+    /// of the models whose bundle changed. Never on the request path; decisions already made
+    /// keep the hashes they were made with.
+    fn refresh_bundles(&self, now_ms: u64) {
+        let mut follower = self.bundles.borrow_mut();
+        if follower.is_empty() {
+            return;
+        }
+        let started = host::now_nanos();
+        let memory_before = host::wasm_memory_bytes();
+        let t = follower.tick(&HostStore, now_ms);
+        if let Some((fp, bytes)) = t.built {
+            let ms = host::now_nanos().saturating_sub(started) / 1_000_000;
+            self.metrics.bundles.built(ms);
+            log::info!(
+                "kvroute: built bundle {fp:016x} ({bytes} bytes) in {ms} ms; VM memory {} -> {} MiB",
+                memory_before >> 20,
+                host::wasm_memory_bytes() >> 20
+            );
+        }
+        if let Some((fp, why)) = &t.failed {
+            count(self.metrics.bundles.build_failures);
+            log::warn!("kvroute: bundle {fp:016x} does not build here ({why}); retrying later");
+        }
+        if t.changed.is_empty() {
+            return;
+        }
+        let mut router = self.router.borrow_mut();
+        for (model, bundle) in t.changed {
+            match &bundle {
+                Some(b) => {
+                    log::info!("kvroute: model {model} uses bundle {:016x}", b.fingerprint())
+                }
+                None => log::warn!("kvroute: model {model} has no bundle; routed load-only"),
+            }
+            router.set_bundle(&model, bundle);
+        }
+    }
+
     /// Housekeeping, every `tick_ms`.
     pub fn tick(&self, now_ms: u64) {
+        self.refresh_bundles(now_ms);
         self.catch_up(false);
         let view = self.load_view(now_ms);
         let mut shard = self.shard.borrow_mut();
@@ -160,7 +204,9 @@ impl RootContext for KvRoot {
                 if !host::set_tick(config.tick_ms) {
                     log::warn!("kvroute: no tick; knowledge refreshes on requests only");
                 }
+                let bundles = BundleFollower::new(&config.models);
                 self.state = Some(Rc::new(ThreadState {
+                    bundles: RefCell::new(bundles),
                     follower: RefCell::new(Follower::new(config.knowledge.decode_limits)),
                     config,
                     router: RefCell::new(router),

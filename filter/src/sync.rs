@@ -1,41 +1,59 @@
 //! The singleton (Envoy bootstrap wasm service, same `vm_id` as the filter): pulls knowledge from
 //! the updater on a short tick and publishes it in shared data, where every worker thread's
-//! filter picks it up when the version moves. The layout of what it publishes, and its checks,
-//! are `kvroute_core::shared::knowledge`; this is the HTTP call and the tick.
+//! filter picks it up when the version moves; and fetches the model bundles the updater serves,
+//! one part per call, into shared data, where every thread builds its tokenizers from them. The
+//! layout of what it publishes, and its checks, are `kvroute_core::shared::knowledge` and
+//! `kvroute_core::shared::bundles`; this is the HTTP calls and the tick.
 
 use std::time::Duration;
 
 use kvroute_core::config::SnapshotSyncConfig;
+use kvroute_core::shared::bundles::{
+    self, Fetcher, Housekeeping, PartRequest, Progress, LIST_PATH, PARTS_HEADER,
+};
 use kvroute_core::shared::knowledge::{Publisher, Taken};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
 use crate::host;
+use crate::metrics::{count, count_n, BundleMetrics};
 use crate::shared::HostStore;
+
+/// The bundle side of the singleton.
+struct BundleSync {
+    fetcher: Fetcher,
+    list_call: Option<u32>,
+    part_call: Option<(u32, PartRequest)>,
+    next_list_ms: u64,
+    metrics: BundleMetrics,
+}
 
 pub struct SnapshotSync {
     cfg: SnapshotSyncConfig,
     publisher: Publisher,
-    pending: bool,
+    snapshot_call: Option<u32>,
+    bundles: Option<BundleSync>,
     fetched_full: Option<u32>,
     fetched_delta: Option<u32>,
     failed: Option<u32>,
     version_gauge: Option<u32>,
 }
 
-fn count(id: Option<u32>) {
-    if let Some(id) = id {
-        let _ = hostcalls::increment_metric(id, 1);
-    }
-}
-
 impl SnapshotSync {
     pub fn new(cfg: SnapshotSyncConfig) -> Self {
         let c = MetricType::Counter;
+        let bundles = cfg.bundles.enabled.then(|| BundleSync {
+            fetcher: Fetcher::new(cfg.bundles, &HostStore),
+            list_call: None,
+            part_call: None,
+            next_list_ms: 0,
+            metrics: BundleMetrics::define_sync(),
+        });
         SnapshotSync {
-            cfg,
             publisher: Publisher::default(),
-            pending: false,
+            cfg,
+            snapshot_call: None,
+            bundles,
             fetched_full: hostcalls::define_metric(c, "kvroute.sync.full_snapshots").ok(),
             fetched_delta: hostcalls::define_metric(c, "kvroute.sync.deltas").ok(),
             failed: hostcalls::define_metric(c, "kvroute.sync.fetch_failures").ok(),
@@ -55,12 +73,32 @@ impl SnapshotSync {
 
     pub fn on_http_call_response(
         &mut self,
-        _token: u32,
+        token: u32,
         _headers: usize,
         body_size: usize,
         _trailers: usize,
     ) {
-        self.pending = false;
+        if self.snapshot_call == Some(token) {
+            self.snapshot_call = None;
+            self.snapshot_answer(body_size);
+            return;
+        }
+        let now = host::now_ms();
+        let Some(b) = self.bundles.as_mut() else { return };
+        if b.list_call == Some(token) {
+            b.list_call = None;
+            b.list_answer(body_size);
+        } else if let Some((_, req)) = b.part_call.filter(|(t, _)| *t == token) {
+            b.part_call = None;
+            b.part_answer(req, body_size, now);
+        } else {
+            return;
+        }
+        // Callback-driven: the next part is asked for as soon as one arrives.
+        b.pump(&self.cfg, now);
+    }
+
+    fn snapshot_answer(&mut self, body_size: usize) {
         let status = host::call_response_header(":status").unwrap_or_default();
         let taken = match status.as_slice() {
             b"304" => Ok(None),
@@ -81,6 +119,12 @@ impl SnapshotSync {
                 if let Some(id) = self.version_gauge {
                     let _ = hostcalls::record_metric(id, self.publisher.head().version);
                 }
+                // A snapshot naming a bundle the singleton does not know asks for the list now.
+                if let Some(b) = self.bundles.as_mut() {
+                    if self.publisher.models().iter().any(|m| !b.fetcher.knows(m.fingerprint)) {
+                        b.next_list_ms = 0;
+                    }
+                }
             }
             Err(e) => {
                 log::debug!("kvroute: snapshot sync: {e}");
@@ -90,20 +134,144 @@ impl SnapshotSync {
     }
 
     pub fn on_tick(&mut self) {
-        if self.pending {
+        if self.snapshot_call.is_none() {
+            let path = format!("/v1/snapshot?since={}", self.publisher.version());
+            match dispatch(&self.cfg, &path, self.cfg.timeout_ms) {
+                Some(t) => self.snapshot_call = Some(t),
+                None => count(self.failed),
+            }
+        }
+        let now = host::now_ms();
+        if let Some(b) = self.bundles.as_mut() {
+            b.pump(&self.cfg, now);
+        }
+    }
+}
+
+/// `GET path` to the updater with the token; the call's token, `None` if it could not be sent.
+fn dispatch(cfg: &SnapshotSyncConfig, path: &str, timeout_ms: u64) -> Option<u32> {
+    let headers = vec![
+        (":method", "GET"),
+        (":path", path),
+        (":authority", cfg.authority.as_str()),
+        ("x-kvroute-token", cfg.token.as_str()),
+    ];
+    let timeout = Duration::from_millis(timeout_ms);
+    hostcalls::dispatch_http_call(&cfg.cluster, headers, None, vec![], timeout).ok()
+}
+
+fn status() -> u16 {
+    host::call_response_header(":status")
+        .and_then(|s| std::str::from_utf8(&s).ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
+impl BundleSync {
+    /// Polls the list when due, and asks for the next part when none is in flight.
+    fn pump(&mut self, cfg: &SnapshotSyncConfig, now: u64) {
+        let limits = *self.fetcher.limits();
+        if self.list_call.is_none() && now >= self.next_list_ms {
+            self.next_list_ms = now.saturating_add(limits.list_interval_ms);
+            match dispatch(cfg, LIST_PATH, limits.timeout_ms) {
+                Some(t) => self.list_call = Some(t),
+                None => count(self.metrics.list_failures),
+            }
+        }
+        if self.part_call.is_some() {
             return;
         }
-        let path = format!("/v1/snapshot?since={}", self.publisher.version());
-        let headers = vec![
-            (":method", "GET"),
-            (":path", path.as_str()),
-            (":authority", self.cfg.authority.as_str()),
-            ("x-kvroute-token", self.cfg.token.as_str()),
-        ];
-        let timeout = Duration::from_millis(self.cfg.timeout_ms);
-        match hostcalls::dispatch_http_call(&self.cfg.cluster, headers, None, vec![], timeout) {
-            Ok(_) => self.pending = true,
-            Err(_) => count(self.failed),
+        let (req, hk) = self.fetcher.next(&HostStore, now);
+        self.housekeeping(hk);
+        let Some(req) = req else { return };
+        match dispatch(cfg, &req.path(), limits.timeout_ms) {
+            Some(t) => self.part_call = Some((t, req)),
+            None => {
+                count(self.metrics.fetch_failures);
+                self.fetcher.failed(&HostStore, req, now);
+            }
+        }
+    }
+
+    fn housekeeping(&self, hk: Housekeeping) {
+        count_n(self.metrics.removed, hk.removed);
+        count_n(self.metrics.capped, hk.capped);
+        if hk.capped > 0 {
+            log::warn!(
+                "kvroute: {} bundle(s) left out by snapshot_sync.bundles max_bundles / \
+                 max_total_bytes",
+                hk.capped
+            );
+        }
+        self.metrics.stored(self.fetcher.manifest());
+    }
+
+    fn list_answer(&mut self, body_size: usize) {
+        let status = status();
+        if status != 200 {
+            log::debug!("kvroute: bundle list: updater answered {status}");
+            count(self.metrics.list_failures);
+            return;
+        }
+        let body = host::call_response_body(body_size).unwrap_or_default();
+        match bundles::parse_list(&body) {
+            Ok((list, bad)) => {
+                if bad > 0 {
+                    log::warn!("kvroute: bundle list: {bad} malformed entries left out");
+                }
+                self.fetcher.set_wanted(&HostStore, list);
+            }
+            Err(e) => {
+                log::warn!("kvroute: bundle list: {e}");
+                count(self.metrics.list_failures);
+            }
+        }
+    }
+
+    fn part_answer(&mut self, req: PartRequest, body_size: usize, now: u64) {
+        let status = status();
+        let parts = host::call_response_header(PARTS_HEADER);
+        let body = if status == 200 {
+            host::call_response_body(body_size).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let mut built_ms = 0;
+        let mut verify = |files: &kvroute_core::bundle::BundleFiles| {
+            let started = host::now_nanos();
+            let b = bundles::build(files)?;
+            built_ms = host::now_nanos().saturating_sub(started) / 1_000_000;
+            Ok(b.fingerprint())
+        };
+        let r = self.fetcher.received(
+            &HostStore,
+            req,
+            status,
+            parts.as_deref(),
+            &body,
+            now,
+            &mut verify,
+        );
+        match r {
+            Ok(Progress::Stored) => count(self.metrics.parts_fetched),
+            Ok(Progress::Ignored) => {}
+            Ok(Progress::Published { fingerprint, models, bytes }) => {
+                count(self.metrics.parts_fetched);
+                count(self.metrics.published);
+                self.metrics.stored(self.fetcher.manifest());
+                log::info!(
+                    "kvroute: bundle {fingerprint:016x} ({bytes} bytes) verified in {built_ms} ms \
+                     and published for {}",
+                    models.join(",")
+                );
+            }
+            Err(e) => {
+                count(self.metrics.fetch_failures);
+                log::warn!(
+                    "kvroute: bundle {:016x} part {}: {e}; retrying later",
+                    req.fingerprint,
+                    req.part
+                );
+            }
         }
     }
 }

@@ -210,6 +210,11 @@ impl Publisher {
         &self.head
     }
 
+    /// The models (and their bundle fingerprints) the updater's current snapshot names.
+    pub fn models(&self) -> &[crate::snapshot::ModelInfo] {
+        self.full.as_ref().map_or(&[], |s| s.models.as_slice())
+    }
+
     /// Takes a 200 body from the updater (a full snapshot or a delta). On an error the
     /// publisher forgets its base, so the next request asks for a full snapshot.
     pub fn take<S: SharedStore + ?Sized>(
