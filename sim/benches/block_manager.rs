@@ -18,7 +18,7 @@ fn main() {
     for r in 0..requests {
         let mut tokens = prefixes[(r % 64) as usize].clone();
         tokens.extend((0..128).map(|t| 1_000_000 + r * 128 + t));
-        let hashes = engine_hashes(&tokens, bs, None);
+        let hashes = engine_hashes(&tokens, bs, None, None);
         let hit = cache.longest_prefix(&hashes);
         if cache.acquire(&hashes[..hit], hashes.len() - hit).is_err() {
             continue;

@@ -1,6 +1,11 @@
-//! The OpenAI-compatible HTTP surface of one simulated worker (vLLM's routes and shapes).
+//! The OpenAI-compatible HTTP surface of one simulated worker (vLLM's routes and shapes),
+//! with vLLM's LoRA adapter API: `/v1/models` lists the base model (`parent: null`) and each
+//! loaded adapter (`parent` = the base, `root` = its path); `POST /v1/load_lora_adapter`
+//! `{"lora_name", "lora_path"}` and `POST /v1/unload_lora_adapter` `{"lora_name"}` answer as
+//! vLLM does (plain-text success, `{"error": {...}}` with vLLM's types and codes otherwise); a
+//! request whose `model` names a loaded adapter is served in that adapter's cache domain.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -33,6 +38,26 @@ pub struct Serving {
     pub announced_block_size: usize,
     pub num_gpu_blocks: usize,
     pub max_model_len: usize,
+    /// `root` of the base model in `/v1/models` (vLLM: the model's path).
+    pub root: String,
+    /// Loaded LoRA adapters, in load order.
+    pub adapters: Mutex<Vec<Adapter>>,
+    /// How long loading an adapter takes (a sim option; 0 by default).
+    pub lora_load_ms: u64,
+}
+
+/// A loaded LoRA adapter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adapter {
+    pub name: String,
+    pub path: String,
+}
+
+impl Serving {
+    /// Whether `name` is a loaded adapter.
+    pub fn has_adapter(&self, name: &str) -> bool {
+        self.adapters.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|a| a.name == name)
+    }
 }
 
 type Worker = Serving;
@@ -42,6 +67,8 @@ pub fn router(w: Arc<Worker>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/load_lora_adapter", post(load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .route("/tokenize", post(tokenize))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics_text))
@@ -53,6 +80,34 @@ pub fn router(w: Arc<Worker>) -> Router {
 fn error(e: ApiError) -> Response {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
     (status, [(header::CONTENT_TYPE, "application/json")], e.body()).into_response()
+}
+
+/// An error in vLLM's own shape: `{"error": {"message", "type", "param", "code": <status>}}`.
+fn vllm_error(status: StatusCode, kind: &str, param: Option<&str>, message: String) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": param,
+        "code": status.as_u16()}});
+    (status, axum::Json(body)).into_response()
+}
+
+/// vLLM's answer to a `model` that is neither the base model nor a loaded adapter.
+fn model_not_found(model: &str) -> Response {
+    vllm_error(
+        StatusCode::NOT_FOUND,
+        "NotFoundError",
+        Some("model"),
+        format!("The model `{model}` does not exist."),
+    )
+}
+
+/// Which adapter (none: the base model) serves `model`; `None` when nothing does.
+fn resolve(w: &Worker, model: &str) -> Option<Option<String>> {
+    if model == w.model {
+        Some(None)
+    } else if w.has_adapter(model) {
+        Some(Some(model.to_owned()))
+    } else {
+        None
+    }
 }
 
 async fn chat(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
@@ -72,9 +127,9 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
         Ok(r) => r,
         Err(e) => return error(e.into()),
     };
-    if req.model != w.model {
-        return error(ApiError::model_not_found(&req.model));
-    }
+    let Some(lora) = resolve(&w, &req.model) else {
+        return model_not_found(&req.model);
+    };
     // Media parts and batch prompts are simulated by their text alone (joined for a batch):
     // the prefill work is of the right order, the media encoder is not modelled.
     let tokens = match w.bundle.prompt_tokens(&req.prompt) {
@@ -96,6 +151,7 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
     if !w.engine.submit(Submit {
         tokens,
         salt: req.cache_salt.clone(),
+        lora,
         max_tokens,
         seed,
         events: tx,
@@ -113,7 +169,7 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
     let out = Output {
         endpoint,
         id,
-        model: w.model.clone(),
+        model: req.model.clone(),
         created: now_s(),
         include_usage: req.include_usage,
         bundle: w.bundle.clone(),
@@ -148,8 +204,8 @@ impl Output {
 
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
         let object = match self.endpoint {
-            Endpoint::Chat => "chat.completion.chunk",
             Endpoint::Completions => "text_completion",
+            _ => "chat.completion.chunk",
         };
         let mut v = json!({"id": self.id, "object": object, "created": self.created,
                            "model": self.model, "choices": choices});
@@ -161,16 +217,14 @@ impl Output {
 
     fn token_choice(&self, text: &str, first: bool, finish: Option<&str>) -> Value {
         match self.endpoint {
-            Endpoint::Chat => {
+            e if e.is_chat() => {
                 let mut delta = json!({"content": text});
                 if first {
                     delta["role"] = json!("assistant");
                 }
                 json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}])
             }
-            Endpoint::Completions => {
-                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}])
-            }
+            _ => json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]),
         }
     }
 }
@@ -228,18 +282,15 @@ async fn full_response(
             TokenEvent::Token { id, .. } => text.push_str(&out.piece(id)),
             TokenEvent::Done { prompt_tokens, completion_tokens, cached_tokens } => {
                 let choice = match req.endpoint {
-                    Endpoint::Chat => {
+                    e if e.is_chat() => {
                         json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"})
                     }
-                    Endpoint::Completions => {
+                    _ => {
                         json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"})
                     }
                 };
-                let object = if req.endpoint == Endpoint::Chat {
-                    "chat.completion"
-                } else {
-                    "text_completion"
-                };
+                let object =
+                    if req.endpoint.is_chat() { "chat.completion" } else { "text_completion" };
                 let body = json!({"id": out.id, "object": object, "created": out.created, "model": out.model,
                     "choices": [choice], "usage": Output::usage(prompt_tokens, completion_tokens, cached_tokens)});
                 return axum::Json(body).into_response();
@@ -262,10 +313,112 @@ async fn full_response(
     })
 }
 
+/// vLLM's model list: the base model (`parent: null`, `root` = its path), then each loaded
+/// adapter (`parent` = the base model, `root` = the adapter's path).
 async fn models(State(w): State<Arc<Worker>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [{"id": w.model, "object": "model",
-        "created": now_s(), "owned_by": "kvroute-sim", "max_model_len": w.max_model_len}]}))
-    .into_response()
+    let created = now_s();
+    let card = |id: &str, root: &str, parent: Option<&str>, max_len: Option<usize>| {
+        json!({"id": id, "object": "model", "created": created, "owned_by": "kvroute-sim",
+            "root": root, "parent": parent, "max_model_len": max_len,
+            "permission": [{"id": format!("modelperm-{id}"), "object": "model_permission",
+                "created": created, "allow_create_engine": false, "allow_sampling": true,
+                "allow_logprobs": true, "allow_search_indices": false, "allow_view": true,
+                "allow_fine_tuning": false, "organization": "*", "group": null,
+                "is_blocking": false}]})
+    };
+    let mut data = vec![card(&w.model, &w.root, None, Some(w.max_model_len))];
+    let adapters = w.adapters.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    data.extend(adapters.iter().map(|a| card(&a.name, &a.path, Some(&w.model), None)));
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct LoadLora {
+    #[serde(default)]
+    lora_name: String,
+    #[serde(default)]
+    lora_path: String,
+    #[serde(default)]
+    load_inplace: bool,
+}
+
+/// `POST /v1/load_lora_adapter`: 200 `Success: LoRA adapter '<name>' added successfully.`;
+/// 400 `InvalidUserInput` without a name or path, for a name already loaded (unless
+/// `load_inplace`) or one that is the base model's.
+async fn load_lora_adapter(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
+    let bad = |msg: String| vllm_error(StatusCode::BAD_REQUEST, "InvalidUserInput", None, msg);
+    let req: LoadLora = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad(format!("invalid request body: {e}")),
+    };
+    if req.lora_name.is_empty() || req.lora_path.is_empty() {
+        return bad("Both 'lora_name' and 'lora_path' must be provided.".into());
+    }
+    if req.lora_name == w.model {
+        return bad(format!(
+            "The lora adapter name '{}' conflicts with a served base model.",
+            req.lora_name
+        ));
+    }
+    if w.has_adapter(&req.lora_name) && !req.load_inplace {
+        return bad(format!(
+            "The lora adapter '{}' has already been loaded. If you want to load the adapter in \
+             place, set 'load_inplace' to True.",
+            req.lora_name
+        ));
+    }
+    if w.lora_load_ms > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(w.lora_load_ms)).await;
+    }
+    let mut adapters = w.adapters.lock().unwrap_or_else(|e| e.into_inner());
+    let adapter = Adapter { name: req.lora_name.clone(), path: req.lora_path };
+    match adapters.iter_mut().find(|a| a.name == adapter.name) {
+        Some(a) => *a = adapter,
+        None => adapters.push(adapter),
+    }
+    format!("Success: LoRA adapter '{}' added successfully.", req.lora_name).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct UnloadLora {
+    #[serde(default)]
+    lora_name: String,
+}
+
+/// `POST /v1/unload_lora_adapter`: 200 `Success: LoRA adapter '<name>' removed successfully.`;
+/// 404 `NotFoundError` for an adapter that is not loaded; 400 without a name.
+async fn unload_lora_adapter(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
+    let req: UnloadLora = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return vllm_error(
+                StatusCode::BAD_REQUEST,
+                "InvalidUserInput",
+                None,
+                format!("invalid request body: {e}"),
+            )
+        }
+    };
+    if req.lora_name.is_empty() {
+        return vllm_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidUserInput",
+            None,
+            "either 'lora_name' and 'lora_int_id' needs to be provided.".into(),
+        );
+    }
+    let mut adapters = w.adapters.lock().unwrap_or_else(|e| e.into_inner());
+    let before = adapters.len();
+    adapters.retain(|a| a.name != req.lora_name);
+    if adapters.len() == before {
+        return vllm_error(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            None,
+            format!("The lora adapter '{}' cannot be found.", req.lora_name),
+        );
+    }
+    format!("Success: LoRA adapter '{}' removed successfully.", req.lora_name).into_response()
 }
 
 async fn tokenize(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
@@ -273,11 +426,17 @@ async fn tokenize(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
         Ok(v) => v,
         Err(e) => return error(ApiError::bad_request("invalid_json", None, e.to_string())),
     };
+    if let Some(model) = v.get("model").and_then(Value::as_str) {
+        if resolve(&w, model).is_none() {
+            return model_not_found(model);
+        }
+    }
     let tokens = if v.get("messages").is_some() {
-        let add_gen = v.get("add_generation_prompt").and_then(Value::as_bool).unwrap_or(true);
+        // The chat prompt with its options (`add_generation_prompt`, tools, kwargs), rendered
+        // and tokenized as a chat completion would be.
         match request::parse(Endpoint::Chat, &body) {
-            Ok(ParsedRequest { prompt: Prompt::Messages(m), .. }) => {
-                w.bundle.render_chat_with(&m, add_gen).and_then(|t| w.bundle.encode(&t, false))
+            Ok(ParsedRequest { prompt: chat @ Prompt::Chat(_), .. }) => {
+                w.bundle.prompt_tokens(&chat)
             }
             Ok(_) => {
                 return error(ApiError::bad_request("invalid_value", None, "bad messages".into()))

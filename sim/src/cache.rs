@@ -3,9 +3,10 @@
 //! in an LRU free list until it is reallocated; `cached_tokens` is the longest cached
 //! block-aligned prefix.
 //!
-//! The engine's own block identity is SipHash (std's `DefaultHasher`) over parent + tokens
-//! (+ salt on block 0): deliberately a different algorithm from kvroute's xxh3 chain, so the
-//! router can never depend on engine hash values.
+//! The engine's own block identity is SipHash (std's `DefaultHasher`) over the parent, the
+//! tokens, the LoRA adapter (every block, as in vLLM's extra keys) and, on block 0, the salt:
+//! deliberately a different algorithm from kvroute's xxh3 chain, so the router can never
+//! depend on engine hash values.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -15,16 +16,18 @@ use thiserror::Error;
 
 pub type EngineHash = u64;
 
-/// The engine's hash of one block: its parent's hash (none for block 0), its tokens, and for
-/// block 0 the request's `cache_salt`.
+/// The engine's hash of one block: its parent's hash (none for block 0), its tokens, the
+/// request's LoRA adapter, and for block 0 the request's `cache_salt`.
 pub fn engine_block_hash(
     parent: Option<EngineHash>,
     block: &[u32],
     salt: Option<&str>,
+    lora: Option<&str>,
 ) -> EngineHash {
     let mut h = DefaultHasher::new();
     parent.hash(&mut h);
     block.hash(&mut h);
+    lora.hash(&mut h);
     if parent.is_none() {
         salt.hash(&mut h);
     }
@@ -32,12 +35,17 @@ pub fn engine_block_hash(
 }
 
 /// The engine's block hashes of `tokens` (full blocks only).
-pub fn engine_hashes(tokens: &[u32], block_size: usize, salt: Option<&str>) -> Vec<EngineHash> {
+pub fn engine_hashes(
+    tokens: &[u32],
+    block_size: usize,
+    salt: Option<&str>,
+    lora: Option<&str>,
+) -> Vec<EngineHash> {
     let mut parent = None;
     tokens
         .chunks_exact(block_size.max(1))
         .map(|block| {
-            let h = engine_block_hash(parent, block, salt);
+            let h = engine_block_hash(parent, block, salt, lora);
             parent = Some(h);
             h
         })
@@ -196,7 +204,7 @@ mod tests {
     #[test]
     fn finished_blocks_stay_cached_until_reallocated() {
         let mut c = BlockCache::new(4);
-        let h = engine_hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 4, None);
+        let h = engine_hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 4, None, None);
         c.acquire(&[], 2).unwrap();
         assert!(c.fill(h[0]) && c.fill(h[1]));
         c.release(&h, 0);
@@ -210,9 +218,21 @@ mod tests {
 
     #[test]
     fn salt_changes_every_block() {
-        let a = engine_hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 4, None);
-        let b = engine_hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 4, Some("t"));
+        let a = engine_hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 4, None, None);
+        let b = engine_hashes(&[1, 2, 3, 4, 5, 6, 7, 8], 4, Some("t"), None);
         assert!(a.iter().all(|h| !b.contains(h)));
+    }
+
+    #[test]
+    fn each_adapter_is_a_cache_domain_of_its_own() {
+        let t = [1, 2, 3, 4, 5, 6, 7, 8];
+        let base = engine_hashes(&t, 4, None, None);
+        let sql = engine_hashes(&t, 4, None, Some("sql"));
+        let chat = engine_hashes(&t, 4, None, Some("chat"));
+        for (x, y) in [(&base, &sql), (&base, &chat), (&sql, &chat)] {
+            assert!(x.iter().all(|h| !y.contains(h)));
+        }
+        assert_eq!(sql, engine_hashes(&t, 4, None, Some("sql")));
     }
 
     proptest! {
@@ -224,7 +244,7 @@ mod tests {
             let mut live: Vec<(Vec<EngineHash>, usize)> = Vec::new();
             for (i, (prefix, blocks)) in reqs.into_iter().enumerate() {
                 let tokens: Vec<u32> = (0..blocks as u32 * 2).map(|t| if t < 4 { prefix } else { t + i as u32 * 100 }).collect();
-                let hashes = engine_hashes(&tokens, 2, None);
+                let hashes = engine_hashes(&tokens, 2, None, None);
                 let hit = c.longest_prefix(&hashes);
                 prop_assert!(hit <= hashes.len());
                 if c.acquire(&hashes[..hit], hashes.len() - hit).is_err() {

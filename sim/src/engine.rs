@@ -7,6 +7,11 @@
 //! Blocks are allocated as tokens are scheduled. When the cache is full, the most recently
 //! admitted running sequence is preempted: its blocks are freed (full ones stay cached) and it
 //! goes back to the front of the queue, to be recomputed, as vLLM does.
+//!
+//! A request for a LoRA adapter is cached in that adapter's domain (its blocks never match the
+//! base model's or another adapter's). As in vLLM's scheduler, at most `max_loras` adapters run
+//! at once: a waiting request for another adapter is skipped (it keeps its place) while that
+//! many are running.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -63,6 +68,8 @@ pub struct EngineConfig {
     pub num_gpu_blocks: usize,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// Most distinct LoRA adapters among running requests (vLLM's `--max-loras`).
+    pub max_loras: usize,
     pub timing: Timing,
     /// Token ids the engine "generates" from (each decodes to a clean word).
     pub output_vocab: Arc<Vec<u32>>,
@@ -83,6 +90,8 @@ pub enum TokenEvent {
 pub struct Submit {
     pub tokens: Vec<u32>,
     pub salt: Option<String>,
+    /// The LoRA adapter the request names, if any.
+    pub lora: Option<String>,
     pub max_tokens: usize,
     /// Seeds the generated token ids.
     pub seed: u64,
@@ -170,6 +179,7 @@ struct Seq {
     /// token is sampled, so the work left is `tokens.len() - computed`.
     tokens: Vec<u32>,
     salt: Option<String>,
+    lora: Option<String>,
     /// Hashes of the full blocks this request holds (prefix of its token blocks).
     hashes: Vec<EngineHash>,
     /// Blocks held: the full ones in `hashes` plus fresh ones still filling.
@@ -303,6 +313,7 @@ impl Core {
             prompt_len: s.tokens.len(),
             tokens: s.tokens,
             salt: s.salt,
+            lora: s.lora,
             hashes: Vec::new(),
             allocated: 0,
             max_tokens: s.max_tokens.max(1),
@@ -427,8 +438,12 @@ impl Core {
             let mut stored = Vec::new();
             for b in s.hashes.len()..s.computed / bs {
                 let parent = s.hashes.last().copied();
-                let h =
-                    engine_block_hash(parent, &s.tokens[b * bs..(b + 1) * bs], s.salt.as_deref());
+                let h = engine_block_hash(
+                    parent,
+                    &s.tokens[b * bs..(b + 1) * bs],
+                    s.salt.as_deref(),
+                    s.lora.as_deref(),
+                );
                 s.hashes.push(h);
                 if self.cache.fill(h) {
                     stored.push(b);
@@ -441,7 +456,7 @@ impl Core {
                     token_ids: s.tokens[b0 * bs..(b1 + 1) * bs].to_vec(),
                     block_size: bs,
                     medium: "GPU",
-                    lora_name: None,
+                    lora_name: s.lora.clone(),
                     salt: s.salt.clone().filter(|_| b0 == 0),
                 });
             }
@@ -483,26 +498,36 @@ impl Core {
         st.prefix_hits_tokens = self.cache.hits_tokens;
     }
 
-    /// Admits waiting sequences FCFS while the batch, the token budget and the cache allow.
+    /// Admits waiting sequences FCFS while the batch, the token budget and the cache allow;
+    /// one for an adapter past `max_loras` running adapters is skipped, keeping its place.
     fn admit(&mut self, budget: &mut usize, chunks: &mut Vec<usize>) {
         let bs = self.cfg.block_size;
+        let mut loras: std::collections::BTreeSet<String> =
+            self.running.iter().filter_map(|s| s.lora.clone()).collect();
+        let mut i = 0;
         while self.running.len() < self.cfg.max_num_seqs && *budget > 0 {
-            let Some(s) = self.waiting.front_mut() else {
+            let Some(s) = self.waiting.get_mut(i) else {
                 break;
             };
             if s.events.is_closed() {
-                self.waiting.pop_front();
+                self.waiting.remove(i);
                 continue;
+            }
+            if let Some(l) = &s.lora {
+                if !loras.contains(l) && loras.len() >= self.cfg.max_loras {
+                    i += 1;
+                    continue;
+                }
             }
             let total_blocks = (s.prompt_len + s.max_tokens).div_ceil(bs);
             if total_blocks > self.cache.capacity() {
-                if let Some(s) = self.waiting.pop_front() {
+                if let Some(s) = self.waiting.remove(i) {
                     let _ = s.events.send(TokenEvent::Rejected { needed_blocks: total_blocks });
                 }
                 continue;
             }
             let len = s.tokens.len();
-            let hashes = engine_hashes(&s.tokens, bs, s.salt.as_deref());
+            let hashes = engine_hashes(&s.tokens, bs, s.salt.as_deref(), s.lora.as_deref());
             // vLLM recomputes at least the last token, so a fully cached prefix reuses one
             // block less.
             let hit = self.cache.longest_prefix(&hashes).min(len.saturating_sub(1) / bs);
@@ -522,7 +547,10 @@ impl Core {
             s.computed = hit * bs;
             s.hashes = hashes[..hit].to_vec();
             s.allocated = hit + fresh;
-            if let Some(s) = self.waiting.pop_front() {
+            if let Some(l) = &s.lora {
+                loras.insert(l.clone());
+            }
+            if let Some(s) = self.waiting.remove(i) {
                 if s.preemptions == 0 {
                     let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
                     st.prompt_tokens_total += s.prompt_len as u64;
@@ -550,6 +578,7 @@ fn placeholder() -> Seq {
         prompt_len: 0,
         tokens: Vec::new(),
         salt: None,
+        lora: None,
         hashes: Vec::new(),
         allocated: 0,
         max_tokens: 0,

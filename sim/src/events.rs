@@ -59,16 +59,26 @@ fn uints<I: IntoIterator<Item = u64>>(it: I) -> Value {
     Value::Array(it.into_iter().map(Value::from).collect())
 }
 
-/// One entry per block: `[salt]` for the first block of a salted chain, nil for the others.
-fn extra_keys(blocks: usize, salt: Option<&str>) -> Value {
-    match salt {
-        None => Value::Nil,
-        Some(s) => Value::Array(
-            (0..blocks)
-                .map(|i| if i == 0 { Value::Array(vec![Value::from(s)]) } else { Value::Nil })
-                .collect(),
-        ),
+/// One entry per block, in vLLM's order: the LoRA adapter's name (every block), then the
+/// salt (first block of a salted chain only); nil for a block without either, and nil for
+/// the whole list when no block has any.
+fn extra_keys(blocks: usize, lora: Option<&str>, salt: Option<&str>) -> Value {
+    if lora.is_none() && salt.is_none() {
+        return Value::Nil;
     }
+    Value::Array(
+        (0..blocks)
+            .map(|i| {
+                let keys: Vec<Value> =
+                    lora.into_iter().chain(salt.filter(|_| i == 0)).map(Value::from).collect();
+                if keys.is_empty() {
+                    Value::Nil
+                } else {
+                    Value::Array(keys)
+                }
+            })
+            .collect(),
+    )
 }
 
 fn opt_u64(v: Option<u64>) -> Value {
@@ -101,7 +111,11 @@ impl KvEvent {
                         lora_name.clone().map_or(Value::Nil, Value::from),
                         lora_name.is_none(),
                     ),
-                    ("extra_keys", extra_keys(block_hashes.len(), salt.as_deref()), salt.is_none()),
+                    (
+                        "extra_keys",
+                        extra_keys(block_hashes.len(), lora_name.as_deref(), salt.as_deref()),
+                        lora_name.is_none() && salt.is_none(),
+                    ),
                     ("group_idx", Value::from(0u64), true),
                 ],
             ),
@@ -307,5 +321,34 @@ mod tests {
         want.extend_from_slice(b"AllBlocksCleared");
         want.push(0xc0);
         assert_eq!(got, want);
+    }
+
+    /// A LoRA adapter's blocks name it in `lora_name` and in every block's extra keys, before
+    /// the salt (first block only), as vLLM does.
+    #[test]
+    fn golden_adapter_extra_keys() {
+        let e = KvEvent::BlockStored {
+            block_hashes: vec![7, 8],
+            parent_block_hash: None,
+            token_ids: vec![1, 2, 3, 4],
+            block_size: 2,
+            medium: "GPU",
+            lora_name: Some("sql".into()),
+            salt: Some("t".into()),
+        };
+        let got = encode_batch(1.5, &[e], None, EventEncoding::Array);
+        let mut tail = vec![0xa3];
+        tail.extend_from_slice(b"GPU");
+        tail.push(0xa3);
+        tail.extend_from_slice(b"sql");
+        // [["sql", "t"], ["sql"]], then group_idx 0, then the nil rank.
+        tail.extend_from_slice(&[0x92, 0x92, 0xa3]);
+        tail.extend_from_slice(b"sql");
+        tail.extend_from_slice(&[0xa1, b't', 0x91, 0xa3]);
+        tail.extend_from_slice(b"sql");
+        tail.extend_from_slice(&[0x00, 0xc0]);
+        assert!(got.ends_with(&tail), "{got:x?}");
+        let none = extra_keys(2, Some("sql"), None);
+        assert_eq!(none, Value::Array(vec![Value::Array(vec!["sql".into()]); 2]));
     }
 }

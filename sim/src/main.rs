@@ -5,9 +5,10 @@ use std::net::IpAddr;
 use anyhow::Context as _;
 use clap::Parser;
 use kvroute_core::model::ModelBundle;
+use kvroute_sim::api::Adapter;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
 use kvroute_sim::profile::{self, Profile};
-use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
+use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};
 
 /// Simulated vLLM-like inference workers (OpenAI API, prefix cache, KV events, vLLM metrics).
 #[derive(Parser, Debug)]
@@ -34,6 +35,20 @@ struct Args {
     /// Served model id.
     #[arg(long, default_value = "kvroute-demo")]
     model: String,
+    /// A Hugging Face style model directory (`tokenizer.json`, `tokenizer_config.json`) whose
+    /// tokenizer and chat template the workers render and tokenize with; the built-in demo
+    /// bundle without it.
+    #[arg(long)]
+    model_dir: Option<std::path::PathBuf>,
+    /// A LoRA adapter loaded at start, `NAME=PATH` (as vLLM's `--lora-modules`). Repeatable.
+    #[arg(long = "lora", value_parser = parse_lora)]
+    loras: Vec<Adapter>,
+    /// Most distinct LoRA adapters among running requests (vLLM's `--max-loras`).
+    #[arg(long, default_value_t = 1)]
+    max_loras: usize,
+    /// How long loading an adapter through `POST /v1/load_lora_adapter` takes (ms).
+    #[arg(long, default_value_t = 0)]
+    lora_load_ms: u64,
     /// Timing profile: a built-in name or a .toml path.
     #[arg(long, default_value = profile::DEFAULT)]
     profile: String,
@@ -88,6 +103,15 @@ fn profile(a: &Args) -> anyhow::Result<Profile> {
     Ok(p)
 }
 
+fn parse_lora(s: &str) -> Result<Adapter, String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok(Adapter { name: name.into(), path: path.into() })
+        }
+        _ => Err(format!("'{s}' is not NAME=PATH")),
+    }
+}
+
 fn port(base: u16, i: u16) -> u16 {
     if base == 0 {
         0
@@ -101,7 +125,17 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.speedup > 0.0, "--speedup must be > 0");
     let profile = profile(&args)?;
-    let bundle = ModelBundle::demo().context("loading the demo model bundle")?;
+    anyhow::ensure!(args.max_loras > 0, "--max-loras must be > 0");
+    let bundle = match &args.model_dir {
+        Some(dir) => ModelBundle::from_dir(dir)
+            .with_context(|| format!("loading the model bundle in {}", dir.display()))?,
+        None => ModelBundle::demo().context("loading the demo model bundle")?,
+    };
+    let lora = LoraSpec {
+        adapters: args.loras.clone(),
+        max_loras: args.max_loras,
+        load_ms: args.lora_load_ms,
+    };
     let events = EventConfig {
         topic: args.topic.clone(),
         encoding: args.event_encoding,
@@ -117,6 +151,8 @@ async fn main() -> anyhow::Result<()> {
             profile: profile.clone(),
             speedup: args.speedup,
             events: events.clone(),
+            root: args.model_dir.as_ref().map(|d| d.display().to_string()),
+            lora: lora.clone(),
         };
         let ports = Ports {
             http: port(args.base_port, i),

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::Socket;
 
-use crate::api::{self, Serving};
+use crate::api::{self, Adapter, Serving};
 use crate::engine::{Engine, EngineConfig, Timing};
 use crate::events::{self, EventConfig, EventLog};
 use crate::profile::Profile;
@@ -34,6 +34,29 @@ pub struct WorkerSpec {
     pub profile: Profile,
     pub speedup: f64,
     pub events: EventConfig,
+    /// `root` of the base model in `/v1/models` (vLLM: the model's path); the model id if
+    /// `None`.
+    pub root: Option<String>,
+    pub lora: LoraSpec,
+}
+
+/// A worker's LoRA settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraSpec {
+    /// Adapters loaded at every start (vLLM's `--lora-modules`); ones loaded through the API
+    /// are gone after a restart, as in vLLM.
+    pub adapters: Vec<Adapter>,
+    /// Most distinct adapters among running requests (vLLM's `--max-loras`).
+    pub max_loras: usize,
+    /// How long `POST /v1/load_lora_adapter` takes before the adapter is usable (ms).
+    pub load_ms: u64,
+}
+
+impl Default for LoraSpec {
+    fn default() -> Self {
+        // vLLM's default `--max-loras` is 1.
+        LoraSpec { adapters: Vec::new(), max_loras: 1, load_ms: 0 }
+    }
 }
 
 /// Deliberate misconfiguration: what the worker really does versus what it announces.
@@ -167,6 +190,7 @@ impl Worker {
             num_gpu_blocks: p.num_gpu_blocks,
             max_num_seqs: p.max_num_seqs,
             max_num_batched_tokens: p.max_num_batched_tokens,
+            max_loras: self.spec.lora.max_loras.max(1),
             timing: Timing::from_profile(p, self.spec.speedup),
             output_vocab: Arc::clone(&self.output_vocab),
         };
@@ -180,6 +204,9 @@ impl Worker {
             announced_block_size: p.block_size,
             num_gpu_blocks: p.num_gpu_blocks,
             max_model_len: p.max_model_len,
+            root: self.spec.root.clone().unwrap_or_else(|| self.spec.model.clone()),
+            adapters: Mutex::new(self.spec.lora.adapters.clone()),
+            lora_load_ms: self.spec.lora.load_ms,
         });
         let app = api::router(Arc::clone(&serving));
         let http_task = tokio::spawn(serve(listener, app));

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use kvroute_core::model::ModelBundle;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
 use kvroute_sim::profile::Profile;
-use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
+use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};
 use serde_json::{json, Value};
 
 async fn start() -> (Arc<Worker>, u16, u16) {
@@ -23,6 +23,8 @@ async fn start() -> (Arc<Worker>, u16, u16) {
             reply_shape: ReplyShape::Pair,
             buffer_steps: 100,
         },
+        root: None,
+        lora: LoraSpec::default(),
     };
     let w = Worker::new(spec, ModelBundle::demo().unwrap(), Ports::default());
     let admin = w.bind_admin().await.unwrap();

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use kvroute_core::model::ModelBundle;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape, END_SEQ};
 use kvroute_sim::profile::Profile;
-use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
+use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};
 use serde_json::{json, Value};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -29,6 +29,8 @@ async fn worker(encoding: EventEncoding, shape: ReplyShape) -> (Arc<Worker>, Por
             reply_shape: shape,
             buffer_steps: 1000,
         },
+        root: None,
+        lora: LoraSpec::default(),
     };
     let w = Worker::new(spec, ModelBundle::demo().unwrap(), Ports::default());
     let ports = w.start().await.unwrap();

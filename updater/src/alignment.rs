@@ -1,13 +1,18 @@
-//! The config alignment check: does a worker serve what kvroute hashes for? A canary chat is
-//! tokenized by the worker (`/tokenize`) and by kvroute's own template + tokenizer; the model id
-//! must be served (`/v1/models`); the announced block size (`vllm:cache_config_info`) must be
-//! kvroute's. Any mismatch makes the worker cache-incompatible: no cache credit, load only.
+//! The config alignment check: does a worker serve what kvroute hashes for? Its base model
+//! (`/v1/models`, the entry without `parent`) must be a configured model; a canary chat is
+//! tokenized by the worker (`/tokenize`) and by that model's template + tokenizer; the block
+//! size it announces (`vllm:cache_config_info`) must be the model's (configured, or learned
+//! from the first compatible worker: see [`crate::state::State::apply_check`]). Any mismatch
+//! makes the worker cache-incompatible: no cache credit, load only.
 
 use std::time::Duration;
 
 use kvroute_core::model::ModelBundle;
 use kvroute_core::request::Prompt;
 use serde_json::{json, Value};
+
+use crate::limits::AdapterLimits;
+use crate::models::Models;
 
 /// The outcome of one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +21,67 @@ pub enum Verdict {
     Incompatible(String),
     /// The worker could not be asked (down, timeout): the previous verdict stands.
     Unknown(String),
+}
+
+/// What a worker's `/v1/models` says it serves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Served {
+    /// Its base model: the first entry without a `parent` that is a configured model, else
+    /// the first entry without a `parent` (`None` past the name bound, or without any).
+    pub base: Option<String>,
+    /// Its LoRA adapters (entries whose `parent` is a base model), sorted, at most
+    /// [`AdapterLimits::max_adapters`] of them.
+    pub adapters: Vec<String>,
+    /// Adapters left out past the count bound.
+    pub adapters_cut: u64,
+    /// Names left out for being longer than the name bound.
+    pub names_too_long: u64,
+}
+
+/// Reads vLLM's `/v1/models` list: base models have no `parent` (vLLM writes `null`);
+/// LoRA adapters have `parent` = the base model and `root` = the adapter's path.
+pub fn served(models: &Value, configured: impl Fn(&str) -> bool, limits: &AdapterLimits) -> Served {
+    let mut out = Served::default();
+    let entries = models["data"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let parent = |m: &Value| m.get("parent").and_then(Value::as_str).map(str::to_owned);
+    let mut fits = |name: &str| {
+        let ok = name.len() <= limits.max_name_bytes;
+        out.names_too_long += u64::from(!ok);
+        ok
+    };
+    let bases: Vec<&str> = entries
+        .iter()
+        .filter(|m| parent(m).is_none())
+        .filter_map(|m| m["id"].as_str())
+        .filter(|id| fits(id))
+        .collect();
+    let base = bases.iter().find(|b| configured(b)).or(bases.first()).map(|b| b.to_string());
+    let mut adapters: Vec<String> = entries
+        .iter()
+        .filter(|m| parent(m).is_some_and(|p| bases.contains(&p.as_str())))
+        .filter_map(|m| m["id"].as_str())
+        .filter(|id| fits(id))
+        .map(str::to_owned)
+        .collect();
+    adapters.sort_unstable();
+    adapters.dedup();
+    if adapters.len() > limits.max_adapters {
+        out.adapters_cut = (adapters.len() - limits.max_adapters) as u64;
+        adapters.truncate(limits.max_adapters);
+    }
+    out.base = base;
+    out.adapters = adapters;
+    out
+}
+
+/// What one check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub verdict: Verdict,
+    /// What `/v1/models` listed, when it answered.
+    pub served: Option<Served>,
+    /// The block size in `vllm:cache_config_info`, when the check got that far.
+    pub announced_block_size: Option<u32>,
 }
 
 /// A fixed conversation that exercises system, user and assistant turns and the generation
@@ -39,39 +105,76 @@ pub fn announced_block_size(metrics: &str) -> Option<u32> {
 /// How an over-long answer shows in a verdict.
 const TOO_LARGE: &str = "answer larger than";
 
-/// Checks one worker (`ip:port`) against the model, tokenizer and block size kvroute uses.
+/// A name from a worker, cut for a log line or a verdict.
+fn shown(name: &str) -> String {
+    name.chars().take(64).collect()
+}
+
+/// Fetches a worker's `/v1/models` (at most `max_body` bytes) and reads it.
+pub async fn fetch_served(
+    http: &reqwest::Client,
+    worker: &str,
+    models: &Models,
+    max_body: usize,
+    limits: &AdapterLimits,
+) -> Result<Served, crate::http_body::BodyError> {
+    let resp = http
+        .get(format!("http://{worker}/v1/models"))
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await?;
+    let v = crate::http_body::json(resp, max_body).await?;
+    Ok(served(&v, |n| models.get(n).is_some(), limits))
+}
+
+/// Checks one worker (`ip:port`) against the configured models.
 pub async fn check(
     http: &reqwest::Client,
     worker: &str,
-    model: &str,
-    bundle: &ModelBundle,
-    block_size: u32,
+    models: &Models,
     max_body: usize,
-) -> Verdict {
-    match check_inner(http, worker, model, bundle, block_size, max_body).await {
-        Ok(v) => v,
-        Err(e) => Verdict::Unknown(format!("{e:#}")),
-    }
+    limits: &AdapterLimits,
+) -> Outcome {
+    let served = match fetch_served(http, worker, models, max_body, limits).await {
+        Ok(s) => s,
+        Err(e) => {
+            return Outcome {
+                verdict: Verdict::Unknown(format!("/v1/models: {e}")),
+                served: None,
+                announced_block_size: None,
+            }
+        }
+    };
+    let (verdict, announced_block_size) = match &served.base {
+        None => (Verdict::Incompatible("/v1/models lists no base model".into()), None),
+        Some(base) => match models.get(base) {
+            None => (
+                Verdict::Incompatible(format!(
+                    "serves model '{}', which is not configured (--model)",
+                    shown(base)
+                )),
+                None,
+            ),
+            Some(m) => match check_model(http, worker, base, &m.bundle, max_body).await {
+                Ok(v) => v,
+                Err(e) => (Verdict::Unknown(format!("{e:#}")), None),
+            },
+        },
+    };
+    Outcome { verdict, served: Some(served), announced_block_size }
 }
 
-async fn check_inner(
+/// The canary (with the worker's model's bundle) and the announced block size.
+async fn check_model(
     http: &reqwest::Client,
     worker: &str,
     model: &str,
     bundle: &ModelBundle,
-    block_size: u32,
     max_body: usize,
-) -> anyhow::Result<Verdict> {
+) -> anyhow::Result<(Verdict, Option<u32>)> {
     use crate::http_body::{json as capped_json, text as capped_text};
     let base = format!("http://{worker}");
     let timeout = Duration::from_secs(3);
-    let models =
-        capped_json(http.get(format!("{base}/v1/models")).timeout(timeout).send().await?, max_body)
-            .await?;
-    let served = models["data"].as_array().is_some_and(|d| d.iter().any(|m| m["id"] == model));
-    if !served {
-        return Ok(Verdict::Incompatible(format!("model '{model}' is not in /v1/models")));
-    }
     let body = json!({"model": model, "messages": canary(), "add_generation_prompt": true});
     let tok = capped_json(
         http.post(format!("{base}/tokenize")).json(&body).timeout(timeout).send().await?,
@@ -83,72 +186,65 @@ async fn check_inner(
         .map(|a| a.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default();
     let ours: Vec<u64> =
-        bundle.prompt_tokens(&Prompt::Messages(canary()))?.into_iter().map(u64::from).collect();
+        bundle.prompt_tokens(&Prompt::messages(canary()))?.into_iter().map(u64::from).collect();
     if theirs != ours {
         let first = theirs
             .iter()
             .zip(&ours)
             .position(|(a, b)| a != b)
             .unwrap_or(theirs.len().min(ours.len()));
-        return Ok(Verdict::Incompatible(format!(
-            "canary tokens differ from position {first} ({} vs {} tokens): chat template or tokenizer mismatch",
-            theirs.len(),
-            ours.len()
-        )));
+        return Ok((
+            Verdict::Incompatible(format!(
+                "canary tokens differ from position {first} ({} vs {} tokens): chat template or tokenizer mismatch",
+                theirs.len(),
+                ours.len()
+            )),
+            None,
+        ));
     }
     let metrics =
         capped_text(http.get(format!("{base}/metrics")).timeout(timeout).send().await?, max_body)
             .await?;
-    if let Some(bs) = announced_block_size(&metrics) {
-        if bs != block_size {
-            return Ok(Verdict::Incompatible(format!(
-                "announced block size {bs}, kvroute uses {block_size}"
-            )));
-        }
-    }
-    Ok(Verdict::Compatible)
+    Ok((Verdict::Compatible, announced_block_size(&metrics)))
 }
 
-/// Checks every worker now and then every `interval`, updating their verdicts. Block-size
-/// mismatches seen in a worker's events also make it incompatible.
+/// Counts the caps a reading of `/v1/models` hit.
+pub fn count_caps(state: &crate::state::State, worker: &str, served: &Served) {
+    use crate::limits::Cap;
+    for (cap, n) in
+        [(Cap::Adapters, served.adapters_cut), (Cap::AdapterName, served.names_too_long)]
+    {
+        if n > 0 {
+            state.cap_hits(worker, cap, n);
+        }
+    }
+}
+
+/// Checks every worker now and then every `interval` (or sooner when the state asks for it:
+/// a worker's base model changed), updating their verdicts.
 pub async fn run(
     state: std::sync::Arc<crate::state::State>,
     workers: Vec<String>,
-    bundle: ModelBundle,
     interval: Duration,
 ) {
     let http = reqwest::Client::new();
-    let model = state.domain.model.clone();
-    let block_size = state.domain.block_size;
+    let models = std::sync::Arc::clone(state.models());
     loop {
         for w in &workers {
             let max_body = state.limits.max_http_body_bytes;
-            let verdict = check(&http, w, &model, &bundle, block_size, max_body).await;
-            if matches!(&verdict, Verdict::Unknown(why) if why.contains(TOO_LARGE)) {
+            let outcome = check(&http, w, &models, max_body, &state.limits.adapters).await;
+            if matches!(&outcome.verdict, Verdict::Unknown(why) if why.contains(TOO_LARGE)) {
                 state.cap_hit(w, crate::limits::Cap::HttpBody);
             }
-            state.update(w, |e, _| {
-                let mismatches = e.knowledge.stats.block_size_mismatches;
-                let new_mismatches = mismatches > e.mismatches_seen;
-                e.mismatches_seen = mismatches;
-                match verdict {
-                    _ if new_mismatches => {
-                        e.compatible = false;
-                        e.alignment = Some("events report a different block size".into());
-                    }
-                    Verdict::Compatible => {
-                        e.compatible = true;
-                        e.alignment = None;
-                    }
-                    Verdict::Incompatible(why) => {
-                        e.compatible = false;
-                        e.alignment = Some(why);
-                    }
-                    Verdict::Unknown(why) => e.alignment = Some(format!("check failed: {why}")),
-                }
-            });
+            if let Some(s) = &outcome.served {
+                count_caps(&state, w, s);
+            }
+            state.apply_check(w, outcome);
         }
-        tokio::time::sleep(interval).await;
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = state.align_now.notified() => {}
+        }
     }
 }
 
@@ -161,5 +257,43 @@ mod tests {
         let m = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"32\",engine=\"0\"} 1.0\n";
         assert_eq!(announced_block_size(m), Some(32));
         assert_eq!(announced_block_size("nothing"), None);
+    }
+
+    #[test]
+    fn reads_base_model_and_adapters_as_vllm_lists_them() {
+        // vLLM's shape: the base has `parent: null` and `root` = its path; each LoRA adapter
+        // has `parent` = the base model and `root` = the adapter's path.
+        let v = json!({"object": "list", "data": [
+            {"id": "Qwen/Qwen3-8B", "object": "model", "root": "/models/qwen3", "parent": null, "max_model_len": 4096},
+            {"id": "sql-lora", "object": "model", "root": "/adapters/sql", "parent": "Qwen/Qwen3-8B", "max_model_len": null},
+            {"id": "chat-lora", "object": "model", "root": "/adapters/chat", "parent": "Qwen/Qwen3-8B"},
+            {"id": "stray", "object": "model", "parent": "other-model"},
+        ]});
+        let limits = AdapterLimits::default();
+        let s = served(&v, |n| n == "Qwen/Qwen3-8B", &limits);
+        assert_eq!(s.base.as_deref(), Some("Qwen/Qwen3-8B"));
+        assert_eq!(s.adapters, vec!["chat-lora".to_string(), "sql-lora".to_string()]);
+        assert_eq!((s.adapters_cut, s.names_too_long), (0, 0));
+        // An unconfigured base is still named (for the verdict).
+        assert_eq!(served(&v, |_| false, &limits).base.as_deref(), Some("Qwen/Qwen3-8B"));
+        // Several names served (`--served-model-name a b`): the configured one is the base.
+        let two = json!({"data": [{"id": "a"}, {"id": "b"}, {"id": "l", "parent": "b"}]});
+        let s = served(&two, |n| n == "b", &limits);
+        assert_eq!((s.base.as_deref(), s.adapters.len()), (Some("b"), 1));
+        assert_eq!(served(&json!({"data": []}), |_| true, &limits), Served::default());
+        assert_eq!(served(&json!("garbage"), |_| true, &limits), Served::default());
+    }
+
+    #[test]
+    fn adapter_lists_are_bounded_in_count_and_name_length() {
+        let mut data = vec![json!({"id": "m"})];
+        for i in 0..10 {
+            data.push(json!({"id": format!("lora-{i}"), "parent": "m"}));
+        }
+        data.push(json!({"id": "x".repeat(40), "parent": "m"}));
+        let limits = AdapterLimits { max_adapters: 4, max_name_bytes: 16 };
+        let s = served(&json!({ "data": data }), |_| true, &limits);
+        assert_eq!(s.adapters, vec!["lora-0", "lora-1", "lora-2", "lora-3"]);
+        assert_eq!((s.adapters_cut, s.names_too_long), (6, 1));
     }
 }

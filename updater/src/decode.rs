@@ -149,10 +149,12 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// The salt in the first block's extra keys: the last string of `extra_keys[0]`.
-fn extra_keys_salt(v: Option<&Value>) -> Option<String> {
+/// The salt in the first block's extra keys: the last string of `extra_keys[0]` after the
+/// LoRA adapter's name, which vLLM puts first in every block's keys.
+fn extra_keys_salt(v: Option<&Value>, lora: Option<&str>) -> Option<String> {
     let first = v?.as_array()?.first()?.as_array()?;
-    first.iter().rev().find_map(|x| x.as_str()).map(str::to_owned)
+    let skip = usize::from(lora.is_some() && first.first().and_then(Value::as_str) == lora);
+    first[skip..].iter().rev().find_map(|x| x.as_str()).map(str::to_owned)
 }
 
 fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
@@ -174,14 +176,17 @@ fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
                 .get("block_size", 3)
                 .and_then(Value::as_u64)
                 .ok_or(DecodeError::Field("block_size"))? as usize;
+            let lora_name = f.get("lora_name", 6).and_then(Value::as_str).map(str::to_owned);
+            let salt = extra_keys_salt(f.get("extra_keys", 7), lora_name.as_deref())
+                .or_else(|| f.trailing_salt());
             Ok(EngineEvent::Stored {
                 hashes: keys(f.get("block_hashes", 0), "block_hashes")?,
                 parent: f.get("parent_block_hash", 1).and_then(key),
                 token_ids,
                 block_size,
                 tier: Tier::parse(f.get("medium", 5)),
-                lora_name: f.get("lora_name", 6).and_then(Value::as_str).map(str::to_owned),
-                salt: extra_keys_salt(f.get("extra_keys", 7)).or_else(|| f.trailing_salt()),
+                lora_name,
+                salt,
             })
         }
         "BlockRemoved" => Ok(EngineEvent::Removed {
@@ -284,6 +289,40 @@ mod tests {
         }
         assert_eq!(b.events[1], EngineEvent::Removed { hashes: vec![9], tier: Tier::Gpu });
         assert_eq!(b.events[2], EngineEvent::Unknown("Future".into()));
+    }
+
+    /// vLLM puts the adapter's name first in every block's extra keys: it is not a salt.
+    #[test]
+    fn an_adapters_extra_keys_are_not_a_salt() {
+        let stored = |extra: Value| {
+            let event = Value::Array(vec![
+                "BlockStored".into(),
+                Value::Array(vec![7.into()]),
+                Value::Nil,
+                Value::Array(vec![1.into(), 2.into()]),
+                2.into(),
+                3.into(),
+                "GPU".into(),
+                "sql".into(),
+                extra,
+            ]);
+            let batch = Value::Array(vec![Value::F64(1.0), Value::Array(vec![event]), Value::Nil]);
+            match decode_batch(&enc(batch)).unwrap().events.remove(0) {
+                EngineEvent::Stored { lora_name, salt, .. } => (lora_name, salt),
+                e => panic!("{e:?}"),
+            }
+        };
+        let keys = |k: Vec<&str>| {
+            Value::Array(vec![Value::Array(k.into_iter().map(Value::from).collect())])
+        };
+        assert_eq!(stored(keys(vec!["sql"])), (Some("sql".into()), None));
+        assert_eq!(
+            stored(keys(vec!["sql", "tenant"])),
+            (Some("sql".into()), Some("tenant".into()))
+        );
+        // Older releases keyed adapters by their integer id.
+        let int_key = Value::Array(vec![Value::Array(vec![3.into(), "tenant".into()])]);
+        assert_eq!(stored(int_key).1.as_deref(), Some("tenant"));
     }
 
     #[test]

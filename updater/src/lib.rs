@@ -6,8 +6,9 @@
 //! resync), behind a [`frameguard`] that bounds what the ZMQ codec may allocate;
 //! [`ingest::WorkerKnowledge`] applies decoded batches ([`decode`]) to a bounded
 //! [`blocks::BlockIndex`]; [`limits`] holds every bound and the counters of its hits;
-//! [`state::State`] holds all workers and the snapshot version; [`alignment`] checks each
-//! worker's announced config; [`server`] is the HTTP surface.
+//! [`state::State`] holds all workers, the models they serve ([`models`]: bundles, block
+//! sizes) and the snapshot version; [`alignment`] identifies each worker's model and checks its
+//! announced config; [`server`] is the HTTP surface (snapshots and bundles).
 
 pub mod alignment;
 pub mod blocks;
@@ -16,6 +17,7 @@ pub mod frameguard;
 pub mod http_body;
 pub mod ingest;
 pub mod limits;
+pub mod models;
 pub mod publish;
 pub mod replay;
 pub mod scrape;

@@ -25,10 +25,14 @@ pub enum Cap {
     PayloadBytes,
     /// An HTTP answer from the worker (`/metrics`, `/tokenize`, `/v1/models`) too large.
     HttpBody,
+    /// A worker listed more LoRA adapters than kept (the rest are not published).
+    Adapters,
+    /// A model or adapter name in `/v1/models` longer than kept (not published).
+    AdapterName,
 }
 
 impl Cap {
-    pub const ALL: [Cap; 9] = [
+    pub const ALL: [Cap; 11] = [
         Cap::BlocksPerTier,
         Cap::EngineKeys,
         Cap::ReplayBatches,
@@ -38,6 +42,8 @@ impl Cap {
         Cap::MessageFrames,
         Cap::PayloadBytes,
         Cap::HttpBody,
+        Cap::Adapters,
+        Cap::AdapterName,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,6 +57,8 @@ impl Cap {
             Cap::MessageFrames => "message_frames",
             Cap::PayloadBytes => "payload_bytes",
             Cap::HttpBody => "http_body",
+            Cap::Adapters => "adapters",
+            Cap::AdapterName => "adapter_name",
         }
     }
 }
@@ -139,6 +147,22 @@ impl Default for WireLimits {
     }
 }
 
+/// Bounds on what a worker's `/v1/models` may make the updater keep and publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdapterLimits {
+    /// LoRA adapters kept per worker (the first ones by name).
+    pub max_adapters: usize,
+    /// Longest model or adapter name kept, in bytes.
+    pub max_name_bytes: usize,
+}
+
+impl Default for AdapterLimits {
+    fn default() -> Self {
+        // vLLM keeps `--max-cpu-loras` adapters in memory; a few dozen is a large deployment.
+        AdapterLimits { max_adapters: 256, max_name_bytes: 256 }
+    }
+}
+
 /// Every bound of the updater.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -147,6 +171,7 @@ pub struct Limits {
     pub wire: WireLimits,
     /// Largest HTTP answer read from a worker.
     pub max_http_body_bytes: usize,
+    pub adapters: AdapterLimits,
 }
 
 impl Default for Limits {
@@ -157,6 +182,7 @@ impl Default for Limits {
             replay: ReplayLimits::default(),
             wire: WireLimits::default(),
             max_http_body_bytes: 4 << 20,
+            adapters: AdapterLimits::default(),
         }
     }
 }

@@ -5,9 +5,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use kvroute_core::model::ModelBundle;
-use kvroute_updater::ingest::DomainBase;
-use kvroute_updater::limits::{BlockLimits, Limits, ReplayLimits, WireLimits};
+use kvroute_updater::limits::{AdapterLimits, BlockLimits, Limits, ReplayLimits, WireLimits};
+use kvroute_updater::models::{parse_block_size, ModelSpec, Models};
 use kvroute_updater::state::State;
 use kvroute_updater::subscriber::{follow, Endpoints};
 
@@ -21,12 +20,24 @@ struct Args {
     /// Shared token the Envoy side must send for snapshots (or env KVROUTE_UPDATER_TOKEN).
     #[arg(long, env = "KVROUTE_UPDATER_TOKEN")]
     token: String,
-    /// Model id (part of the cache domain).
-    #[arg(long, default_value = "kvroute-demo")]
-    model: String,
-    /// The engines' KV block size.
-    #[arg(long, default_value_t = 16)]
-    block_size: u32,
+    /// A served model: `NAME=DIR` (a Hugging Face style directory with `tokenizer.json` and
+    /// `tokenizer_config.json`) or a bare `NAME` (the built-in demo bundle). Repeat per model.
+    /// A worker's model is its `/v1/models` base model; one not given here is incompatible.
+    #[arg(long = "model", default_value = "kvroute-demo")]
+    models: Vec<ModelSpec>,
+    /// The KV block size every model's workers must announce (else learned per model from the
+    /// first compatible worker).
+    #[arg(long)]
+    block_size: Option<u32>,
+    /// `NAME=BLOCK_SIZE`: the block size of one model's workers (overrides --block-size).
+    #[arg(long = "model-block-size", value_parser = parse_block_size)]
+    model_block_sizes: Vec<(String, u32)>,
+    /// Most LoRA adapters published per worker (the first by name).
+    #[arg(long, default_value_t = 256)]
+    max_adapters_per_worker: usize,
+    /// Longest model or adapter name taken from a worker's `/v1/models`, in bytes.
+    #[arg(long, default_value_t = 256)]
+    max_adapter_name_bytes: usize,
     /// How often each worker's config alignment is checked (ms).
     #[arg(long, default_value_t = 10_000)]
     align_interval_ms: u64,
@@ -92,6 +103,10 @@ fn limits(a: &Args) -> Limits {
             max_message_frames: a.max_message_frames.max(4),
         },
         max_http_body_bytes: a.max_http_body_bytes.max(64 << 10),
+        adapters: AdapterLimits {
+            max_adapters: a.max_adapters_per_worker,
+            max_name_bytes: a.max_adapter_name_bytes.max(1),
+        },
     }
 }
 
@@ -109,15 +124,15 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(args.token.len() >= 16, "--token must be at least 16 characters");
     let eps: Vec<Endpoints> =
         args.workers.iter().map(|w| endpoints(w)).collect::<anyhow::Result<_>>()?;
-    let bundle = ModelBundle::demo().context("loading the tokenizer for the cache domain")?;
-    let domain = DomainBase {
-        model: args.model.clone(),
-        tokenizer_fingerprint: bundle.fingerprint(),
-        block_size: args.block_size,
-        lora_name: None,
+    anyhow::ensure!(args.block_size != Some(0), "--block-size must be > 0");
+    let mut block_sizes: Vec<(String, u32)> = match args.block_size {
+        Some(b) => args.models.iter().map(|m| (m.name.clone(), b)).collect(),
+        None => Vec::new(),
     };
+    block_sizes.extend(args.model_block_sizes.iter().cloned());
+    let models = Models::load(&args.models, &block_sizes).context("loading the models")?;
     let workers = eps.iter().map(|e| e.worker.clone());
-    let state = Arc::new(State::with_limits(domain, workers, limits(&args)));
+    let state = Arc::new(State::for_models(Arc::new(models), workers, limits(&args)));
     let names: Vec<String> = eps.iter().map(|e| e.worker.clone()).collect();
     for ep in eps {
         tokio::spawn(follow(Arc::clone(&state), ep));
@@ -134,7 +149,7 @@ async fn main() -> anyhow::Result<()> {
             names.clone(),
         ));
     }
-    tokio::spawn(kvroute_updater::alignment::run(Arc::clone(&state), names, bundle, interval));
+    tokio::spawn(kvroute_updater::alignment::run(Arc::clone(&state), names, interval));
     let listener = tokio::net::TcpListener::bind(args.listen).await.context("binding --listen")?;
     println!("kvroute-updater listening on {}", listener.local_addr()?);
     axum::serve(listener, kvroute_updater::server::router(state, &args.token)).await?;

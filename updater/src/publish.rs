@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 
 use kvroute_core::delta::{Delta, WorkerDelta};
-use kvroute_core::snapshot::{Snapshot, WorkerKnowledge};
+use kvroute_core::snapshot::{ModelInfo, Snapshot, WorkerKnowledge};
 
 /// What a caller at some version should receive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,16 +43,17 @@ pub struct Publisher {
 }
 
 fn hashes_in(d: &Delta) -> usize {
-    d.workers
-        .iter()
-        .map(|w| {
-            w.gpu.add.len()
-                + w.gpu.remove.len()
-                + w.offloaded.add.len()
-                + w.offloaded.remove.len()
-                + 1
-        })
-        .sum()
+    d.models.as_ref().map_or(0, Vec::len)
+        + d.workers
+            .iter()
+            .map(|w| {
+                w.gpu.add.len()
+                    + w.gpu.remove.len()
+                    + w.offloaded.add.len()
+                    + w.offloaded.remove.len()
+                    + 1
+            })
+            .sum::<usize>()
 }
 
 impl Publisher {
@@ -78,9 +79,18 @@ impl Publisher {
         &self.current
     }
 
-    /// Publishes the new state of `changed` workers (hash lists sorted); a new version only
-    /// when something differs.
-    pub fn publish(&mut self, changed: Vec<WorkerKnowledge>, now_ms: u64) -> bool {
+    /// Publishes the new state of `changed` workers (hash lists sorted) and, when given, the
+    /// new model list; a new version only when something differs.
+    pub fn publish(
+        &mut self,
+        changed: Vec<WorkerKnowledge>,
+        models: Option<Vec<ModelInfo>>,
+        now_ms: u64,
+    ) -> bool {
+        let models = models.filter(|m| *m != self.current.models);
+        if let Some(m) = &models {
+            self.current.models.clone_from(m);
+        }
         let mut workers = Vec::new();
         for w in changed {
             let i = self.current.workers.iter().position(|k| k.worker == w.worker);
@@ -96,7 +106,7 @@ impl Publisher {
             }
         }
         self.current.generated_at_ms = now_ms;
-        if workers.is_empty() {
+        if workers.is_empty() && models.is_none() {
             return false;
         }
         let from = self.current.version;
@@ -105,7 +115,7 @@ impl Publisher {
             from_version: from,
             to_version: self.current.version,
             generated_at_ms: now_ms,
-            models: None,
+            models,
             workers,
         };
         let n = hashes_in(&delta);
@@ -165,9 +175,9 @@ mod tests {
         let mut p = Publisher::new(5, RingLimits { max_deltas: 2, max_hashes: 1000 });
         let v0 = p.version();
         assert_eq!(v0, 5000);
-        assert!(p.publish(vec![w("a", &[1]), w("b", &[2])], 10));
-        assert!(!p.publish(vec![w("a", &[1])], 11), "no change, no version");
-        assert!(p.publish(vec![w("a", &[1, 3])], 12));
+        assert!(p.publish(vec![w("a", &[1]), w("b", &[2])], None, 10));
+        assert!(!p.publish(vec![w("a", &[1])], None, 11), "no change, no version");
+        assert!(p.publish(vec![w("a", &[1, 3])], None, 12));
         let v2 = p.version();
         assert_eq!(p.answer(Some(v2)), Answer::NotModified);
         let Answer::Delta(d) = p.answer(Some(v0 + 1)) else { panic!("expected a delta") };
@@ -179,7 +189,7 @@ mod tests {
         };
         assert_eq!(s.version, v2);
         // Older than the ring (bound 2): a full snapshot.
-        assert!(p.publish(vec![w("b", &[])], 13));
+        assert!(p.publish(vec![w("b", &[])], None, 13));
         assert!(matches!(p.answer(Some(v0)), Answer::Full(_)));
         // Unknown versions (another updater's history) also get a full snapshot.
         assert!(matches!(p.answer(Some(42)), Answer::Full(_)));
@@ -189,10 +199,25 @@ mod tests {
     }
 
     #[test]
+    fn a_model_list_change_is_a_version_of_its_own() {
+        let mut p = Publisher::new(5, RingLimits::default());
+        let v0 = p.version();
+        let m = vec![ModelInfo { name: "m".into(), fingerprint: 1, block_size: 0 }];
+        assert!(p.publish(vec![], Some(m.clone()), 6));
+        assert!(!p.publish(vec![], Some(m.clone()), 7), "the same list again is no change");
+        let learned = vec![ModelInfo { block_size: 16, ..m[0].clone() }];
+        assert!(p.publish(vec![w("a", &[1])], Some(learned.clone()), 8));
+        let Answer::Delta(d) = p.answer(Some(v0)) else { panic!("expected a delta") };
+        assert_eq!(d.models, Some(learned.clone()));
+        let Answer::Full(s) = p.answer(None) else { panic!("expected a snapshot") };
+        assert_eq!(s.models, learned);
+    }
+
+    #[test]
     fn the_ring_is_bounded_by_hashes() {
         let mut p = Publisher::new(1, RingLimits { max_deltas: 100, max_hashes: 50 });
         for i in 0..20u64 {
-            p.publish(vec![w("a", &(0..i * 10).collect::<Vec<_>>())], i);
+            p.publish(vec![w("a", &(0..i * 10).collect::<Vec<_>>())], None, i);
         }
         assert!(p.ring_hashes <= 50);
         assert!(p.ring.len() < 20);

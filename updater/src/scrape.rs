@@ -1,5 +1,6 @@
 //! Worker-reported load from `/metrics` (vLLM and SGLang names), each value stamped with the
-//! time it was observed, and Envoy's view of which workers are in the pool (admin `/clusters`).
+//! time it was observed; the LoRA adapters each worker has loaded (`/v1/models`); and Envoy's
+//! view of which workers are in the pool (admin `/clusters`).
 
 use std::collections::BTreeSet;
 
@@ -61,7 +62,8 @@ pub fn healthy_members(clusters: &str, cluster: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Scrapes every worker's `/metrics` every `interval`, storing what each reports.
+/// Scrapes every worker's `/metrics` and `/v1/models` every `interval`, storing the load and
+/// the adapters each reports.
 pub async fn run_scrape(
     state: std::sync::Arc<crate::state::State>,
     workers: Vec<String>,
@@ -84,7 +86,25 @@ pub async fn run_scrape(
             }
             if let Ok(text) = text {
                 let load = parse_load(&text, crate::state::now_ms());
-                state.update(w, |e, _| e.load = Some(load));
+                state.update(w, |e| e.load = Some(load));
+            }
+            let served = crate::alignment::fetch_served(
+                &http,
+                w,
+                state.models(),
+                state.limits.max_http_body_bytes,
+                &state.limits.adapters,
+            )
+            .await;
+            match served {
+                Ok(served) => {
+                    crate::alignment::count_caps(&state, w, &served);
+                    state.apply_served(w, served);
+                }
+                Err(crate::http_body::BodyError::TooLarge(_)) => {
+                    state.cap_hit(w, crate::limits::Cap::HttpBody);
+                }
+                Err(_) => {}
             }
         }
         tokio::time::sleep(interval).await;
@@ -116,7 +136,7 @@ pub async fn run_membership(
             let healthy = healthy_members(&text, &cluster);
             for w in &workers {
                 let member = healthy.contains(w);
-                state.update(w, |e, _| {
+                state.update(w, |e| {
                     if e.member != member {
                         e.knowledge.clear();
                         e.knowledge.next_seq = None;

@@ -1,16 +1,24 @@
-//! The updater's shared state: every worker's knowledge, and the snapshot version that moves
-//! whenever any of it changes.
+//! The updater's shared state: every worker's knowledge, which model it serves (and so which
+//! cache domain its events are hashed in), the models' block sizes, and the snapshot version
+//! that moves whenever any of it changes.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kvroute_core::snapshot::{Snapshot, WorkerKnowledge as Wire};
+use kvroute_core::snapshot::{ModelInfo, Snapshot, WorkerKnowledge as Wire};
+use tokio::sync::Notify;
 
+use crate::alignment::{Outcome, Served, Verdict};
 use crate::decode::Tier;
 use crate::ingest::{DomainBase, WorkerKnowledge};
 use crate::limits::Limits;
+use crate::models::Models;
 use crate::publish::{Answer, Publisher, RingLimits};
+
+/// vLLM's default KV block size: used for a worker that announces none (SGLang, older
+/// engines) of a model with no configured or learned block size.
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
 
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -31,12 +39,41 @@ pub struct Entry {
     pub member: bool,
     /// What the worker last reported about its load.
     pub load: Option<crate::scrape::ReportedLoad>,
+    /// The cache domain its events are hashed in: its model's, once the alignment check
+    /// identified a configured model. Until then its events are not indexed.
+    pub domain: Option<DomainBase>,
+    /// Its base model as `/v1/models` lists it (configured or not).
+    pub model: Option<String>,
+    /// Its loaded LoRA adapters, sorted and bounded.
+    pub adapters: Vec<String>,
+    /// Woken when the worker's domain changed: its follower fetches the whole replay buffer
+    /// again, so the blocks are re-hashed in the new domain.
+    pub resync: Arc<Notify>,
+}
+
+impl Entry {
+    /// Moves the worker to another cache domain: what was indexed is forgotten and rebuilt
+    /// from the worker's replay buffer.
+    fn set_domain(&mut self, domain: Option<DomainBase>) {
+        if self.domain == domain {
+            return;
+        }
+        self.domain = domain;
+        self.knowledge.clear();
+        self.knowledge.next_seq = None;
+        self.knowledge.last_applied = None;
+        self.resync.notify_one();
+    }
 }
 
 #[derive(Debug)]
 pub struct State {
-    pub domain: DomainBase,
     pub limits: Limits,
+    models: Arc<Models>,
+    /// Set when every worker has one fixed domain (no models to identify them by).
+    fixed: Option<DomainBase>,
+    /// Woken to run an alignment pass now (a worker's base model changed).
+    pub align_now: Notify,
     inner: Mutex<Inner>,
 }
 
@@ -45,91 +82,271 @@ struct Inner {
     workers: BTreeMap<String, Entry>,
     /// Workers changed since the last publication.
     dirty: BTreeSet<String>,
+    /// Block sizes learned from workers, for models without a configured one.
+    learned: BTreeMap<String, u32>,
+    /// The model list changed since the last publication.
+    models_dirty: bool,
     publisher: Publisher,
 }
 
 impl State {
+    /// Every worker hashed in one fixed `domain` (tests and tools that follow a known model).
     pub fn new(domain: DomainBase, workers: impl IntoIterator<Item = String>) -> State {
         State::with_limits(domain, workers, Limits::default())
     }
 
-    /// A state whose workers' knowledge is bounded by `limits`.
+    /// As [`State::new`], with every worker's knowledge bounded by `limits`.
     pub fn with_limits(
         domain: DomainBase,
         workers: impl IntoIterator<Item = String>,
         limits: Limits,
     ) -> State {
-        let workers = workers
-            .into_iter()
-            .map(|w| {
-                let knowledge = WorkerKnowledge::with_limits(limits.blocks);
-                (w, Entry { compatible: true, member: true, knowledge, ..Default::default() })
-            })
-            .collect::<BTreeMap<String, Entry>>();
+        let entry = || Entry {
+            compatible: true,
+            member: true,
+            knowledge: WorkerKnowledge::with_limits(limits.blocks),
+            domain: Some(domain.clone()),
+            model: Some(domain.model.clone()),
+            ..Default::default()
+        };
+        State::build(Arc::new(Models::default()), Some(domain.clone()), workers, entry, limits)
+    }
+
+    /// Workers of any of `models`: each one's model (and so its domain) is learned by the
+    /// alignment check; until then it is incompatible and its events are not indexed.
+    pub fn for_models(
+        models: Arc<Models>,
+        workers: impl IntoIterator<Item = String>,
+        limits: Limits,
+    ) -> State {
+        let entry = || Entry {
+            compatible: false,
+            alignment: Some("not checked yet".into()),
+            member: true,
+            knowledge: WorkerKnowledge::with_limits(limits.blocks),
+            ..Default::default()
+        };
+        State::build(models, None, workers, entry, limits)
+    }
+
+    fn build(
+        models: Arc<Models>,
+        fixed: Option<DomainBase>,
+        workers: impl IntoIterator<Item = String>,
+        entry: impl Fn() -> Entry,
+        limits: Limits,
+    ) -> State {
+        let workers: BTreeMap<String, Entry> = workers.into_iter().map(|w| (w, entry())).collect();
         let dirty = workers.keys().cloned().collect();
         let publisher = Publisher::new(now_ms(), RingLimits::default());
-        State { domain, limits, inner: Mutex::new(Inner { workers, dirty, publisher }) }
+        let inner =
+            Inner { workers, dirty, learned: BTreeMap::new(), models_dirty: true, publisher };
+        State { limits, models, fixed, align_now: Notify::new(), inner: Mutex::new(inner) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The configured models (bundles and configured block sizes).
+    pub fn models(&self) -> &Arc<Models> {
+        &self.models
+    }
+
+    /// The cache domain `worker`'s events are hashed in, if known.
+    pub fn domain_of(&self, worker: &str) -> Option<DomainBase> {
+        self.lock().workers.get(worker).and_then(|e| e.domain.clone())
+    }
+
+    /// Wakes when `worker` moved to another domain (see [`Entry::resync`]).
+    pub fn resync_signal(&self, worker: &str) -> Option<Arc<Notify>> {
+        self.lock().workers.get(worker).map(|e| Arc::clone(&e.resync))
     }
 
     /// Counts a cap hit for `worker` (not a knowledge change: no new version).
     pub fn cap_hit(&self, worker: &str, cap: crate::limits::Cap) {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = inner.workers.get_mut(worker) {
-            e.knowledge.stats.caps_hit.hit(cap);
+        self.cap_hits(worker, cap, 1);
+    }
+
+    /// Counts `n` hits of a cap for `worker`.
+    pub fn cap_hits(&self, worker: &str, cap: crate::limits::Cap, n: u64) {
+        if let Some(e) = self.lock().workers.get_mut(worker) {
+            e.knowledge.stats.caps_hit.add(cap, n);
         }
     }
 
     /// Runs `f` on `worker`'s entry and moves the version.
-    pub fn update<T>(
-        &self,
-        worker: &str,
-        f: impl FnOnce(&mut Entry, &DomainBase) -> T,
-    ) -> Option<T> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let out = inner.workers.get_mut(worker).map(|e| f(e, &self.domain));
+    pub fn update<T>(&self, worker: &str, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        let mut inner = self.lock();
+        let out = inner.workers.get_mut(worker).map(f);
         if out.is_some() {
             inner.dirty.insert(worker.to_owned());
         }
         out
     }
 
-    /// Publishes what changed since the last call as a new snapshot version (if anything did).
-    fn publish(inner: &mut Inner) {
-        if inner.dirty.is_empty() {
+    /// Applies an alignment check: the worker's model, adapters, domain and verdict. A model's
+    /// block size is the configured one, else the first one a compatible worker announced;
+    /// workers announcing another are incompatible.
+    pub fn apply_check(&self, worker: &str, outcome: Outcome) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let Some(e) = inner.workers.get_mut(worker) else {
+            return;
+        };
+        inner.dirty.insert(worker.to_owned());
+        let mismatches = e.knowledge.stats.block_size_mismatches;
+        let new_mismatches = mismatches > e.mismatches_seen;
+        e.mismatches_seen = mismatches;
+        let mut verdict = outcome.verdict;
+        if let Verdict::Unknown(why) = verdict {
+            e.alignment = Some(format!("check failed: {why}"));
             return;
         }
+        if let (Some(served), None) = (&outcome.served, &self.fixed) {
+            e.adapters.clone_from(&served.adapters);
+            e.model.clone_from(&served.base);
+            match served.base.as_deref().and_then(|b| self.models.get(b)) {
+                None => e.set_domain(None),
+                Some(m) => {
+                    let want = m.block_size.or_else(|| inner.learned.get(&m.name).copied());
+                    let block_size = match (outcome.announced_block_size, want) {
+                        (Some(a), Some(w)) if a != w => {
+                            if verdict == Verdict::Compatible {
+                                verdict = Verdict::Incompatible(format!(
+                                    "announced block size {a}, model '{}' uses {w}",
+                                    m.name
+                                ));
+                            }
+                            w
+                        }
+                        (Some(a), None) if verdict == Verdict::Compatible => {
+                            inner.learned.insert(m.name.clone(), a);
+                            inner.models_dirty = true;
+                            a
+                        }
+                        (Some(a), _) => a,
+                        (None, w) => w.unwrap_or(DEFAULT_BLOCK_SIZE),
+                    };
+                    e.set_domain(Some(DomainBase {
+                        model: m.name.clone(),
+                        tokenizer_fingerprint: m.fingerprint(),
+                        block_size,
+                        lora_name: None,
+                    }));
+                }
+            }
+        } else if let (Some(d), Some(a)) = (&self.fixed, outcome.announced_block_size) {
+            if a != d.block_size && verdict == Verdict::Compatible {
+                verdict = Verdict::Incompatible(format!(
+                    "announced block size {a}, kvroute uses {}",
+                    d.block_size
+                ));
+            }
+        }
+        match verdict {
+            _ if new_mismatches => {
+                e.compatible = false;
+                e.alignment = Some("events report a different block size".into());
+            }
+            Verdict::Compatible => {
+                e.compatible = true;
+                e.alignment = None;
+            }
+            Verdict::Incompatible(why) | Verdict::Unknown(why) => {
+                e.compatible = false;
+                e.alignment = Some(why);
+            }
+        }
+    }
+
+    /// Applies a scrape of `worker`'s `/v1/models`: its adapters; a base model other than the
+    /// one identified makes it incompatible until the alignment check (woken now) ran again.
+    pub fn apply_served(&self, worker: &str, served: Served) {
+        if self.fixed.is_some() {
+            self.update(worker, |e| e.adapters = served.adapters);
+            return;
+        }
+        let changed = self.update(worker, |e| {
+            e.adapters = served.adapters;
+            if e.model == served.base || served.base.is_none() {
+                return false;
+            }
+            if e.model.is_none() {
+                // Not identified yet: the check can run now.
+                e.model = served.base;
+                return true;
+            }
+            let shown = |m: &Option<String>| m.as_deref().unwrap_or("nothing").to_owned();
+            e.compatible = false;
+            e.alignment = Some(format!(
+                "now serves '{}' (was '{}'): checking again",
+                shown(&served.base),
+                shown(&e.model)
+            ));
+            e.model = served.base;
+            e.set_domain(None);
+            true
+        });
+        if changed == Some(true) {
+            self.align_now.notify_one();
+        }
+    }
+
+    /// The published model list: every configured model with its bundle's fingerprint and its
+    /// block size (configured, else learned, else 0: not known yet).
+    fn model_infos(&self, inner: &Inner) -> Vec<ModelInfo> {
+        self.models
+            .iter()
+            .map(|m| ModelInfo {
+                name: m.name.clone(),
+                fingerprint: m.fingerprint(),
+                block_size: m
+                    .block_size
+                    .or_else(|| inner.learned.get(&m.name).copied())
+                    .unwrap_or(0),
+            })
+            .collect()
+    }
+
+    /// Publishes what changed since the last call as a new snapshot version (if anything did).
+    fn publish(&self, inner: &mut Inner) {
+        if inner.dirty.is_empty() && !inner.models_dirty {
+            return;
+        }
+        let models = std::mem::take(&mut inner.models_dirty).then(|| self.model_infos(inner));
         let dirty = std::mem::take(&mut inner.dirty);
         let changed =
             dirty.iter().filter_map(|w| inner.workers.get(w).map(|e| wire(w, e))).collect();
-        inner.publisher.publish(changed, now_ms());
+        inner.publisher.publish(changed, models, now_ms());
     }
 
     /// The published snapshot version (after publishing pending changes).
     pub fn version(&self) -> u64 {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        Self::publish(&mut inner);
+        let mut inner = self.lock();
+        self.publish(&mut inner);
         inner.publisher.version()
     }
 
     /// A full snapshot of everything known now.
     pub fn snapshot(&self) -> Snapshot {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        Self::publish(&mut inner);
+        let mut inner = self.lock();
+        self.publish(&mut inner);
         inner.publisher.full().clone()
     }
 
     /// What a caller holding version `since` should receive: nothing new, the composed delta,
     /// or a full snapshot.
     pub fn answer(&self, since: Option<u64>) -> Answer {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        Self::publish(&mut inner);
+        let mut inner = self.lock();
+        self.publish(&mut inner);
         inner.publisher.answer(since)
     }
 
     /// `/status` JSON.
     pub fn status(&self) -> serde_json::Value {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        Self::publish(&mut inner);
+        let mut inner = self.lock();
+        self.publish(&mut inner);
         let now = now_ms();
         let workers: serde_json::Map<String, serde_json::Value> = inner
             .workers
@@ -143,10 +360,13 @@ impl State {
                     serde_json::json!({
                         "connected": e.connected,
                         "compatible": e.compatible,
-                    "alignment": e.alignment,
-                    "member": e.member,
-                    "reported_load": e.load,
-                    "reported_load_age_ms": e.load.as_ref().map(|l| now.saturating_sub(l.observed_at_ms)),
+                        "alignment": e.alignment,
+                        "model": e.model,
+                        "adapters": e.adapters,
+                        "block_size": e.domain.as_ref().map(|d| d.block_size),
+                        "member": e.member,
+                        "reported_load": e.load,
+                        "reported_load_age_ms": e.load.as_ref().map(|l| now.saturating_sub(l.observed_at_ms)),
                         "next_seq": k.next_seq,
                         "blocks": k.counts(),
                         "engine_keys": k.engine_keys(),
@@ -156,7 +376,24 @@ impl State {
                 )
             })
             .collect();
-        serde_json::json!({"version": inner.publisher.version(), "workers": workers})
+        let models: Vec<serde_json::Value> = inner
+            .publisher
+            .full()
+            .models
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "name": m.name,
+                    "fingerprint": format!("{:016x}", m.fingerprint),
+                    "block_size": m.block_size,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "version": inner.publisher.version(),
+            "models": models,
+            "workers": workers,
+        })
     }
 }
 
@@ -179,6 +416,7 @@ fn wire(worker: &str, e: &Entry) -> Wire {
                 observed_at_ms: l.observed_at_ms,
             })
         }),
-        ..Default::default()
+        model: e.model.clone().unwrap_or_default(),
+        adapters: e.adapters.clone(),
     }
 }

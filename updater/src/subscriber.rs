@@ -85,10 +85,10 @@ impl Follower {
         };
         let now = now_ms();
         let d = digest(payload);
-        self.state.update(&self.worker, |e, domain| {
+        self.state.update(&self.worker, |e| {
             e.knowledge.last_applied = Some((seq, d));
-            match &decoded {
-                Ok(batch) if e.member => {
+            match (&decoded, &e.domain) {
+                (Ok(batch), Some(domain)) if e.member => {
                     // A replayed batch is as recent as the engine says (never in the future).
                     let stamp = match via {
                         Via::Live => now,
@@ -97,9 +97,10 @@ impl Follower {
                     };
                     e.knowledge.apply(seq, batch, domain, stamp);
                 }
-                // Out of the pool: events are not indexed (resynced when it returns).
-                Ok(_) => e.knowledge.next_seq = Some(seq + 1),
-                Err(_) => {
+                // Out of the pool, or its model not identified yet: events are not indexed
+                // (resynced when it returns, or once its domain is known).
+                (Ok(_), _) => e.knowledge.next_seq = Some(seq + 1),
+                (Err(_), _) => {
                     e.knowledge.stats.bad_batches += 1;
                     e.knowledge.next_seq = Some(seq + 1);
                 }
@@ -112,7 +113,7 @@ impl Follower {
 
     /// Marks a resync: blocks known so far are kept, as of now.
     fn resynced(&self, rollover: bool) {
-        self.state.update(&self.worker, |e, _| {
+        self.state.update(&self.worker, |e| {
             e.knowledge.stats.resyncs += 1;
             e.knowledge.stats.rollovers += u64::from(rollover);
             e.knowledge.stats.last_resync_ms = now_ms();
@@ -121,7 +122,7 @@ impl Follower {
 
     /// Forgets the worker's blocks: its publisher restarted.
     fn restarted(&self) {
-        self.state.update(&self.worker, |e, _| {
+        self.state.update(&self.worker, |e| {
             e.knowledge.clear();
             e.knowledge.next_seq = None;
             e.knowledge.last_applied = None;
@@ -141,7 +142,7 @@ impl Follower {
         }
         let (next, last) = self
             .state
-            .update(&self.worker, |e, _| (e.knowledge.next_seq, e.knowledge.last_applied))
+            .update(&self.worker, |e| (e.knowledge.next_seq, e.knowledge.last_applied))
             .unwrap_or((None, None));
         // Ask again for the last applied batch: its bytes prove continuity.
         let witness = last.filter(|(s, _)| next == Some(s + 1));
@@ -153,13 +154,13 @@ impl Follower {
                 return Caught::Nothing;
             }
         };
-        self.state.update(&self.worker, |e, _| e.knowledge.stats.replays += 1);
+        self.state.update(&self.worker, |e| e.knowledge.stats.replays += 1);
         match &got.end {
             End::Complete => {}
             End::Cut(cap) => {
                 log_line(&self.worker, &format!("replay from {ask} cut by {}", cap.name()));
                 let cap = *cap;
-                self.state.update(&self.worker, |e, _| {
+                self.state.update(&self.worker, |e| {
                     e.knowledge.stats.replays_cut += 1;
                     e.knowledge.stats.caps_hit.hit(cap);
                 });
@@ -224,18 +225,18 @@ impl Follower {
     /// A live batch after `from..to` were missed: fill from replay; what stays missing is
     /// skipped, keeping what is known.
     async fn fill(&mut self, from: u64, to: u64) {
-        self.state.update(&self.worker, |e, _| e.knowledge.stats.gaps += 1);
+        self.state.update(&self.worker, |e| e.knowledge.stats.gaps += 1);
         log_line(&self.worker, &format!("gap: batches {from}..{to} missed, replaying"));
         self.catch_up_or_rebuild(Some(to)).await;
         let (next, known) = self
             .state
-            .update(&self.worker, |e, _| (e.knowledge.next_seq, !e.knowledge.is_empty()))
+            .update(&self.worker, |e| (e.knowledge.next_seq, !e.knowledge.is_empty()))
             .unwrap_or((None, false));
         if next != Some(to) {
             if next.is_some() || known {
                 self.resynced(false);
             }
-            self.state.update(&self.worker, |e, _| e.knowledge.next_seq = Some(to));
+            self.state.update(&self.worker, |e| e.knowledge.next_seq = Some(to));
         }
     }
 }
@@ -265,6 +266,7 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
         },
         None => None,
     };
+    let resync = state.resync_signal(&ep.worker).unwrap_or_default();
     let mut f = Follower {
         state: Arc::clone(&state),
         worker: ep.worker.clone(),
@@ -284,11 +286,11 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
             .await
             .map_or(true, |r| r.is_err())
         {
-            state.update(&ep.worker, |e, _| e.connected = false);
+            state.update(&ep.worker, |e| e.connected = false);
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
-        state.update(&ep.worker, |e, _| e.connected = true);
+        state.update(&ep.worker, |e| e.connected = true);
         // Let the subscription reach the publisher, then fetch what came before it.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut dup_floor = match f.catch_up_or_rebuild(None).await {
@@ -305,6 +307,13 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
                     Some(zeromq::SocketEvent::Disconnected(_)) | None => break,
                     Some(_) => continue,
                 },
+                _ = resync.notified() => {
+                    // The worker's domain changed: everything it buffered is re-hashed.
+                    if let Caught::Upto(n) = f.catch_up_or_rebuild(None).await {
+                        dup_floor = Some(n);
+                    }
+                    continue;
+                }
                 _ = probe.tick() => {
                     // A silent stream is normal for an idle worker, but if the replay buffer
                     // holds batches the subscription never delivered, it was lost: take them
@@ -334,20 +343,19 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
         }
         if resubscribe {
             log_line(&ep.worker, "live stream silent while replay had new batches: resubscribing");
-            state.update(&ep.worker, |e, _| e.knowledge.stats.resubscribes += 1);
+            state.update(&ep.worker, |e| e.knowledge.stats.resubscribes += 1);
             continue;
         }
         // The blocks stay: on reconnecting, the replay tells whether the history continues.
         log_line(&ep.worker, "event stream lost: reconnecting");
-        state.update(&ep.worker, |e, _| e.connected = false);
+        state.update(&ep.worker, |e| e.connected = false);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 /// Handles one live batch.
 async fn live(f: &mut Follower, seq: u64, payload: &Bytes) {
-    let check =
-        f.state.update(&f.worker, |e, _| e.knowledge.check(seq)).unwrap_or(SeqCheck::InOrder);
+    let check = f.state.update(&f.worker, |e| e.knowledge.check(seq)).unwrap_or(SeqCheck::InOrder);
     match check {
         SeqCheck::InOrder => {}
         SeqCheck::Gap { from, to } => f.fill(from, to).await,
@@ -356,7 +364,7 @@ async fn live(f: &mut Follower, seq: u64, payload: &Bytes) {
             f.restarted();
             if seq > 0 {
                 f.catch_up(Some(seq)).await;
-                f.state.update(&f.worker, |e, _| e.knowledge.next_seq = Some(seq));
+                f.state.update(&f.worker, |e| e.knowledge.next_seq = Some(seq));
             }
         }
     }

@@ -56,8 +56,9 @@ impl Setup {
 
     /// What the updater's knowledge predicts the worker will reuse for `msgs`.
     fn predicted(&self, msgs: &[Value]) -> u64 {
-        let tokens = self.bundle.prompt_tokens(&Prompt::Messages(msgs.to_vec())).unwrap();
-        let hashes = block_hashes(self.state.domain.seed(None, None), 16, &tokens);
+        let tokens = self.bundle.prompt_tokens(&Prompt::messages(msgs.to_vec())).unwrap();
+        let hashes =
+            block_hashes(self.state.domain_of(&self.name).unwrap().seed(None, None), 16, &tokens);
         let known: std::collections::HashSet<u64> =
             self.state.snapshot().workers[0].gpu.iter().copied().collect();
         let blocks = hashes.iter().take_while(|h| known.contains(h)).count();

@@ -38,9 +38,10 @@ async fn send(http: u16, msgs: &[Value]) {
 
 /// Whether the updater knows every full block of `msgs`' prompt on the GPU.
 fn known(state: &State, bundle: &ModelBundle, msgs: &[Value]) -> bool {
-    let tokens = bundle.prompt_tokens(&Prompt::Messages(msgs.to_vec())).unwrap();
-    let hashes = block_hashes(state.domain.seed(None, None), 16, &tokens);
+    let tokens = bundle.prompt_tokens(&Prompt::messages(msgs.to_vec())).unwrap();
     let snap = state.snapshot();
+    let domain = state.domain_of(&snap.workers[0].worker).unwrap();
+    let hashes = block_hashes(domain.seed(None, None), 16, &tokens);
     !hashes.is_empty() && hashes.iter().all(|h| snap.workers[0].gpu.contains(h))
 }
 

@@ -10,6 +10,7 @@ fn config(blocks: usize, batched: usize) -> EngineConfig {
         num_gpu_blocks: blocks,
         max_num_seqs: 64,
         max_num_batched_tokens: batched,
+        max_loras: 1,
         timing: Timing {
             step_floor_ms: 5.0,
             prefill_ms_per_token: 0.1,
@@ -45,10 +46,20 @@ async fn submit(
     toks: Vec<u32>,
     max_tokens: usize,
 ) -> mpsc::UnboundedReceiver<TokenEvent> {
+    submit_lora(core, toks, max_tokens, None).await
+}
+
+async fn submit_lora(
+    core: &mut Core,
+    toks: Vec<u32>,
+    max_tokens: usize,
+    lora: Option<&str>,
+) -> mpsc::UnboundedReceiver<TokenEvent> {
     let (tx, rx) = mpsc::unbounded_channel();
     core.handle(Command::Submit(Submit {
         tokens: toks,
         salt: None,
+        lora: lora.map(str::to_owned),
         max_tokens,
         seed: 1,
         events: tx,
@@ -230,7 +241,7 @@ async fn random_workloads_keep_the_block_manager_invariants() {
             t.extend(tokens(100 + rng.random_range(0..1000), rng.random_range(1..100)));
             let len = t.len();
             let expected =
-                c.cache.longest_prefix(&engine_hashes(&t, 16, None)).min((len - 1) / 16) * 16;
+                c.cache.longest_prefix(&engine_hashes(&t, 16, None, None)).min((len - 1) / 16) * 16;
             let mut rx = vec![submit(&mut c, t, rng.random_range(1..40)).await];
             let (_, seen) = run_collect(&mut c, &mut rx).await;
             let cached = seen[0].iter().find_map(|e| match e {
@@ -255,4 +266,70 @@ async fn random_workloads_keep_the_block_manager_invariants() {
             assert_eq!(c.cache.ref_total(), 0);
         }
     }
+}
+
+/// The number of cached tokens each stream's `Done` reported.
+fn cached(seen: &[Vec<TokenEvent>]) -> Vec<usize> {
+    seen.iter()
+        .map(|evs| {
+            evs.iter()
+                .find_map(|e| match e {
+                    TokenEvent::Done { cached_tokens, .. } => Some(*cached_tokens),
+                    _ => None,
+                })
+                .unwrap_or(usize::MAX)
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adapter_caches_in_its_own_domain_and_its_events_name_it() {
+    let (mut c, mut ev) = core(config(4096, 8192));
+    let mut rx = vec![submit(&mut c, tokens(1, 320), 1).await];
+    run(&mut c, &mut rx).await;
+    // The same prompt for an adapter reuses nothing of the base model's blocks...
+    let mut rx = vec![submit_lora(&mut c, tokens(1, 320), 1, Some("sql")).await];
+    let (_, seen) = run_collect(&mut c, &mut rx).await;
+    assert_eq!(cached(&seen), vec![0]);
+    // ...nor another adapter's, but its own again.
+    let mut rx = vec![
+        submit_lora(&mut c, tokens(1, 320), 1, Some("chat")).await,
+        submit_lora(&mut c, tokens(1, 320), 1, Some("sql")).await,
+        submit(&mut c, tokens(1, 320), 1).await,
+    ];
+    let (_, seen) = run_collect(&mut c, &mut rx).await;
+    assert_eq!(cached(&seen), vec![0, 304, 304]);
+    let mut names = BTreeSet::new();
+    while let Ok((_, batch)) = ev.try_recv() {
+        for e in batch {
+            if let KvEvent::BlockStored { lora_name, .. } = e {
+                names.insert(lora_name);
+            }
+        }
+    }
+    let want: BTreeSet<Option<String>> =
+        [None, Some("sql".into()), Some("chat".into())].into_iter().collect();
+    assert_eq!(names, want);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_more_adapters_run_at_once_than_max_loras() {
+    let (mut c, _ev) = core(EngineConfig { max_loras: 1, ..config(4096, 8192) });
+    // Two adapters' requests and a base request queued behind them: the second adapter waits
+    // for the first to finish, the base request does not.
+    let mut rx = vec![
+        submit_lora(&mut c, tokens(1, 64), 20, Some("a")).await,
+        submit_lora(&mut c, tokens(2, 64), 20, Some("b")).await,
+        submit(&mut c, tokens(3, 64), 20).await,
+    ];
+    let (ttft, _) = run_collect(&mut c, &mut rx).await;
+    assert!(ttft[2] < ttft[1], "the base request waited behind a skipped adapter: {ttft:?}");
+    assert!(ttft[1] > ttft[0] + Duration::from_millis(50), "adapters ran together: {ttft:?}");
+    let (mut c, _ev) = core(EngineConfig { max_loras: 2, ..config(4096, 8192) });
+    let mut rx = vec![
+        submit_lora(&mut c, tokens(1, 64), 20, Some("a")).await,
+        submit_lora(&mut c, tokens(2, 64), 20, Some("b")).await,
+    ];
+    let ttft = run(&mut c, &mut rx).await;
+    assert_eq!(ttft[0], ttft[1], "two adapters within max_loras=2 were not batched together");
 }

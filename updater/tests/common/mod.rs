@@ -12,7 +12,7 @@ use bytes::Bytes;
 use kvroute_core::model::ModelBundle;
 use kvroute_sim::events::{encode_batch, EventConfig, EventEncoding, KvEvent, ReplyShape};
 use kvroute_sim::profile::Profile;
-use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
+use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};
 use kvroute_updater::ingest::DomainBase;
 use kvroute_updater::limits::Limits;
 use kvroute_updater::state::State;
@@ -193,6 +193,8 @@ pub async fn sim_setup(
         profile: Profile::load("llama3-8b-h100").unwrap(),
         speedup: 10.0,
         events: EventConfig { topic: String::new(), encoding, reply_shape, buffer_steps },
+        root: None,
+        lora: LoraSpec::default(),
     };
     let bundle = ModelBundle::demo().unwrap();
     let worker = Worker::new(spec, bundle.clone(), Ports::default());
@@ -211,4 +213,76 @@ pub async fn sim_setup(
         replay: Some(format!("tcp://127.0.0.1:{}", p.replay)),
     };
     SimSetup { worker, http: p.http, state, name, ep, bundle }
+}
+
+/// The token test servers require.
+pub const TOKEN: &str = "0123456789abcdef";
+
+/// A simulated worker serving `model` with `bundle`, caching in blocks of `block_size`, not
+/// started yet (so that a misconfiguration can be set first). Dropping it (also when a test
+/// fails) aborts its tasks.
+pub fn sim_worker(
+    model: &str,
+    bundle: ModelBundle,
+    block_size: usize,
+    lora: LoraSpec,
+) -> Arc<Worker> {
+    let mut profile = Profile::load("llama3-8b-h100").unwrap();
+    profile.block_size = block_size;
+    let spec = WorkerSpec {
+        index: 0,
+        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        model: model.into(),
+        profile,
+        speedup: 10.0,
+        events: EventConfig {
+            topic: String::new(),
+            encoding: EventEncoding::Map,
+            reply_shape: ReplyShape::Triple,
+            buffer_steps: 1000,
+        },
+        root: None,
+        lora,
+    };
+    Worker::new(spec, bundle, Ports::default())
+}
+
+/// Starts `w`: its name in snapshots (`127.0.0.1:port`) and its event endpoints.
+pub async fn start_sim(w: &Arc<Worker>) -> (String, Endpoints) {
+    let p = w.start().await.unwrap();
+    let name = format!("127.0.0.1:{}", p.http);
+    let ep = Endpoints {
+        worker: name.clone(),
+        events: format!("tcp://127.0.0.1:{}", p.events),
+        replay: Some(format!("tcp://127.0.0.1:{}", p.replay)),
+    };
+    (name, ep)
+}
+
+/// Serves `state`'s HTTP surface (token [`TOKEN`]) on a free loopback port until the task is
+/// dropped.
+pub async fn serve(state: Arc<State>) -> (u16, Task) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = kvroute_updater::server::router(state, TOKEN);
+    let task = spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (port, task)
+}
+
+/// Polls `cond` every 20 ms until it holds or `secs` pass (for async conditions).
+pub async fn until_async<F, Fut>(secs: u64, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while tokio::time::Instant::now() < deadline {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cond().await
 }

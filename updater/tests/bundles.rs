@@ -1,0 +1,90 @@
+//! Bundle serving over real HTTP: `GET /v1/bundles` lists every configured model's bundle,
+//! `GET /v1/bundles/{fingerprint}/{part}` serves it in parts that join into
+//! `BundleFiles::encode()` of the model's files, both only with the token.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use kvroute_core::bundle::{BundleFiles, PART_BYTES};
+use kvroute_core::model::{qwen3_dir, ModelBundle};
+use kvroute_updater::limits::Limits;
+use kvroute_updater::models::{ModelSpec, Models, Source};
+use kvroute_updater::state::State;
+use serde_json::Value;
+
+async fn get(url: &str, token: Option<&str>) -> reqwest::Response {
+    let mut r = reqwest::Client::new().get(url);
+    if let Some(t) = token {
+        r = r.header("x-kvroute-token", t);
+    }
+    r.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn bundles_are_listed_and_served_in_parts_with_the_token_only() {
+    let qwen = ModelSpec { name: "Qwen/Qwen3-8B".into(), source: Source::Dir(qwen3_dir()) };
+    let models = Models::load(&[qwen, "kvroute-demo".parse().unwrap()], &[]).unwrap();
+    let state = Arc::new(State::for_models(Arc::new(models), Vec::new(), Limits::default()));
+    let (port, _server) = serve(Arc::clone(&state)).await;
+    let base = format!("http://127.0.0.1:{port}/v1/bundles");
+
+    assert_eq!(get(&base, None).await.status(), 401);
+    assert_eq!(get(&base, Some("wrong")).await.status(), 401);
+    let list: Value = get(&base, Some(TOKEN)).await.json().await.unwrap();
+    let bundles = list["bundles"].as_array().unwrap();
+    let names: Vec<&str> = bundles.iter().map(|b| b["model"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Qwen/Qwen3-8B", "kvroute-demo"]);
+
+    let files = |dir: &std::path::Path| BundleFiles {
+        tokenizer_json: std::fs::read(dir.join("tokenizer.json")).unwrap(),
+        tokenizer_config_json: std::fs::read(dir.join("tokenizer_config.json")).unwrap(),
+    };
+    let demo_files = BundleFiles {
+        tokenizer_json: kvroute_core::model::DEMO_TOKENIZER_JSON.as_bytes().to_vec(),
+        tokenizer_config_json: kvroute_core::model::DEMO_TOKENIZER_CONFIG.as_bytes().to_vec(),
+    };
+    let expected = [files(&qwen3_dir()), demo_files];
+    let snapshot_models = state.snapshot().models;
+    for (b, want) in bundles.iter().zip(&expected) {
+        let fp = b["fingerprint"].as_str().unwrap();
+        assert_eq!(fp.len(), 16);
+        let parts = b["parts"].as_u64().unwrap() as usize;
+        let bytes = b["bytes"].as_u64().unwrap() as usize;
+        assert_eq!(parts, bytes.div_ceil(PART_BYTES).max(1));
+        let mut joined = Vec::new();
+        for i in 0..parts {
+            let url = format!("{base}/{fp}/{i}");
+            assert_eq!(get(&url, None).await.status(), 401);
+            let r = get(&url, Some(TOKEN)).await;
+            assert_eq!(r.status(), 200);
+            assert_eq!(r.headers()["x-kvroute-bundle-parts"], parts.to_string().as_str());
+            assert_eq!(r.headers()["content-type"], "application/octet-stream");
+            joined.extend_from_slice(&r.bytes().await.unwrap());
+        }
+        assert_eq!(joined.len(), bytes);
+        assert_eq!(joined, want.encode());
+        let decoded = BundleFiles::decode(&joined).unwrap();
+        let bundle = ModelBundle::from_hf(
+            std::str::from_utf8(&decoded.tokenizer_json).unwrap(),
+            std::str::from_utf8(&decoded.tokenizer_config_json).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(format!("{:016x}", bundle.fingerprint()), fp);
+        let info = snapshot_models.iter().find(|m| m.name == b["model"]).unwrap();
+        assert_eq!(info.fingerprint, bundle.fingerprint(), "the snapshot names the same bundle");
+        // Past the last part, and parts that are not numbers.
+        for bad in [parts.to_string(), "x".into(), "-1".into(), "+0".into()] {
+            assert_eq!(get(&format!("{base}/{fp}/{bad}"), Some(TOKEN)).await.status(), 404);
+        }
+        let upper = fp.to_uppercase();
+        if upper != fp {
+            assert_eq!(get(&format!("{base}/{upper}/0"), Some(TOKEN)).await.status(), 404);
+        }
+    }
+    assert!(bundles[0]["parts"].as_u64().unwrap() > 1, "Qwen3's bundle spans several parts");
+    for unknown in ["0000000000000000", "123", "zzzzzzzzzzzzzzzz"] {
+        assert_eq!(get(&format!("{base}/{unknown}/0"), Some(TOKEN)).await.status(), 404);
+    }
+}
