@@ -227,6 +227,16 @@ fn config_parse() -> Seeds {
     for s in [&sync, &sync_env] {
         assert!(SnapshotSyncConfig::from_json(s, &crate::sync_env).unwrap().is_some());
     }
+    let from_updater = json_bytes(json!({"models": [
+        {"name": "qwen3", "workers": ["127.0.0.1:8000"], "bundle": "updater"},
+        {"name": "pinned", "workers": ["127.0.0.1:8001"], "bundle": "00c0ffee12345678"}
+    ]}));
+    Router::new(&FilterConfig::from_json(&from_updater).unwrap()).unwrap();
+    let sync_bundles = json_bytes(json!({"snapshot_sync": {
+        "cluster": "kvroute_updater", "token_env": "KVROUTE_TOKEN",
+        "bundles": {"max_bundles": 4, "max_total_bytes": 134217728, "grace_ms": 60000}
+    }}));
+    assert!(SnapshotSyncConfig::from_json(&sync_bundles, &crate::sync_env).unwrap().is_some());
     let unknown = json_bytes(json!({"models": [{"name": "demo", "workers": ["127.0.0.1:8000"],
                                                 "blocksize": 16}]}));
     let mut not_utf8 = br#"{"models":[{"name":"d"#.to_vec();
@@ -238,6 +248,8 @@ fn config_parse() -> Seeds {
         ("inline-tokenizer.json", tiny),
         ("snapshot-sync.json", sync),
         ("snapshot-sync-token-env.json", sync_env),
+        ("bundle-from-updater.json", from_updater),
+        ("snapshot-sync-bundles.json", sync_bundles),
         ("unknown-field.json", unknown),
         ("truncated.json", truncated(&full)),
         ("deep-nesting.json", deep_json(r#"{"models":"#, 600)),
@@ -664,6 +676,60 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("shared_load_decode", shared_load_decode()),
         ("shared_protocol", shared_protocol()),
         ("zmtp_frames", zmtp_frames()),
+        ("bundle_decode", bundle_decode()),
+    ]
+}
+
+/// A small bundle, the manifest naming it, the updater's list; then truncations, a flipped
+/// checksum, absurd counts and lengths, and JSON the list parser must refuse.
+fn bundle_decode() -> Seeds {
+    use kvroute_core::bundle::BundleFiles;
+    use kvroute_core::shared::bundles::{Manifest, Published, Retired};
+    let files = BundleFiles {
+        tokenizer_json:
+            br#"{"model":{"type":"WordLevel","vocab":{"<unk>":0},"unk_token":"<unk>"}}"#.to_vec(),
+        tokenizer_config_json: br#"{"chat_template":"{{ messages[0]['content'] }}"}"#.to_vec(),
+    };
+    let bundle = files.encode();
+    let mut flipped = bundle.clone();
+    flipped[12] ^= 1;
+    let mut file_len_max = bundle[..5].to_vec();
+    file_len_max.extend_from_slice(&u32::MAX.to_le_bytes());
+    let manifest = Manifest {
+        generation: 3,
+        models: vec![
+            Published { model: "qwen3".into(), fingerprint: 0x1234, parts: 11, bytes: 11 << 20 },
+            Published { model: "kvroute-demo".into(), fingerprint: 0x77, parts: 1, bytes: 105_157 },
+        ],
+        retired: vec![Retired {
+            fingerprint: 0x99,
+            parts: 1,
+            bytes: 10,
+            since_ms: 1_700_000_000_000,
+        }],
+    }
+    .encode();
+    let mut count_max = manifest[..13].to_vec();
+    count_max.extend_from_slice(&u16::MAX.to_le_bytes());
+    let list = json_bytes(json!({"bundles": [
+        {"model": "qwen3", "fingerprint": "0000000000001234", "parts": 11, "bytes": 11 << 20},
+        {"model": "kvroute-demo", "fingerprint": "0000000000000077", "parts": 1, "bytes": 105_157}
+    ]}));
+    let bad_list = json_bytes(json!({"bundles": [
+        {"model": "", "fingerprint": "xyz", "parts": 0, "bytes": 0},
+        {"model": "m", "fingerprint": "0000000000000001", "parts": 99, "bytes": 1}
+    ]}));
+    vec![
+        ("bundle.bin", bundle.clone()),
+        ("bundle-truncated.bin", truncated(&bundle)),
+        ("bundle-checksum-flipped.bin", flipped),
+        ("bundle-file-len-u32-max.bin", file_len_max),
+        ("manifest.bin", manifest.clone()),
+        ("manifest-truncated.bin", truncated(&manifest)),
+        ("manifest-count-u16-max.bin", count_max),
+        ("list.json", list),
+        ("list-bad-entries.json", bad_list),
+        ("list-deep-nesting.json", deep_json(r#"{"bundles":"#, 600)),
     ]
 }
 
