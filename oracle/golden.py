@@ -288,6 +288,16 @@ def corpus():
     add(chat("chat_unicode_emoji_zwj", [user("Family: 👨‍👩‍👧‍👦, flags 🇨🇭🇯🇵, skin 👋🏽, keycap 1️⃣, 🏳️‍🌈")]))
     add(chat("chat_unicode_combining", [user("e\u0301 vs \u00e9, A\u030a, n\u0303, Z\u0335\u0321\u0322a\u0336l\u0337g\u0338o")]))
     add(chat("chat_unicode_rtl", [user("مرحبا بالعالم \u200f שלום עולם \u202bembedded\u202c end")]))
+    # Letters and digits of recent Unicode versions (Kawi, Nag Mundari: 15.0; Garay,
+    # Tulu-Tigalari: 16.0): where the pre-tokenizer regex engines' Unicode tables could differ.
+    add(chat("chat_unicode_new_scripts", [user(
+        "Kawi \U00011f04\U00011f05\U00011f50\U00011f51 Nag \U0001e4d0\U0001e4d1\U0001e4f0 "
+        "Garay \U00010d50\U00010d51\U00010d40 Tulu \U00011380\U00011381 Cyr \U0001e030\U0001e031")]))
+    # Regex edge cases of the Qwen2 / GPT-2 pre-tokenizers: lookahead after whitespace runs,
+    # unicode spaces, case-insensitive contractions, non-ASCII digits.
+    add(chat("chat_regex_edges", [user(
+        "a\u00a0\u00a0b  c   \n  d\u2028e \u2029 f\u3000\u3000g 'S 'LL 'Ve 's's "
+        "\u0661\u0662\u0663 \u0966\u0967 \uff11\uff12 x\u00b2 \u2167 \t\t\n \n")]))
     add(chat("chat_unicode_rare_scripts", [user("𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𐍈 𓀀 ꙮ \U0001fae8 \U0001fadf ⅷ ½ ²³ ٣ ໑")]))
 
     # --- whitespace

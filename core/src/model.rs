@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use thiserror::Error;
 use tokenizers::Tokenizer;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::request::Prompt;
-use crate::template::{ChatTemplate, TemplateError};
+use crate::request::{ChatPrompt, Prompt};
+use crate::template::{py_strip, ChatTemplate, RenderInput, TemplateError};
 
 /// The demo bundle's `tokenizer.json`, committed under `assets/demo-model/`.
 pub const DEMO_TOKENIZER_JSON: &str = include_str!("../../assets/demo-model/tokenizer.json");
@@ -54,13 +54,14 @@ impl ModelBundle {
             .get("chat_template")
             .and_then(Value::as_str)
             .ok_or_else(|| ModelError::Config("no string 'chat_template'".into()))?;
-        let template = ChatTemplate::new(
-            chat_template,
-            &special(&cfg, "bos_token"),
-            &special(&cfg, "eos_token"),
-        )?;
-        let mut fp = tokenizer_json.as_bytes().to_vec();
-        fp.extend_from_slice(chat_template.as_bytes());
+        let template = ChatTemplate::new(chat_template, &special_tokens(&cfg))?;
+        // The whole configuration (BOS, special tokens, template, ...) is part of the cache
+        // domain, in a canonical form: reformatting the file does not change it.
+        let mut fp = Vec::with_capacity(tokenizer_json.len() + tokenizer_config_json.len() + 9);
+        fp.extend_from_slice(&(tokenizer_json.len() as u64).to_le_bytes());
+        fp.extend_from_slice(tokenizer_json.as_bytes());
+        fp.push(0xff);
+        fp.extend_from_slice(cfg.to_string().as_bytes());
         Ok(ModelBundle {
             tokenizer: Arc::new(tokenizer),
             template: Arc::new(template),
@@ -70,8 +71,7 @@ impl ModelBundle {
 
     /// The same tokenizer with another chat template (e.g. a misconfigured engine).
     pub fn with_chat_template(&self, source: &str) -> Result<Self, ModelError> {
-        let template =
-            ChatTemplate::new(source, self.template.bos_token(), self.template.eos_token())?;
+        let template = ChatTemplate::new(source, self.template.special_tokens())?;
         let mut fp = self.fingerprint.to_le_bytes().to_vec();
         fp.extend_from_slice(source.as_bytes());
         Ok(ModelBundle {
@@ -96,23 +96,116 @@ impl ModelBundle {
         Self::from_hf(DEMO_TOKENIZER_JSON, DEMO_TOKENIZER_CONFIG)
     }
 
-    /// xxh3 of the tokenizer and template sources: part of the cache domain.
+    /// xxh3 of `tokenizer.json` and of the whole (canonical) `tokenizer_config.json`: part of
+    /// the cache domain.
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
     }
 
-    /// Renders the chat template as the engine does (with the generation prompt).
+    /// Renders normalized messages as the engine does, with the generation prompt.
     pub fn render_chat(&self, messages: &[Value]) -> Result<String, ModelError> {
         self.render_chat_with(messages, true)
     }
 
-    /// Renders the chat template, choosing whether to append the generation prompt.
+    /// Renders normalized messages, choosing whether to append the generation prompt.
     pub fn render_chat_with(
         &self,
         messages: &[Value],
         add_generation_prompt: bool,
     ) -> Result<String, ModelError> {
-        Ok(self.template.render(messages, add_generation_prompt)?)
+        let chat = ChatPrompt { add_generation_prompt, ..ChatPrompt::new(messages.to_vec()) };
+        self.render(&chat)
+    }
+
+    /// The text the engine tokenizes for a chat prompt (media parts contribute no text).
+    pub fn render(&self, chat: &ChatPrompt) -> Result<String, ModelError> {
+        self.render_messages(chat, &chat.messages)
+    }
+
+    /// A chat prompt rendered for routing: with media, the text is cut where the engine puts
+    /// the first media placeholder (what follows is only sized, never hashed).
+    pub fn render_for_routing(&self, chat: &ChatPrompt) -> Result<RenderedChat, ModelError> {
+        let Some(cut) = chat.media else {
+            return Ok(RenderedChat { text: self.render(chat)?, after_media: None });
+        };
+        let mut messages = chat.messages.clone();
+        if let Some(Value::Object(m)) = messages.get_mut(cut.message) {
+            // vLLM's string-content templates get the placeholders before the message's text,
+            // joined by "\n" (chat_utils `_get_full_multimodal_text_prompt`).
+            let text = m.get("content").and_then(Value::as_str).unwrap_or("");
+            let content = if text.is_empty() {
+                MEDIA_SENTINEL.to_owned()
+            } else {
+                format!("{MEDIA_SENTINEL}\n{text}")
+            };
+            m.insert("content".into(), Value::String(content));
+        }
+        let full = self.render_messages(chat, &messages)?;
+        let mut found = full.match_indices(MEDIA_SENTINEL);
+        let text_only = match (found.next(), found.next()) {
+            (Some((at, _)), None) => {
+                let rest = &full[at + MEDIA_SENTINEL.len()..];
+                return Ok(RenderedChat {
+                    text: full[..at].to_owned(),
+                    after_media: Some(AfterMedia { text: rest.to_owned(), items: cut.items }),
+                });
+            }
+            // The template dropped or repeated the content: nothing is safely hashable.
+            _ => full.replace(MEDIA_SENTINEL, ""),
+        };
+        Ok(RenderedChat {
+            text: String::new(),
+            after_media: Some(AfterMedia { text: text_only, items: cut.items }),
+        })
+    }
+
+    /// Renders `messages` with the options of `chat`, continuing the final message as
+    /// transformers does: the message gets a tag appended, the text is cut at the tag (and
+    /// right-stripped when the template trimmed the space the tag carries).
+    fn render_messages(&self, chat: &ChatPrompt, messages: &[Value]) -> Result<String, ModelError> {
+        let render_err = |m: &str| ModelError::Template(TemplateError::Render(m.into()));
+        if chat.continue_final_message && chat.add_generation_prompt {
+            return Err(render_err(
+                "continue_final_message and add_generation_prompt are not compatible",
+            ));
+        }
+        let mut tagged;
+        let mut final_text = None;
+        let messages = if chat.continue_final_message {
+            tagged = messages.to_vec();
+            let last = tagged.last_mut().and_then(Value::as_object_mut);
+            let content = last.and_then(|m| m.get_mut("content"));
+            let Some(Value::String(text)) = content else {
+                return Err(render_err("continue_final_message: no text in the final message"));
+            };
+            final_text = Some(text.clone());
+            text.push_str(CONTINUE_TAG);
+            &tagged[..]
+        } else {
+            messages
+        };
+        let rendered = self.template.render(&RenderInput {
+            messages,
+            tools: chat.tools.as_deref(),
+            documents: chat.documents.as_ref(),
+            add_generation_prompt: chat.add_generation_prompt,
+            kwargs: &chat.kwargs,
+        })?;
+        let Some(final_text) = final_text else {
+            return Ok(rendered);
+        };
+        let tag = CONTINUE_TAG.trim_end();
+        let tag_at = rendered.rfind(tag);
+        match tag_at {
+            Some(at) if rendered.contains(py_strip(&final_text, None, true, true)) => {
+                if rendered[at..].starts_with(CONTINUE_TAG) {
+                    Ok(rendered[..at].to_owned())
+                } else {
+                    Ok(py_strip(&rendered[..at], None, false, true).to_owned())
+                }
+            }
+            _ => Err(render_err("continue_final_message: the final message is not in the text")),
+        }
     }
 
     /// Tokenizes `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS).
@@ -132,11 +225,23 @@ impl ModelBundle {
     /// The engine's token ids for a prompt: chat prompts are rendered and encoded without
     /// special tokens (the template carries BOS, as in vLLM's chat endpoint); text completions
     /// are encoded with them; token-id prompts are used as given.
+    /// Media parts contribute no text here (see [`ModelBundle::routing_tokens`]).
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, ModelError> {
         match prompt {
-            Prompt::Messages(m) => self.encode(&self.render_chat(m)?, false),
+            Prompt::Chat(c) => self.encode(&self.render(c)?, false),
             Prompt::Text(t) => self.encode(t, true),
             Prompt::Tokens(t) => Ok(t.clone()),
+        }
+    }
+
+    /// The ids kvroute may hash for a prompt and the prompt's size for the cost model.
+    pub fn routing_tokens(&self, prompt: &Prompt) -> Result<RoutingTokens, ModelError> {
+        match prompt {
+            Prompt::Chat(c) => self.render_for_routing(c)?.tokens(|t| self.encode(t, false)),
+            _ => {
+                let ids = self.prompt_tokens(prompt)?;
+                Ok(RoutingTokens { prompt_tokens: ids.len() as u64, hashable: ids, media: false })
+            }
         }
     }
 
@@ -169,12 +274,99 @@ pub fn qwen3() -> Result<ModelBundle, ModelError> {
     })
 }
 
-/// A special token from tokenizer_config.json: either a string or `{"content": "..."}`.
-fn special(cfg: &Value, key: &str) -> String {
-    match cfg.get(key) {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").into(),
-        _ => String::new(),
+/// A token of tokenizer_config.json: either a string or `{"content": "..."}`.
+fn token_text(v: &Value) -> Option<&str> {
+    match v {
+        Value::String(s) => Some(s),
+        Value::Object(o) => o.get("content").and_then(Value::as_str),
+        _ => None,
+    }
+}
+
+/// The template variables transformers derives from the tokenizer (its `special_tokens_map`):
+/// each special token that is set, and the additional special tokens when there are any.
+fn special_tokens(cfg: &Value) -> Map<String, Value> {
+    let mut out = Map::new();
+    for key in SPECIAL_TOKENS {
+        if let Some(t) = cfg.get(key).and_then(token_text) {
+            out.insert(key.into(), Value::String(t.into()));
+        }
+    }
+    let extra: Vec<Value> = cfg
+        .get("additional_special_tokens")
+        .and_then(Value::as_array)
+        .map(|l| l.iter().filter_map(token_text).map(|t| Value::String(t.into())).collect())
+        .unwrap_or_default();
+    if !extra.is_empty() {
+        out.insert("additional_special_tokens".into(), Value::Array(extra));
+    }
+    out
+}
+
+const SPECIAL_TOKENS: [&str; 7] =
+    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
+
+/// Stands where the engine puts the first media placeholder. Private-use characters: a text
+/// that contains it anyway makes it ambiguous, and the prompt is then not hashed.
+const MEDIA_SENTINEL: &str = "\u{e000}kvroute:media\u{e001}";
+
+/// What transformers appends to the final message to find where it ends in the text.
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+/// Tokens a media item is assumed to take in the engine's prompt, for the cost model only
+/// (images are a few hundred to a few thousand tokens, depending on model and resolution).
+pub const MEDIA_ITEM_TOKENS: u64 = 768;
+
+/// A chat prompt rendered for routing (see [`ModelBundle::render_for_routing`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderedChat {
+    /// The text the engine tokenizes, up to the first media placeholder if there is media.
+    pub text: String,
+    /// What follows the first media placeholder: sized, never hashed.
+    pub after_media: Option<AfterMedia>,
+}
+
+/// The part of a rendered chat prompt after its first media placeholder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AfterMedia {
+    /// The rendered text after the placeholder (later media contribute no text).
+    pub text: String,
+    /// Media parts in the whole conversation.
+    pub items: usize,
+}
+
+/// The ids kvroute may hash for a prompt, and its size for the cost model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingTokens {
+    /// The whole prompt's ids; with media, those strictly before the first media placeholder
+    /// minus the last one (it could merge with what the engine puts at the cut).
+    pub hashable: Vec<u32>,
+    /// The prompt's size: exact, or with media the ids before the cut, those of the text after
+    /// it, and [`MEDIA_ITEM_TOKENS`] per media item.
+    pub prompt_tokens: u64,
+    /// Whether the prompt has media (only a prefix is hashable).
+    pub media: bool,
+}
+
+impl RenderedChat {
+    /// Tokenizes with `encode` (without special tokens; e.g. through a token cache).
+    pub fn tokens(
+        &self,
+        mut encode: impl FnMut(&str) -> Result<Vec<u32>, ModelError>,
+    ) -> Result<RoutingTokens, ModelError> {
+        let mut hashable = if self.text.is_empty() { Vec::new() } else { encode(&self.text)? };
+        let Some(after) = &self.after_media else {
+            return Ok(RoutingTokens {
+                prompt_tokens: hashable.len() as u64,
+                hashable,
+                media: false,
+            });
+        };
+        let rest = if after.text.is_empty() { 0 } else { encode(&after.text)?.len() as u64 };
+        let prompt_tokens =
+            hashable.len() as u64 + rest + (after.items as u64).saturating_mul(MEDIA_ITEM_TOKENS);
+        hashable.pop();
+        Ok(RoutingTokens { hashable, prompt_tokens, media: true })
     }
 }
 
@@ -190,7 +382,7 @@ mod tests {
         let text = b.render_chat(&msgs).unwrap();
         assert!(text.starts_with("<|begin_of_text|><|start_header_id|>user<|end_header_id|>"));
         assert!(text.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"));
-        let ids = b.prompt_tokens(&Prompt::Messages(msgs)).unwrap();
+        let ids = b.prompt_tokens(&Prompt::messages(msgs)).unwrap();
         let bos = b.encode("<|begin_of_text|>", false).unwrap();
         assert_eq!(bos.len(), 1, "BOS is one special token");
         assert_eq!(ids[0], bos[0]);
@@ -224,7 +416,7 @@ mod tests {
         let msgs = vec![json!({"role":"user","content":"hello"})];
         let text = b.render_chat(&msgs).unwrap();
         assert_eq!(text, "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n");
-        let ids = b.prompt_tokens(&Prompt::Messages(msgs)).unwrap();
+        let ids = b.prompt_tokens(&Prompt::messages(msgs)).unwrap();
         assert_eq!(ids[0], b.encode("<|im_start|>", false).unwrap()[0]);
     }
 }

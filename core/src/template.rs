@@ -1,11 +1,25 @@
-//! Chat-template rendering with minijinja, following Hugging Face conventions
-//! (`messages`, `bos_token`, `eos_token`, `add_generation_prompt`, `raise_exception`).
+//! Chat-template rendering with minijinja, in the environment Hugging Face transformers gives
+//! Jinja2 (`apply_chat_template`): `trim_blocks` and `lstrip_blocks` on, no trailing newline,
+//! no auto-escaping; `tojson` is Python's `json.dumps(x, ensure_ascii=False)` (", " and ": "
+//! separators, key order kept, Python float formatting) rather than Jinja's HTML-safe one;
+//! `raise_exception(msg)` fails the render; `strftime_now(fmt)` formats the current time (UTC).
+//! Values print as Python's `str()` does (`None`, `True`, `1.0`, `{'a': 1}`), string methods
+//! follow Python (`strip()` with Python's whitespace set, `strip('\n')`, `split()`, ...).
+//!
+//! The context is what transformers passes: the tokenizer's special tokens (`bos_token`,
+//! `eos_token`, ... when set), then the template kwargs, then `messages`, `tools`, `documents`
+//! and `add_generation_prompt`.
 
-use minijinja::{Environment, ErrorKind};
-use serde_json::Value;
-use thiserror::Error;
+mod python;
 
-#[derive(Debug, Error)]
+use minijinja::value::{Kwargs, Rest};
+use minijinja::{Environment, Error, ErrorKind, State, Value};
+use serde_json::{Map, Value as Json};
+use thiserror::Error as ThisError;
+
+pub use python::{py_float_repr, py_json_dumps, strip as py_strip, JsonOptions};
+
+#[derive(Debug, ThisError)]
 pub enum TemplateError {
     #[error("chat template does not compile: {0}")]
     Compile(String),
@@ -13,81 +27,104 @@ pub enum TemplateError {
     Render(String),
 }
 
-/// A compiled chat template with its special-token strings.
+/// What one render gets besides the special tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct RenderInput<'a> {
+    /// The conversation as the engine passes it (content already a string).
+    pub messages: &'a [Json],
+    /// Tool definitions (`{"type": "function", "function": {...}}`), if the request has any.
+    pub tools: Option<&'a [Json]>,
+    pub documents: Option<&'a Json>,
+    pub add_generation_prompt: bool,
+    /// Extra template variables (`chat_template_kwargs` and what the engine adds to them).
+    pub kwargs: &'a Map<String, Json>,
+}
+
+/// A compiled chat template with the tokenizer's special tokens.
 pub struct ChatTemplate {
     env: Environment<'static>,
-    bos_token: String,
-    eos_token: String,
+    special: Vec<(String, Value)>,
+    special_json: Map<String, Json>,
 }
 
 const NAME: &str = "chat";
 
 impl ChatTemplate {
-    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TemplateError> {
+    /// Compiles `source`; `special_tokens` are the template variables transformers derives from
+    /// the tokenizer (`bos_token`, `eos_token`, `additional_special_tokens`, ...).
+    pub fn new(source: &str, special_tokens: &Map<String, Json>) -> Result<Self, TemplateError> {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_keep_trailing_newline(false);
+        env.set_unknown_method_callback(python::method);
+        env.set_formatter(|out, _state, value| {
+            out.write_str(&python::py_str(value)).map_err(|_| Error::from(ErrorKind::WriteFailure))
         });
+        env.add_filter("tojson", tojson);
+        env.add_filter("trim", |s: String, chars: Option<String>| {
+            python::strip(&s, chars.as_deref(), true, true).to_owned()
+        });
+        env.add_filter("string", |v: Value| python::py_str(&v));
+        env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", |fmt: String| python::strftime_now(&fmt));
         env.add_template_owned(NAME, source.to_owned())
             .map_err(|e| TemplateError::Compile(e.to_string()))?;
-        Ok(ChatTemplate { env, bos_token: bos_token.into(), eos_token: eos_token.into() })
+        let special =
+            special_tokens.iter().map(|(k, v)| (k.clone(), Value::from_serialize(v))).collect();
+        Ok(ChatTemplate { env, special, special_json: special_tokens.clone() })
     }
 
-    pub fn bos_token(&self) -> &str {
-        &self.bos_token
+    /// The special-token variables, as given to [`ChatTemplate::new`].
+    pub fn special_tokens(&self) -> &Map<String, Json> {
+        &self.special_json
     }
 
-    pub fn eos_token(&self) -> &str {
-        &self.eos_token
-    }
-
-    /// Renders `messages` (already normalized to string content) to the prompt text.
-    pub fn render(
-        &self,
-        messages: &[Value],
-        add_generation_prompt: bool,
-    ) -> Result<String, TemplateError> {
+    /// Renders one conversation.
+    pub fn render(&self, input: &RenderInput<'_>) -> Result<String, TemplateError> {
         let tmpl = self.env.get_template(NAME).map_err(|e| TemplateError::Render(e.to_string()))?;
-        tmpl.render(minijinja::context! {
-            messages => messages,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-            add_generation_prompt => add_generation_prompt,
-        })
-        .map_err(|e| TemplateError::Render(e.to_string()))
+        let mut ctx: Vec<(String, Value)> = self.special.clone();
+        ctx.extend(input.kwargs.iter().map(|(k, v)| (k.clone(), Value::from_serialize(v))));
+        ctx.push(("messages".into(), Value::from_serialize(input.messages)));
+        ctx.push(("tools".into(), Value::from_serialize(input.tools)));
+        ctx.push(("documents".into(), Value::from_serialize(input.documents)));
+        ctx.push(("add_generation_prompt".into(), Value::from(input.add_generation_prompt)));
+        // Later entries win, as keyword arguments do in transformers.
+        let ctx: Value = ctx.into_iter().collect();
+        tmpl.render(ctx).map_err(|e| TemplateError::Render(e.to_string()))
     }
+}
+
+/// Python's `str()` of a JSON value (`{'a': [1, None]}`), as vLLM's converters write it.
+pub fn py_str_json(v: &Json) -> String {
+    python::py_str(&Value::from_serialize(v))
+}
+
+/// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`,
+/// positional or by keyword.
+fn tojson(_state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let mut slots: [Option<Value>; 4] = Default::default();
+    for (slot, v) in slots.iter_mut().zip(args.0) {
+        *slot = Some(v);
+    }
+    for (i, name) in ["ensure_ascii", "indent", "separators", "sort_keys"].iter().enumerate() {
+        if let Some(v) = kwargs.get::<Option<Value>>(name)? {
+            slots[i] = Some(v);
+        }
+    }
+    kwargs.assert_all_used()?;
+    let [ensure_ascii, indent, separators, sort_keys] = slots;
+    let opts = JsonOptions {
+        ensure_ascii: ensure_ascii.is_some_and(|v| v.is_true()),
+        indent: python::indent_arg(indent.as_ref())?,
+        separators: python::separators_arg(separators.as_ref())?,
+        sort_keys: sort_keys.is_some_and(|v| v.is_true()),
+    };
+    Ok(Value::from_safe_string(py_json_dumps(&value, &opts)?))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn renders_hf_style_template_with_pycompat_methods() {
-        let t = ChatTemplate::new(
-            "{{ bos_token }}{% for m in messages %}[{{ m.role|upper }}]{{ m.content.strip() }}\
-             {% endfor %}{% if add_generation_prompt %}[A]{% endif %}",
-            "<s>",
-            "</s>",
-        )
-        .unwrap();
-        let msgs = [json!({"role":"user","content":"  hi  "})];
-        assert_eq!(t.render(&msgs, true).unwrap(), "<s>[USER]hi[A]");
-        assert_eq!(t.render(&msgs, false).unwrap(), "<s>[USER]hi");
-    }
-
-    #[test]
-    fn raise_exception_is_a_render_error() {
-        let t = ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").unwrap();
-        let err = t.render(&[], true).unwrap_err();
-        assert!(err.to_string().contains("no system role"));
-    }
-
-    #[test]
-    fn bad_template_is_a_compile_error() {
-        assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(TemplateError::Compile(_))));
-    }
-}
+mod tests;

@@ -60,10 +60,11 @@ pub fn train_demo_bundle() -> Result<(String, String), tokenizers::Error> {
         .build()?;
     tk.with_post_processor(Some(post));
     let json = tk.to_string(true)?;
+    // Keys in the committed file's order (serde_json keeps insertion order here).
     let config = serde_json::json!({
         "bos_token": bos,
-        "eos_token": "<|eot_id|>",
         "chat_template": CHAT_TEMPLATE,
+        "eos_token": "<|eot_id|>",
         "model_max_length": 131072,
         "tokenizer_class": "PreTrainedTokenizerFast",
     });

@@ -1,6 +1,11 @@
 //! Finds `usage` token counts in a response body that arrives in chunks (a JSON body or an SSE
 //! stream), without buffering it: a short tail is carried over so that a key split across two
 //! chunks is still found. The last complete value seen wins (the final SSE chunk has the usage).
+//!
+//! Every endpoint's spelling is read: chat and completions (`prompt_tokens`,
+//! `prompt_tokens_details.cached_tokens`), Responses (`input_tokens`,
+//! `input_tokens_details.cached_tokens`, in the body or the `response.completed` event) and
+//! Anthropic-style Messages (`input_tokens`, `cache_read_input_tokens`).
 
 /// Carried-over bytes between chunks; longer than any `"key": value` we look for.
 const TAIL: usize = 96;
@@ -23,10 +28,10 @@ impl UsageScanner {
     pub fn push(&mut self, chunk: &[u8]) {
         let mut buf = std::mem::take(&mut self.tail);
         buf.extend_from_slice(chunk);
-        if let Some(v) = last_number(&buf, b"\"cached_tokens\"") {
+        if let Some(v) = last_of(&buf, &[b"\"cached_tokens\"", b"\"cache_read_input_tokens\""]) {
             self.usage.cached_tokens = Some(v);
         }
-        if let Some(v) = last_number(&buf, b"\"prompt_tokens\"") {
+        if let Some(v) = last_of(&buf, &[b"\"prompt_tokens\"", b"\"input_tokens\""]) {
             self.usage.prompt_tokens = Some(v);
         }
         let keep = buf.len().saturating_sub(TAIL);
@@ -38,9 +43,14 @@ impl UsageScanner {
     }
 }
 
-/// The value of the last complete `key: <integer>` in `buf` (one whose digits are followed by
-/// another byte, so a number cut at the chunk end is not taken).
-fn last_number(buf: &[u8], key: &[u8]) -> Option<u64> {
+/// The value of whichever of `keys` comes last in `buf` with a complete number.
+fn last_of(buf: &[u8], keys: &[&[u8]]) -> Option<u64> {
+    keys.iter().filter_map(|k| last_number(buf, k)).max_by_key(|(at, _)| *at).map(|(_, v)| v)
+}
+
+/// The position and value of the last complete `key: <integer>` in `buf` (one whose digits are
+/// followed by another byte, so a number cut at the chunk end is not taken).
+fn last_number(buf: &[u8], key: &[u8]) -> Option<(usize, u64)> {
     let mut found = None;
     let mut from = 0;
     while let Some(pos) = find(&buf[from..], key) {
@@ -58,7 +68,7 @@ fn last_number(buf: &[u8], key: &[u8]) -> Option<u64> {
         }
         let text = std::str::from_utf8(&rest[..digits]).ok();
         if let Some(v) = text.and_then(|t| t.parse().ok()) {
-            found = Some(v);
+            found = Some((start, v));
         }
     }
     found
@@ -108,6 +118,38 @@ mod tests {
         }
         assert_eq!(s.usage().cached_tokens, Some(16));
         assert_eq!(s.usage().prompt_tokens, Some(17));
+    }
+
+    #[test]
+    fn responses_and_messages_usage_at_every_split_point() {
+        // vLLM's Responses stream ends with `response.completed`; its Messages stream with a
+        // `message_delta` event carrying the usage.
+        let responses = concat!(
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":",
+            "{\"input_tokens\":1234,\"input_tokens_details\":{\"cached_tokens\":1216,",
+            "\"input_tokens_per_turn\":[],\"cached_tokens_per_turn\":[]},\"output_tokens\":5,",
+            "\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":1239}}}\n\n"
+        );
+        let messages = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":",
+            "{\"input_tokens\":0,\"output_tokens\":0}}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":1234,",
+            "\"output_tokens\":5,\"cache_creation_input_tokens\":18,\"cache_read_input_tokens\":1216}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+        );
+        for body in [responses, messages] {
+            for split in 0..body.len() {
+                let mut s = UsageScanner::default();
+                s.push(&body.as_bytes()[..split]);
+                s.push(&body.as_bytes()[split..]);
+                assert_eq!(
+                    s.usage(),
+                    Usage { prompt_tokens: Some(1234), cached_tokens: Some(1216) },
+                    "split at {split}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -47,7 +47,7 @@ fn a_differently_built_tokenizer_loads_and_matches_direct_tokenization() {
         rendered,
         "<|im_start|>system\nbe brief .<|im_end|>\n<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n"
     );
-    let ids = bundle.prompt_tokens(&Prompt::Messages(messages)).unwrap();
+    let ids = bundle.prompt_tokens(&Prompt::messages(messages)).unwrap();
     let direct = tk.encode(rendered.as_str(), false).unwrap().get_ids().to_vec();
     assert_eq!(ids, direct);
     let start = tk.token_to_id("<|im_start|>").unwrap();
@@ -63,5 +63,5 @@ fn demo_bundle_matches_its_own_tokenizer_file() {
     let messages = vec![json!({"role": "user", "content": "Route the request to the worker."})];
     let rendered = bundle.render_chat(&messages).unwrap();
     let direct = tk.encode(rendered.as_str(), false).unwrap().get_ids().to_vec();
-    assert_eq!(bundle.prompt_tokens(&Prompt::Messages(messages)).unwrap(), direct);
+    assert_eq!(bundle.prompt_tokens(&Prompt::messages(messages)).unwrap(), direct);
 }

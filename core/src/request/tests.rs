@@ -1,0 +1,323 @@
+use super::*;
+use serde_json::json;
+
+fn chat(v: Value) -> Result<ParsedRequest, RequestError> {
+    parse(Endpoint::Chat, v.to_string().as_bytes())
+}
+
+fn chat_prompt(v: Value) -> ChatPrompt {
+    match chat(v).unwrap().prompt {
+        Prompt::Chat(c) => c,
+        other => panic!("not a chat prompt: {other:?}"),
+    }
+}
+
+fn prompt_of(ep: Endpoint, v: Value) -> ChatPrompt {
+    match parse(ep, v.to_string().as_bytes()).unwrap().prompt {
+        Prompt::Chat(c) => c,
+        other => panic!("not a chat prompt: {other:?}"),
+    }
+}
+
+#[test]
+fn endpoints_from_paths() {
+    assert_eq!(Endpoint::from_path(b"/v1/chat/completions"), Some(Endpoint::Chat));
+    assert_eq!(Endpoint::from_path(b"/v1/completions?x=1"), Some(Endpoint::Completions));
+    assert_eq!(Endpoint::from_path(b"/v1/completions//"), Some(Endpoint::Completions));
+    assert_eq!(Endpoint::from_path(b"/v1/messages"), Some(Endpoint::Messages));
+    assert_eq!(Endpoint::from_path(b"/v1/responses/?stream=1"), Some(Endpoint::Responses));
+    assert_eq!(Endpoint::from_path(b"/v1/messages/count_tokens"), None);
+    assert_eq!(Endpoint::from_path(b"/v1/models"), None);
+    assert_eq!(Endpoint::from_path(b"/v1/chat/completions?\xff\xfe"), Some(Endpoint::Chat));
+    assert_eq!(Endpoint::from_path(b"/v1/chat/\xffcompletions"), None);
+    assert_eq!(Endpoint::from_path(b""), None);
+    assert_eq!(Endpoint::from_path(b"/"), None);
+    assert!(Endpoint::Messages.is_chat() && !Endpoint::Completions.is_chat());
+}
+
+#[test]
+fn parses_chat_with_all_fields() {
+    let r = chat(json!({"model":"m","messages":[{"role":"user","content":"hi"}],
+        "stream":true,"stream_options":{"include_usage":true},"cache_salt":"t1","user":"u",
+        "max_tokens":7}))
+    .unwrap();
+    assert_eq!(r.model, "m");
+    assert!(r.stream && r.include_usage);
+    assert_eq!(r.cache_salt.as_deref(), Some("t1"));
+    assert_eq!(r.user.as_deref(), Some("u"));
+    assert_eq!(r.max_tokens, Some(7));
+    let Prompt::Chat(c) = r.prompt else { panic!("not chat") };
+    assert!(c.add_generation_prompt && !c.continue_final_message && c.tools.is_none());
+}
+
+#[test]
+fn content_parts_are_joined_with_newlines_and_empty_texts_dropped() {
+    let c = chat_prompt(json!({"model":"m","messages":[{"role":"user","content":[
+        {"type":"text","text":"a"},{"type":"text","text":""},"b",{"type":"input_text","text":"c"},
+        {"type":"text","text":null}]},
+        {"role":"assistant","content":[{"type":"refusal","refusal":"no"}]},
+        {"role":"assistant","content":null}]}));
+    assert_eq!(c.messages[0], json!({"role":"user","content":"a\nb\nc"}));
+    assert_eq!(c.messages[1]["content"], "no");
+    assert_eq!(c.messages[2]["content"], "");
+}
+
+#[test]
+fn messages_keep_only_what_the_engine_keeps() {
+    let c = chat_prompt(json!({"model":"m","messages":[
+        {"role":"user","content":"q","name":"ann","extra":1,"reasoning_content":"ignored for users"},
+        {"role":"assistant","content":"a","reasoning_content":"old field"},
+        {"role":"assistant","content":"b","reasoning":"new","reasoning_content":"old"},
+        {"role":"assistant","content":"c","tool_calls":[]},
+        {"role":"tool","content":"r","tool_call_id":"t1","name":7}]}));
+    assert_eq!(c.messages[0], json!({"role":"user","content":"q","name":"ann"}));
+    assert_eq!(
+        c.messages[1],
+        json!({"role":"assistant","content":"a","reasoning":"old field","reasoning_content":"old field"})
+    );
+    assert_eq!(c.messages[2]["reasoning_content"], "new");
+    assert_eq!(c.messages[3], json!({"role":"assistant","content":"c"}));
+    assert_eq!(c.messages[4], json!({"role":"tool","content":"r","tool_call_id":"t1"}));
+}
+
+#[test]
+fn tool_call_arguments_are_parsed_like_vllm_does() {
+    let call =
+        |args: Value| json!({"id":"c","type":"function","function":{"name":"f","arguments":args}});
+    let c = chat_prompt(json!({"model":"m","messages":[{"role":"assistant","content":null,
+        "tool_calls":[call(json!("{\"b\": 1.50, \"a\": [true]}")), call(json!("{bad")), call(json!("")),
+                      call(json!(null)), call(json!({"k":"v"}))]}]}));
+    let args: Vec<&Value> = c.messages[0]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["function"]["arguments"])
+        .collect();
+    assert_eq!(
+        args,
+        [&json!({"b":1.5,"a":[true]}), &json!({}), &json!({}), &json!({}), &json!({"k":"v"})]
+    );
+    let keys: Vec<&String> = args[0].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["b", "a"], "key order is kept");
+}
+
+#[test]
+fn tools_take_the_engines_canonical_form() {
+    let c = chat_prompt(json!({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[
+        {"function":{"parameters":{"type":"object"},"name":"f","extra":1}},
+        {"type":"function","defer_loading":true,"function":{"name":"g","description":"d","strict":false}}]}));
+    assert_eq!(
+        c.tools.unwrap(),
+        vec![
+            json!({"type":"function","function":{"name":"f","description":null,"parameters":{"type":"object"}}}),
+            json!({"type":"function","function":{"name":"g","description":"d","parameters":null,
+                   "strict":false,"defer_loading":true},"defer_loading":true}),
+        ]
+    );
+    let bad =
+        json!({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"custom"}]});
+    assert_eq!(chat(bad), Err(RequestError::InvalidField("tools")));
+}
+
+#[test]
+fn template_kwargs_merge_as_in_vllm() {
+    let c = chat_prompt(json!({"model":"m","messages":[{"role":"user","content":"x"}],
+        "chat_template_kwargs":{"enable_thinking":false,"add_generation_prompt":false,"flag":[1]},
+        "reasoning_effort":"high","documents":[{"title":"t","text":"d"}]}));
+    assert!(c.add_generation_prompt, "the request-level flag wins over the kwargs");
+    assert_eq!(
+        Value::Object(c.kwargs),
+        json!({"enable_thinking":false,"flag":[1],"reasoning_effort":"high"})
+    );
+    assert_eq!(c.documents, Some(json!([{"title":"t","text":"d"}])));
+    let c = chat_prompt(json!({"model":"m","messages":[{"role":"user","content":"x"}],
+        "reasoning_effort":"none","add_generation_prompt":false,"continue_final_message":true}));
+    assert_eq!(Value::Object(c.kwargs), json!({"enable_thinking":false,"reasoning_effort":"none"}));
+    assert!(!c.add_generation_prompt && c.continue_final_message);
+}
+
+#[test]
+fn errors_name_the_problem() {
+    assert!(matches!(parse(Endpoint::Chat, b"{not json"), Err(RequestError::InvalidJson(_))));
+    assert_eq!(chat(json!([1])), Err(RequestError::NotAnObject));
+    assert_eq!(chat(json!({"messages":[]})), Err(RequestError::MissingModel));
+    assert_eq!(chat(json!({"model":"m"})), Err(RequestError::InvalidMessages));
+    assert_eq!(chat(json!({"model":3,"messages":[]})), Err(RequestError::InvalidField("model")));
+    assert_eq!(
+        chat(json!({"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"})),
+        Err(RequestError::InvalidField("stream"))
+    );
+    let unknown = json!({"model":"m","messages":[{"role":"user","content":[{"type":"x"}]}]});
+    assert_eq!(chat(unknown), Err(RequestError::InvalidMessages));
+    let kwargs =
+        json!({"model":"m","messages":[{"role":"user","content":"x"}],"chat_template_kwargs":1});
+    assert_eq!(chat(kwargs), Err(RequestError::InvalidField("chat_template_kwargs")));
+}
+
+#[test]
+fn completion_prompts() {
+    let p = |v: Value| parse(Endpoint::Completions, v.to_string().as_bytes()).map(|r| r.prompt);
+    assert_eq!(p(json!({"model":"m","prompt":"hi"})), Ok(Prompt::Text("hi".into())));
+    assert_eq!(p(json!({"model":"m","prompt":["hi"]})), Ok(Prompt::Text("hi".into())));
+    assert_eq!(p(json!({"model":"m","prompt":[1,2,3]})), Ok(Prompt::Tokens(vec![1, 2, 3])));
+    assert_eq!(p(json!({"model":"m","prompt":[1,-2]})), Err(RequestError::InvalidPrompt));
+    assert_eq!(p(json!({"model":"m"})), Err(RequestError::InvalidPrompt));
+    assert_eq!(p(json!({"model":"m","prompt":["a",[1]]})), Err(RequestError::InvalidPrompt));
+}
+
+#[test]
+fn media_parts_are_valid_and_marked_batches_load_only() {
+    let c = chat_prompt(json!({"model":"m","messages":[
+        {"role":"user","content":"first"},
+        {"role":"user","content":[
+            {"type":"text","text":"what is this"},
+            {"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}},
+            {"image_url":"https://example.com/x.png"}]},
+        {"role":"user","content":[{"type":"input_audio","input_audio":{"data":"","format":"wav"}}]}]}));
+    assert_eq!(c.media, Some(MediaCut { message: 1, items: 3 }));
+    assert_eq!(c.messages[1]["content"], "what is this");
+    let c = |v: Value| parse(Endpoint::Completions, v.to_string().as_bytes()).unwrap();
+    let texts = c(json!({"model":"m","prompt":["a","b"]}));
+    assert_eq!(
+        (texts.prompt, texts.load_only),
+        (Prompt::Text("a\nb".into()), Some(LoadOnly::Batch))
+    );
+    let ids = c(json!({"model":"m","prompt":[[1,2],[3]]}));
+    assert_eq!((ids.prompt, ids.load_only), (Prompt::Tokens(vec![1, 2, 3]), Some(LoadOnly::Batch)));
+    assert_eq!(c(json!({"model":"m","prompt":"a"})).load_only, None);
+}
+
+/// One conversation (system, user, a tool call and its result, a follow-up), as each endpoint
+/// spells it.
+fn same_conversation() -> [(Endpoint, Value); 3] {
+    let schema =
+        json!({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]});
+    let chat = json!({"model":"m","tools":[{"type":"function","function":{"name":"weather",
+            "description":"Weather now.","parameters":schema}}],
+        "messages":[
+            {"role":"system","content":"Be brief."},
+            {"role":"user","content":"Weather in Oslo?"},
+            {"role":"assistant","content":"Checking.","tool_calls":[{"id":"c1","type":"function",
+                "function":{"name":"weather","arguments":"{\"city\": \"Oslo\"}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"-3 °C"},
+            {"role":"user","content":"Thanks. Tomorrow?"}]});
+    let messages = json!({"model":"m","max_tokens":100,"system":"Be brief.",
+        "tools":[{"name":"weather","description":"Weather now.","input_schema":schema}],
+        "messages":[
+            {"role":"user","content":"Weather in Oslo?"},
+            {"role":"assistant","content":[{"type":"text","text":"Checking."},
+                {"type":"tool_use","id":"c1","name":"weather","input":{"city":"Oslo"}}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"c1","content":"-3 °C"},
+                {"type":"text","text":"Thanks. Tomorrow?"}]}]});
+    let responses = json!({"model":"m","instructions":"Be brief.",
+        "tools":[{"type":"function","name":"weather","description":"Weather now.","parameters":schema},
+                 {"type":"web_search"}],
+        "input":[
+            {"role":"user","content":"Weather in Oslo?"},
+            {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Checking."}]},
+            {"type":"function_call","call_id":"c1","name":"weather","arguments":"{\"city\": \"Oslo\"}"},
+            {"type":"function_call_output","call_id":"c1","output":"-3 °C"},
+            {"type":"message","role":"user","content":[{"type":"input_text","text":"Thanks. Tomorrow?"}]}]});
+    [(Endpoint::Chat, chat), (Endpoint::Messages, messages), (Endpoint::Responses, responses)]
+}
+
+/// The parts of a chat prompt that reach the template (tool-call ids never do).
+fn rendered_view(c: &ChatPrompt) -> (Vec<Value>, Option<Vec<Value>>, bool, Map<String, Value>) {
+    let mut messages = c.messages.clone();
+    for m in &mut messages {
+        for call in m.get_mut("tool_calls").and_then(Value::as_array_mut).into_iter().flatten() {
+            call.as_object_mut().map(|o| o.remove("id"));
+        }
+    }
+    (messages, c.tools.clone(), c.add_generation_prompt, c.kwargs.clone())
+}
+
+#[test]
+fn one_conversation_gives_one_chat_prompt_on_every_endpoint() {
+    let [chat, messages, responses] = same_conversation().map(|(ep, v)| prompt_of(ep, v));
+    assert_eq!(rendered_view(&chat), rendered_view(&messages));
+    assert_eq!(rendered_view(&chat), rendered_view(&responses));
+}
+
+#[test]
+fn anthropic_conversion_details() {
+    let c = prompt_of(
+        Endpoint::Messages,
+        json!({"model":"m","max_tokens":5,
+        "system":[{"type":"text","text":"A"},{"type":"text","text":"x-anthropic-billing-header: h"},{"type":"text","text":"B"}],
+        "output_config":{"effort":"low"},
+        "tools":[{"name":"p","input_schema":{"properties":{}}}],
+        "messages":[
+            {"role":"system","content":"C"},
+            {"role":"ctx","content":"u1"},
+            {"role":"assistant","content":[{"type":"thinking","thinking":"t1","signature":"s"},
+                {"type":"thinking","thinking":"t2"},{"type":"redacted_thinking","data":"x"}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"z",
+                "content":[{"type":"text","text":"r1"},{"type":"text","text":"r2"},
+                           {"type":"image","source":{"type":"url","url":"u"}}]}]},
+            {"role":"user","content":[]}]}),
+    );
+    assert_eq!(c.messages[0], json!({"role":"system","content":"ABC"}));
+    assert_eq!(c.messages[1], json!({"role":"user","content":"u1"}));
+    assert_eq!(c.messages[2]["reasoning"], "t1t2");
+    assert_eq!(c.messages[3], json!({"role":"tool","content":"r1\nr2","tool_call_id":"z"}));
+    assert_eq!(c.messages[4]["role"], "user");
+    assert_eq!(c.messages.len(), 5, "the empty user message is dropped");
+    assert_eq!(c.media, Some(MediaCut { message: 4, items: 1 }));
+    assert_eq!(
+        c.tools.unwrap()[0]["function"]["parameters"],
+        json!({"properties":{},"type":"object"})
+    );
+    assert_eq!(c.kwargs.get("enable_thinking"), Some(&json!(true)));
+    let r = parse(Endpoint::Messages, br#"{"model":"m","max_tokens":3,"stream":true,"cache_salt":"s","messages":[{"role":"user","content":"x"}]}"#).unwrap();
+    assert!(r.include_usage && r.cache_salt.is_none());
+    assert_eq!(r.max_tokens, Some(3));
+    let bad = json!({"model":"m","messages":[{"role":"user","content":[{"type":"document"}]}]});
+    assert_eq!(
+        parse(Endpoint::Messages, bad.to_string().as_bytes()),
+        Err(RequestError::InvalidMessages)
+    );
+}
+
+#[test]
+fn responses_conversion_details() {
+    let c = prompt_of(
+        Endpoint::Responses,
+        json!({"model":"m","reasoning":{"effort":"low"},
+        "input":[
+            {"type":"reasoning","id":"r","summary":[{"type":"summary_text","text":"sum"}]},
+            {"type":"function_call","call_id":"a","name":"f","arguments":"{}"},
+            {"type":"function_call","call_id":"b","name":"g","arguments":"{\"x\":1}"},
+            {"type":"function_call_output","call_id":"a","output":"A"},
+            {"type":"message","role":"assistant","status":"incomplete",
+             "content":[{"type":"output_text","text":"par"},{"type":"output_text","text":"ignored"}]}]}),
+    );
+    assert_eq!(c.messages[0]["reasoning"], "sum");
+    assert_eq!(c.messages[0]["tool_calls"].as_array().map(Vec::len), Some(2));
+    assert_eq!(c.messages[1], json!({"role":"tool","content":"A","tool_call_id":"a"}));
+    assert_eq!(c.messages[2], json!({"role":"assistant","content":"par"}));
+    assert!(
+        c.continue_final_message && !c.add_generation_prompt,
+        "an unfinished message is continued"
+    );
+    assert_eq!(Value::Object(c.kwargs), json!({"reasoning_effort":"low"}));
+    let r = parse(
+        Endpoint::Responses,
+        br#"{"model":"m","input":"hi","max_output_tokens":9,"cache_salt":"s"}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        (r.max_tokens, r.cache_salt.as_deref(), r.include_usage),
+        (Some(9), Some("s"), true)
+    );
+    for bad in [
+        json!({"model":"m","input":[]}),
+        json!({"model":"m","input":7}),
+        json!({"model":"m","input":[{"type":"item_reference","id":"x"}]}),
+    ] {
+        assert_eq!(
+            parse(Endpoint::Responses, bad.to_string().as_bytes()).map(|_| ()),
+            Err(RequestError::InvalidInput)
+        );
+    }
+}
