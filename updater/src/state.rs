@@ -420,3 +420,83 @@ fn wire(worker: &str, e: &Entry) -> Wire {
         adapters: e.adapters.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn models() -> Arc<Models> {
+        let specs = ["a".parse().unwrap(), "b".parse().unwrap()];
+        Arc::new(Models::load(&specs, &[("b".into(), 32)]).unwrap())
+    }
+
+    fn served(base: &str, adapters: &[&str]) -> Served {
+        Served {
+            base: Some(base.into()),
+            adapters: adapters.iter().map(|a| a.to_string()).collect(),
+            ..Served::default()
+        }
+    }
+
+    fn outcome(verdict: Verdict, base: &str, block_size: Option<u32>) -> Outcome {
+        Outcome { verdict, served: Some(served(base, &["l"])), announced_block_size: block_size }
+    }
+
+    fn entry<T>(s: &State, w: &str, f: impl FnOnce(&Entry) -> T) -> T {
+        f(s.lock().workers.get(w).unwrap())
+    }
+
+    #[test]
+    fn checks_identify_the_model_its_domain_and_block_size() {
+        let s = State::for_models(models(), ["w".to_string(), "v".to_string()], Limits::default());
+        assert!(!entry(&s, "w", |e| e.compatible) && s.domain_of("w").is_none());
+        assert_eq!(s.snapshot().models.iter().map(|m| m.block_size).collect::<Vec<_>>(), [0, 32]);
+        s.apply_check("w", outcome(Verdict::Compatible, "a", Some(16)));
+        let d = s.domain_of("w").unwrap();
+        assert_eq!((d.model.as_str(), d.block_size), ("a", 16));
+        assert_eq!(d.tokenizer_fingerprint, s.models().get("a").unwrap().fingerprint());
+        let snap = s.snapshot();
+        assert_eq!(snap.models[0].block_size, 16, "learned from the compatible worker");
+        let w = snap.workers.iter().find(|w| w.worker == "w").unwrap();
+        assert!(w.compatible);
+        assert_eq!((w.model.as_str(), w.adapters.clone()), ("a", vec!["l".to_string()]));
+        // Another worker of "a" announcing 64 is incompatible; one of "b" must announce 32.
+        s.apply_check("v", outcome(Verdict::Compatible, "a", Some(64)));
+        assert!(!entry(&s, "v", |e| e.compatible));
+        s.apply_check("v", outcome(Verdict::Compatible, "b", Some(32)));
+        assert!(entry(&s, "v", |e| e.compatible));
+        assert_eq!(s.domain_of("v").unwrap().block_size, 32);
+        // An unconfigured model: incompatible, no domain, its name still shown.
+        s.apply_check("v", outcome(Verdict::Incompatible("not configured".into()), "zz", None));
+        assert!(s.domain_of("v").is_none());
+        assert_eq!(entry(&s, "v", |e| e.model.clone()).as_deref(), Some("zz"));
+        // A failed check changes nothing but the message.
+        s.apply_check(
+            "w",
+            Outcome {
+                verdict: Verdict::Unknown("down".into()),
+                served: None,
+                announced_block_size: None,
+            },
+        );
+        assert!(entry(&s, "w", |e| e.compatible) && s.domain_of("w").is_some());
+    }
+
+    #[test]
+    fn a_scraped_model_change_forgets_the_domain_and_asks_for_a_check() {
+        let s = State::for_models(models(), ["w".to_string()], Limits::default());
+        s.apply_check("w", outcome(Verdict::Compatible, "a", Some(16)));
+        let resync = s.resync_signal("w").unwrap();
+        let woken = futures::FutureExt::now_or_never(resync.notified());
+        assert!(woken.is_some(), "identifying the domain asks for a resync");
+        s.apply_served("w", served("a", &["l", "m"]));
+        assert!(futures::FutureExt::now_or_never(resync.notified()).is_none());
+        assert!(entry(&s, "w", |e| e.compatible));
+        assert_eq!(s.snapshot().workers[0].adapters, ["l", "m"]);
+        s.apply_served("w", served("b", &[]));
+        assert!(!entry(&s, "w", |e| e.compatible) && s.domain_of("w").is_none());
+        let now = futures::FutureExt::now_or_never(s.align_now.notified());
+        assert!(now.is_some(), "the alignment check was not woken");
+        assert!(futures::FutureExt::now_or_never(resync.notified()).is_some());
+    }
+}
