@@ -46,9 +46,10 @@ pub fn request_parse(data: &[u8]) {
     // Loading the demo bundle costs far more than one input; it is the same every time.
     static BUNDLE: OnceLock<Option<ModelBundle>> = OnceLock::new();
     let bundle = BUNDLE.get_or_init(|| ModelBundle::demo().ok());
-    for ep in [Endpoint::Chat, Endpoint::Completions] {
+    for ep in [Endpoint::Chat, Endpoint::Completions, Endpoint::Messages, Endpoint::Responses] {
         if let (Ok(req), Some(b)) = (parse(ep, data), bundle.as_ref()) {
             let _ = b.prompt_tokens(&req.prompt);
+            let _ = b.routing_tokens(&req.prompt);
         }
     }
 }

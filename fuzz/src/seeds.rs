@@ -83,9 +83,58 @@ fn request_parse() -> Seeds {
         "messages": [{"role": "user", "content": "naïve café 東京 🚀 \u{0000} \\ \" \t end"}],
         "cache_salt": ""
     }));
-    for body in [&chat, &chat_stream] {
+    let chat_tools_media = json_bytes(json!({
+        "model": "demo",
+        "tools": [{"type": "function", "function": {"name": "weather", "description": "Now.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": null, "reasoning_content": "Use the tool.",
+             "tool_calls": [{"id": "c1", "type": "function",
+                             "function": {"name": "weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "-3 °C"},
+            {"role": "user", "content": [{"type": "text", "text": "And this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}
+        ],
+        "chat_template_kwargs": {"enable_thinking": false},
+        "add_generation_prompt": false, "continue_final_message": true, "reasoning_effort": "low"
+    }));
+    let messages = json_bytes(json!({
+        "model": "demo", "max_tokens": 64, "stream": true,
+        "system": [{"type": "text", "text": "Be brief."}],
+        "tools": [{"name": "weather", "input_schema": {"properties": {"city": {"type": "string"}}}}],
+        "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Use the tool.", "signature": "s"},
+                {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Oslo"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [
+                    {"type": "text", "text": "-3 °C"},
+                    {"type": "image", "source": {"type": "url", "url": "https://example.com/m.png"}}]},
+                {"type": "text", "text": "Thanks."}]}
+        ]
+    }));
+    let responses = json_bytes(json!({
+        "model": "demo", "instructions": "Be brief.", "max_output_tokens": 64,
+        "reasoning": {"effort": "low"}, "cache_salt": "tenant-a",
+        "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}},
+                  {"type": "web_search"}],
+        "input": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"type": "reasoning", "id": "r1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "Use the tool."}]},
+            {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{\"city\":\"Oslo\"}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "-3 °C"},
+            {"type": "message", "role": "assistant", "status": "incomplete",
+             "content": [{"type": "output_text", "text": "It is"}]}
+        ]
+    }));
+    for body in [&chat, &chat_stream, &chat_tools_media] {
         parse(Endpoint::Chat, body).unwrap();
     }
+    parse(Endpoint::Messages, &messages).unwrap();
+    parse(Endpoint::Responses, &responses).unwrap();
     for body in [&completion, &tokens] {
         parse(Endpoint::Completions, body).unwrap();
     }
@@ -96,6 +145,9 @@ fn request_parse() -> Seeds {
     vec![
         ("chat.json", chat.clone()),
         ("chat-stream-salted-parts.json", chat_stream),
+        ("chat-tools-reasoning-media.json", chat_tools_media),
+        ("messages-tools-thinking-image.json", messages),
+        ("responses-items-partial.json", responses),
         ("completion-text.json", completion),
         ("completion-token-ids.json", tokens),
         ("chat-unicode.json", unicode),
@@ -163,6 +215,20 @@ fn usage_scan() -> Seeds {
     assert_eq!(scan(sse.as_bytes()).cached_tokens, Some(1024));
     assert_eq!(scan(&body).prompt_tokens, Some(17));
     assert_eq!(scan(&split_key).cached_tokens, Some(256));
+    let responses = concat!(
+        "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\n",
+        "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":",
+        "{\"input_tokens\":1034,\"input_tokens_details\":{\"cached_tokens\":1024},",
+        "\"output_tokens\":8,\"total_tokens\":1042}}}\n\n"
+    );
+    let messages = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":",
+        "{\"input_tokens\":0,\"output_tokens\":0}}}\n\n",
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":1034,",
+        "\"output_tokens\":8,\"cache_read_input_tokens\":1024}}\n\n"
+    );
+    assert_eq!(scan(responses.as_bytes()).cached_tokens, Some(1024));
+    assert_eq!(scan(messages.as_bytes()).cached_tokens, Some(1024));
     let mut garbage = b"data: {\"usage\": {\"cached_tokens\": \xff\xfe 12".to_vec();
     garbage.extend_from_slice(b"\x00\"prompt_tokens\":99999999999999999999999 }");
     vec![
@@ -172,6 +238,8 @@ fn usage_scan() -> Seeds {
         ("key-across-chunks.json", split_key),
         ("sse-cut-in-number.txt", sse.as_bytes()[..sse.find("1024").unwrap() + 2].to_vec()),
         ("not-utf8-and-overflow.txt", garbage),
+        ("responses-sse-usage.txt", responses.as_bytes().to_vec()),
+        ("messages-sse-usage.txt", messages.as_bytes().to_vec()),
     ]
 }
 
