@@ -6,8 +6,9 @@
 //! is thin glue around it; host access (clock, randomness, shared load) is passed in as values.
 //!
 //! Module map:
-//! - [`request`]: OpenAI request parsing (`/v1/chat/completions`, `/v1/completions`).
-//! - [`template`]: chat-template rendering (minijinja, Hugging Face conventions).
+//! - [`request`]: request parsing (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`,
+//!   `/v1/messages`) into the prompt vLLM builds.
+//! - [`template`]: chat-template rendering (minijinja in transformers' Jinja environment).
 //! - [`model`]: tokenizer + template bundle, fingerprint, the built-in demo bundle.
 //! - [`tokcache`]: a thread's bounded cache of token ids of chat prompts, cut after added
 //!   tokens, so turn k of a conversation tokenizes only what turn k-1 did not have.
@@ -17,7 +18,7 @@
 //! - [`cost`]: the millisecond cost model and ordered selection.
 //! - [`router`]: the decision: an immutable [`router::Plan`] (models, bundles, pools, LoRA
 //!   adapters, limits; swapped whole) and the mutable [`router::Knowledge`] of workers.
-//! - [`usage`]: streaming scanner for `cached_tokens` in JSON or SSE responses.
+//! - [`usage`]: streaming scanner for cached tokens in JSON or SSE responses of every endpoint.
 //! - [`audit`]: prediction audit classes.
 //! - [`config`]: filter configuration with defaults and `validate()`.
 //! - [`error`]: OpenAI-style error bodies.
