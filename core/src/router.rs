@@ -36,6 +36,8 @@ pub struct Router {
     knowledge: Knowledge,
     /// Interior mutability: `decide` takes `&self`, and each thread has its own router.
     tokens: RefCell<TokenCache>,
+    /// A monotonic-enough clock in nanoseconds, to time rendering + tokenization.
+    clock: Option<fn() -> u64>,
 }
 
 /// A request's `model` resolved against the plan: its base model's entry, and the adapter it
@@ -69,7 +71,14 @@ impl Router {
             plan,
             knowledge: Knowledge::new(cfg),
             tokens: RefCell::new(TokenCache::new(TokenCacheLimits::default())),
+            clock: None,
         }
+    }
+
+    /// Gives the router a clock (ns) so each decision reports its rendering + tokenization
+    /// time ([`Decision::tokenize_us`]).
+    pub fn set_clock(&mut self, clock: fn() -> u64) {
+        self.clock = Some(clock);
     }
 
     pub fn plan(&self) -> &Arc<Plan> {
@@ -160,7 +169,17 @@ impl Router {
         let Some(bundle) = &t.model.bundle else {
             return Ok(ranked(Vec::new(), estimate, Some(FallbackReason::NoBundle)));
         };
-        let (tokens, fallback) = match self.routing_tokens(&t.model, bundle, &req.prompt) {
+        let started = self.clock.map(|c| c());
+        let routing = self.routing_tokens(&t.model, bundle, &req.prompt);
+        let tokenize_us = match (self.clock, started) {
+            (Some(c), Some(s)) => c().saturating_sub(s) / 1000,
+            _ => 0,
+        };
+        let timed = |mut d: Decision| {
+            d.tokenize_us = tokenize_us;
+            d
+        };
+        let (tokens, fallback) = match routing {
             Ok(ids) if ids.prompt_tokens > self.plan.max_prompt_tokens as u64 => {
                 (ids.prompt_tokens, Some(FallbackReason::TooLong))
             }
@@ -170,12 +189,12 @@ impl Router {
                 // With media, only the blocks before the first media part are hashed; the
                 // rest is costed as uncached and counted as `multimodal`.
                 let reason = ids.media.then_some(FallbackReason::Multimodal);
-                return Ok(ranked(hashes, ids.prompt_tokens, reason));
+                return Ok(timed(ranked(hashes, ids.prompt_tokens, reason)));
             }
             Err(ModelError::Template(_)) => (estimate, Some(FallbackReason::Render)),
             Err(_) => (estimate, Some(FallbackReason::Tokenize)),
         };
-        Ok(ranked(Vec::new(), tokens, fallback))
+        Ok(timed(ranked(Vec::new(), tokens, fallback)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -226,6 +245,7 @@ impl Router {
             fallback,
             model: Arc::clone(m),
             adapter: t.adapter.clone(),
+            tokenize_us: 0,
         }
     }
 

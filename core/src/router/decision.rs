@@ -73,6 +73,10 @@ pub struct Decision {
     pub model: Arc<ModelPlan>,
     /// The LoRA adapter the request names, if any.
     pub adapter: Option<String>,
+    /// Time spent rendering and tokenizing the prompt, in µs (0 without a clock, see
+    /// [`super::Router::set_clock`]): the rest of the decision time is parsing, hashing,
+    /// lookups and scoring.
+    pub tokenize_us: u64,
 }
 
 impl Decision {

@@ -214,3 +214,19 @@ fn reported_load_counts_what_other_replicas_sent() {
     let quiet = ReportedLoad { running: 0, waiting: 0, observed_at_ms: 0 };
     assert_eq!(combine_load(own, Some(&quiet)), own, "a lagging report never hides own load");
 }
+
+#[test]
+fn a_clock_times_rendering_and_tokenization_only_when_given() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NOW: AtomicU64 = AtomicU64::new(0);
+    // Each reading moves the fake clock by 7 µs: one render + tokenize span is one step.
+    fn tick() -> u64 {
+        NOW.fetch_add(7_000, Ordering::Relaxed)
+    }
+    let mut r = router();
+    let q = req(None, &LONG.repeat(4));
+    let idle = |_: &str| WorkerLoad::default();
+    assert_eq!(r.decide(&q, 0, &idle, 0, 0).unwrap().tokenize_us, 0);
+    r.set_clock(tick);
+    assert_eq!(r.decide(&q, 0, &idle, 0, 0).unwrap().tokenize_us, 7);
+}
