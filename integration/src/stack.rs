@@ -37,11 +37,103 @@ impl Policy {
     }
 }
 
+/// How the filter gets a pool's model bundle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BundleFrom {
+    /// From the updater, through the singleton and shared data (`"bundle": "updater"`).
+    Updater,
+    /// Inline in the plugin configuration (`tokenizer` + `tokenizer_config`; for the demo
+    /// model, nothing: the built-in bundle).
+    Inline,
+    /// From the updater, but only the bundle with this fingerprint (`"bundle": "<16 hex>"`).
+    Pinned(u64),
+}
+
+/// One model's pool in a stack: its workers serve that model only.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    /// The model id clients send and the workers serve.
+    pub model: String,
+    /// Its Hugging Face style bundle directory; `None`: the built-in demo bundle.
+    pub dir: Option<PathBuf>,
+    pub workers: usize,
+    pub bundle: BundleFrom,
+}
+
+/// The model id of the Qwen3 pool in test stacks.
+pub const QWEN3_MODEL: &str = "qwen3";
+
+impl Pool {
+    /// The demo model, its bundle from the updater.
+    pub fn demo(workers: usize) -> Pool {
+        Pool { model: MODEL.into(), dir: None, workers, bundle: BundleFrom::Updater }
+    }
+
+    /// Qwen3 (`./dev setup` fetches its bundle), its bundle from the updater.
+    pub fn qwen3(workers: usize) -> Pool {
+        Pool {
+            model: QWEN3_MODEL.into(),
+            dir: Some(kvroute_core::model::qwen3_dir()),
+            workers,
+            bundle: BundleFrom::Updater,
+        }
+    }
+
+    /// The simulated workers' flags for this model.
+    pub fn sim_args(&self) -> Vec<String> {
+        let mut a = vec!["--model".to_string(), self.model.clone()];
+        if let Some(d) = &self.dir {
+            a.push("--model-dir".into());
+            a.push(d.display().to_string());
+        }
+        a
+    }
+
+    /// The updater's `--model` value for this model (`NAME=DIR`, or `NAME` for the demo).
+    pub fn updater_model(&self) -> String {
+        match &self.dir {
+            Some(d) => format!("{}={}", self.model, d.display()),
+            None => self.model.clone(),
+        }
+    }
+
+    /// This pool's entry of the filter configuration.
+    pub fn filter_model(&self, addrs: &[String]) -> anyhow::Result<Value> {
+        let mut m = json!({"name": self.model, "workers": addrs});
+        match (self.bundle, &self.dir) {
+            (BundleFrom::Updater, _) => m["bundle"] = json!("updater"),
+            (BundleFrom::Pinned(fp), _) => m["bundle"] = json!(format!("{fp:016x}")),
+            (BundleFrom::Inline, None) => {}
+            (BundleFrom::Inline, Some(d)) => {
+                let read = |f: &str| -> anyhow::Result<Value> {
+                    let p = d.join(f);
+                    let text = std::fs::read_to_string(&p)
+                        .with_context(|| format!("reading {}", p.display()))?;
+                    Ok(serde_json::from_str(&text)?)
+                };
+                m["tokenizer"] = read("tokenizer.json")?;
+                m["tokenizer_config"] = read("tokenizer_config.json")?;
+            }
+        }
+        Ok(m)
+    }
+}
+
+/// The workers of one pool of a running stack.
+#[derive(Debug, Clone)]
+pub struct PoolAddrs {
+    pub model: String,
+    pub addrs: Vec<String>,
+}
+
 /// How to build a stack.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
     pub policy: Policy,
+    /// Workers of the single demo pool when `pools` is empty.
     pub workers: usize,
+    /// Several models, each with its own workers (replaces `workers` and `model_overrides`).
+    pub pools: Vec<Pool>,
     /// Extra flags for every simulated worker.
     pub sim_args: Vec<String>,
     /// Merged into the filter configuration (top-level keys; `model` keys go to the model).
@@ -57,6 +149,7 @@ impl Default for StackOptions {
         StackOptions {
             policy: Policy::Kvroute,
             workers: 3,
+            pools: Vec::new(),
             sim_args: Vec::new(),
             filter: json!({}),
             model_overrides: json!({}),
@@ -71,6 +164,8 @@ pub const MODEL: &str = "kvroute-demo";
 pub struct Stack {
     pub envoy: Envoy,
     pub workers: Vec<SimWorker>,
+    /// Which workers serve which model (one pool of every worker when no pools were given).
+    pub pools: Vec<PoolAddrs>,
     pub updater: Option<Updater>,
     pub dir: PathBuf,
 }
@@ -91,6 +186,7 @@ impl Updater {
         port: u16,
         envoy_admin: u16,
         workers: &[SimWorker],
+        models: &[String],
         dir: &std::path::Path,
     ) -> anyhow::Result<Updater> {
         let endpoints: Vec<String> = workers
@@ -102,7 +198,7 @@ impl Updater {
                 )
             })
             .collect();
-        Self::start_for(port, Some(envoy_admin), &endpoints, dir).await
+        Self::start_with(port, Some(envoy_admin), &endpoints, models, dir).await
     }
 
     /// Starts the updater on `port` following `endpoints` (`http,events,replay` as its
@@ -111,6 +207,18 @@ impl Updater {
         port: u16,
         envoy_admin: Option<u16>,
         endpoints: &[String],
+        dir: &std::path::Path,
+    ) -> anyhow::Result<Updater> {
+        Self::start_with(port, envoy_admin, endpoints, &[], dir).await
+    }
+
+    /// [`Updater::start_for`] serving `models` (its `--model` values, `NAME=DIR` or `NAME`;
+    /// none: the updater's default, the demo model).
+    pub async fn start_with(
+        port: u16,
+        envoy_admin: Option<u16>,
+        endpoints: &[String],
+        models: &[String],
         dir: &std::path::Path,
     ) -> anyhow::Result<Updater> {
         let mut args = vec![
@@ -128,6 +236,10 @@ impl Updater {
         for e in endpoints {
             args.push("--worker".into());
             args.push(e.clone());
+        }
+        for m in models {
+            args.push("--model".into());
+            args.push(m.clone());
         }
         let log = dir.join("updater.log");
         let guard = Self::spawn(&args, &log).await?;
@@ -154,6 +266,26 @@ impl Updater {
         Ok(())
     }
 
+    /// Starts it again on the same port serving `models` instead (`--model` values): a new
+    /// bundle for a model is a new fingerprint.
+    pub async fn restart_with_models(&mut self, models: &[String]) -> anyhow::Result<()> {
+        let mut args = Vec::new();
+        let mut it = self.args.iter();
+        while let Some(a) = it.next() {
+            if a == "--model" {
+                it.next();
+            } else {
+                args.push(a.clone());
+            }
+        }
+        for m in models {
+            args.push("--model".into());
+            args.push(m.clone());
+        }
+        self.args = args;
+        self.restart().await
+    }
+
     /// The updater's `/status`.
     pub async fn status(&self) -> anyhow::Result<Value> {
         Ok(reqwest::get(format!("http://127.0.0.1:{}/status", self.port)).await?.json().await?)
@@ -168,13 +300,28 @@ fn merge(into: &mut Value, from: &Value) {
     }
 }
 
-/// The filter configuration for `addrs`.
+/// The filter configuration for `addrs` (one demo pool; `opts.pools` are ignored here, see
+/// [`pools_filter_config`]).
 pub fn filter_config(addrs: &[String], opts: &StackOptions) -> Value {
     let mut model = json!({"name": MODEL, "workers": addrs});
     merge(&mut model, &opts.model_overrides);
     let mut cfg = json!({"models": [model], "expose_decision_header": true});
     merge(&mut cfg, &opts.filter);
     cfg
+}
+
+/// The filter configuration of a stack with several pools, `addrs[i]` the workers of
+/// `pools[i]`.
+pub fn pools_filter_config(
+    pools: &[Pool],
+    addrs: &[Vec<String>],
+    opts: &StackOptions,
+) -> anyhow::Result<Value> {
+    let models: Vec<Value> =
+        pools.iter().zip(addrs).map(|(p, a)| p.filter_model(a)).collect::<anyhow::Result<_>>()?;
+    let mut cfg = json!({"models": models, "expose_decision_header": true});
+    merge(&mut cfg, &opts.filter);
+    Ok(cfg)
 }
 
 /// Loopback ports of one stack.
@@ -226,8 +373,24 @@ impl Stack {
     pub async fn start(opts: StackOptions) -> anyhow::Result<Stack> {
         let dir = paths::scratch_dir(opts.policy.name())?;
         let mut workers = Vec::new();
-        for i in 0..opts.workers {
-            workers.push(SimWorker::start(i, &opts.sim_args, &dir).await?);
+        let mut pools = Vec::new();
+        if opts.pools.is_empty() {
+            for i in 0..opts.workers {
+                workers.push(SimWorker::start(i, &opts.sim_args, &dir).await?);
+            }
+            let addrs = workers.iter().map(|w| w.addr.clone()).collect();
+            pools.push(PoolAddrs { model: MODEL.into(), addrs });
+        }
+        for p in &opts.pools {
+            let mut args = p.sim_args();
+            args.extend(opts.sim_args.iter().cloned());
+            let mut addrs = Vec::new();
+            for _ in 0..p.workers {
+                let w = SimWorker::start(workers.len(), &args, &dir).await?;
+                addrs.push(w.addr.clone());
+                workers.push(w);
+            }
+            pools.push(PoolAddrs { model: p.model.clone(), addrs });
         }
         let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
         let ports = Ports {
@@ -235,16 +398,25 @@ impl Stack {
             listen: paths::free_port()?,
             updater: paths::free_port()?,
         };
+        let models: Vec<String> = opts.pools.iter().map(Pool::updater_model).collect();
         let updater = match opts.updater {
-            true => Some(Updater::start(ports.updater, ports.admin, &workers, &dir).await?),
+            true => {
+                Some(Updater::start(ports.updater, ports.admin, &workers, &models, &dir).await?)
+            }
             false => None,
         };
-        let filter = filter_config(&addrs, &opts);
+        let filter = if opts.pools.is_empty() {
+            filter_config(&addrs, &opts)
+        } else {
+            let per_pool: Vec<Vec<String>> = pools.iter().map(|p| p.addrs.clone()).collect();
+            pools_filter_config(&opts.pools, &per_pool, &opts)?
+        };
         let config = write_config(opts.policy.template(), &dir, ports, &addrs, &filter)?;
         let envoy =
             Envoy::start(&config, ports.admin, ports.listen, &dir, opts.envoy_concurrency).await?;
-        let stack = Stack { envoy, workers, updater, dir };
-        stack.wait_healthy(opts.workers).await?;
+        let n = workers.len();
+        let stack = Stack { envoy, workers, pools, updater, dir };
+        stack.wait_healthy(n).await?;
         Ok(stack)
     }
 
@@ -254,6 +426,11 @@ impl Stack {
 
     pub fn addrs(&self) -> Vec<String> {
         self.workers.iter().map(|w| w.addr.clone()).collect()
+    }
+
+    /// The workers of `model`'s pool.
+    pub fn pool(&self, model: &str) -> &[String] {
+        self.pools.iter().find(|p| p.model == model).map_or(&[], |p| p.addrs.as_slice())
     }
 
     /// Waits until Envoy's active health checks report `n` healthy workers.
