@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use thiserror::Error;
 use tokenizers::Tokenizer;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use crate::request::{ChatPrompt, Prompt};
 use crate::template::{py_strip, ChatTemplate, RenderInput, TemplateError};
@@ -43,6 +43,20 @@ impl std::fmt::Debug for ModelBundle {
     }
 }
 
+/// Feeds everything written to it into an xxh3 hash.
+struct HashWriter(Xxh3);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl ModelBundle {
     /// Loads a bundle from the text of `tokenizer.json` and `tokenizer_config.json`.
     pub fn from_hf(tokenizer_json: &str, tokenizer_config_json: &str) -> Result<Self, ModelError> {
@@ -55,17 +69,21 @@ impl ModelBundle {
             .and_then(Value::as_str)
             .ok_or_else(|| ModelError::Config("no string 'chat_template'".into()))?;
         let template = ChatTemplate::new(chat_template, &special_tokens(&cfg))?;
-        // The whole configuration (BOS, special tokens, template, ...) is part of the cache
-        // domain, in a canonical form: reformatting the file does not change it.
-        let mut fp = Vec::with_capacity(tokenizer_json.len() + tokenizer_config_json.len() + 9);
-        fp.extend_from_slice(&(tokenizer_json.len() as u64).to_le_bytes());
-        fp.extend_from_slice(tokenizer_json.as_bytes());
-        fp.push(0xff);
-        fp.extend_from_slice(cfg.to_string().as_bytes());
+        // The tokenizer and the whole configuration (BOS, special tokens, template, ...) are
+        // part of the cache domain, each in a canonical form, so that the same bundle gets the
+        // same fingerprint whether it was read from its files (updater, simulator) or given
+        // inline as JSON values (the filter's config): the tokenizer as its own serialization
+        // (vocabulary and added tokens ordered by id), streamed into the hash without a copy;
+        // the configuration as compact JSON in its key order.
+        let mut fp = HashWriter(Xxh3::new());
+        serde_json::to_writer(&mut fp, &tokenizer)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        fp.0.update(&[0xff]);
+        fp.0.update(cfg.to_string().as_bytes());
         Ok(ModelBundle {
             tokenizer: Arc::new(tokenizer),
             template: Arc::new(template),
-            fingerprint: xxh3_64(&fp),
+            fingerprint: fp.0.digest(),
         })
     }
 
@@ -418,5 +436,23 @@ mod tests {
         assert_eq!(text, "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n");
         let ids = b.prompt_tokens(&Prompt::messages(msgs)).unwrap();
         assert_eq!(ids[0], b.encode("<|im_start|>", false).unwrap()[0]);
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_formatting_so_inline_and_file_bundles_agree() {
+        // The filter's inline config holds the files as JSON values and re-serializes them
+        // compactly; the updater and the simulator read the files: same bundle, same domain.
+        let dir = qwen3_dir();
+        let tok = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
+        let cfg = std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap();
+        let from_file = ModelBundle::from_hf(&tok, &cfg).unwrap();
+        let compact = |t: &str| serde_json::from_str::<Value>(t).unwrap().to_string();
+        let inline = ModelBundle::from_hf(&compact(&tok), &compact(&cfg)).unwrap();
+        assert_eq!(from_file.fingerprint(), inline.fingerprint());
+        let demo = ModelBundle::demo().unwrap();
+        assert_ne!(demo.fingerprint(), from_file.fingerprint());
+        let other = cfg.replace("<|im_end|>\",", "<|endoftext|>\",");
+        let changed = ModelBundle::from_hf(&tok, &other).unwrap();
+        assert_ne!(changed.fingerprint(), from_file.fingerprint(), "eos_token is in the domain");
     }
 }
