@@ -34,6 +34,8 @@ struct InFlight {
     prefilling: bool,
     released: bool,
     scanner: UsageScanner,
+    /// The decision's own time (µs), body arrival to destination header.
+    decision_us: u64,
 }
 
 pub struct KvHttp {
@@ -111,7 +113,7 @@ impl KvHttp {
         let predicted = decision.predicted_cached_tokens();
         let blocks = predicted / u64::from(decision.block_size.max(1));
         let us = host::now_nanos().saturating_sub(started) / 1000;
-        state.metrics.decision(&primary, blocks, predicted, us);
+        state.metrics.decision(&primary, (blocks, predicted), us, decision.tokenize_us);
         log::debug!(
             "kvroute: decision worker={primary} prompt_tokens={} predicted_cached={predicted} age_ms={} us={us}",
             decision.prompt_tokens,
@@ -126,6 +128,7 @@ impl KvHttp {
             prefilling: true,
             released: false,
             scanner: UsageScanner::default(),
+            decision_us: us,
         });
         Action::Continue
     }
@@ -192,13 +195,15 @@ impl KvHttp {
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}",
+            "worker={}; predicted_cached_tokens={}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}; decision_us={}; tokenize_us={}",
             f.served,
             d.predicted_cached_tokens(),
             d.prompt_tokens,
             d.blocks_from_events,
             d.knowledge_age_ms,
-            d.fallback.map_or("none", |r| r.name())
+            d.fallback.map_or("none", |r| r.name()),
+            f.decision_us,
+            d.tokenize_us
         ))
     }
 }

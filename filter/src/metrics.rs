@@ -24,6 +24,7 @@ pub struct Metrics {
     predicted_tokens: Option<u32>,
     actual_tokens: Option<u32>,
     decision_us: Option<u32>,
+    tokenize_us: Option<u32>,
     errors: Option<u32>,
     shared: HashMap<Counter, u32>,
     /// This thread's bundle builds.
@@ -137,6 +138,7 @@ impl Metrics {
             predicted_tokens: define(c, "kvroute.predicted_cached_tokens"),
             actual_tokens: define(c, "kvroute.actual_cached_tokens"),
             decision_us: define(MetricType::Histogram, "kvroute.decision_time_us"),
+            tokenize_us: define(MetricType::Histogram, "kvroute.tokenize_time_us"),
             errors: define(c, "kvroute.rejected_requests"),
             bundles: BundleMetrics::define_thread(),
             ..Default::default()
@@ -181,12 +183,15 @@ impl Metrics {
         m
     }
 
-    pub fn decision(&self, worker: &str, predicted_blocks: u64, predicted_tokens: u64, us: u64) {
+    /// One decision: its worker, prediction, and time (µs) in all and in render + tokenize.
+    pub fn decision(&self, worker: &str, predicted: (u64, u64), us: u64, tokenize_us: u64) {
         add(self.decisions.get(worker).copied(), 1);
-        add(self.predicted_blocks, predicted_blocks);
-        add(self.predicted_tokens, predicted_tokens);
-        if let Some(id) = self.decision_us {
-            let _ = hostcalls::record_metric(id, us);
+        add(self.predicted_blocks, predicted.0);
+        add(self.predicted_tokens, predicted.1);
+        for (id, v) in [(self.decision_us, us), (self.tokenize_us, tokenize_us)] {
+            if let Some(id) = id {
+                let _ = hostcalls::record_metric(id, v);
+            }
         }
     }
 

@@ -183,7 +183,8 @@ impl RootContext for KvRoot {
             }
         }
         let built = FilterConfig::from_json(&bytes).and_then(|cfg| {
-            let router = Router::new(&cfg)?;
+            let mut router = Router::new(&cfg)?;
+            router.set_clock(host::now_nanos);
             Ok((cfg, router))
         });
         match built {
