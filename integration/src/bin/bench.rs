@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use kvroute_integration::eval::cluster::Policy;
+use kvroute_integration::eval::model::BenchModel;
 use kvroute_integration::eval::preset::{self, Plan};
 use kvroute_integration::eval::report::{self, Report, Scope};
 use kvroute_integration::eval::runner::{run_policy, RunOptions};
@@ -27,6 +28,11 @@ struct Args {
     /// Replace the plan's topology with this TOML file.
     #[arg(long)]
     topology: Option<PathBuf>,
+    /// The served model: demo (the built-in bundle) or qwen3 (a real 151 k-token tokenizer,
+    /// fetched by `./dev setup`, distributed to Envoy by the updater). Overrides the plan's
+    /// `[workers] model`.
+    #[arg(long)]
+    model: Option<String>,
     /// Base seed of the workloads.
     #[arg(long, default_value_t = 7)]
     seed: u64,
@@ -82,6 +88,9 @@ fn load_plan(args: &Args) -> anyhow::Result<Plan> {
             std::fs::read_to_string(t).with_context(|| format!("reading {}", t.display()))?;
         plan.topology = kvroute_integration::eval::topology::Topology::from_toml(&text)?;
     }
+    if let Some(m) = &args.model {
+        plan.topology.workers.model = BenchModel::parse(m)?;
+    }
     let policies = match &args.policies {
         Some(names) => {
             Some(names.iter().map(|n| Policy::parse(n)).collect::<anyhow::Result<Vec<_>>>()?)
@@ -109,6 +118,8 @@ async fn main() -> anyhow::Result<()> {
     let out = out.canonicalize().unwrap_or(out);
     let opts = RunOptions { progress: !args.quiet, ..Default::default() };
     let block_size = 16;
+    let model = plan.topology.workers.model;
+    let bundle = model.bundle()?;
     let mut reports: Vec<Report> = Vec::new();
     let mut failed = 0usize;
     println!(
@@ -120,9 +131,9 @@ async fn main() -> anyhow::Result<()> {
     );
     for sc in &plan.scenarios {
         let w = &sc.workload;
-        let sched = w.schedule()?;
+        let sched = w.schedule_for(model)?;
         let hash = schedule::hash(&sched);
-        let ceiling = workloads::reuse_ceiling(&sched, block_size)?;
+        let ceiling = workloads::reuse_ceiling_with(&bundle, &sched, block_size)?;
         let span = sched.last().map_or(0.0, |s| s.at.as_secs_f64());
         println!(
             "\n== {} — {} requests over {:.1} s, schedule hash {hash:016x}, hit-rate ceiling {:.1} %",

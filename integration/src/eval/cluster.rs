@@ -14,7 +14,7 @@ use crate::eval::delay::DelayRelay;
 use crate::eval::topology::Topology;
 use crate::paths;
 use crate::sim::SimWorker;
-use crate::stack::{write_config, write_config_text, Ports, Updater, MODEL};
+use crate::stack::{write_config, write_config_text, BundleFrom, Ports, Updater};
 
 /// What makes the routing decision. Every policy goes through the same Envoy listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -158,6 +158,7 @@ impl Cluster {
             if let Some(p) = topo.workers.prefill_ms_per_token {
                 args.extend(["--prefill-ms-per-token".into(), p.to_string()]);
             }
+            args.extend(topo.workers.model.pool(0, BundleFrom::Updater).sim_args());
             args.extend(topo.workers.sim_args.iter().cloned());
             for i in 0..topo.workers.count {
                 let w = SimWorker::start(i, &args, &dir).await?;
@@ -179,7 +180,8 @@ impl Cluster {
         let updater_port = paths::free_port()?;
         let base_delay = Duration::from_millis(topo.knowledge.delay_ms);
         let (updater, relay) = if policy == Policy::Kvroute {
-            let u = Updater::start_for(updater_port, None, &endpoints, &dir).await?;
+            let model = topo.workers.model.pool(0, BundleFrom::Updater).updater_model();
+            let u = Updater::start_with(updater_port, None, &endpoints, &[model], &dir).await?;
             let r = DelayRelay::start(updater_port, base_delay).await?;
             (Some(u), Some(r))
         } else {
@@ -207,6 +209,21 @@ impl Cluster {
         let healthy = if policy == Policy::Pinned { 1 } else { addrs.len() };
         for e in &cluster.envoys {
             e.wait_healthy(healthy).await?;
+            if policy == Policy::Kvroute && Self::bundle_from(topo) == BundleFrom::Updater {
+                // Every thread has the model's bundle before the schedule starts, so no request
+                // is routed load-only for want of one.
+                let threads = f64::from(topo.envoy.concurrency);
+                crate::eventually(
+                    "the model bundle in every Envoy thread",
+                    Duration::from_secs(180),
+                    || async {
+                        let m = e.prometheus().await.ok()?;
+                        (m.get("kvroute_bundles_builds").copied().unwrap_or(0.0) >= threads)
+                            .then_some(())
+                    },
+                )
+                .await?;
+            }
         }
         Ok(cluster)
     }
@@ -223,8 +240,17 @@ impl Cluster {
             if let Some(p) = topo.workers.prefill_ms_per_token {
                 profile = json!({"prefill_ms_per_token": p, "prefill_base_ms": 5.0});
             }
+            let pool = topo.workers.model.pool(addrs.len(), Self::bundle_from(topo));
+            let mut model = pool.filter_model(addrs)?;
+            // kvroute-no-events runs without the updater: a bundle that is not built in comes
+            // inline (the filter loads it from the plugin configuration).
+            if policy == Policy::KvrouteNoEvents && pool.dir.is_some() {
+                model = crate::stack::Pool { bundle: BundleFrom::Inline, ..pool }
+                    .filter_model(addrs)?;
+            }
+            model["profile"] = profile;
             let filter = json!({
-                "models": [{"name": MODEL, "workers": addrs, "profile": profile}],
+                "models": [model],
                 "expose_decision_header": true,
                 "knowledge": {"max_event_age_ms": topo.knowledge.max_event_age_ms},
             });
@@ -238,6 +264,15 @@ impl Cluster {
         let addrs = if policy == Policy::Pinned { &addrs[..1] } else { addrs };
         let name = format!("{}.yaml", policy.name());
         write_config_text(&name, &text, dir, ports, addrs, &json!({}))
+    }
+
+    /// How kvroute's filter gets the model bundle: the built-in demo bundle needs nothing, any
+    /// other comes from the updater.
+    fn bundle_from(topo: &Topology) -> BundleFrom {
+        match topo.workers.model.dir() {
+            None => BundleFrom::Inline,
+            Some(_) => BundleFrom::Updater,
+        }
     }
 
     /// Base URLs of the Envoy instances.

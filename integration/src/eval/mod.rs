@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod delay;
+pub mod model;
 pub mod mooncake;
 pub mod preset;
 pub mod record;

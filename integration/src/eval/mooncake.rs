@@ -8,8 +8,9 @@
 //! every chunk starts with a space, so the token blocks of two prompts repeat exactly where
 //! their hash ids repeat.
 //!
-//! A trace block is scaled down to [`Replay::tokens_per_block`] tokens of the demo tokenizer
-//! (`kvroute_core::model::ModelBundle::demo()`), using the measured ratio [`WORDS_PER_TOKEN`].
+//! A trace block is scaled down to [`Replay::tokens_per_block`] tokens of the served model's
+//! tokenizer (the demo bundle by default), using its measured ratio ([`WORDS_PER_TOKEN`],
+//! [`QWEN3_WORDS_PER_TOKEN`]).
 
 use std::collections::HashSet;
 use std::io::BufRead;
@@ -31,6 +32,10 @@ pub const TRACE_BLOCK_TOKENS: u64 = 512;
 /// `calibration_matches_demo_tokenizer` (which fails if this drifts by more than 3 %). With 64
 /// tokens per block a chunk is 57 words, about 63.8 tokens.
 pub const WORDS_PER_TOKEN: f64 = 0.893;
+
+/// The same ratio for Qwen3's tokenizer: 0.813, measured the same way by
+/// `calibration_matches_qwen3_tokenizer`.
+pub const QWEN3_WORDS_PER_TOKEN: f64 = 0.813;
 
 /// Salt of the per-hash-id text seeds.
 const BLOCK_SALT: u64 = 0x6d6f_6f6e_6361_6b65;
@@ -109,12 +114,14 @@ pub struct Replay {
     /// Fraction of the window's requests that are kept, chosen from the seed and the line's
     /// index (1 keeps all).
     pub sample: f64,
-    /// Synthesized demo-tokenizer tokens standing for one 512-token trace block.
+    /// Synthesized tokens (of the served model's tokenizer) standing for one 512-token trace block.
     pub tokens_per_block: usize,
     /// Cap on each request's output length.
     pub max_output_tokens: u64,
     /// The `model` of every request.
     pub model: String,
+    /// Words of synthesized text per token of that model's tokenizer.
+    pub words_per_token: f64,
 }
 
 impl Replay {
@@ -171,7 +178,7 @@ impl Replay {
 
     /// Words in the chunk of a whole trace block.
     pub fn words_per_block(&self) -> usize {
-        ((self.tokens_per_block as f64 * WORDS_PER_TOKEN).round() as usize).max(1)
+        ((self.tokens_per_block as f64 * self.words_per_token).round() as usize).max(1)
     }
 
     /// The first `words` words of hash id `id`'s chunk, preceded by a space. A shorter chunk
@@ -219,6 +226,7 @@ mod tests {
             tokens_per_block: 64,
             max_output_tokens: 128,
             model: "demo".into(),
+            words_per_token: WORDS_PER_TOKEN,
         }
     }
 
@@ -261,8 +269,19 @@ mod tests {
 
     #[test]
     fn calibration_matches_demo_tokenizer() {
-        let bundle = demo();
-        let r = replay(11);
+        calibration(&demo(), WORDS_PER_TOKEN);
+    }
+
+    #[test]
+    fn calibration_matches_qwen3_tokenizer() {
+        match kvroute_core::model::qwen3() {
+            Ok(b) => calibration(&b, QWEN3_WORDS_PER_TOKEN),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn calibration(bundle: &ModelBundle, words_per_token: f64) {
+        let r = Replay { words_per_token, ..replay(11) };
         let (mut words, mut toks) = (0usize, 0usize);
         for id in 0..400 {
             let text = r.block_text(id, 100);
@@ -271,8 +290,8 @@ mod tests {
         }
         let measured = words as f64 / toks as f64;
         assert!(
-            (measured / WORDS_PER_TOKEN - 1.0).abs() < 0.03,
-            "measured {measured:.4} words per token, WORDS_PER_TOKEN is {WORDS_PER_TOKEN}"
+            (measured / words_per_token - 1.0).abs() < 0.03,
+            "measured {measured:.4} words per token, the constant is {words_per_token}"
         );
         // A whole block is then about tokens_per_block tokens.
         let per_block: usize = (0..50)
@@ -287,7 +306,14 @@ mod tests {
 
     #[test]
     fn tokens_never_merge_across_chunks() {
-        let bundle = demo();
+        never_merge(&demo());
+        match kvroute_core::model::qwen3() {
+            Ok(b) => never_merge(&b),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn never_merge(bundle: &ModelBundle) {
         let r = replay(5);
         let enc = |s: &str| bundle.encode(s, false).unwrap_or_default();
         for id in 0..100 {

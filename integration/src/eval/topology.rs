@@ -29,6 +29,8 @@ pub struct Workers {
     pub sim_args: Vec<String>,
     /// Existing endpoints instead of sims (a real vLLM pool).
     pub external: Vec<External>,
+    /// The served model: `demo` (built-in bundle) or `qwen3` (`./dev setup` fetches it).
+    pub model: crate::eval::model::BenchModel,
 }
 
 impl Default for Workers {
@@ -40,6 +42,7 @@ impl Default for Workers {
             speedup: 1.0,
             sim_args: Vec::new(),
             external: Vec::new(),
+            model: Default::default(),
         }
     }
 }
@@ -133,8 +136,9 @@ impl Topology {
     pub fn describe(&self) -> String {
         let workers = if self.workers.external.is_empty() {
             format!(
-                "{} simulated workers (profile {}{}{})",
+                "{} simulated workers (model {}, profile {}{}{})",
                 self.workers.count,
+                self.workers.model.name(),
                 self.workers.profile,
                 self.workers
                     .prefill_ms_per_token
@@ -170,7 +174,10 @@ mod tests {
     fn toml_with_defaults_and_validation() {
         let t = Topology::from_toml("[workers]\ncount = 3\n[envoy]\ninstances = 2\n").unwrap();
         assert_eq!((t.worker_count(), t.envoy.instances, t.envoy.concurrency), (3, 2, 2));
-        assert!(t.describe().contains("3 simulated workers"));
+        assert!(t.describe().contains("3 simulated workers (model kvroute-demo"));
+        let q = Topology::from_toml("[workers]\nmodel = \"qwen3\"\n").unwrap();
+        assert_eq!(q.workers.model, crate::eval::model::BenchModel::Qwen3);
+        assert!(Topology::from_toml("[workers]\nmodel = \"gpt\"\n").is_err());
         let ext = Topology::from_toml(
             "[[workers.external]]\naddr = \"127.0.0.1:8000\"\nevents = \"tcp://127.0.0.1:5557\"\n",
         )

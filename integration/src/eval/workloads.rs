@@ -9,10 +9,10 @@ use kvroute_core::textgen::{draw, words};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::eval::model::BenchModel;
 use crate::eval::mooncake;
 use crate::eval::record::Slo;
 use crate::eval::schedule::{chat_body, Scheduled};
-use crate::stack::MODEL;
 use crate::workload::Conversation;
 
 /// The shape of a workload.
@@ -83,8 +83,15 @@ fn tenant_name(t: usize) -> String {
 }
 
 impl Workload {
-    /// The open-loop schedule, sorted by arrival.
+    /// The open-loop schedule for the demo model, sorted by arrival.
     pub fn schedule(&self) -> anyhow::Result<Vec<Scheduled>> {
+        self.schedule_for(BenchModel::Demo)
+    }
+
+    /// The open-loop schedule for `model`, sorted by arrival: its name in every request, and
+    /// trace text sized in its tokens.
+    pub fn schedule_for(&self, model: BenchModel) -> anyhow::Result<Vec<Scheduled>> {
+        let name = model.name();
         let out_tokens = self.output_tokens;
         let seed = self.seed;
         let mut out = match &self.shape {
@@ -107,7 +114,7 @@ impl Workload {
                         if t > 0 {
                             at += jitter(seed ^ 0x7, (c * 1000 + t) as u64, ms(*think_time_ms));
                         }
-                        let mut body = conv.body(MODEL, t, out_tokens, true);
+                        let mut body = conv.body(name, t, out_tokens, true);
                         if tenant > 0 {
                             body["cache_salt"] = json!(format!("tenant-{}", tenant_name(tenant)));
                         }
@@ -133,7 +140,7 @@ impl Workload {
                         ];
                         Scheduled {
                             at,
-                            body: chat_body(MODEL, msgs, out_tokens),
+                            body: chat_body(name, msgs, out_tokens),
                             output_tokens: out_tokens,
                             cohorts: vec!["unique-doc".into()],
                         }
@@ -164,7 +171,7 @@ impl Workload {
                     ..self.clone()
                 };
                 let mut out: Vec<Scheduled> = background
-                    .schedule()?
+                    .schedule_for(model)?
                     .into_iter()
                     .map(|mut s| {
                         s.cohorts = vec!["background".into()];
@@ -181,7 +188,7 @@ impl Workload {
                     ];
                     out.push(Scheduled {
                         at,
-                        body: chat_body(MODEL, msgs, out_tokens),
+                        body: chat_body(name, msgs, out_tokens),
                         output_tokens: out_tokens,
                         cohorts: vec!["hot-prefix".into()],
                     });
@@ -200,7 +207,8 @@ impl Workload {
                     sample: *sample,
                     tokens_per_block: *tokens_per_block,
                     max_output_tokens: out_tokens,
-                    model: MODEL.into(),
+                    model: name.into(),
+                    words_per_token: model.words_per_token(),
                 }
                 .schedule(&trace)
             }
@@ -231,7 +239,7 @@ impl Workload {
                         let msgs = vec![system.clone(), json!({"role": "user", "content": task})];
                         out.push(Scheduled {
                             at: start + ms(k as u64 * 5),
-                            body: chat_body(MODEL, msgs, out_tokens),
+                            body: chat_body(name, msgs, out_tokens),
                             output_tokens: out_tokens,
                             cohorts: vec!["fanout-sub".into()],
                         });
@@ -240,7 +248,7 @@ impl Workload {
                     let msgs = vec![system, json!({"role": "user", "content": merge})];
                     out.push(Scheduled {
                         at: start + ms(*merge_after_ms),
-                        body: chat_body(MODEL, msgs, out_tokens),
+                        body: chat_body(name, msgs, out_tokens),
                         output_tokens: out_tokens,
                         cohorts: vec!["fanout-merge".into()],
                     });
@@ -285,7 +293,15 @@ impl Workload {
 /// The hit rate of one unbounded cache that saw every request in order: cached tokens (whole
 /// reused blocks) over prompt tokens, tenants kept apart. No routing can beat it.
 pub fn reuse_ceiling(schedule: &[Scheduled], block_size: u32) -> anyhow::Result<f64> {
-    let bundle = kvroute_core::model::ModelBundle::demo()?;
+    reuse_ceiling_with(&kvroute_core::model::ModelBundle::demo()?, schedule, block_size)
+}
+
+/// [`reuse_ceiling`] with the served model's `bundle`.
+pub fn reuse_ceiling_with(
+    bundle: &kvroute_core::model::ModelBundle,
+    schedule: &[Scheduled],
+    block_size: u32,
+) -> anyhow::Result<f64> {
     let mut seen = HashSet::new();
     let (mut reused, mut total) = (0u64, 0u64);
     for s in schedule {
@@ -408,5 +424,20 @@ mod tests {
         assert!(c(&unique) < 0.05, "unique documents barely reuse: {}", c(&unique));
         assert!(c(&mt) > 0.3, "later turns reuse earlier ones: {}", c(&mt));
         assert!(c(&flash) > c(&unique));
+    }
+
+    #[test]
+    fn qwen3_schedules_name_qwen3_and_reuse_in_its_tokens() {
+        let qwen3 = BenchModel::Qwen3.bundle().unwrap();
+        let [mt, unique, ..] = <[Workload; 4]>::try_from(all(1)).unwrap();
+        let s = mt.schedule_for(BenchModel::Qwen3).unwrap();
+        assert!(s.iter().all(|x| x.body["model"] == "qwen3"));
+        let demo = mt.schedule().unwrap();
+        assert_eq!(s.len(), demo.len());
+        assert!(demo.iter().all(|x| x.body["model"] == "kvroute-demo"));
+        let c = |w: &Workload| {
+            reuse_ceiling_with(&qwen3, &w.schedule_for(BenchModel::Qwen3).unwrap(), 16).unwrap()
+        };
+        assert!(c(&mt) > 0.3 && c(&unique) < 0.05, "{} {}", c(&mt), c(&unique));
     }
 }
