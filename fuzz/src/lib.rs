@@ -223,6 +223,38 @@ pub fn shared_protocol(data: &[u8]) {
     let _ = view.load("127.0.0.1:1");
 }
 
+/// Model bundles come from the updater (part by part) and sit in shared data with the bundle
+/// manifest; the updater's bundle list is JSON from it. Any bytes decode or fail cleanly, what
+/// is accepted round-trips, and a thread following a manifest made of these bytes (its parts
+/// absent or garbage) builds nothing and does not panic.
+pub fn bundle_decode(data: &[u8]) {
+    use kvroute_core::bundle::BundleFiles;
+    use kvroute_core::shared::bundles::{parse_list, BundleFollower, Manifest, MAX_MODELS};
+    use kvroute_core::shared::fake::MemStore;
+    if let Ok(f) = BundleFiles::decode(data) {
+        assert_eq!(BundleFiles::decode(&f.encode()), Ok(f));
+    }
+    if let Ok(m) = Manifest::decode(data) {
+        assert_eq!(Manifest::decode(&m.encode()), Ok(m.clone()));
+        let store = MemStore::new();
+        store.poke(kvroute_core::shared::bundles::MANIFEST_KEY, data);
+        if let Some(p) = m.models.first() {
+            // One part holds these same bytes: never a valid bundle of that fingerprint.
+            store.poke(&kvroute_core::shared::bundles::part_key(p.fingerprint, 0), data);
+            let cfg = br#"{"models":[{"name":"m","workers":["127.0.0.1:1"],"bundle":"updater"}]}"#;
+            if let Ok(mut cfg) = FilterConfig::from_json(cfg) {
+                cfg.models[0].name.clone_from(&p.model);
+                let mut follower = BundleFollower::new(&cfg.models);
+                let t = follower.tick(&store, 0);
+                assert!(t.built.is_none() && t.changed.is_empty());
+            }
+        }
+    }
+    if let Ok((list, _)) = parse_list(data) {
+        assert!(list.len() <= MAX_MODELS);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};
@@ -278,37 +310,5 @@ mod tests {
                 assert!(r.is_ok(), "{name} panics on {}", f.display());
             }
         }
-    }
-}
-
-/// Model bundles come from the updater (part by part) and sit in shared data with the bundle
-/// manifest; the updater's bundle list is JSON from it. Any bytes decode or fail cleanly, what
-/// is accepted round-trips, and a thread following a manifest made of these bytes (its parts
-/// absent or garbage) builds nothing and does not panic.
-pub fn bundle_decode(data: &[u8]) {
-    use kvroute_core::bundle::BundleFiles;
-    use kvroute_core::shared::bundles::{parse_list, BundleFollower, Manifest, MAX_MODELS};
-    use kvroute_core::shared::fake::MemStore;
-    if let Ok(f) = BundleFiles::decode(data) {
-        assert_eq!(BundleFiles::decode(&f.encode()), Ok(f));
-    }
-    if let Ok(m) = Manifest::decode(data) {
-        assert_eq!(Manifest::decode(&m.encode()), Ok(m.clone()));
-        let store = MemStore::new();
-        store.poke(kvroute_core::shared::bundles::MANIFEST_KEY, data);
-        if let Some(p) = m.models.first() {
-            // One part holds these same bytes: never a valid bundle of that fingerprint.
-            store.poke(&kvroute_core::shared::bundles::part_key(p.fingerprint, 0), data);
-            let cfg = br#"{"models":[{"name":"m","workers":["127.0.0.1:1"],"bundle":"updater"}]}"#;
-            if let Ok(mut cfg) = FilterConfig::from_json(cfg) {
-                cfg.models[0].name.clone_from(&p.model);
-                let mut follower = BundleFollower::new(&cfg.models);
-                let t = follower.tick(&store, 0);
-                assert!(t.built.is_none() && t.changed.is_empty());
-            }
-        }
-    }
-    if let Ok((list, _)) = parse_list(data) {
-        assert!(list.len() <= MAX_MODELS);
     }
 }
