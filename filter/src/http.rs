@@ -34,8 +34,12 @@ struct InFlight {
     prefilling: bool,
     released: bool,
     scanner: UsageScanner,
-    /// The decision's own time (µs), body arrival to destination header.
+    /// The decision's own time (µs), body arrival to destination header, and the part of it
+    /// spent parsing the body.
     decision_us: u64,
+    parse_us: u64,
+    /// The part spent applying other threads' journal and the updater's knowledge.
+    catchup_us: u64,
 }
 
 pub struct KvHttp {
@@ -81,8 +85,11 @@ impl KvHttp {
             Ok(p) => p,
             Err(e) => return self.reject(&e.into()),
         };
+        let parse_us = host::now_nanos().saturating_sub(started) / 1000;
         let state = Rc::clone(&self.state);
+        let caught_up = host::now_nanos();
         state.catch_up(true);
+        let catchup_us = host::now_nanos().saturating_sub(caught_up) / 1000;
         let now = host::now_ms();
         let view = state.load_view(now);
         let load = |w: &str| view.load(w);
@@ -129,6 +136,8 @@ impl KvHttp {
             released: false,
             scanner: UsageScanner::default(),
             decision_us: us,
+            parse_us,
+            catchup_us,
         });
         Action::Continue
     }
@@ -195,7 +204,7 @@ impl KvHttp {
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}; decision_us={}; tokenize_us={}",
+            "worker={}; predicted_cached_tokens={}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}",
             f.served,
             d.predicted_cached_tokens(),
             d.prompt_tokens,
@@ -203,6 +212,8 @@ impl KvHttp {
             d.knowledge_age_ms,
             d.fallback.map_or("none", |r| r.name()),
             f.decision_us,
+            f.parse_us,
+            f.catchup_us,
             d.tokenize_us
         ))
     }

@@ -5,8 +5,10 @@
 //! Each answer's `x-kvroute-decision` header reports the decision's own timing, measured by
 //! the filter with Envoy's clock: `decision_us` (from the body's arrival to the destination
 //! header: parse, knowledge catch-up, render, tokenize, hash, score, load and journal writes)
-//! and `tokenize_us` (render + tokenize inside it). The rest, `decision_us - tokenize_us`, is
-//! the decision without tokenization (goal: p99 ≤ 100 µs).
+//! and inside it `parse_us` (JSON body parsing), `catchup_us` (applying other threads' journal
+//! and the updater's knowledge, bounded per request) and `tokenize_us` (render + tokenize).
+//! The rest is the decision proper: hashing, lookups, scoring, load and journal writes
+//! (goal: decision p99 excluding tokenization ≤ 100 µs).
 //!
 //! The stack is the shipped bootstrap with two model pools (the demo model and Qwen3, both
 //! bundles distributed by the updater). The same run reports memory: Envoy's RSS without the
@@ -52,7 +54,11 @@ fn words_per_token() -> anyhow::Result<f64> {
 #[derive(Default)]
 struct Timings {
     decision: Vec<f64>,
+    parse: Vec<f64>,
+    catchup: Vec<f64>,
     tokenize: Vec<f64>,
+    /// Decision minus parsing, catch-up and tokenization: hashing, lookups, scoring, load and
+    /// journal writes.
     rest: Vec<f64>,
 }
 
@@ -64,10 +70,13 @@ impl Timings {
                 .and_then(|v| v.parse().ok())
                 .with_context(|| format!("no {k} in x-kvroute-decision {:?}", r.decision))
         };
-        let (d, t) = (field("decision_us")?, field("tokenize_us")?);
+        let (d, p) = (field("decision_us")?, field("parse_us")?);
+        let (c, t) = (field("catchup_us")?, field("tokenize_us")?);
         self.decision.push(d);
+        self.parse.push(p);
+        self.catchup.push(c);
         self.tokenize.push(t);
-        self.rest.push((d - t).max(0.0));
+        self.rest.push((d - t - p - c).max(0.0));
         Ok(r.prompt_tokens.unwrap_or(0))
     }
 }
@@ -84,8 +93,10 @@ fn quantile(v: &[f64], q: f64) -> f64 {
 fn row(name: &str, tokens: u64, t: &Timings) {
     let q = |v: &[f64]| format!("{:>7.0} {:>7.0}", quantile(v, 0.5), quantile(v, 0.99));
     println!(
-        "{name:<14} {tokens:>7} {} {} {}",
+        "{name:<14} {tokens:>7} {} {} {} {} {}",
         q(&t.decision),
+        q(&t.parse),
+        q(&t.catchup),
         q(&t.tokenize),
         q(&t.rest)
     );
@@ -104,8 +115,8 @@ async fn wait_ready(http: &reqwest::Client, url: &str, models: &[&str]) -> anyho
         let mut ready = 0;
         for _ in 0..600 {
             let r = client::chat(http, url, &probe).await?;
-            let bundled = r.status == 200
-                && r.decision_field("fallback").as_deref() != Some("no_bundle");
+            let bundled =
+                r.status == 200 && r.decision_field("fallback").as_deref() != Some("no_bundle");
             // Several in a row: each Envoy thread builds its own copy.
             ready = if bundled { ready + 1 } else { 0 };
             if ready >= 8 {
@@ -161,8 +172,8 @@ async fn main() -> anyhow::Result<()> {
     rss.push(rss_kb(stack.envoy.guard.pid()));
     println!("kvroute-decision-bench: Qwen3, {threads} Envoy threads, µs (p50 p99)");
     println!(
-        "{:<14} {:>7} {:>15} {:>15} {:>15}",
-        "case", "tokens", "decision", "tokenize", "decision-tok"
+        "{:<14} {:>7} {:>15} {:>15} {:>15} {:>15} {:>15}",
+        "case", "tokens", "decision", "parse body", "catch-up", "render+tokenize", "score+publish"
     );
     for target in [1_000u64, 8_000, 32_000] {
         let words = (target as f64 * wpt) as usize;
