@@ -25,6 +25,7 @@ struct BundleSync {
     list_call: Option<u32>,
     part_call: Option<(u32, PartRequest)>,
     next_list_ms: u64,
+    last_list_ms: u64,
     metrics: BundleMetrics,
 }
 
@@ -47,6 +48,7 @@ impl SnapshotSync {
             list_call: None,
             part_call: None,
             next_list_ms: 0,
+            last_list_ms: 0,
             metrics: BundleMetrics::define_sync(),
         });
         SnapshotSync {
@@ -122,7 +124,8 @@ impl SnapshotSync {
                 // A snapshot naming a bundle the singleton does not know asks for the list now.
                 if let Some(b) = self.bundles.as_mut() {
                     if self.publisher.models().iter().any(|m| !b.fetcher.knows(m.fingerprint)) {
-                        b.next_list_ms = 0;
+                        // At most twice a second, should the list never name it.
+                        b.next_list_ms = b.next_list_ms.min(b.last_list_ms.saturating_add(500));
                     }
                 }
             }
@@ -172,6 +175,7 @@ impl BundleSync {
         let limits = *self.fetcher.limits();
         if self.list_call.is_none() && now >= self.next_list_ms {
             self.next_list_ms = now.saturating_add(limits.list_interval_ms);
+            self.last_list_ms = now;
             match dispatch(cfg, LIST_PATH, limits.timeout_ms) {
                 Some(t) => self.list_call = Some(t),
                 None => count(self.metrics.list_failures),
