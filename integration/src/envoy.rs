@@ -10,16 +10,26 @@ use tokio::process::Command;
 use crate::paths;
 use crate::process::Guard;
 
-/// Fills `${NAME}` placeholders; fails if any placeholder is left.
+/// Fills `${NAME}` placeholders in one pass over the template; fails on a placeholder with no
+/// value. Values are inserted as they are (a tokenizer inlined in a filter config may well
+/// contain `${`).
 pub fn render(template: &str, vars: &[(&str, String)]) -> anyhow::Result<String> {
-    let mut out = template.to_owned();
-    for (k, v) in vars {
-        out = out.replace(&format!("${{{k}}}"), v);
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(pos) = rest.find("${") {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 2..];
+        let name = after.split('}').next().unwrap_or("");
+        match vars.iter().find(|(k, _)| *k == name).filter(|_| after.len() > name.len()) {
+            Some((_, v)) => out.push_str(v),
+            None => {
+                let shown: String = rest[pos..].chars().take(30).collect();
+                bail!("unfilled placeholder in Envoy template: {shown}");
+            }
+        }
+        rest = &after[name.len() + 1..];
     }
-    if let Some(pos) = out.find("${") {
-        let rest: String = out[pos..].chars().take(30).collect();
-        bail!("unfilled placeholder in Envoy template: {rest}");
-    }
+    out.push_str(rest);
     Ok(out)
 }
 
@@ -203,5 +213,19 @@ impl Envoy {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+
+    #[test]
+    fn placeholders_are_filled_once_and_values_kept_verbatim() {
+        let vars = [("A", "x${B}y".to_string()), ("B", "2".to_string())];
+        assert_eq!(render("${A}-${B}", &vars).unwrap(), "x${B}y-2");
+        assert!(render("${C}", &vars).unwrap_err().to_string().contains("${C}"));
+        assert!(render("tail ${A", &vars).is_err());
+        assert_eq!(render("no placeholders", &vars).unwrap(), "no placeholders");
     }
 }

@@ -41,6 +41,9 @@ struct Args {
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     envoy_threads: u32,
+    /// Which prompt sizes to run: `short`, `8k` (repeatable; default both).
+    #[arg(long = "prompt")]
+    prompts: Vec<String>,
 }
 
 const RESPONSE: &str = r#"{"id":"cmpl-bench","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}"#;
@@ -51,7 +54,12 @@ async fn upstreams() -> anyhow::Result<Vec<String>> {
     for _ in 0..2 {
         let app = axum::Router::new().route("/health", get(|| async { "ok" })).route(
             "/v1/chat/completions",
-            post(|| async { ([("content-type", "application/json")], RESPONSE) }),
+            // Reads the whole body first, as an engine does (an answer before the body is
+            // read makes the server close the connection under Envoy's feet).
+            post(|body: axum::body::Bytes| async move {
+                let _ = body.len();
+                ([("content-type", "application/json")], RESPONSE)
+            }),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         addrs.push(listener.local_addr()?.to_string());
@@ -168,6 +176,9 @@ async fn main() -> anyhow::Result<()> {
         "prompt", "baseline rps", "kvroute rps", "baseline2 rps", "ratio", "noise floor"
     );
     for (name, words) in [("short", &short), ("8k", &long)] {
+        if !a.prompts.is_empty() && !a.prompts.iter().any(|p| p == name) {
+            continue;
+        }
         let mut rps = Vec::new();
         for template in ["buffer-only.yaml", "kvroute.yaml", "buffer-only.yaml"] {
             let mut e = envoy(template, &addrs, &cfg, &a).await?;
