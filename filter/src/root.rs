@@ -35,6 +35,12 @@ pub struct ThreadState {
     pub metrics: Metrics,
     /// Bundles of the models fed by the updater, built from shared data on the tick.
     bundles: RefCell<BundleFollower>,
+    /// Whether this VM has made an HTTP context. Envoy also runs the filter's root context on
+    /// its main thread, which never serves a request: that VM must not build tokenizers (for
+    /// Qwen3 about 115 MiB of wasm memory, kept for good). A worker thread builds its bundles
+    /// on the first tick after its first request; until then its few requests are routed on
+    /// load alone (`no_bundle`).
+    pub serving: std::cell::Cell<bool>,
 }
 
 impl ThreadState {
@@ -119,7 +125,9 @@ impl ThreadState {
 
     /// Housekeeping, every `tick_ms`.
     pub fn tick(&self, now_ms: u64) {
-        self.refresh_bundles(now_ms);
+        if self.serving.get() {
+            self.refresh_bundles(now_ms);
+        }
         self.catch_up(false);
         let view = self.load_view(now_ms);
         let mut shard = self.shard.borrow_mut();
@@ -208,6 +216,7 @@ impl RootContext for KvRoot {
                 let bundles = BundleFollower::new(&config.models);
                 self.state = Some(Rc::new(ThreadState {
                     bundles: RefCell::new(bundles),
+                    serving: std::cell::Cell::new(false),
                     follower: RefCell::new(Follower::new(config.knowledge.decode_limits)),
                     config,
                     router: RefCell::new(router),
@@ -227,6 +236,7 @@ impl RootContext for KvRoot {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         // The singleton (sync mode) has no state and makes no HTTP contexts.
         let state = self.state.clone()?;
+        state.serving.set(true);
         Some(Box::new(KvHttp::new(state)))
     }
 

@@ -239,13 +239,13 @@ impl BundleSync {
         } else {
             Vec::new()
         };
-        let mut built_ms = 0;
-        let mut verify = |files: &kvroute_core::bundle::BundleFiles| {
-            let started = host::now_nanos();
-            let b = bundles::build(files)?;
-            built_ms = host::now_nanos().saturating_sub(started) / 1_000_000;
-            Ok(b.fingerprint())
-        };
+        // The singleton checks the transfer (each part's size, the whole bundle's checksum in
+        // `BundleFiles::decode`) but does not build the tokenizer: a build here would keep one
+        // more copy of it (about 115 MiB for Qwen3) in this VM's memory for good. Every thread
+        // checks the fingerprint when it builds the bundle; one that does not match is refused
+        // there (`kvroute_bundles_build_failures`) and retried with backoff.
+        let named = req.fingerprint;
+        let mut verify = |_: &kvroute_core::bundle::BundleFiles| Ok(named);
         let r = self.fetcher.received(
             &HostStore,
             req,
@@ -263,8 +263,8 @@ impl BundleSync {
                 count(self.metrics.published);
                 self.metrics.stored(self.fetcher.manifest());
                 log::info!(
-                    "kvroute: bundle {fingerprint:016x} ({bytes} bytes) verified in {built_ms} ms \
-                     and published for {}",
+                    "kvroute: bundle {fingerprint:016x} ({bytes} bytes) received, checksum \
+                     verified, published for {}",
                     models.join(",")
                 );
             }

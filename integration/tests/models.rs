@@ -64,10 +64,15 @@ fn envoy_rss_kb(stack: &Stack) -> u64 {
 }
 
 /// Waits until the singleton published `bundles` bundles and every one of Envoy's `threads`
-/// threads built each of them.
+/// threads built each of them. A worker thread builds bundles once it serves requests, so
+/// requests keep coming meanwhile, each on a new connection so that Envoy spreads them over
+/// its threads.
 async fn bundles_built(stack: &Stack, bundles: f64, threads: f64) {
     let done =
         eventually("bundles built in every Envoy thread", Duration::from_secs(180), || async {
+            let probe = json!({"model": MODEL, "max_tokens": 1,
+                "messages": [{"role": "user", "content": "which thread are you"}]});
+            let _ = client::chat(&reqwest::Client::new(), &stack.base_url(), &probe).await;
             let m = stack.envoy.prometheus().await.ok()?;
             let published = m.get("kvroute_bundles_published").copied().unwrap_or(0.0);
             let builds = m.get("kvroute_bundles_builds").copied().unwrap_or(0.0);

@@ -41,6 +41,10 @@ struct Args {
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     envoy_threads: u32,
+    /// Request path. Another path than `/v1/chat/completions` (served by the fixture too) prices
+    /// the filter on requests it passes through without a decision.
+    #[arg(long, default_value = "/v1/chat/completions")]
+    path: String,
     /// Which prompt sizes to run: `short`, `8k` (repeatable; default both).
     #[arg(long = "prompt")]
     prompts: Vec<String>,
@@ -53,7 +57,7 @@ async fn upstreams() -> anyhow::Result<Vec<String>> {
     let mut addrs = Vec::new();
     for _ in 0..2 {
         let app = axum::Router::new().route("/health", get(|| async { "ok" })).route(
-            "/v1/chat/completions",
+            "/{*path}",
             // Reads the whole body first, as an engine does (an answer before the body is
             // read makes the server close the connection under Envoy's feet).
             post(|body: axum::body::Bytes| async move {
@@ -182,7 +186,7 @@ async fn main() -> anyhow::Result<()> {
         let mut rps = Vec::new();
         for template in ["buffer-only.yaml", "kvroute.yaml", "buffer-only.yaml"] {
             let mut e = envoy(template, &addrs, &cfg, &a).await?;
-            let url = format!("{}/v1/chat/completions", e.base_url());
+            let url = format!("{}{}", e.base_url(), a.path);
             let r = measure(&url, &a.model, words, &a).await;
             e.guard.kill().await;
             rps.push(r.with_context(|| format!("{template}, {name} prompts"))?);
