@@ -10,6 +10,7 @@
 //!   `/v1/messages`) into the prompt vLLM builds.
 //! - [`template`]: chat-template rendering (minijinja in transformers' Jinja environment).
 //! - [`model`]: tokenizer + template bundle, fingerprint, the built-in demo bundle.
+//! - [`fastbpe`]: an exact, faster byte-level BPE encoder for the tokenizer shapes it supports.
 //! - [`tokcache`]: a thread's bounded cache of token ids of chat prompts, cut after added
 //!   tokens, so turn k of a conversation tokenizes only what turn k-1 did not have.
 //! - [`bundle`]: the checksummed, part-cut transfer format of a model bundle (updater → Envoy).
@@ -31,6 +32,7 @@ pub mod config;
 pub mod cost;
 pub mod delta;
 pub mod error;
+pub mod fastbpe;
 pub mod hash;
 pub mod index;
 pub mod journal;

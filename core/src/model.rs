@@ -8,6 +8,7 @@ use thiserror::Error;
 use tokenizers::Tokenizer;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
+use crate::fastbpe::{FastBpe, Unsupported};
 use crate::request::{ChatPrompt, Prompt};
 use crate::template::{py_strip, ChatTemplate, RenderInput, TemplateError};
 
@@ -33,6 +34,8 @@ pub enum ModelError {
 #[derive(Clone)]
 pub struct ModelBundle {
     tokenizer: Arc<Tokenizer>,
+    /// The exact fast encoder when the tokenizer's shape allows one (`Err`: why not).
+    fast: Arc<Result<FastBpe, Unsupported>>,
     template: Arc<ChatTemplate>,
     fingerprint: u64,
 }
@@ -80,8 +83,10 @@ impl ModelBundle {
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         fp.0.update(&[0xff]);
         fp.0.update(cfg.to_string().as_bytes());
+        let fast = FastBpe::new(&tokenizer, tokenizer_json);
         Ok(ModelBundle {
             tokenizer: Arc::new(tokenizer),
+            fast: Arc::new(fast),
             template: Arc::new(template),
             fingerprint: fp.0.digest(),
         })
@@ -94,6 +99,7 @@ impl ModelBundle {
         fp.extend_from_slice(source.as_bytes());
         Ok(ModelBundle {
             tokenizer: Arc::clone(&self.tokenizer),
+            fast: Arc::clone(&self.fast),
             template: Arc::new(template),
             fingerprint: xxh3_64(&fp),
         })
@@ -227,7 +233,20 @@ impl ModelBundle {
     }
 
     /// Tokenizes `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS).
+    /// Uses the exact fast encoder ([`crate::fastbpe`]) when the tokenizer has one.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {
+        if let Ok(fast) = self.fast.as_ref() {
+            return Ok(fast.encode(text, add_special_tokens));
+        }
+        self.encode_with_crate(text, add_special_tokens)
+    }
+
+    /// Tokenizes `text` with the `tokenizers` crate itself (the reference of the fast path).
+    pub fn encode_with_crate(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, ModelError> {
         let enc = self
             .tokenizer
             .encode(text, add_special_tokens)
@@ -261,6 +280,11 @@ impl ModelBundle {
                 Ok(RoutingTokens { prompt_tokens: ids.len() as u64, hashable: ids, media: false })
             }
         }
+    }
+
+    /// The fast encoder, or why this tokenizer has none.
+    pub fn fast_encoder(&self) -> Result<&FastBpe, &Unsupported> {
+        self.fast.as_ref().as_ref()
     }
 
     /// The tokenizer itself, for inspecting its configuration (the token cache reads which

@@ -1,0 +1,185 @@
+//! Tokenization with the `tokenizers` crate against the exact fast path (`fastbpe`), for
+//! Qwen3 and the demo bundle: a short chat prompt (~25 tokens), an ~8 k-token conversation of
+//! synthetic words, and ~8 k tokens of this repository's README (prose, tables, code). The
+//! fast path is measured with its piece cache cleared before every call (cold) and kept
+//! (warm: the same text again). The crate runs twice; the ratio of its two medians is the
+//! noise floor. Also prints the heap the fast encoder adds to a Qwen3 bundle.
+//! Run: `cargo bench -p kvroute-core --bench encode` (needs `./dev setup` for Qwen3).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use kvroute_core::fastbpe::FastBpe;
+use kvroute_core::model::{qwen3, qwen3_dir, ModelBundle};
+use kvroute_core::textgen::words;
+use serde_json::{json, Value};
+
+/// Counts live heap bytes.
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size(), Ordering::Relaxed);
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+const TARGET_TOKENS: usize = 8192;
+const README: &str = include_str!("../../README.md");
+
+fn main() {
+    let qwen = match qwen3() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    let demo = ModelBundle::demo().expect("demo bundle");
+    memory(&qwen);
+    for (name, bundle) in [("Qwen3", &qwen), ("demo", &demo)] {
+        let fast = bundle.fast_encoder().expect("fast encoder");
+        let short = bundle
+            .render_chat(&[json!({"role": "user", "content": "What is the capital of France? Answer in one word."})])
+            .expect("render");
+        let chat = conversation(bundle);
+        let prose = prose(bundle);
+        if name == "Qwen3" {
+            cache_memory(fast, &[&chat, &prose]);
+        }
+        println!("{name}:");
+        for (what, text, runs) in [
+            ("short prompt", &short, 3000),
+            ("8k conversation", &chat, 100),
+            ("8k README", &prose, 100),
+        ] {
+            compare(bundle, fast, what, text, runs);
+        }
+    }
+}
+
+fn compare(bundle: &ModelBundle, fast: &FastBpe, what: &str, text: &str, runs: usize) {
+    let want = bundle.encode_with_crate(text, false).expect("encode");
+    assert_eq!(fast.encode(text, false), want, "the fast path must be exact");
+    let crate_run = || p50(runs, || drop(bundle.encode_with_crate(text, false)));
+    let crate_a = crate_run();
+    let cold = p50(runs, || {
+        fast.clear_cache();
+        drop(fast.encode(text, false))
+    });
+    let warm = p50(runs, || drop(fast.encode(text, false)));
+    let crate_b = crate_run();
+    let crate_ = crate_a.min(crate_b);
+    let floor = crate_a.max(crate_b) / crate_;
+    println!(
+        "  {what:>16} ({:>5} tokens): crate {crate_a:>9.1} / {crate_b:>9.1} µs (noise x{floor:.2}), \
+         fast cold {cold:>8.1} µs (x{:.1}), fast warm {warm:>8.1} µs (x{:.1}); \
+         crate {:.2} M tokens/s, fast cold {:.2} M tokens/s",
+        want.len(),
+        crate_ / cold,
+        crate_ / warm,
+        want.len() as f64 / crate_,
+        want.len() as f64 / cold,
+    );
+}
+
+/// Live heap of the fast encoder of Qwen3's tokenizer (built again on its own).
+fn memory(qwen: &ModelBundle) {
+    let json = std::fs::read_to_string(qwen3_dir().join("tokenizer.json")).expect("tokenizer.json");
+    let before = LIVE.load(Ordering::Relaxed);
+    let t = Instant::now();
+    let fast = FastBpe::new(qwen.tokenizer(), &json).expect("fast encoder");
+    let build_ms = t.elapsed().as_secs_f64() * 1e3;
+    let after = LIVE.load(Ordering::Relaxed);
+    fast.clear_cache();
+    let cleared = LIVE.load(Ordering::Relaxed);
+    println!(
+        "Qwen3 fast encoder: built in {build_ms:.0} ms, {:.2} MB live after build ({:.2} MB without the probe's cache entries; merge table {:.2} MB)",
+        after.saturating_sub(before) as f64 / 1e6,
+        cleared.saturating_sub(before) as f64 / 1e6,
+        fast.table_bytes() as f64 / 1e6,
+    );
+    let t = Instant::now();
+    let b = ModelBundle::from_dir(&qwen3_dir()).expect("bundle");
+    println!(
+        "Qwen3 bundle (crate + template + fast encoder): loaded in {:.0} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    drop(b);
+}
+
+/// Live heap of the piece cache once it has seen many distinct pieces (it is cleared when full).
+fn cache_memory(fast: &FastBpe, texts: &[&str]) {
+    fast.clear_cache();
+    let before = LIVE.load(Ordering::Relaxed);
+    let mut peak = 0;
+    for seed in 0..40 {
+        for t in texts {
+            // Shifting every letter makes new pieces.
+            let shifted: String = t
+                .chars()
+                .map(|c| match c {
+                    'a'..='y' => char::from_u32(((c as u32 - 97 + seed) % 25) + 97).unwrap_or(c),
+                    c => c,
+                })
+                .collect();
+            drop(fast.encode(&shifted, false));
+            peak = peak.max(LIVE.load(Ordering::Relaxed).saturating_sub(before));
+        }
+    }
+    fast.clear_cache();
+    println!(
+        "Qwen3 piece cache: at most {:.2} MB live while filling and clearing",
+        peak as f64 / 1e6
+    );
+}
+
+/// A Qwen3-style conversation rendered until it passes the target (as the tokcache bench).
+fn conversation(bundle: &ModelBundle) -> String {
+    let mut messages: Vec<Value> = vec![json!({"role": "system", "content": words(1, 120)})];
+    for i in 0u64.. {
+        messages.push(json!({"role": "user", "content": words(100 + i, 120)}));
+        let text = bundle.render_chat(&messages).expect("render");
+        if bundle.encode_with_crate(&text, false).expect("encode").len() >= TARGET_TOKENS {
+            return text;
+        }
+        messages.push(json!({"role": "assistant", "content": words(1000 + i, 250)}));
+    }
+    unreachable!()
+}
+
+/// The README's first lines, about the target in tokens.
+fn prose(bundle: &ModelBundle) -> String {
+    let mut text = String::new();
+    for line in README.lines().cycle() {
+        text.push_str(line);
+        text.push('\n');
+        if text.len() % 16 == 0
+            && bundle.encode_with_crate(&text, false).expect("encode").len() >= TARGET_TOKENS
+        {
+            break;
+        }
+    }
+    text
+}
+
+fn p50(runs: usize, mut f: impl FnMut()) -> f64 {
+    let mut v: Vec<u64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_nanos() as u64
+        })
+        .collect();
+    v.sort_unstable();
+    v[v.len() / 2] as f64 / 1000.0
+}
