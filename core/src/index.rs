@@ -181,7 +181,7 @@ impl KnowledgeIndex {
         let limits = self.limits;
         let w = self.workers.entry(worker.to_owned()).or_default();
         for &h in hashes {
-            w.blocks.remove(&h);
+            // `insert` replaces a known block's observation and moves it to the back (newest).
             w.blocks.insert(h, Observation { source, at_ms: now_ms });
         }
         while w.blocks.len() > limits.max_blocks_per_worker {
