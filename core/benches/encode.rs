@@ -6,8 +6,7 @@
 //! noise floor. Also prints the heap the fast encoder adds to a Qwen3 bundle.
 //! Run: `cargo bench -p kvroute-core --bench encode` (needs `./dev setup` for Qwen3).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use kvroute_core::fastbpe::FastBpe;
@@ -15,20 +14,9 @@ use kvroute_core::model::{qwen3, qwen3_dir, ModelBundle};
 use kvroute_core::textgen::words;
 use serde_json::{json, Value};
 
-/// Counts live heap bytes.
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size(), Ordering::Relaxed);
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        unsafe { System.dealloc(p, l) }
-    }
-}
+#[path = "common/alloc.rs"]
+mod alloc;
+use alloc::{Counting, LIVE};
 
 #[global_allocator]
 static A: Counting = Counting;

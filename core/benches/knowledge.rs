@@ -3,8 +3,7 @@
 //! and a full snapshot against a delta that changes 1 % of every worker's blocks.
 //! Run: `cargo bench -p kvroute-core --bench knowledge`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use kvroute_core::config::FilterConfig;
@@ -14,20 +13,9 @@ use kvroute_core::load::WorkerLoad;
 use kvroute_core::router::Router;
 use kvroute_core::snapshot::{Snapshot, WorkerKnowledge};
 
-/// Counts live heap bytes.
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size(), Ordering::Relaxed);
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        unsafe { System.dealloc(p, l) }
-    }
-}
+#[path = "common/alloc.rs"]
+mod alloc;
+use alloc::{Counting, LIVE};
 
 #[global_allocator]
 static A: Counting = Counting;

@@ -294,6 +294,25 @@ impl ModelBundle {
     }
 }
 
+/// The demo and Qwen3 bundles, each loaded once per test binary (tests of several modules
+/// tokenize with both).
+#[cfg(test)]
+pub(crate) mod shared_for_tests {
+    use std::sync::OnceLock;
+
+    use super::{qwen3, ModelBundle};
+
+    pub fn demo() -> &'static ModelBundle {
+        static B: OnceLock<ModelBundle> = OnceLock::new();
+        B.get_or_init(|| ModelBundle::demo().unwrap())
+    }
+
+    pub fn qwen() -> &'static ModelBundle {
+        static B: OnceLock<ModelBundle> = OnceLock::new();
+        B.get_or_init(|| qwen3().unwrap_or_else(|e| panic!("{e}")))
+    }
+}
+
 /// Where `./dev setup` puts the Qwen3 bundle (`.cache/models/qwen3/` in the repository), or
 /// `KVROUTE_QWEN3_DIR` when set. Used by tests, the harness and the benchmarks.
 #[cfg(not(target_arch = "wasm32"))]

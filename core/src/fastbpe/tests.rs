@@ -9,17 +9,8 @@ use proptest::prelude::*;
 use serde_json::Value;
 
 use super::*;
-use crate::model::{qwen3, ModelBundle, DEMO_TOKENIZER_CONFIG, DEMO_TOKENIZER_JSON};
-
-fn demo() -> &'static ModelBundle {
-    static B: OnceLock<ModelBundle> = OnceLock::new();
-    B.get_or_init(|| ModelBundle::demo().unwrap())
-}
-
-fn qwen() -> &'static ModelBundle {
-    static B: OnceLock<ModelBundle> = OnceLock::new();
-    B.get_or_init(|| qwen3().unwrap_or_else(|e| panic!("{e}")))
-}
+use crate::model::shared_for_tests::{demo, qwen};
+use crate::model::{ModelBundle, DEMO_TOKENIZER_CONFIG, DEMO_TOKENIZER_JSON};
 
 fn fast(b: &ModelBundle) -> &FastBpe {
     b.fast_encoder().unwrap_or_else(|e| panic!("no fast encoder: {e}"))

@@ -2,23 +2,12 @@
 //! Qwen3 (NFC normalizer, regex pre-tokenizer, special and non-special added tokens), on random
 //! multi-turn conversations that branch and caches that evict.
 
-use std::sync::OnceLock;
-
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::model::{qwen3, ModelBundle};
-
-fn demo() -> &'static ModelBundle {
-    static B: OnceLock<ModelBundle> = OnceLock::new();
-    B.get_or_init(|| ModelBundle::demo().unwrap())
-}
-
-fn qwen() -> &'static ModelBundle {
-    static B: OnceLock<ModelBundle> = OnceLock::new();
-    B.get_or_init(|| qwen3().unwrap_or_else(|e| panic!("{e}")))
-}
+use crate::model::shared_for_tests::{demo, qwen};
+use crate::model::ModelBundle;
 
 /// Pieces of message content: words, unicode (combining marks that NFC composes, including
 /// with a token's closing `>`), whitespace runs, and the special tokens of both bundles.

@@ -23,7 +23,7 @@ use axum::routing::{get, post};
 use clap::Parser;
 use kvroute_integration::envoy::Envoy;
 use kvroute_integration::paths;
-use kvroute_integration::stack::{write_config, Ports};
+use kvroute_integration::stack::{write_config, BundleFrom, Pool, Ports};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
@@ -72,20 +72,15 @@ async fn upstreams() -> anyhow::Result<Vec<String>> {
     Ok(addrs)
 }
 
-fn filter_config(model: &str, addrs: &[String]) -> anyhow::Result<Value> {
-    let mut m = json!({"name": model, "workers": addrs});
-    if model == "qwen3" {
-        let dir = kvroute_core::model::qwen3_dir();
-        let read = |f: &str| -> anyhow::Result<Value> {
-            let p = dir.join(f);
-            let text = std::fs::read_to_string(&p)
-                .with_context(|| format!("{} (run ./dev setup)", p.display()))?;
-            Ok(serde_json::from_str(&text)?)
-        };
-        m["tokenizer"] = read("tokenizer.json")?;
-        m["tokenizer_config"] = read("tokenizer_config.json")?;
-    }
-    Ok(json!({"models": [m]}))
+/// The filter's configuration: one pool of `addrs`, its bundle inline (no updater here).
+fn filter_config(model: &str, addrs: &[String]) -> anyhow::Result<(String, Value)> {
+    let pool = match model {
+        "qwen3" => Pool::qwen3(addrs.len()),
+        "demo" => Pool::demo(addrs.len()),
+        other => anyhow::bail!("unknown --model {other} (demo or qwen3)"),
+    };
+    let pool = Pool { bundle: BundleFrom::Inline, ..pool };
+    Ok((pool.model.clone(), json!({"models": [pool.filter_model(addrs)?]})))
 }
 
 /// The body of request `n`: a user message led by `n`, so no two prompts share a prefix past
@@ -168,7 +163,7 @@ async fn envoy(template: &str, addrs: &[String], cfg: &Value, a: &Args) -> anyho
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let addrs = upstreams().await?;
-    let cfg = filter_config(&a.model, &addrs)?;
+    let (model, cfg) = filter_config(&a.model, &addrs)?;
     let short = "Summarize the plot of a short story about a lighthouse keeper.".to_string();
     let long = kvroute_core::textgen::words(0x8_0000, 6_400);
     println!(
@@ -187,7 +182,7 @@ async fn main() -> anyhow::Result<()> {
         for template in ["buffer-only.yaml", "kvroute.yaml", "buffer-only.yaml"] {
             let mut e = envoy(template, &addrs, &cfg, &a).await?;
             let url = format!("{}{}", e.base_url(), a.path);
-            let r = measure(&url, &a.model, words, &a).await;
+            let r = measure(&url, &model, words, &a).await;
             e.guard.kill().await;
             rps.push(r.with_context(|| format!("{template}, {name} prompts"))?);
         }
