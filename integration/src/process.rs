@@ -68,6 +68,11 @@ impl Guard {
         self.child.id()
     }
 
+    /// Resident memory (`VmRSS`, kB), while running.
+    pub fn rss_kb(&self) -> Option<u64> {
+        rss_kb(self.pid()?)
+    }
+
     /// Kills the process now and waits for it.
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
@@ -82,4 +87,11 @@ impl Guard {
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         tokio::time::timeout(timeout, self.child.wait()).await.ok().and_then(Result::ok)
     }
+}
+
+/// Resident memory (`VmRSS`, kB) of process `pid`, from /proc.
+pub fn rss_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    kb.split_whitespace().next()?.parse().ok()
 }

@@ -52,15 +52,9 @@ fn bundle_log(stack: &Stack) -> Vec<String> {
         .collect()
 }
 
-/// Envoy's resident memory (kB), from /proc.
+/// Envoy's resident memory (kB).
 fn envoy_rss_kb(stack: &Stack) -> u64 {
-    let Some(pid) = stack.envoy.guard.pid() else { return 0 };
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+    stack.envoy.guard.rss_kb().unwrap_or(0)
 }
 
 /// Waits until the singleton published `bundles` bundles and every one of Envoy's `threads`

@@ -40,6 +40,23 @@ pub struct WorkerSpec {
     pub lora: LoraSpec,
 }
 
+impl WorkerSpec {
+    /// One worker on 127.0.0.1 serving `model` with `profile` and `events`, at 10× speed,
+    /// without adapters: the starting point of in-process tests, which change what they need.
+    pub fn loopback(model: &str, profile: Profile, events: EventConfig) -> WorkerSpec {
+        WorkerSpec {
+            index: 0,
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            model: model.into(),
+            profile,
+            speedup: 10.0,
+            events,
+            root: None,
+            lora: LoraSpec::default(),
+        }
+    }
+}
+
 /// A worker's LoRA settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoraSpec {

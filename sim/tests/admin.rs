@@ -1,31 +1,23 @@
 //! The fault endpoint over real HTTP: evict, stall, reset, crash and restart.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvroute_core::model::ModelBundle;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
 use kvroute_sim::profile::Profile;
-use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};
+use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
 use serde_json::{json, Value};
 
 async fn start() -> (Arc<Worker>, u16, u16) {
-    let spec = WorkerSpec {
-        index: 0,
-        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        model: "kvroute-demo".into(),
-        profile: Profile::load("llama3-8b-h100").unwrap(),
-        speedup: 1.0,
-        events: EventConfig {
-            topic: String::new(),
-            encoding: EventEncoding::Array,
-            reply_shape: ReplyShape::Pair,
-            buffer_steps: 100,
-        },
-        root: None,
-        lora: LoraSpec::default(),
+    let events = EventConfig {
+        topic: String::new(),
+        encoding: EventEncoding::Array,
+        reply_shape: ReplyShape::Pair,
+        buffer_steps: 100,
     };
+    let profile = Profile::load("llama3-8b-h100").unwrap();
+    let spec = WorkerSpec { speedup: 1.0, ..WorkerSpec::loopback("kvroute-demo", profile, events) };
     let w = Worker::new(spec, ModelBundle::demo().unwrap(), Ports::default());
     let admin = w.bind_admin().await.unwrap();
     let admin_port = admin.local_addr().unwrap().port();

@@ -3,7 +3,6 @@
 //! cache domains of their own (with `lora_name` in the KV events), and the binary serving a
 //! Hugging Face bundle (`--model-dir`) with adapters given at start (`--lora`).
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,21 +19,14 @@ use zeromq::{Socket, SocketRecv};
 const BASE: &str = "kvroute-demo";
 
 async fn worker(lora: LoraSpec) -> (Arc<Worker>, Ports) {
-    let spec = WorkerSpec {
-        index: 0,
-        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        model: BASE.into(),
-        profile: Profile::load("llama3-8b-h100").unwrap(),
-        speedup: 10.0,
-        events: EventConfig {
-            topic: String::new(),
-            encoding: EventEncoding::Map,
-            reply_shape: ReplyShape::Triple,
-            buffer_steps: 1000,
-        },
-        root: None,
-        lora,
+    let events = EventConfig {
+        topic: String::new(),
+        encoding: EventEncoding::Map,
+        reply_shape: ReplyShape::Triple,
+        buffer_steps: 1000,
     };
+    let profile = Profile::load("llama3-8b-h100").unwrap();
+    let spec = WorkerSpec { lora, ..WorkerSpec::loopback(BASE, profile, events) };
     let w = Worker::new(spec, ModelBundle::demo().unwrap(), Ports::default());
     let ports = w.start().await.unwrap();
     (w, ports)

@@ -2,7 +2,6 @@
 //! numbers, gaps after dropped batches), the replay ROUTER in both reply shapes, restarts,
 //! tenant isolation by `cache_salt`, and a misconfigured template visible on `/tokenize`.
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,28 +9,16 @@ use bytes::Bytes;
 use kvroute_core::model::ModelBundle;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape, END_SEQ};
 use kvroute_sim::profile::Profile;
-use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};
+use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
 use serde_json::{json, Value};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 async fn worker(encoding: EventEncoding, shape: ReplyShape) -> (Arc<Worker>, Ports) {
     let mut profile = Profile::load("llama3-8b-h100").unwrap();
     profile.num_gpu_blocks = 512;
-    let spec = WorkerSpec {
-        index: 0,
-        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        model: "kvroute-demo".into(),
-        profile,
-        speedup: 10.0,
-        events: EventConfig {
-            topic: "kv-events".into(),
-            encoding,
-            reply_shape: shape,
-            buffer_steps: 1000,
-        },
-        root: None,
-        lora: LoraSpec::default(),
-    };
+    let events =
+        EventConfig { topic: "kv-events".into(), encoding, reply_shape: shape, buffer_steps: 1000 };
+    let spec = WorkerSpec::loopback("kvroute-demo", profile, events);
     let w = Worker::new(spec, ModelBundle::demo().unwrap(), Ports::default());
     let ports = w.start().await.unwrap();
     (w, ports)

@@ -23,6 +23,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use kvroute_integration::client;
+use kvroute_integration::eval::report::nearest_rank;
 use kvroute_integration::stack::{Policy, Pool, Stack, StackOptions, QWEN3_MODEL};
 use serde_json::{json, Value};
 
@@ -81,13 +82,11 @@ impl Timings {
     }
 }
 
+/// Nearest-rank quantile of `v` (NaN when empty).
 fn quantile(v: &[f64], q: f64) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
-    if s.is_empty() {
-        return f64::NAN;
-    }
-    s[((s.len() - 1) as f64 * q).round() as usize]
+    nearest_rank(&s, q).unwrap_or(f64::NAN)
 }
 
 fn row(name: &str, tokens: u64, t: &Timings) {
@@ -129,13 +128,6 @@ async fn wait_ready(http: &reqwest::Client, url: &str, models: &[&str]) -> anyho
     Ok(())
 }
 
-/// Envoy's resident memory (kB), from /proc.
-fn rss_kb(pid: Option<u32>) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
@@ -164,12 +156,12 @@ async fn main() -> anyhow::Result<()> {
         let s = Stack::start(o).await?;
         let models: &[&str] = &[kvroute_integration::stack::MODEL];
         wait_ready(&http, &s.base_url(), models).await?;
-        rss.push(rss_kb(s.envoy.guard.pid()));
+        rss.push(s.envoy.guard.rss_kb());
     }
     let stack = Stack::start(opts).await?;
     let url = stack.base_url();
     wait_ready(&http, &url, &[QWEN3_MODEL, kvroute_integration::stack::MODEL]).await?;
-    rss.push(rss_kb(stack.envoy.guard.pid()));
+    rss.push(stack.envoy.guard.rss_kb());
     println!("kvroute-decision-bench: Qwen3, {threads} Envoy threads, µs (p50 p99)");
     println!(
         "{:<14} {:>7} {:>15} {:>15} {:>15} {:>15} {:>15}",

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 use kvroute_integration::client;
+use kvroute_integration::eval::report::nearest_rank;
 use kvroute_integration::rawhttp::{self, Proto, RawRequest};
 use kvroute_integration::stack::{Stack, StackOptions, MODEL};
 use kvroute_integration::workload::Conversation;
@@ -121,22 +122,12 @@ struct FaultEvent {
 }
 
 fn rss_mib(pid: Option<u32>) -> f64 {
-    let Some(pid) = pid else { return f64::NAN };
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return f64::NAN;
-    };
-    text.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
+    pid.and_then(kvroute_integration::process::rss_kb).map_or(f64::NAN, |kb| kb as f64 / 1024.0)
 }
 
+/// Nearest-rank quantile of ascending `sorted` values (NaN when empty).
 fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
+    nearest_rank(sorted, q).unwrap_or(f64::NAN)
 }
 
 /// Conversations in progress: each turn goes out when the open-loop clock says, on a

@@ -30,6 +30,7 @@ use kvroute_core::audit::AuditClass;
 use serde::{Deserialize, Serialize};
 
 pub use self::markdown::{markdown, summary_table};
+pub use self::stats::nearest_rank;
 use crate::eval::record::{RequestRecord, RunResult, Slo};
 
 /// The policy every ratio is relative to, when it was run.

@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -186,16 +185,9 @@ pub async fn sim_setup(
     reply_shape: ReplyShape,
     buffer_steps: usize,
 ) -> SimSetup {
-    let spec = WorkerSpec {
-        index: 0,
-        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        model: "kvroute-demo".into(),
-        profile: Profile::load("llama3-8b-h100").unwrap(),
-        speedup: 10.0,
-        events: EventConfig { topic: String::new(), encoding, reply_shape, buffer_steps },
-        root: None,
-        lora: LoraSpec::default(),
-    };
+    let events = EventConfig { topic: String::new(), encoding, reply_shape, buffer_steps };
+    let profile = Profile::load("llama3-8b-h100").unwrap();
+    let spec = WorkerSpec::loopback("kvroute-demo", profile, events);
     let bundle = ModelBundle::demo().unwrap();
     let worker = Worker::new(spec, bundle.clone(), Ports::default());
     let p = worker.start().await.unwrap();
@@ -229,21 +221,13 @@ pub fn sim_worker(
 ) -> Arc<Worker> {
     let mut profile = Profile::load("llama3-8b-h100").unwrap();
     profile.block_size = block_size;
-    let spec = WorkerSpec {
-        index: 0,
-        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
-        model: model.into(),
-        profile,
-        speedup: 10.0,
-        events: EventConfig {
-            topic: String::new(),
-            encoding: EventEncoding::Map,
-            reply_shape: ReplyShape::Triple,
-            buffer_steps: 1000,
-        },
-        root: None,
-        lora,
+    let events = EventConfig {
+        topic: String::new(),
+        encoding: EventEncoding::Map,
+        reply_shape: ReplyShape::Triple,
+        buffer_steps: 1000,
     };
+    let spec = WorkerSpec { lora, ..WorkerSpec::loopback(model, profile, events) };
     Worker::new(spec, bundle, Ports::default())
 }
 

@@ -20,7 +20,7 @@ pub(super) fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
 
 /// Exact nearest-rank quantile of ascending `sorted` values: the smallest value with at least a
 /// fraction `p` of the values at or below it (rank `ceil(p * n)`, at least 1). `None` when empty.
-pub(super) fn nearest_rank(sorted: &[f64], p: f64) -> Option<f64> {
+pub fn nearest_rank(sorted: &[f64], p: f64) -> Option<f64> {
     let n = sorted.len();
     if n == 0 {
         return None;
