@@ -23,6 +23,7 @@
 //! - [`audit`]: prediction audit classes.
 //! - [`config`]: filter configuration with defaults and `validate()`.
 //! - [`error`]: OpenAI-style error bodies.
+//! - [`metrics`]: reading an engine's `/metrics` (vLLM and SGLang names).
 //! - [`shared`]: the protocol over Envoy shared data (journal, load shards with leases,
 //!   snapshot head and delta ring), behind a small store trait with an in-memory fake.
 
@@ -37,6 +38,7 @@ pub mod hash;
 pub mod index;
 pub mod journal;
 pub mod load;
+pub mod metrics;
 pub mod model;
 pub mod request;
 pub mod router;

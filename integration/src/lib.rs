@@ -3,12 +3,11 @@
 //!
 //! Where to start: [`stack::Stack::start`] brings a whole stack up and tears it down on drop;
 //! [`client`] sends chat requests and records per-request timings; [`workload`] makes seeded
-//! multi-turn conversations; [`eval`] is the evaluation harness behind `kvroute-bench`.
+//! multi-turn conversations; the evaluation harness behind `kvroute-bench` is its own crate, `kvroute-eval`.
 //! Every process started here is killed when its guard drops, also when a test fails.
 
 pub mod client;
 pub mod envoy;
-pub mod eval;
 pub mod paths;
 pub mod process;
 pub mod rawhttp;
@@ -34,4 +33,15 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Exact nearest-rank quantile of ascending `sorted` values: the smallest value with at least a
+/// fraction `p` of the values at or below it (rank `ceil(p * n)`, at least 1). `None` when empty.
+pub fn nearest_rank(sorted: &[f64], p: f64) -> Option<f64> {
+    let n = sorted.len();
+    if n == 0 {
+        return None;
+    }
+    let rank = (p.clamp(0.0, 1.0) * n as f64).ceil() as usize;
+    sorted.get(rank.clamp(1, n) - 1).copied()
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use kvroute_integration::client;
-use kvroute_integration::eval::report::nearest_rank;
+use kvroute_integration::nearest_rank;
 use kvroute_integration::stack::{Policy, Pool, Stack, StackOptions, QWEN3_MODEL};
 use serde_json::{json, Value};
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 use kvroute_integration::client;
-use kvroute_integration::eval::report::nearest_rank;
+use kvroute_integration::nearest_rank;
 use kvroute_integration::rawhttp::{self, Proto, RawRequest};
 use kvroute_integration::stack::{Stack, StackOptions, MODEL};
 use kvroute_integration::workload::Conversation;

@@ -2,11 +2,11 @@
 //! traffic pinned to one worker) must show up in the report as queue imbalance and starved
 //! cohorts, and every policy must see the same schedule.
 
-use kvroute_integration::eval::cluster::Policy;
-use kvroute_integration::eval::preset;
-use kvroute_integration::eval::report::{self, Scope};
-use kvroute_integration::eval::runner::{run_policy, RunOptions};
-use kvroute_integration::eval::schedule;
+use kvroute_eval::cluster::Policy;
+use kvroute_eval::preset;
+use kvroute_eval::report::{self, Scope};
+use kvroute_eval::runner::{run_policy, RunOptions};
+use kvroute_eval::schedule;
 
 #[tokio::test]
 async fn a_pinned_policy_shows_as_imbalance_and_starved_cohorts() {

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::markdown::{markdown, summary_table};
 pub use self::stats::nearest_rank;
-use crate::eval::record::{RequestRecord, RunResult, Slo};
+use crate::record::{RequestRecord, RunResult, Slo};
 
 /// The policy every ratio is relative to, when it was run.
 pub const BASELINE: &str = "least-request";
@@ -361,7 +361,7 @@ pub fn read_json(path: &Path) -> anyhow::Result<(Report, Vec<RunResult>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::record::QueueSample;
+    use crate::record::QueueSample;
 
     const SLO: Slo = Slo { ttft_ms: 500.0, mean_gap_ms: 50.0, stall_ms: 200.0 };
 

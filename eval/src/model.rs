@@ -10,7 +10,7 @@ use anyhow::Context;
 use kvroute_core::model::ModelBundle;
 use serde::{Deserialize, Serialize};
 
-use crate::stack::{BundleFrom, Pool, MODEL, QWEN3_MODEL};
+use kvroute_integration::stack::{BundleFrom, Pool, MODEL, QWEN3_MODEL};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -59,8 +59,8 @@ impl BenchModel {
     /// a space (measured by the calibration tests of `eval::mooncake`).
     pub fn words_per_token(self) -> f64 {
         match self {
-            BenchModel::Demo => crate::eval::mooncake::WORDS_PER_TOKEN,
-            BenchModel::Qwen3 => crate::eval::mooncake::QWEN3_WORDS_PER_TOKEN,
+            BenchModel::Demo => crate::mooncake::WORDS_PER_TOKEN,
+            BenchModel::Qwen3 => crate::mooncake::QWEN3_WORDS_PER_TOKEN,
         }
     }
 

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use kvroute_core::audit::classify;
 
 use super::{AuditCounts, CohortStats, QueueStats, WorkerStats};
-use crate::eval::record::{RequestRecord, RunResult};
+use crate::record::{RequestRecord, RunResult};
 
 /// The finite values of `values`, sorted ascending.
 pub(super) fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
@@ -18,16 +18,7 @@ pub(super) fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
     v
 }
 
-/// Exact nearest-rank quantile of ascending `sorted` values: the smallest value with at least a
-/// fraction `p` of the values at or below it (rank `ceil(p * n)`, at least 1). `None` when empty.
-pub fn nearest_rank(sorted: &[f64], p: f64) -> Option<f64> {
-    let n = sorted.len();
-    if n == 0 {
-        return None;
-    }
-    let rank = (p.clamp(0.0, 1.0) * n as f64).ceil() as usize;
-    sorted.get(rank.clamp(1, n) - 1).copied()
-}
+pub use kvroute_integration::nearest_rank;
 
 /// `num / den` when `den` is positive and the result finite.
 pub(super) fn rate(num: f64, den: f64) -> Option<f64> {
@@ -189,7 +180,7 @@ pub(super) fn queue_stats(run: &RunResult) -> QueueStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::record::QueueSample;
+    use crate::record::QueueSample;
 
     fn run_with(workers: usize, queue: Vec<QueueSample>) -> RunResult {
         RunResult {

@@ -9,11 +9,11 @@ use kvroute_core::textgen::{draw, words};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::eval::model::BenchModel;
-use crate::eval::mooncake;
-use crate::eval::record::Slo;
-use crate::eval::schedule::{chat_body, Scheduled};
-use crate::workload::Conversation;
+use crate::model::BenchModel;
+use crate::mooncake;
+use crate::record::Slo;
+use crate::schedule::{chat_body, Scheduled};
+use kvroute_integration::workload::Conversation;
 
 /// The shape of a workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -328,7 +328,7 @@ pub fn reuse_ceiling_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::schedule::hash;
+    use crate::schedule::hash;
 
     fn slo() -> Slo {
         Slo { ttft_ms: 1000.0, mean_gap_ms: 100.0, stall_ms: 250.0 }

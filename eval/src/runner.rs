@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::{watch, Mutex};
 
-use crate::eval::cluster::{Cluster, Policy, TimedFault};
-use crate::eval::record::{QueueSample, RequestRecord, RunResult, Slo};
-use crate::eval::schedule::Scheduled;
-use crate::eval::send::send;
-use crate::eval::topology::Topology;
+use crate::cluster::{Cluster, Policy, TimedFault};
+use crate::record::{QueueSample, RequestRecord, RunResult, Slo};
+use crate::schedule::Scheduled;
+use crate::send::send;
+use crate::topology::Topology;
 
 /// How often every worker's `/metrics` is scraped for its queue.
 pub const QUEUE_SAMPLE_EVERY: Duration = Duration::from_millis(250);
@@ -191,7 +191,7 @@ pub async fn scrape_queue(http: &reqwest::Client, worker: &str) -> Option<(u32, 
 
 /// The same reading the updater makes of a worker's load.
 pub fn parse_queue(text: &str) -> Option<(u32, u32)> {
-    let load = kvroute_updater::scrape::parse_load(text, 0);
+    let load = kvroute_core::metrics::parse_load(text, 0);
     Some((load.running?.max(0.0) as u32, load.waiting.unwrap_or(0.0).max(0.0) as u32))
 }
 

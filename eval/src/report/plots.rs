@@ -13,7 +13,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::Report;
-use crate::eval::record::RunResult;
+use crate::record::RunResult;
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
@@ -172,8 +172,8 @@ pub(super) fn queue(policy: &str, run: Option<&RunResult>) -> anyhow::Result<Str
     let name = |w: usize| {
         run.and_then(|r| r.workers.get(w)).cloned().unwrap_or_else(|| format!("worker-{w}"))
     };
-    let t = |s: &&crate::eval::record::QueueSample| s.t_ms / 1000.0;
-    let q = |s: &&crate::eval::record::QueueSample| f64::from(s.running) + f64::from(s.waiting);
+    let t = |s: &&crate::record::QueueSample| s.t_ms / 1000.0;
+    let q = |s: &&crate::record::QueueSample| f64::from(s.running) + f64::from(s.waiting);
     let t_lo = samples.iter().map(t).reduce(f64::min).unwrap_or(0.0).min(0.0);
     let t_hi = samples.iter().map(t).reduce(f64::max).unwrap_or(1.0);
     let (t_lo, t_hi) = span(t_lo, t_hi, (0.0, 1.0));

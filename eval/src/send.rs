@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use crate::eval::record::{RequestRecord, Slo};
-use crate::eval::schedule::Scheduled;
-use crate::eval::sse::SseTimer;
+use crate::record::{RequestRecord, Slo};
+use crate::schedule::Scheduled;
+use crate::sse::SseTimer;
 
 /// The most bytes of a non-stream (error) body kept to find its message.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -18,7 +18,7 @@ fn ms(d: Duration) -> f64 {
 
 /// A numeric field of kvroute's `x-kvroute-decision` header.
 pub fn decision_number(header: &str, key: &str) -> Option<u64> {
-    crate::client::decision_field(header, key)?.parse().ok()
+    kvroute_integration::client::decision_field(header, key)?.parse().ok()
 }
 
 /// Sends `s` to `url` (an Envoy listener) and records what happened; never fails.

@@ -22,7 +22,7 @@ use kvroute_core::textgen;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::eval::schedule::{chat_body, Scheduled};
+use crate::schedule::{chat_body, Scheduled};
 
 /// Tokens in one block of the trace's `hash_ids`.
 pub const TRACE_BLOCK_TOKENS: u64 = 512;
@@ -59,7 +59,8 @@ pub struct TraceRequest {
 /// Where the trace lies: `../shared/traces/mooncake_conversation_trace.jsonl` from the
 /// repository root.
 pub fn default_trace_path() -> PathBuf {
-    crate::paths::repo_root().join("../shared/traces/mooncake_conversation_trace.jsonl")
+    kvroute_integration::paths::repo_root()
+        .join("../shared/traces/mooncake_conversation_trace.jsonl")
 }
 
 /// Reads a trace (JSON lines; blank lines are skipped). The error names the bad line.
@@ -214,7 +215,7 @@ mod tests {
     use kvroute_core::request::{parse, Endpoint};
 
     use super::*;
-    use crate::eval::schedule::hash;
+    use crate::schedule::hash;
 
     fn replay(seed: u64) -> Replay {
         Replay {
@@ -418,7 +419,7 @@ mod tests {
 
     #[test]
     fn load_names_the_bad_line() {
-        let dir = match crate::paths::scratch_dir("mooncake-load") {
+        let dir = match kvroute_integration::paths::scratch_dir("mooncake-load") {
             Ok(d) => d,
             Err(e) => panic!("{e:#}"),
         };

@@ -8,12 +8,12 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use kvroute_integration::eval::cluster::Policy;
-use kvroute_integration::eval::model::BenchModel;
-use kvroute_integration::eval::preset::{self, Plan};
-use kvroute_integration::eval::report::{self, Report, Scope};
-use kvroute_integration::eval::runner::{run_policy, RunOptions};
-use kvroute_integration::eval::{schedule, workloads};
+use kvroute_eval::cluster::Policy;
+use kvroute_eval::model::BenchModel;
+use kvroute_eval::preset::{self, Plan};
+use kvroute_eval::report::{self, Report, Scope};
+use kvroute_eval::runner::{run_policy, RunOptions};
+use kvroute_eval::{schedule, workloads};
 use kvroute_integration::paths;
 
 #[derive(Parser, Debug)]
@@ -86,7 +86,7 @@ fn load_plan(args: &Args) -> anyhow::Result<Plan> {
     if let Some(t) = &args.topology {
         let text =
             std::fs::read_to_string(t).with_context(|| format!("reading {}", t.display()))?;
-        plan.topology = kvroute_integration::eval::topology::Topology::from_toml(&text)?;
+        plan.topology = kvroute_eval::topology::Topology::from_toml(&text)?;
     }
     if let Some(m) = &args.model {
         plan.topology.workers.model = BenchModel::parse(m)?;

@@ -30,7 +30,7 @@ pub struct Workers {
     /// Existing endpoints instead of sims (a real vLLM pool).
     pub external: Vec<External>,
     /// The served model: `demo` (built-in bundle) or `qwen3` (`./dev setup` fetches it).
-    pub model: crate::eval::model::BenchModel,
+    pub model: crate::model::BenchModel,
 }
 
 impl Default for Workers {
@@ -176,7 +176,7 @@ mod tests {
         assert_eq!((t.worker_count(), t.envoy.instances, t.envoy.concurrency), (3, 2, 2));
         assert!(t.describe().contains("3 simulated workers (model kvroute-demo"));
         let q = Topology::from_toml("[workers]\nmodel = \"qwen3\"\n").unwrap();
-        assert_eq!(q.workers.model, crate::eval::model::BenchModel::Qwen3);
+        assert_eq!(q.workers.model, crate::model::BenchModel::Qwen3);
         assert!(Topology::from_toml("[workers]\nmodel = \"gpt\"\n").is_err());
         let ext = Topology::from_toml(
             "[[workers.external]]\naddr = \"127.0.0.1:8000\"\nevents = \"tcp://127.0.0.1:5557\"\n",

@@ -9,12 +9,12 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::envoy::Envoy;
-use crate::eval::delay::DelayRelay;
-use crate::eval::topology::Topology;
-use crate::paths;
-use crate::sim::SimWorker;
-use crate::stack::{write_config, write_config_text, BundleFrom, Ports, Updater};
+use crate::delay::DelayRelay;
+use crate::topology::Topology;
+use kvroute_integration::envoy::Envoy;
+use kvroute_integration::paths;
+use kvroute_integration::sim::SimWorker;
+use kvroute_integration::stack::{write_config, write_config_text, BundleFrom, Ports, Updater};
 
 /// What makes the routing decision. Every policy goes through the same Envoy listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -213,7 +213,7 @@ impl Cluster {
                 // Every thread has the model's bundle before the schedule starts, so no request
                 // is routed load-only for want of one.
                 let threads = f64::from(topo.envoy.concurrency);
-                crate::eventually(
+                kvroute_integration::eventually(
                     "the model bundle in every Envoy thread",
                     Duration::from_secs(180),
                     || async {
@@ -245,7 +245,7 @@ impl Cluster {
             // kvroute-no-events runs without the updater: a bundle that is not built in comes
             // inline (the filter loads it from the plugin configuration).
             if policy == Policy::KvrouteNoEvents && pool.dir.is_some() {
-                model = crate::stack::Pool { bundle: BundleFrom::Inline, ..pool }
+                model = kvroute_integration::stack::Pool { bundle: BundleFrom::Inline, ..pool }
                     .filter_model(addrs)?;
             }
             model["profile"] = profile;

@@ -4,10 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::eval::cluster::{Fault, Policy, TimedFault};
-use crate::eval::record::Slo;
-use crate::eval::topology::Topology;
-use crate::eval::workloads::{Shape, Workload};
+use crate::cluster::{Fault, Policy, TimedFault};
+use crate::record::Slo;
+use crate::topology::Topology;
+use crate::workloads::{Shape, Workload};
 
 /// One workload with the faults applied while it runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,7 +63,7 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
         "demo" => Plan {
             name: "demo".into(),
             topology: Topology {
-                workers: crate::eval::topology::Workers { count: 3, ..Default::default() },
+                workers: crate::topology::Workers { count: 3, ..Default::default() },
                 ..Default::default()
             },
             policies: vec![Policy::Kvroute, Policy::LeastRequest],
@@ -75,7 +75,7 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
             Plan {
                 name: "full".into(),
                 topology: Topology {
-                    envoy: crate::eval::topology::EnvoySpec { instances: 2, concurrency: 2 },
+                    envoy: crate::topology::EnvoySpec { instances: 2, concurrency: 2 },
                     ..Default::default()
                 },
                 policies: Policy::COMPARED.to_vec(),
@@ -148,7 +148,7 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
         "selfcheck" => Plan {
             name: "selfcheck".into(),
             topology: Topology {
-                workers: crate::eval::topology::Workers { count: 3, ..Default::default() },
+                workers: crate::topology::Workers { count: 3, ..Default::default() },
                 ..Default::default()
             },
             policies: vec![Policy::Pinned, Policy::LeastRequest],
@@ -224,7 +224,7 @@ mod tests {
                 if matches!(s.workload.shape, Shape::Mooncake { .. }) {
                     continue; // loads the whole trace; its determinism is tested in `mooncake`
                 }
-                let hash = |w: &Workload| crate::eval::schedule::hash(&w.schedule().unwrap());
+                let hash = |w: &Workload| crate::schedule::hash(&w.schedule().unwrap());
                 assert_eq!(hash(&s.workload), hash(&t.workload), "{}", s.workload.name);
             }
         }
