@@ -79,6 +79,11 @@ pub struct KnowledgeConfig {
     pub max_load_age_ms: u64,
     /// Bounds the snapshot and delta decoders enforce before allocating.
     pub decode_limits: crate::snapshot::DecodeLimits,
+    /// `false` is an ablation, not a deployment setting: the decision then credits no worker
+    /// with any cached block (events, routing history and feedback are all ignored) and ranks
+    /// on the cost model and load alone. The evaluation's `kvroute-load-only` policy uses it to
+    /// measure what cache knowledge adds over the same cost model.
+    pub cache_aware: bool,
 }
 
 impl Default for KnowledgeConfig {
@@ -88,6 +93,7 @@ impl Default for KnowledgeConfig {
             event_grace_ms: 2_000,
             max_load_age_ms: 2_000,
             decode_limits: Default::default(),
+            cache_aware: true,
         }
     }
 }

@@ -214,7 +214,10 @@ impl Router {
             .workers
             .iter()
             .map(|w| {
-                let pm = self.knowledge.prefix_match(w, &hashes, now_ms);
+                let mut pm = self.knowledge.prefix_match(w, &hashes, now_ms);
+                if !self.plan.cache_aware {
+                    pm = Default::default();
+                }
                 ages.insert(w.as_str(), (pm.oldest_age_ms, pm.from_events));
                 let reported = self.knowledge.reported_load(w, now_ms);
                 Candidate {

@@ -16,45 +16,74 @@ use kvroute_integration::paths;
 use kvroute_integration::sim::SimWorker;
 use kvroute_integration::stack::{write_config, write_config_text, BundleFrom, Ports, Updater};
 
-/// What makes the routing decision. Every policy goes through the same Envoy listener.
+/// What makes the routing decision. Every policy goes through the same Envoy listener, and
+/// every kvroute variant gets the same updater (cluster-wide load scraped from the workers'
+/// `/metrics`), so the ablation ladder least-request → kvroute-load-only → kvroute-history →
+/// kvroute → oracle adds one ingredient per step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
-    /// The kvroute filter with KV events from kvroute-updater.
+    /// The kvroute filter with KV events from kvroute-updater (everything).
     Kvroute,
-    /// The kvroute filter with its own routing history and response feedback only.
-    KvrouteNoEvents,
+    /// The kvroute filter with its own routing history and response feedback, and the
+    /// updater's load, but no KV events.
+    #[serde(alias = "kvroute-no-events")]
+    KvrouteHistory,
+    /// The kvroute filter's cost model on load alone (the updater's and its own): credits no
+    /// worker with any cached block (`knowledge.cache_aware: false`).
+    KvrouteLoadOnly,
     /// Envoy's LEAST_REQUEST.
     LeastRequest,
     /// Envoy's ROUND_ROBIN.
     RoundRobin,
     /// Envoy's RANDOM.
     Random,
+    /// The limit: the harness asks every simulated worker what TTFT it would give the request
+    /// now (`/sim/what_if`) and sends it to the best one through a bench-only Envoy that
+    /// honours a client-set destination (`envoy/bench-oracle.yaml`).
+    Oracle,
     /// Deliberately bad: everything to the first worker (the harness's self-check).
     Pinned,
 }
 
 impl Policy {
-    pub const COMPARED: [Policy; 5] = [
+    /// Every policy a full comparison runs.
+    pub const COMPARED: [Policy; 7] = [
         Policy::Kvroute,
-        Policy::KvrouteNoEvents,
+        Policy::KvrouteHistory,
+        Policy::KvrouteLoadOnly,
         Policy::LeastRequest,
         Policy::RoundRobin,
         Policy::Random,
+        Policy::Oracle,
+    ];
+
+    /// The ablation ladder, one ingredient added per step.
+    pub const LADDER: [Policy; 5] = [
+        Policy::LeastRequest,
+        Policy::KvrouteLoadOnly,
+        Policy::KvrouteHistory,
+        Policy::Kvroute,
+        Policy::Oracle,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             Policy::Kvroute => "kvroute",
-            Policy::KvrouteNoEvents => "kvroute-no-events",
+            Policy::KvrouteHistory => "kvroute-history",
+            Policy::KvrouteLoadOnly => "kvroute-load-only",
             Policy::LeastRequest => "least-request",
             Policy::RoundRobin => "round-robin",
             Policy::Random => "random",
+            Policy::Oracle => "oracle",
             Policy::Pinned => "pinned",
         }
     }
 
     pub fn parse(s: &str) -> anyhow::Result<Policy> {
+        if s == "kvroute-no-events" {
+            return Ok(Policy::KvrouteHistory);
+        }
         [Policy::Pinned]
             .into_iter()
             .chain(Policy::COMPARED)
@@ -62,8 +91,14 @@ impl Policy {
             .with_context(|| format!("unknown policy {s}"))
     }
 
-    fn filter(self) -> bool {
-        matches!(self, Policy::Kvroute | Policy::KvrouteNoEvents)
+    /// Runs the kvroute filter (and the updater beside it).
+    pub fn filter(self) -> bool {
+        matches!(self, Policy::Kvroute | Policy::KvrouteHistory | Policy::KvrouteLoadOnly)
+    }
+
+    /// The updater follows the workers' KV events.
+    fn events(self) -> bool {
+        self == Policy::Kvroute
     }
 
     fn lb_policy(self) -> &'static str {
@@ -179,8 +214,10 @@ impl Cluster {
         let addrs: Vec<String> = workers.iter().map(|w| w.addr().to_owned()).collect();
         let updater_port = paths::free_port()?;
         let base_delay = Duration::from_millis(topo.knowledge.delay_ms);
-        let (updater, relay) = if policy == Policy::Kvroute {
+        let (updater, relay) = if policy.filter() {
             let model = topo.workers.model.pool(0, BundleFrom::Updater).updater_model();
+            // Without events the updater still scrapes every worker's load.
+            let endpoints = if policy.events() { endpoints } else { addrs.clone() };
             let u = Updater::start_with(updater_port, None, &endpoints, &[model], &dir).await?;
             let r = DelayRelay::start(updater_port, base_delay).await?;
             (Some(u), Some(r))
@@ -206,10 +243,15 @@ impl Cluster {
             envoys.push(envoy);
         }
         let cluster = Cluster { policy, workers, envoys, updater, relay, dir, base_delay };
-        let healthy = if policy == Policy::Pinned { 1 } else { addrs.len() };
+        let healthy = match policy {
+            Policy::Pinned => 1,
+            // The oracle's cluster has no fixed members: each request names its destination.
+            Policy::Oracle => 0,
+            _ => addrs.len(),
+        };
         for e in &cluster.envoys {
             e.wait_healthy(healthy).await?;
-            if policy == Policy::Kvroute && Self::bundle_from(topo) == BundleFrom::Updater {
+            if policy.filter() && Self::bundle_from(topo) == BundleFrom::Updater {
                 // Every thread has the model's bundle before the schedule starts, so no request
                 // is routed load-only for want of one.
                 let threads = f64::from(topo.envoy.concurrency);
@@ -242,19 +284,22 @@ impl Cluster {
             }
             let pool = topo.workers.model.pool(addrs.len(), Self::bundle_from(topo));
             let mut model = pool.filter_model(addrs)?;
-            // kvroute-no-events runs without the updater: a bundle that is not built in comes
-            // inline (the filter loads it from the plugin configuration).
-            if policy == Policy::KvrouteNoEvents && pool.dir.is_some() {
-                model = kvroute_integration::stack::Pool { bundle: BundleFrom::Inline, ..pool }
-                    .filter_model(addrs)?;
-            }
             model["profile"] = profile;
             let filter = json!({
                 "models": [model],
                 "expose_decision_header": true,
-                "knowledge": {"max_event_age_ms": topo.knowledge.max_event_age_ms},
+                "knowledge": {
+                    "max_event_age_ms": topo.knowledge.max_event_age_ms,
+                    "cache_aware": policy != Policy::KvrouteLoadOnly,
+                },
             });
             return write_config("kvroute.yaml", dir, ports, addrs, &filter);
+        }
+        if policy == Policy::Oracle {
+            let path = paths::repo_root().join("envoy").join("bench-oracle.yaml");
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            return write_config_text("oracle.yaml", &text, dir, ports, addrs, &json!({}));
         }
         let path = paths::repo_root().join("envoy").join("least-request.yaml");
         let text = std::fs::read_to_string(&path)?;

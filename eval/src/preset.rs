@@ -229,7 +229,7 @@ mod tests {
             }
         }
         let full = preset("full", 7).unwrap();
-        assert_eq!(full.policies.len(), 5);
+        assert_eq!(full.policies.len(), Policy::COMPARED.len());
         assert_eq!(full.scenarios.len(), 6);
         assert!(preset("nope", 1).is_err());
     }

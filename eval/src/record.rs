@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// One request of one policy's run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
     /// Index in the schedule (the same request across policies).
     pub id: usize,
@@ -30,6 +30,17 @@ pub struct RequestRecord {
     pub cached_tokens: Option<u64>,
     /// What the filter predicted (`x-kvroute-decision`), kvroute policies only.
     pub predicted_cached_tokens: Option<u64>,
+    /// The filter's TTFT estimate for the worker it chose (engine time), kvroute policies only;
+    /// against `ttft_ms` it gives the estimate error.
+    #[serde(default)]
+    pub predicted_ttft_ms: Option<f64>,
+    /// How late the client sent it against its schedule (host health: a busy client sends late).
+    #[serde(default)]
+    pub send_lag_ms: f64,
+    /// For sampled requests: every worker's what-if TTFT at send time (engine time, topology
+    /// order; `None` where a worker could not answer). Empty when not sampled.
+    #[serde(default)]
+    pub whatif_ms: Vec<Option<f64>>,
     /// Finished, with TTFT and mean gap within the workload's SLO.
     pub within_slo: bool,
     /// Cohort tags: `all` is implied; e.g. `hot-prefix`, `routed-away`, `tenant:b`, `turn-1`.
@@ -61,10 +72,43 @@ pub struct QueueSample {
     pub waiting: u32,
 }
 
+/// How healthy the host was during a run: a run on a host that could not keep up measures the
+/// host, not the policy, and is flagged invalid.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Health {
+    /// p99 of how late the simulated workers' steps started against plan (wall ms), from
+    /// their step-lag histograms; `None` for workers that do not export it.
+    pub step_lag_p99_ms: Option<f64>,
+    /// p99 of how late the client sent requests against their schedule (wall ms).
+    pub send_lag_p99_ms: f64,
+    /// Share of the host's CPU time busy during the run (0..1), from `/proc/stat`.
+    pub cpu_busy: Option<f64>,
+    /// Reasons the run is invalid; empty when valid.
+    pub invalid: Vec<String>,
+}
+
+impl Health {
+    pub fn valid(&self) -> bool {
+        self.invalid.is_empty()
+    }
+}
+
 /// Everything one policy's run produced.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
     pub policy: String,
+    /// Which repetition of the cell this is (0-based).
+    #[serde(default)]
+    pub repeat: usize,
+    /// Offered load as a multiple of the workload's own rate (1.0 unless in a load sweep).
+    #[serde(default = "one")]
+    pub rate_scale: f64,
+    /// Time compression of the simulated workers; every duration in the records is in engine
+    /// time (wall time multiplied by this).
+    #[serde(default = "one")]
+    pub speedup: f64,
+    #[serde(default)]
+    pub health: Health,
     /// Worker addresses, in topology order.
     pub workers: Vec<String>,
     /// Wall time from the first scheduled arrival to the last response.
@@ -81,4 +125,8 @@ pub struct Slo {
     pub mean_gap_ms: f64,
     /// A gap longer than this is a stall.
     pub stall_ms: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }

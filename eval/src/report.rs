@@ -399,6 +399,7 @@ mod tests {
             predicted_cached_tokens: None,
             within_slo: ttft_ms <= SLO.ttft_ms,
             cohorts: cohorts.iter().map(|c| c.to_string()).collect(),
+            ..Default::default()
         }
     }
 
@@ -424,7 +425,14 @@ mod tests {
         records: Vec<RequestRecord>,
         queue: Vec<QueueSample>,
     ) -> RunResult {
-        RunResult { policy: policy.into(), workers: workers(n), duration_s: 10.0, records, queue }
+        RunResult {
+            policy: policy.into(),
+            workers: workers(n),
+            duration_s: 10.0,
+            records,
+            queue,
+            ..Default::default()
+        }
     }
 
     /// Queue samples every 100 ms for 1 s; `q(t, w)` is worker w's queue.

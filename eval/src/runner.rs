@@ -24,11 +24,20 @@ pub struct RunOptions {
     pub request_timeout: Duration,
     /// Draw a progress bar (stderr, only on a terminal).
     pub progress: bool,
+    /// Which repetition of the cell this is (recorded in the result).
+    pub repeat: usize,
+    /// Offered load as a multiple of the schedule's own rate: arrival times are divided by it.
+    pub rate_scale: f64,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { request_timeout: Duration::from_secs(120), progress: true }
+        RunOptions {
+            request_timeout: Duration::from_secs(120),
+            progress: true,
+            repeat: 0,
+            rate_scale: 1.0,
+        }
     }
 }
 
@@ -83,7 +92,17 @@ pub async fn run_policy(
     tag_routed_away(&mut records);
     // Stop every process of this policy before the next one starts.
     drop(cluster);
-    Ok(RunResult { policy: policy.name().into(), workers, duration_s, records, queue })
+    Ok(RunResult {
+        policy: policy.name().into(),
+        repeat: opts.repeat,
+        rate_scale: opts.rate_scale,
+        speedup: topo.workers.speedup,
+        health: Default::default(),
+        workers,
+        duration_s,
+        records,
+        queue,
+    })
 }
 
 fn progress_bar(show: bool, len: u64, name: &str) -> ProgressBar {
@@ -217,6 +236,7 @@ mod tests {
             predicted_cached_tokens: None,
             within_slo: true,
             cohorts: cohorts.iter().map(|c| c.to_string()).collect(),
+            ..Default::default()
         }
     }
 

@@ -45,6 +45,9 @@ pub async fn send(
         prompt_tokens: None,
         cached_tokens: None,
         predicted_cached_tokens: None,
+        predicted_ttft_ms: None,
+        send_lag_ms: 0.0,
+        whatif_ms: Vec::new(),
         within_slo: false,
         cohorts: s.cohorts.clone(),
     };
@@ -83,8 +86,14 @@ async fn exchange(
     let header =
         |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     rec.worker = header("x-worker-id");
+    let decision = header("x-kvroute-decision");
     rec.predicted_cached_tokens =
-        header("x-kvroute-decision").and_then(|d| decision_number(&d, "predicted_cached_tokens"));
+        decision.as_deref().and_then(|d| decision_number(d, "predicted_cached_tokens"));
+    rec.predicted_ttft_ms = decision
+        .as_deref()
+        .and_then(|d| kvroute_integration::client::decision_field(d, "predicted_ttft_ms"))
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| *v >= 0.0);
     let mut stream = resp.bytes_stream();
     if rec.status != 200 {
         let mut body = Vec::new();

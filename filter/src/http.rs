@@ -204,9 +204,11 @@ impl KvHttp {
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}",
+            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}",
             f.served,
             d.predicted_cached_tokens(),
+            // The estimate for the worker actually served (a fallback when the primary failed).
+            d.ranked.iter().find(|s| s.worker == f.served).map_or(-1.0, |s| s.ttft_ms),
             d.prompt_tokens,
             d.blocks_from_events,
             d.knowledge_age_ms,

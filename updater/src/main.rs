@@ -79,8 +79,10 @@ struct Args {
     /// Largest HTTP answer read from a worker (`/metrics`, `/tokenize`, `/v1/models`).
     #[arg(long, default_value_t = 4 << 20)]
     max_http_body_bytes: usize,
-    /// A worker: `HTTP_ADDR,EVENTS_ENDPOINT[,REPLAY_ENDPOINT]`, e.g.
-    /// `127.0.0.1:8000,tcp://127.0.0.1:5557,tcp://127.0.0.1:5558`. Repeat per worker.
+    /// A worker: `HTTP_ADDR[,EVENTS_ENDPOINT[,REPLAY_ENDPOINT]]`, e.g.
+    /// `127.0.0.1:8000,tcp://127.0.0.1:5557,tcp://127.0.0.1:5558`. Repeat per worker. A worker
+    /// given without an events endpoint is followed for load, adapters and alignment only (an
+    /// engine without KV events, or an evaluation that withholds them).
     #[arg(long = "worker", required = true)]
     workers: Vec<String>,
 }
@@ -110,19 +112,28 @@ fn limits(a: &Args) -> Limits {
     }
 }
 
-fn endpoints(spec: &str) -> anyhow::Result<Endpoints> {
+/// A worker's address and, when it publishes KV events, where to follow them.
+fn endpoints(spec: &str) -> anyhow::Result<(String, Option<Endpoints>)> {
     let mut parts = spec.split(',');
     let worker = parts.next().filter(|s| !s.is_empty()).context("worker address missing")?;
     worker.parse::<SocketAddr>().with_context(|| format!("'{worker}' is not ip:port"))?;
-    let events = parts.next().context("events endpoint missing")?.to_owned();
-    Ok(Endpoints { worker: worker.to_owned(), events, replay: parts.next().map(str::to_owned) })
+    let events = parts.next().filter(|s| !s.is_empty()).map(str::to_owned);
+    let replay = parts.next().filter(|s| !s.is_empty()).map(str::to_owned);
+    anyhow::ensure!(
+        events.is_some() || replay.is_none(),
+        "'{spec}': a replay endpoint needs events"
+    );
+    Ok((
+        worker.to_owned(),
+        events.map(|events| Endpoints { worker: worker.to_owned(), events, replay }),
+    ))
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.token.len() >= 16, "--token must be at least 16 characters");
-    let eps: Vec<Endpoints> =
+    let eps: Vec<(String, Option<Endpoints>)> =
         args.workers.iter().map(|w| endpoints(w)).collect::<anyhow::Result<_>>()?;
     anyhow::ensure!(args.block_size != Some(0), "--block-size must be > 0");
     let mut block_sizes: Vec<(String, u32)> = match args.block_size {
@@ -131,10 +142,9 @@ async fn main() -> anyhow::Result<()> {
     };
     block_sizes.extend(args.model_block_sizes.iter().cloned());
     let models = Models::load(&args.models, &block_sizes).context("loading the models")?;
-    let workers = eps.iter().map(|e| e.worker.clone());
-    let state = Arc::new(State::for_models(Arc::new(models), workers, limits(&args)));
-    let names: Vec<String> = eps.iter().map(|e| e.worker.clone()).collect();
-    for ep in eps {
+    let names: Vec<String> = eps.iter().map(|(w, _)| w.clone()).collect();
+    let state = Arc::new(State::for_models(Arc::new(models), names.iter().cloned(), limits(&args)));
+    for ep in eps.into_iter().filter_map(|(_, ep)| ep) {
         tokio::spawn(follow(Arc::clone(&state), ep));
     }
     let interval = std::time::Duration::from_millis(args.align_interval_ms.max(100));

@@ -63,6 +63,8 @@ pub struct Plan {
     /// Adapter name -> base model, from the configuration.
     adapters: HashMap<String, String>,
     pub tie: TieBand,
+    /// `knowledge.cache_aware`: false credits no worker with cached blocks (an ablation).
+    pub cache_aware: bool,
     pub max_prompt_tokens: usize,
     pub max_prompt_bytes: usize,
 }
@@ -129,6 +131,7 @@ impl Plan {
             models,
             adapters,
             tie: cfg.tie_band,
+            cache_aware: cfg.knowledge.cache_aware,
             max_prompt_tokens: cfg.max_prompt_tokens,
             max_prompt_bytes: cfg.max_prompt_bytes,
         })

@@ -65,6 +65,31 @@ fn credited_worker_wins_and_unknown_model_is_404() {
 }
 
 #[test]
+fn cache_blind_ablation_credits_nothing_but_still_ranks_on_load() {
+    let cfg = FilterConfig::from_json(
+        json!({"models":[{"name":"m","workers":["127.0.0.1:1","127.0.0.1:2"]}],
+               "tie_band":{"abs_ms":0.0,"rel":0.0},"knowledge":{"cache_aware":false}})
+        .to_string()
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut r = Router::new(&cfg).unwrap();
+    let q = req(None, &LONG.repeat(20));
+    let idle = |_: &str| WorkerLoad::default();
+    let d = r.decide(&q, 0, &idle, 0, 0).unwrap();
+    r.observe("127.0.0.1:1", &d.block_hashes, Source::Routed, 0);
+    // Worker 1 holds the whole prefix but is busier: blind to the cache, the router goes to 2.
+    let busy = |w: &str| WorkerLoad {
+        inflight_requests: if w == "127.0.0.1:1" { 3 } else { 0 },
+        prefilling_requests: if w == "127.0.0.1:1" { 3 } else { 0 },
+        prefill_tokens: if w == "127.0.0.1:1" { 3000 } else { 0 },
+    };
+    let d2 = r.decide(&q, 0, &busy, 10, 0).unwrap();
+    assert_eq!(d2.predicted_cached_tokens(), 0);
+    assert_eq!(d2.primary().unwrap().worker, "127.0.0.1:2");
+}
+
+#[test]
 fn tenants_never_share_cache_credit() {
     let mut r = router();
     let idle = |_: &str| WorkerLoad::default();

@@ -189,6 +189,7 @@ mod tests {
             duration_s: 1.0,
             records: vec![],
             queue,
+            ..Default::default()
         }
     }
 
