@@ -26,6 +26,28 @@ pub struct Plan {
     pub topology: Topology,
     pub policies: Vec<Policy>,
     pub scenarios: Vec<Scenario>,
+    /// Runs of every (workload, policy, rate) cell; the policies' order rotates between them,
+    /// and least-request's runs against each other give the noise floor (the A/A row).
+    #[serde(default = "default_repeats")]
+    pub repeats: usize,
+    /// Offered load ladder, as multiples of each workload's own rate (`[1.0]`: no sweep).
+    #[serde(default = "default_rates")]
+    pub rate_scales: Vec<f64>,
+    /// Share of requests whose what-if TTFT is asked of every simulated worker (regret).
+    #[serde(default = "default_whatif_sample")]
+    pub whatif_sample: f64,
+}
+
+fn default_repeats() -> usize {
+    3
+}
+
+fn default_rates() -> Vec<f64> {
+    vec![1.0]
+}
+
+fn default_whatif_sample() -> f64 {
+    0.25
 }
 
 pub const PRESETS: [&str; 3] = ["demo", "full", "selfcheck"];
@@ -68,6 +90,9 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
             },
             policies: vec![Policy::Kvroute, Policy::LeastRequest],
             scenarios: vec![scenario(multi_turn(seed, 24, 500, 1))],
+            repeats: default_repeats(),
+            rate_scales: default_rates(),
+            whatif_sample: default_whatif_sample(),
         },
         "full" => {
             let mut faulty = multi_turn(seed + 5, 30, 600, 2);
@@ -143,6 +168,9 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
                         ],
                     },
                 ],
+                repeats: default_repeats(),
+                rate_scales: default_rates(),
+                whatif_sample: default_whatif_sample(),
             }
         }
         "selfcheck" => Plan {
@@ -165,6 +193,9 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
                     tenants: 1,
                 },
             ))],
+            repeats: 1,
+            rate_scales: default_rates(),
+            whatif_sample: 0.0,
         },
         other => anyhow::bail!("unknown preset {other} (have: {})", PRESETS.join(", ")),
     };
@@ -176,6 +207,16 @@ impl Plan {
         self.topology.validate()?;
         anyhow::ensure!(!self.policies.is_empty(), "a plan needs at least one policy");
         anyhow::ensure!(!self.scenarios.is_empty(), "a plan needs at least one workload");
+        anyhow::ensure!((1..=20).contains(&self.repeats), "repeats: between 1 and 20");
+        anyhow::ensure!(
+            !self.rate_scales.is_empty()
+                && self.rate_scales.iter().all(|r| r.is_finite() && *r > 0.0 && *r <= 100.0),
+            "rate_scales: at least one, each in (0, 100]"
+        );
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.whatif_sample),
+            "whatif_sample: between 0 and 1"
+        );
         let n = self.topology.worker_count();
         for s in &self.scenarios {
             for f in &s.faults {

@@ -11,7 +11,7 @@ use tokio::sync::{watch, Mutex};
 use crate::cluster::{Cluster, Policy, TimedFault};
 use crate::record::{QueueSample, RequestRecord, RunResult, Slo};
 use crate::schedule::Scheduled;
-use crate::send::send;
+use crate::send::{send, SendCtx};
 use crate::topology::Topology;
 
 /// How often every worker's `/metrics` is scraped for its queue.
@@ -28,6 +28,8 @@ pub struct RunOptions {
     pub repeat: usize,
     /// Offered load as a multiple of the schedule's own rate: arrival times are divided by it.
     pub rate_scale: f64,
+    /// Share of requests whose what-if TTFT is asked of every worker (regret sampling).
+    pub whatif_sample: f64,
 }
 
 impl Default for RunOptions {
@@ -37,6 +39,7 @@ impl Default for RunOptions {
             progress: true,
             repeat: 0,
             rate_scale: 1.0,
+            whatif_sample: 0.25,
         }
     }
 }
@@ -60,16 +63,24 @@ pub async fn run_policy(
     let fault_task = tokio::spawn(run_faults(cluster.clone(), faults.to_vec(), start, stop_rx));
     let bar = progress_bar(opts.progress, schedule.len() as u64, policy.name());
     let http = reqwest::Client::new();
+    let ctx = Arc::new(SendCtx {
+        policy,
+        workers: workers.clone(),
+        whatif_sample: opts.whatif_sample,
+        speedup: topo.workers.speedup,
+        slo,
+        timeout: opts.request_timeout,
+    });
     let tasks: Vec<_> = schedule
         .iter()
         .enumerate()
         .map(|(i, s)| {
             let (http, url, s, bar) =
                 (http.clone(), urls[i % urls.len()].clone(), s.clone(), bar.clone());
-            let timeout = opts.request_timeout;
+            let ctx = Arc::clone(&ctx);
             tokio::spawn(async move {
                 tokio::time::sleep_until(start + s.at).await;
-                let r = send(&http, &url, i, &s, &slo, timeout).await;
+                let r = send(&http, &url, i, &s, &ctx).await;
                 bar.inc(1);
                 r
             })

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
+use crate::cluster::Policy;
 use crate::record::{RequestRecord, Slo};
 use crate::schedule::Scheduled;
 use crate::sse::SseTimer;
@@ -21,15 +22,29 @@ pub fn decision_number(header: &str, key: &str) -> Option<u64> {
     kvroute_integration::client::decision_field(header, key)?.parse().ok()
 }
 
+/// What a request is sent with besides its schedule entry.
+#[derive(Debug, Clone)]
+pub struct SendCtx {
+    pub policy: Policy,
+    /// Worker addresses (`ip:port`), topology order: what-if questions go to each.
+    pub workers: Vec<String>,
+    /// Share of requests (0..=1) whose what-if TTFT is asked of every worker for regret.
+    pub whatif_sample: f64,
+    /// Time compression of the workers: wall durations are multiplied by it.
+    pub speedup: f64,
+    pub slo: Slo,
+    pub timeout: Duration,
+}
+
 /// Sends `s` to `url` (an Envoy listener) and records what happened; never fails.
 pub async fn send(
     http: &reqwest::Client,
     url: &str,
     id: usize,
     s: &Scheduled,
-    slo: &Slo,
-    timeout: Duration,
+    ctx: &SendCtx,
 ) -> RequestRecord {
+    let (slo, timeout) = (&ctx.slo, ctx.timeout);
     let mut rec = RequestRecord {
         id,
         at_ms: ms(s.at),
