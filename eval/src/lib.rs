@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod delay;
+pub mod health;
 pub mod model;
 pub mod mooncake;
 pub mod preset;
@@ -18,4 +19,5 @@ pub mod schedule;
 pub mod send;
 pub mod sse;
 pub mod topology;
+pub mod whatif;
 pub mod workloads;

@@ -149,6 +149,7 @@ impl Replay {
             let output_tokens = req.output_length.min(self.max_output_tokens).max(1);
             let message = json!({"role": "user", "content": self.prompt(req)});
             out.push(Scheduled {
+                endpoint: crate::schedule::CHAT,
                 at: self.arrival(req.timestamp_ms),
                 body: chat_body(&self.model, vec![message], output_tokens),
                 output_tokens,

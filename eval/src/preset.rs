@@ -56,7 +56,14 @@ pub const PRESETS: [&str; 3] = ["demo", "full", "selfcheck"];
 const SLO: Slo = Slo { ttft_ms: 600.0, mean_gap_ms: 50.0, stall_ms: 250.0 };
 
 fn workload(name: &str, seed: u64, shape: Shape) -> Workload {
-    Workload { name: name.into(), seed, output_tokens: 24, slo: SLO, shape }
+    Workload {
+        name: name.into(),
+        seed,
+        output_tokens: 24,
+        slo: SLO,
+        shape,
+        prompts: Default::default(),
+    }
 }
 
 fn multi_turn(seed: u64, conversations: usize, start_gap_ms: u64, tenants: usize) -> Workload {

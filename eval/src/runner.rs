@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::{watch, Mutex};
 
 use crate::cluster::{Cluster, Policy, TimedFault};
+use crate::health::{self, HealthBounds};
 use crate::record::{QueueSample, RequestRecord, RunResult, Slo};
 use crate::schedule::Scheduled;
 use crate::send::{send, SendCtx};
@@ -30,6 +31,8 @@ pub struct RunOptions {
     pub rate_scale: f64,
     /// Share of requests whose what-if TTFT is asked of every worker (regret sampling).
     pub whatif_sample: f64,
+    /// Past these the run is flagged invalid.
+    pub health: HealthBounds,
 }
 
 impl Default for RunOptions {
@@ -40,11 +43,33 @@ impl Default for RunOptions {
             repeat: 0,
             rate_scale: 1.0,
             whatif_sample: 0.25,
+            health: HealthBounds::default(),
         }
     }
 }
 
-/// Runs `policy` on `schedule`.
+/// How engine time maps to the wall clock in a run: the workers run `speedup` times faster than
+/// real time, and the schedule is offered `rate_scale` times faster than written.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Clock {
+    pub speedup: f64,
+    pub rate_scale: f64,
+}
+
+impl Clock {
+    /// The wall-clock offset of schedule time `at`.
+    pub fn wall(&self, at: Duration) -> Duration {
+        at.div_f64((self.speedup * self.rate_scale).max(1e-9))
+    }
+
+    /// Engine milliseconds of a wall-clock duration.
+    pub fn engine_ms(&self, wall: Duration) -> f64 {
+        wall.as_secs_f64() * 1000.0 * self.speedup
+    }
+}
+
+/// Runs `policy` on `schedule`. Every time in the result is engine time, arrivals as offered
+/// (the schedule's time divided by the rate scale).
 pub async fn run_policy(
     topo: &Topology,
     policy: Policy,
@@ -53,14 +78,19 @@ pub async fn run_policy(
     faults: &[TimedFault],
     opts: &RunOptions,
 ) -> anyhow::Result<RunResult> {
+    let clock = Clock { speedup: topo.workers.speedup, rate_scale: opts.rate_scale };
     let cluster = Cluster::start(topo, policy).await?;
     let urls = cluster.urls();
     let workers = cluster.addrs();
     let cluster = Arc::new(Mutex::new(cluster));
     let (stop_tx, stop_rx) = watch::channel(false);
+    let probe = reqwest::Client::new();
+    let lag_before = health::step_lags(&probe, &workers).await;
+    let cpu_before = health::cpu_times();
     let start = tokio::time::Instant::now();
-    let sampler = tokio::spawn(sample_queues(workers.clone(), start, stop_rx.clone()));
-    let fault_task = tokio::spawn(run_faults(cluster.clone(), faults.to_vec(), start, stop_rx));
+    let sampler = tokio::spawn(sample_queues(workers.clone(), start, clock, stop_rx.clone()));
+    let fault_task =
+        tokio::spawn(run_faults(cluster.clone(), faults.to_vec(), start, clock, stop_rx));
     let bar = progress_bar(opts.progress, schedule.len() as u64, policy.name());
     let http = reqwest::Client::new();
     let ctx = Arc::new(SendCtx {
@@ -79,8 +109,12 @@ pub async fn run_policy(
                 (http.clone(), urls[i % urls.len()].clone(), s.clone(), bar.clone());
             let ctx = Arc::clone(&ctx);
             tokio::spawn(async move {
-                tokio::time::sleep_until(start + s.at).await;
-                let r = send(&http, &url, i, &s, &ctx).await;
+                let due = start + clock.wall(s.at);
+                tokio::time::sleep_until(due).await;
+                let lag = tokio::time::Instant::now().saturating_duration_since(due);
+                let mut r = send(&http, &url, i, &s, &ctx).await;
+                r.at_ms = s.at.as_secs_f64() * 1000.0 / clock.rate_scale;
+                r.send_lag_ms = clock.engine_ms(lag);
                 bar.inc(1);
                 r
             })
@@ -93,7 +127,23 @@ pub async fn run_policy(
             Err(e) => anyhow::bail!("request task {i} failed: {e}"),
         }
     }
-    let duration_s = start.elapsed().as_secs_f64();
+    let duration_s = clock.engine_ms(start.elapsed()) / 1000.0;
+    let lag_after = health::step_lags(&probe, &workers).await;
+    let step_lag_p99_ms = lag_before
+        .iter()
+        .zip(&lag_after)
+        .filter_map(|(b, a)| health::quantile_between(b.as_ref()?, a.as_ref()?, 0.99))
+        .reduce(f64::max)
+        .map(|s| s * 1000.0 * clock.speedup);
+    let mut send_lags: Vec<f64> = records.iter().map(|r| r.send_lag_ms).collect();
+    send_lags.sort_by(f64::total_cmp);
+    let cpu = cpu_before.zip(health::cpu_times()).and_then(|(b, a)| health::cpu_busy(b, a));
+    let health = health::assess(
+        &opts.health,
+        step_lag_p99_ms,
+        kvroute_integration::nearest_rank(&send_lags, 0.99).unwrap_or(0.0),
+        cpu,
+    );
     bar.finish_and_clear();
     let _ = stop_tx.send(true);
     let queue = sampler.await.unwrap_or_default();
@@ -108,7 +158,7 @@ pub async fn run_policy(
         repeat: opts.repeat,
         rate_scale: opts.rate_scale,
         speedup: topo.workers.speedup,
-        health: Default::default(),
+        health,
         workers,
         duration_s,
         records,
@@ -153,6 +203,7 @@ async fn run_faults(
     cluster: Arc<Mutex<Cluster>>,
     faults: Vec<TimedFault>,
     start: tokio::time::Instant,
+    clock: Clock,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     // (time, index, is_end), in time order.
@@ -167,7 +218,7 @@ async fn run_faults(
     events.sort();
     for (at, i, end) in events {
         tokio::select! {
-            _ = tokio::time::sleep_until(start + at) => {}
+            _ = tokio::time::sleep_until(start + clock.wall(at)) => {}
             _ = stop.changed() => {}
         }
         let mut c = cluster.lock().await;
@@ -184,6 +235,7 @@ async fn run_faults(
 async fn sample_queues(
     workers: Vec<String>,
     start: tokio::time::Instant,
+    clock: Clock,
     mut stop: watch::Receiver<bool>,
 ) -> Vec<QueueSample> {
     let http = match reqwest::Client::builder().timeout(Duration::from_millis(500)).build() {
@@ -197,7 +249,7 @@ async fn sample_queues(
         for (i, w) in workers.iter().enumerate() {
             if let Some((running, waiting)) = scrape_queue(&http, w).await {
                 out.push(QueueSample {
-                    t_ms: start.elapsed().as_secs_f64() * 1000.0,
+                    t_ms: clock.engine_ms(start.elapsed()),
                     worker: i,
                     running,
                     waiting,

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::model::BenchModel;
 use crate::mooncake;
 use crate::record::Slo;
-use crate::schedule::{chat_body, Scheduled};
+use crate::schedule::{chat_body, completions_body, Scheduled, CHAT, COMPLETIONS};
 use kvroute_integration::workload::Conversation;
 
 /// The shape of a workload.
@@ -57,6 +57,20 @@ pub enum Shape {
     },
 }
 
+/// How prompts travel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PromptForm {
+    /// Chat messages to `/v1/chat/completions`: Envoy's filter and the workers render and
+    /// tokenize every request (what a real deployment does).
+    #[default]
+    Chat,
+    /// The same conversations rendered and tokenized once, when the schedule is made, and sent
+    /// as token ids to `/v1/completions`: the same prefixes and lengths, while the 2-core
+    /// host spends its time on routing and serving instead of tokenizing long prompts.
+    TokenIds,
+}
+
 /// A named, seeded workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,6 +81,8 @@ pub struct Workload {
     pub output_tokens: u64,
     pub slo: Slo,
     pub shape: Shape,
+    #[serde(default)]
+    pub prompts: PromptForm,
 }
 
 /// A jittered duration in [0.5, 1.5) x `span`, from the seed.
@@ -123,7 +139,13 @@ impl Workload {
                         if *tenants > 1 {
                             cohorts.push(format!("tenant:{}", tenant_name(tenant)));
                         }
-                        out.push(Scheduled { at, body, output_tokens: out_tokens, cohorts });
+                        out.push(Scheduled {
+                            endpoint: CHAT,
+                            at,
+                            body,
+                            output_tokens: out_tokens,
+                            cohorts,
+                        });
                     }
                 }
                 out
@@ -139,6 +161,7 @@ impl Workload {
                             json!({"role": "user", "content": format!("{doc}\n\nQuestion:{q}")}),
                         ];
                         Scheduled {
+                            endpoint: CHAT,
                             at,
                             body: chat_body(name, msgs, out_tokens),
                             output_tokens: out_tokens,
@@ -187,6 +210,7 @@ impl Workload {
                         json!({"role": "user", "content": words(seed.wrapping_add(0x4090 + i as u64), 25)}),
                     ];
                     out.push(Scheduled {
+                        endpoint: CHAT,
                         at,
                         body: chat_body(name, msgs, out_tokens),
                         output_tokens: out_tokens,
@@ -238,6 +262,7 @@ impl Workload {
                         ));
                         let msgs = vec![system.clone(), json!({"role": "user", "content": task})];
                         out.push(Scheduled {
+                            endpoint: CHAT,
                             at: start + ms(k as u64 * 5),
                             body: chat_body(name, msgs, out_tokens),
                             output_tokens: out_tokens,
@@ -247,6 +272,7 @@ impl Workload {
                     let merge = format!("Merge these findings:{}", answers.join("\n"));
                     let msgs = vec![system, json!({"role": "user", "content": merge})];
                     out.push(Scheduled {
+                        endpoint: CHAT,
                         at: start + ms(*merge_after_ms),
                         body: chat_body(name, msgs, out_tokens),
                         output_tokens: out_tokens,
@@ -257,6 +283,12 @@ impl Workload {
             }
         };
         out.sort_by_key(|s| s.at);
+        if self.prompts == PromptForm::TokenIds {
+            let bundle = model.bundle()?;
+            for s in &mut out {
+                *s = as_token_ids(&bundle, s)?;
+            }
+        }
         Ok(out)
     }
 
@@ -290,6 +322,38 @@ impl Workload {
     }
 }
 
+/// `s` with its chat prompt rendered and tokenized as the engine does, sent as token ids to
+/// `/v1/completions` (the `cache_salt` kept); requests already in that form are unchanged.
+pub fn as_token_ids(
+    bundle: &kvroute_core::model::ModelBundle,
+    s: &Scheduled,
+) -> anyhow::Result<Scheduled> {
+    if s.endpoint != CHAT {
+        return Ok(s.clone());
+    }
+    let ids = prompt_tokens(bundle, s)?;
+    let model = s.body["model"].as_str().unwrap_or_default();
+    let mut body = completions_body(model, &ids, s.output_tokens);
+    if let Some(salt) = s.body.get("cache_salt") {
+        body["cache_salt"] = salt.clone();
+    }
+    Ok(Scheduled { endpoint: COMPLETIONS, body, ..s.clone() })
+}
+
+/// The engine's prompt tokens of a scheduled request, and its cache salt.
+fn parsed(s: &Scheduled) -> anyhow::Result<kvroute_core::request::ParsedRequest> {
+    use kvroute_core::request::{parse, Endpoint};
+    let endpoint = if s.endpoint == COMPLETIONS { Endpoint::Completions } else { Endpoint::Chat };
+    Ok(parse(endpoint, s.body.to_string().as_bytes())?)
+}
+
+fn prompt_tokens(
+    bundle: &kvroute_core::model::ModelBundle,
+    s: &Scheduled,
+) -> anyhow::Result<Vec<u32>> {
+    Ok(bundle.prompt_tokens(&parsed(s)?.prompt)?)
+}
+
 /// The hit rate of one unbounded cache that saw every request in order: cached tokens (whole
 /// reused blocks) over prompt tokens, tenants kept apart. No routing can beat it.
 pub fn reuse_ceiling(schedule: &[Scheduled], block_size: u32) -> anyhow::Result<f64> {
@@ -305,10 +369,7 @@ pub fn reuse_ceiling_with(
     let mut seen = HashSet::new();
     let (mut reused, mut total) = (0u64, 0u64);
     for s in schedule {
-        let req = kvroute_core::request::parse(
-            kvroute_core::request::Endpoint::Chat,
-            s.body.to_string().as_bytes(),
-        )?;
+        let req = parsed(s)?;
         let tokens = bundle.prompt_tokens(&req.prompt)?;
         let seed =
             req.cache_salt.as_deref().map_or(0, |t| xxhash_rust::xxh3::xxh3_64(t.as_bytes()));
@@ -341,6 +402,7 @@ mod tests {
             output_tokens: 8,
             slo: slo(),
             shape,
+            prompts: PromptForm::Chat,
         };
         vec![
             w(
