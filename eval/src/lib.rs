@@ -20,4 +20,5 @@ pub mod send;
 pub mod sse;
 pub mod topology;
 pub mod whatif;
+pub mod whatif;
 pub mod workloads;
