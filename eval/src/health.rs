@@ -141,7 +141,8 @@ mod tests {
         assert_eq!(after, vec![(0.001, 90), (0.005, 99), (f64::INFINITY, 100)]);
         let before = vec![(0.001, 80), (0.005, 80), (f64::INFINITY, 80)];
         // 20 steps between: 10 under 1 ms, 9 under 5 ms, 1 beyond.
-        assert_eq!(quantile_between(&before, &after, 0.5), Some(0.005));
+        assert_eq!(quantile_between(&before, &after, 0.5), Some(0.001));
+        assert_eq!(quantile_between(&before, &after, 0.6), Some(0.005));
         assert_eq!(quantile_between(&before, &after, 0.99), Some(f64::INFINITY));
         assert_eq!(quantile_between(&after, &after, 0.99), None);
         assert_eq!(parse_step_lag("vllm:num_requests_running 1\n"), None);
