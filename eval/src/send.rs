@@ -1,5 +1,10 @@
 //! Sends one scheduled request through Envoy and measures it: token timings from the stream,
-//! the serving worker, kvroute's prediction, and the SLO verdict.
+//! the serving worker, kvroute's prediction, and the SLO verdict. Every duration recorded is
+//! engine time (wall time multiplied by the workers' speedup).
+//!
+//! What-if TTFTs: the oracle asks every worker before sending and names the best one in
+//! [`ORACLE_HEADER`]; every other policy asks, for a deterministic sample of requests, at the
+//! same instant as it sends (so the request is not delayed), for regret.
 
 use std::time::{Duration, Instant};
 
@@ -9,9 +14,16 @@ use crate::cluster::Policy;
 use crate::record::{RequestRecord, Slo};
 use crate::schedule::Scheduled;
 use crate::sse::SseTimer;
+use crate::whatif;
 
 /// The most bytes of a non-stream (error) body kept to find its message.
 const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// The request header the bench-only oracle Envoy (`envoy/bench-oracle.yaml`) routes on.
+pub const ORACLE_HEADER: &str = "x-bench-oracle-destination";
+
+/// Seed of the regret sample: the same requests are sampled in every policy's run.
+const SAMPLE_SEED: u64 = 0x6b76_726f_7574_6521;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
@@ -20,6 +32,20 @@ fn ms(d: Duration) -> f64 {
 /// A numeric field of kvroute's `x-kvroute-decision` header.
 pub fn decision_number(header: &str, key: &str) -> Option<u64> {
     kvroute_integration::client::decision_field(header, key)?.parse().ok()
+}
+
+/// Whether request `id` is in the regret sample of share `share` (0..=1): decided by a seeded
+/// hash of the id alone, so every policy samples the same requests.
+pub fn sampled(id: usize, share: f64) -> bool {
+    if share <= 0.0 || share.is_nan() {
+        return false;
+    }
+    if share >= 1.0 {
+        return true;
+    }
+    let h = xxhash_rust::xxh3::xxh3_64_with_seed(&(id as u64).to_le_bytes(), SAMPLE_SEED);
+    // The top 53 bits as a uniform number in [0, 1).
+    ((h >> 11) as f64 / (1u64 << 53) as f64) < share
 }
 
 /// What a request is sent with besides its schedule entry.
@@ -37,6 +63,10 @@ pub struct SendCtx {
 }
 
 /// Sends `s` to `url` (an Envoy listener) and records what happened; never fails.
+///
+/// `send_lag_ms` is left at 0 and `at_ms` is the schedule's time: the caller knows when the
+/// send was due and sets both. For the oracle, the what-if questions come before the clock
+/// starts (the limit's decision is free); a request no worker could answer fails.
 pub async fn send(
     http: &reqwest::Client,
     url: &str,
@@ -66,37 +96,82 @@ pub async fn send(
         within_slo: false,
         cohorts: s.cohorts.clone(),
     };
+    let endpoint = s.endpoint;
+    let mut destination = None;
+    if ctx.policy == Policy::Oracle {
+        rec.whatif_ms = whatif::ttfts(http, &ctx.workers, endpoint, &s.body).await;
+        match whatif::best(&rec.whatif_ms) {
+            Some(b) => destination = Some(ctx.workers[b].as_str()),
+            None => {
+                rec.error = Some(
+                    "oracle: no worker answered /sim/what_if (the oracle needs simulated workers)"
+                        .into(),
+                );
+                return rec;
+            }
+        }
+    }
+    let sample = ctx.policy != Policy::Oracle && sampled(id, ctx.whatif_sample);
     let start = Instant::now();
-    let outcome = tokio::time::timeout(timeout, exchange(http, url, s, start, &mut rec)).await;
+    let request = tokio::time::timeout(
+        timeout,
+        exchange(http, url, endpoint, destination, s, start, &mut rec),
+    );
+    // Asked at the same instant the request leaves, so the answers do not delay it.
+    let asked = async {
+        if sample {
+            whatif::ttfts(http, &ctx.workers, endpoint, &s.body).await
+        } else {
+            Vec::new()
+        }
+    };
+    let (outcome, answers) = tokio::join!(request, asked);
     rec.e2e_ms = ms(start.elapsed());
+    if sample {
+        rec.whatif_ms = answers;
+    }
     match outcome {
         Err(_) => rec.error = Some(format!("no complete answer within {timeout:?}")),
         Ok(Err(e)) => rec.error = Some(e),
         Ok(Ok(())) => {}
     }
+    to_engine_time(&mut rec, ctx.speedup);
     rec.stalls = rec.gaps_ms.iter().filter(|g| **g > slo.stall_ms).count() as u32;
-    let mean_gap = rec.gaps_ms.iter().sum::<f64>() / rec.gaps_ms.len().max(1) as f64;
     rec.within_slo = rec.ok()
         && rec.output_tokens >= s.output_tokens
         && rec.ttft_ms.is_some_and(|t| t <= slo.ttft_ms)
-        && mean_gap <= slo.mean_gap_ms;
+        && rec.mean_gap_ms() <= slo.mean_gap_ms;
     rec
+}
+
+/// Multiplies every wall-clock duration of `rec` by `speedup` (what-if answers and the
+/// filter's prediction are engine time already).
+fn to_engine_time(rec: &mut RequestRecord, speedup: f64) {
+    let k = if speedup.is_finite() && speedup > 0.0 { speedup } else { 1.0 };
+    rec.ttft_ms = rec.ttft_ms.map(|t| t * k);
+    rec.gaps_ms.iter_mut().for_each(|g| *g *= k);
+    rec.max_gap_ms *= k;
+    rec.e2e_ms *= k;
+    rec.send_lag_ms *= k;
 }
 
 async fn exchange(
     http: &reqwest::Client,
     url: &str,
+    endpoint: &str,
+    destination: Option<&str>,
     s: &Scheduled,
     start: Instant,
     rec: &mut RequestRecord,
 ) -> Result<(), String> {
-    let resp = http
-        .post(format!("{url}/v1/chat/completions"))
+    let mut req = http
+        .post(format!("{url}{endpoint}"))
         .header("content-type", "application/json")
-        .body(s.body.to_string())
-        .send()
-        .await
-        .map_err(|e| format!("sending: {e}"))?;
+        .body(s.body.to_string());
+    if let Some(d) = destination {
+        req = req.header(ORACLE_HEADER, d);
+    }
+    let resp = req.send().await.map_err(|e| format!("sending: {e}"))?;
     rec.status = resp.status().as_u16();
     let header =
         |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -154,5 +229,39 @@ mod tests {
         assert_eq!(decision_number(h, "predicted_cached_tokens"), Some(128));
         assert_eq!(decision_number(h, "blocks_from_events"), Some(8));
         assert_eq!(decision_number(h, "nope"), None);
+    }
+
+    #[test]
+    fn the_regret_sample_is_deterministic_and_of_the_share_asked() {
+        let picked = |share| (0..10_000).filter(|&i| sampled(i, share)).count();
+        assert_eq!(picked(0.0), 0);
+        assert_eq!(picked(1.0), 10_000);
+        let quarter = picked(0.25);
+        assert!((2300..2700).contains(&quarter), "{quarter} of 10000 at 25 %");
+        let a: Vec<usize> = (0..1000).filter(|&i| sampled(i, 0.25)).collect();
+        let b: Vec<usize> = (0..1000).filter(|&i| sampled(i, 0.25)).collect();
+        assert_eq!(a, b);
+        // A smaller share samples a subset of a larger one.
+        assert!((0..1000).filter(|&i| sampled(i, 0.1)).all(|i| sampled(i, 0.5)));
+    }
+
+    #[test]
+    fn records_are_scaled_to_engine_time() {
+        let mut r = RequestRecord {
+            ttft_ms: Some(2.0),
+            gaps_ms: vec![1.0, 3.0],
+            max_gap_ms: 3.0,
+            e2e_ms: 10.0,
+            send_lag_ms: 0.5,
+            whatif_ms: vec![Some(7.0)],
+            predicted_ttft_ms: Some(9.0),
+            ..Default::default()
+        };
+        to_engine_time(&mut r, 4.0);
+        assert_eq!(r.ttft_ms, Some(8.0));
+        assert_eq!(r.gaps_ms, [4.0, 12.0]);
+        assert_eq!((r.max_gap_ms, r.e2e_ms, r.send_lag_ms), (12.0, 40.0, 2.0));
+        assert_eq!(r.whatif_ms, [Some(7.0)], "what-if answers are engine time already");
+        assert_eq!(r.predicted_ttft_ms, Some(9.0));
     }
 }
