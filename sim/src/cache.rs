@@ -59,7 +59,7 @@ pub enum CacheError {
 }
 
 /// Block manager: `capacity` blocks, each either in use (ref count > 0) or free-but-cached.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct BlockCache {
     capacity: usize,
     in_use: HashMap<EngineHash, u32>,
@@ -93,7 +93,6 @@ impl BlockCache {
     }
 
     /// Blocks cached (in use or free).
-    #[cfg(test)]
     pub fn cached_blocks(&self) -> usize {
         self.in_use.len() + self.free_cached.len()
     }
@@ -160,10 +159,12 @@ impl BlockCache {
         true
     }
 
-    /// Drops a request's references: `hashes` (its full, cached blocks) and `anonymous`
-    /// fresh blocks that never filled.
+    /// Drops a request's references: `hashes` (its full, cached blocks, head first) and
+    /// `anonymous` fresh blocks that never filled. As in vLLM's KV cache manager, the blocks are
+    /// freed tail first: the last block of the request enters the free queue first and is
+    /// evicted first, so under pressure a prefix loses its tail before its head.
     pub fn release(&mut self, hashes: &[EngineHash], anonymous: usize) {
-        for h in hashes {
+        for h in hashes.iter().rev() {
             if let Some(rc) = self.in_use.get_mut(h) {
                 *rc -= 1;
                 if *rc == 0 {
@@ -209,11 +210,29 @@ mod tests {
         assert!(c.fill(h[0]) && c.fill(h[1]));
         c.release(&h, 0);
         assert_eq!(c.longest_prefix(&h), 2);
-        // Another request needs all 4 blocks: the two cached ones are evicted, oldest first.
+        // Another request needs all 4 blocks: the two cached ones are evicted, tail first.
         let evicted = c.acquire(&[], 4).unwrap();
-        assert_eq!(evicted, h);
+        assert_eq!(evicted, vec![h[1], h[0]]);
         assert_eq!(c.longest_prefix(&h), 0);
         assert_eq!(c.acquire(&[], 1), Err(CacheError::OutOfBlocks));
+    }
+
+    /// vLLM frees a request's blocks tail first, so eviction takes a prefix's tail blocks
+    /// before its head: a later request with the same prefix still hits the leading blocks.
+    #[test]
+    fn under_pressure_a_prefix_loses_its_tail_before_its_head() {
+        let mut c = BlockCache::new(8);
+        let prompt: Vec<u32> = (0..24).collect();
+        let h = engine_hashes(&prompt, 4, None, None);
+        c.acquire(&[], 6).unwrap();
+        for x in &h {
+            assert!(c.fill(*x));
+        }
+        c.release(&h, 0);
+        // Another request needs 5 fresh blocks: 2 are truly free, 3 cached ones must go.
+        let evicted = c.acquire(&[], 5).unwrap();
+        assert_eq!(evicted, vec![h[5], h[4], h[3]]);
+        assert_eq!(c.longest_prefix(&h), 3, "the head blocks were evicted before the tail");
     }
 
     #[test]

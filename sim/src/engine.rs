@@ -25,7 +25,16 @@ use crate::cache::{engine_block_hash, engine_hashes, BlockCache, EngineHash};
 use crate::events::KvEvent;
 use crate::profile::Profile;
 
-/// How long a scheduler step takes, from the profile, divided by `speedup`.
+/// The prefill work of one sequence in a step: `new` tokens computed on top of `cached` tokens
+/// already in that sequence's KV (a reused prefix or its earlier chunks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub cached: usize,
+    pub new: usize,
+}
+
+/// How long a scheduler step takes, from the profile. `step_ms` is engine time; `step` divides
+/// it by `speedup`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timing {
     pub step_floor_ms: f64,
@@ -48,16 +57,33 @@ impl Timing {
         }
     }
 
-    /// Duration of a step with `prefill` new tokens, `decoding` sequences and `context` tokens
-    /// of KV cache read by the decoding sequences.
-    pub fn step(&self, prefill: usize, decoding: usize, context: usize) -> Duration {
-        let p = prefill as f64;
-        let ms = self.step_floor_ms
-            + self.prefill_ms_per_token * p
-            + self.prefill_ms_per_token_sq * p * p
+    /// Engine time (ms, speedup 1) of a step with these prefill chunks, `decoding` sequences and
+    /// `context` tokens of KV cache read by the decoding sequences.
+    ///
+    /// The quadratic coefficient is defined for a whole prompt of N new tokens (`sq * N^2`); it
+    /// applies per sequence, and a chunk of n new tokens over c tokens already in that
+    /// sequence's KV costs `sq * ((c + n)^2 - c^2)`: the chunks of one prompt sum to `sq * N^2`
+    /// however it is chunked, and a cached prefix still costs the new tokens' attention over it.
+    pub fn step_ms(&self, prefill: &[Chunk], decoding: usize, context: usize) -> f64 {
+        let new: usize = prefill.iter().map(|c| c.new).sum();
+        // (c + n)^2 - c^2 = n (2c + n), without the cancellation of two large squares.
+        let attention: f64 =
+            prefill.iter().map(|c| c.new as f64 * (2.0 * c.cached as f64 + c.new as f64)).sum();
+        self.step_floor_ms
+            + self.prefill_ms_per_token * new as f64
+            + self.prefill_ms_per_token_sq * attention
             + self.decode_ms_per_seq * decoding as f64
-            + self.kv_ms_per_1k_tokens * context as f64 / 1000.0;
+            + self.kv_ms_per_1k_tokens * context as f64 / 1000.0
+    }
+
+    /// Wall-clock duration of `ms` of engine time: divided by `speedup`.
+    pub fn wall(&self, ms: f64) -> Duration {
         Duration::from_secs_f64((ms / self.speedup.max(1e-9)).max(0.0) / 1000.0)
+    }
+
+    /// Wall-clock duration of a step (`step_ms` divided by `speedup`).
+    pub fn step(&self, prefill: &[Chunk], decoding: usize, context: usize) -> Duration {
+        self.wall(self.step_ms(prefill, decoding, context))
     }
 }
 
@@ -112,6 +138,56 @@ pub enum Command {
     Reset {
         reply: oneshot::Sender<bool>,
     },
+    /// What TTFT would this request get if it arrived now? Answered from a copy of the engine's
+    /// state; see [`WhatIf`].
+    WhatIf(WhatIf),
+}
+
+/// Most scheduler steps a what-if simulates before giving up.
+pub const WHAT_IF_MAX_STEPS: usize = 1_000_000;
+
+/// A what-if question: the request as the engine would receive it, and when it was asked.
+///
+/// The answer is a deterministic forward simulation on a copy of the engine's state (block
+/// cache, running and waiting sequences, their streams detached so nothing reaches a client,
+/// no KV events, no stats): the request joins the back of the waiting queue and the copy runs
+/// the real scheduler step (the same `plan` and `apply` as the engine loop), adding up the
+/// modelled step durations in engine time, without sleeping, until the request's first token.
+/// No further arrivals are assumed.
+///
+/// **The step in progress.** The engine handles commands between steps, so a question that
+/// arrives during a step is answered from the state that step leaves. The time from `asked` to
+/// the start of the engine's next step (the rest of the step in progress, plus any commands
+/// queued before the question) is measured and added, converted to engine time (times
+/// `speedup`), so the answer counts from `asked`, exactly as a request submitted at that
+/// instant would wait.
+pub struct WhatIf {
+    pub tokens: Vec<u32>,
+    pub salt: Option<String>,
+    pub lora: Option<String>,
+    pub max_tokens: usize,
+    /// When the question arrived (the origin of the answer's TTFT).
+    pub asked: Instant,
+    pub reply: oneshot::Sender<WhatIfAnswer>,
+}
+
+/// The answer to a [`WhatIf`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum WhatIfAnswer {
+    Ttft {
+        /// Engine time from the question to the first token, ms (not divided by speedup).
+        ttft_ms: f64,
+        /// Prompt tokens reused at the request's (simulated) admission.
+        cached_tokens: usize,
+        prompt_tokens: usize,
+        /// Running and waiting requests when the question was answered.
+        running: usize,
+        waiting: usize,
+    },
+    /// The engine would reject the request (it can never fit in the KV cache).
+    Rejected { needed_blocks: usize },
+    /// No first token within [`WHAT_IF_MAX_STEPS`] steps.
+    TooLong,
 }
 
 /// Counters and gauges the HTTP side exposes on `/metrics`.
@@ -173,6 +249,32 @@ impl Histogram {
     }
 }
 
+/// Where a sequence's token events go.
+#[derive(Debug, Clone)]
+enum Sink {
+    Client(mpsc::UnboundedSender<TokenEvent>),
+    /// A what-if copy's stream: sends nothing; `closed` is the client's state when copied.
+    Detached {
+        closed: bool,
+    },
+}
+
+impl Sink {
+    fn send(&self, ev: TokenEvent) {
+        if let Sink::Client(tx) = self {
+            let _ = tx.send(ev);
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match self {
+            Sink::Client(tx) => tx.is_closed(),
+            Sink::Detached { closed } => *closed,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
 struct Seq {
     prompt_len: usize,
     /// Prompt then generated token ids; every token's KV must be computed before the next
@@ -192,10 +294,15 @@ struct Seq {
     preemptions: u32,
     seed: u64,
     arrived: Instant,
-    events: mpsc::UnboundedSender<TokenEvent>,
+    events: Sink,
 }
 
 impl Seq {
+    /// A copy for a what-if: the same state, a stream that sends nothing.
+    fn detached(&self) -> Seq {
+        Seq { events: Sink::Detached { closed: self.events.is_closed() }, ..self.clone() }
+    }
+
     fn need(&self) -> usize {
         self.tokens.len() - self.computed
     }
@@ -225,15 +332,7 @@ impl Engine {
     ) -> (Engine, JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
-        let mut core = Core {
-            cache: BlockCache::new(cfg.num_gpu_blocks),
-            cfg,
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            stats: Arc::clone(&stats),
-            events,
-            pending: Vec::new(),
-        };
+        let mut core = Core::new(cfg, Arc::clone(&stats), events);
         let handle = tokio::spawn(async move { core.run(rx).await });
         (Engine { tx, stats }, handle)
     }
@@ -246,6 +345,23 @@ impl Engine {
     pub fn command(&self, c: Command) -> bool {
         self.tx.send(c).is_ok()
     }
+
+    /// Asks the engine what TTFT this request would get if it arrived now (see [`WhatIf`]);
+    /// `None` if the engine has stopped.
+    pub async fn what_if(
+        &self,
+        tokens: Vec<u32>,
+        salt: Option<String>,
+        lora: Option<String>,
+        max_tokens: usize,
+    ) -> Option<WhatIfAnswer> {
+        let (reply, rx) = oneshot::channel();
+        let q = WhatIf { tokens, salt, lora, max_tokens, asked: Instant::now(), reply };
+        if !self.command(Command::WhatIf(q)) {
+            return None;
+        }
+        rx.await.ok()
+    }
 }
 
 struct Core {
@@ -256,6 +372,17 @@ struct Core {
     stats: Arc<Mutex<EngineStats>>,
     events: Option<mpsc::UnboundedSender<(f64, Vec<KvEvent>)>>,
     pending: Vec<KvEvent>,
+    /// The intended start of the next step: the end of the last one. Steps follow each other
+    /// on this model timeline (a wake-up a little early or late does not accumulate); a step
+    /// after an idle spell or a late wake-up starts when it is scheduled.
+    next_start: Instant,
+}
+
+/// One scheduler step as planned: each running sequence's chunk (tokens computed this step)
+/// and the step's modelled duration in engine time.
+struct Plan {
+    chunks: Vec<usize>,
+    ms: f64,
 }
 
 fn unix_now() -> f64 {
@@ -263,6 +390,23 @@ fn unix_now() -> f64 {
 }
 
 impl Core {
+    fn new(
+        cfg: EngineConfig,
+        stats: Arc<Mutex<EngineStats>>,
+        events: Option<mpsc::UnboundedSender<(f64, Vec<KvEvent>)>>,
+    ) -> Core {
+        Core {
+            cache: BlockCache::new(cfg.num_gpu_blocks),
+            cfg,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stats,
+            events,
+            pending: Vec::new(),
+            next_start: Instant::now(),
+        }
+    }
+
     async fn run(&mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
@@ -305,7 +449,98 @@ impl Core {
                 }
                 let _ = reply.send(ok);
             }
+            Command::WhatIf(q) => {
+                let now = Instant::now();
+                let waited = self.next_start.max(now).saturating_duration_since(q.asked);
+                let offset_ms = waited.as_secs_f64() * 1000.0 * self.cfg.timing.speedup;
+                let copy = self.detached_copy();
+                // The simulation runs off the engine task, so the engine keeps stepping.
+                tokio::task::spawn_blocking(move || {
+                    let (reply, answer) = copy.what_if(q, offset_ms);
+                    let _ = reply.send(answer);
+                });
+            }
         }
+    }
+
+    /// A copy of the scheduling state for a what-if: streams detached, no KV events, stats of
+    /// its own.
+    fn detached_copy(&self) -> Core {
+        Core {
+            cfg: self.cfg.clone(),
+            cache: self.cache.clone(),
+            waiting: self.waiting.iter().map(Seq::detached).collect(),
+            running: self.running.iter().map(Seq::detached).collect(),
+            stats: Arc::new(Mutex::new(EngineStats::default())),
+            events: None,
+            pending: Vec::new(),
+            next_start: self.next_start,
+        }
+    }
+
+    /// Runs the forward simulation of [`WhatIf`] on this copy; `offset_ms` is the engine time
+    /// from the question to the copy's first step.
+    fn what_if(
+        mut self,
+        q: WhatIf,
+        offset_ms: f64,
+    ) -> (oneshot::Sender<WhatIfAnswer>, WhatIfAnswer) {
+        let (running, waiting) = (self.running.len(), self.waiting.len());
+        let prompt_tokens = q.tokens.len();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let probe = tx.clone();
+        let seq = self.new_seq(Submit {
+            tokens: q.tokens,
+            salt: q.salt,
+            lora: q.lora,
+            max_tokens: q.max_tokens,
+            seed: 0,
+            events: tx,
+        });
+        self.waiting.push_back(seq);
+        let mut total = offset_ms;
+        let at = self.next_start;
+        for _ in 0..WHAT_IF_MAX_STEPS {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                break;
+            }
+            let plan = self.plan();
+            total += plan.ms;
+            self.apply(&plan.chunks, at);
+            let mut first = false;
+            let mut cached = None;
+            while let Ok(ev) = rx.try_recv() {
+                match ev {
+                    TokenEvent::Token { index: 0, .. } => first = true,
+                    TokenEvent::Token { .. } => {}
+                    TokenEvent::Done { cached_tokens, .. } => cached = Some(cached_tokens),
+                    TokenEvent::Rejected { needed_blocks } => {
+                        return (q.reply, WhatIfAnswer::Rejected { needed_blocks });
+                    }
+                }
+            }
+            if first {
+                let cached_tokens = cached
+                    .or_else(|| {
+                        self.running
+                            .iter()
+                            .find(
+                                |s| matches!(&s.events, Sink::Client(c) if c.same_channel(&probe)),
+                            )
+                            .and_then(|s| s.cached_tokens)
+                    })
+                    .unwrap_or(0);
+                let answer = WhatIfAnswer::Ttft {
+                    ttft_ms: total,
+                    cached_tokens,
+                    prompt_tokens,
+                    running,
+                    waiting,
+                };
+                return (q.reply, answer);
+            }
+        }
+        (q.reply, WhatIfAnswer::TooLong)
     }
 
     fn new_seq(&self, s: Submit) -> Seq {
@@ -323,7 +558,7 @@ impl Core {
             preemptions: 0,
             seed: s.seed,
             arrived: Instant::now(),
-            events: s.events,
+            events: Sink::Client(s.events),
         }
     }
 
@@ -369,8 +604,30 @@ impl Core {
         }
     }
 
+    /// One real step: plans it, sleeps for its modelled duration, applies it.
     async fn step(&mut self) {
-        let bs = self.cfg.block_size;
+        let plan = self.plan();
+        let start = self.next_start.max(Instant::now());
+        let deadline = start + self.cfg.timing.wall(plan.ms);
+        // Tokio's timer wakes on the millisecond tick after a deadline; aiming one tick early
+        // centres the wake-up on the intended time instead of always running late.
+        tokio::time::sleep_until(deadline.checked_sub(TIMER_TICK).unwrap_or(deadline)).await;
+        let now = Instant::now();
+        {
+            let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            st.step_lag.observe(now.saturating_duration_since(deadline).as_secs_f64());
+            st.steps += 1;
+        }
+        self.next_start = deadline;
+        self.apply(&plan.chunks, now);
+        self.publish_stats();
+    }
+
+    /// Schedules one step, shared by the engine loop and the what-if: gives each decoding
+    /// sequence one token and the rest of the token budget to prefill chunks (preempting the
+    /// most recently admitted sequences when the cache is full), then admits waiting requests.
+    /// Allocates the step's blocks; returns the chunks and the step's modelled duration.
+    fn plan(&mut self) -> Plan {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut preempted = vec![false; self.running.len()];
         let mut chunks = vec![0usize; self.running.len()];
@@ -413,23 +670,33 @@ impl Core {
         if !had_preemption {
             self.admit(&mut budget, &mut chunks);
         }
-        let decoding =
-            self.running.iter().zip(&chunks).filter(|(s, c)| **c > 0 && s.decoding()).count();
-        let prefill: usize =
-            self.running.iter().zip(&chunks).filter(|(s, _)| !s.decoding()).map(|(_, c)| c).sum();
-        let context: usize =
-            self.running.iter().filter(|s| s.decoding()).map(|s| s.tokens.len()).sum();
-        let start = Instant::now();
-        let deadline = start + self.cfg.timing.step(prefill, decoding, context);
-        // Tokio's timer wakes on the millisecond tick after a deadline; aiming one tick early
-        // centres the wake-up on the intended time instead of always running late.
-        tokio::time::sleep_until(deadline.checked_sub(TIMER_TICK).unwrap_or(deadline)).await;
-        let now = Instant::now();
+        let mut prefill = Vec::new();
+        let mut decoding = 0;
+        let mut context = 0;
+        for (s, &n) in self.running.iter().zip(&chunks) {
+            if n == 0 {
+                continue;
+            }
+            if s.decoding() {
+                decoding += 1;
+                context += s.tokens.len();
+            } else {
+                prefill.push(Chunk { cached: s.computed, new: n });
+            }
+        }
+        let ms = self.cfg.timing.step_ms(&prefill, decoding, context);
+        Plan { chunks, ms }
+    }
+
+    /// Applies a planned step's effects at `now` (shared by the engine loop and the what-if):
+    /// computes the chunks, caches every block that became full, emits a token from each
+    /// sequence whose work is done, and finishes sequences at `max_tokens` (or whose client is
+    /// gone), releasing their blocks.
+    fn apply(&mut self, chunks: &[usize], now: Instant) {
+        let bs = self.cfg.block_size;
         let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        st.step_lag.observe(now.saturating_duration_since(deadline).as_secs_f64());
-        st.steps += 1;
         let vocab = Arc::clone(&self.cfg.output_vocab);
-        for (s, chunk) in self.running.iter_mut().zip(&chunks) {
+        for (s, chunk) in self.running.iter_mut().zip(chunks) {
             if *chunk == 0 {
                 continue;
             }
@@ -467,7 +734,7 @@ impl Core {
                 let pick = kvroute_core::textgen::draw(s.seed, s.generated as u64);
                 let id = vocab.get(pick as usize % vocab.len().max(1)).copied().unwrap_or(0);
                 s.tokens.push(id);
-                let _ = s.events.send(TokenEvent::Token { index: s.generated, id });
+                s.events.send(TokenEvent::Token { index: s.generated, id });
                 s.generated += 1;
                 st.generation_tokens_total += 1;
             }
@@ -479,7 +746,7 @@ impl Core {
                 let mut s = self.running.remove(i);
                 release(&mut self.cache, &mut s);
                 if !closed {
-                    let _ = s.events.send(TokenEvent::Done {
+                    s.events.send(TokenEvent::Done {
                         prompt_tokens: s.prompt_len,
                         completion_tokens: s.generated,
                         cached_tokens: s.cached_tokens.unwrap_or(0),
@@ -490,10 +757,15 @@ impl Core {
                 i += 1;
             }
         }
+    }
+
+    /// Publishes the gauges `/metrics` shows.
+    fn publish_stats(&self) {
+        let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         st.running = self.running.len();
         st.waiting = self.waiting.len();
         st.kv_usage = self.cache.used() as f64 / self.cache.capacity().max(1) as f64;
-        st.cached_blocks = self.cache.cached_set().len();
+        st.cached_blocks = self.cache.cached_blocks();
         st.prefix_queries_tokens = self.cache.queries_tokens;
         st.prefix_hits_tokens = self.cache.hits_tokens;
     }
@@ -522,7 +794,7 @@ impl Core {
             let total_blocks = (s.prompt_len + s.max_tokens).div_ceil(bs);
             if total_blocks > self.cache.capacity() {
                 if let Some(s) = self.waiting.remove(i) {
-                    let _ = s.events.send(TokenEvent::Rejected { needed_blocks: total_blocks });
+                    s.events.send(TokenEvent::Rejected { needed_blocks: total_blocks });
                 }
                 continue;
             }
@@ -573,7 +845,6 @@ fn release(cache: &mut BlockCache, s: &mut Seq) {
 
 /// A stand-in while a sequence is moved out of the running list.
 fn placeholder() -> Seq {
-    let (events, _) = mpsc::unbounded_channel();
     Seq {
         prompt_len: 0,
         tokens: Vec::new(),
@@ -588,7 +859,7 @@ fn placeholder() -> Seq {
         preemptions: 0,
         seed: 0,
         arrived: Instant::now(),
-        events,
+        events: Sink::Detached { closed: true },
     }
 }
 

@@ -25,16 +25,7 @@ fn config(blocks: usize, batched: usize) -> EngineConfig {
 
 fn core(cfg: EngineConfig) -> (Core, mpsc::UnboundedReceiver<(f64, Vec<KvEvent>)>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let core = Core {
-        cache: BlockCache::new(cfg.num_gpu_blocks),
-        cfg,
-        waiting: VecDeque::new(),
-        running: Vec::new(),
-        stats: Arc::new(Mutex::new(EngineStats::default())),
-        events: Some(tx),
-        pending: Vec::new(),
-    };
-    (core, rx)
+    (Core::new(cfg, Arc::new(Mutex::new(EngineStats::default())), Some(tx)), rx)
 }
 
 fn tokens(seed: u32, n: usize) -> Vec<u32> {
@@ -332,4 +323,216 @@ async fn no_more_adapters_run_at_once_than_max_loras() {
     ];
     let ttft = run(&mut c, &mut rx).await;
     assert_eq!(ttft[0], ttft[1], "two adapters within max_loras=2 were not batched together");
+}
+
+/// A timing with every term switched on, for the quadratic and what-if tests.
+fn full_timing() -> Timing {
+    Timing {
+        step_floor_ms: 5.0,
+        prefill_ms_per_token: 0.05,
+        prefill_ms_per_token_sq: 1e-6,
+        decode_ms_per_seq: 0.02,
+        kv_ms_per_1k_tokens: 0.01,
+        speedup: 1.0,
+    }
+}
+
+/// The prefill part of a step's time: what it costs beyond the floor.
+fn prefill_cost(t: &Timing, chunks: &[Chunk]) -> f64 {
+    t.step_ms(chunks, 0, 0) - t.step_floor_ms
+}
+
+#[test]
+fn a_prompt_costs_the_same_however_it_is_chunked() {
+    let t = full_timing();
+    let n = 12_000;
+    let whole = prefill_cost(&t, &[Chunk { cached: 0, new: n }]);
+    let sq = t.prefill_ms_per_token_sq * (n * n) as f64;
+    assert!((whole - (t.prefill_ms_per_token * n as f64 + sq)).abs() < 1e-9);
+    for size in [1, 7, 512, 2048, 5000, 8192] {
+        let mut done = 0;
+        let mut sum = 0.0;
+        while done < n {
+            let new = size.min(n - done);
+            sum += prefill_cost(&t, &[Chunk { cached: done, new }]);
+            done += new;
+        }
+        assert!((sum - whole).abs() < 1e-6 * whole, "chunks of {size}: {sum} vs {whole}");
+    }
+}
+
+#[test]
+fn new_tokens_pay_attention_over_a_cached_prefix() {
+    let t = full_timing();
+    let alone = prefill_cost(&t, &[Chunk { cached: 0, new: 4096 }]);
+    let on_prefix = prefill_cost(&t, &[Chunk { cached: 12_288, new: 4096 }]);
+    assert!(on_prefix > alone, "{on_prefix} <= {alone}");
+    // Exactly the attention of 4k new tokens over 12k cached ones more.
+    let extra =
+        t.prefill_ms_per_token_sq * (16_384f64.powi(2) - 12_288f64.powi(2) - 4096f64.powi(2));
+    assert!((on_prefix - alone - extra).abs() < 1e-9);
+}
+
+#[test]
+fn two_sequences_in_a_step_cost_the_sum_of_their_own_terms() {
+    let t = full_timing();
+    let a = Chunk { cached: 0, new: 3000 };
+    let b = Chunk { cached: 1000, new: 2000 };
+    let both = prefill_cost(&t, &[a, b]);
+    let sum = prefill_cost(&t, &[a]) + prefill_cost(&t, &[b]);
+    assert!((both - sum).abs() < 1e-9, "{both} vs {sum}");
+    let square_of_sum = prefill_cost(&t, &[Chunk { cached: 0, new: 5000 }]);
+    assert!(both < square_of_sum);
+}
+
+fn engine(cfg: EngineConfig) -> Engine {
+    Engine::start(cfg, None).0
+}
+
+fn ttft_ms(a: &WhatIfAnswer) -> f64 {
+    match a {
+        WhatIfAnswer::Ttft { ttft_ms, .. } => *ttft_ms,
+        other => panic!("no TTFT: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_engine_answers_the_modelled_prefill() {
+    let cfg = EngineConfig { timing: full_timing(), ..config(4096, 8192) };
+    let t = cfg.timing;
+    let e = engine(cfg);
+    let a = e.what_if(tokens(1, 1000), None, None, 5).await.unwrap();
+    let want = t.step_ms(&[Chunk { cached: 0, new: 1000 }], 0, 0);
+    assert_eq!(
+        a,
+        WhatIfAnswer::Ttft {
+            ttft_ms: want,
+            cached_tokens: 0,
+            prompt_tokens: 1000,
+            running: 0,
+            waiting: 0
+        }
+    );
+    // Nothing ran: no stats moved.
+    let st = e.stats.lock().unwrap().clone();
+    assert_eq!((st.steps, st.prefix_queries_tokens, st.prompt_tokens_total), (0, 0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cached_prefix_lowers_the_answer() {
+    let cfg = EngineConfig { timing: full_timing(), ..config(4096, 8192) };
+    let e = engine(cfg);
+    let prompt = tokens(2, 3000);
+    let before = e.what_if(prompt.clone(), None, None, 1).await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    e.submit(Submit {
+        tokens: prompt.clone(),
+        salt: None,
+        lora: None,
+        max_tokens: 1,
+        seed: 1,
+        events: tx,
+    });
+    while rx.recv().await.is_some() {}
+    // Past the end of the last step, so no part of a step is left to wait for.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let after = e.what_if(prompt.clone(), None, None, 1).await.unwrap();
+    assert!(ttft_ms(&after) < ttft_ms(&before), "{after:?} vs {before:?}");
+    assert!(matches!(after, WhatIfAnswer::Ttft { cached_tokens: 2992, .. }), "{after:?}");
+    // Another tenant's salt reuses nothing.
+    let salted = e.what_if(prompt, Some("t".into()), None, 1).await.unwrap();
+    assert_eq!(ttft_ms(&salted), ttft_ms(&before));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_too_big_for_the_cache_is_rejected_by_the_what_if_too() {
+    let e = engine(config(10, 512));
+    let a = e.what_if(tokens(1, 400), None, None, 1).await.unwrap();
+    assert_eq!(a, WhatIfAnswer::Rejected { needed_blocks: 26 });
+}
+
+/// Differential test: from seeded random engine states (running and waiting requests of random
+/// lengths, shared prefixes, adapters, a cache small enough to evict and preempt), the what-if
+/// answer equals the TTFT the real engine then gives the same request submitted at the same
+/// instant, within one timer tick, and the cached tokens are the ones it reports.
+#[tokio::test(start_paused = true)]
+async fn the_what_if_predicts_the_real_ttft() {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    let (mut preempting, mut queued) = (0, 0);
+    for seed in 0..40u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let cfg = EngineConfig {
+            timing: full_timing(),
+            max_num_seqs: rng.random_range(2..16),
+            max_loras: rng.random_range(1..3),
+            ..config(rng.random_range(50..250), rng.random_range(64..2048))
+        };
+        let e = engine(cfg);
+        let prompt = |rng: &mut StdRng| {
+            let mut t = tokens(rng.random_range(0..3), rng.random_range(0..300));
+            t.extend(tokens(10 + rng.random_range(0..40_000), rng.random_range(1..400)));
+            t
+        };
+        let lora = |rng: &mut StdRng| match rng.random_range(0..4) {
+            0 => Some("a".to_owned()),
+            1 => Some("b".to_owned()),
+            _ => None,
+        };
+        let mut streams = Vec::new();
+        for _ in 0..rng.random_range(0..12) {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let s = Submit {
+                tokens: prompt(&mut rng),
+                salt: None,
+                lora: lora(&mut rng),
+                max_tokens: rng.random_range(1..200),
+                seed: rng.random(),
+                events: tx,
+            };
+            e.submit(s);
+            streams.push(rx);
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..200))).await;
+        let (toks, l, max_tokens) = (prompt(&mut rng), lora(&mut rng), rng.random_range(1..30));
+        let t0 = Instant::now();
+        let (reply, answer) = oneshot::channel();
+        let q = WhatIf {
+            tokens: toks.clone(),
+            salt: None,
+            lora: l.clone(),
+            max_tokens,
+            asked: t0,
+            reply,
+        };
+        assert!(e.command(Command::WhatIf(q)));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        e.submit(Submit { tokens: toks, salt: None, lora: l, max_tokens, seed: 7, events: tx });
+        let mut real = None;
+        let mut cached = None;
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                TokenEvent::Token { index: 0, .. } => real = Some(t0.elapsed()),
+                TokenEvent::Done { cached_tokens, .. } => cached = Some(cached_tokens),
+                _ => {}
+            }
+        }
+        let answer = answer.await.unwrap();
+        let real = real.expect("no first token").as_secs_f64() * 1000.0;
+        let WhatIfAnswer::Ttft { ttft_ms, cached_tokens, running, waiting, .. } = answer else {
+            panic!("seed {seed}: {answer:?}");
+        };
+        let tick = TIMER_TICK.as_secs_f64() * 1000.0;
+        assert!(
+            (ttft_ms - real).abs() <= tick + 1e-6,
+            "seed {seed}: what-if {ttft_ms} ms, real {real} ms ({running} running, {waiting} waiting)"
+        );
+        assert_eq!(Some(cached_tokens), cached, "seed {seed}");
+        if e.stats.lock().unwrap().preemptions_total > 0 {
+            preempting += 1;
+        }
+        queued += usize::from(waiting > 0);
+        drop(streams);
+    }
+    assert!(preempting > 0 && queued > 0, "{preempting} preempting, {queued} queued");
 }
