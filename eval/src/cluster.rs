@@ -14,7 +14,7 @@ use crate::topology::Topology;
 use kvroute_integration::envoy::Envoy;
 use kvroute_integration::paths;
 use kvroute_integration::sim::SimWorker;
-use kvroute_integration::stack::{write_config, write_config_text, BundleFrom, Ports, Updater};
+use kvroute_integration::stack::{write_config_text, BundleFrom, Ports, Updater};
 
 /// What makes the routing decision. Every policy goes through the same Envoy listener, and
 /// every kvroute variant gets the same updater (cluster-wide load scraped from the workers'
@@ -178,7 +178,23 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub async fn start(topo: &Topology, policy: Policy) -> anyhow::Result<Cluster> {
+    /// Brings up the workers (or takes the external ones), the updater for kvroute policies
+    /// (following Envoy 0's health checks through its admin, so a lost worker leaves the
+    /// pool), and the Envoy instances. `faults` are the ones the run will apply (knowledge
+    /// delays size the filter's poll timeout).
+    pub async fn start(
+        topo: &Topology,
+        policy: Policy,
+        faults: &[TimedFault],
+    ) -> anyhow::Result<Cluster> {
+        let max_fault_delay_ms = faults
+            .iter()
+            .filter_map(|f| match f.fault {
+                Fault::KnowledgeDelay { delay_ms, .. } => Some(delay_ms),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         topo.validate()?;
         let dir = paths::scratch_dir(&format!("bench-{}", policy.name()))?;
         let mut workers = Vec::new();
@@ -213,12 +229,15 @@ impl Cluster {
         }
         let addrs: Vec<String> = workers.iter().map(|w| w.addr().to_owned()).collect();
         let updater_port = paths::free_port()?;
+        // Envoy 0's admin port, known before Envoy starts so the updater can follow it.
+        let admin0 = paths::free_port()?;
         let base_delay = Duration::from_millis(topo.knowledge.delay_ms);
         let (updater, relay) = if policy.filter() {
             let model = topo.workers.model.pool(0, BundleFrom::Updater).updater_model();
             // Without events the updater still scrapes every worker's load.
             let endpoints = if policy.events() { endpoints } else { addrs.clone() };
-            let u = Updater::start_with(updater_port, None, &endpoints, &[model], &dir).await?;
+            let u =
+                Updater::start_with(updater_port, Some(admin0), &endpoints, &[model], &dir).await?;
             let r = DelayRelay::start(updater_port, base_delay).await?;
             (Some(u), Some(r))
         } else {
@@ -227,7 +246,7 @@ impl Cluster {
         let mut envoys = Vec::new();
         for i in 0..topo.envoy.instances {
             let ports = Ports {
-                admin: paths::free_port()?,
+                admin: if i == 0 { admin0 } else { paths::free_port()? },
                 listen: paths::free_port()?,
                 // Without the updater the singleton finds nothing there and the filter routes on
                 // its own history.
@@ -235,7 +254,7 @@ impl Cluster {
             };
             let sub = dir.join(format!("envoy-{i}"));
             std::fs::create_dir_all(&sub)?;
-            let config = Self::config(topo, policy, &sub, ports, &addrs)?;
+            let config = Self::config(topo, policy, &sub, ports, &addrs, max_fault_delay_ms)?;
             let envoy =
                 Envoy::start(&config, ports.admin, ports.listen, &sub, topo.envoy.concurrency)
                     .await
@@ -276,12 +295,11 @@ impl Cluster {
         dir: &std::path::Path,
         ports: Ports,
         addrs: &[String],
+        max_fault_delay_ms: u64,
     ) -> anyhow::Result<PathBuf> {
         if policy.filter() {
-            let mut profile = json!({});
-            if let Some(p) = topo.workers.prefill_ms_per_token {
-                profile = json!({"prefill_ms_per_token": p, "prefill_base_ms": 5.0});
-            }
+            // The filter's own prior, never the simulator's profile.
+            let profile = serde_json::to_value(topo.filter.profile())?;
             let pool = topo.workers.model.pool(addrs.len(), Self::bundle_from(topo));
             let mut model = pool.filter_model(addrs)?;
             model["profile"] = profile;
@@ -293,7 +311,17 @@ impl Cluster {
                     "cache_aware": policy != Policy::KvrouteLoadOnly,
                 },
             });
-            return write_config("kvroute.yaml", dir, ports, addrs, &filter);
+            // A knowledge-delay fault must delay, not cut off: the poll's timeout outlasts the
+            // longest delay the topology or a fault can add.
+            let path = paths::repo_root().join("envoy").join("kvroute.yaml");
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let poll = "\"interval_ms\": 100}";
+            anyhow::ensure!(text.contains(poll), "kvroute.yaml's snapshot_sync line changed");
+            let timeout = topo.knowledge.delay_ms.max(max_fault_delay_ms) + 2000;
+            let text =
+                text.replace(poll, &format!("\"interval_ms\": 100, \"timeout_ms\": {timeout}}}"));
+            return write_config_text("kvroute.yaml", &text, dir, ports, addrs, &filter);
         }
         if policy == Policy::Oracle {
             let path = paths::repo_root().join("envoy").join("bench-oracle.yaml");

@@ -79,7 +79,7 @@ pub async fn run_policy(
     opts: &RunOptions,
 ) -> anyhow::Result<RunResult> {
     let clock = Clock { speedup: topo.workers.speedup, rate_scale: opts.rate_scale };
-    let cluster = Cluster::start(topo, policy).await?;
+    let cluster = Cluster::start(topo, policy, faults).await?;
     let urls = cluster.urls();
     let workers = cluster.addrs();
     let cluster = Arc::new(Mutex::new(cluster));

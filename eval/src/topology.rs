@@ -11,6 +11,56 @@ pub struct Topology {
     pub workers: Workers,
     pub envoy: EnvoySpec,
     pub knowledge: Knowledge,
+    pub filter: FilterPrior,
+}
+
+/// What the filter is told about the workers' speed. Never the simulator's profile: the filter
+/// starts from its own defaults (public figures for an 8B-class model on one H100), optionally
+/// scaled to make the prior deliberately wrong.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilterPrior {
+    /// Multiplies the default profile's prefill coefficients (base, per token, per token²)
+    /// and decode interference: 1 is the default, 3 a prior three times too slow.
+    pub prior_scale: f64,
+}
+
+impl Default for FilterPrior {
+    fn default() -> Self {
+        FilterPrior { prior_scale: 1.0 }
+    }
+}
+
+impl FilterPrior {
+    /// The cost profile the filter's configuration carries.
+    pub fn profile(&self) -> kvroute_core::cost::Profile {
+        let d = kvroute_core::cost::Profile::default();
+        let k = self.prior_scale;
+        kvroute_core::cost::Profile {
+            prefill_base_ms: d.prefill_base_ms * k,
+            prefill_ms_per_token: d.prefill_ms_per_token * k,
+            prefill_ms_per_token_sq: d.prefill_ms_per_token_sq * k,
+            decode_interference_ms: d.decode_interference_ms * k,
+            ..d
+        }
+    }
+
+    /// The filter's coefficients, for the report's scope header.
+    pub fn describe(&self) -> String {
+        let p = self.profile();
+        format!(
+            "filter prior{}: prefill {} ms + {} ms/token + {:e} ms/token², decode interference {} ms",
+            if self.prior_scale == 1.0 {
+                " (its defaults)".to_string()
+            } else {
+                format!(" (its defaults x{})", self.prior_scale)
+            },
+            p.prefill_base_ms,
+            p.prefill_ms_per_token,
+            p.prefill_ms_per_token_sq,
+            p.decode_interference_ms
+        )
+    }
 }
 
 /// Where the workers come from.
@@ -21,7 +71,8 @@ pub struct Workers {
     pub count: usize,
     /// Sim timing profile: a built-in name or a .toml path.
     pub profile: String,
-    /// Prefill cost override (ms per token); raises the stakes of reuse on small machines.
+    /// Prefill cost override (ms per token) for the labelled "stress" point only: default
+    /// presets run the sourced profile as it is.
     pub prefill_ms_per_token: Option<f64>,
     /// Sim time compression (every duration divided by this).
     pub speedup: f64,
@@ -38,7 +89,7 @@ impl Default for Workers {
         Workers {
             count: 4,
             profile: "llama3-8b-h100".into(),
-            prefill_ms_per_token: Some(0.2),
+            prefill_ms_per_token: None,
             speedup: 1.0,
             sim_args: Vec::new(),
             external: Vec::new(),
@@ -115,6 +166,11 @@ impl Topology {
         if let Some(p) = self.workers.prefill_ms_per_token {
             anyhow::ensure!(p.is_finite() && p > 0.0, "workers.prefill_ms_per_token must be > 0");
         }
+        anyhow::ensure!(
+            self.filter.prior_scale.is_finite()
+                && (0.01..=100.0).contains(&self.filter.prior_scale),
+            "filter.prior_scale: between 0.01 and 100"
+        );
         for e in &self.workers.external {
             e.addr
                 .parse::<std::net::SocketAddr>()
@@ -122,6 +178,30 @@ impl Topology {
         }
         anyhow::ensure!(self.knowledge.delay_ms <= 60_000, "knowledge.delay_ms: at most 60000");
         Ok(())
+    }
+
+    /// The simulated workers' timing coefficients, for the report's scope header.
+    pub fn sim_profile(&self) -> String {
+        if !self.workers.external.is_empty() {
+            return "external workers (their own speed)".into();
+        }
+        match kvroute_sim::profile::Profile::load(&self.workers.profile) {
+            Ok(p) => format!(
+                "simulator {}: step floor {} ms, prefill {} ms/token{} + {:e} ms/token², decode {} ms/sequence{}",
+                p.name,
+                p.step_floor_ms,
+                self.workers.prefill_ms_per_token.unwrap_or(p.prefill_ms_per_token),
+                if self.workers.prefill_ms_per_token.is_some() { " (STRESS override)" } else { "" },
+                p.prefill_ms_per_token_sq,
+                p.decode_ms_per_seq,
+                if self.workers.speedup != 1.0 {
+                    format!(", run {}x faster than real time (figures in engine time)", self.workers.speedup)
+                } else {
+                    String::new()
+                }
+            ),
+            Err(e) => format!("simulator profile {}: {e}", self.workers.profile),
+        }
     }
 
     pub fn worker_count(&self) -> usize {
