@@ -4,6 +4,12 @@
 //! `{"lora_name", "lora_path"}` and `POST /v1/unload_lora_adapter` `{"lora_name"}` answer as
 //! vLLM does (plain-text success, `{"error": {...}}` with vLLM's types and codes otherwise); a
 //! request whose `model` names a loaded adapter is served in that adapter's cache domain.
+//!
+//! Two more routes: `POST /reset_prefix_cache` (vLLM's dev-mode endpoint: drops the prefix
+//! cache; 200 with an empty body whether or not the engine could reset, as vLLM, which does
+//! not check; the engine refuses while requests hold blocks) and `POST /sim/what_if`
+//! (`{"endpoint", "request"}`: the TTFT the request would get if it arrived now, from a forward
+//! simulation on a copy of the engine's state; see [`crate::engine::WhatIf`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -20,7 +26,7 @@ use kvroute_core::request::{self, Endpoint, ParsedRequest, Prompt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::engine::{Engine, Submit, TokenEvent};
+use crate::engine::{Command, Engine, Submit, TokenEvent, WhatIfAnswer};
 use crate::metrics;
 
 /// Response header naming the worker that served a request (`ip:port`).
@@ -70,6 +76,8 @@ pub fn router(w: Arc<Worker>) -> Router {
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .route("/tokenize", post(tokenize))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/sim/what_if", post(what_if))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics_text))
         // Long prompts: accept bodies as large as any proxy in front would forward.
@@ -122,20 +130,26 @@ fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
-    let req = match request::parse(endpoint, body) {
-        Ok(r) => r,
-        Err(e) => return error(e.into()),
-    };
-    let Some(lora) = resolve(&w, &req.model) else {
-        return model_not_found(&req.model);
+/// A request as the engine receives it, after the endpoint's checks.
+struct Prepared {
+    req: ParsedRequest,
+    tokens: Vec<u32>,
+    lora: Option<String>,
+    max_tokens: usize,
+}
+
+/// Parses, resolves the model and renders and tokenizes a request exactly as `endpoint` does;
+/// the error response is the endpoint's own.
+fn prepare(w: &Worker, endpoint: Endpoint, body: &[u8]) -> Result<Prepared, Box<Response>> {
+    let req = request::parse(endpoint, body).map_err(|e| Box::new(error(e.into())))?;
+    let Some(lora) = resolve(w, &req.model) else {
+        return Err(Box::new(model_not_found(&req.model)));
     };
     // Media parts and batch prompts are simulated by their text alone (joined for a batch):
     // the prefill work is of the right order, the media encoder is not modelled.
-    let tokens = match w.bundle.prompt_tokens(&req.prompt) {
-        Ok(t) => t,
-        Err(e) => return error(ApiError::bad_request("invalid_value", None, e.to_string())),
-    };
+    let tokens = w.bundle.prompt_tokens(&req.prompt).map_err(|e| {
+        Box::new(error(ApiError::bad_request("invalid_value", None, e.to_string())))
+    })?;
     let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) as usize;
     if tokens.len() + max_tokens > w.max_model_len {
         let msg = format!(
@@ -144,8 +158,36 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
             w.max_model_len,
             tokens.len()
         );
-        return error(ApiError::bad_request("context_length_exceeded", Some("messages"), msg));
+        let e = ApiError::bad_request("context_length_exceeded", Some("messages"), msg);
+        return Err(Box::new(error(e)));
     }
+    Ok(Prepared { req, tokens, lora, max_tokens })
+}
+
+fn engine_stopped() -> Response {
+    error(ApiError {
+        status: 503,
+        kind: "server_error",
+        code: "engine_stopped",
+        param: None,
+        message: "engine stopped".into(),
+    })
+}
+
+/// The engine's refusal of a request that can never fit in the KV cache.
+fn too_big(needed_blocks: usize) -> Response {
+    error(ApiError::bad_request(
+        "context_length_exceeded",
+        None,
+        format!("request needs {needed_blocks} KV blocks, more than the cache holds"),
+    ))
+}
+
+async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
+    let Prepared { req, tokens, lora, max_tokens } = match prepare(&w, endpoint, body) {
+        Ok(p) => p,
+        Err(resp) => return *resp,
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let seed = xxhash_rust::xxh3::xxh3_64(body);
     if !w.engine.submit(Submit {
@@ -156,13 +198,7 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
         seed,
         events: tx,
     }) {
-        return error(ApiError {
-            status: 503,
-            kind: "server_error",
-            code: "engine_stopped",
-            param: None,
-            message: "engine stopped".into(),
-        });
+        return engine_stopped();
     }
     let id =
         format!("{}-{seed:016x}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" });
@@ -295,22 +331,82 @@ async fn full_response(
                     "choices": [choice], "usage": Output::usage(prompt_tokens, completion_tokens, cached_tokens)});
                 return axum::Json(body).into_response();
             }
-            TokenEvent::Rejected { needed_blocks } => {
-                return error(ApiError::bad_request(
-                    "context_length_exceeded",
-                    None,
-                    format!("request needs {needed_blocks} KV blocks, more than the cache holds"),
-                ));
-            }
+            TokenEvent::Rejected { needed_blocks } => return too_big(needed_blocks),
         }
     }
-    error(ApiError {
-        status: 503,
-        kind: "server_error",
-        code: "engine_stopped",
-        param: None,
-        message: "engine stopped".into(),
-    })
+    engine_stopped()
+}
+
+/// `POST /reset_prefix_cache`, vLLM's dev-mode endpoint: asks the engine to drop its prefix
+/// cache (`AllBlocksCleared`). Like vLLM, it answers 200 with an empty body either way: vLLM's
+/// server does not check the result, and its engine refuses (logging "Failed to reset prefix
+/// cache because some blocks are not freed yet") while requests hold blocks, as this one does.
+/// 503 only when the engine has stopped.
+async fn reset_prefix_cache(State(w): State<Arc<Worker>>) -> Response {
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    if !w.engine.command(Command::Reset { reply }) {
+        return engine_stopped();
+    }
+    match rx.await {
+        Ok(_) => StatusCode::OK.into_response(),
+        Err(_) => engine_stopped(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct WhatIfBody {
+    endpoint: String,
+    request: Value,
+}
+
+/// `POST /sim/what_if` `{"endpoint": "/v1/chat/completions" | "/v1/completions", "request":
+/// <the body a client would send there>}`: renders and tokenizes the request as that endpoint
+/// does, without running it, and answers `{"ttft_ms", "cached_tokens", "prompt_tokens",
+/// "running", "waiting"}` (`ttft_ms` in engine time, not divided by `--speedup`). A request the
+/// endpoint would refuse gets the endpoint's error; a stopped engine, or no first token within
+/// [`crate::engine::WHAT_IF_MAX_STEPS`] simulated steps, 503.
+async fn what_if(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
+    let q: WhatIfBody = match serde_json::from_slice(&body) {
+        Ok(q) => q,
+        Err(e) => {
+            let msg = format!("expected {{\"endpoint\": ..., \"request\": {{...}}}}: {e}");
+            return error(ApiError::bad_request("invalid_json", None, msg));
+        }
+    };
+    let endpoint = match q.endpoint.as_str() {
+        "/v1/chat/completions" => Endpoint::Chat,
+        "/v1/completions" => Endpoint::Completions,
+        other => {
+            let msg =
+                format!("endpoint must be /v1/chat/completions or /v1/completions, not {other:?}");
+            return error(ApiError::bad_request("invalid_value", Some("endpoint"), msg));
+        }
+    };
+    let raw = q.request.to_string();
+    let p = match prepare(&w, endpoint, raw.as_bytes()) {
+        Ok(p) => p,
+        Err(resp) => return *resp,
+    };
+    let answer = w.engine.what_if(p.tokens, p.req.cache_salt.clone(), p.lora, p.max_tokens).await;
+    match answer {
+        Some(WhatIfAnswer::Ttft { ttft_ms, cached_tokens, prompt_tokens, running, waiting }) => {
+            axum::Json(json!({"ttft_ms": ttft_ms, "cached_tokens": cached_tokens,
+                "prompt_tokens": prompt_tokens, "running": running, "waiting": waiting}))
+            .into_response()
+        }
+        Some(WhatIfAnswer::Rejected { needed_blocks }) => too_big(needed_blocks),
+        Some(WhatIfAnswer::TooLong) => error(ApiError {
+            status: 503,
+            kind: "server_error",
+            code: "what_if_too_long",
+            param: None,
+            message: format!(
+                "no first token within {} simulated steps",
+                crate::engine::WHAT_IF_MAX_STEPS
+            ),
+        }),
+        None => engine_stopped(),
+    }
 }
 
 /// vLLM's model list: the base model (`parent: null`, `root` = its path), then each loaded
