@@ -13,6 +13,7 @@ pub mod model;
 pub mod mooncake;
 pub mod preset;
 pub mod record;
+pub mod reference;
 pub mod repeat;
 pub mod report;
 pub mod runner;
