@@ -4,7 +4,7 @@
 
 use kvroute_eval::cluster::Policy;
 use kvroute_eval::preset;
-use kvroute_eval::report::{self, Scope};
+use kvroute_eval::report::{self, Scope, Setup};
 use kvroute_eval::runner::{run_policy, RunOptions};
 use kvroute_eval::schedule;
 
@@ -41,8 +41,10 @@ async fn a_pinned_policy_shows_as_imbalance_and_starved_cohorts() {
         machine: "test".into(),
         faults: vec![],
         block_size: 16,
+        filter_profile: String::new(),
+        sim_profile: String::new(),
     };
-    let rep = report::summarize(&scope, None, sc.workload.slo, &runs);
+    let rep = report::summarize(&Setup::new(scope, None, sc.workload.slo), &runs);
     let n = plan.topology.worker_count() as f64;
     let pinned = rep.policy("pinned").unwrap();
     let lr = rep.policy("least-request").unwrap();

@@ -3,6 +3,10 @@
 //!
 //! `kvroute-bench --preset demo` (about a minute), `--preset full` (every workload against
 //! every policy), `--plan my-plan.toml` (a plan file; `--print-plan` shows the format).
+//!
+//! Every (workload, offered load, policy) cell runs `repeats` times; repeat r runs the
+//! policies in the plan's order rotated by r, and offered-load rungs run inside each repeat.
+//! Every run is kept in the workload's `report.json`.
 
 use std::path::PathBuf;
 
@@ -11,9 +15,9 @@ use clap::Parser;
 use kvroute_eval::cluster::Policy;
 use kvroute_eval::model::BenchModel;
 use kvroute_eval::preset::{self, Plan};
-use kvroute_eval::report::{self, Report, Scope};
+use kvroute_eval::report::{self, Report, Scope, Setup};
 use kvroute_eval::runner::{run_policy, RunOptions};
-use kvroute_eval::{schedule, workloads};
+use kvroute_eval::{repeat, schedule, workloads};
 use kvroute_integration::paths;
 
 #[derive(Parser, Debug)]
@@ -39,10 +43,18 @@ struct Args {
     /// Only these workloads (comma-separated names).
     #[arg(long, value_delimiter = ',')]
     workloads: Option<Vec<String>>,
-    /// Only these policies (comma-separated): kvroute, kvroute-no-events, least-request,
-    /// round-robin, random, pinned.
+    /// Only these policies (comma-separated): kvroute, kvroute-history, kvroute-load-only,
+    /// least-request, round-robin, random, oracle, pinned.
     #[arg(long, value_delimiter = ',')]
     policies: Option<Vec<String>>,
+    /// Runs of every (workload, load, policy) cell (default: the plan's, 3 in the presets);
+    /// least-request's runs against each other give the noise floor.
+    #[arg(long)]
+    repeats: Option<usize>,
+    /// The offered-load ladder, as multiples of each workload's own rate (comma-separated,
+    /// e.g. 0.5,1,2,4; default: the plan's).
+    #[arg(long, value_delimiter = ',')]
+    rates: Option<Vec<f64>>,
     /// Results folder (default: results/<plan name>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -97,6 +109,17 @@ fn load_plan(args: &Args) -> anyhow::Result<Plan> {
         }
         None => None,
     };
+    if let Some(n) = args.repeats {
+        plan.repeats = n;
+    }
+    if let Some(r) = &args.rates {
+        plan.rate_scales = r.clone();
+        // The flag overrides every scenario's own ladder too.
+        plan.scenarios.iter_mut().for_each(|s| s.rate_scales = None);
+    }
+    if policies.is_some() {
+        plan.scenarios.iter_mut().for_each(|s| s.policies = None);
+    }
     plan.select(args.workloads.as_deref(), policies.as_deref())?;
     Ok(plan)
 }
@@ -116,17 +139,18 @@ async fn main() -> anyhow::Result<()> {
         args.out.clone().unwrap_or_else(|| paths::repo_root().join("results").join(&plan.name));
     std::fs::create_dir_all(&out)?;
     let out = out.canonicalize().unwrap_or(out);
-    let opts = RunOptions { progress: !args.quiet, ..Default::default() };
     let block_size = 16;
     let model = plan.topology.workers.model;
     let bundle = model.bundle()?;
     let mut reports: Vec<Report> = Vec::new();
     let mut failed = 0usize;
     println!(
-        "kvroute-bench: plan {}, {} workload(s) x {} policies; {}",
+        "kvroute-bench: plan {}, {} workload(s) x {} policies x {} repeat(s) x load {:?}; {}",
         plan.name,
         plan.scenarios.len(),
         plan.policies.len(),
+        plan.repeats,
+        plan.rate_scales,
         plan.topology.describe()
     );
     for sc in &plan.scenarios {
@@ -134,6 +158,13 @@ async fn main() -> anyhow::Result<()> {
         let sched = w.schedule_for(model)?;
         let hash = schedule::hash(&sched);
         let ceiling = workloads::reuse_ceiling_with(&bundle, &sched, block_size)?;
+        // Per request, for the per-cohort ceilings; kept only when it adds up to the workload's.
+        let reuse = report::ceiling::per_request(&bundle, &sched, block_size)
+            .ok()
+            .filter(|r| {
+                report::ceiling::of(r, 0..sched.len()).is_some_and(|c| (c - ceiling).abs() < 1e-9)
+            })
+            .unwrap_or_default();
         let span = sched.last().map_or(0.0, |s| s.at.as_secs_f64());
         println!(
             "\n== {} — {} requests over {:.1} s, schedule hash {hash:016x}, hit-rate ceiling {:.1} %",
@@ -149,19 +180,43 @@ async fn main() -> anyhow::Result<()> {
             continue;
         }
         let mut runs = Vec::new();
-        for &policy in &plan.policies {
-            let r = run_policy(&plan.topology, policy, &sched, w.slo, &sc.faults, &opts)
-                .await
-                .with_context(|| format!("{} on {}", policy.name(), w.name))?;
-            let ok = r.records.iter().filter(|r| r.ok()).count();
-            failed += r.records.len() - ok;
-            println!(
-                "   {:<18} {ok}/{} ok in {:.1} s",
-                policy.name(),
-                r.records.len(),
-                r.duration_s
-            );
-            runs.push(r);
+        for r in 0..plan.repeats {
+            for &rate in sc.rate_scales(&plan) {
+                for policy in repeat::rotated(sc.policies(&plan), r) {
+                    let opts = RunOptions {
+                        progress: !args.quiet,
+                        repeat: r,
+                        rate_scale: rate,
+                        whatif_sample: plan.whatif_sample,
+                        ..Default::default()
+                    };
+                    let run = run_policy(&plan.topology, policy, &sched, w.slo, &sc.faults, &opts)
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "{} on {} (repeat {}, load x{rate})",
+                                policy.name(),
+                                w.name,
+                                r + 1
+                            )
+                        })?;
+                    let ok = run.records.iter().filter(|x| x.ok()).count();
+                    failed += run.records.len() - ok;
+                    println!(
+                        "   repeat {} load x{rate:<5} {:<18} {ok}/{} ok in {:.1} s{}",
+                        r + 1,
+                        policy.name(),
+                        run.records.len(),
+                        run.duration_s,
+                        if run.health.valid() {
+                            String::new()
+                        } else {
+                            format!(" — INVALID: {}", run.health.invalid.join("; "))
+                        }
+                    );
+                    runs.push(run);
+                }
+            }
         }
         let scope = Scope {
             title: format!("{} — {}", plan.name, w.name),
@@ -179,15 +234,19 @@ async fn main() -> anyhow::Result<()> {
             schedule_hash: hash,
             requests: sched.len(),
             knowledge: format!(
-                "kvroute: KV events via kvroute-updater, pulled by Envoy every 100 ms as snapshot deltas, event credit allowed for {} ms (fading after half), extra delay {} ms; kvroute-no-events: routing history and response feedback only",
+                "kvroute: KV events via kvroute-updater, pulled by Envoy every 100 ms as snapshot deltas, event credit allowed for {} ms (fading after half), extra delay {} ms; kvroute-history: routing history and response feedback with the updater's load; kvroute-load-only: the cost model on load alone",
                 plan.topology.knowledge.max_event_age_ms, plan.topology.knowledge.delay_ms
             ),
             topology: plan.topology.describe(),
             machine: machine(),
             faults: sc.faults.iter().map(|f| f.describe()).collect(),
             block_size,
+            filter_profile: plan.topology.filter.describe(),
+            sim_profile: plan.topology.sim_profile(),
         };
-        let rep = report::summarize(&scope, Some(ceiling), w.slo, &runs);
+        let setup =
+            Setup { scope, ceiling: Some(ceiling), slo: w.slo, faults: sc.faults.clone(), reuse };
+        let rep = report::summarize(&setup, &runs);
         let dir = out.join(&w.name);
         report::write(&rep, &runs, &dir)?;
         println!("\n{}", report::summary_table(&rep));
@@ -197,7 +256,7 @@ async fn main() -> anyhow::Result<()> {
     if args.dry_run {
         return Ok(());
     }
-    let summary = overview(&plan.name, &plan.topology.describe(), &reports);
+    let summary = report::summary::overview(&plan.name, &reports);
     std::fs::write(out.join("summary.md"), &summary)?;
     println!("\n{summary}\n(written to {})", out.display());
     anyhow::ensure!(
@@ -205,38 +264,6 @@ async fn main() -> anyhow::Result<()> {
         "{failed} requests failed"
     );
     Ok(())
-}
-
-/// Ratios against least-request for every workload and cohort, in one table.
-fn overview(name: &str, topology: &str, reports: &[Report]) -> String {
-    let fmt = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("x{v:.2}"));
-    let mut md = format!(
-        "# kvroute-bench — plan {}\n\nTopology: {}. Machine: {}.\n\nRatios against least-request (TTFT and gap: lower is better; useful completions/s: higher is better).\n\n| workload | cohort | policy | TTFT p50 | TTFT p99 | gap p99 | useful/s | hit rate (workload ceiling) |\n|---|---|---|---|---|---|---|---|\n",
-        name,
-        topology,
-        reports.first().map_or_else(machine, |r| r.scope.machine.clone())
-    );
-    for rep in reports {
-        let workload = rep.scope.title.split(" — ").nth(1).unwrap_or(&rep.scope.title).to_owned();
-        for r in &rep.ratios {
-            let hit = rep
-                .policy(&r.policy)
-                .and_then(|p| p.cohort(&r.cohort))
-                .and_then(|c| c.hit_rate)
-                .map_or("n/a".into(), |h| format!("{:.1} %", 100.0 * h));
-            md.push_str(&format!(
-                "| {workload} | {} | {} | {} | {} | {} | {} | {hit} ({}) |\n",
-                r.cohort,
-                r.policy,
-                fmt(r.ttft_p50),
-                fmt(r.ttft_p99),
-                fmt(r.gap_p99),
-                fmt(r.useful_per_s),
-                rep.ceiling.map_or("n/a".into(), |c| format!("{:.1} %", 100.0 * c)),
-            ));
-        }
-    }
-    md
 }
 
 /// Re-summarizes every `<dir>/<workload>/report.json` and rewrites the reports and the summary.
@@ -247,22 +274,20 @@ fn rerender(dir: &std::path::Path) -> anyhow::Result<()> {
         .filter(|p| p.join("report.json").is_file())
         .collect();
     let mut reports = Vec::new();
-    let mut topology = String::new();
     // Keep the order the workloads ran in (the schedule hash does not tell it; titles do not
     // either), so sort by the file's modification time.
     subdirs
         .sort_by_key(|p| std::fs::metadata(p.join("report.json")).and_then(|m| m.modified()).ok());
     for sub in subdirs {
-        let (old, runs) = report::read_json(&sub.join("report.json"))?;
-        let rep = report::summarize(&old.scope, old.ceiling, old.slo, &runs);
+        let (setup, runs) = report::read_json(&sub.join("report.json"))?;
+        let rep = report::summarize(&setup, &runs);
         report::write(&rep, &runs, &sub)?;
         println!("{}\n{}", rep.scope.title, report::summary_table(&rep));
-        topology = rep.scope.topology.clone();
         reports.push(rep);
     }
     anyhow::ensure!(!reports.is_empty(), "no */report.json under {}", dir.display());
     let name = dir.file_name().map_or("results".into(), |n| n.to_string_lossy().into_owned());
-    let summary = overview(&name, &topology, &reports);
+    let summary = report::summary::overview(&name, &reports);
     std::fs::write(dir.join("summary.md"), &summary)?;
     println!("{summary}");
     Ok(())

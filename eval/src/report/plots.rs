@@ -317,6 +317,121 @@ pub(super) fn cohort_tails(report: &Report) -> anyhow::Result<String> {
     })
 }
 
+/// A line chart of `lines` (name, points) on `area`: linear axes from 0, points marked.
+fn lines_chart(
+    area: &Area<'_>,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    lines: &[(String, Vec<(f64, f64)>)],
+) -> anyhow::Result<()> {
+    let all = || lines.iter().flat_map(|(_, v)| v.iter().copied());
+    let empty = all().next().is_none();
+    let x_hi = all().map(|p| p.0).filter(|v| v.is_finite()).reduce(f64::max).unwrap_or(1.0);
+    let y_hi = all().map(|p| p.1).filter(|v| v.is_finite()).reduce(f64::max).unwrap_or(1.0);
+    let (_, x_hi) = span(0.0, x_hi * 1.1, (0.0, 1.0));
+    let (_, y_hi) = span(0.0, y_hi * 1.15, (0.0, 1.0));
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption(title, empty), (FONT, 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..x_hi, 0f64..y_hi)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
+        .draw()?;
+    for (i, (name, points)) in lines.iter().enumerate() {
+        let c = color(i);
+        let pts: Vec<(f64, f64)> =
+            points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
+    }
+    if !lines.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FONT, 13))
+            .draw()?;
+    }
+    Ok(())
+}
+
+/// The load sweep: TTFT p90 (left) and useful completions/s (right) against the offered rate,
+/// one line per policy, medians over valid repeats.
+pub(super) fn sweep(report: &Report) -> anyhow::Result<String> {
+    let line = |f: fn(&crate::sweep::SweepPoint) -> Option<f64>| -> Vec<(String, Vec<(f64, f64)>)> {
+        report
+            .policy_names()
+            .into_iter()
+            .map(|name| {
+                let pts = report
+                    .sweep
+                    .points
+                    .iter()
+                    .filter(|p| p.policy == name)
+                    .filter_map(|p| Some((p.offered_per_s.median?, f(p)?)))
+                    .collect();
+                (name.to_owned(), pts)
+            })
+            .collect()
+    };
+    let p90 = line(|p| p.ttft_p90_ms.median);
+    let useful = line(|p| p.useful_per_s.median);
+    svg((1200, 520), |root| {
+        let halves = root.split_evenly((1, 2));
+        lines_chart(
+            &halves[0],
+            "TTFT p90 vs offered load",
+            "offered (requests/s)",
+            "TTFT p90 (ms)",
+            &p90,
+        )?;
+        lines_chart(
+            &halves[1],
+            "Useful completions/s vs offered load",
+            "offered (requests/s)",
+            "useful/s (within SLO)",
+            &useful,
+        )
+    })
+}
+
+/// kvroute's estimate error per time window of the run, one line per kvroute policy.
+pub(super) fn estimate(report: &Report) -> anyhow::Result<String> {
+    let lines: Vec<(String, Vec<(f64, f64)>)> = report
+        .estimate
+        .iter()
+        .map(|e| {
+            let pts = e
+                .windows
+                .iter()
+                .enumerate()
+                .filter_map(|(w, (_, m))| Some(((w + 1) as f64, 100.0 * (*m)?)))
+                .collect();
+            (e.policy.clone(), pts)
+        })
+        .collect();
+    svg((900, 480), |root| {
+        lines_chart(
+            root,
+            "TTFT estimate error over the run",
+            "time window (tenths of the arrival span)",
+            "median |predicted − observed| / observed (%)",
+            &lines,
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,5 +473,17 @@ mod tests {
         assert!(cdf.contains("<svg") && cdf.contains("TTFT CDF (no data)"));
         let q = queue("p", None).expect("queue");
         assert!(q.contains("<svg") && q.contains("(no data)"));
+        let report = super::super::summarize(
+            &super::super::Setup::new(
+                super::super::tests_scope(),
+                None,
+                crate::record::Slo { ttft_ms: 1.0, mean_gap_ms: 1.0, stall_ms: 1.0 },
+            ),
+            &[],
+        );
+        let s = sweep(&report).expect("sweep");
+        assert!(s.contains("<svg") && s.contains("(no data)"));
+        let e = estimate(&report).expect("estimate");
+        assert!(e.contains("<svg") && e.contains("(no data)"));
     }
 }

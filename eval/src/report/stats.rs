@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use kvroute_core::audit::classify;
 
-use super::{AuditCounts, CohortStats, QueueStats, WorkerStats};
+use super::{AuditCounts, CohortStats, PrefillBalance, QueueStats, WorkerStats};
 use crate::record::{RequestRecord, RunResult};
 
 /// The finite values of `values`, sorted ascending.
@@ -35,7 +35,7 @@ pub(super) fn ratio(value: Option<f64>, base: Option<f64>) -> Option<f64> {
 pub(super) fn cohort_stats(
     cohort: &str,
     records: &[&RequestRecord],
-    duration_s: f64,
+    span_s: Option<f64>,
     block_size: u32,
 ) -> CohortStats {
     let ok: Vec<&RequestRecord> = records.iter().copied().filter(|r| r.ok()).collect();
@@ -73,7 +73,7 @@ pub(super) fn cohort_stats(
         ttft_p99_ms: nearest_rank(&ttft, 0.99),
         gap_p99_ms: nearest_rank(&gaps, 0.99),
         stalls: records.iter().map(|r| u64::from(r.stalls)).sum(),
-        useful_per_s: rate(within_slo as f64, duration_s),
+        useful_per_s: span_s.and_then(|s| rate(within_slo as f64, s)),
         hit_rate: rate(cached as f64, prompt as f64),
         audit,
     }
@@ -155,26 +155,63 @@ pub(super) fn queue_stats(run: &RunResult) -> QueueStats {
                 max_queue: q.iter().copied().max(),
                 served: 0,
                 share: None,
+                prefill_tokens: 0,
             }
         })
         .collect();
-    for name in run.records.iter().filter_map(|r| r.worker.as_deref()) {
-        match workers.iter_mut().find(|w| w.worker == name) {
-            Some(w) => w.served += 1,
-            None => workers.push(WorkerStats {
-                worker: name.to_owned(),
-                mean_queue: None,
-                max_queue: None,
-                served: 1,
-                share: None,
-            }),
-        }
+    for r in &run.records {
+        let Some(name) = r.worker.as_deref() else { continue };
+        let i = match workers.iter().position(|w| w.worker == name) {
+            Some(i) => i,
+            None => {
+                workers.push(WorkerStats {
+                    worker: name.to_owned(),
+                    mean_queue: None,
+                    max_queue: None,
+                    served: 0,
+                    share: None,
+                    prefill_tokens: 0,
+                });
+                workers.len() - 1
+            }
+        };
+        workers[i].served += 1;
+        workers[i].prefill_tokens += prefill_tokens(r);
     }
     let served: usize = workers.iter().map(|w| w.served).sum();
     for w in &mut workers {
         w.share = rate(w.served as f64, served as f64);
     }
     QueueStats { imbalance, instants, workers }
+}
+
+/// Prefill work of one request: `prompt_tokens − cached_tokens` when it succeeded and reported
+/// its prompt, else 0.
+fn prefill_tokens(r: &RequestRecord) -> u64 {
+    match (r.ok(), r.prompt_tokens) {
+        (true, Some(p)) => p.saturating_sub(r.cached_tokens.unwrap_or(0)),
+        _ => 0,
+    }
+}
+
+/// Prefill balance of a run: every worker of the topology (idle ones at 0) and any other that
+/// served, the busiest and the idlest worker's prefill tokens over the mean.
+pub(super) fn prefill_balance(run: &RunResult) -> PrefillBalance {
+    let mut per: Vec<(String, u64)> = run.workers.iter().map(|w| (w.clone(), 0)).collect();
+    for r in &run.records {
+        let Some(name) = r.worker.as_deref() else { continue };
+        let t = prefill_tokens(r);
+        match per.iter_mut().find(|(w, _)| w == name) {
+            Some((_, n)) => *n += t,
+            None => per.push((name.to_owned(), t)),
+        }
+    }
+    let mean = rate(per.iter().map(|(_, n)| *n as f64).sum(), per.len() as f64);
+    let over = |v: Option<u64>| ratio(v.map(|v| v as f64), mean);
+    PrefillBalance {
+        max_over_mean: over(per.iter().map(|(_, n)| *n).max()),
+        min_over_mean: over(per.iter().map(|(_, n)| *n).min()),
+    }
 }
 
 #[cfg(test)]
@@ -195,6 +232,29 @@ mod tests {
 
     fn sample(t_ms: f64, worker: usize, running: u32, waiting: u32) -> QueueSample {
         QueueSample { t_ms, worker, running, waiting }
+    }
+
+    #[test]
+    fn prefill_balance_counts_idle_workers() {
+        let rec = |w: &str, prompt: u64, cached: u64| RequestRecord {
+            status: 200,
+            worker: Some(w.into()),
+            prompt_tokens: Some(prompt),
+            cached_tokens: Some(cached),
+            ..Default::default()
+        };
+        let mut failed = rec("w1", 5000, 0);
+        failed.status = 500;
+        let mut run = run_with(3, vec![]);
+        // w0: 100 + 200, w1: 300 (the failed request does not count), w2: idle.
+        run.records = vec![rec("w0", 150, 50), rec("w0", 200, 0), rec("w1", 300, 0), failed];
+        let b = prefill_balance(&run);
+        assert_eq!(b.max_over_mean, Some(1.5));
+        assert_eq!(b.min_over_mean, Some(0.0));
+        let q = queue_stats(&run);
+        let tokens: Vec<u64> = q.workers.iter().map(|w| w.prefill_tokens).collect();
+        assert_eq!(tokens, vec![300, 300, 0]);
+        assert_eq!(prefill_balance(&run_with(0, vec![])), PrefillBalance::default());
     }
 
     #[test]

@@ -1,0 +1,207 @@
+//! Regret against the what-if oracle, and kvroute's TTFT estimate error.
+//!
+//! - Regret of a sampled request (one with `whatif_ms`): the what-if TTFT of the worker that
+//!   served it (its `x-worker-id` matched against the run's worker list, whose order the
+//!   what-ifs follow) minus the smallest what-if of any worker, engine ms. Requests whose
+//!   worker is unknown or did not answer its what-if are counted as unmatched. Zero regret:
+//!   within [`ZERO_REGRET_MS`].
+//! - Estimate error of a request with `predicted_ttft_ms` and an observed `ttft_ms` > 0:
+//!   |predicted − observed| / observed. Per run, arrivals are cut into [`WINDOWS`] equal time
+//!   windows from the first to the last arrival; windows pool over the runs summarised.
+
+use serde::{Deserialize, Serialize};
+
+use super::stats::{nearest_rank, rate, sorted};
+use crate::record::RunResult;
+
+/// Regret up to this (ms) counts as zero.
+pub const ZERO_REGRET_MS: f64 = 1.0;
+/// Time windows of the estimate error.
+pub const WINDOWS: usize = 10;
+
+/// The regret distribution of one policy (over the runs summarised).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RegretStats {
+    pub policy: String,
+    /// Runs pooled.
+    pub runs: usize,
+    /// Requests with what-ifs.
+    pub sampled: usize,
+    /// Of those, with a regret (served worker known and answered).
+    pub count: usize,
+    pub p50_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    /// Share of `count` within [`ZERO_REGRET_MS`].
+    pub zero_share: Option<f64>,
+}
+
+/// The regrets of a run's sampled requests, and how many requests were sampled.
+pub fn regrets(run: &RunResult) -> (usize, Vec<f64>) {
+    let mut sampled = 0;
+    let mut out = Vec::new();
+    for r in run.records.iter().filter(|r| !r.whatif_ms.is_empty()) {
+        sampled += 1;
+        let best = r.whatif_ms.iter().flatten().copied().filter(|v| v.is_finite()).reduce(f64::min);
+        let served = r
+            .worker
+            .as_deref()
+            .and_then(|w| run.workers.iter().position(|x| x == w))
+            .and_then(|i| r.whatif_ms.get(i).copied().flatten())
+            .filter(|v| v.is_finite());
+        if let (Some(s), Some(b)) = (served, best) {
+            out.push((s - b).max(0.0));
+        }
+    }
+    (sampled, out)
+}
+
+/// The regret of `policy` over `runs`.
+pub fn regret_stats(policy: &str, runs: &[&RunResult]) -> RegretStats {
+    let (mut sampled, mut all) = (0, Vec::new());
+    for run in runs {
+        let (s, r) = regrets(run);
+        sampled += s;
+        all.extend(r);
+    }
+    let v = sorted(all.into_iter());
+    let zero = v.iter().filter(|x| **x <= ZERO_REGRET_MS).count();
+    RegretStats {
+        policy: policy.to_owned(),
+        runs: runs.len(),
+        sampled,
+        count: v.len(),
+        p50_ms: nearest_rank(&v, 0.5),
+        p90_ms: nearest_rank(&v, 0.9),
+        p99_ms: nearest_rank(&v, 0.99),
+        zero_share: rate(zero as f64, v.len() as f64),
+    }
+}
+
+/// kvroute's TTFT estimate error of one policy (over the runs summarised).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EstimateError {
+    pub policy: String,
+    pub runs: usize,
+    /// Requests with an estimate and an observed TTFT.
+    pub count: usize,
+    /// Median |predicted − observed| / observed.
+    pub median: Option<f64>,
+    /// Median signed (predicted − observed) / observed: below 0 = the filter is optimistic.
+    pub median_signed: Option<f64>,
+    /// Per time window: (requests, median relative error).
+    pub windows: Vec<(usize, Option<f64>)>,
+}
+
+/// (window, signed relative error) of every estimated request of a run.
+fn errors(run: &RunResult) -> Vec<(usize, f64)> {
+    let ats: Vec<f64> = run.records.iter().map(|r| r.at_ms).filter(|a| a.is_finite()).collect();
+    let lo = ats.iter().copied().reduce(f64::min).unwrap_or(0.0);
+    let hi = ats.iter().copied().reduce(f64::max).unwrap_or(0.0);
+    run.records
+        .iter()
+        .filter(|r| r.ok())
+        .filter_map(|r| {
+            let (p, o) = (r.predicted_ttft_ms?, r.ttft_ms?);
+            let e = (p - o) / o;
+            if !(o > 0.0 && e.is_finite()) {
+                return None;
+            }
+            let w =
+                if hi > lo { ((r.at_ms - lo) / (hi - lo) * WINDOWS as f64) as usize } else { 0 };
+            Some((w.min(WINDOWS - 1), e))
+        })
+        .collect()
+}
+
+/// The estimate error of `policy` over `runs`; `None` when no request carried an estimate.
+pub fn estimate_error(policy: &str, runs: &[&RunResult]) -> Option<EstimateError> {
+    let e: Vec<(usize, f64)> = runs.iter().flat_map(|r| errors(r)).collect();
+    if e.is_empty() {
+        return None;
+    }
+    let abs = sorted(e.iter().map(|(_, x)| x.abs()));
+    let signed = sorted(e.iter().map(|(_, x)| *x));
+    let windows = (0..WINDOWS)
+        .map(|w| {
+            let v = sorted(e.iter().filter(|(k, _)| *k == w).map(|(_, x)| x.abs()));
+            (v.len(), nearest_rank(&v, 0.5))
+        })
+        .collect();
+    Some(EstimateError {
+        policy: policy.to_owned(),
+        runs: runs.len(),
+        count: e.len(),
+        median: nearest_rank(&abs, 0.5),
+        median_signed: nearest_rank(&signed, 0.5),
+        windows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::RequestRecord;
+
+    fn run(records: Vec<RequestRecord>) -> RunResult {
+        RunResult {
+            policy: "kvroute".into(),
+            workers: vec!["w0".into(), "w1".into(), "w2".into()],
+            records,
+            ..Default::default()
+        }
+    }
+
+    fn sampled(worker: &str, whatif: &[Option<f64>]) -> RequestRecord {
+        RequestRecord {
+            status: 200,
+            worker: Some(worker.into()),
+            whatif_ms: whatif.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn regret_is_served_minus_best_what_if() {
+        let r = run(vec![
+            sampled("w1", &[Some(100.0), Some(150.0), Some(120.0)]), // 50
+            sampled("w0", &[Some(100.0), Some(150.0), None]),        // 0
+            sampled("w2", &[Some(100.0), Some(150.0), Some(100.5)]), // 0.5: zero
+            sampled("w2", &[Some(100.0), Some(150.0), None]),        // served did not answer
+            sampled("elsewhere", &[Some(1.0)]),                      // unknown worker
+            RequestRecord { status: 200, worker: Some("w0".into()), ..Default::default() },
+        ]);
+        let (n, v) = regrets(&r);
+        assert_eq!(n, 5);
+        assert_eq!(v, vec![50.0, 0.0, 0.5]);
+        let s = regret_stats("kvroute", &[&r, &r]);
+        assert_eq!((s.runs, s.sampled, s.count), (2, 10, 6));
+        assert_eq!((s.p50_ms, s.p90_ms, s.p99_ms), (Some(0.5), Some(50.0), Some(50.0)));
+        assert!(s.zero_share.is_some_and(|z| (z - 4.0 / 6.0).abs() < 1e-12));
+        assert_eq!(regret_stats("x", &[]).p50_ms, None);
+    }
+
+    #[test]
+    fn estimate_error_overall_and_per_window() {
+        // 10 requests at 0, 100, .., 900 ms: one per window; observed 100 ms; predicted
+        // 100 + 10 * i ms: error i / 10.
+        let records: Vec<_> = (0..10)
+            .map(|i| RequestRecord {
+                at_ms: 100.0 * i as f64,
+                status: 200,
+                ttft_ms: Some(100.0),
+                predicted_ttft_ms: Some(100.0 + 10.0 * i as f64),
+                ..Default::default()
+            })
+            .collect();
+        let r = run(records);
+        let e = estimate_error("kvroute", &[&r]).expect("estimates");
+        assert_eq!(e.count, 10);
+        assert_eq!(e.median, Some(0.4));
+        assert_eq!(e.median_signed, Some(0.4));
+        assert_eq!(e.windows.len(), WINDOWS);
+        assert_eq!(e.windows[0], (1, Some(0.0)));
+        assert_eq!(e.windows[9], (1, Some(0.9)));
+        assert!(estimate_error("least-request", &[&run(vec![])]).is_none());
+    }
+}
