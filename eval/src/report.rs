@@ -128,6 +128,10 @@ pub struct Report {
     /// Hit-rate ceiling per cohort, where its members are the same in every run.
     #[serde(default)]
     pub cohort_ceilings: Vec<(String, Option<f64>)>,
+    /// Cohorts whose members differ between the runs at the reference rate (they depend on
+    /// routing, like `diverted`): their useful/s ratio is not computed (compare within SLO).
+    #[serde(default)]
+    pub varying_cohorts: Vec<String>,
     /// Per policy (not the baseline) and cohort, at the reference rate: ratios over repeats.
     #[serde(default)]
     pub comparisons: Vec<Comparison>,
@@ -588,6 +592,7 @@ pub fn summarize(setup: &Setup, runs: &[RunResult]) -> Report {
         reference_rate: reference,
         repeats: runs.iter().map(|r| r.repeat).collect::<BTreeSet<_>>().len(),
         cohort_ceilings: Vec::new(),
+        varying_cohorts: Vec::new(),
         comparisons: Vec::new(),
         noise: Vec::new(),
         ladder: Vec::new(),
@@ -598,15 +603,17 @@ pub fn summarize(setup: &Setup, runs: &[RunResult]) -> Report {
     };
     report.baseline = report.policies.iter().any(|p| p.policy == BASELINE).then(|| BASELINE.into());
 
-    // Per-cohort ceilings where the members are the same in every run at the reference rate.
-    if !setup.reuse.is_empty() {
-        let at_ref: Vec<usize> =
-            (0..runs.len()).filter(|&i| rate_of(&runs[i]) == reference).collect();
-        for c in cohort_names.iter().filter(|c| *c != ALL) {
-            let ids =
-                |i: usize| -> BTreeSet<usize> { members(i, c).iter().map(|r| r.id).collect() };
-            let first = at_ref.first().map(|&i| ids(i));
-            let same = at_ref.iter().all(|&i| Some(ids(i)) == first);
+    // Cohorts whose members differ between the runs at the reference rate (`diverted`), and
+    // per-cohort ceilings where they do not.
+    let at_ref: Vec<usize> = (0..runs.len()).filter(|&i| rate_of(&runs[i]) == reference).collect();
+    for c in cohort_names.iter().filter(|c| *c != ALL) {
+        let ids = |i: usize| -> BTreeSet<usize> { members(i, c).iter().map(|r| r.id).collect() };
+        let first = at_ref.first().map(|&i| ids(i));
+        let same = at_ref.iter().all(|&i| Some(ids(i)) == first);
+        if !same {
+            report.varying_cohorts.push(c.clone());
+        }
+        if !setup.reuse.is_empty() {
             let v = if same { first.and_then(|f| ceiling::of(&setup.reuse, f)) } else { None };
             report.cohort_ceilings.push((c.clone(), v));
         }
@@ -696,7 +703,17 @@ pub fn summarize(setup: &Setup, runs: &[RunResult]) -> Report {
                 failed,
                 metrics: Metric::ALL
                     .iter()
-                    .map(|&m| metric_ratio(m, &mine, &base, floors.and_then(|f| f.floor(m))))
+                    .map(|&m| {
+                        if m == Metric::UsefulPerS && report.varying_cohorts.contains(c) {
+                            // A count over the same span: meaningless when the members differ.
+                            return MetricRatio {
+                                metric: m,
+                                ratio: Spread::default(),
+                                verdict: Verdict::Unknown,
+                            };
+                        }
+                        metric_ratio(m, &mine, &base, floors.and_then(|f| f.floor(m)))
+                    })
                     .collect(),
             });
         }
@@ -1222,6 +1239,10 @@ mod tests {
         // `diverted` differs by policy.
         assert_eq!(report.ceiling_of("hot-prefix"), Some(0.75));
         assert_eq!(report.ceiling_of("diverted"), None);
+        assert_eq!(report.varying_cohorts, ["diverted"]);
+        let d = report.comparison("kvroute", "diverted").expect("diverted");
+        assert_eq!(d.metric(Metric::UsefulPerS).map(|m| m.verdict), Some(Verdict::Unknown));
+        assert_eq!(d.metric(Metric::SloShare).map(|m| m.verdict), Some(Verdict::NoDifference));
         assert_eq!(report.ceiling_of(ALL), Some(0.6));
         // Regret: the background request (w0, best) 0; hot 4 on w0 with w1 at 60: 40.
         let regret = report.regret.iter().find(|r| r.policy == "least-request").expect("r");

@@ -351,9 +351,15 @@ fn ratios(report: &Report, out: &mut String) {
          same cohort and the same repeat, at load ×{}; shown as the median [min–max] over \
          repeats, then whether that is better or worse. TTFT and gap: lower is better; useful/s \
          and within SLO: higher is better. The A/A row is {BASELINE} against itself; {NOISE_FLOOR}. \
-         Requests / failed are summed over the runs used. n/a: no baseline, or nothing to divide \
-         by.\n",
-        report.reference_rate
+         Requests / failed are summed over the runs used. n/a: no baseline, nothing to divide \
+         by, or useful/s in a cohort whose members differ by policy ({}): compare within SLO \
+         there.\n",
+        report.reference_rate,
+        if report.varying_cohorts.is_empty() {
+            "none here".to_owned()
+        } else {
+            report.varying_cohorts.iter().map(|c| format!("`{}`", cell(c))).collect::<Vec<_>>().join(", ")
+        }
     );
     for c in &report.cohorts {
         let _ = writeln!(out, "### Cohort `{}`\n", cell(c));

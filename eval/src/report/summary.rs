@@ -44,7 +44,7 @@ fn shortfalls(reports: &[Report]) -> Vec<Vec<String>> {
             let not_better: Vec<String> = c
                 .metrics
                 .iter()
-                .filter(|m| m.verdict != Verdict::Better)
+                .filter(|m| matches!(m.verdict, Verdict::NoDifference | Verdict::Worse))
                 .map(|m| format!("{} {}", m.metric.label(), ratio_cell(m)))
                 .collect();
             if !not_better.is_empty() {
@@ -126,7 +126,8 @@ pub fn overview(plan: &str, reports: &[Report]) -> String {
          [min–max] over repeats of the policy's figure over {BASELINE}'s in the same repeat. \
          TTFT and gap: lower is better; useful/s and within SLO: higher is better. The A/A row \
          is {BASELINE} against itself. Hit rate: median of the valid runs (the cohort's ceiling \
-         in parentheses, n/a where its members differ by policy).\n"
+         in parentheses, n/a where its members differ by policy). Useful/s is n/a in cohorts whose \
+         members differ by policy (`diverted`): compare within SLO there.\n"
     );
     let mut header = vec!["workload", "cohort", "policy", "runs", "requests / failed"];
     header.extend(Metric::ALL.map(|m| m.label()));
