@@ -1609,6 +1609,35 @@ mod tests {
     }
 
     #[test]
+    fn older_report_json_still_reads() {
+        // A report.json from before repeats: no faults, reuse, profiles, repeat or health.
+        let dir = temp_dir("old");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("report.json");
+        let old = r#"{"scope": {"title": "old — w", "model_profile": "m", "workload": "w",
+            "seed": 1, "schedule_hash": 2, "requests": 1, "knowledge": "k", "topology": "t",
+            "machine": "x", "faults": [], "block_size": 16},
+            "ceiling": 0.5, "slo": {"ttft_ms": 500.0, "mean_gap_ms": 50.0, "stall_ms": 200.0},
+            "baseline": null, "cohorts": ["all"], "policies": [], "ratios": [],
+            "runs": [{"policy": "least-request", "workers": ["w0"], "duration_s": 1.0,
+              "records": [{"id": 0, "at_ms": 0.0, "status": 200, "error": null, "worker": "w0",
+                "ttft_ms": 10.0, "gaps_ms": [], "max_gap_ms": 0.0, "stalls": 0, "e2e_ms": 20.0,
+                "output_tokens": 1, "prompt_tokens": 10, "cached_tokens": 0,
+                "predicted_cached_tokens": null, "within_slo": true,
+                "cohorts": ["hot-prefix", "routed-away"]}],
+              "queue": []}]}"#;
+        std::fs::write(&path, old).expect("write");
+        let (setup, runs) = read_json(&path).expect("old json");
+        assert_eq!((setup.ceiling, setup.faults.len(), setup.reuse.len()), (Some(0.5), 0, 0));
+        assert_eq!(setup.scope.filter_profile, "");
+        assert_eq!((runs[0].repeat, runs[0].rate_scale), (0, 1.0));
+        let report = super::summarize(&setup, &runs);
+        assert_eq!(report.cohorts, ["all", "diverted", "hot-prefix"]);
+        assert!(markdown(&report).contains("Filter cost coefficients: not recorded"));
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
     fn empty_and_degenerate_runs_do_not_panic() {
         let one_sample = vec![QueueSample { t_ms: 0.0, worker: 0, running: 0, waiting: 0 }];
         let mut zero_ttft = rec(0, "127.0.0.1:9000", 0.0, &["x|y"]);
