@@ -94,7 +94,7 @@ impl Health {
 }
 
 /// Everything one policy's run produced.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
     pub policy: String,
     /// Which repetition of the cell this is (0-based).
@@ -129,4 +129,20 @@ pub struct Slo {
 
 fn one() -> f64 {
     1.0
+}
+
+impl Default for RunResult {
+    fn default() -> Self {
+        RunResult {
+            policy: String::new(),
+            repeat: 0,
+            rate_scale: 1.0,
+            speedup: 1.0,
+            health: Health::default(),
+            workers: Vec::new(),
+            duration_s: 0.0,
+            records: Vec::new(),
+            queue: Vec::new(),
+        }
+    }
 }

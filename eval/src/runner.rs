@@ -10,7 +10,7 @@ use tokio::sync::{watch, Mutex};
 
 use crate::cluster::{Cluster, Policy, TimedFault};
 use crate::health::{self, HealthBounds};
-use crate::record::{QueueSample, RequestRecord, RunResult, Slo};
+use crate::record::{QueueSample, RunResult, Slo};
 use crate::schedule::Scheduled;
 use crate::send::{send, SendCtx};
 use crate::topology::Topology;
@@ -150,7 +150,6 @@ pub async fn run_policy(
     if let Ok(Err(e)) = fault_task.await {
         anyhow::bail!("applying faults: {e}");
     }
-    tag_routed_away(&mut records);
     // Stop every process of this policy before the next one starts.
     drop(cluster);
     Ok(RunResult {
@@ -178,25 +177,6 @@ fn progress_bar(show: bool, len: u64, name: &str) -> ProgressBar {
     }
     bar.set_prefix(name.to_owned());
     bar
-}
-
-/// Marks `hot-prefix` requests that were not served by the worker serving most of them.
-pub fn tag_routed_away(records: &mut [RequestRecord]) {
-    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
-    for r in records.iter().filter(|r| r.cohorts.iter().any(|c| c == "hot-prefix")) {
-        if let Some(w) = &r.worker {
-            *counts.entry(w.as_str()).or_default() += 1;
-        }
-    }
-    let Some(hot) = counts.into_iter().max_by_key(|(_, n)| *n).map(|(w, _)| w.to_owned()) else {
-        return;
-    };
-    for r in records.iter_mut() {
-        let is_hot = r.cohorts.iter().any(|c| c == "hot-prefix");
-        if is_hot && r.worker.as_deref().is_some_and(|w| w != hot) {
-            r.cohorts.push("routed-away".into());
-        }
-    }
 }
 
 async fn run_faults(
@@ -280,42 +260,6 @@ pub fn parse_queue(text: &str) -> Option<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rec(worker: &str, cohorts: &[&str]) -> RequestRecord {
-        RequestRecord {
-            id: 0,
-            at_ms: 0.0,
-            status: 200,
-            error: None,
-            worker: Some(worker.into()),
-            ttft_ms: Some(1.0),
-            gaps_ms: vec![],
-            max_gap_ms: 0.0,
-            stalls: 0,
-            e2e_ms: 1.0,
-            output_tokens: 1,
-            prompt_tokens: None,
-            cached_tokens: None,
-            predicted_cached_tokens: None,
-            within_slo: true,
-            cohorts: cohorts.iter().map(|c| c.to_string()).collect(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn hot_requests_served_elsewhere_are_routed_away() {
-        let mut r = vec![
-            rec("a", &["hot-prefix"]),
-            rec("a", &["hot-prefix"]),
-            rec("b", &["hot-prefix"]),
-            rec("b", &["background"]),
-        ];
-        tag_routed_away(&mut r);
-        assert_eq!(r[2].cohorts, ["hot-prefix", "routed-away"]);
-        assert_eq!(r[0].cohorts, ["hot-prefix"]);
-        assert_eq!(r[3].cohorts, ["background"]);
-    }
 
     #[test]
     fn queue_from_vllm_and_sglang_metrics() {

@@ -1,7 +1,6 @@
 //! The workloads of a comparison. Each is made from a seed, turned once into an open-loop
 //! [`Scheduled`] list that every policy replays identically, and carries its SLO.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -341,7 +340,7 @@ pub fn as_token_ids(
 }
 
 /// The engine's prompt tokens of a scheduled request, and its cache salt.
-fn parsed(s: &Scheduled) -> anyhow::Result<kvroute_core::request::ParsedRequest> {
+pub(crate) fn parsed(s: &Scheduled) -> anyhow::Result<kvroute_core::request::ParsedRequest> {
     use kvroute_core::request::{parse, Endpoint};
     let endpoint = if s.endpoint == COMPLETIONS { Endpoint::Completions } else { Endpoint::Chat };
     Ok(parse(endpoint, s.body.to_string().as_bytes())?)
@@ -366,23 +365,8 @@ pub fn reuse_ceiling_with(
     schedule: &[Scheduled],
     block_size: u32,
 ) -> anyhow::Result<f64> {
-    let mut seen = HashSet::new();
-    let (mut reused, mut total) = (0u64, 0u64);
-    for s in schedule {
-        let req = parsed(s)?;
-        let tokens = bundle.prompt_tokens(&req.prompt)?;
-        let seed =
-            req.cache_salt.as_deref().map_or(0, |t| xxhash_rust::xxh3::xxh3_64(t.as_bytes()));
-        total += tokens.len() as u64;
-        let mut hit = true;
-        for h in kvroute_core::hash::block_hashes(seed, block_size, &tokens) {
-            // Engines reuse a prefix: the first miss ends the run.
-            hit &= !seen.insert(h);
-            if hit {
-                reused += u64::from(block_size);
-            }
-        }
-    }
+    let per = crate::report::ceiling::per_request(bundle, schedule, block_size)?;
+    let (reused, total) = per.iter().fold((0u64, 0u64), |(r, t), [a, b]| (r + a, t + b));
     Ok(if total == 0 { 0.0 } else { reused as f64 / total as f64 })
 }
 

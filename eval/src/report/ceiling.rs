@@ -18,13 +18,7 @@ pub fn per_request(
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(schedule.len());
     for s in schedule {
-        use kvroute_core::request::Endpoint;
-        let endpoint = if s.endpoint == crate::schedule::COMPLETIONS {
-            Endpoint::Completions
-        } else {
-            Endpoint::Chat
-        };
-        let req = kvroute_core::request::parse(endpoint, s.body.to_string().as_bytes())?;
+        let req = crate::workloads::parsed(s)?;
         let tokens = bundle.prompt_tokens(&req.prompt)?;
         let seed =
             req.cache_salt.as_deref().map_or(0, |t| xxhash_rust::xxh3::xxh3_64(t.as_bytes()));
