@@ -43,6 +43,8 @@ pub const DEFAULT_LEVELS: [usize; 7] = [0, 1, 2, 4, 8, 16, 32];
 pub const BLOCK_SIZE: u32 = 16;
 /// The largest `n` the model's crossover is looked for at.
 const MAX_MODEL_LEVEL: usize = 1_000_000;
+/// How long before the probe the what-if questions leave.
+const HEAD_START: Duration = Duration::from_millis(3);
 /// Token ids the prompts are drawn from (inside the demo model's vocabulary).
 const TOKEN_IDS: std::ops::Range<u32> = 10..1700;
 
@@ -73,7 +75,7 @@ impl Default for ReferenceOptions {
             prefix_tokens: 8192,
             suffix_tokens: 32,
             c_share: 0.5,
-            background_tokens: 1024,
+            background_tokens: 2048,
             c_load: 2,
             output_tokens: 128,
             seed: 7,
@@ -96,8 +98,8 @@ pub struct Cell {
     pub cached_tokens: Option<u64>,
     /// kvroute's estimate for the worker it chose (kvroute policies only).
     pub predicted_ttft_ms: Option<f64>,
-    /// Every worker's answer to the probe's what-if just before it was sent (the oracle's: the
-    /// answers it routed on).
+    /// Every worker's answer to the probe's what-if, asked a few ms before it was sent (the
+    /// oracle's TTFTs: the answers it routed on).
     pub whatif: Vec<Option<WhatIf>>,
     /// The what-if best worker.
     pub best: Option<usize>,
@@ -124,8 +126,11 @@ pub struct LevelBest {
     pub whatif_ms: Vec<Option<f64>>,
     /// The lowest of them.
     pub best: Option<usize>,
-    /// The cost model's choice with A's load at this level (the model's crossover scan).
-    pub model_best: usize,
+    /// kvroute's cost model per worker on the load the workers reported, the mean over the
+    /// level's cells (ms).
+    pub model_ms: Vec<f64>,
+    /// The lowest of them: what kvroute would choose knowing that load.
+    pub model_best: Option<usize>,
 }
 
 /// The sweep's result.
@@ -139,9 +144,16 @@ pub struct ReferenceReport {
     pub levels: Vec<usize>,
     pub cells: Vec<Cell>,
     pub best: Vec<LevelBest>,
-    /// The smallest `n` at which kvroute's cost model stops preferring A, with A reporting `n`
-    /// running requests and C its fixed load; `None`: not below [`MAX_MODEL_LEVEL`].
+    /// The smallest `n` at which kvroute's cost model stops preferring A, with A reporting its
+    /// `n` background requests running (as once they are admitted) and C its own; `None`: not
+    /// below [`MAX_MODEL_LEVEL`].
     pub predicted_crossover: Option<usize>,
+    /// The same with A reporting all `n` waiting (the most a worker's queue can tell the model:
+    /// a waiting request counts a prefill's base cost, whatever its size).
+    pub predicted_crossover_queued: Option<usize>,
+    /// The smallest level at which the model, on the load the workers actually reported at the
+    /// probe, stops preferring A; `None`: not in the sweep.
+    pub model_crossover_observed: Option<usize>,
     /// The smallest level at which the what-if best is not A; `None`: A stays best.
     pub measured_crossover: Option<usize>,
 }
@@ -211,34 +223,41 @@ impl ReferenceOptions {
         ((self.prefix_tokens as f64 * self.c_share.clamp(0.0, 1.0)) as usize) / bs * bs
     }
 
-    /// What the model sees at level `n`: cached tokens and reported load per worker.
-    fn model_view(&self, n: usize) -> (Vec<u64>, Vec<(u32, u32)>) {
+    /// What the model sees at level `n`: cached tokens and reported load per worker, every
+    /// background request reported waiting (`queued`) or running.
+    fn model_view(&self, n: usize, queued: bool) -> (Vec<u64>, Vec<(u32, u32)>) {
         let cached = vec![self.prefix_tokens as u64, 0, self.c_tokens() as u64];
-        let load = vec![(n as u32, 0), (0, 0), (self.c_load as u32, 0)];
+        let split = |k: usize| if queued { (0, k as u32) } else { (k as u32, 0) };
+        let load = vec![split(n), (0, 0), split(self.c_load)];
         (cached, load)
     }
 
     /// The cost model's choice at level `n`.
-    fn model_choice(&self, profile: &Profile, n: usize) -> usize {
-        let (cached, load) = self.model_view(n);
+    fn model_choice(&self, profile: &Profile, n: usize, queued: bool) -> usize {
+        let (cached, load) = self.model_view(n, queued);
         argmin(&model_estimates(profile, self.probe_tokens(), &cached, &load))
     }
 }
 
-/// The smallest `n` at which the cost model stops preferring A (every background request
-/// counted as running, as the workers report them); `None` below [`MAX_MODEL_LEVEL`].
-pub fn predicted_crossover(profile: &Profile, opts: &ReferenceOptions) -> Option<usize> {
-    if opts.model_choice(profile, MAX_MODEL_LEVEL) == 0 {
+/// The smallest `n` at which the cost model stops preferring A, every background request
+/// reported waiting (`queued`) or running; `None` below [`MAX_MODEL_LEVEL`].
+pub fn predicted_crossover(
+    profile: &Profile,
+    opts: &ReferenceOptions,
+    queued: bool,
+) -> Option<usize> {
+    let prefers_a = |n| opts.model_choice(profile, n, queued) == 0;
+    if prefers_a(MAX_MODEL_LEVEL) {
         return None;
     }
-    // The estimate for A grows with n and the others do not: bisect.
-    let (mut lo, mut hi) = (0usize, MAX_MODEL_LEVEL);
-    if opts.model_choice(profile, 0) != 0 {
+    if !prefers_a(0) {
         return Some(0);
     }
+    // The estimate for A grows with n and the others' do not: bisect.
+    let (mut lo, mut hi) = (0usize, MAX_MODEL_LEVEL);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if opts.model_choice(profile, mid) == 0 {
+        if prefers_a(mid) {
             lo = mid;
         } else {
             hi = mid;
@@ -301,28 +320,38 @@ pub fn summarize(
         .iter()
         .map(|&level| {
             let here: Vec<&Cell> = cells.iter().filter(|c| c.level == level).collect();
+            let mean =
+                |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
             let whatif_ms: Vec<Option<f64>> = (0..ROLES.len())
                 .map(|w| {
-                    let v: Vec<f64> = here
-                        .iter()
-                        .filter_map(|c| c.whatif_ms().get(w).copied().flatten())
-                        .collect();
-                    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+                    mean(
+                        here.iter()
+                            .filter_map(|c| c.whatif_ms().get(w).copied().flatten())
+                            .collect(),
+                    )
                 })
+                .collect();
+            let model: Vec<Option<f64>> = (0..ROLES.len())
+                .map(|w| mean(here.iter().filter_map(|c| c.model_ms.get(w).copied()).collect()))
                 .collect();
             LevelBest {
                 level,
                 best: whatif::best(&whatif_ms),
                 whatif_ms,
-                model_best: opts.model_choice(&profile, level),
+                model_best: whatif::best(&model),
+                model_ms: model.iter().flatten().copied().collect(),
             }
         })
         .collect();
-    let measured_crossover = best.iter().find(|b| b.best.is_some_and(|w| w != 0)).map(|b| b.level);
+    let past_a = |b: &Option<usize>| b.is_some_and(|w| w != 0);
+    let measured_crossover = best.iter().find(|b| past_a(&b.best)).map(|b| b.level);
+    let model_crossover_observed = best.iter().find(|b| past_a(&b.model_best)).map(|b| b.level);
     ReferenceReport {
         topology: topo.describe(),
         options: opts.clone(),
-        predicted_crossover: predicted_crossover(&profile, opts),
+        predicted_crossover: predicted_crossover(&profile, opts, false),
+        predicted_crossover_queued: predicted_crossover(&profile, opts, true),
+        model_crossover_observed,
         profile,
         policies: policies.iter().map(|p| p.name().to_owned()).collect(),
         levels: levels.to_vec(),
@@ -474,11 +503,10 @@ async fn run_cell(
     let mut prompt = prefix.clone();
     prompt.extend_from_slice(&suffix);
     let body = completions_body(model, &prompt, opts.output_tokens);
-    let before = whatif::ask_all(&http, &addrs, COMPLETIONS, &body).await;
     let s = Scheduled {
         at: Duration::ZERO,
         endpoint: COMPLETIONS,
-        body,
+        body: body.clone(),
         output_tokens: opts.output_tokens,
         cohorts: vec!["probe".into()],
     };
@@ -491,26 +519,22 @@ async fn run_cell(
         timeout: opts.timeout,
     };
     let url = cluster.urls().into_iter().next().context("no Envoy")?;
-    let rec = send(&http, &url, 0, &s, &ctx).await;
+    // Every worker's what-if leaves just before the probe, so the questions reach the workers
+    // first (a question that came after the probe would count it in its worker's queue) and
+    // the answers count from (nearly) the probe's departure.
+    let (asked, rec) = tokio::join!(whatif::ask_all(&http, &addrs, COMPLETIONS, &body), async {
+        tokio::time::sleep(HEAD_START).await;
+        send(&http, &url, 0, &s, &ctx).await
+    });
     drop(bg);
-    // The oracle's own answers are the ones it routed on; elsewhere, the ones asked just before.
+    // The oracle's answers are the ones it routed on (asked at the same instant).
     let whatif: Vec<Option<WhatIf>> = if rec.whatif_ms.is_empty() {
-        before
+        asked
     } else {
-        before
+        asked
             .iter()
             .zip(&rec.whatif_ms)
-            .map(|(b, t)| match (b, t) {
-                (Some(b), Some(t)) => Some(WhatIf { ttft_ms: *t, ..*b }),
-                (None, Some(t)) => Some(WhatIf {
-                    ttft_ms: *t,
-                    cached_tokens: 0,
-                    prompt_tokens: 0,
-                    running: 0,
-                    waiting: 0,
-                }),
-                (_, None) => None,
-            })
+            .map(|(a, t)| Some(WhatIf { ttft_ms: (*t)?, ..(*a)? }))
             .collect()
     };
     let whatif_ms: Vec<Option<f64>> = whatif.iter().map(|w| w.map(|w| w.ttft_ms)).collect();
@@ -518,7 +542,7 @@ async fn run_cell(
     let (cached, load): (Vec<u64>, Vec<(u32, u32)>) = if whatif.iter().all(Option::is_some) {
         whatif.iter().flatten().map(|w| (w.cached_tokens, (w.running, w.waiting))).unzip()
     } else {
-        opts.model_view(level)
+        opts.model_view(level, false)
     };
     Ok(Cell {
         level,
@@ -568,15 +592,7 @@ pub fn markdown(r: &ReferenceReport) -> String {
         };
         let _ = writeln!(md, "- Worker {name}: {what} ({detail})");
     }
-    let _ = writeln!(
-        md,
-        "- Crossover, kvroute's cost model (profile: prefill {} ms/token + {} ms, {} ms per \
-         decoding request; A's background requests as the workers report them, running): {}",
-        r.profile.prefill_ms_per_token,
-        r.profile.prefill_base_ms,
-        r.profile.decode_interference_ms,
-        crossover_text(r.predicted_crossover, &format!("none up to n = {MAX_MODEL_LEVEL}"))
-    );
+    let never = format!("none up to n = {MAX_MODEL_LEVEL}");
     let _ = writeln!(
         md,
         "- Crossover, measured (the what-if best stops being A): {}",
@@ -584,9 +600,24 @@ pub fn markdown(r: &ReferenceReport) -> String {
     );
     let _ = writeln!(
         md,
-        "- TTFTs in engine ms. Regret: the chosen worker's what-if TTFT minus the best one's, \
-         asked just before the probe. Model: kvroute's estimate per worker on the load the \
-         workers reported then.\n"
+        "- Crossover, kvroute's cost model (prefill {} ms + {} ms/token + {:e} ms/token², {} ms \
+         per decoding request; it knows each worker's cached prefix and reported queue, not the \
+         size of requests it did not route): on the queues reported at the probe {}; with A's \
+         n background requests all reported running {}; all reported waiting {}",
+        r.profile.prefill_base_ms,
+        r.profile.prefill_ms_per_token,
+        r.profile.prefill_ms_per_token_sq,
+        r.profile.decode_interference_ms,
+        crossover_text(r.model_crossover_observed, "none in the sweep"),
+        crossover_text(r.predicted_crossover, &never),
+        crossover_text(r.predicted_crossover_queued, &never),
+    );
+    let _ = writeln!(
+        md,
+        "- TTFTs in engine ms. What-if: each worker's forward simulation of the probe, asked as \
+         it was sent (means over the level's cells). Regret: the chosen worker's what-if TTFT \
+         minus the best one's. Model: kvroute's estimate per worker on the queue each reported \
+         then (the filter itself may hold an older scrape).\n"
     );
     let _ = write!(md, "| n | what-if A / B / C (ms) | best | model A / B / C (ms) |");
     for p in &r.policies {
@@ -600,11 +631,7 @@ pub fn markdown(r: &ReferenceReport) -> String {
     md.push('\n');
     for b in &r.best {
         let whatifs: Vec<String> = b.whatif_ms.iter().map(|v| num(*v)).collect();
-        let here: Vec<&Cell> = r.cells.iter().filter(|c| c.level == b.level).collect();
-        let model: Vec<String> = here
-            .first()
-            .map(|c| c.model_ms.iter().map(|v| format!("{v:.0}")).collect())
-            .unwrap_or_default();
+        let model: Vec<String> = b.model_ms.iter().map(|v| format!("{v:.0}")).collect();
         let _ = write!(
             md,
             "| {} | {} | {} | {} |",
@@ -682,12 +709,23 @@ pub fn plot(r: &ReferenceReport) -> anyhow::Result<String> {
         .fold(0.0f64, f64::max);
     let y_hi = if y_hi > 0.0 { y_hi * 1.15 } else { 1.0 };
     let x_hi = (n_levels - 1).max(1) as f64;
-    let model_note = match r.predicted_crossover {
-        Some(n) if x_of(levels, n as f64).is_some() => String::new(),
-        Some(n) => format!(" (model crossover: n = {n}, off the chart)"),
-        None => " (model: A preferred at every n)".into(),
+    let off_chart = |c: Option<usize>| match c {
+        Some(n) if x_of(levels, n as f64).is_some() => None,
+        Some(n) => Some(n.to_string()),
+        None => Some("never".to_owned()),
     };
-    let title = format!("Probe TTFT vs A's load{model_note}");
+    let notes: Vec<String> = [
+        ("model, all running", r.predicted_crossover),
+        ("all waiting", r.predicted_crossover_queued),
+    ]
+    .into_iter()
+    .filter_map(|(what, c)| Some(format!("{what}: n = {}", off_chart(c)?)))
+    .collect();
+    let title = if notes.is_empty() {
+        "Probe TTFT vs A's load".to_owned()
+    } else {
+        format!("Probe TTFT vs A's load (crossover {})", notes.join(", "))
+    };
     let labels = levels.clone();
     let mut buf = String::new();
     {
@@ -742,7 +780,13 @@ pub fn plot(r: &ReferenceReport) -> anyhow::Result<String> {
             Ok(())
         };
         mark(r.measured_crossover, "crossover, measured", RGBColor(200, 0, 0))?;
-        mark(r.predicted_crossover, "crossover, cost model", RGBColor(0, 0, 200))?;
+        mark(
+            r.model_crossover_observed,
+            "crossover, model on reported queues",
+            RGBColor(0, 0, 200),
+        )?;
+        mark(r.predicted_crossover, "crossover, model, all running", RGBColor(0, 140, 200))?;
+        mark(r.predicted_crossover_queued, "crossover, model, all waiting", RGBColor(120, 0, 200))?;
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperLeft)
@@ -778,9 +822,14 @@ mod tests {
     fn the_model_prefers_the_prefix_until_running_requests_outweigh_recompute() {
         let opts = ReferenceOptions::default();
         let p = filter_profile(&topo());
-        let n = predicted_crossover(&p, &opts).expect("a crossover");
-        assert_eq!(opts.model_choice(&p, n - 1), 0);
-        assert_ne!(opts.model_choice(&p, n), 0);
+        let n = predicted_crossover(&p, &opts, false).expect("a crossover");
+        assert_eq!(opts.model_choice(&p, n - 1, false), 0);
+        assert_ne!(opts.model_choice(&p, n, false), 0);
+        // Waiting requests weigh more (a prefill's base each): the crossover comes earlier.
+        let q = predicted_crossover(&p, &opts, true).expect("a crossover");
+        assert!(q < n, "{q} < {n}");
+        assert_eq!(opts.model_choice(&p, q - 1, true), 0);
+        assert_ne!(opts.model_choice(&p, q, true), 0);
         // Recomputing half the prefix on C against 0.5 ms per request running on A.
         let c = model_estimates(&p, opts.probe_tokens(), &[0, 0, 4096], &[(0, 0), (0, 0), (2, 0)]);
         let a = |n| {
@@ -796,7 +845,7 @@ mod tests {
     fn no_crossover_when_nothing_can_beat_the_prefix() {
         let opts = ReferenceOptions { c_share: 1.0, c_load: 1_000_000_000, ..Default::default() };
         let p = Profile { decode_interference_ms: 0.0, ..filter_profile(&topo()) };
-        assert_eq!(predicted_crossover(&p, &opts), None);
+        assert_eq!(predicted_crossover(&p, &opts, false), None);
     }
 
     fn answer(ttft_ms: f64) -> Option<WhatIf> {

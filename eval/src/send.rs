@@ -65,8 +65,14 @@ pub struct SendCtx {
 /// Sends `s` to `url` (an Envoy listener) and records what happened; never fails.
 ///
 /// `send_lag_ms` is left at 0 and `at_ms` is the schedule's time: the caller knows when the
-/// send was due and sets both. For the oracle, the what-if questions come before the clock
-/// starts (the limit's decision is free); a request no worker could answer fails.
+/// send was due and sets both.
+///
+/// What-if questions: a simulated worker answers at its next step boundary, its TTFT counting
+/// from the question. The oracle sends once every worker answered; its TTFT counts from when the
+/// chosen worker answered minus that worker's wait (what the request would have waited there),
+/// so it matches the answer it routed on; a request no worker could answer fails. A sampled
+/// request's questions leave with it; one that reaches its worker after the request counts the
+/// request in that worker's queue (the chosen worker's answer is then overstated).
 pub async fn send(
     http: &reqwest::Client,
     url: &str,
@@ -98,26 +104,27 @@ pub async fn send(
     };
     let endpoint = s.endpoint;
     let mut destination = None;
+    let mut start = Instant::now();
     if ctx.policy == Policy::Oracle {
-        rec.whatif_ms = whatif::ttfts(http, &ctx.workers, endpoint, &s.body).await;
-        match whatif::best(&rec.whatif_ms) {
-            Some(b) => destination = Some(ctx.workers[b].as_str()),
-            None => {
-                rec.error = Some(
-                    "oracle: no worker answered /sim/what_if (the oracle needs simulated workers)"
-                        .into(),
-                );
-                return rec;
-            }
-        }
+        let answers = whatif::ask_all_timed(http, &ctx.workers, endpoint, &s.body).await;
+        rec.whatif_ms = answers.iter().map(|(a, _)| a.map(|a| a.ttft_ms)).collect();
+        let Some(b) = whatif::best(&rec.whatif_ms) else {
+            rec.error = Some(
+                "oracle: no worker answered /sim/what_if (the oracle needs simulated workers)"
+                    .into(),
+            );
+            return rec;
+        };
+        destination = Some(ctx.workers[b].as_str());
+        // The request is charged what it would have waited at the chosen worker had it gone
+        // there at once: that worker's answer arrived at its next step boundary. The others'
+        // answers, possibly later, are the oracle's own cost and not charged.
+        let now = Instant::now();
+        start = now.checked_sub(answers[b].1).unwrap_or(now);
     }
     let sample = ctx.policy != Policy::Oracle && sampled(id, ctx.whatif_sample);
-    let start = Instant::now();
-    let request = tokio::time::timeout(
-        timeout,
-        exchange(http, url, endpoint, destination, s, start, &mut rec),
-    );
-    // Asked at the same instant the request leaves, so the answers do not delay it.
+    // The questions are dispatched first, so they usually reach the workers before the
+    // request (which also crosses Envoy) and do not count it in the chosen worker's queue.
     let asked = async {
         if sample {
             whatif::ttfts(http, &ctx.workers, endpoint, &s.body).await
@@ -125,7 +132,11 @@ pub async fn send(
             Vec::new()
         }
     };
-    let (outcome, answers) = tokio::join!(request, asked);
+    let request = tokio::time::timeout(
+        timeout,
+        exchange(http, url, endpoint, destination, s, start, &mut rec),
+    );
+    let (answers, outcome) = tokio::join!(asked, request);
     rec.e2e_ms = ms(start.elapsed());
     if sample {
         rec.whatif_ms = answers;

@@ -59,6 +59,22 @@ pub async fn ask_all(
     futures::future::join_all(workers.iter().map(|w| ask(http, w, endpoint, request))).await
 }
 
+/// [`ask_all`] with how long each worker took to answer (a simulated worker answers at its
+/// next step boundary, its TTFT counting from the question).
+pub async fn ask_all_timed(
+    http: &reqwest::Client,
+    workers: &[String],
+    endpoint: &str,
+    request: &Value,
+) -> Vec<(Option<WhatIf>, Duration)> {
+    futures::future::join_all(workers.iter().map(|w| async move {
+        let t = std::time::Instant::now();
+        let a = ask(http, w, endpoint, request).await;
+        (a, t.elapsed())
+    }))
+    .await
+}
+
 /// Every worker's what-if TTFT (ms, engine time), in `workers`' order.
 pub async fn ttfts(
     http: &reqwest::Client,
