@@ -715,8 +715,8 @@ pub fn plot(r: &ReferenceReport) -> anyhow::Result<String> {
         None => Some("never".to_owned()),
     };
     let notes: Vec<String> = [
-        ("model, all running", r.predicted_crossover),
-        ("all waiting", r.predicted_crossover_queued),
+        ("model crossover, all running", r.predicted_crossover),
+        ("model crossover, all waiting", r.predicted_crossover_queued),
     ]
     .into_iter()
     .filter_map(|(what, c)| Some(format!("{what}: n = {}", off_chart(c)?)))
@@ -724,7 +724,7 @@ pub fn plot(r: &ReferenceReport) -> anyhow::Result<String> {
     let title = if notes.is_empty() {
         "Probe TTFT vs A's load".to_owned()
     } else {
-        format!("Probe TTFT vs A's load (crossover {})", notes.join(", "))
+        format!("Probe TTFT vs A's load (off the chart: {})", notes.join("; "))
     };
     let labels = levels.clone();
     let mut buf = String::new();
@@ -750,6 +750,7 @@ pub fn plot(r: &ReferenceReport) -> anyhow::Result<String> {
             })
             .x_desc("n: background requests on A")
             .y_desc("TTFT (engine ms)")
+            .y_label_formatter(&|v| format!("{v:.0}"))
             .draw()?;
         for (i, (policy, pts)) in lines.iter().enumerate() {
             let c = Palette99::pick(i).to_rgba();

@@ -154,3 +154,23 @@ fn ctx_without_cluster() -> SendCtx {
         timeout: Duration::from_secs(5),
     }
 }
+
+#[tokio::test]
+async fn other_policies_get_every_workers_what_if_for_sampled_requests_only() {
+    let cluster = Cluster::start(&topo(2), Policy::LeastRequest, &[]).await.unwrap();
+    let url = cluster.urls()[0].clone();
+    let http = reqwest::Client::new();
+    let model = kvroute_integration::stack::MODEL;
+    for (share, answers) in [(1.0, 2), (0.0, 0)] {
+        let ctx = SendCtx { policy: Policy::LeastRequest, whatif_sample: share, ..ctx(&cluster) };
+        let s = scheduled(completions_body(model, &ids(5, 300), 4), 4);
+        let rec = send(&http, &url, 3, &s, &ctx).await;
+        assert!(rec.ok(), "{:?}", rec.error);
+        assert_eq!(rec.whatif_ms.len(), answers, "share {share}: {:?}", rec.whatif_ms);
+        if answers > 0 {
+            assert!(rec.whatif_ms.iter().all(Option::is_some), "{:?}", rec.whatif_ms);
+            let chosen = whatif::index_of(&ctx.workers, rec.worker.as_deref().unwrap()).unwrap();
+            assert!(whatif::regret(&rec.whatif_ms, chosen).is_some_and(|r| r >= 0.0));
+        }
+    }
+}
