@@ -97,7 +97,7 @@ impl Policy {
     }
 
     /// The updater follows the workers' KV events.
-    fn events(self) -> bool {
+    pub fn events(self) -> bool {
         self == Policy::Kvroute
     }
 
@@ -220,6 +220,8 @@ impl Cluster {
                 workers.push(WorkerHandle::Sim(Box::new(w)));
             }
         } else {
+            let addrs: Vec<String> = topo.workers.external.iter().map(|e| e.addr.clone()).collect();
+            reset_prefix_caches(&addrs, &topo.workers.reset_path).await?;
             for e in &topo.workers.external {
                 if let (Some(ev), Some(rp)) = (&e.events, &e.replay) {
                     endpoints.push(format!("{},{ev},{rp}", e.addr));
@@ -416,4 +418,24 @@ impl Fault {
             _ => Duration::ZERO,
         }
     }
+}
+
+/// Empties every worker's prefix cache with `POST {path}` (vLLM's `/reset_prefix_cache`), so a
+/// run starts cold whatever ran before. An engine refuses while requests of the previous run
+/// still hold blocks: retried for up to a minute. An empty `path` resets nothing.
+pub async fn reset_prefix_caches(addrs: &[String], path: &str) -> anyhow::Result<()> {
+    if path.is_empty() {
+        return Ok(());
+    }
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    for a in addrs {
+        let url = format!("http://{a}{path}");
+        kvroute_integration::eventually(
+            &format!("POST {url} to succeed"),
+            Duration::from_secs(60),
+            || async { http.post(&url).send().await.ok()?.status().is_success().then_some(()) },
+        )
+        .await?;
+    }
+    Ok(())
 }

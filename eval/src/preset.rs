@@ -57,6 +57,10 @@ pub struct Plan {
     /// Share of requests whose what-if TTFT is asked of every simulated worker (regret).
     #[serde(default = "default_whatif_sample")]
     pub whatif_sample: f64,
+    /// Also run the three reference cases (busy worker with all of the prefix, idle worker with
+    /// none, loaded worker with part), swept over how busy the first one is.
+    #[serde(default)]
+    pub reference: bool,
 }
 
 fn default_repeats() -> usize {
@@ -245,6 +249,7 @@ fn plan(name: &str, topology: Topology, policies: Vec<Policy>, scenarios: Vec<Sc
         repeats: default_repeats(),
         rate_scales: default_rates(),
         whatif_sample: default_whatif_sample(),
+        reference: false,
     }
 }
 
@@ -270,19 +275,25 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
                 ..multi_turn("multi-turn", seed, SLO_8B, 12, 8000, 1)
             })],
         ),
-        "full" => plan(
-            "full",
-            topology(4, "llama3-8b-h100", 2),
-            Policy::COMPARED.to_vec(),
-            full_scenarios(seed, SLO_8B),
-        ),
+        "full" => Plan {
+            reference: true,
+            ..plan(
+                "full",
+                topology(4, "llama3-8b-h100", 2),
+                Policy::COMPARED.to_vec(),
+                full_scenarios(seed, SLO_8B),
+            )
+        },
         // The 70B-on-4xH100 point: the filter keeps its 8B defaults, a prior 2.4x too fast.
-        "full-70b" => plan(
-            "full-70b",
-            topology(4, "llama3-70b-4xh100", 2),
-            Policy::COMPARED.to_vec(),
-            full_scenarios(seed, SLO_70B),
-        ),
+        "full-70b" => Plan {
+            reference: true,
+            ..plan(
+                "full-70b",
+                topology(4, "llama3-70b-4xh100", 2),
+                Policy::COMPARED.to_vec(),
+                full_scenarios(seed, SLO_70B),
+            )
+        },
         // STRESS, not an operating point: prefill inflated to 0.2 ms/token (6x the sourced 8B
         // figure), where reuse matters most. Kept to compare with earlier reports only.
         "stress" => {

@@ -415,9 +415,9 @@ where
     }
 }
 
-/// Whether the policy's updater follows the workers' KV events (only kvroute's does).
+/// Whether the policy's updater follows the workers' KV events.
 fn learns_from_events(policy: Policy) -> bool {
-    policy == Policy::Kvroute
+    policy.events()
 }
 
 /// Waits until the updater knows A's and C's prefix blocks and every Envoy holds that snapshot.

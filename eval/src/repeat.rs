@@ -6,7 +6,9 @@
 //! - A/A ratios of a metric: least-request's value in repeat a over its value in repeat b, for
 //!   every ordered pair of distinct valid repeats (a, b).
 //! - Noise floor of a metric: the largest |A/A ratio − 1|; none with fewer than two valid runs.
-//! - A policy's ratio whose median over repeats lies within 1 ± floor is "no difference".
+//! - The noise band is multiplicative, [1/(1 + floor), 1 + floor]: as every ordered pair is in
+//!   the A/A set, both a/b and b/a are, so the band is exactly the range of the A/A ratios. A
+//!   policy's ratio whose median over repeats lies within it is "no difference".
 //!
 //! Everything here is pure; undefined values are `None`, never NaN.
 
@@ -93,19 +95,21 @@ pub enum Verdict {
     Better,
     /// Worse than the baseline beyond the noise floor.
     Worse,
-    /// The median lies within 1 ± floor.
+    /// The median lies within the noise band [1/(1 + floor), 1 + floor].
     NoDifference,
     /// No ratio (no baseline, or nothing to divide by).
     Unknown,
 }
 
-/// The verdict on a median ratio: within `1 ± floor` (inclusive) is no difference; without a
-/// floor (one run), only exactly 1 is. `lower_is_better` for times, not for rates.
+/// The verdict on a median ratio: within the band `[1/(1 + floor), 1 + floor]` (inclusive) is
+/// no difference; without a floor (one run), only exactly 1 is. Ratios are compared on a log
+/// scale: 0.5x and 2x are equally far from 1. `lower_is_better` for times, not for rates.
 pub fn verdict(median: Option<f64>, floor: Option<f64>, lower_is_better: bool) -> Verdict {
-    let Some(m) = median.filter(|m| m.is_finite()) else { return Verdict::Unknown };
+    let Some(m) = median.filter(|m| m.is_finite() && *m >= 0.0) else { return Verdict::Unknown };
     let floor = floor.unwrap_or(0.0);
-    // A hair of slack so that a median of exactly 1 ± floor is not lost to rounding.
-    if (m - 1.0).abs() <= floor + 1e-12 {
+    // A hair of slack so that a median exactly on the band's edge is not lost to rounding; a
+    // ratio of 0 (e.g. no goodput at all) is beyond any band.
+    if m > 0.0 && m.ln().abs() <= (1.0 + floor).ln() + 1e-12 {
         return Verdict::NoDifference;
     }
     if (m < 1.0) == lower_is_better {
@@ -174,5 +178,10 @@ mod tests {
         assert_eq!(verdict(Some(1.0), None, true), Verdict::NoDifference);
         assert_eq!(verdict(Some(1.01), None, true), Verdict::Worse);
         assert_eq!(verdict(None, Some(0.1), true), Verdict::Unknown);
+        // The band is multiplicative: a floor of +250 % (A/A ratios from 0.29x to 3.5x) still
+        // tells a 0.06x ratio apart, and 0.3x is inside.
+        assert_eq!(verdict(Some(0.06), Some(2.5), true), Verdict::Better);
+        assert_eq!(verdict(Some(0.3), Some(2.5), true), Verdict::NoDifference);
+        assert_eq!(verdict(Some(0.94), Some(0.05), true), Verdict::Better);
     }
 }

@@ -80,6 +80,10 @@ pub struct Workers {
     pub sim_args: Vec<String>,
     /// Existing endpoints instead of sims (a real vLLM pool).
     pub external: Vec<External>,
+    /// Path POSTed to every external worker before each run so every policy starts with an
+    /// empty prefix cache (vLLM's `/reset_prefix_cache`, served with `VLLM_SERVER_DEV_MODE=1`);
+    /// empty: no reset (each run then inherits the previous one's cache, and the report says so).
+    pub reset_path: String,
     /// The served model: `demo` (built-in bundle) or `qwen3` (`./dev setup` fetches it).
     pub model: crate::model::BenchModel,
 }
@@ -93,6 +97,7 @@ impl Default for Workers {
             speedup: 1.0,
             sim_args: Vec::new(),
             external: Vec::new(),
+            reset_path: "/reset_prefix_cache".into(),
             model: Default::default(),
         }
     }
@@ -171,6 +176,10 @@ impl Topology {
                 && (0.01..=100.0).contains(&self.filter.prior_scale),
             "filter.prior_scale: between 0.01 and 100"
         );
+        anyhow::ensure!(
+            self.workers.reset_path.is_empty() || self.workers.reset_path.starts_with('/'),
+            "workers.reset_path: empty or a path starting with /"
+        );
         for e in &self.workers.external {
             e.addr
                 .parse::<std::net::SocketAddr>()
@@ -231,7 +240,19 @@ impl Topology {
                 }
             )
         } else {
-            format!("{} external workers", self.workers.external.len())
+            format!(
+                "{} external workers (model {}, {})",
+                self.workers.external.len(),
+                self.workers.model.name(),
+                if self.workers.reset_path.is_empty() {
+                    "prefix caches NOT reset between runs".to_string()
+                } else {
+                    format!(
+                        "prefix caches reset before each run by POST {}",
+                        self.workers.reset_path
+                    )
+                }
+            )
         };
         format!(
             "{workers}; {} Envoy instance(s) x {} threads; kvroute-updater{}",

@@ -17,13 +17,13 @@ use kvroute_eval::model::BenchModel;
 use kvroute_eval::preset::{self, Plan};
 use kvroute_eval::report::{self, Report, Scope, Setup};
 use kvroute_eval::runner::{run_policy, RunOptions};
-use kvroute_eval::{repeat, schedule, workloads};
+use kvroute_eval::{reference, repeat, schedule, workloads};
 use kvroute_integration::paths;
 
 #[derive(Parser, Debug)]
 #[command(about = "Compare routing policies on identical arrivals through real Envoy")]
 struct Args {
-    /// A preset plan: demo, full or selfcheck.
+    /// A preset plan: demo, full, full-70b, stress or selfcheck.
     #[arg(long, default_value = "demo")]
     preset: String,
     /// A plan file (TOML) instead of a preset.
@@ -55,6 +55,19 @@ struct Args {
     /// e.g. 0.5,1,2,4; default: the plan's).
     #[arg(long, value_delimiter = ',')]
     rates: Option<Vec<f64>>,
+    /// Also run the three reference cases (the `full` presets do): a busy worker holding all of
+    /// a prefix, an idle one holding none, a loaded one holding part, swept over how busy the
+    /// first is; per policy the chosen worker, its TTFT and the what-if best, and the crossover
+    /// the cost model predicts against the measured one. `--no-reference` skips them.
+    #[arg(long, conflicts_with = "no_reference")]
+    reference: bool,
+    #[arg(long)]
+    no_reference: bool,
+    /// Scale the filter's default cost profile by this (3: a prior three times too slow), to
+    /// see how kvroute fares when told the wrong speed. Overrides the plan's
+    /// `[filter] prior_scale`.
+    #[arg(long)]
+    filter_prior_scale: Option<f64>,
     /// Results folder (default: results/<plan name>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -99,6 +112,9 @@ fn load_plan(args: &Args) -> anyhow::Result<Plan> {
         let text =
             std::fs::read_to_string(t).with_context(|| format!("reading {}", t.display()))?;
         plan.topology = kvroute_eval::topology::Topology::from_toml(&text)?;
+    }
+    if let Some(k) = args.filter_prior_scale {
+        plan.topology.filter.prior_scale = k;
     }
     if let Some(m) = &args.model {
         plan.topology.workers.model = BenchModel::parse(m)?;
@@ -256,7 +272,28 @@ async fn main() -> anyhow::Result<()> {
     if args.dry_run {
         return Ok(());
     }
-    let summary = report::summary::overview(&plan.name, &reports);
+    let mut summary = report::summary::overview(&plan.name, &reports);
+    if (plan.reference || args.reference) && !args.no_reference {
+        let policies: Vec<Policy> = [Policy::Kvroute, Policy::LeastRequest, Policy::Oracle]
+            .into_iter()
+            .filter(|p| plan.policies.contains(p))
+            .collect();
+        println!(
+            "\n== reference cases: {} x levels {:?}",
+            policies.len(),
+            reference::DEFAULT_LEVELS
+        );
+        let rep = reference::run(
+            &plan.topology,
+            &policies,
+            &reference::DEFAULT_LEVELS,
+            &out.join("reference"),
+            &reference::ReferenceOptions::default(),
+        )
+        .await
+        .context("the reference cases")?;
+        summary.push_str(&reference_summary(&rep));
+    }
     std::fs::write(out.join("summary.md"), &summary)?;
     println!("\n{summary}\n(written to {})", out.display());
     anyhow::ensure!(
@@ -264,6 +301,18 @@ async fn main() -> anyhow::Result<()> {
         "{failed} requests failed"
     );
     Ok(())
+}
+
+/// The reference cases' crossovers, for the summary.
+fn reference_summary(rep: &reference::ReferenceReport) -> String {
+    let n = |v: Option<usize>| v.map_or("none in the sweep".to_string(), |n| format!("n = {n}"));
+    format!(
+        "\n## The three reference cases\n\nA busy worker A holding all of the prefix, an idle worker B holding none, a loaded worker C holding part; A carries n background requests. Measured crossover (the what-if best stops being A): {}. Crossover kvroute's cost model predicts: {} with A's requests reported running, {} with them reported waiting, {} on the load the workers actually reported. Details: `reference/reference.md`, plot `reference/reference.svg`.\n",
+        n(rep.measured_crossover),
+        n(rep.predicted_crossover),
+        n(rep.predicted_crossover_queued),
+        n(rep.model_crossover_observed),
+    )
 }
 
 /// Re-summarizes every `<dir>/<workload>/report.json` and rewrites the reports and the summary.

@@ -164,9 +164,10 @@ pub fn summary_table(report: &Report) -> String {
 /// The noise floor's definition, as the reports state it.
 pub const NOISE_FLOOR: &str = "the noise floor of a metric is the largest |A/A ratio − 1|, \
 where the A/A ratios are least-request's value in repeat a over its value in repeat b for every \
-ordered pair of distinct valid repeats; a policy's ratio whose median over repeats lies within \
-1 ± floor is shown as \"no difference\" (value in small print); with one valid run there is no \
-floor";
+ordered pair of distinct valid repeats; the noise band is multiplicative, from 1/(1 + floor) to \
+1 + floor (the range of the A/A ratios, since both a/b and b/a are among them), and a policy's \
+ratio whose median over repeats lies within it is shown as \"no difference\" (value in small \
+print); with one valid run there is no floor";
 
 fn scope_header(report: &Report, out: &mut String) {
     let s = &report.scope;
