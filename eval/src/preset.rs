@@ -323,7 +323,9 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
                         Shape::MultiTurn {
                             conversations: 12,
                             turns: 3,
-                            system_words: 800,
+                            // ~4.5 k tokens: ~0.16 s of prefill each at the sourced speed, so
+                            // one worker taking everything visibly falls behind.
+                            system_words: words(4500),
                             user_words: 20,
                             start_gap_ms: 100,
                             think_time_ms: 600,
