@@ -15,7 +15,7 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use plotters::prelude::*;
@@ -396,23 +396,13 @@ impl Drop for Background {
     }
 }
 
-/// Polls `check` every 10 ms until it returns `Some`, failing after `timeout`.
-async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+/// Polls `check` every 10 ms (the probe's timing matters) until it returns `Some`.
+async fn until<T, F, Fut>(what: &str, timeout: Duration, check: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    kvroute_integration::eventually_every(what, timeout, Duration::from_millis(10), check).await
 }
 
 /// Whether the policy's updater follows the workers' KV events.
@@ -788,13 +778,7 @@ pub fn plot(r: &ReferenceReport) -> anyhow::Result<String> {
         )?;
         mark(r.predicted_crossover, "crossover, model, all running", RGBColor(0, 140, 200))?;
         mark(r.predicted_crossover_queued, "crossover, model, all waiting", RGBColor(120, 0, 200))?;
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT, 13))
-            .draw()?;
+        crate::report::plots::legend(&mut chart, SeriesLabelPosition::UpperLeft, 13)?;
         root.present()?;
     }
     Ok(buf)

@@ -29,7 +29,7 @@
 pub mod ceiling;
 pub mod cohorts;
 mod markdown;
-mod plots;
+pub(crate) mod plots;
 pub mod regret;
 mod stats;
 pub mod summary;

@@ -18,7 +18,21 @@ pub mod workload;
 use std::time::{Duration, Instant};
 
 /// Polls `check` every 50 ms until it returns `Some`, or fails after `timeout`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    eventually_every(what, timeout, Duration::from_millis(50), check).await
+}
+
+/// [`eventually`], polling every `every`.
+pub async fn eventually_every<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: F,
+) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -31,7 +45,7 @@ where
         if Instant::now() >= deadline {
             anyhow::bail!("timed out after {timeout:?} waiting for {what}");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

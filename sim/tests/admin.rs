@@ -3,22 +3,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvroute_core::model::ModelBundle;
-use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
-use kvroute_sim::profile::Profile;
-use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
+use kvroute_sim::worker::Worker;
 use serde_json::{json, Value};
 
+mod common;
+
 async fn start() -> (Arc<Worker>, u16, u16) {
-    let events = EventConfig {
-        topic: String::new(),
-        encoding: EventEncoding::Array,
-        reply_shape: ReplyShape::Pair,
-        buffer_steps: 100,
-    };
-    let profile = Profile::load("llama3-8b-h100").unwrap();
-    let spec = WorkerSpec { speedup: 1.0, ..WorkerSpec::loopback("kvroute-demo", profile, events) };
-    let w = Worker::new(spec, ModelBundle::demo().unwrap(), Ports::default());
+    let w = common::demo_worker();
     let admin = w.bind_admin().await.unwrap();
     let admin_port = admin.local_addr().unwrap().port();
     let http = w.start().await.unwrap().http;

@@ -2,25 +2,16 @@
 
 use std::sync::Arc;
 
-use kvroute_core::model::ModelBundle;
 use kvroute_sim::engine::{Chunk, Timing};
-use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
 use kvroute_sim::profile::Profile;
-use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
+use kvroute_sim::worker::Worker;
 use serde_json::{json, Value};
 
-const MODEL: &str = "kvroute-demo";
+mod common;
+use common::MODEL;
 
 async fn start() -> (Arc<Worker>, u16) {
-    let events = EventConfig {
-        topic: String::new(),
-        encoding: EventEncoding::Array,
-        reply_shape: ReplyShape::Pair,
-        buffer_steps: 100,
-    };
-    let profile = Profile::load("llama3-8b-h100").unwrap();
-    let spec = WorkerSpec { speedup: 1.0, ..WorkerSpec::loopback(MODEL, profile, events) };
-    let w = Worker::new(spec, ModelBundle::demo().unwrap(), Ports::default());
+    let w = common::demo_worker();
     let http = w.start().await.unwrap().http;
     (w, http)
 }

@@ -21,6 +21,22 @@ const FONT: &str = "sans-serif";
 /// Most points drawn per line; longer lines are thinned evenly (the last point kept).
 const MAX_POINTS: usize = 1000;
 
+/// The legend of `chart`'s labelled series at `pos`, in the house style.
+pub(crate) fn legend<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    pos: SeriesLabelPosition,
+    font_size: u32,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, font_size))
+        .draw()?;
+    Ok(())
+}
+
 /// Draws onto a white `size` canvas and returns the SVG text.
 fn svg(
     size: (u32, u32),
@@ -149,13 +165,7 @@ pub(super) fn ttft_cdf(runs: &[RunResult]) -> anyhow::Result<String> {
                 });
         }
         if !lines.is_empty() {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font((FONT, 14))
-                .draw()?;
+            legend(&mut chart, SeriesLabelPosition::LowerRight, 14)?;
         }
         Ok(())
     })
@@ -206,13 +216,7 @@ pub(super) fn queue(policy: &str, run: Option<&RunResult>) -> anyhow::Result<Str
                 });
         }
         if workers > 0 {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font((FONT, 13))
-                .draw()?;
+            legend(&mut chart, SeriesLabelPosition::UpperRight, 13)?;
         }
         Ok(())
     })
@@ -305,13 +309,7 @@ pub(super) fn cohort_tails(report: &Report) -> anyhow::Result<String> {
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
         }
         if !report.policies.is_empty() {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font((FONT, 14))
-                .draw()?;
+            legend(&mut chart, SeriesLabelPosition::UpperLeft, 14)?;
         }
         Ok(())
     })
@@ -355,13 +353,7 @@ fn lines_chart(
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
     }
     if !lines.is_empty() {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT, 13))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft, 13)?;
     }
     Ok(())
 }
