@@ -318,11 +318,8 @@ impl Cluster {
             let path = paths::repo_root().join("envoy").join("kvroute.yaml");
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let poll = "\"interval_ms\": 100}";
-            anyhow::ensure!(text.contains(poll), "kvroute.yaml's snapshot_sync line changed");
             let timeout = topo.knowledge.delay_ms.max(max_fault_delay_ms) + 2000;
-            let text =
-                text.replace(poll, &format!("\"interval_ms\": 100, \"timeout_ms\": {timeout}}}"));
+            let text = with_poll_timeout(&text, timeout)?;
             return write_config_text("kvroute.yaml", &text, dir, ports, addrs, &filter);
         }
         if policy == Policy::Oracle {
@@ -420,6 +417,13 @@ impl Fault {
     }
 }
 
+/// `kvroute.yaml`'s text with the singleton's snapshot poll timeout set to `timeout_ms`.
+fn with_poll_timeout(text: &str, timeout_ms: u64) -> anyhow::Result<String> {
+    let poll = "\"interval_ms\": 100}";
+    anyhow::ensure!(text.matches(poll).count() == 1, "kvroute.yaml's snapshot_sync line changed");
+    Ok(text.replace(poll, &format!("\"interval_ms\": 100, \"timeout_ms\": {timeout_ms}}}")))
+}
+
 /// Empties every worker's prefix cache with `POST {path}` (vLLM's `/reset_prefix_cache`), so a
 /// run starts cold whatever ran before. An engine refuses while requests of the previous run
 /// still hold blocks: retried for up to a minute. An empty `path` resets nothing.
@@ -438,4 +442,32 @@ pub async fn reset_prefix_caches(addrs: &[String], path: &str) -> anyhow::Result
         .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_knowledge_delay_fault_lengthens_the_poll_timeout_past_the_delay() {
+        let path = kvroute_integration::paths::repo_root().join("envoy").join("kvroute.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let out = with_poll_timeout(&text, 3000).unwrap();
+        let line = out.lines().find(|l| l.contains("snapshot_sync")).unwrap();
+        let cfg: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(cfg["snapshot_sync"]["timeout_ms"], 3000);
+        assert_eq!(cfg["snapshot_sync"]["interval_ms"], 100);
+        assert!(with_poll_timeout("nothing here", 1).is_err());
+    }
+
+    #[test]
+    fn the_ladder_adds_one_ingredient_per_rung() {
+        assert!(Policy::LADDER.windows(2).all(|w| w[0] != w[1]));
+        assert!(!Policy::LeastRequest.filter() && Policy::KvrouteLoadOnly.filter());
+        assert!(Policy::Kvroute.events() && !Policy::KvrouteHistory.events());
+        assert_eq!(Policy::parse("kvroute-no-events").unwrap(), Policy::KvrouteHistory);
+        for p in Policy::COMPARED {
+            assert_eq!(Policy::parse(p.name()).unwrap(), p);
+        }
+    }
 }
