@@ -124,9 +124,10 @@ pub enum Fault {
     KnowledgeDelay { delay_ms: u64, duration_ms: u64 },
 }
 
-/// A fault at a time of the run.
+/// A fault at a time of the run. (No `deny_unknown_fields` here: serde cannot combine it with
+/// the flattened, tagged `fault`, and would refuse every fault it wrote itself; `Fault`'s own
+/// variants still refuse unknown fields.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TimedFault {
     pub at_ms: u64,
     #[serde(flatten)]
@@ -458,6 +459,25 @@ mod tests {
         assert_eq!(cfg["snapshot_sync"]["timeout_ms"], 3000);
         assert_eq!(cfg["snapshot_sync"]["interval_ms"], 100);
         assert!(with_poll_timeout("nothing here", 1).is_err());
+    }
+
+    #[test]
+    fn faults_read_back_what_they_write() {
+        let faults = vec![
+            TimedFault { at_ms: 1, fault: Fault::WorkerLoss { worker: 1 } },
+            TimedFault { at_ms: 2, fault: Fault::Evict { worker: 0, percent: 50 } },
+            TimedFault { at_ms: 3, fault: Fault::UpdaterOutage { duration_ms: 4 } },
+            TimedFault { at_ms: 5, fault: Fault::KnowledgeDelay { delay_ms: 6, duration_ms: 7 } },
+        ];
+        let json = serde_json::to_string(&faults).unwrap();
+        assert_eq!(serde_json::from_str::<Vec<TimedFault>>(&json).unwrap(), faults);
+        #[derive(Serialize, Deserialize)]
+        struct Doc {
+            faults: Vec<TimedFault>,
+        }
+        let text = toml::to_string(&Doc { faults: faults.clone() }).unwrap();
+        assert_eq!(toml::from_str::<Doc>(&text).unwrap().faults, faults);
+        assert!(serde_json::from_str::<TimedFault>(r#"{"at_ms":1,"kind":"nope"}"#).is_err());
     }
 
     #[test]

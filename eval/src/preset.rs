@@ -451,5 +451,11 @@ mod tests {
         let text = toml::to_string(&p).unwrap();
         let back: Plan = toml::from_str(&text).unwrap();
         assert_eq!(back, p);
+        // Every preset, faults included, reads back what `--print-plan` writes.
+        for name in PRESETS {
+            let p = preset(name, 1).unwrap();
+            let back: Plan = toml::from_str(&toml::to_string(&p).unwrap()).unwrap();
+            assert_eq!(back, p, "{name}");
+        }
     }
 }

@@ -35,9 +35,9 @@ pub struct Spread {
 }
 
 impl Spread {
-    /// The spread of the finite `values`.
+    /// The spread of `values` (NaN left out; ∞ kept: a ratio against nothing).
     pub fn of(values: impl IntoIterator<Item = f64>) -> Spread {
-        let mut v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
+        let mut v: Vec<f64> = values.into_iter().filter(|x| !x.is_nan()).collect();
         v.sort_by(f64::total_cmp);
         let n = v.len();
         let median = match n {
@@ -105,11 +105,11 @@ pub enum Verdict {
 /// no difference; without a floor (one run), only exactly 1 is. Ratios are compared on a log
 /// scale: 0.5x and 2x are equally far from 1. `lower_is_better` for times, not for rates.
 pub fn verdict(median: Option<f64>, floor: Option<f64>, lower_is_better: bool) -> Verdict {
-    let Some(m) = median.filter(|m| m.is_finite() && *m >= 0.0) else { return Verdict::Unknown };
+    let Some(m) = median.filter(|m| !m.is_nan() && *m >= 0.0) else { return Verdict::Unknown };
     let floor = floor.unwrap_or(0.0);
     // A hair of slack so that a median exactly on the band's edge is not lost to rounding; a
-    // ratio of 0 (e.g. no goodput at all) is beyond any band.
-    if m > 0.0 && m.ln().abs() <= (1.0 + floor).ln() + 1e-12 {
+    // ratio of 0 or ∞ (e.g. no goodput at all on one side) is beyond any band.
+    if m > 0.0 && m.is_finite() && m.ln().abs() <= (1.0 + floor).ln() + 1e-12 {
         return Verdict::NoDifference;
     }
     if (m < 1.0) == lower_is_better {

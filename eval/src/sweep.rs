@@ -62,8 +62,8 @@ pub struct Goodput {
     pub goodput: Spread,
     /// Repeats where no rung passed.
     pub below_ladder: usize,
-    /// Against least-request, paired by repeat (0 where this policy is below the ladder,
-    /// undefined where least-request is).
+    /// Against least-request, paired by repeat (0 where this policy is below the ladder; ∞
+    /// where only least-request is, 1 where both are).
     pub ratio: Spread,
     pub verdict: Verdict,
 }
@@ -161,9 +161,17 @@ pub fn sweep(points: &[RunPoint], baseline: &str) -> Sweep {
         .iter()
         .map(|policy| {
             let mine = per_repeat(policy);
-            // Below the ladder counts as 0 against a baseline that has a goodput.
+            // Below the ladder counts as 0 against a baseline that has a goodput; against a
+            // baseline below the ladder, a goodput is infinitely better (∞) and none is the same
+            // (1): a repeat where only the policy passed must not drop out of the median.
             let zeroed: Vec<_> = mine.iter().map(|(r, g)| (*r, Some(g.unwrap_or(0.0)))).collect();
-            let ratio = Spread::of(paired(&zeroed, &base));
+            let mut ratios = paired(&zeroed, &base);
+            for (r, g) in &mine {
+                if base.iter().any(|(rb, b)| rb == r && b.is_none()) {
+                    ratios.push(if g.is_some_and(|g| g > 0.0) { f64::INFINITY } else { 1.0 });
+                }
+            }
+            let ratio = Spread::of(ratios);
             Goodput {
                 policy: policy.clone(),
                 goodput: Spread::of(mine.iter().map(|(_, g)| g.unwrap_or(0.0))),
@@ -248,6 +256,23 @@ mod tests {
         assert_eq!((pinned.below_ladder, pinned.goodput.median), (3, Some(0.0)));
         assert_eq!(pinned.ratio.median, Some(0.0));
         assert_eq!(pinned.verdict, Verdict::Worse);
+    }
+
+    #[test]
+    fn a_baseline_below_the_ladder_does_not_hide_a_passing_policy() {
+        // least-request passes nothing in repeats 1 and 2; kvroute passes x1 in all three.
+        let mut pts = Vec::new();
+        for r in 0..3 {
+            pts.push(point("least-request", r, 1.0, if r == 0 { 100 } else { 80 }, 1.0));
+            pts.push(point("kvroute", r, 1.0, 100, 1.0));
+        }
+        let s = sweep(&pts, "least-request");
+        let kv = s.goodput.iter().find(|g| g.policy == "kvroute").expect("kvroute");
+        assert_eq!(kv.ratio.n, 3);
+        assert_eq!(kv.ratio.median, Some(f64::INFINITY));
+        assert_eq!(kv.verdict, Verdict::Better);
+        let lr = s.goodput.iter().find(|g| g.policy == "least-request").expect("baseline");
+        assert_eq!(lr.below_ladder, 2);
     }
 
     #[test]

@@ -336,7 +336,14 @@ fn rerender(dir: &std::path::Path) -> anyhow::Result<()> {
     }
     anyhow::ensure!(!reports.is_empty(), "no */report.json under {}", dir.display());
     let name = dir.file_name().map_or("results".into(), |n| n.to_string_lossy().into_owned());
-    let summary = report::summary::overview(&name, &reports);
+    let mut summary = report::summary::overview(&name, &reports);
+    let reference = dir.join("reference").join("reference.json");
+    if reference.is_file() {
+        let text = std::fs::read_to_string(&reference)?;
+        let rep: reference::ReferenceReport = serde_json::from_str(&text)
+            .with_context(|| format!("parsing {}", reference.display()))?;
+        summary.push_str(&reference_summary(&rep));
+    }
     std::fs::write(dir.join("summary.md"), &summary)?;
     println!("{summary}");
     Ok(())

@@ -27,7 +27,11 @@ pub(super) fn pct(v: Option<f64>) -> String {
 
 /// A ratio as a factor.
 pub(super) fn times(v: Option<f64>) -> String {
-    v.map_or_else(|| "n/a".into(), |v| format!("{v:.2}×"))
+    match v {
+        None => "n/a".into(),
+        Some(v) if v.is_infinite() => "∞×".into(),
+        Some(v) => format!("{v:.2}×"),
+    }
 }
 
 pub(super) fn two(v: Option<f64>) -> String {
