@@ -214,10 +214,12 @@ impl Router {
             .workers
             .iter()
             .map(|w| {
-                let mut pm = self.knowledge.prefix_match(w, &hashes, now_ms);
-                if !self.plan.cache_aware {
-                    pm = Default::default();
-                }
+                // The cache-blind ablation skips the lookup rather than discarding it.
+                let pm = if self.plan.cache_aware {
+                    self.knowledge.prefix_match(w, &hashes, now_ms)
+                } else {
+                    Default::default()
+                };
                 ages.insert(w.as_str(), (pm.oldest_age_ms, pm.from_events));
                 let reported = self.knowledge.reported_load(w, now_ms);
                 Candidate {
