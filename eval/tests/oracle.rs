@@ -55,7 +55,8 @@ async fn the_oracle_sends_every_request_to_the_worker_whose_what_if_was_best() {
     // is not always the first.
     let load: Vec<_> = (0..4u32)
         .map(|i| {
-            let busy = completions_body(model, &ids(1 + i * 13, 8000), 64);
+            // Long outputs keep worker 0 loaded for the whole test.
+            let busy = completions_body(model, &ids(1 + i * 13, 8000), 2000);
             let (http, busy_worker) = (http.clone(), ctx.workers[0].clone());
             tokio::spawn(async move {
                 let r = http.post(format!("http://{busy_worker}{COMPLETIONS}")).json(&busy).send();
@@ -72,17 +73,30 @@ async fn the_oracle_sends_every_request_to_the_worker_whose_what_if_was_best() {
     .await
     .unwrap();
     let mut chosen = std::collections::BTreeSet::new();
-    // Overlapping requests, 30 ms apart (each about 100 ms of prefill): each one changes what
-    // the next one's what-if sees.
-    let sends = (0..6u32).map(|i| {
-        let s = scheduled(completions_body(model, &ids(100 + i * 50, 3000), 8), 8);
-        let (http, url, ctx) = (http.clone(), url.clone(), ctx.clone());
-        async move {
-            tokio::time::sleep(Duration::from_millis(30 * u64::from(i))).await;
-            send(&http, &url, i as usize, &s, &ctx).await
-        }
-    });
-    for rec in futures::future::join_all(sends).await {
+    // Two requests, the second sent only once the first is running on an idle worker (its
+    // long output keeps it there): the second's what-if sees that load, whatever the host's
+    // speed, so each idle worker is best once.
+    let mut sends = Vec::new();
+    for i in 0..2u32 {
+        let s = scheduled(completions_body(model, &ids(100 + i * 50, 3000), 300), 300);
+        let (http2, url, ctx2) = (http.clone(), url.clone(), ctx.clone());
+        sends.push(tokio::spawn(async move { send(&http2, &url, i as usize, &s, &ctx2).await }));
+        kvroute_integration::eventually(
+            "the request running on an idle worker",
+            Duration::from_secs(10),
+            || async {
+                let mut running = 0;
+                for w in &ctx.workers[1..] {
+                    running += kvroute_eval::runner::scrape_queue(&http, w).await?.0;
+                }
+                (running > i).then_some(())
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let sends = futures::future::join_all(sends).await.into_iter().map(|r| r.unwrap());
+    for rec in sends {
         assert!(rec.ok(), "{:?}", rec.error);
         assert_eq!(rec.whatif_ms.len(), 3, "every worker asked");
         assert!(
