@@ -666,6 +666,11 @@ impl Core {
         }
         self.running = kept;
         chunks = kept_chunks;
+        let bs = self.cfg.block_size;
+        for (seq, &n) in self.running.iter_mut().zip(&chunks) {
+            let upto = seq.computed + n;
+            cache_full_blocks(seq, upto, &mut self.cache, &mut self.pending, bs);
+        }
         // New admissions, FCFS, only when nobody was preempted this step.
         if !had_preemption {
             self.admit(&mut budget, &mut chunks);
@@ -701,32 +706,8 @@ impl Core {
                 continue;
             }
             s.computed += chunk;
-            // Cache every block that is now full.
-            let mut stored = Vec::new();
-            for b in s.hashes.len()..s.computed / bs {
-                let parent = s.hashes.last().copied();
-                let h = engine_block_hash(
-                    parent,
-                    &s.tokens[b * bs..(b + 1) * bs],
-                    s.salt.as_deref(),
-                    s.lora.as_deref(),
-                );
-                s.hashes.push(h);
-                if self.cache.fill(h) {
-                    stored.push(b);
-                }
-            }
-            if let (Some(&b0), Some(&b1)) = (stored.first(), stored.last()) {
-                self.pending.push(KvEvent::BlockStored {
-                    block_hashes: stored.iter().map(|&b| s.hashes[b]).collect(),
-                    parent_block_hash: b0.checked_sub(1).map(|p| s.hashes[p]),
-                    token_ids: s.tokens[b0 * bs..(b1 + 1) * bs].to_vec(),
-                    block_size: bs,
-                    medium: "GPU",
-                    lora_name: s.lora.clone(),
-                    salt: s.salt.clone().filter(|_| b0 == 0),
-                });
-            }
+            // Normally a no-op: the step's full blocks were cached when it was planned.
+            cache_full_blocks(s, s.computed, &mut self.cache, &mut self.pending, bs);
             if s.computed == s.tokens.len() {
                 if s.generated == 0 {
                     st.ttft.observe(now.duration_since(s.arrived).as_secs_f64());
@@ -827,11 +808,52 @@ impl Core {
                     let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
                     st.prompt_tokens_total += s.prompt_len as u64;
                 }
+                let mut s = s;
+                let upto = s.computed + n;
+                cache_full_blocks(&mut s, upto, &mut self.cache, &mut self.pending, bs);
                 self.running.push(s);
                 chunks.push(n);
                 *budget -= n;
             }
         }
+    }
+}
+
+/// Caches every block of `s` that is full once its first `upto` tokens are computed, with
+/// their `BlockStored` event. Called when a step is planned, as vLLM caches a scheduled
+/// chunk's full blocks when it allocates them (before the forward pass): a request scheduled
+/// later, even in the same step, reuses blocks whose prefill is still in flight.
+fn cache_full_blocks(
+    s: &mut Seq,
+    upto: usize,
+    cache: &mut BlockCache,
+    pending: &mut Vec<KvEvent>,
+    bs: usize,
+) {
+    let mut stored = Vec::new();
+    for b in s.hashes.len()..upto / bs {
+        let parent = s.hashes.last().copied();
+        let h = engine_block_hash(
+            parent,
+            &s.tokens[b * bs..(b + 1) * bs],
+            s.salt.as_deref(),
+            s.lora.as_deref(),
+        );
+        s.hashes.push(h);
+        if cache.fill(h) {
+            stored.push(b);
+        }
+    }
+    if let (Some(&b0), Some(&b1)) = (stored.first(), stored.last()) {
+        pending.push(KvEvent::BlockStored {
+            block_hashes: stored.iter().map(|&b| s.hashes[b]).collect(),
+            parent_block_hash: b0.checked_sub(1).map(|p| s.hashes[p]),
+            token_ids: s.tokens[b0 * bs..(b1 + 1) * bs].to_vec(),
+            block_size: bs,
+            medium: "GPU",
+            lora_name: s.lora.clone(),
+            salt: s.salt.clone().filter(|_| b0 == 0),
+        });
     }
 }
 

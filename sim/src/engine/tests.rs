@@ -536,3 +536,26 @@ async fn the_what_if_predicts_the_real_ttft() {
     }
     assert!(preempting > 0 && queued > 0, "{preempting} preempting, {queued} queued");
 }
+
+/// vLLM caches a scheduled chunk's full blocks when it allocates them, before the forward pass:
+/// a request with the same prefix scheduled in the same step, or while the first is still in
+/// prefill, reuses the blocks in flight instead of computing them again.
+#[tokio::test(start_paused = true)]
+async fn a_prefix_in_flight_is_shared_not_recomputed() {
+    // Budget for both in one step: the second is admitted in the first's step.
+    let (mut c, _ev) = core(config(4096, 8192));
+    let shared = tokens(6, 1600);
+    let mut second = shared.clone();
+    second.extend(tokens(7, 32));
+    let mut rx = vec![submit(&mut c, shared.clone(), 2).await, submit(&mut c, second, 2).await];
+    let (_, seen) = run_collect(&mut c, &mut rx).await;
+    assert_eq!(cached(&seen), vec![0, 1600]);
+    // Chunked: the first takes several steps; the second, queued behind it, shares all of it.
+    let (mut c, _ev) = core(config(4096, 512));
+    let mut third = tokens(8, 1600);
+    let mut rx = vec![submit(&mut c, third.clone(), 2).await];
+    third.extend(tokens(9, 32));
+    rx.push(submit(&mut c, third, 2).await);
+    let (_, seen) = run_collect(&mut c, &mut rx).await;
+    assert_eq!(cached(&seen), vec![0, 1600]);
+}
