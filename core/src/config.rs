@@ -53,6 +53,12 @@ pub struct FilterConfig {
     pub tick_ms: u64,
     /// Deliberate faults for testing a deployment's failure policy. Off by default.
     pub fault_injection: FaultInjection,
+    /// TTFT deadlines, shedding (429) and priority classes (see [`crate::admission`]).
+    pub admission: crate::admission::AdmissionConfig,
+    /// Look-ahead on hot prefixes: when to place a shared prefix on one more worker on purpose.
+    pub lookahead: crate::lookahead::LookaheadConfig,
+    /// Online calibration of the cost profiles (see [`crate::calib`]).
+    pub calibration: crate::calib::CalibrationConfig,
 }
 
 /// Deliberate faults, for proving that traffic survives them.
@@ -133,6 +139,16 @@ pub struct SnapshotSyncConfig {
     /// for models configured with `"bundle"`.
     #[serde(default)]
     pub bundles: crate::shared::bundles::BundleLimits,
+    /// Long poll: each snapshot request waits up to this long at the updater for a version
+    /// newer than the singleton's (`wait_ms`), and the next is sent as soon as one answers, so
+    /// knowledge arrives as it is published; the `interval_ms` tick remains the fallback after
+    /// a failed call. 0: plain polling every `interval_ms`. Keep it well below
+    /// `knowledge.max_event_age_ms` of the filter: an answer is what confirms the knowledge.
+    #[serde(default = "default_long_poll")]
+    pub long_poll_ms: u64,
+    /// Cross-replica knowledge: report this replica's decisions, receive other replicas'.
+    #[serde(default)]
+    pub peers: crate::shared::peers::PeerSyncConfig,
 }
 
 fn default_authority() -> String {
@@ -142,6 +158,9 @@ fn default_interval() -> u64 {
     100
 }
 fn default_timeout() -> u64 {
+    1000
+}
+fn default_long_poll() -> u64 {
     1000
 }
 
@@ -177,6 +196,10 @@ impl SnapshotSyncConfig {
             return Err(ConfigError::Invalid("snapshot_sync intervals must be > 0".into()));
         }
         cfg.bundles.validate().map_err(|e| ConfigError::Invalid(format!("snapshot_sync.{e}")))?;
+        cfg.peers.validate().map_err(|e| ConfigError::Invalid(format!("snapshot_sync.{e}")))?;
+        if cfg.long_poll_ms > 30_000 {
+            return Err(ConfigError::Invalid("snapshot_sync.long_poll_ms must be <= 30000".into()));
+        }
         Ok(Some(cfg))
     }
 }
@@ -197,6 +220,9 @@ impl Default for FilterConfig {
             load: Default::default(),
             tick_ms: 250,
             fault_injection: FaultInjection::default(),
+            admission: Default::default(),
+            lookahead: Default::default(),
+            calibration: Default::default(),
         }
     }
 }
@@ -233,6 +259,10 @@ pub struct ModelConfig {
     pub bundle: Option<BundleRef>,
     #[serde(default)]
     pub profile: Profile,
+    /// Default TTFT deadline (ms) of this model's requests without a deadline header or class
+    /// default; 0: none (see `admission`).
+    #[serde(default)]
+    pub ttft_deadline_ms: u64,
 }
 
 fn default_block_size() -> u32 {
@@ -303,6 +333,9 @@ pub struct IndexConfig {
     pub max_blocks_per_worker: usize,
     pub predicted_ttl_ms: u64,
     pub feedback_ttl_ms: u64,
+    /// Other Envoy replicas' routing credits (relayed by the updater) count this long: long
+    /// enough for the worker's own KV events to arrive.
+    pub peer_ttl_ms: u64,
 }
 
 impl Default for IndexConfig {
@@ -311,6 +344,7 @@ impl Default for IndexConfig {
             max_blocks_per_worker: 65_536,
             predicted_ttl_ms: 120_000,
             feedback_ttl_ms: 600_000,
+            peer_ttl_ms: 10_000,
         }
     }
 }
@@ -322,6 +356,7 @@ impl IndexConfig {
             routed_ttl_ms: self.predicted_ttl_ms,
             feedback_ttl_ms: self.feedback_ttl_ms,
             event_ttl_ms: 0,
+            peer_ttl_ms: self.peer_ttl_ms,
         }
     }
 }
@@ -349,6 +384,9 @@ impl FilterConfig {
         if self.index.max_blocks_per_worker == 0 || self.index.predicted_ttl_ms == 0 {
             return bad("index.max_blocks_per_worker and index.predicted_ttl_ms must be > 0".into());
         }
+        if self.index.peer_ttl_ms == 0 {
+            return bad("index.peer_ttl_ms must be > 0".into());
+        }
         if !(self.tie_band.abs_ms >= 0.0 && self.tie_band.rel >= 0.0) {
             return bad("tie_band values must be >= 0".into());
         }
@@ -366,6 +404,8 @@ impl FilterConfig {
         }
         self.journal.validate().map_err(ConfigError::Invalid)?;
         self.load.validate(self.tick_ms).map_err(ConfigError::Invalid)?;
+        self.calibration.validate().map_err(ConfigError::Invalid)?;
+        self.lookahead.validate().map_err(ConfigError::Invalid)?;
         let d = self.knowledge.decode_limits;
         if d.max_workers == 0 || d.max_hashes_per_worker == 0 {
             return bad("knowledge.decode_limits values must be > 0".into());
@@ -375,6 +415,7 @@ impl FilterConfig {
                 return bad("fault_injection.trap_path must start with /kvroute/".into());
             }
         }
+        self.admission.validate(&self.destination_header).map_err(ConfigError::Invalid)?;
         let mut names = HashSet::new();
         for m in &self.models {
             if m.name.is_empty() || !names.insert(m.name.as_str()) {

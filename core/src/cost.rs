@@ -92,6 +92,9 @@ pub struct Candidate {
     pub load: WorkerLoad,
     /// The request names a LoRA adapter this worker has not loaded.
     pub adapter_missing: bool,
+    /// This worker's learned speed relative to the model's profile (online calibration;
+    /// 1.0 without it): its wait and prefill estimates are multiplied by it.
+    pub deviation: f64,
 }
 
 /// A candidate's estimate.
@@ -106,6 +109,10 @@ pub struct Score {
     /// Loading the request's adapter (0 where it is loaded, or for a base-model request).
     pub adapter_ms: f64,
     pub ttft_ms: f64,
+    /// The load the estimate saw (online calibration learns from it).
+    pub load: WorkerLoad,
+    /// The deviation factor applied to `wait_ms` and `prefill_ms`.
+    pub deviation: f64,
 }
 
 /// How close two estimates must be to count as a tie (then the choice is random).
@@ -127,8 +134,9 @@ pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u
     let cached = (c.cached_blocks as u64 * u64::from(block_size)).min(prompt_tokens);
     let uncached = prompt_tokens - cached;
     let transferred = (c.offloaded_blocks as u64 * u64::from(block_size)).min(cached);
-    let wait_ms = profile.wait_ms(&c.load);
-    let prefill_ms = profile.prefill_ms(uncached);
+    let deviation = if c.deviation.is_finite() && c.deviation > 0.0 { c.deviation } else { 1.0 };
+    let wait_ms = profile.wait_ms(&c.load) * deviation;
+    let prefill_ms = profile.prefill_ms(uncached) * deviation;
     let transfer_ms = transferred as f64 * profile.transfer_ms_per_token;
     let adapter_ms = if c.adapter_missing { profile.adapter_load_ms } else { 0.0 };
     Score {
@@ -140,11 +148,14 @@ pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u
         transfer_ms,
         adapter_ms,
         ttft_ms: wait_ms + prefill_ms + transfer_ms + adapter_ms,
+        load: c.load,
+        deviation,
     }
 }
 
 /// Ranks candidates: the primary is drawn (with `pick`, a random number) among those within the
-/// tie band of the best estimate; the rest follow by increasing estimate. Empty in, empty out.
+/// tie band of the best estimate that add the least prefill work (fewest uncached tokens,
+/// within a block); the rest follow by increasing estimate. Empty in, empty out.
 pub fn rank(
     profile: &Profile,
     candidates: &[Candidate],
@@ -161,7 +172,13 @@ pub fn rank(
     };
     let band = best + tie.abs_ms.max(tie.rel * best);
     let ties = scores.iter().take_while(|s| s.ttft_ms <= band).count().max(1);
-    let chosen = (pick % ties as u64) as usize;
+    // Among ties, the least work added: a worker that shares more of the prompt (cached, or in
+    // flight there) leaves the others free; equal work is drawn at random.
+    let least = scores[..ties].iter().map(|s| s.uncached_tokens).min().unwrap_or(0);
+    let near = u64::from(block_size.max(1));
+    let lightest: Vec<usize> =
+        (0..ties).filter(|&i| scores[i].uncached_tokens < least + near).collect();
+    let chosen = lightest[(pick % lightest.len().max(1) as u64) as usize % lightest.len().max(1)];
     let primary = scores.remove(chosen);
     scores.insert(0, primary);
     scores
@@ -190,6 +207,7 @@ mod tests {
                 offloaded_blocks: 0,
                 load: load(0, 0, 0),
                 adapter_missing: false,
+                deviation: 1.0,
             },
             Candidate {
                 worker: "B".into(),
@@ -197,6 +215,7 @@ mod tests {
                 offloaded_blocks: 0,
                 load: load(0, 0, 40),
                 adapter_missing: false,
+                deviation: 1.0,
             },
             Candidate {
                 worker: "C".into(),
@@ -204,6 +223,7 @@ mod tests {
                 offloaded_blocks: 0,
                 load: load(1000, 1, 5),
                 adapter_missing: false,
+                deviation: 1.0,
             },
         ]
     }
@@ -250,6 +270,7 @@ mod tests {
                 offloaded_blocks: 0,
                 load: load(0, 0, 0),
                 adapter_missing: false,
+                deviation: 1.0,
             })
             .collect();
         let p = Profile::default();
@@ -275,6 +296,7 @@ mod tests {
                 offloaded_blocks: o.min(b),
                 load: load(t, p, p + i),
                 adapter_missing: false,
+                deviation: 1.0,
             }
         })
     }

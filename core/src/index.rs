@@ -14,6 +14,8 @@ pub enum Source {
     Routed,
     /// Confirmed by the worker's `cached_tokens` in a response.
     Feedback,
+    /// Another Envoy replica's routing decision, relayed by the updater (predicted, short TTL).
+    Peer,
 }
 
 /// One observation of a block on a worker.
@@ -34,6 +36,8 @@ pub struct IndexLimits {
     pub feedback_ttl_ms: u64,
     /// Age after which a KV-event observation no longer counts (0: never, events say removal).
     pub event_ttl_ms: u64,
+    /// Age after which another replica's routing credit no longer counts.
+    pub peer_ttl_ms: u64,
 }
 
 impl IndexLimits {
@@ -42,6 +46,7 @@ impl IndexLimits {
             Source::KvEvent => self.event_ttl_ms,
             Source::Routed => self.routed_ttl_ms,
             Source::Feedback => self.feedback_ttl_ms,
+            Source::Peer => self.peer_ttl_ms,
         }
     }
 
@@ -63,6 +68,11 @@ pub struct PrefixMatch {
     /// How many of the matched blocks sit only in a lower tier (CPU, storage): they must be
     /// transferred back before use.
     pub offloaded: usize,
+    /// Age of the youngest routing-history credit among the matched blocks: a prefix kvroute
+    /// sent there this recently may still be in prefill.
+    pub routed_age_ms: Option<u64>,
+    /// How many of the matched blocks only another replica's routing vouches for.
+    pub from_peers: usize,
 }
 
 #[derive(Debug, Default)]
@@ -255,6 +265,13 @@ impl KnowledgeIndex {
                     if o.source == Source::KvEvent {
                         m.from_events += 1;
                     }
+                    if o.source == Source::Peer {
+                        m.from_peers += 1;
+                    }
+                    if o.source == Source::Routed {
+                        let age = now_ms.saturating_sub(o.at_ms);
+                        m.routed_age_ms = Some(m.routed_age_ms.map_or(age, |a| a.min(age)));
+                    }
                 }
                 None => match events.filter(|e| e.offloaded.contains(h)) {
                     Some(e) => {
@@ -313,6 +330,7 @@ mod tests {
         routed_ttl_ms: 1000,
         feedback_ttl_ms: 5000,
         event_ttl_ms: 0,
+        peer_ttl_ms: 1000,
     };
 
     #[test]
@@ -321,7 +339,15 @@ mod tests {
         ix.insert("a", &[1, 2, 3], Source::Routed, 100);
         ix.insert("a", &[5], Source::KvEvent, 200);
         let m = ix.prefix_match("a", &[1, 2, 3, 4, 5], 300);
-        assert_eq!(m, PrefixMatch { blocks: 3, oldest_age_ms: 200, from_events: 0, offloaded: 0 });
+        let want = PrefixMatch {
+            blocks: 3,
+            oldest_age_ms: 200,
+            from_events: 0,
+            offloaded: 0,
+            routed_age_ms: Some(200),
+            from_peers: 0,
+        };
+        assert_eq!(m, want);
         assert_eq!(ix.prefix_match("b", &[1], 300).blocks, 0);
     }
 
@@ -388,6 +414,7 @@ mod tests {
         routed_ttl_ms: 100_000,
         feedback_ttl_ms: 100_000,
         event_ttl_ms: 0,
+        peer_ttl_ms: 1000,
     };
 
     /// The obviously-correct reference: a recency-ordered list per worker.

@@ -16,10 +16,13 @@
 //! - [`bundle`]: the checksummed, part-cut transfer format of a model bundle (updater → Envoy).
 //! - [`hash`]: the one block-hashing path, seeded by a [`hash::CacheDomain`].
 //! - [`index`]: per-worker knowledge with source, age, TTL and LRU bounds.
+//! - [`peers`]: other Envoy replicas' routing credits and in-flight load, relayed by the updater.
 //! - [`cost`]: the millisecond cost model and ordered selection.
+//! - [`calib`]: online calibration of the cost model from observed times to first token.
 //! - [`router`]: the decision: an immutable [`router::Plan`] (models, bundles, pools, LoRA
 //!   adapters, limits; swapped whole) and the mutable [`router::Knowledge`] of workers.
 //! - [`usage`]: streaming scanner for cached tokens in JSON or SSE responses of every endpoint.
+//! - [`admission`]: TTFT deadlines, shedding (429) and priority classes after ranking.
 //! - [`audit`]: prediction audit classes.
 //! - [`config`]: filter configuration with defaults and `validate()`.
 //! - [`error`]: OpenAI-style error bodies.
@@ -27,8 +30,10 @@
 //! - [`shared`]: the protocol over Envoy shared data (journal, load shards with leases,
 //!   snapshot head and delta ring), behind a small store trait with an in-memory fake.
 
+pub mod admission;
 pub mod audit;
 pub mod bundle;
+pub mod calib;
 pub mod config;
 pub mod cost;
 pub mod delta;
@@ -38,8 +43,10 @@ pub mod hash;
 pub mod index;
 pub mod journal;
 pub mod load;
+pub mod lookahead;
 pub mod metrics;
 pub mod model;
+pub mod peers;
 pub mod request;
 pub mod router;
 pub mod shared;

@@ -24,6 +24,7 @@ use crate::cost::{rank, Candidate};
 use crate::error::ApiError;
 use crate::hash::{block_hashes, CacheDomain};
 use crate::index::Source;
+use crate::lookahead::{replica, Held};
 use crate::load::WorkerLoad;
 use crate::model::{ModelBundle, ModelError};
 use crate::request::{LoadOnly, ParsedRequest};
@@ -38,6 +39,8 @@ pub struct Router {
     tokens: RefCell<TokenCache>,
     /// A monotonic-enough clock in nanoseconds, to time rendering + tokenization.
     clock: Option<fn() -> u64>,
+    /// Learned cost profiles and per-worker deviations (online calibration), when in use.
+    calibration: Arc<crate::calib::Calibrated>,
 }
 
 /// A request's `model` resolved against the plan: its base model's entry, and the adapter it
@@ -72,6 +75,7 @@ impl Router {
             knowledge: Knowledge::new(cfg),
             tokens: RefCell::new(TokenCache::new(TokenCacheLimits::default())),
             clock: None,
+            calibration: Arc::default(),
         }
     }
 
@@ -79,6 +83,11 @@ impl Router {
     /// time ([`Decision::tokenize_us`]).
     pub fn set_clock(&mut self, clock: fn() -> u64) {
         self.clock = Some(clock);
+    }
+
+    /// Uses these learned profiles and deviations from now on (see [`crate::calib`]).
+    pub fn set_calibration(&mut self, calibration: Arc<crate::calib::Calibrated>) {
+        self.calibration = calibration;
     }
 
     pub fn plan(&self) -> &Arc<Plan> {
@@ -210,6 +219,8 @@ impl Router {
     ) -> Decision {
         let m = &t.model;
         let mut ages = HashMap::new();
+        let mut routed_ages = HashMap::new();
+        let mut peer_blocks = HashMap::new();
         let candidates: Vec<Candidate> = m
             .workers
             .iter()
@@ -221,23 +232,34 @@ impl Router {
                     Default::default()
                 };
                 ages.insert(w.as_str(), (pm.oldest_age_ms, pm.from_events));
+                routed_ages.insert(w.as_str(), pm.routed_age_ms);
+                peer_blocks.insert(w.as_str(), pm.from_peers);
                 let reported = self.knowledge.reported_load(w, now_ms);
                 Candidate {
                     worker: w.clone(),
                     cached_blocks: pm.blocks,
                     offloaded_blocks: pm.offloaded,
-                    load: combine_load(load(w), reported.as_ref()),
+                    // Other replicas' in-flight work adds to this replica's own.
+                    load: combine_load(
+                        load(w).plus(self.knowledge.peer_load(w, now_ms)),
+                        reported.as_ref(),
+                    ),
                     adapter_missing: t
                         .adapter
                         .as_deref()
                         .is_some_and(|a| !self.knowledge.has_adapter(w, a)),
+                    deviation: self.calibration.deviation(&m.name, w),
                 }
             })
             .collect();
-        let ranked =
-            rank(&m.profile, &candidates, prompt_tokens, m.block_size, self.plan.tie, pick);
+        let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
+        let mut ranked =
+            rank(&profile, &candidates, prompt_tokens, m.block_size, self.plan.tie, pick);
+        let replicated = self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, &routed_ages, now_ms);
         let (knowledge_age_ms, blocks_from_events) =
             ranked.first().and_then(|s| ages.get(s.worker.as_str())).copied().unwrap_or((0, 0));
+        let blocks_from_peers =
+            ranked.first().and_then(|s| peer_blocks.get(s.worker.as_str())).copied().unwrap_or(0);
         let fallback = fallback
             .or_else(|| self.knowledge.events_stale(now_ms).then_some(FallbackReason::StaleEvents));
         Decision {
@@ -251,7 +273,52 @@ impl Router {
             model: Arc::clone(m),
             adapter: t.adapter.clone(),
             tokenize_us: 0,
+            replicated,
+            blocks_from_peers,
         }
+    }
+
+    /// Places a hot prefix on one more worker when the requests still to come for it would
+    /// queue longer on its holders than one recompute costs (see [`crate::lookahead`]): moves
+    /// that worker to the front of `ranked` and says so. `routed_ages` holds each worker's
+    /// youngest routing credit for this prompt: a prefix sent there that recently is still in
+    /// prefill, and its remaining prefill is not a lasting queue.
+    fn look_ahead(
+        &self,
+        ranked: &mut Vec<crate::cost::Score>,
+        hashes: &[u64],
+        block_size: u32,
+        profile: &crate::cost::Profile,
+        routed_ages: &HashMap<&str, Option<u64>>,
+        now_ms: u64,
+    ) -> bool {
+        let hot = self.knowledge.hot();
+        let Some(first) = ranked.first() else { return false };
+        let full = ranked.iter().map(|s| s.cached_tokens).max().unwrap_or(0);
+        if !hot.config().enabled || full == 0 || first.cached_tokens < full {
+            return false;
+        }
+        let blocks = (full / u64::from(block_size.max(1))) as usize;
+        let expected = hot.expected(hashes, blocks, now_ms);
+        if expected < hot.config().min_arrivals {
+            return false;
+        }
+        let held: Vec<Held<'_>> = ranked
+            .iter()
+            .map(|s| {
+                let inflight_ms = match routed_ages.get(s.worker.as_str()).copied().flatten() {
+                    Some(age) => {
+                        (profile.prefill_ms(s.cached_tokens) * s.deviation - age as f64).max(0.0)
+                    }
+                    None => 0.0,
+                };
+                Held { score: s, inflight_ms }
+            })
+            .collect();
+        let Some(i) = replica(hot.config(), &held, expected) else { return false };
+        let chosen = ranked.remove(i);
+        ranked.insert(0, chosen);
+        true
     }
 
     /// Takes in an updater snapshot (see [`Knowledge::apply_snapshot`]).

@@ -5,6 +5,7 @@
 
 use std::rc::Rc;
 
+use kvroute_core::admission::{self, Verdict};
 use kvroute_core::error::ApiError;
 use kvroute_core::index::Source;
 use kvroute_core::journal::JournalEntry;
@@ -46,11 +47,14 @@ pub struct KvHttp {
     state: Rc<ThreadState>,
     endpoint: Option<Endpoint>,
     inflight: Option<InFlight>,
+    /// The deadline and priority header values as sent (bytes; resolved after the decision,
+    /// which names the model whose default deadline applies).
+    admission_headers: (Option<Vec<u8>>, Option<Vec<u8>>),
 }
 
 impl KvHttp {
     pub fn new(state: Rc<ThreadState>) -> Self {
-        KvHttp { state, endpoint: None, inflight: None }
+        KvHttp { state, endpoint: None, inflight: None, admission_headers: (None, None) }
     }
 
     fn reject(&self, e: &ApiError) -> Action {
@@ -79,6 +83,32 @@ impl KvHttp {
         });
     }
 
+    /// Deadline and priority class: reorders the decision for the request's class, or answers
+    /// 429 (`Some`) before the request takes any load or journal credit.
+    fn admit(&self, decision: &mut Decision) -> Option<Action> {
+        let cfg = &self.state.config;
+        let model_default = cfg
+            .models
+            .iter()
+            .find(|m| m.name == decision.model.name)
+            .map_or(0, |m| m.ttft_deadline_ms);
+        let (deadline, priority) = &self.admission_headers;
+        let ask = cfg.admission.ask(deadline.as_deref(), priority.as_deref(), model_default);
+        let verdict = admission::admit(&mut decision.ranked, &ask, &cfg.admission);
+        let class = cfg.admission.class_name(ask.class);
+        self.state.metrics.admission.outcome(class, &verdict);
+        let Verdict::Shed { reason, retry_after_s } = verdict else { return None };
+        let e =
+            admission::shed_error(reason, retry_after_s, &decision.ranked, &ask, &cfg.admission);
+        let retry_after = retry_after_s.to_string();
+        host::send_response(
+            e.status,
+            &[("content-type", "application/json"), ("retry-after", &retry_after)],
+            &e.body(),
+        );
+        Some(Action::Pause)
+    }
+
     fn route(&mut self, endpoint: Endpoint, body: &[u8]) -> Action {
         let started = host::now_nanos();
         let parsed = match request::parse(endpoint, body) {
@@ -94,10 +124,13 @@ impl KvHttp {
         let view = state.load_view(now);
         let load = |w: &str| view.load(w);
         let decided = state.router.borrow().decide(&parsed, body.len(), &load, now, self.pick(now));
-        let decision = match decided {
+        let mut decision = match decided {
             Ok(d) => d,
             Err(e) => return self.reject(&e),
         };
+        if let Some(action) = self.admit(&mut decision) {
+            return action;
+        }
         let Some(primary) = decision.primary().map(|s| s.worker.clone()) else {
             return Action::Continue;
         };
@@ -115,6 +148,9 @@ impl KvHttp {
         state.flush_load(now);
         if let Some(reason) = decision.fallback {
             state.metrics.fallback(reason);
+        }
+        if decision.replicated {
+            state.metrics.replicated();
         }
         self.journal(&primary, &decision.block_hashes, Source::Routed, false);
         let predicted = decision.predicted_cached_tokens();
@@ -204,7 +240,7 @@ impl KvHttp {
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}",
+            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}",
             f.served,
             d.predicted_cached_tokens(),
             // The estimate for the worker actually served (a fallback when the primary failed).
@@ -213,6 +249,7 @@ impl KvHttp {
             d.blocks_from_events,
             d.knowledge_age_ms,
             d.fallback.map_or("none", |r| r.name()),
+            u8::from(d.replicated),
             f.decision_us,
             f.parse_us,
             f.catchup_us,
@@ -228,6 +265,17 @@ impl HttpContext for KvHttp {
         // A client must never steer routing: the native filter before this one strips copies
         // of our header already; dropping it here too keeps configs without it safe.
         host::set_request_header(&self.state.config.destination_header, None);
+        // Deadline and priority are inputs, not steering: read as bytes, dropped before the
+        // request goes upstream when `admission.strip_headers` says so.
+        let adm = &self.state.config.admission;
+        self.admission_headers = (
+            host::request_header(&adm.deadline_header),
+            host::request_header(&adm.priority_header),
+        );
+        if adm.strip_headers {
+            host::set_request_header(&adm.deadline_header, None);
+            host::set_request_header(&adm.priority_header, None);
+        }
         let method = host::request_header(":method").unwrap_or_default();
         let path = host::request_header(":path").unwrap_or_default();
         if let Some(trap) = &self.state.config.fault_injection.trap_path {

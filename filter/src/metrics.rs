@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use kvroute_core::admission::Verdict;
 use kvroute_core::audit::AuditClass;
 use kvroute_core::load::WorkerLoad;
 use kvroute_core::router::FallbackReason;
@@ -26,9 +27,54 @@ pub struct Metrics {
     decision_us: Option<u32>,
     tokenize_us: Option<u32>,
     errors: Option<u32>,
+    /// Decisions that placed a hot prefix on one more worker on purpose (look-ahead).
+    replications: Option<u32>,
     shared: HashMap<Counter, u32>,
     /// This thread's bundle builds.
     pub bundles: BundleMetrics,
+    /// Deadlines, shedding and priority classes.
+    pub admission: AdmissionMetrics,
+}
+
+/// Admission outcomes: totals `kvroute.shed.deadline`, `kvroute.shed.saturated`,
+/// `kvroute.best_effort.deadline`, and per priority class
+/// `kvroute.class.<class>.{admitted,shed_deadline,shed_saturated,best_effort_deadline}`
+/// (`kvroute_class_shed_deadline{kvroute_class="batch"}` in Prometheus).
+#[derive(Debug, Default)]
+pub struct AdmissionMetrics {
+    totals: HashMap<&'static str, u32>,
+    per_class: HashMap<(String, &'static str), u32>,
+}
+
+impl AdmissionMetrics {
+    pub fn define<'a>(classes: impl Iterator<Item = &'a str>) -> Self {
+        let c = MetricType::Counter;
+        let mut m = AdmissionMetrics::default();
+        for (outcome, total) in [
+            ("shed_deadline", "kvroute.shed.deadline"),
+            ("shed_saturated", "kvroute.shed.saturated"),
+            ("best_effort_deadline", "kvroute.best_effort.deadline"),
+        ] {
+            if let Some(id) = define(c, total) {
+                m.totals.insert(outcome, id);
+            }
+        }
+        for class in classes {
+            for outcome in Verdict::OUTCOMES {
+                if let Some(id) = define(c, &format!("kvroute.class.{class}.{outcome}")) {
+                    m.per_class.insert((class.to_owned(), outcome), id);
+                }
+            }
+        }
+        m
+    }
+
+    /// One request's admission verdict in `class`.
+    pub fn outcome(&self, class: &str, verdict: &Verdict) {
+        let o = verdict.outcome();
+        count(self.totals.get(o).copied());
+        count(self.per_class.get(&(class.to_owned(), o)).copied());
+    }
 }
 
 fn define(kind: MetricType, name: &str) -> Option<u32> {
@@ -140,6 +186,7 @@ impl Metrics {
             decision_us: define(MetricType::Histogram, "kvroute.decision_time_us"),
             tokenize_us: define(MetricType::Histogram, "kvroute.tokenize_time_us"),
             errors: define(c, "kvroute.rejected_requests"),
+            replications: define(c, "kvroute.lookahead.replications"),
             bundles: BundleMetrics::define_thread(),
             ..Default::default()
         };
@@ -219,6 +266,11 @@ impl Metrics {
 
     pub fn rejected(&self) {
         add(self.errors, 1);
+    }
+
+    /// The look-ahead placed a hot prefix on one more worker.
+    pub fn replicated(&self) {
+        add(self.replications, 1);
     }
 }
 

@@ -67,6 +67,9 @@ pub struct Decision {
     pub knowledge_age_ms: u64,
     /// How many of the primary's credited blocks come from its KV events.
     pub blocks_from_events: usize,
+    /// How many of the primary's credited blocks only another Envoy replica's routing vouches
+    /// for (relayed by the updater).
+    pub blocks_from_peers: usize,
     pub fallback: Option<FallbackReason>,
     /// The plan entry of the request's (base) model: the bundle, pool and profile the decision
     /// was made with, kept for the request's lifetime whatever plan replaces it.
@@ -77,6 +80,9 @@ pub struct Decision {
     /// [`super::Router::set_clock`]): the rest of the decision time is parsing, hashing,
     /// lookups and scoring.
     pub tokenize_us: u64,
+    /// The look-ahead placed this hot prefix on one more worker on purpose (the primary does
+    /// not hold it although a worker does).
+    pub replicated: bool,
 }
 
 impl Decision {

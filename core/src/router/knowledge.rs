@@ -8,6 +8,9 @@ use crate::config::FilterConfig;
 use crate::delta::Delta;
 use crate::index::{EventChange, KnowledgeIndex, PrefixMatch, Source};
 use crate::journal::JournalEntry;
+use crate::load::WorkerLoad;
+use crate::peers::{PeerSection, PeerView};
+use crate::lookahead::HotPrefixes;
 use crate::snapshot::{ModelInfo, ReportedLoad, Snapshot};
 
 /// What a worker serves, as it reported (through the updater).
@@ -32,6 +35,10 @@ pub struct Knowledge {
     adapter_bases: HashMap<String, BTreeMap<String, u32>>,
     /// The models (and bundle fingerprints) the updater last named.
     models: Vec<ModelInfo>,
+    /// Recent routing decisions per prefix, for the look-ahead.
+    hot: HotPrefixes,
+    /// Other Envoy replicas' in-flight load (their credits go to the index as `Peer`).
+    peers: PeerView,
 }
 
 impl Knowledge {
@@ -44,6 +51,8 @@ impl Knowledge {
             serving: HashMap::new(),
             adapter_bases: HashMap::new(),
             models: Vec::new(),
+            hot: HotPrefixes::new(cfg.lookahead),
+            peers: PeerView::default(),
         }
     }
 
@@ -119,6 +128,7 @@ impl Knowledge {
     /// Takes in an updater snapshot: the model list and each worker's event view, config
     /// verdict, load and adapters.
     pub fn apply_snapshot(&mut self, snap: &Snapshot) {
+        self.apply_peers(snap.peers.as_ref(), true);
         self.models.clone_from(&snap.models);
         for w in &snap.workers {
             self.set_reported(&w.worker, w.load);
@@ -135,6 +145,7 @@ impl Knowledge {
     /// Takes in a delta of the updater's knowledge (the caller checks that it follows the
     /// version last applied).
     pub fn apply_delta(&mut self, d: &Delta) {
+        self.apply_peers(d.peers.as_ref(), false);
         if let Some(models) = &d.models {
             self.models.clone_from(models);
         }
@@ -167,6 +178,24 @@ impl Knowledge {
         }
     }
 
+    /// Credits other replicas' routed blocks (source `Peer`) and takes in their loads.
+    fn apply_peers(&mut self, section: Option<&PeerSection>, full: bool) {
+        let Some(section) = section else { return };
+        for c in self.peers.apply(section, full) {
+            self.index.insert(&c.worker, &c.hashes, Source::Peer, c.at_ms);
+        }
+    }
+
+    /// This replica's id, so that its own decisions coming back from the updater are ignored.
+    pub fn set_replica(&mut self, replica: u64) {
+        self.peers.set_replica(replica);
+    }
+
+    /// Other replicas' in-flight work on `worker` (see [`PeerView::load`]).
+    pub fn peer_load(&self, worker: &str, now_ms: u64) -> WorkerLoad {
+        self.peers.load(worker, now_ms)
+    }
+
     fn set_reported(&mut self, worker: &str, load: Option<ReportedLoad>) {
         match load {
             Some(l) => self.reported.insert(worker.to_owned(), l),
@@ -197,8 +226,17 @@ impl Knowledge {
         if e.retract {
             self.index.retract_routed(&e.worker, &e.hashes);
         } else {
+            if e.source == Source::Routed {
+                self.hot.record(&e.hashes, e.at_ms);
+            }
             self.observe(&e.worker, &e.hashes, e.source, e.at_ms);
         }
+    }
+
+    /// Recent routing decisions for the first `blocks` blocks of a prompt (see
+    /// [`HotPrefixes::expected`]), and the look-ahead's configuration.
+    pub fn hot(&self) -> &HotPrefixes {
+        &self.hot
     }
 }
 

@@ -1,6 +1,7 @@
 //! The router end to end: credit, tenants, load, snapshots and deltas (moved from `router.rs`);
 //! pools, adapters and plan swaps in `tests/pools.rs`.
 
+mod lookahead;
 mod pools;
 
 use super::*;
