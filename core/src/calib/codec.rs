@@ -1,0 +1,145 @@
+//! The binary form of a [`ModelState`] in shared data, little-endian:
+//!
+//! ```text
+//! "KVC" version(u8 = 1)
+//! prior[4] f64 · samples u64 · a[10] f64 · b[4] f64 · theta[4] f64 · scale f64
+//! workers u16, then per worker (sorted by name, unique):
+//!     name_len u8 · name (UTF-8) · log_dev f64 · samples u32
+//! ```
+//!
+//! The decoder checks every length before reading, accepts only finite numbers, a positive
+//! scale, and canonical worker order, so whatever it accepts encodes back to the same bytes.
+//! It never panics.
+
+use thiserror::Error;
+
+use super::estimator::{ModelState, WorkerDev, DIM, PACKED};
+
+pub const MAGIC: &[u8; 3] = b"KVC";
+pub const VERSION: u8 = 1;
+/// Most workers one model's state may carry.
+pub const MAX_WORKERS: usize = 4096;
+
+#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
+pub enum CodecError {
+    #[error("not a calibration state")]
+    Magic,
+    #[error("calibration state version {0} is not supported")]
+    Version(u8),
+    #[error("calibration state is truncated")]
+    Truncated,
+    #[error("calibration state holds a non-finite or out-of-range number")]
+    Number,
+    #[error("calibration state names too many workers")]
+    TooManyWorkers,
+    #[error("calibration state has a bad worker name or order")]
+    Worker,
+    #[error("calibration state has trailing bytes")]
+    Trailing,
+}
+
+impl ModelState {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4 + 23 * 8 + 2 + self.workers.len() * 40);
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        let floats = self.prior.iter();
+        for v in floats {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.samples.to_le_bytes());
+        for v in self.a.iter().chain(&self.b).chain(&self.theta).chain([&self.scale]) {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let workers = &self.workers[..self.workers.len().min(MAX_WORKERS)];
+        out.extend_from_slice(&(workers.len() as u16).to_le_bytes());
+        for w in workers {
+            let name = &w.worker.as_bytes()[..w.worker.len().min(255)];
+            out.push(name.len() as u8);
+            out.extend_from_slice(name);
+            out.extend_from_slice(&w.log_dev.to_le_bytes());
+            out.extend_from_slice(&w.samples.to_le_bytes());
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<ModelState, CodecError> {
+        let mut r = Reader(bytes);
+        if r.take(3)? != MAGIC {
+            return Err(CodecError::Magic);
+        }
+        let version = r.take(1)?[0];
+        if version != VERSION {
+            return Err(CodecError::Version(version));
+        }
+        let prior: [f64; DIM] = r.floats()?;
+        if prior.iter().any(|p| *p < 0.0) {
+            return Err(CodecError::Number);
+        }
+        let samples = r.u64()?;
+        let a: [f64; PACKED] = r.floats()?;
+        let b: [f64; DIM] = r.floats()?;
+        let theta: [f64; DIM] = r.floats()?;
+        let scale = r.f64()?;
+        if scale <= 0.0 {
+            return Err(CodecError::Number);
+        }
+        let n = usize::from(u16::from_le_bytes(r.array()?));
+        if n > MAX_WORKERS {
+            return Err(CodecError::TooManyWorkers);
+        }
+        let mut workers: Vec<WorkerDev> = Vec::with_capacity(n.min(r.0.len() / 13));
+        for _ in 0..n {
+            let len = usize::from(r.take(1)?[0]);
+            let name = std::str::from_utf8(r.take(len)?).map_err(|_| CodecError::Worker)?;
+            if workers.last().is_some_and(|w| w.worker.as_str() >= name) {
+                return Err(CodecError::Worker);
+            }
+            let log_dev = r.f64()?;
+            let samples = u32::from_le_bytes(r.array()?);
+            workers.push(WorkerDev { worker: name.to_owned(), log_dev, samples });
+        }
+        if !r.0.is_empty() {
+            return Err(CodecError::Trailing);
+        }
+        Ok(ModelState { prior, samples, a, b, theta, scale, workers })
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+        if self.0.len() < n {
+            return Err(CodecError::Truncated);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], CodecError> {
+        self.take(N)?.try_into().map_err(|_| CodecError::Truncated)
+    }
+
+    fn u64(&mut self) -> Result<u64, CodecError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn f64(&mut self) -> Result<f64, CodecError> {
+        let v = f64::from_le_bytes(self.array()?);
+        if v.is_finite() {
+            Ok(v)
+        } else {
+            Err(CodecError::Number)
+        }
+    }
+
+    fn floats<const N: usize>(&mut self) -> Result<[f64; N], CodecError> {
+        let mut out = [0.0; N];
+        for v in &mut out {
+            *v = self.f64()?;
+        }
+        Ok(out)
+    }
+}

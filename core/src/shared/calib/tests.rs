@@ -1,0 +1,99 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::load::WorkerLoad;
+use crate::shared::fake::{MemStore, Tally};
+
+const M: &str = "llama";
+
+fn sample(worker: &str, i: u64) -> Sample {
+    let uncached = 100 + (i * 37) % 4000;
+    let p = Profile::default();
+    let load = WorkerLoad::default();
+    Sample {
+        worker: worker.into(),
+        uncached_tokens: uncached,
+        load,
+        fixed_ms: 0.0,
+        observed_ms: p.wait_ms(&load) + p.prefill_ms(uncached),
+    }
+}
+
+fn models(prior: Profile) -> Vec<(String, Profile)> {
+    vec![(M.to_string(), prior)]
+}
+
+#[test]
+fn threads_add_their_samples_to_one_state_under_contention() {
+    let store = Arc::new(MemStore::new());
+    let cfg = CalibrationConfig { min_samples: 10, ..Default::default() };
+    let prior = Profile::default();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let tally = Tally::default();
+                for batch in 0..25u64 {
+                    let s: Vec<Sample> =
+                        (0..4).map(|i| sample(&format!("10.0.0.{t}:1"), batch * 4 + i)).collect();
+                    let p = publish(&*store, &tally, &cfg, M, &prior, &s);
+                    assert_eq!(p.map(|p| p.used), Some(4));
+                }
+                tally.get(Counter::LostUpdate)
+            })
+        })
+        .collect();
+    let lost: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(lost, 0, "64 attempts outlast 4 writers");
+    let (bytes, _) = store.get(&key(M));
+    let st = ModelState::decode(&bytes.unwrap()).unwrap();
+    assert_eq!(st.samples, 400, "no sample lost");
+    assert_eq!(st.workers.len(), 4);
+    let mut reader = CalibReader::default();
+    let tally = Tally::default();
+    let view = reader.refresh(&*store, &tally, &cfg, &models(prior), 0).expect("a view");
+    assert!(view.profile_for(M).is_some());
+    assert!(reader.refresh(&*store, &tally, &cfg, &models(prior), 100).is_none(), "unchanged");
+    assert_eq!(reader.states()[M].samples, 400);
+}
+
+#[test]
+fn the_reader_re_reads_only_when_due_and_decodes_only_moved_values() {
+    let (store, tally) = (MemStore::new(), Tally::default());
+    let cfg = CalibrationConfig { min_samples: 1, refresh_ms: 20, ..Default::default() };
+    let prior = Profile::default();
+    let mut reader = CalibReader::default();
+    assert!(reader.due(&cfg, 0));
+    assert!(reader.refresh(&store, &tally, &cfg, &models(prior), 0).is_none(), "nothing yet");
+    assert!(!reader.due(&cfg, 19) && reader.due(&cfg, 20));
+    publish(&store, &tally, &cfg, M, &prior, &[sample("a:1", 1)]).unwrap();
+    let v = reader.refresh(&store, &tally, &cfg, &models(prior), 20).unwrap();
+    assert_eq!(v.model(M).map(|m| m.samples), Some(1));
+    let p = publish(&store, &tally, &cfg, M, &prior, &[sample("a:1", 2)]).unwrap();
+    let own = reader.set_state(&cfg, M, &prior, p.state);
+    assert_eq!(own.model(M).map(|m| m.samples), Some(2));
+    // A reader configured with another prior ignores this state.
+    let mut other = CalibReader::default();
+    let changed = Profile { prefill_base_ms: 9.0, ..prior };
+    assert!(other.refresh(&store, &tally, &cfg, &models(changed), 0).is_none());
+}
+
+#[test]
+fn garbage_and_another_prior_start_afresh_and_lost_writes_are_counted() {
+    let (store, tally) = (MemStore::new(), Tally::default());
+    let cfg = CalibrationConfig::default();
+    let prior = Profile::default();
+    store.poke(&key(M), b"not a state");
+    let mut reader = CalibReader::default();
+    assert!(reader.refresh(&store, &tally, &cfg, &models(prior), 0).is_none());
+    assert_eq!(tally.get(Counter::Corrupt), 1);
+    let p = publish(&store, &tally, &cfg, M, &prior, &[sample("a:1", 1)]).unwrap();
+    assert_eq!((p.state.samples, tally.get(Counter::Corrupt)), (1, 2));
+    let changed = Profile { prefill_ms_per_token: 0.1, ..prior };
+    let p = publish(&store, &tally, &cfg, M, &changed, &[sample("a:1", 2)]).unwrap();
+    assert_eq!(p.state.samples, 1, "learned against the new prior only");
+    assert!(p.state.matches(&changed));
+    store.fail_every(1);
+    assert!(publish(&store, &tally, &cfg, M, &prior, &[sample("a:1", 3)]).is_none());
+    assert_eq!(tally.get(Counter::LostUpdate), 1);
+}
