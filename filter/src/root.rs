@@ -197,7 +197,10 @@ impl RootContext for KvRoot {
         });
         match built {
             Ok((config, router)) => {
-                let metrics = Metrics::define(router.all_workers());
+                let mut metrics = Metrics::define(router.all_workers());
+                metrics.admission = crate::metrics::AdmissionMetrics::define(
+                    config.admission.classes.iter().map(|c| c.name.as_str()),
+                );
                 let pools: Vec<String> = config
                     .models
                     .iter()

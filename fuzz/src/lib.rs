@@ -38,7 +38,37 @@ pub const TARGETS: &[Target] = &[
     ("shared_protocol", shared_protocol),
     ("zmtp_frames", zmtp_frames),
     ("bundle_decode", bundle_decode),
+    ("peer_report_decode", peer_report_decode),
+    ("admission_headers", admission_headers),
 ];
+
+/// The deadline and priority headers come straight from clients, as bytes: the first byte
+/// picks where the rest splits into the two values. Whatever they hold, they resolve to a
+/// known class and no deadline or a positive one, and the verdict's `Retry-After` is in bounds.
+pub fn admission_headers(data: &[u8]) {
+    use kvroute_core::admission::{admit, AdmissionConfig, Verdict};
+    let rest = data.get(1..).unwrap_or_default();
+    let split = data.first().map_or(0, |b| *b as usize % (rest.len() + 1));
+    let (deadline, priority) = rest.split_at(split);
+    let mut cfg = AdmissionConfig::default();
+    cfg.classes[1].max_wait_ms = Some(1.0);
+    let ask = cfg.ask(Some(deadline), Some(priority), 0);
+    assert!(ask.class < cfg.classes.len());
+    assert!(ask.deadline_ms.is_none_or(|d| d > 0));
+    let c = kvroute_core::cost::Candidate {
+        worker: "127.0.0.1:1".into(),
+        cached_blocks: 0,
+        offloaded_blocks: 0,
+        load: Default::default(),
+        adapter_missing: false,
+        deviation: 1.0,
+    };
+    let mut ranked = vec![kvroute_core::cost::score(&Default::default(), &c, 1000, 16)];
+    ranked[0].wait_ms = f64::from(data.len() as u32);
+    if let Verdict::Shed { retry_after_s, .. } = admit(&mut ranked, &ask, &cfg) {
+        assert!((1..=cfg.max_retry_after_s).contains(&retry_after_s));
+    }
+}
 
 /// Request bodies come straight from clients: parsing, rendering and tokenizing any bytes
 /// must return a value or an error, never panic.
@@ -102,6 +132,15 @@ pub fn event_decode(data: &[u8]) {
 pub fn delta_decode(data: &[u8]) {
     if let Ok(s) = Delta::decode(data) {
         assert_eq!(Delta::decode(&s.encode()), Ok(s));
+    }
+}
+
+/// Other Envoy replicas' reports arrive over HTTP at the updater (`POST /v1/peers`): any
+/// bytes decode or fail cleanly, and what is accepted round-trips.
+pub fn peer_report_decode(data: &[u8]) {
+    let limits = kvroute_core::snapshot::DecodeLimits::default();
+    if let Ok(r) = kvroute_core::peers::PeerReport::decode_with(data, &limits) {
+        assert_eq!(kvroute_core::peers::PeerReport::decode_with(&r.encode(), &limits), Ok(r));
     }
 }
 

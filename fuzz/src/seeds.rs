@@ -745,6 +745,26 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("shared_protocol", shared_protocol()),
         ("zmtp_frames", zmtp_frames()),
         ("bundle_decode", bundle_decode()),
+        ("admission_headers", admission_headers()),
+    ]
+}
+
+/// Deadline and priority header values (split at the first byte, see the target): plain,
+/// padded, huge, signed, fractional, not UTF-8.
+fn admission_headers() -> Seeds {
+    let pair = |deadline: &[u8], priority: &[u8]| {
+        let mut v = vec![deadline.len() as u8];
+        v.extend_from_slice(deadline);
+        v.extend_from_slice(priority);
+        v
+    };
+    vec![
+        ("plain.bin", pair(b"250", b"batch")),
+        ("padded-case.bin", pair(b" 1500\t", b"\tInterActive ")),
+        ("huge.bin", pair(b"99999999999999999999999999", b"batch")),
+        ("signed-fraction.bin", pair(b"-1.5e3", b"")),
+        ("not-utf8.bin", pair(b"\xff\xfe12", b"\xc3\x28batch")),
+        ("empty.bin", Vec::new()),
     ]
 }
 
