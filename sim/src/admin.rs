@@ -5,6 +5,7 @@
 //! | `POST /admin/crash` | the worker's HTTP, event and replay ports go away |
 //! | `POST /admin/restart` | start again with an empty cache; event sequence back to 0 |
 //! | `POST /admin/stall?ms=N` | the engine makes no step for N ms |
+//! | `POST /admin/slow?factor=F` | every step takes F times its profile time from now on (F = 1 restores; until a restart) |
 //! | `POST /admin/evict?percent=P` | evict P % of the free cached blocks (`BlockRemoved`) |
 //! | `POST /admin/evict?all=true` | reset the prefix cache (`AllBlocksCleared`; 409 while busy) |
 //! | `POST /admin/drop-events?count=N` | the next N event batches are not published (as past PUB's high-water mark); replay still has them |
@@ -31,6 +32,7 @@ pub fn router(w: Arc<Worker>) -> Router {
         .route("/admin/crash", post(crash))
         .route("/admin/restart", post(restart))
         .route("/admin/stall", post(stall))
+        .route("/admin/slow", post(slow))
         .route("/admin/evict", post(evict))
         .route("/admin/drop-events", post(drop_events))
         .route("/admin/misconfig", post(misconfig))
@@ -66,6 +68,23 @@ async fn stall(State(w): State<Arc<Worker>>, Query(q): Query<StallQ>) -> Respons
     };
     s.engine.command(Command::Stall(Duration::from_millis(q.ms)));
     Json(json!({"stalled_ms": q.ms})).into_response()
+}
+
+#[derive(Deserialize)]
+struct SlowQ {
+    factor: f64,
+}
+
+async fn slow(State(w): State<Arc<Worker>>, Query(q): Query<SlowQ>) -> Response {
+    if !(q.factor.is_finite() && (0.01..=100.0).contains(&q.factor)) {
+        let e = json!({"error": "give factor=0.01..100"});
+        return (StatusCode::BAD_REQUEST, Json(e)).into_response();
+    }
+    let Some((s, _)) = w.current().await else {
+        return unavailable();
+    };
+    s.engine.command(Command::SetSpeedup(w.spec.speedup / q.factor));
+    Json(json!({"slowed_by": q.factor})).into_response()
 }
 
 #[derive(Deserialize)]

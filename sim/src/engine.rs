@@ -129,6 +129,8 @@ pub enum Command {
     Submit(Submit),
     /// Pause the loop (no steps, no tokens) for this long.
     Stall(Duration),
+    /// Run at this speedup from the next step on (`/admin/slow`: a slower GPU, a neighbour).
+    SetSpeedup(f64),
     /// Evict this fraction (0..=1) of the free cached blocks; replies with how many.
     Evict {
         fraction: f64,
@@ -429,6 +431,8 @@ impl Core {
         match c {
             Command::Submit(s) => self.waiting.push_back(self.new_seq(s)),
             Command::Stall(d) => tokio::time::sleep(d).await,
+            Command::SetSpeedup(s) if s.is_finite() && s > 0.0 => self.cfg.timing.speedup = s,
+            Command::SetSpeedup(_) => {}
             Command::Evict { fraction, reply } => {
                 let n = (self.cache.free_cached_len() as f64 * fraction.clamp(0.0, 1.0)).ceil();
                 let evicted = self.cache.evict_free(n as usize);

@@ -73,3 +73,39 @@ async fn faults_change_what_the_worker_does() {
     assert_eq!(cached(http).await, 0);
     assert!(cached(http).await > 0);
 }
+
+/// Time of one uncached request of ~2 k tokens (wall clock).
+async fn timed(http: u16, seed: u64) -> Duration {
+    let body = json!({"model": "kvroute-demo", "max_tokens": 1,
+        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, 2000)}]});
+    let t = Instant::now();
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{http}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    t.elapsed()
+}
+
+#[tokio::test]
+async fn slow_makes_every_step_take_longer_until_set_back() {
+    let (w, http, port) = start().await;
+    assert_eq!(admin(port, "slow?factor=0").await.0, 400);
+    assert_eq!(admin(port, "slow?factor=1000").await.0, 400);
+    // The prefill of ~2 k uncached tokens is ~80 ms of engine time in the demo profile; at the
+    // worker's speedup and 20x slower it sleeps at least this long (a lower bound: a slow
+    // host only adds to it).
+    let p = &w.spec.profile;
+    let engine_ms = p.step_floor_ms + p.prefill_ms_per_token * 2000.0;
+    let floor = Duration::from_secs_f64(engine_ms * 20.0 / w.spec.speedup / 1000.0);
+    let (code, v) = admin(port, "slow?factor=20").await;
+    assert_eq!((code, v["slowed_by"].as_f64()), (200, Some(20.0)));
+    let slowed = timed(http, 11).await;
+    assert!(slowed >= floor, "slowed request took {slowed:?}, expected >= {floor:?}");
+    assert_eq!(admin(port, "slow?factor=1").await.0, 200);
+    assert_eq!(admin(port, "crash").await.0, 200);
+    assert_eq!(admin(port, "slow?factor=2").await.0, 409);
+}
