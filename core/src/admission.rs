@@ -18,7 +18,11 @@
 //! interactive ones less queued work.
 //!
 //! Header values are untrusted bytes: anything that is not a plain positive decimal number of
-//! milliseconds, or not a class name, falls back to the defaults.
+//! milliseconds, or not a class name, falls back to the defaults. They come from clients on
+//! purpose and steer nothing in their favour: a deadline can only get a request shed sooner
+//! (no deadline is the most lenient), and with the default class the most favoured one, naming
+//! another class can only cost the sender. A deployment whose default class is not the most
+//! favoured one must have a trusted gateway set or strip the priority header.
 
 mod config;
 #[cfg(test)]

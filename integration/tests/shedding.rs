@@ -16,8 +16,8 @@ use serde_json::json;
 
 const CHAT: &str = "/v1/chat/completions";
 const TIMEOUT: Duration = Duration::from_secs(30);
-const DEADLINE: &str = "x-kvroute-ttft-deadline-ms";
-const PRIORITY: &str = "x-kvroute-priority";
+const DEADLINE: &str = "x-ttft-deadline-ms";
+const PRIORITY: &str = "x-request-priority";
 
 fn listener(stack: &Stack) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], stack.envoy.listen_port))

@@ -49,7 +49,8 @@ fn one() -> f64 {
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionConfig {
     /// Request header with the TTFT deadline in milliseconds (decimal digits; absent, `0` or
-    /// anything else: the default of the class, then of the model).
+    /// anything else: the default of the class, then of the model). Not under `x-kvroute-` or
+    /// `x-envoy-`: the shipped bootstrap strips client copies of those before the filter runs.
     pub deadline_header: String,
     /// Request header naming the priority class (unknown or garbage: `default_class`).
     pub priority_header: String,
@@ -67,8 +68,8 @@ pub struct AdmissionConfig {
 impl Default for AdmissionConfig {
     fn default() -> Self {
         AdmissionConfig {
-            deadline_header: "x-kvroute-ttft-deadline-ms".into(),
-            priority_header: "x-kvroute-priority".into(),
+            deadline_header: "x-ttft-deadline-ms".into(),
+            priority_header: "x-request-priority".into(),
             strip_headers: true,
             on_deadline_miss: MissPolicy::Shed,
             max_retry_after_s: 60,
@@ -105,6 +106,12 @@ impl AdmissionConfig {
         {
             if !header_name_ok(h) {
                 return Err(format!("admission.{key} '{h}' must be a lowercase header name"));
+            }
+            if h.starts_with("x-kvroute-") || h.starts_with("x-envoy-") {
+                return Err(format!(
+                    "admission.{key} '{h}' must not start with x-kvroute- or x-envoy-: the \
+                     bootstrap strips client copies of those before the filter runs"
+                ));
             }
             if h == destination_header {
                 return Err(format!("admission.{key} must differ from destination_header"));

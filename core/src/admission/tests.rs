@@ -207,7 +207,9 @@ fn config_section_defaults_and_validation() {
     let bad = [
         (json!({"deadline_header": "X-Deadline"}), "lowercase"),
         (json!({"priority_header": "x-gateway-destination-endpoint"}), "destination_header"),
-        (json!({"priority_header": "x-kvroute-ttft-deadline-ms"}), "must differ"),
+        (json!({"priority_header": "x-ttft-deadline-ms"}), "must differ"),
+        (json!({"deadline_header": "x-kvroute-deadline"}), "x-kvroute-"),
+        (json!({"priority_header": "x-envoy-priority"}), "x-envoy-"),
         (json!({"max_retry_after_s": 0}), "max_retry_after_s"),
         (json!({"classes": []}), "at least one class"),
         (json!({"classes": [{"name": "a.b"}], "default_class": "a.b"}), "[a-z0-9_]"),
