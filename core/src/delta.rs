@@ -14,11 +14,14 @@
 //! count; each: the snapshot's worker head, a flags u8 (1 reset, 2 model follows, 4 adapters
 //! follow; other bits are an error), the model, the adapters, then GPU removed, GPU added,
 //! offloaded removed, offloaded added (u32 count; each u64)).
+//! Format 3 is format 2 followed by a [`PeerSection`] with the peer changes (new credits, new
+//! loads, zero loads for loads gone); sent only to callers that ask for peers.
 
 use std::collections::{BTreeMap, HashSet};
 
 use thiserror::Error;
 
+use crate::peers::PeerSection;
 use crate::snapshot::{
     hashes, put_hashes, put_head, put_models, put_names, put_str, read_head, read_models,
     read_names, read_str, DecodeLimits, ModelInfo, ReportedLoad, Snapshot, SnapshotError,
@@ -28,6 +31,8 @@ use crate::wire::Reader;
 
 /// Format version of the delta encoding.
 pub const DELTA_FORMAT: u8 = 2;
+/// Format of a delta with a trailing peer section.
+pub const DELTA_FORMAT_PEERS: u8 = 3;
 const MAGIC: &[u8; 4] = b"KVRD";
 const RESET: u8 = 1;
 const HAS_MODEL: u8 = 2;
@@ -114,13 +119,15 @@ pub struct Delta {
     pub models: Option<Vec<ModelInfo>>,
     /// Workers with any change; the others are unchanged.
     pub workers: Vec<WorkerDelta>,
+    /// Peer changes (format 3), when the caller asked for peers.
+    pub peers: Option<PeerSection>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DeltaError {
     #[error("not a kvroute delta")]
     Magic,
-    #[error("delta format {0} is not supported (expected {DELTA_FORMAT})")]
+    #[error("delta format {0} is not supported (expected {DELTA_FORMAT} or {DELTA_FORMAT_PEERS})")]
     Format(u8),
     #[error(transparent)]
     Body(#[from] SnapshotError),
@@ -198,6 +205,7 @@ impl Delta {
             generated_at_ms: new.generated_at_ms,
             models: (old.models != new.models).then(|| new.models.clone()),
             workers,
+            peers: PeerSection::between(old.peers.as_ref(), new.peers.as_ref()),
         }
     }
 
@@ -218,6 +226,7 @@ impl Delta {
         }
         let mut acc: BTreeMap<&str, Acc<'_>> = BTreeMap::new();
         let mut models = None;
+        let mut peers: Option<PeerSection> = None;
         for d in deltas {
             if d.from_version != version {
                 return None;
@@ -225,6 +234,10 @@ impl Delta {
             version = d.to_version;
             if d.models.is_some() {
                 models = d.models.clone();
+            }
+            if let Some(p) = &d.peers {
+                // Zero loads stay: a receiver may hold the load they remove.
+                peers.get_or_insert_with(PeerSection::default).merge(p, d.generated_at_ms, true);
             }
             for w in &d.workers {
                 let e = acc.entry(w.worker.as_str()).or_insert_with(|| Acc {
@@ -282,6 +295,7 @@ impl Delta {
             generated_at_ms,
             models,
             workers,
+            peers,
         })
     }
 
@@ -298,10 +312,11 @@ impl Delta {
                         + w.offloaded.add.len()
                         + w.offloaded.remove.len())
             })
-            .sum();
+            .sum::<usize>()
+            + self.peers.as_ref().map_or(0, PeerSection::encoded_len);
         let mut out = Vec::with_capacity(32 + size);
         out.extend_from_slice(MAGIC);
-        out.push(DELTA_FORMAT);
+        out.push(if self.peers.is_some() { DELTA_FORMAT_PEERS } else { DELTA_FORMAT });
         out.extend_from_slice(&self.from_version.to_le_bytes());
         out.extend_from_slice(&self.to_version.to_le_bytes());
         out.extend_from_slice(&self.generated_at_ms.to_le_bytes());
@@ -329,6 +344,9 @@ impl Delta {
                 put_hashes(&mut out, list);
             }
         }
+        if let Some(p) = &self.peers {
+            p.encode_into(&mut out);
+        }
         out
     }
 
@@ -344,7 +362,7 @@ impl Delta {
             return Err(DeltaError::Magic);
         }
         let format = r.u8().ok_or_else(t)?;
-        if format != DELTA_FORMAT {
+        if format != DELTA_FORMAT && format != DELTA_FORMAT_PEERS {
             return Err(DeltaError::Format(format));
         }
         let from_version = r.u64().ok_or_else(t)?;
@@ -389,10 +407,14 @@ impl Delta {
                 offloaded: SetChange { add: off_add, remove: off_remove },
             });
         }
+        let peers = match format {
+            DELTA_FORMAT_PEERS => Some(PeerSection::decode_from(&mut r, limits)?),
+            _ => None,
+        };
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing.into());
         }
-        Ok(Delta { from_version, to_version, generated_at_ms, models, workers })
+        Ok(Delta { from_version, to_version, generated_at_ms, models, workers, peers })
     }
 }
 
@@ -437,6 +459,9 @@ impl Snapshot {
         }
         if let Some(m) = &d.models {
             self.models.clone_from(m);
+        }
+        if let Some(p) = &d.peers {
+            self.peers.get_or_insert_with(PeerSection::default).merge(p, d.generated_at_ms, false);
         }
         self.version = d.to_version;
         self.generated_at_ms = d.generated_at_ms;

@@ -47,6 +47,7 @@ fn source_byte(s: Source) -> u8 {
         Source::KvEvent => 0,
         Source::Routed => 1,
         Source::Feedback => 2,
+        Source::Peer => 3,
     }
 }
 
@@ -83,6 +84,7 @@ impl JournalEntry {
             0 => Source::KvEvent,
             1 => Source::Routed,
             2 => Source::Feedback,
+            3 => Source::Peer,
             s => return Err(JournalError::Source(s)),
         };
         let wlen = r.u8().ok_or_else(t)? as usize;

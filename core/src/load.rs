@@ -18,3 +18,14 @@ impl WorkerLoad {
         self.inflight_requests.saturating_sub(self.prefilling_requests)
     }
 }
+
+impl WorkerLoad {
+    /// Both loads together (saturating): this replica's and other replicas' in-flight work.
+    pub fn plus(self, other: WorkerLoad) -> WorkerLoad {
+        WorkerLoad {
+            inflight_requests: self.inflight_requests.saturating_add(other.inflight_requests),
+            prefilling_requests: self.prefilling_requests.saturating_add(other.prefilling_requests),
+            prefill_tokens: self.prefill_tokens.saturating_add(other.prefill_tokens),
+        }
+    }
+}

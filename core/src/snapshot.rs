@@ -9,13 +9,19 @@
 //! u16-length name, `observed_at_ms` u64, `compatible` u8, load flag u8 [`running` u32,
 //! `waiting` u32, `observed_at_ms` u64], u16-length model, adapters (u16 count; each u16-length
 //! name), GPU hashes and offloaded hashes (u32 count; each u64)). Strings are UTF-8.
+//! Format 4 is format 3 followed by a [`PeerSection`] (other replicas' routing, see
+//! [`crate::peers`]); the updater sends it only to callers that ask (`peers=1`), so a decoder
+//! that knows format 3 only keeps working.
 
 use thiserror::Error;
 
+use crate::peers::PeerSection;
 use crate::wire::Reader;
 
 /// Format version of the encoding below.
 pub const SNAPSHOT_FORMAT: u8 = 3;
+/// Format of a snapshot with a trailing peer section.
+pub const SNAPSHOT_FORMAT_PEERS: u8 = 4;
 const MAGIC: &[u8; 4] = b"KVRS";
 /// Bounds that keep a hostile or corrupt payload from allocating without limit.
 pub const MAX_WORKERS: usize = 4096;
@@ -102,6 +108,8 @@ pub struct Snapshot {
     /// The models whose bundles the updater serves, sorted by name.
     pub models: Vec<ModelInfo>,
     pub workers: Vec<WorkerKnowledge>,
+    /// Other replicas' recent routing (format 4), when the caller asked for it.
+    pub peers: Option<PeerSection>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -110,7 +118,7 @@ pub enum SnapshotError {
     Truncated,
     #[error("not a kvroute snapshot")]
     Magic,
-    #[error("snapshot format {0} is not supported (expected {SNAPSHOT_FORMAT})")]
+    #[error("snapshot format {0} is not supported (expected {SNAPSHOT_FORMAT} or {SNAPSHOT_FORMAT_PEERS})")]
     Format(u8),
     #[error("snapshot count {0} exceeds its bound")]
     TooLarge(usize),
@@ -257,10 +265,11 @@ impl Snapshot {
                     + 8 * (w.gpu.len() + w.offloaded.len())
             })
             .sum::<usize>()
-            + self.models.iter().map(|m| 14 + m.name.len()).sum::<usize>();
+            + self.models.iter().map(|m| 14 + m.name.len()).sum::<usize>()
+            + self.peers.as_ref().map_or(0, PeerSection::encoded_len);
         let mut out = Vec::with_capacity(26 + size);
         out.extend_from_slice(MAGIC);
-        out.push(SNAPSHOT_FORMAT);
+        out.push(if self.peers.is_some() { SNAPSHOT_FORMAT_PEERS } else { SNAPSHOT_FORMAT });
         out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&self.generated_at_ms.to_le_bytes());
         put_models(&mut out, &self.models);
@@ -271,6 +280,9 @@ impl Snapshot {
             put_names(&mut out, &w.adapters);
             put_hashes(&mut out, &w.gpu);
             put_hashes(&mut out, &w.offloaded);
+        }
+        if let Some(p) = &self.peers {
+            p.encode_into(&mut out);
         }
         out
     }
@@ -287,7 +299,7 @@ impl Snapshot {
             return Err(SnapshotError::Magic);
         }
         let format = r.u8().ok_or_else(t)?;
-        if format != SNAPSHOT_FORMAT {
+        if format != SNAPSHOT_FORMAT && format != SNAPSHOT_FORMAT_PEERS {
             return Err(SnapshotError::Format(format));
         }
         let version = r.u64().ok_or_else(t)?;
@@ -315,10 +327,14 @@ impl Snapshot {
                 adapters,
             });
         }
+        let peers = match format {
+            SNAPSHOT_FORMAT_PEERS => Some(PeerSection::decode_from(&mut r, limits)?),
+            _ => None,
+        };
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing);
         }
-        Ok(Snapshot { version, generated_at_ms, models, workers })
+        Ok(Snapshot { version, generated_at_ms, models, workers, peers })
     }
 }
 
@@ -354,6 +370,7 @@ mod tests {
                 model: "m".into(),
                 adapters: vec!["sql".into()],
             }],
+            peers: None,
         }
     }
 
@@ -441,7 +458,7 @@ mod tests {
             let s = Snapshot { version: v, generated_at_ms: v / 2, models, workers: names.into_iter().map(|w| WorkerKnowledge {
                 worker: w, observed_at_ms: 5, compatible: false, gpu: hashes.clone(), offloaded: hashes.clone(),
                 load: Some(ReportedLoad { running: 3, waiting: v as u32, observed_at_ms: v }),
-                model: "qwen".into(), adapters: adapters.clone() }).collect() };
+                model: "qwen".into(), adapters: adapters.clone() }).collect(), peers: None };
             prop_assert_eq!(Snapshot::decode(&s.encode()), Ok(s));
         }
     }

@@ -14,6 +14,7 @@ use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::delta::{Delta, SetChange, WorkerDelta};
 use kvroute_core::index::Source;
 use kvroute_core::journal::JournalEntry;
+use kvroute_core::peers::{PeerCredit, PeerLoad, PeerReport, PeerSection};
 use kvroute_core::request::{parse, Endpoint};
 use kvroute_core::router::Router;
 use kvroute_core::shared::knowledge::{Head, RingEntry, RING};
@@ -393,6 +394,7 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
             },
             WorkerKnowledge { compatible: false, ..w("127.0.0.1:8001", vec![5, 6], vec![], None) },
         ],
+        peers: None,
     };
     let b = Snapshot {
         version: a.version + 3,
@@ -408,6 +410,7 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
                 ..w("127.0.0.1:8002", vec![11, 12, 13], vec![], None)
             },
         ],
+        peers: None,
     };
     (a, b)
 }
@@ -415,7 +418,8 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
 fn snapshot_decode() -> Seeds {
     let (a, b) = two_snapshots();
     let empty = Snapshot { version: 1, generated_at_ms: 0, ..Snapshot::default() };
-    for s in [&a, &b, &empty] {
+    let with_peers = Snapshot { peers: Some(peer_section()), ..b.clone() };
+    for s in [&a, &b, &empty, &with_peers] {
         assert_eq!(Snapshot::decode(&s.encode()).as_ref(), Ok(s));
     }
     let bytes = a.encode();
@@ -450,6 +454,52 @@ fn snapshot_decode() -> Seeds {
         ("hash-count-u32-max.bin", huge),
         ("model-count-u16-max.bin", many_models),
         ("adapter-count-u16-max.bin", many_adapters),
+        ("with-peers.bin", with_peers.encode()),
+        ("peers-truncated.bin", truncated(&with_peers.encode())),
+    ]
+}
+
+/// Other replicas' decisions as the updater publishes them (a load and a credit).
+fn peer_section() -> PeerSection {
+    PeerSection {
+        ttl_ms: 10_000,
+        load_ttl_ms: 3_000,
+        loads: vec![PeerLoad {
+            replica: 7,
+            worker_key: 0x1234,
+            at_ms: 1_000,
+            inflight: 2,
+            prefilling: 1,
+            prefill_tokens: 512,
+        }],
+        credits: vec![PeerCredit {
+            replica: 7,
+            worker: "127.0.0.1:8001".into(),
+            at_ms: 1_000,
+            hashes: vec![3, 42],
+        }],
+    }
+}
+
+/// Replicas' reports to the updater (`POST /v1/peers`).
+fn peer_report_decode() -> Seeds {
+    let s = peer_section();
+    let r = PeerReport { replica: 7, seq: 1, loads: s.loads, credits: s.credits };
+    let empty = PeerReport { replica: 7, seq: 2, ..PeerReport::default() };
+    let bytes = r.encode();
+    let mut many_loads = bytes[..21].to_vec();
+    many_loads.extend_from_slice(&u32::MAX.to_le_bytes());
+    let mut many_hashes = bytes[..21].to_vec();
+    many_hashes.extend_from_slice(&0u32.to_le_bytes());
+    many_hashes.extend_from_slice(&1u32.to_le_bytes());
+    many_hashes.extend_from_slice(&[7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    many_hashes.extend_from_slice(&u32::MAX.to_le_bytes());
+    vec![
+        ("load-and-credit.bin", bytes.clone()),
+        ("empty.bin", empty.encode()),
+        ("truncated.bin", truncated(&bytes)),
+        ("load-count-u32-max.bin", many_loads),
+        ("hash-count-u32-max.bin", many_hashes),
     ]
 }
 
@@ -462,6 +512,7 @@ fn delta_decode() -> Seeds {
         to_version: b.version + 1,
         generated_at_ms: b.generated_at_ms + 100,
         models: None,
+        peers: None,
         workers: vec![WorkerDelta {
             worker: "127.0.0.1:8002".into(),
             observed_at_ms: b.generated_at_ms + 90,
@@ -475,9 +526,16 @@ fn delta_decode() -> Seeds {
         }],
     };
     let composed = Delta::compose(&[d.clone(), reset.clone()]).unwrap();
-    let noop =
-        Delta { from_version: 5, to_version: 6, generated_at_ms: 0, models: None, workers: vec![] };
-    for x in [&d, &reset, &composed, &noop] {
+    let noop = Delta {
+        from_version: 5,
+        to_version: 6,
+        generated_at_ms: 0,
+        models: None,
+        workers: vec![],
+        peers: None,
+    };
+    let with_peers = Delta { peers: Some(peer_section()), ..noop.clone() };
+    for x in [&d, &reset, &composed, &noop, &with_peers] {
         assert_eq!(Delta::decode(&x.encode()).as_ref(), Ok(x));
     }
     assert!(d.models.is_some(), "the model list changed between the two snapshots");
@@ -501,6 +559,7 @@ fn delta_decode() -> Seeds {
         ("a-snapshot-not-a-delta.bin", a.encode()),
         ("worker-count-u32-max.bin", many_workers),
         ("unknown-worker-flags.bin", bad_flags),
+        ("peers-only.bin", with_peers.encode()),
     ]
 }
 
@@ -746,6 +805,7 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("zmtp_frames", zmtp_frames()),
         ("bundle_decode", bundle_decode()),
         ("admission_headers", admission_headers()),
+        ("peer_report_decode", peer_report_decode()),
     ]
 }
 

@@ -8,7 +8,8 @@
 //! [`blocks::BlockIndex`]; [`limits`] holds every bound and the counters of its hits;
 //! [`state::State`] holds all workers, the models they serve ([`models`]: bundles, block
 //! sizes) and the snapshot version; [`alignment`] identifies each worker's model and checks its
-//! announced config; [`server`] is the HTTP surface (snapshots and bundles).
+//! announced config; [`peers`] keeps other Envoy replicas' recent decisions; [`server`] is
+//! the HTTP surface (snapshots with long polls, peer reports, bundles).
 
 pub mod alignment;
 pub mod blocks;
@@ -18,6 +19,7 @@ pub mod http_body;
 pub mod ingest;
 pub mod limits;
 pub mod models;
+pub mod peers;
 pub mod publish;
 pub mod replay;
 pub mod scrape;

@@ -172,6 +172,8 @@ pub struct Limits {
     /// Largest HTTP answer read from a worker.
     pub max_http_body_bytes: usize,
     pub adapters: AdapterLimits,
+    /// Other Envoy replicas' decisions (see [`crate::peers`]).
+    pub peers: crate::peers::PeerLimits,
 }
 
 impl Default for Limits {
@@ -183,6 +185,7 @@ impl Default for Limits {
             wire: WireLimits::default(),
             max_http_body_bytes: 4 << 20,
             adapters: AdapterLimits::default(),
+            peers: crate::peers::PeerLimits::default(),
         }
     }
 }

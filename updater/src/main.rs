@@ -79,6 +79,22 @@ struct Args {
     /// Largest HTTP answer read from a worker (`/metrics`, `/tokenize`, `/v1/models`).
     #[arg(long, default_value_t = 4 << 20)]
     max_http_body_bytes: usize,
+    /// How long another Envoy replica's routing credit is kept and published (ms).
+    #[arg(long, default_value_t = 10_000)]
+    peer_ttl_ms: u64,
+    /// How long a replica's reported in-flight load counts without a refresh (ms); replicas
+    /// re-send held loads every `snapshot_sync.peers.heartbeat_ms` (1 s by default).
+    #[arg(long, default_value_t = 3_000)]
+    peer_load_ttl_ms: u64,
+    /// Most Envoy replicas reporting at once; reports of more are refused (429).
+    #[arg(long, default_value_t = 256)]
+    max_peer_replicas: usize,
+    /// Most credited hashes kept from all replicas; past it the oldest credits are dropped.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_peer_hashes: usize,
+    /// Largest peer report body accepted (bytes); larger ones get 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_peer_report_bytes: usize,
     /// A worker: `HTTP_ADDR[,EVENTS_ENDPOINT[,REPLAY_ENDPOINT]]`, e.g.
     /// `127.0.0.1:8000,tcp://127.0.0.1:5557,tcp://127.0.0.1:5558`. Repeat per worker. A worker
     /// given without an events endpoint is followed for load, adapters and alignment only (an
@@ -108,6 +124,13 @@ fn limits(a: &Args) -> Limits {
         adapters: AdapterLimits {
             max_adapters: a.max_adapters_per_worker,
             max_name_bytes: a.max_adapter_name_bytes.max(1),
+        },
+        peers: kvroute_updater::peers::PeerLimits {
+            ttl_ms: a.peer_ttl_ms.max(1),
+            load_ttl_ms: a.peer_load_ttl_ms.max(1),
+            max_replicas: a.max_peer_replicas,
+            max_hashes: a.max_peer_hashes,
+            max_report_bytes: a.max_peer_report_bytes.max(1024),
         },
     }
 }

@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 
 use kvroute_core::delta::{Delta, WorkerDelta};
+use kvroute_core::peers::PeerSection;
 use kvroute_core::snapshot::{ModelInfo, Snapshot, WorkerKnowledge};
 
 /// What a caller at some version should receive.
@@ -54,6 +55,7 @@ fn hashes_in(d: &Delta) -> usize {
                     + 1
             })
             .sum::<usize>()
+        + d.peers.as_ref().map_or(0, PeerSection::weight)
 }
 
 impl Publisher {
@@ -87,6 +89,18 @@ impl Publisher {
         models: Option<Vec<ModelInfo>>,
         now_ms: u64,
     ) -> bool {
+        self.publish_with_peers(changed, models, None, now_ms)
+    }
+
+    /// [`Publisher::publish`] with other replicas' changes (`peers`), which alone also make a
+    /// new version. The full snapshot does not hold peers: the caller adds its live view.
+    pub fn publish_with_peers(
+        &mut self,
+        changed: Vec<WorkerKnowledge>,
+        models: Option<Vec<ModelInfo>>,
+        peers: Option<PeerSection>,
+        now_ms: u64,
+    ) -> bool {
         let models = models.filter(|m| *m != self.current.models);
         if let Some(m) = &models {
             self.current.models.clone_from(m);
@@ -106,7 +120,7 @@ impl Publisher {
             }
         }
         self.current.generated_at_ms = now_ms;
-        if workers.is_empty() && models.is_none() {
+        if workers.is_empty() && models.is_none() && peers.is_none() {
             return false;
         }
         let from = self.current.version;
@@ -117,6 +131,7 @@ impl Publisher {
             generated_at_ms: now_ms,
             models,
             workers,
+            peers,
         };
         let n = hashes_in(&delta);
         self.ring.push_back((delta, n));

@@ -1,6 +1,9 @@
 //! The updater's HTTP surface (loopback by default): `/status` (JSON), `/metrics`
 //! (Prometheus), `/v1/snapshot?since=V` (binary: a `kvroute_core::delta` from V, or a full
-//! `kvroute_core::snapshot`), and the models' tokenizer bundles: `/v1/bundles` (JSON list) and
+//! `kvroute_core::snapshot`; with `wait_ms=W` a long poll that answers as soon as a newer
+//! version exists, or 304 after W ms; with `peers=1&replica=R` including other replicas'
+//! decisions but R's own), `POST /v1/peers` (a `kvroute_core::peers::PeerReport` from an Envoy
+//! replica; 204), and the models' tokenizer bundles: `/v1/bundles` (JSON list) and
 //! `/v1/bundles/{fingerprint}/{part}` (binary: part `part` of
 //! `kvroute_core::bundle::BundleFiles::encode()`, header `x-kvroute-bundle-parts`). Snapshots
 //! and bundles require the shared token in `x-kvroute-token`, so that knowledge only ever comes
@@ -9,10 +12,11 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{Path, Query, State as AxState};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use crate::publish::Answer;
@@ -20,6 +24,8 @@ use crate::state::State;
 
 /// Header carrying the shared token.
 pub const TOKEN_HEADER: &str = "x-kvroute-token";
+/// Longest long poll a caller may ask for (`wait_ms`).
+pub const MAX_WAIT_MS: u64 = 30_000;
 /// Response header of a bundle part: how many parts the whole bundle has.
 pub const BUNDLE_PARTS_HEADER: &str = "x-kvroute-bundle-parts";
 
@@ -34,6 +40,7 @@ pub fn router(state: Arc<State>, token: &str) -> Router {
         .route("/status", get(status))
         .route("/metrics", get(metrics))
         .route("/v1/snapshot", get(snapshot))
+        .route("/v1/peers", post(peers))
         .route("/v1/bundles", get(bundles))
         .route("/v1/bundles/{fingerprint}/{part}", get(bundle_part))
         .with_state(Ctx { state, token: token.into() })
@@ -111,10 +118,42 @@ async fn bundle_part(
 #[derive(serde::Deserialize)]
 struct Since {
     since: Option<u64>,
+    /// Long poll: wait up to this long for a version newer than `since`.
+    wait_ms: Option<u64>,
+    /// `1`: include other replicas' decisions.
+    peers: Option<u8>,
+    /// The caller's replica id: its own decisions are left out.
+    replica: Option<u64>,
 }
 
-/// 304 when the caller already has the current version, else the delta from its version
-/// (`since`) when the updater still has it, else the full snapshot.
+/// A report of an Envoy replica's decisions and load: 204, 400 when malformed, 413 when too
+/// large, 429 past the replica bound. Published (and waiting long polls answered) at once.
+async fn peers(AxState(c): AxState<Ctx>, headers: HeaderMap, body: Body) -> Response {
+    if let Some(r) = unauthorized(&c, &headers) {
+        return r;
+    }
+    let max = c.state.limits.peers.max_report_bytes;
+    let Ok(bytes) = axum::body::to_bytes(body, max).await else {
+        c.state.peer_refused();
+        return (StatusCode::PAYLOAD_TOO_LARGE, "peer report too large\n").into_response();
+    };
+    let limits = kvroute_core::snapshot::DecodeLimits::default();
+    let report = match kvroute_core::peers::PeerReport::decode_with(&bytes, &limits) {
+        Ok(r) => r,
+        Err(e) => {
+            c.state.peer_refused();
+            return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
+        }
+    };
+    match c.state.peer_report(report) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => (StatusCode::TOO_MANY_REQUESTS, format!("{e}\n")).into_response(),
+    }
+}
+
+/// 304 when the caller already has the current version (after waiting up to `wait_ms` for a
+/// newer one), else the delta from its version (`since`) when the updater still has it, else
+/// the full snapshot.
 async fn snapshot(
     AxState(c): AxState<Ctx>,
     Query(q): Query<Since>,
@@ -123,7 +162,22 @@ async fn snapshot(
     if let Some(r) = unauthorized(&c, &headers) {
         return r;
     }
-    let (kind, version, body) = match c.state.answer(q.since) {
+    let replica = (q.peers == Some(1)).then_some(q.replica.unwrap_or(0));
+    let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(MAX_WAIT_MS));
+    let deadline = tokio::time::Instant::now() + wait;
+    let answer = loop {
+        // Registered before the check: a change published in between still wakes it.
+        let changed = c.state.changed();
+        match c.state.answer_for(q.since, replica) {
+            Answer::NotModified if tokio::time::Instant::now() < deadline => {
+                if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                    break Answer::NotModified;
+                }
+            }
+            other => break other,
+        }
+    };
+    let (kind, version, body) = match answer {
         Answer::NotModified => return StatusCode::NOT_MODIFIED.into_response(),
         Answer::Delta(d) => ("delta", d.to_version, d.encode()),
         Answer::Full(s) => ("full", s.version, s.encode()),
@@ -207,5 +261,28 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
             u8::from(v["connected"].as_bool().unwrap_or(false))
         );
     }
+    let peers = &status["peers"];
+    for name in [
+        "reports",
+        "refused",
+        "stale_loads",
+        "credits",
+        "dropped_hashes",
+        "expired_credits",
+        "expired_loads",
+    ] {
+        let n = peers["stats"][name].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            o,
+            "# TYPE kvroute_updater_peer_{name}_total counter\nkvroute_updater_peer_{name}_total {n}"
+        );
+    }
+    let replicas = peers["replicas"].as_object().map_or(0, |r| r.len());
+    let hashes = peers["hashes"].as_u64().unwrap_or(0);
+    let _ = writeln!(
+        o,
+        "# TYPE kvroute_updater_peer_replicas gauge\nkvroute_updater_peer_replicas {replicas}\n\
+         # TYPE kvroute_updater_peer_hashes gauge\nkvroute_updater_peer_hashes {hashes}"
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
 }

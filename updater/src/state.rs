@@ -14,6 +14,7 @@ use crate::decode::Tier;
 use crate::ingest::{DomainBase, WorkerKnowledge};
 use crate::limits::Limits;
 use crate::models::Models;
+use crate::peers::{PeerStore, Refused};
 use crate::publish::{Answer, Publisher, RingLimits};
 
 /// vLLM's default KV block size: used for a worker that announces none (SGLang, older
@@ -74,6 +75,8 @@ pub struct State {
     fixed: Option<DomainBase>,
     /// Woken to run an alignment pass now (a worker's base model changed).
     pub align_now: Notify,
+    /// Woken (all waiters) whenever knowledge changed: long polls answer at once.
+    changed: Notify,
     inner: Mutex<Inner>,
 }
 
@@ -87,6 +90,8 @@ struct Inner {
     /// The model list changed since the last publication.
     models_dirty: bool,
     publisher: Publisher,
+    /// Other Envoy replicas' recent decisions.
+    peers: PeerStore,
 }
 
 impl State {
@@ -139,9 +144,23 @@ impl State {
         let workers: BTreeMap<String, Entry> = workers.into_iter().map(|w| (w, entry())).collect();
         let dirty = workers.keys().cloned().collect();
         let publisher = Publisher::new(now_ms(), RingLimits::default());
-        let inner =
-            Inner { workers, dirty, learned: BTreeMap::new(), models_dirty: true, publisher };
-        State { limits, models, fixed, align_now: Notify::new(), inner: Mutex::new(inner) }
+        let peers = PeerStore::new(limits.peers);
+        let inner = Inner {
+            workers,
+            dirty,
+            learned: BTreeMap::new(),
+            models_dirty: true,
+            publisher,
+            peers,
+        };
+        State {
+            limits,
+            models,
+            fixed,
+            align_now: Notify::new(),
+            changed: Notify::new(),
+            inner: Mutex::new(inner),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -181,8 +200,29 @@ impl State {
         let out = inner.workers.get_mut(worker).map(f);
         if out.is_some() {
             inner.dirty.insert(worker.to_owned());
+            self.changed.notify_waiters();
         }
         out
+    }
+
+    /// Takes another Envoy replica's report; waiting long polls answer with it at once.
+    pub fn peer_report(&self, report: kvroute_core::peers::PeerReport) -> Result<(), Refused> {
+        let taken = self.lock().peers.report(report, now_ms());
+        if taken.is_ok() {
+            self.changed.notify_waiters();
+        }
+        taken
+    }
+
+    /// Counts a report refused before it could be decoded (too large, malformed).
+    pub fn peer_refused(&self) {
+        self.lock().peers.stats.refused += 1;
+    }
+
+    /// Resolves when knowledge may have changed after this call. Create it before checking
+    /// the version, so that a change in between is not missed.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
     }
 
     /// Applies an alignment check: the worker's model, adapters, domain and verdict. A model's
@@ -195,6 +235,7 @@ impl State {
             return;
         };
         inner.dirty.insert(worker.to_owned());
+        self.changed.notify_waiters();
         let mismatches = e.knowledge.stats.block_size_mismatches;
         let new_mismatches = mismatches > e.mismatches_seen;
         e.mismatches_seen = mismatches;
@@ -311,14 +352,17 @@ impl State {
 
     /// Publishes what changed since the last call as a new snapshot version (if anything did).
     fn publish(&self, inner: &mut Inner) {
-        if inner.dirty.is_empty() && !inner.models_dirty {
+        let now = now_ms();
+        inner.peers.expire(now);
+        let peers = inner.peers.take_pending();
+        if inner.dirty.is_empty() && !inner.models_dirty && peers.is_none() {
             return;
         }
         let models = std::mem::take(&mut inner.models_dirty).then(|| self.model_infos(inner));
         let dirty = std::mem::take(&mut inner.dirty);
         let changed =
             dirty.iter().filter_map(|w| inner.workers.get(w).map(|e| wire(w, e))).collect();
-        inner.publisher.publish(changed, models, now_ms());
+        inner.publisher.publish_with_peers(changed, models, peers, now);
     }
 
     /// The published snapshot version (after publishing pending changes).
@@ -338,9 +382,31 @@ impl State {
     /// What a caller holding version `since` should receive: nothing new, the composed delta,
     /// or a full snapshot.
     pub fn answer(&self, since: Option<u64>) -> Answer {
+        self.answer_for(since, None)
+    }
+
+    /// [`State::answer`] for a replica that takes peer knowledge (`Some(its id)`): full
+    /// snapshots carry every live peer entry, deltas the peer changes, both without the
+    /// replica's own. `None`: no peer section (format 3 / 2, as older filters expect).
+    pub fn answer_for(&self, since: Option<u64>, replica: Option<u64>) -> Answer {
         let mut inner = self.lock();
         self.publish(&mut inner);
-        inner.publisher.answer(since)
+        let answer = inner.publisher.answer(since);
+        match (answer, replica) {
+            (Answer::Full(mut s), Some(r)) => {
+                s.peers = Some(inner.peers.section().without(r));
+                Answer::Full(s)
+            }
+            (Answer::Delta(mut d), Some(r)) => {
+                d.peers = d.peers.map(|p| p.without(r));
+                Answer::Delta(d)
+            }
+            (Answer::Delta(mut d), None) => {
+                d.peers = None;
+                Answer::Delta(d)
+            }
+            (other, _) => other,
+        }
     }
 
     /// `/status` JSON.
@@ -393,6 +459,7 @@ impl State {
             "version": inner.publisher.version(),
             "models": models,
             "workers": workers,
+            "peers": inner.peers.status(),
         })
     }
 }

@@ -16,12 +16,13 @@ fn worker(name: &str, gpu: Vec<u64>, observed: u64) -> WorkerKnowledge {
 
 fn snap(version: u64, workers: Vec<WorkerKnowledge>) -> Snapshot {
     let models = vec![ModelInfo { name: "m".into(), fingerprint: 1, block_size: 16 }];
-    Snapshot { version, generated_at_ms: version * 10, models, workers }
+    Snapshot { version, generated_at_ms: version * 10, models, workers, peers: None }
 }
 
 #[test]
 fn golden_bytes() {
     let d = Delta {
+        peers: None,
         from_version: 3,
         to_version: 4,
         generated_at_ms: 40,
@@ -67,6 +68,7 @@ fn golden_bytes() {
 #[test]
 fn golden_bytes_with_models_and_a_new_worker() {
     let d = Delta {
+        peers: None,
         from_version: 1,
         to_version: 2,
         generated_at_ms: 5,

@@ -90,6 +90,11 @@ pub struct JournalCursor {
 const STALL_POLLS: u32 = 3;
 
 impl JournalCursor {
+    /// A cursor at the journal's current head: entries written before are never read.
+    pub fn at_head<S: SharedStore + ?Sized>(store: &S) -> JournalCursor {
+        JournalCursor { next: read_u64(store.get(HEAD_KEY).0.as_deref()), stalled: 0 }
+    }
+
     /// Entries this thread has not applied yet, oldest first, up to `max_hashes` hashes (at
     /// least one entry). An entry whose slot is not written yet stops the read; it is retried
     /// on the next call. Returns the entries and whether more are waiting.

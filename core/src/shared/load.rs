@@ -374,11 +374,31 @@ impl LoadView {
         own: &Shard,
         now_ms: u64,
     ) -> LoadView {
-        let limits = own.limits;
+        Self::read_shards(store, counters, own.limits, Some(own), now_ms)
+    }
+
+    /// Reads every listed shard from shared data, for a reader without a shard of its own
+    /// (the singleton, which reports this replica's load to the updater).
+    pub fn read_all<S: SharedStore + ?Sized>(
+        store: &S,
+        counters: &dyn Counters,
+        limits: LoadLimits,
+        now_ms: u64,
+    ) -> LoadView {
+        Self::read_shards(store, counters, limits, None, now_ms)
+    }
+
+    fn read_shards<S: SharedStore + ?Sized>(
+        store: &S,
+        counters: &dyn Counters,
+        limits: LoadLimits,
+        own: Option<&Shard>,
+        now_ms: u64,
+    ) -> LoadView {
         let mut view = LoadView::default();
         let mut dead = Vec::new();
         for id in registry(store, counters) {
-            if id == own.id {
+            if own.is_some_and(|o| o.id == id) {
                 continue;
             }
             let Some(bytes) = store.get(&shard_key(id)).0 else {
@@ -396,7 +416,9 @@ impl LoadView {
             }
             view.add(&shard.entries, &limits, now_ms);
         }
-        view.add(&own.data.entries, &limits, now_ms);
+        if let Some(own) = own {
+            view.add(&own.data.entries, &limits, now_ms);
+        }
         if !dead.is_empty() {
             sweep(store, counters, &dead);
         }
@@ -418,6 +440,11 @@ impl LoadView {
     /// The router-tracked load of `worker` across all live threads.
     pub fn load(&self, worker: &str) -> WorkerLoad {
         self.by_worker.get(&worker_key(worker)).map(|(l, _)| *l).unwrap_or_default()
+    }
+
+    /// Every worker with tracked load, by worker key ([`worker_key`]).
+    pub fn loads(&self) -> impl Iterator<Item = (u64, WorkerLoad)> + '_ {
+        self.by_worker.iter().map(|(k, (l, _))| (*k, *l))
     }
 
     /// How many tracked requests to `worker` started at or before `at_ms`.

@@ -12,14 +12,19 @@
 //!   full snapshot) and the chain follower each thread uses to catch up.
 //! - [`bundles`]: model bundles the singleton fetches from the updater part by part, and the
 //!   manifest from which every thread builds its tokenizers.
+//! - [`calib`]: the online calibration state per model, learned from every thread's samples.
+//! - [`peers`]: this replica's id and the singleton's forwarder of its decisions and load to
+//!   the updater (cross-replica knowledge).
 //!
 //! Time is passed in as unix milliseconds; nothing here reads a clock.
 
 pub mod bundles;
+pub mod calib;
 pub mod fake;
 pub mod journal;
 pub mod knowledge;
 pub mod load;
+pub mod peers;
 
 use thiserror::Error;
 
