@@ -240,13 +240,14 @@ impl KvHttp {
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}",
+            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}",
             f.served,
             d.predicted_cached_tokens(),
             // The estimate for the worker actually served (a fallback when the primary failed).
             d.ranked.iter().find(|s| s.worker == f.served).map_or(-1.0, |s| s.ttft_ms),
             d.prompt_tokens,
             d.blocks_from_events,
+            d.blocks_from_peers,
             d.knowledge_age_ms,
             d.fallback.map_or("none", |r| r.name()),
             u8::from(d.replicated),

@@ -41,6 +41,9 @@ pub struct ThreadState {
     /// on the first tick after its first request; until then its few requests are routed on
     /// load alone (`no_bundle`).
     pub serving: std::cell::Cell<bool>,
+    /// This Envoy's replica id (shared data), so that its own decisions relayed by the
+    /// updater are not counted twice.
+    replica: std::cell::Cell<u64>,
 }
 
 impl ThreadState {
@@ -123,12 +126,29 @@ impl ThreadState {
         }
     }
 
+    /// Takes the replica id from shared data (created once per Envoy process; a racing first
+    /// write may replace another thread's).
+    fn refresh_replica(&self) {
+        let id = kvroute_core::shared::peers::read_replica(&HostStore)
+            .unwrap_or_else(|| kvroute_core::shared::peers::replica_id(&HostStore, self.seed()));
+        if id != self.replica.get() {
+            self.replica.set(id);
+            self.router.borrow_mut().knowledge_mut().set_replica(id);
+        }
+    }
+
+    fn seed(&self) -> u64 {
+        let at = self as *const Self as usize as u64;
+        xxhash_rust::xxh3::xxh3_64_with_seed(&host::now_nanos().to_le_bytes(), at)
+    }
+
     /// Housekeeping, every `tick_ms`.
     pub fn tick(&self, now_ms: u64) {
         if self.serving.get() {
             self.refresh_bundles(now_ms);
         }
         self.catch_up(false);
+        self.refresh_replica();
         let view = self.load_view(now_ms);
         let mut shard = self.shard.borrow_mut();
         let router = self.router.borrow();
@@ -220,6 +240,7 @@ impl RootContext for KvRoot {
                 self.state = Some(Rc::new(ThreadState {
                     bundles: RefCell::new(bundles),
                     serving: std::cell::Cell::new(false),
+                    replica: std::cell::Cell::new(0),
                     follower: RefCell::new(Follower::new(config.knowledge.decode_limits)),
                     config,
                     router: RefCell::new(router),
@@ -227,6 +248,9 @@ impl RootContext for KvRoot {
                     shard: RefCell::new(shard),
                     metrics,
                 }));
+                if let Some(state) = &self.state {
+                    state.refresh_replica();
+                }
                 true
             }
             Err(e) => {

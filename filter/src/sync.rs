@@ -1,7 +1,10 @@
-//! The singleton (Envoy bootstrap wasm service, same `vm_id` as the filter): pulls knowledge from
-//! the updater on a short tick and publishes it in shared data, where every worker thread's
-//! filter picks it up when the version moves; and fetches the model bundles the updater serves,
-//! one part per call, into shared data, where every thread builds its tokenizers from them. The
+//! The singleton (Envoy bootstrap wasm service, same `vm_id` as the filter): keeps one long
+//! poll to the updater outstanding (re-sent as soon as it answers; the `interval_ms` tick is
+//! the fallback after a failure) and publishes what it gets in shared data, where every worker
+//! thread's filter picks it up when the version moves; forwards this replica's routing
+//! decisions and load to the updater every `peers.forward_ms` (`kvroute_core::shared::peers`
+//! says why there and not per request); and fetches the model bundles the updater serves, one
+//! part per call, into shared data, where every thread builds its tokenizers from them. The
 //! layout of what it publishes, and its checks, are `kvroute_core::shared::knowledge` and
 //! `kvroute_core::shared::bundles`; this is the HTTP calls and the tick.
 
@@ -12,12 +15,28 @@ use kvroute_core::shared::bundles::{
     self, Fetcher, Housekeeping, PartRequest, Progress, LIST_PATH, PARTS_HEADER,
 };
 use kvroute_core::shared::knowledge::{Publisher, Taken};
+use kvroute_core::shared::peers::{read_replica, replica_id, Forwarder};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
 use crate::host;
 use crate::metrics::{count, count_n, BundleMetrics};
 use crate::shared::HostStore;
+
+/// The singleton reads the journal and load shards the threads write and count: what it
+/// would count there (skips, dead shards) the threads count already.
+struct Uncounted;
+
+impl kvroute_core::shared::Counters for Uncounted {
+    fn count(&self, _what: kvroute_core::shared::Counter, _n: u64) {}
+}
+
+/// Peer forwarding counters.
+struct PeerMetrics {
+    reports: Option<u32>,
+    failures: Option<u32>,
+    dropped: Option<u32>,
+}
 
 /// The bundle side of the singleton.
 struct BundleSync {
@@ -38,6 +57,16 @@ pub struct SnapshotSync {
     fetched_delta: Option<u32>,
     failed: Option<u32>,
     version_gauge: Option<u32>,
+    /// This replica's decisions to the updater (`None`: peers disabled).
+    forwarder: Option<Forwarder>,
+    peer_call: Option<u32>,
+    replica: u64,
+    peer_metrics: PeerMetrics,
+    /// When the fallback tick may send the next snapshot request, and pump bundles.
+    next_poll_ms: u64,
+    next_bundles_ms: u64,
+    /// When the outstanding snapshot request was sent.
+    sent_ms: u64,
 }
 
 impl SnapshotSync {
@@ -51,7 +80,24 @@ impl SnapshotSync {
             last_list_ms: 0,
             metrics: BundleMetrics::define_sync(),
         });
+        let seed = xxhash_rust::xxh3::xxh3_64_with_seed(
+            &host::now_nanos().to_le_bytes(),
+            &cfg as *const SnapshotSyncConfig as usize as u64,
+        );
+        let replica = replica_id(&HostStore, seed);
+        let forwarder = cfg.peers.enabled.then(|| Forwarder::new(&HostStore, cfg.peers));
         SnapshotSync {
+            forwarder,
+            peer_call: None,
+            replica,
+            peer_metrics: PeerMetrics {
+                reports: hostcalls::define_metric(c, "kvroute.sync.peer_reports").ok(),
+                failures: hostcalls::define_metric(c, "kvroute.sync.peer_report_failures").ok(),
+                dropped: hostcalls::define_metric(c, "kvroute.sync.peer_hashes_dropped").ok(),
+            },
+            next_poll_ms: 0,
+            next_bundles_ms: 0,
+            sent_ms: 0,
             publisher: Publisher::default(),
             cfg,
             snapshot_call: None,
@@ -68,7 +114,11 @@ impl SnapshotSync {
     }
 
     pub fn start(&self) {
-        if !host::set_tick(self.cfg.interval_ms) {
+        let tick = match &self.forwarder {
+            Some(f) => self.cfg.interval_ms.min(f.config().forward_ms),
+            None => self.cfg.interval_ms,
+        };
+        if !host::set_tick(tick) {
             log::error!("kvroute: snapshot sync cannot set its tick");
         }
     }
@@ -83,6 +133,18 @@ impl SnapshotSync {
         if self.snapshot_call == Some(token) {
             self.snapshot_call = None;
             self.snapshot_answer(body_size);
+            return;
+        }
+        if self.peer_call == Some(token) {
+            self.peer_call = None;
+            if status() == 204 {
+                count(self.peer_metrics.reports);
+            } else {
+                count(self.peer_metrics.failures);
+                if let Some(f) = self.forwarder.as_mut() {
+                    f.failed();
+                }
+            }
             return;
         }
         let now = host::now_ms();
@@ -110,6 +172,9 @@ impl SnapshotSync {
             }
             other => Err(format!("updater answered {}", String::from_utf8_lossy(other))),
         };
+        let answered = taken.is_ok();
+        let early_304 = status.as_slice() == b"304"
+            && host::now_ms().saturating_sub(self.sent_ms) < self.cfg.long_poll_ms / 2;
         match taken {
             Ok(kind) => {
                 count(match kind {
@@ -134,19 +199,79 @@ impl SnapshotSync {
                 count(self.failed);
             }
         }
+        // The long poll goes out again at once; after a failure (or a 304 long before the
+        // wait: an updater without long polls) the tick sends the next one.
+        if answered && self.cfg.long_poll_ms > 0 && !early_304 {
+            self.poll_snapshot(host::now_ms());
+        }
+    }
+
+    /// Sends the next snapshot request: a long poll (`wait_ms`) when configured, asking for
+    /// other replicas' decisions (but this replica's own) when peers are enabled.
+    fn poll_snapshot(&mut self, now: u64) {
+        if let Some(id) = read_replica(&HostStore) {
+            self.replica = id;
+        }
+        let mut path = format!("/v1/snapshot?since={}", self.publisher.version());
+        if self.cfg.long_poll_ms > 0 {
+            path.push_str(&format!("&wait_ms={}", self.cfg.long_poll_ms));
+        }
+        if self.forwarder.is_some() {
+            path.push_str(&format!("&peers=1&replica={}", self.replica));
+        }
+        self.next_poll_ms = now.saturating_add(self.cfg.interval_ms);
+        self.sent_ms = now;
+        let timeout = self.cfg.timeout_ms.saturating_add(self.cfg.long_poll_ms);
+        match dispatch(&self.cfg, &path, timeout) {
+            Some(t) => self.snapshot_call = Some(t),
+            None => count(self.failed),
+        }
+    }
+
+    /// Sends this replica's new decisions and changed loads, one report at a time.
+    fn forward(&mut self, now: u64) {
+        let Some(f) = self.forwarder.as_mut() else { return };
+        if self.peer_call.is_some() {
+            return;
+        }
+        let out = f.poll(&HostStore, &Uncounted, self.replica, now);
+        count_n(self.peer_metrics.dropped, out.dropped_hashes as usize);
+        let Some(report) = out.report else { return };
+        let headers = vec![
+            (":method", "POST"),
+            (":path", "/v1/peers"),
+            (":authority", self.cfg.authority.as_str()),
+            ("x-kvroute-token", self.cfg.token.as_str()),
+            ("content-type", "application/octet-stream"),
+        ];
+        let body = report.encode();
+        let timeout = Duration::from_millis(f.config().timeout_ms);
+        match hostcalls::dispatch_http_call(
+            &self.cfg.cluster,
+            headers,
+            Some(&body),
+            vec![],
+            timeout,
+        ) {
+            Ok(t) => self.peer_call = Some(t),
+            Err(_) => {
+                count(self.peer_metrics.failures);
+                f.failed();
+            }
+        }
     }
 
     pub fn on_tick(&mut self) {
-        if self.snapshot_call.is_none() {
-            let path = format!("/v1/snapshot?since={}", self.publisher.version());
-            match dispatch(&self.cfg, &path, self.cfg.timeout_ms) {
-                Some(t) => self.snapshot_call = Some(t),
-                None => count(self.failed),
-            }
-        }
         let now = host::now_ms();
-        if let Some(b) = self.bundles.as_mut() {
-            b.pump(&self.cfg, now);
+        self.forward(now);
+        if self.snapshot_call.is_none() && now >= self.next_poll_ms {
+            self.poll_snapshot(now);
+        }
+        if now >= self.next_bundles_ms {
+            self.next_bundles_ms = now.saturating_add(self.cfg.interval_ms);
+            if let Some(b) = self.bundles.as_mut() {
+                b.pump(&self.cfg, now);
+            }
         }
     }
 }
