@@ -41,6 +41,8 @@ struct InFlight {
     parse_us: u64,
     /// The part spent applying other threads' journal and the updater's knowledge.
     catchup_us: u64,
+    /// When the decision was made (ns): online calibration times the first byte from it.
+    decided_ns: u64,
 }
 
 pub struct KvHttp {
@@ -121,6 +123,7 @@ impl KvHttp {
         state.catch_up(true);
         let catchup_us = host::now_nanos().saturating_sub(caught_up) / 1000;
         let now = host::now_ms();
+        state.refresh_calibration(now);
         let view = state.load_view(now);
         let load = |w: &str| view.load(w);
         let decided = state.router.borrow().decide(&parsed, body.len(), &load, now, self.pick(now));
@@ -128,6 +131,7 @@ impl KvHttp {
             Ok(d) => d,
             Err(e) => return self.reject(&e),
         };
+        let decided_ns = host::now_nanos();
         if let Some(action) = self.admit(&mut decision) {
             return action;
         }
@@ -174,6 +178,7 @@ impl KvHttp {
             decision_us: us,
             parse_us,
             catchup_us,
+            decided_ns,
         });
         Action::Continue
     }
@@ -210,6 +215,12 @@ impl KvHttp {
             f.prefilling = false;
             self.state.shard.borrow_mut().first_byte(f.ticket);
             self.state.flush_load(host::now_ms());
+            // Online calibration learns from successful answers of the worker it scored.
+            let ok = f.status.is_some_and(|s| (200..300).contains(&s));
+            if let Some(score) = f.decision.primary().filter(|s| ok && s.worker == f.served) {
+                let observed_ms = host::now_nanos().saturating_sub(f.decided_ns) as f64 / 1e6;
+                self.state.calibration_sample(&f.decision.model.name, score, observed_ms);
+            }
         }
     }
 

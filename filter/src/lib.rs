@@ -9,6 +9,7 @@
 //! service that pulls the updater's snapshots ([`sync`]). Host calls go through [`host`],
 //! which reads every value as bytes and never panics; a panic hook logs through Envoy.
 
+pub mod calib;
 pub mod host;
 pub mod http;
 pub mod metrics;

@@ -77,7 +77,7 @@ impl AdmissionMetrics {
     }
 }
 
-fn define(kind: MetricType, name: &str) -> Option<u32> {
+pub(crate) fn define(kind: MetricType, name: &str) -> Option<u32> {
     match hostcalls::define_metric(kind, name) {
         Ok(id) => Some(id),
         Err(e) => {
@@ -87,7 +87,7 @@ fn define(kind: MetricType, name: &str) -> Option<u32> {
     }
 }
 
-fn add(id: Option<u32>, v: u64) {
+pub(crate) fn add(id: Option<u32>, v: u64) {
     if let (Some(id), true) = (id, v > 0) {
         let _ = hostcalls::increment_metric(id, v as i64);
     }
@@ -103,10 +103,15 @@ pub fn count_n(id: Option<u32>, n: usize) {
     add(id, n as u64);
 }
 
-fn gauge(id: Option<u32>, v: u64) {
+pub(crate) fn gauge(id: Option<u32>, v: u64) {
     if let Some(id) = id {
         let _ = hostcalls::record_metric(id, v);
     }
+}
+
+/// Records a histogram value.
+pub(crate) fn record(id: Option<u32>, v: u64) {
+    gauge(id, v);
 }
 
 /// Model bundles from the updater: the singleton's fetches and what it keeps in shared data

@@ -35,6 +35,8 @@ pub struct ThreadState {
     pub metrics: Metrics,
     /// Bundles of the models fed by the updater, built from shared data on the tick.
     bundles: RefCell<BundleFollower>,
+    /// Online calibration: pending samples and the shared state's view.
+    pub calib: RefCell<crate::calib::CalibThread>,
     /// Whether this VM has made an HTTP context. Envoy also runs the filter's root context on
     /// its main thread, which never serves a request: that VM must not build tokenizers (for
     /// Qwen3 about 115 MiB of wasm memory, kept for good). A worker thread builds its bundles
@@ -149,6 +151,7 @@ impl ThreadState {
         }
         self.catch_up(false);
         self.refresh_replica();
+        self.calibration_tick(now_ms);
         let view = self.load_view(now_ms);
         let mut shard = self.shard.borrow_mut();
         let router = self.router.borrow();
@@ -238,6 +241,7 @@ impl RootContext for KvRoot {
                 }
                 let bundles = BundleFollower::new(&config.models);
                 self.state = Some(Rc::new(ThreadState {
+                    calib: RefCell::new(crate::calib::CalibThread::new(&config)),
                     bundles: RefCell::new(bundles),
                     serving: std::cell::Cell::new(false),
                     replica: std::cell::Cell::new(0),

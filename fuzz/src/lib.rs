@@ -40,6 +40,7 @@ pub const TARGETS: &[Target] = &[
     ("bundle_decode", bundle_decode),
     ("peer_report_decode", peer_report_decode),
     ("admission_headers", admission_headers),
+    ("calib_decode", calib_decode),
 ];
 
 /// The deadline and priority headers come straight from clients, as bytes: the first byte
@@ -292,6 +293,28 @@ pub fn bundle_decode(data: &[u8]) {
     if let Ok((list, _)) = parse_list(data) {
         assert!(list.len() <= MAX_MODELS);
     }
+}
+
+/// A model's online-calibration state in shared data, read by every thread: any bytes decode
+/// or fail cleanly, an accepted state encodes to exactly the bytes it came from, and learning
+/// from it keeps its coefficients finite, non-negative and within their bounds.
+pub fn calib_decode(data: &[u8]) {
+    use kvroute_core::calib::{CalibrationConfig, ModelState, Sample};
+    let Ok(mut st) = ModelState::decode(data) else { return };
+    assert_eq!(st.encode(), data);
+    let cfg = CalibrationConfig::default();
+    let s = Sample {
+        worker: "127.0.0.1:1".into(),
+        uncached_tokens: 512,
+        load: Default::default(),
+        fixed_ms: 0.0,
+        observed_ms: 25.0,
+    };
+    st.observe(&cfg, &s);
+    for c in st.coefficients() {
+        assert!(c.is_finite() && c >= 0.0);
+    }
+    let _ = ModelState::decode(&st.encode());
 }
 
 #[cfg(test)]

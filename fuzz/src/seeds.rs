@@ -806,6 +806,42 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("bundle_decode", bundle_decode()),
         ("admission_headers", admission_headers()),
         ("peer_report_decode", peer_report_decode()),
+        ("calib_decode", calib_decode()),
+    ]
+}
+
+/// A fresh state, one that learned from a few samples on two workers, and hostile ones:
+/// truncated, another version, a NaN, an absurd worker count.
+fn calib_decode() -> Seeds {
+    use kvroute_core::calib::{CalibrationConfig, ModelState, Sample};
+    use kvroute_core::cost::Profile;
+    let fresh = ModelState::new(&Profile::default());
+    let mut learned = fresh.clone();
+    for i in 0..20u64 {
+        let s = Sample {
+            worker: format!("127.0.0.1:{}", 8000 + i % 2),
+            uncached_tokens: 100 * i,
+            load: Default::default(),
+            fixed_ms: 0.0,
+            observed_ms: 5.0 + 0.01 * (100 * i) as f64,
+        };
+        learned.observe(&CalibrationConfig::default(), &s);
+    }
+    let good = learned.encode();
+    let mut version = good.clone();
+    version[3] = 9;
+    let mut nan = good.clone();
+    nan[4..12].copy_from_slice(&f64::NAN.to_le_bytes());
+    let mut many = fresh.encode();
+    let n = many.len();
+    many[n - 2..].copy_from_slice(&u16::MAX.to_le_bytes());
+    vec![
+        ("fresh.bin", fresh.encode()),
+        ("learned.bin", good.clone()),
+        ("truncated.bin", truncated(&good)),
+        ("version.bin", version),
+        ("nan.bin", nan),
+        ("many-workers.bin", many),
     ]
 }
 

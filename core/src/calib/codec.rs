@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! "KVC" version(u8 = 1)
-//! prior[4] f64 · samples u64 · a[10] f64 · b[4] f64 · theta[4] f64 · scale f64
+//! prior[4] f64 · samples u64 · weight f64 · a[10] f64 · b[4] f64 · theta[4] f64 · scale f64
 //! workers u16, then per worker (sorted by name, unique):
 //!     name_len u8 · name (UTF-8) · log_dev f64 · samples u32
 //! ```
@@ -48,7 +48,13 @@ impl ModelState {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(&self.samples.to_le_bytes());
-        for v in self.a.iter().chain(&self.b).chain(&self.theta).chain([&self.scale]) {
+        for v in [&self.weight]
+            .into_iter()
+            .chain(&self.a)
+            .chain(&self.b)
+            .chain(&self.theta)
+            .chain([&self.scale])
+        {
             out.extend_from_slice(&v.to_le_bytes());
         }
         let workers = &self.workers[..self.workers.len().min(MAX_WORKERS)];
@@ -77,6 +83,10 @@ impl ModelState {
             return Err(CodecError::Number);
         }
         let samples = r.u64()?;
+        let weight = r.f64()?;
+        if weight < 0.0 {
+            return Err(CodecError::Number);
+        }
         let a: [f64; PACKED] = r.floats()?;
         let b: [f64; DIM] = r.floats()?;
         let theta: [f64; DIM] = r.floats()?;
@@ -102,7 +112,7 @@ impl ModelState {
         if !r.0.is_empty() {
             return Err(CodecError::Trailing);
         }
-        Ok(ModelState { prior, samples, a, b, theta, scale, workers })
+        Ok(ModelState { prior, samples, weight, a, b, theta, scale, workers })
     }
 }
 

@@ -15,6 +15,9 @@ pub const PACKED: usize = DIM * (DIM + 1) / 2;
 const MIN_SCALE: f64 = 0.02;
 /// Starting robust scale: residuals of a prior several times off are not outliers.
 pub const INITIAL_SCALE: f64 = 0.5;
+/// Ridge towards the prior for directions the data do not excite (in units of one sample
+/// that is all one term).
+const RIDGE: f64 = 0.01;
 /// Rate of the robust scale's moving average.
 const SCALE_RATE: f64 = 0.05;
 /// A worker's samples before it counts in the pool's median deviation.
@@ -43,6 +46,8 @@ pub struct ModelState {
     pub prior: [f64; DIM],
     /// Samples taken in.
     pub samples: u64,
+    /// Forgotten sum of sample weights (the data's effective count).
+    pub weight: f64,
     /// Forgotten information matrix (packed upper triangle) and right-hand side.
     pub a: [f64; PACKED],
     pub b: [f64; DIM],
@@ -73,6 +78,7 @@ impl ModelState {
         ModelState {
             prior: prior_coefficients(prior),
             samples: 0,
+            weight: 0.0,
             a: [0.0; PACKED],
             b: [0.0; DIM],
             theta: [1.0; DIM],
@@ -88,9 +94,9 @@ impl ModelState {
 
     /// The learned coefficients in ms units.
     pub fn coefficients(&self) -> [f64; DIM] {
-        let mut c = [0.0; DIM];
-        for i in 0..DIM {
-            c[i] = self.prior[i] * self.theta[i];
+        let mut c = self.prior;
+        for (c, t) in c.iter_mut().zip(&self.theta) {
+            *c *= t;
         }
         c
     }
@@ -165,6 +171,7 @@ impl ModelState {
             }
             self.b[i] = lambda * self.b[i] + weight * u[i] * t;
         }
+        self.weight = lambda * self.weight + weight;
         self.samples = self.samples.saturating_add(1);
         self.solve(cfg);
         self.update_deviation(cfg, &s.worker, y / (prior_ms * fitted.max(f64::MIN_POSITIVE)));
@@ -172,10 +179,20 @@ impl ModelState {
         Outcome::Used { weight }
     }
 
-    /// Box-constrained ridge solution by projected Gauss–Seidel (the matrix is symmetric
-    /// positive definite, so it converges; warm-started from the current coefficients).
+    /// The box-constrained solution with the prior as `prior_weight` pseudo-observations
+    /// spread like the data (`A · w0 / n`, so it pulls hardest where the data say most) plus
+    /// a small ridge for directions the data never excite; by projected Gauss–Seidel (the
+    /// matrix is symmetric positive definite, so it converges; warm-started).
+    #[allow(clippy::needless_range_loop)] // matrix code reads best with indices
     fn solve(&mut self, cfg: &CalibrationConfig) {
-        let w0 = cfg.prior_weight;
+        let k = if self.weight > 0.0 { cfg.prior_weight / self.weight } else { 0.0 };
+        let m =
+            |i: usize, j: usize| self.a[idx(i, j)] * (1.0 + k) + if i == j { RIDGE } else { 0.0 };
+        let mut c = [0.0; DIM];
+        for (i, ci) in c.iter_mut().enumerate() {
+            let prior_pull: f64 = (0..DIM).map(|j| self.a[idx(i, j)] * k).sum();
+            *ci = self.b[i] + prior_pull + RIDGE;
+        }
         let (lo, hi) = (1.0 / cfg.coefficient_bound, cfg.coefficient_bound);
         for _ in 0..64 {
             let mut moved = 0.0f64;
@@ -184,10 +201,10 @@ impl ModelState {
                     self.theta[i] = 1.0;
                     continue;
                 }
-                let diag = self.a[idx(i, i)] + w0;
-                let mut rhs = self.b[i] + w0;
+                let diag = m(i, i);
+                let mut rhs = c[i];
                 for j in (0..DIM).filter(|&j| j != i) {
-                    rhs -= self.a[idx(i, j)] * self.theta[j];
+                    rhs -= m(i, j) * self.theta[j];
                 }
                 let next = (rhs / diag).clamp(lo, hi);
                 if next.is_finite() {

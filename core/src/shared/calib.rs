@@ -19,6 +19,16 @@ pub fn key(model: &str) -> String {
     format!("kvroute.calib.{model}")
 }
 
+/// Creates `model`'s state if it is absent. Shared data has no create-if-absent: the first
+/// write of a key is unconditional, so two threads' first writes may race and one thread's
+/// first batch of samples be lost. Each thread calls this when it is configured, so that
+/// later writes carry a compare-and-swap token (losing an empty state to another is harmless).
+pub fn init<S: SharedStore + ?Sized>(store: &S, model: &str, prior: &Profile) {
+    if store.get(&key(model)).0.is_none() {
+        let _ = store.set(&key(model), &ModelState::new(prior).encode(), None);
+    }
+}
+
 /// What one write did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Published {

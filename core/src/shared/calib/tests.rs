@@ -28,6 +28,7 @@ fn threads_add_their_samples_to_one_state_under_contention() {
     let store = Arc::new(MemStore::new());
     let cfg = CalibrationConfig { min_samples: 10, ..Default::default() };
     let prior = Profile::default();
+    init(&*store, M, &prior);
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let store = Arc::clone(&store);

@@ -1,0 +1,258 @@
+//! Online calibration on one thread: samples from routed requests' first bytes, written to
+//! shared data in batches (`kvroute_core::shared::calib`), the shared state read back into the
+//! router's [`Calibrated`] view, and the live coefficients exported as gauges.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kvroute_core::calib::{Calibrated, CalibrationConfig, ModelState, Sample};
+use kvroute_core::config::FilterConfig;
+use kvroute_core::cost::{Profile, Score};
+use kvroute_core::shared::calib::{init, publish, CalibReader};
+use kvroute_core::shared::Counters;
+use proxy_wasm::types::MetricType;
+
+use crate::metrics::{add, define, gauge, record, worker_segment};
+use crate::shared::HostStore;
+
+/// Most samples a thread holds per model before it drops the oldest (writes keep failing).
+const MAX_PENDING: usize = 1024;
+
+/// An estimate within this fraction of the observed time counts as good.
+const GOOD_ERROR: f64 = 0.15;
+
+/// A thread's calibration: its pending samples and its copy of the shared state.
+pub struct CalibThread {
+    cfg: CalibrationConfig,
+    /// Each model's name and configured profile (its prior).
+    models: Vec<(String, Profile)>,
+    pending: HashMap<String, Vec<Sample>>,
+    reader: CalibReader,
+    metrics: CalibMetrics,
+}
+
+impl CalibThread {
+    pub fn new(config: &FilterConfig) -> Self {
+        let models: Vec<(String, Profile)> =
+            config.models.iter().map(|m| (m.name.clone(), m.profile)).collect();
+        if config.calibration.enabled {
+            for (model, prior) in &models {
+                init(&HostStore, model, prior);
+            }
+        }
+        let workers: Vec<(&str, &str)> = config
+            .models
+            .iter()
+            .flat_map(|m| m.workers.iter().map(|w| (m.name.as_str(), w.as_str())))
+            .collect();
+        CalibThread {
+            cfg: config.calibration,
+            metrics: CalibMetrics::define(&models, &workers),
+            models,
+            pending: HashMap::new(),
+            reader: CalibReader::default(),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.cfg.enabled
+    }
+
+    /// A routed request of `model` got its first byte `observed_ms` after its decision, from
+    /// the worker `score` estimated. Returns a new view when the shared state was written.
+    pub fn record(
+        &mut self,
+        counters: &dyn Counters,
+        model: &str,
+        score: &Score,
+        observed_ms: f64,
+    ) -> Option<Arc<Calibrated>> {
+        if !self.cfg.enabled || !self.models.iter().any(|(m, _)| m == model) {
+            return None;
+        }
+        if observed_ms > 0.0 && score.ttft_ms.is_finite() {
+            let err = (score.ttft_ms - observed_ms).abs() / observed_ms;
+            add(self.metrics.estimates, 1);
+            add(self.metrics.good, u64::from(err <= GOOD_ERROR));
+            record(self.metrics.error_pct, (err * 100.0).min(1e6) as u64);
+        }
+        let pending = self.pending.entry(model.to_owned()).or_default();
+        if pending.len() >= MAX_PENDING {
+            pending.remove(0);
+            add(self.metrics.dropped, 1);
+        }
+        pending.push(Sample {
+            worker: score.worker.clone(),
+            uncached_tokens: score.uncached_tokens,
+            load: score.load,
+            fixed_ms: score.transfer_ms + score.adapter_ms,
+            observed_ms,
+        });
+        if pending.len() >= self.cfg.flush_samples {
+            return self.flush(counters);
+        }
+        None
+    }
+
+    /// Writes every model's pending samples to shared data; returns the new view if any was
+    /// written. Samples of a lost write are kept for the next flush.
+    pub fn flush(&mut self, counters: &dyn Counters) -> Option<Arc<Calibrated>> {
+        let mut view = None;
+        for (model, prior) in &self.models {
+            let Some(samples) = self.pending.get_mut(model).filter(|s| !s.is_empty()) else {
+                continue;
+            };
+            match publish(&HostStore, counters, &self.cfg, model, prior, samples) {
+                Some(p) => {
+                    samples.clear();
+                    add(self.metrics.samples, p.used as u64);
+                    add(self.metrics.clipped, p.clipped as u64);
+                    add(self.metrics.rejected, p.rejected as u64);
+                    self.metrics.publish(model, &p.state);
+                    view = Some(self.reader.set_state(&self.cfg, model, prior, p.state));
+                }
+                None => add(self.metrics.lost, 1),
+            }
+        }
+        view
+    }
+
+    /// Re-reads the shared state when due (`force`: regardless); the new view if it changed.
+    pub fn refresh(
+        &mut self,
+        counters: &dyn Counters,
+        now_ms: u64,
+        force: bool,
+    ) -> Option<Arc<Calibrated>> {
+        if !self.cfg.enabled || !(force || self.reader.due(&self.cfg, now_ms)) {
+            return None;
+        }
+        let view = self.reader.refresh(&HostStore, counters, &self.cfg, &self.models, now_ms)?;
+        if force {
+            for (model, state) in self.reader.states() {
+                self.metrics.publish(model, state);
+            }
+        }
+        Some(view)
+    }
+}
+
+/// The calibration's Envoy stats (see the README's metrics table).
+#[derive(Debug, Default)]
+struct CalibMetrics {
+    /// Per model: base µs, ns per token, ps per token², interference µs, samples, in use.
+    coefficients: HashMap<String, [Option<u32>; 6]>,
+    /// (model, worker) → deviation in permille.
+    deviations: HashMap<(String, String), Option<u32>>,
+    samples: Option<u32>,
+    clipped: Option<u32>,
+    rejected: Option<u32>,
+    lost: Option<u32>,
+    dropped: Option<u32>,
+    estimates: Option<u32>,
+    good: Option<u32>,
+    error_pct: Option<u32>,
+}
+
+impl CalibMetrics {
+    fn define(models: &[(String, Profile)], workers: &[(&str, &str)]) -> Self {
+        let (c, g) = (MetricType::Counter, MetricType::Gauge);
+        let mut m = CalibMetrics {
+            samples: define(c, "kvroute.calibration.samples"),
+            clipped: define(c, "kvroute.calibration.clipped_samples"),
+            rejected: define(c, "kvroute.calibration.rejected_samples"),
+            lost: define(c, "kvroute.calibration.lost_updates"),
+            dropped: define(c, "kvroute.calibration.dropped_samples"),
+            estimates: define(c, "kvroute.calibration.estimates"),
+            good: define(c, "kvroute.calibration.estimates_within_15pct"),
+            error_pct: define(MetricType::Histogram, "kvroute.calibration.estimate_error_pct"),
+            ..Default::default()
+        };
+        for (model, _) in models {
+            let seg = worker_segment(model);
+            let names =
+                ["base_us", "prefill_ns_per_token", "prefill_sq_ps_per_token2", "interference_us"];
+            let mut ids = [None; 6];
+            for (i, n) in names.iter().chain(&["samples", "active"]).enumerate() {
+                ids[i] = define(g, &format!("kvroute.calibration.{seg}.{n}"));
+            }
+            m.coefficients.insert(model.clone(), ids);
+        }
+        for (model, worker) in workers {
+            let name = format!(
+                "kvroute.calibration.{}.worker.{}.deviation_permille",
+                worker_segment(model),
+                worker_segment(worker)
+            );
+            m.deviations.insert((model.to_string(), worker.to_string()), define(g, &name));
+        }
+        m
+    }
+
+    /// Sets the gauges of `model` from its state.
+    fn publish(&self, model: &str, st: &ModelState) {
+        let Some(ids) = self.coefficients.get(model) else { return };
+        let [base, per_token, sq, interference] = st.coefficients();
+        let values = [base * 1e3, per_token * 1e6, sq * 1e9, interference * 1e3, st.samples as f64];
+        for (id, v) in ids.iter().zip(values) {
+            gauge(*id, v.round() as u64);
+        }
+        for w in &st.workers {
+            if let Some(id) = self.deviations.get(&(model.to_owned(), w.worker.clone())) {
+                gauge(*id, (w.log_dev.exp() * 1000.0).round() as u64);
+            }
+        }
+    }
+
+    /// Whether `model` decides with its calibrated profile.
+    fn active(&self, model: &str, on: bool) {
+        if let Some(ids) = self.coefficients.get(model) {
+            gauge(ids[5], u64::from(on));
+        }
+    }
+}
+
+impl CalibThread {
+    /// Marks in the `active` gauges which models decide with calibrated profiles.
+    pub fn publish_active(&self, view: &Calibrated) {
+        for (model, _) in &self.models {
+            self.metrics.active(model, view.profile_for(model).is_some());
+        }
+    }
+}
+
+impl crate::root::ThreadState {
+    /// Hands a new calibrated view to the router.
+    fn use_calibration(&self, view: Option<Arc<Calibrated>>) {
+        if let Some(v) = view {
+            self.calib.borrow().publish_active(&v);
+            if let Ok(mut router) = self.router.try_borrow_mut() {
+                router.set_calibration(v);
+            }
+        }
+    }
+
+    /// Request path: re-reads the shared calibration when `refresh_ms` passed.
+    pub fn refresh_calibration(&self, now_ms: u64) {
+        let view = self.calib.borrow_mut().refresh(&self.metrics, now_ms, false);
+        self.use_calibration(view);
+    }
+
+    /// A routed, successful request's first byte, from the worker its decision scored.
+    pub fn calibration_sample(&self, model: &str, score: &Score, observed_ms: f64) {
+        let view = self.calib.borrow_mut().record(&self.metrics, model, score, observed_ms);
+        self.use_calibration(view);
+    }
+
+    /// Tick: writes pending samples, re-reads every model's state and refreshes the gauges.
+    pub fn calibration_tick(&self, now_ms: u64) {
+        let mut calib = self.calib.borrow_mut();
+        if !calib.enabled() {
+            return;
+        }
+        let written = calib.flush(&self.metrics);
+        let read = calib.refresh(&self.metrics, now_ms, true);
+        drop(calib);
+        self.use_calibration(read.or(written));
+    }
+}
