@@ -41,6 +41,10 @@ pub struct RequestRecord {
     /// order; `None` where a worker could not answer). Empty when not sampled.
     #[serde(default)]
     pub whatif_ms: Vec<Option<f64>>,
+    /// The filter's look-ahead placed this request's hot prefix on one more worker on purpose
+    /// (`replicated=1` in `x-kvroute-decision`); false without the header or the field.
+    #[serde(default)]
+    pub replicated: bool,
     /// Finished, with TTFT and mean gap within the workload's SLO.
     pub within_slo: bool,
     /// Cohort tags: `all` is implied; e.g. `hot-prefix`, `routed-away`, `tenant:b`, `turn-1`.

@@ -28,6 +28,7 @@
 
 pub mod ceiling;
 pub mod cohorts;
+pub mod goals;
 mod markdown;
 pub(crate) mod plots;
 pub mod regret;
@@ -178,6 +179,10 @@ pub struct PolicyReport {
     pub queue: QueueStats,
     #[serde(default)]
     pub prefill: PrefillBalance,
+    /// Requests whose decision header said the look-ahead replicated their hot prefix on
+    /// purpose (`replicated=1`); 0 for policies without the header.
+    #[serde(default)]
+    pub replicated: usize,
 }
 
 /// The statistics of one cohort of one run.
@@ -574,6 +579,7 @@ pub fn summarize(setup: &Setup, runs: &[RunResult]) -> Report {
                     .collect(),
                 queue: stats::queue_stats(run),
                 prefill: stats::prefill_balance(run),
+                replicated: run.records.iter().filter(|r| r.replicated).count(),
             }
         })
         .collect();

@@ -34,6 +34,12 @@ pub fn decision_number(header: &str, key: &str) -> Option<u64> {
     kvroute_integration::client::decision_field(header, key)?.parse().ok()
 }
 
+/// Whether kvroute's decision header says the look-ahead replicated the request's hot prefix
+/// (`replicated=1`); any other value, or no such field, is false.
+pub fn decision_replicated(header: &str) -> bool {
+    decision_number(header, "replicated") == Some(1)
+}
+
 /// Whether request `id` is in the regret sample of share `share` (0..=1): decided by a seeded
 /// hash of the id alone, so every policy samples the same requests.
 pub fn sampled(id: usize, share: f64) -> bool {
@@ -99,6 +105,7 @@ pub async fn send(
         predicted_ttft_ms: None,
         send_lag_ms: 0.0,
         whatif_ms: Vec::new(),
+        replicated: false,
         within_slo: false,
         cohorts: s.cohorts.clone(),
     };
@@ -195,6 +202,7 @@ async fn exchange(
         .and_then(|d| kvroute_integration::client::decision_field(d, "predicted_ttft_ms"))
         .and_then(|v| v.parse::<f64>().ok())
         .filter(|v| *v >= 0.0);
+    rec.replicated = decision.as_deref().is_some_and(decision_replicated);
     let mut stream = resp.bytes_stream();
     if rec.status != 200 {
         let mut body = Vec::new();
@@ -240,6 +248,37 @@ mod tests {
         assert_eq!(decision_number(h, "predicted_cached_tokens"), Some(128));
         assert_eq!(decision_number(h, "blocks_from_events"), Some(8));
         assert_eq!(decision_number(h, "nope"), None);
+    }
+
+    #[test]
+    fn replicated_flag_of_the_decision_header() {
+        // The filter's header as it writes it (filter/src/http.rs), with and without replication.
+        let h = |r: &str| {
+            format!(
+                "worker=127.0.0.1:8001; predicted_cached_tokens=0; predicted_ttft_ms=812.5; \
+                 prompt_tokens=9000; blocks_from_events=0; knowledge_age_ms=3; fallback=0; \
+                 replicated={r}; decision_us=41; parse_us=12; catchup_us=0; tokenize_us=80"
+            )
+        };
+        assert!(decision_replicated(&h("1")));
+        assert!(!decision_replicated(&h("0")));
+        assert!(!decision_replicated(&h("yes")));
+        assert!(!decision_replicated(&h("2")));
+        // An older filter's header has no such field.
+        assert!(!decision_replicated("worker=127.0.0.1:8001; predicted_cached_tokens=128"));
+        assert!(!decision_replicated(""));
+        // A record written before the field existed reads back as not replicated.
+        let old = r#"{"id": 0, "at_ms": 0.0, "status": 200, "error": null, "worker": "w0",
+            "ttft_ms": 10.0, "gaps_ms": [], "max_gap_ms": 0.0, "stalls": 0, "e2e_ms": 20.0,
+            "output_tokens": 1, "prompt_tokens": 10, "cached_tokens": 0,
+            "predicted_cached_tokens": null, "within_slo": true, "cohorts": []}"#;
+        let r: RequestRecord = serde_json::from_str(old).expect("an older record");
+        assert!(!r.replicated);
+        let back: RequestRecord = serde_json::from_str(
+            &serde_json::to_string(&RequestRecord { replicated: true, ..r }).expect("json"),
+        )
+        .expect("round trip");
+        assert!(back.replicated);
     }
 
     #[test]

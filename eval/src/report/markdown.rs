@@ -274,7 +274,9 @@ fn health(report: &Report, out: &mut String) {
          invalid when the host could not keep up (the runner's reasons below); invalid runs are \
          shown here but left out of every median, ratio, regret, estimate and sweep figure. Step \
          lag: how late the simulated workers' steps started against plan; send lag: how late the \
-         client sent requests against their schedule.\n\n",
+         client sent requests against their schedule. Replicated: requests whose decision header \
+         said kvroute's look-ahead placed their hot prefix on one more worker on purpose \
+         (`replicated=1`; 0 for policies without the header).\n\n",
     );
     let rows = report.policies.iter().map(|p| {
         let a = p.all();
@@ -290,6 +292,7 @@ fn health(report: &Report, out: &mut String) {
             lag(p.health.step_lag_p99_ms),
             lag(Some(p.health.send_lag_p99_ms)),
             pct(p.health.cpu_busy),
+            p.replicated.to_string(),
             if p.health.valid() {
                 "valid".into()
             } else {
@@ -308,6 +311,7 @@ fn health(report: &Report, out: &mut String) {
         "step lag p99 (ms)",
         "send lag p99 (ms)",
         "CPU busy",
+        "replicated",
         "validity",
     ];
     out.push_str(&table(&header, rows));
@@ -477,7 +481,9 @@ fn estimate(report: &Report, out: &mut String) {
          (`predicted_ttft_ms`) against the observed TTFT: |predicted − observed| / observed, \
          median over the requests; signed: (predicted − observed) / observed, below 0 = the \
          filter expected it sooner. Windows: tenths of each run's arrival span (valid runs at \
-         the reference load pooled). See `estimate_error.svg`.\n\n",
+         the reference load pooled). After warm-up: the median error of windows 3–10 (the \
+         requests after the first 20 % of each run's arrival span). See \
+         `estimate_error.svg`.\n\n",
     );
     if report.estimate.is_empty() {
         out.push_str("No request carried a TTFT estimate.\n\n");
@@ -490,6 +496,7 @@ fn estimate(report: &Report, out: &mut String) {
         "requests".into(),
         "median error".into(),
         "median signed".into(),
+        "after warm-up".into(),
     ];
     header.extend((1..=n).map(|w| format!("w{w}")));
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
@@ -500,6 +507,7 @@ fn estimate(report: &Report, out: &mut String) {
             e.count.to_string(),
             pct(e.median),
             pct(e.median_signed),
+            format!("{} <small>(n={})</small>", pct(e.after_warmup), e.after_warmup_count),
         ];
         row.extend(e.windows.iter().map(|(k, m)| format!("{} <small>(n={k})</small>", pct(*m))));
         row

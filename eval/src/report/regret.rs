@@ -8,6 +8,8 @@
 //! - Estimate error of a request with `predicted_ttft_ms` and an observed `ttft_ms` > 0:
 //!   |predicted − observed| / observed. Per run, arrivals are cut into [`WINDOWS`] equal time
 //!   windows from the first to the last arrival; windows pool over the runs summarised.
+//!   After warm-up: the requests of windows [`WARMUP_WINDOWS`] + 1 onwards, i.e. those arriving
+//!   after the first 20 % of their run's arrival span (the calibration's learning phase).
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +20,9 @@ use crate::record::RunResult;
 pub const ZERO_REGRET_MS: f64 = 1.0;
 /// Time windows of the estimate error.
 pub const WINDOWS: usize = 10;
+/// Leading windows of each run the after-warm-up estimate error leaves out (2 of 10: the
+/// first 20 % of the arrival span).
+pub const WARMUP_WINDOWS: usize = 2;
 
 /// The regret distribution of one policy (over the runs summarised).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -34,6 +39,10 @@ pub struct RegretStats {
     pub p99_ms: Option<f64>,
     /// Share of `count` within [`ZERO_REGRET_MS`].
     pub zero_share: Option<f64>,
+    /// Per repeat (runs of the same repeat pooled): the regret p90, for ratios paired by
+    /// repeat and the A/A noise floor. Empty in reports from before it existed.
+    #[serde(default)]
+    pub per_repeat_p90_ms: Vec<(usize, Option<f64>)>,
 }
 
 /// The regrets of a run's sampled requests, and how many requests were sampled.
@@ -66,6 +75,16 @@ pub fn regret_stats(policy: &str, runs: &[&RunResult]) -> RegretStats {
     }
     let v = sorted(all.into_iter());
     let zero = v.iter().filter(|x| **x <= ZERO_REGRET_MS).count();
+    let mut repeats: Vec<usize> = runs.iter().map(|r| r.repeat).collect();
+    repeats.sort_unstable();
+    repeats.dedup();
+    let per_repeat_p90_ms = repeats
+        .into_iter()
+        .map(|k| {
+            let v = sorted(runs.iter().filter(|r| r.repeat == k).flat_map(|r| regrets(r).1));
+            (k, nearest_rank(&v, 0.9))
+        })
+        .collect();
     RegretStats {
         policy: policy.to_owned(),
         runs: runs.len(),
@@ -75,6 +94,7 @@ pub fn regret_stats(policy: &str, runs: &[&RunResult]) -> RegretStats {
         p90_ms: nearest_rank(&v, 0.9),
         p99_ms: nearest_rank(&v, 0.99),
         zero_share: rate(zero as f64, v.len() as f64),
+        per_repeat_p90_ms,
     }
 }
 
@@ -91,6 +111,14 @@ pub struct EstimateError {
     pub median_signed: Option<f64>,
     /// Per time window: (requests, median relative error).
     pub windows: Vec<(usize, Option<f64>)>,
+    /// Median |predicted − observed| / observed after warm-up: over the requests past the first
+    /// [`WARMUP_WINDOWS`] windows of their run (the first 20 % of its arrival span). `None` in
+    /// reports from before it existed or without such a request.
+    #[serde(default)]
+    pub after_warmup: Option<f64>,
+    /// Requests the after-warm-up median is over.
+    #[serde(default)]
+    pub after_warmup_count: usize,
 }
 
 /// (window, signed relative error) of every estimated request of a run.
@@ -128,6 +156,7 @@ pub fn estimate_error(policy: &str, runs: &[&RunResult]) -> Option<EstimateError
             (v.len(), nearest_rank(&v, 0.5))
         })
         .collect();
+    let warm = sorted(e.iter().filter(|(k, _)| *k >= WARMUP_WINDOWS).map(|(_, x)| x.abs()));
     Some(EstimateError {
         policy: policy.to_owned(),
         runs: runs.len(),
@@ -135,6 +164,8 @@ pub fn estimate_error(policy: &str, runs: &[&RunResult]) -> Option<EstimateError
         median: nearest_rank(&abs, 0.5),
         median_signed: nearest_rank(&signed, 0.5),
         windows,
+        after_warmup: nearest_rank(&warm, 0.5),
+        after_warmup_count: warm.len(),
     })
 }
 
@@ -179,6 +210,27 @@ mod tests {
         assert_eq!((s.p50_ms, s.p90_ms, s.p99_ms), (Some(0.5), Some(50.0), Some(50.0)));
         assert!(s.zero_share.is_some_and(|z| (z - 4.0 / 6.0).abs() < 1e-12));
         assert_eq!(regret_stats("x", &[]).p50_ms, None);
+        // Per repeat: both runs are repeat 0 here; a second repeat without regret has none.
+        assert_eq!(s.per_repeat_p90_ms, vec![(0, Some(50.0))]);
+        let other = RunResult { repeat: 1, records: vec![], ..r.clone() };
+        let s = regret_stats("kvroute", &[&r, &other]);
+        assert_eq!(s.per_repeat_p90_ms, vec![(0, Some(50.0)), (1, None)]);
+    }
+
+    #[test]
+    fn older_regret_and_estimate_json_still_read() {
+        let r: RegretStats = serde_json::from_str(
+            r#"{"policy": "kvroute", "runs": 1, "sampled": 2, "count": 2, "p50_ms": 1.0,
+                "p90_ms": 2.0, "p99_ms": 2.0, "zero_share": 0.5}"#,
+        )
+        .expect("older regret");
+        assert!(r.per_repeat_p90_ms.is_empty());
+        let e: EstimateError = serde_json::from_str(
+            r#"{"policy": "kvroute", "runs": 1, "count": 2, "median": 0.1,
+                "median_signed": -0.1, "windows": [[2, 0.1]]}"#,
+        )
+        .expect("older estimate");
+        assert_eq!((e.after_warmup, e.after_warmup_count), (None, 0));
     }
 
     #[test]
@@ -202,6 +254,8 @@ mod tests {
         assert_eq!(e.windows.len(), WINDOWS);
         assert_eq!(e.windows[0], (1, Some(0.0)));
         assert_eq!(e.windows[9], (1, Some(0.9)));
+        // After warm-up: windows 3..=10, errors 0.2..=0.9; nearest-rank median is the 4th.
+        assert_eq!((e.after_warmup, e.after_warmup_count), (Some(0.5), 8));
         assert!(estimate_error("least-request", &[&run(vec![])]).is_none());
     }
 }

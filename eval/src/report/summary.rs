@@ -1,7 +1,7 @@
-//! `summary.md`: every workload's report in one page. A scope header, then the cells where
-//! kvroute does not beat least-request, the ratios against least-request per workload and
-//! cohort (with the A/A rows), the ablation ladder, regret, goodput at SLO, and the invalid
-//! runs.
+//! `summary.md`: every workload's report in one page. A scope header, the goals of issue 12
+//! ([`super::goals`]), then the cells where kvroute does not beat least-request, the ratios
+//! against least-request per workload and cohort (with the A/A rows), the ablation ladder,
+//! regret, goodput at SLO, and the invalid runs.
 
 use std::fmt::Write as _;
 
@@ -98,6 +98,7 @@ pub fn overview(plan: &str, reports: &[Report]) -> String {
     ] {
         let _ = writeln!(md, "- {k}: {v}");
     }
+    md.push_str(&super::goals::section(reports));
 
     let _ = writeln!(md, "\n## Where {KVROUTE} does not beat {BASELINE}\n");
     let ran = reports.iter().any(|r| r.comparisons.iter().any(|c| c.policy == KVROUTE));
