@@ -112,7 +112,7 @@ pub fn judge(target: Target, s: &Spread, floor: Option<f64>, v: Verdict, runs: u
     };
     if floor.is_none() {
         return Outcome::NotMeasured(format!(
-            "too few runs: {runs} valid {BASELINE} run(s), no noise floor"
+            "too few runs ({runs} valid {BASELINE} run(s): no noise floor)"
         ));
     }
     let band = match v {

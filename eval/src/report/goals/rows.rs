@@ -27,6 +27,15 @@ fn missing_policy(rep: &Report, policy: &str) -> Option<String> {
     }
 }
 
+/// A cohort's name as code; `every` and other words as they are.
+fn code(cohort: &str) -> String {
+    if cohort == "every" {
+        cohort.into()
+    } else {
+        format!("`{}`", cell(cohort))
+    }
+}
+
 /// A row with nothing measured, and why.
 fn unmeasured(
     goal: &'static str,
@@ -38,7 +47,7 @@ fn unmeasured(
     GoalRow {
         goal,
         workload,
-        cohort: cohort.into(),
+        cohort: code(cohort),
         target,
         measured: "—".into(),
         floor: "—".into(),
@@ -66,7 +75,7 @@ fn ratio_row(
     let mut row = GoalRow {
         goal,
         workload: cell(rep.workload_name()),
-        cohort: format!("`{}`", cell(cohort)),
+        cohort: code(cohort),
         target: target.label(),
         measured: "—".into(),
         floor: floor_cell(floor, runs),
@@ -134,7 +143,7 @@ fn multi_turn(reports: &[Report], out: &mut Vec<GoalRow>) {
 /// The ladder of a report, for the goodput rows' cohort cell.
 fn ladder(rep: &Report) -> String {
     let rates: Vec<String> = rep.sweep.rates.iter().map(|r| format!("×{r}")).collect();
-    format!("all (ladder {})", if rates.is_empty() { "none".into() } else { rates.join(", ") })
+    format!("`{ALL}` (ladder {})", if rates.is_empty() { "none".into() } else { rates.join(", ") })
 }
 
 /// Goodput at SLO ≥ 2× least-request on the workloads with reuse.
@@ -215,7 +224,7 @@ fn estimate(reports: &[Report], out: &mut Vec<GoalRow>) {
         out.push(GoalRow {
             goal: GOAL,
             workload: cell(rep.workload_name()),
-            cohort: ALL.into(),
+            cohort: code(ALL),
             target: target.clone(),
             measured,
             floor: "— (absolute)".into(),

@@ -188,7 +188,7 @@ fn judge_applies_each_kind_of_target() {
     let none = judge(Target::NoLoss(1.0), &Spread::default(), floor, Verdict::Unknown, 3);
     assert!(not_measured(&none, "no ratio"));
     let one = judge(Target::AtMost(0.3), &s(&[0.1]), None, Verdict::Better, 1);
-    assert!(not_measured(&one, "too few runs: 1 valid least-request run(s)"));
+    assert!(not_measured(&one, "too few runs (1 valid least-request run(s): no noise floor)"));
 }
 
 /// A plan with every goal's workload but Mooncake, three repeats, floors of 10 %.
