@@ -68,8 +68,8 @@ pub struct PrefixMatch {
     /// How many of the matched blocks sit only in a lower tier (CPU, storage): they must be
     /// transferred back before use.
     pub offloaded: usize,
-    /// Age of the youngest routing-history credit among the matched blocks: a prefix kvroute
-    /// sent there this recently may still be in prefill.
+    /// Age of the youngest routing credit (this replica's or another's) among the matched
+    /// blocks: a prefix kvroute sent there this recently may still be in prefill.
     pub routed_age_ms: Option<u64>,
     /// How many of the matched blocks only another replica's routing vouches for.
     pub from_peers: usize,
@@ -268,7 +268,7 @@ impl KnowledgeIndex {
                     if o.source == Source::Peer {
                         m.from_peers += 1;
                     }
-                    if o.source == Source::Routed {
+                    if matches!(o.source, Source::Routed | Source::Peer) {
                         let age = now_ms.saturating_sub(o.at_ms);
                         m.routed_age_ms = Some(m.routed_age_ms.map_or(age, |a| a.min(age)));
                     }

@@ -24,8 +24,8 @@ use crate::cost::{rank, Candidate};
 use crate::error::ApiError;
 use crate::hash::{block_hashes, CacheDomain};
 use crate::index::Source;
-use crate::lookahead::{replica, Held};
 use crate::load::WorkerLoad;
+use crate::lookahead::{replica, Held};
 use crate::model::{ModelBundle, ModelError};
 use crate::request::{LoadOnly, ParsedRequest};
 use crate::snapshot::{ModelInfo, ReportedLoad};
@@ -243,6 +243,7 @@ impl Router {
                     load: combine_load(
                         load(w).plus(self.knowledge.peer_load(w, now_ms)),
                         reported.as_ref(),
+                        self.knowledge.typical_uncached_tokens(),
                     ),
                     adapter_missing: t
                         .adapter
@@ -255,7 +256,11 @@ impl Router {
         let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
         let mut ranked =
             rank(&profile, &candidates, prompt_tokens, m.block_size, self.plan.tie, pick);
-        let replicated = self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, &routed_ages, now_ms);
+        let replicated =
+            self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, &routed_ages, now_ms);
+        if let Some(p) = ranked.first() {
+            self.knowledge.note_uncached_tokens(p.uncached_tokens);
+        }
         let (knowledge_age_ms, blocks_from_events) =
             ranked.first().and_then(|s| ages.get(s.worker.as_str())).copied().unwrap_or((0, 0));
         let blocks_from_peers =

@@ -172,7 +172,8 @@ pub fn filter_profile(topo: &Topology) -> Profile {
 
 /// kvroute's estimates for the three workers: `cached` prompt tokens each holds, `load` each
 /// reports (`running`, `waiting`); the filter's own accounting is empty (the state was built
-/// around Envoy).
+/// around Envoy), so every waiting request is one it did not send, costed as a typical request
+/// of the filter's: the probe's size, the only traffic it routes in the sweep.
 pub fn model_estimates(
     profile: &Profile,
     prompt_tokens: u64,
@@ -193,8 +194,13 @@ pub fn model_estimates(
                 worker: ROLES.get(i).copied().unwrap_or("?").into(),
                 cached_blocks: (*c / u64::from(BLOCK_SIZE)) as usize,
                 offloaded_blocks: 0,
-                load: kvroute_core::router::combine_load(WorkerLoad::default(), Some(&reported)),
+                load: kvroute_core::router::combine_load(
+                    WorkerLoad::default(),
+                    Some(&reported),
+                    prompt_tokens,
+                ),
                 adapter_missing: false,
+                deviation: 1.0,
             };
             cost::score(profile, &candidate, prompt_tokens, BLOCK_SIZE).ttft_ms
         })
@@ -821,9 +827,12 @@ mod tests {
             model_estimates(&p, opts.probe_tokens(), &[8192, 0, 0], &[(n, 0), (0, 0), (0, 0)])[0]
         };
         assert!(a(n as u32) > c[2] && a(n as u32 - 1) <= c[2]);
-        // Waiting requests cost a prefill's base each on top.
+        // Waiting requests kvroute did not send cost a prefill's base and a typical request's
+        // tokens (here the probe's 100) each, instead of the decode interference of running ones.
         let w = model_estimates(&p, 100, &[0], &[(0, 4)]);
-        assert!((w[0] - model_estimates(&p, 100, &[0], &[(4, 0)])[0] - 18.0).abs() < 1e-9);
+        let r = model_estimates(&p, 100, &[0], &[(4, 0)]);
+        let each = p.prefill_base_ms + 100.0 * p.prefill_ms_per_token - p.decode_interference_ms;
+        assert!((w[0] - r[0] - 4.0 * each).abs() < 1e-9, "{} vs {}", w[0] - r[0], 4.0 * each);
     }
 
     #[test]

@@ -112,16 +112,23 @@ impl Decision {
 }
 
 /// Combines the router's own load accounting with what the worker reported: the worker sees
-/// traffic from every router replica, the router sees its own requests without delay. Each
-/// count takes the larger of the two; queued tokens stay the router's own (workers do not
-/// report them).
-pub fn combine_load(own: WorkerLoad, reported: Option<&ReportedLoad>) -> WorkerLoad {
+/// traffic from every router replica and from clients that bypass kvroute, the router sees its
+/// own requests without delay. Each count takes the larger of the two. Workers do not report
+/// queued tokens, so each waiting request the router did not send is costed at
+/// `unseen_tokens` (the uncached tokens of a typical request: see
+/// `Knowledge::typical_uncached_tokens`) on top of the router's own queued tokens.
+pub fn combine_load(
+    own: WorkerLoad,
+    reported: Option<&ReportedLoad>,
+    unseen_tokens: u64,
+) -> WorkerLoad {
     let Some(r) = reported else { return own };
     let prefilling = own.prefilling_requests.max(r.waiting);
     let decoding = own.decoding_requests().max(r.running);
+    let unseen = u64::from(prefilling - own.prefilling_requests.min(prefilling));
     WorkerLoad {
         inflight_requests: prefilling.saturating_add(decoding),
         prefilling_requests: prefilling,
-        prefill_tokens: own.prefill_tokens,
+        prefill_tokens: own.prefill_tokens.saturating_add(unseen.saturating_mul(unseen_tokens)),
     }
 }

@@ -9,8 +9,8 @@ use crate::delta::Delta;
 use crate::index::{EventChange, KnowledgeIndex, PrefixMatch, Source};
 use crate::journal::JournalEntry;
 use crate::load::WorkerLoad;
-use crate::peers::{PeerSection, PeerView};
 use crate::lookahead::HotPrefixes;
+use crate::peers::{PeerSection, PeerView};
 use crate::snapshot::{ModelInfo, ReportedLoad, Snapshot};
 
 /// What a worker serves, as it reported (through the updater).
@@ -39,6 +39,9 @@ pub struct Knowledge {
     hot: HotPrefixes,
     /// Other Envoy replicas' in-flight load (their credits go to the index as `Peer`).
     peers: PeerView,
+    /// Moving average of the uncached tokens of this thread's decisions (`None` before the
+    /// first): what a waiting request kvroute did not send is assumed to cost.
+    typical_uncached: std::cell::Cell<Option<f64>>,
 }
 
 impl Knowledge {
@@ -53,6 +56,7 @@ impl Knowledge {
             models: Vec::new(),
             hot: HotPrefixes::new(cfg.lookahead),
             peers: PeerView::default(),
+            typical_uncached: std::cell::Cell::new(None),
         }
     }
 
@@ -182,6 +186,7 @@ impl Knowledge {
     fn apply_peers(&mut self, section: Option<&PeerSection>, full: bool) {
         let Some(section) = section else { return };
         for c in self.peers.apply(section, full) {
+            self.hot.record(&c.hashes, c.at_ms);
             self.index.insert(&c.worker, &c.hashes, Source::Peer, c.at_ms);
         }
     }
@@ -231,6 +236,21 @@ impl Knowledge {
             }
             self.observe(&e.worker, &e.hashes, e.source, e.at_ms);
         }
+    }
+
+    /// The uncached tokens a typical request of this thread's recent decisions computes (0
+    /// before any): the cost given to a waiting request a worker reports but kvroute did not
+    /// send (another replica's, or a client's that bypassed kvroute).
+    pub fn typical_uncached_tokens(&self) -> u64 {
+        self.typical_uncached.get().map_or(0, |t| t.round() as u64)
+    }
+
+    /// Counts a decision's uncached tokens into the typical request (moving average over
+    /// about the last 32 decisions).
+    pub fn note_uncached_tokens(&self, tokens: u64) {
+        let t = tokens as f64;
+        let next = self.typical_uncached.get().map_or(t, |avg| avg + (t - avg) / 32.0);
+        self.typical_uncached.set(Some(next));
     }
 
     /// Recent routing decisions for the first `blocks` blocks of a prompt (see

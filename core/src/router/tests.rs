@@ -233,12 +233,15 @@ fn deltas_move_the_view_like_full_snapshots_and_offloaded_blocks_cost_a_transfer
 fn reported_load_counts_what_other_replicas_sent() {
     use crate::snapshot::ReportedLoad;
     let own = WorkerLoad { inflight_requests: 3, prefilling_requests: 1, prefill_tokens: 500 };
-    assert_eq!(combine_load(own, None), own);
+    assert_eq!(combine_load(own, None, 1000), own);
     let busy = ReportedLoad { running: 10, waiting: 4, observed_at_ms: 0 };
-    let c = combine_load(own, Some(&busy));
+    let c = combine_load(own, Some(&busy), 0);
     assert_eq!((c.prefilling_requests, c.decoding_requests(), c.prefill_tokens), (4, 10, 500));
+    // The three waiting requests kvroute did not send are costed as typical ones.
+    let c = combine_load(own, Some(&busy), 1000);
+    assert_eq!(c.prefill_tokens, 3_500);
     let quiet = ReportedLoad { running: 0, waiting: 0, observed_at_ms: 0 };
-    assert_eq!(combine_load(own, Some(&quiet)), own, "a lagging report never hides own load");
+    assert_eq!(combine_load(own, Some(&quiet), 1000), own, "a lagging report never hides own load");
 }
 
 #[test]
