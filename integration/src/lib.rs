@@ -11,6 +11,7 @@ pub mod envoy;
 pub mod paths;
 pub mod process;
 pub mod rawhttp;
+pub mod replicas;
 pub mod sim;
 pub mod stack;
 pub mod workload;

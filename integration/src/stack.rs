@@ -168,6 +168,8 @@ pub struct Stack {
     pub pools: Vec<PoolAddrs>,
     pub updater: Option<Updater>,
     pub dir: PathBuf,
+    /// The port Envoy's singleton polls for the updater (whether or not one was started).
+    pub updater_port: u16,
 }
 
 /// Shared token between the updater and Envoy's snapshot singleton in test stacks.
@@ -244,6 +246,22 @@ impl Updater {
         let log = dir.join("updater.log");
         let guard = Self::spawn(&args, &log).await?;
         Ok(Updater { guard, port, args, log })
+    }
+
+    /// [`Updater::start_for`] with `extra` flags appended (e.g. `--scrape-interval-ms`).
+    pub async fn start_with_args(
+        port: u16,
+        envoy_admin: Option<u16>,
+        endpoints: &[String],
+        extra: &[String],
+        dir: &std::path::Path,
+    ) -> anyhow::Result<Updater> {
+        let mut u = Self::start_with(port, envoy_admin, endpoints, &[], dir).await?;
+        if !extra.is_empty() {
+            u.args.extend(extra.iter().cloned());
+            u.restart().await?;
+        }
+        Ok(u)
     }
 
     async fn spawn(args: &[String], log: &std::path::Path) -> anyhow::Result<Guard> {
@@ -415,7 +433,7 @@ impl Stack {
         let envoy =
             Envoy::start(&config, ports.admin, ports.listen, &dir, opts.envoy_concurrency).await?;
         let n = workers.len();
-        let stack = Stack { envoy, workers, pools, updater, dir };
+        let stack = Stack { envoy, workers, pools, updater, dir, updater_port: ports.updater };
         stack.wait_healthy(n).await?;
         Ok(stack)
     }

@@ -1,0 +1,118 @@
+//! Two Envoy replicas sharing one updater: a decision on replica A reaches replica B through
+//! the updater (A's singleton reports it, the updater publishes it at once, B's long poll
+//! brings it) before any KV event could explain it — the updater here follows no events — and
+//! B counts A's in-flight request in its load estimate.
+
+use std::time::Duration;
+
+use kvroute_integration::client::{self, Reply};
+use kvroute_integration::eventually;
+use kvroute_integration::replicas::{ReplicaOptions, Replicas};
+use kvroute_integration::stack::MODEL;
+use serde_json::{json, Value};
+
+fn body(seed: u64, words: usize, max_tokens: u32) -> Value {
+    json!({"model": MODEL, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, words)}]})
+}
+
+fn field(r: &Reply, key: &str) -> u64 {
+    r.decision_field(key).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// The updater's version once it holds what `found` looks for in its peer status.
+async fn updater_has(r: &Replicas, what: &str, found: impl Fn(&Value) -> bool) -> u64 {
+    eventually(what, Duration::from_secs(20), || async {
+        let s = r.status().await.ok()?;
+        found(&s["peers"]).then(|| s["version"].as_u64()).flatten()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_decision_on_one_replica_is_credited_on_the_other_without_events() {
+    let opts = ReplicaOptions { workers: 2, events: false, ..Default::default() };
+    let r = Replicas::start(opts).await.unwrap();
+    r.wait_aligned().await.unwrap();
+    let http = reqwest::Client::new();
+    let prompt = body(0x5EED_0001, 400, 1);
+    let on_a = client::chat(&http, &r.a().base_url(), &prompt).await.unwrap();
+    assert_eq!(on_a.status, 200, "{}", on_a.body);
+    let worker = on_a.decision_field("worker").unwrap();
+    let v = updater_has(&r, "A's credit at the updater", |p| {
+        p["replicas"]
+            .as_object()
+            .is_some_and(|m| m.values().any(|x| x["hashes"].as_u64() > Some(0)))
+    })
+    .await;
+    Replicas::wait_version(&r.b, v).await.unwrap();
+    let on_b = client::chat(&http, &r.b.base_url(), &prompt).await.unwrap();
+    assert_eq!(on_b.status, 200, "{}", on_b.body);
+    assert_eq!(on_b.decision_field("worker").as_deref(), Some(worker.as_str()), "{on_b:?}");
+    assert!(field(&on_b, "blocks_from_peers") > 0, "not credited from A: {:?}", on_b.decision);
+    assert_eq!(field(&on_b, "blocks_from_events"), 0, "no events are followed");
+    assert!(field(&on_b, "predicted_cached_tokens") > 0);
+    // A's own decision, relayed back to A, is not A's peer knowledge.
+    let again = client::chat(&http, &r.a().base_url(), &prompt).await.unwrap();
+    assert_eq!(field(&again, "blocks_from_peers"), 0, "{:?}", again.decision);
+}
+
+#[tokio::test]
+async fn simultaneous_requests_on_two_replicas_spread_over_two_idle_workers() {
+    let opts = ReplicaOptions {
+        workers: 2,
+        events: false,
+        // Slow decoding keeps A's request in flight; no load scrapes, so only A's report can
+        // tell B about it.
+        sim_args: vec!["--decode-ms-per-seq".into(), "60".into()],
+        updater_args: vec!["--scrape-interval-ms".into(), "600000".into()],
+        ..Default::default()
+    };
+    let r = Replicas::start(opts).await.unwrap();
+    r.wait_aligned().await.unwrap();
+    let http = reqwest::Client::new();
+    let keys: Vec<(String, String)> = r
+        .stack
+        .addrs()
+        .into_iter()
+        .map(|a| (format!("{:016x}", kvroute_core::shared::load::worker_key(&a)), a))
+        .collect();
+    for round in 0..3u64 {
+        // A long request through A: in flight (prefilling as far as a non-streamed answer
+        // shows) for seconds.
+        let long = {
+            let (http, url) = (http.clone(), r.a().base_url());
+            tokio::spawn(
+                async move { client::chat(&http, &url, &body(900 + round, 800, 40)).await },
+            )
+        };
+        let mut busy = String::new();
+        let v = updater_has(&r, "A's in-flight load at the updater", |p| {
+            let Some(m) = p["replicas"].as_object() else { return false };
+            m.values()
+                .flat_map(|x| x["loads"].as_array().cloned().unwrap_or_default())
+                .any(|l| l["prefilling"].as_u64() > Some(0))
+        })
+        .await;
+        let s = r.status().await.unwrap();
+        for x in s["peers"]["replicas"].as_object().unwrap().values() {
+            for l in x["loads"].as_array().unwrap() {
+                let key = l["worker_key"].as_str().unwrap();
+                busy = keys.iter().find(|(k, _)| k == key).unwrap().1.clone();
+            }
+        }
+        Replicas::wait_version(&r.b, v).await.unwrap();
+        let on_b = client::chat(&http, &r.b.base_url(), &body(1900 + round, 50, 1)).await.unwrap();
+        assert_eq!(on_b.status, 200, "{}", on_b.body);
+        let chosen = on_b.decision_field("worker").unwrap();
+        assert_ne!(
+            chosen, busy,
+            "round {round}: B piled onto A's busy worker: {:?}",
+            on_b.decision
+        );
+        let done = long.await.unwrap().unwrap();
+        assert_eq!(done.status, 200);
+        assert_eq!(done.decision_field("worker").as_deref(), Some(busy.as_str()));
+    }
+}
