@@ -43,6 +43,9 @@ struct InFlight {
     catchup_us: u64,
     /// When the decision was made (ns): online calibration times the first byte from it.
     decided_ns: u64,
+    /// The first response byte is the first token (streamed, or a single output token), so
+    /// online calibration may learn from it.
+    first_byte_is_ttft: bool,
 }
 
 pub struct KvHttp {
@@ -132,6 +135,7 @@ impl KvHttp {
             Err(e) => return self.reject(&e),
         };
         let decided_ns = host::now_nanos();
+        let first_byte_is_ttft = parsed.stream || parsed.max_tokens.is_some_and(|m| m <= 1);
         if let Some(action) = self.admit(&mut decision) {
             return action;
         }
@@ -179,6 +183,7 @@ impl KvHttp {
             parse_us,
             catchup_us,
             decided_ns,
+            first_byte_is_ttft,
         });
         Action::Continue
     }
@@ -216,7 +221,7 @@ impl KvHttp {
             self.state.shard.borrow_mut().first_byte(f.ticket);
             self.state.flush_load(host::now_ms());
             // Online calibration learns from successful answers of the worker it scored.
-            let ok = f.status.is_some_and(|s| (200..300).contains(&s));
+            let ok = f.first_byte_is_ttft && f.status.is_some_and(|s| (200..300).contains(&s));
             if let Some(score) = f.decision.primary().filter(|s| ok && s.worker == f.served) {
                 let observed_ms = host::now_nanos().saturating_sub(f.decided_ns) as f64 / 1e6;
                 self.state.calibration_sample(&f.decision.model.name, score, observed_ms);

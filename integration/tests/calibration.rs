@@ -1,0 +1,137 @@
+//! Online calibration on the real stack: Envoy with the filter configured with a profile 3x too
+//! slow, simulated workers with a known profile. The filter must learn the workers' real costs
+//! from what it observes, and follow a worker that is slowed down mid-run.
+//!
+//! Nothing here depends on host speed: the workers' prefill cost is raised (0.1 ms per token)
+//! so that their engine time dwarfs HTTP and tokenization overheads, the tolerances are wide
+//! (overheads only add to what is learned), and the slowed worker is judged against the other.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kvroute_integration::client;
+use kvroute_integration::eventually;
+use kvroute_integration::stack::{Stack, StackOptions, MODEL};
+use serde_json::json;
+
+/// The workers' prefill cost per token (ms), set on the simulator's command line.
+const PER_TOKEN_MS: f64 = 0.1;
+/// The filter's prior is this many times the workers' real costs.
+const PRIOR_SCALE: f64 = 3.0;
+/// Requests before the coefficients are checked.
+const WARMUP: usize = 60;
+
+fn opts() -> StackOptions {
+    let k = PRIOR_SCALE;
+    StackOptions {
+        workers: 2,
+        sim_args: vec!["--prefill-ms-per-token".into(), PER_TOKEN_MS.to_string()],
+        model_overrides: json!({"profile": {
+            "prefill_base_ms": 4.8 * k,
+            "prefill_ms_per_token": PER_TOKEN_MS * k,
+            "prefill_ms_per_token_sq": 4.21e-7 * k,
+            "decode_interference_ms": 0.03 * k,
+        }}),
+        // Every decision is a tie (drawn at random), so both workers keep getting samples
+        // whatever the estimates say; calibration does not depend on the choice.
+        filter: json!({
+            "tie_band": {"abs_ms": 1.0e6, "rel": 0.0},
+            "calibration": {"min_samples": 20, "flush_samples": 1, "refresh_ms": 5},
+        }),
+        ..Default::default()
+    }
+}
+
+/// One streamed request with a fresh prompt of `words` words: (worker, predicted TTFT,
+/// observed TTFT) in ms.
+async fn request(stack: &Stack, seed: u64, words: usize) -> (String, f64, f64) {
+    let body = json!({"model": MODEL, "max_tokens": 1, "stream": true,
+        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, words)}]});
+    let http = reqwest::Client::new();
+    let r = client::chat(&http, &stack.base_url(), &body).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let predicted: f64 = r.decision_field("predicted_ttft_ms").unwrap().parse().unwrap();
+    let worker = r.decision_field("worker").unwrap();
+    (worker, predicted, r.ttft.as_secs_f64() * 1000.0)
+}
+
+/// The calibration gauges, by name without the `kvroute_calibration_` prefix.
+async fn gauges(stack: &Stack) -> HashMap<String, f64> {
+    let m = stack.envoy.prometheus().await.unwrap_or_default();
+    m.into_iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("kvroute_calibration_")?.to_owned(), v)))
+        .collect()
+}
+
+fn seg(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
+}
+
+fn model_gauge(g: &HashMap<String, f64>, name: &str) -> f64 {
+    g.get(&format!("{}_{name}", seg(MODEL))).copied().unwrap_or(f64::NAN)
+}
+
+fn deviation(g: &HashMap<String, f64>, worker: &str) -> f64 {
+    let name = format!("worker_{}_deviation_permille", seg(worker));
+    model_gauge(g, &name) / 1000.0
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Prompt sizes from 150 to 1500 words, in a fixed order.
+fn words(i: usize) -> usize {
+    150 + (i * 337) % 1350
+}
+
+#[tokio::test]
+async fn from_a_prior_three_times_off_the_filter_learns_the_workers_and_follows_a_slowed_one() {
+    let stack = Stack::start(opts()).await.unwrap();
+    stack.wait_healthy(2).await.unwrap();
+    let mut seen = Vec::new();
+    for i in 0..WARMUP {
+        seen.push(request(&stack, i as u64, words(i)).await);
+    }
+    // The estimates the last requests were routed with are close to what they met: the first
+    // ones were ~3x off.
+    let rel = |(_, p, o): &(String, f64, f64)| (p - o).abs() / o;
+    let first = rel(&seen[0]);
+    let late = median(seen[WARMUP - 20..].iter().map(rel).collect());
+    assert!(first > 1.0, "the prior starts ~3x off: {first}");
+    assert!(late < 0.35, "median relative TTFT error of the last 20: {late}");
+    let g = eventually("calibration gauges", Duration::from_secs(10), || async {
+        let g = gauges(&stack).await;
+        (model_gauge(&g, "samples") >= (WARMUP - 5) as f64).then_some(g)
+    })
+    .await
+    .unwrap();
+    assert_eq!(model_gauge(&g, "active"), 1.0, "{g:?}");
+    let per_token = model_gauge(&g, "prefill_ns_per_token") / 1e6;
+    eprintln!("first error {first:.2}, last 20 median {late:.3}, learned {per_token} ms/token");
+    assert!(
+        per_token > 0.6 * PER_TOKEN_MS && per_token < 1.8 * PER_TOKEN_MS,
+        "learned {per_token} ms/token, the workers take {PER_TOKEN_MS} (prior {})",
+        PER_TOKEN_MS * PRIOR_SCALE
+    );
+    // Slow one worker 3x: its deviation rises well above the other's.
+    let slowed = &stack.workers[0];
+    slowed.admin("slow?factor=3", None).await.unwrap();
+    let (a, b) = (stack.workers[0].addr.clone(), stack.workers[1].addr.clone());
+    let mut on_slowed = 0;
+    for i in 0..80 {
+        let (w, _, _) = request(&stack, 1000 + i as u64, words(i)).await;
+        on_slowed += usize::from(w == a);
+    }
+    assert!(on_slowed >= 15, "ties are drawn at random: {on_slowed} of 80 on the slowed worker");
+    let g = eventually("the slowed worker's deviation", Duration::from_secs(10), || async {
+        let g = gauges(&stack).await;
+        (deviation(&g, &a) / deviation(&g, &b) > 1.8).then_some(g)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: logs in {}", stack.dir.display()));
+    let (da, db) = (deviation(&g, &a), deviation(&g, &b));
+    eprintln!("deviations: slowed {da}, other {db} ({on_slowed} of 80 on the slowed worker)");
+    assert!(da > 1.5 && db < 1.3, "deviations: slowed {da}, other {db}");
+}
