@@ -87,7 +87,7 @@ async fn peers(samples: u64, delays: &[u64]) -> anyhow::Result<()> {
     let r = Replicas::start(ReplicaOptions { workers: 1, ..Default::default() }).await?;
     r.wait_aligned().await?;
     let http = reqwest::Client::new();
-    let mut seed = 0xA11CE_0000u64;
+    let mut seed = 0x000A_11CE_0000_u64;
     let mut rows = Vec::new();
     for &d in delays {
         let mut credited = 0u64;
