@@ -6,6 +6,7 @@
 //! stream into token timings; [`mooncake`] replays the Mooncake trace; [`report`] aggregates
 //! and writes the results.
 
+pub mod calibration;
 pub mod cluster;
 pub mod delay;
 pub mod health;

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::calibration::RunCalibration;
+
 /// One request of one policy's run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
@@ -119,6 +121,10 @@ pub struct RunResult {
     pub duration_s: f64,
     pub records: Vec<RequestRecord>,
     pub queue: Vec<QueueSample>,
+    /// What the filter's online calibration had learned at the end of the run (kvroute
+    /// policies whose Envoy stats could be read; `None` otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<RunCalibration>,
 }
 
 /// Service-level objective of a workload: a completion is useful when it finished, its TTFT
@@ -147,6 +153,7 @@ impl Default for RunResult {
             duration_s: 0.0,
             records: Vec::new(),
             queue: Vec::new(),
+            calibration: None,
         }
     }
 }

@@ -29,6 +29,7 @@
 pub mod ceiling;
 pub mod cohorts;
 pub mod goals;
+mod learned;
 mod markdown;
 pub(crate) mod plots;
 pub mod regret;
@@ -45,6 +46,7 @@ use serde::{Deserialize, Serialize};
 pub use self::markdown::{markdown, summary_table};
 pub use self::regret::{EstimateError, RegretStats};
 pub use self::stats::nearest_rank;
+use crate::calibration::RunCalibration;
 use crate::cluster::{Policy, TimedFault};
 use crate::record::{Health, RequestRecord, RunResult, Slo};
 use crate::repeat::{aa_ratios, noise_floor, paired, verdict, Spread, Verdict};
@@ -183,6 +185,9 @@ pub struct PolicyReport {
     /// purpose (`replicated=1`); 0 for policies without the header.
     #[serde(default)]
     pub replicated: usize,
+    /// The filter's learned cost coefficients at the end of the run (kvroute policies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<RunCalibration>,
 }
 
 /// The statistics of one cohort of one run.
@@ -580,6 +585,7 @@ pub fn summarize(setup: &Setup, runs: &[RunResult]) -> Report {
                 queue: stats::queue_stats(run),
                 prefill: stats::prefill_balance(run),
                 replicated: run.records.iter().filter(|r| r.replicated).count(),
+                calibration: run.calibration.clone(),
             }
         })
         .collect();

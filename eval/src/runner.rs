@@ -150,6 +150,14 @@ pub async fn run_policy(
     if let Ok(Err(e)) = fault_task.await {
         anyhow::bail!("applying faults: {e}");
     }
+    // What the filter's calibration learned, read before the stack stops (best effort).
+    let calibration = if policy.filter() {
+        let admins: Vec<String> =
+            cluster.lock().await.envoys.iter().map(|e| e.admin_url()).collect();
+        crate::calibration::scrape(&admins, topo, &workers).await
+    } else {
+        None
+    };
     // Stop every process of this policy before the next one starts.
     drop(cluster);
     Ok(RunResult {
@@ -162,6 +170,7 @@ pub async fn run_policy(
         duration_s,
         records,
         queue,
+        calibration,
     })
 }
 

@@ -1,6 +1,6 @@
 //! The Markdown rendering of a [`Report`]: scope header, runs and host health, the main table,
 //! ratios against least-request with the A/A row, the ablation ladder, per-cohort tables,
-//! regret, estimate error, the load sweep with goodput at SLO, balance, prediction audit, plot
+//! regret, estimate error, learned cost coefficients ([`super::learned`]), the load sweep with goodput at SLO, balance, prediction audit, plot
 //! list and a short guide to reading it.
 
 use std::fmt::Write as _;
@@ -748,6 +748,7 @@ pub fn markdown(report: &Report) -> String {
     cohort_sections(report, &mut out);
     regret(report, &mut out);
     estimate(report, &mut out);
+    super::learned::section(report, &mut out);
     sweep(report, &mut out);
     balance(report, &mut out);
     audit(report, &mut out);

@@ -43,6 +43,7 @@ fn report(workload: &str, cohorts: &[&str], policies: &[&str], repeats: usize) -
                 queue: QueueStats { imbalance: None, instants: 0, workers: Vec::new() },
                 prefill: PrefillBalance::default(),
                 replicated: 0,
+                calibration: None,
             });
         }
     }
