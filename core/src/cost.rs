@@ -53,6 +53,24 @@ impl Profile {
         self.prefill_base_ms + self.prefill_ms_per_token * n + self.prefill_ms_per_token_sq * n * n
     }
 
+    /// `load` with the prefill its worker has done already taken off: since the oldest request
+    /// still in prefill was sent, `prefill_elapsed_ms` of work (at this profile's speed times
+    /// the worker's `deviation`) went into the queue, whose blocks are landing. The returned
+    /// load counts only the tokens still to compute (and no elapsed time).
+    pub fn remaining(&self, load: &WorkerLoad, deviation: f64) -> WorkerLoad {
+        let per_token = self.prefill_ms_per_token * deviation;
+        let done = if per_token > 0.0 && per_token.is_finite() {
+            (load.prefill_elapsed_ms as f64 / per_token) as u64
+        } else {
+            0
+        };
+        WorkerLoad {
+            prefill_tokens: load.prefill_tokens.saturating_sub(done),
+            prefill_elapsed_ms: 0,
+            ..*load
+        }
+    }
+
     /// Waiting time before a new request's prefill starts on a worker with `load`.
     pub fn wait_ms(&self, load: &WorkerLoad) -> f64 {
         let queued = load.prefill_tokens as f64 * self.prefill_ms_per_token
@@ -109,7 +127,8 @@ pub struct Score {
     /// Loading the request's adapter (0 where it is loaded, or for a base-model request).
     pub adapter_ms: f64,
     pub ttft_ms: f64,
-    /// The load the estimate saw (online calibration learns from it).
+    /// The load the estimate saw, with the prefill done already taken off (online calibration
+    /// learns from it).
     pub load: WorkerLoad,
     /// The deviation factor applied to `wait_ms` and `prefill_ms`.
     pub deviation: f64,
@@ -135,7 +154,8 @@ pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u
     let uncached = prompt_tokens - cached;
     let transferred = (c.offloaded_blocks as u64 * u64::from(block_size)).min(cached);
     let deviation = if c.deviation.is_finite() && c.deviation > 0.0 { c.deviation } else { 1.0 };
-    let wait_ms = profile.wait_ms(&c.load) * deviation;
+    let load = profile.remaining(&c.load, deviation);
+    let wait_ms = profile.wait_ms(&load) * deviation;
     let prefill_ms = profile.prefill_ms(uncached) * deviation;
     let transfer_ms = transferred as f64 * profile.transfer_ms_per_token;
     let adapter_ms = if c.adapter_missing { profile.adapter_load_ms } else { 0.0 };
@@ -148,7 +168,7 @@ pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u
         transfer_ms,
         adapter_ms,
         ttft_ms: wait_ms + prefill_ms + transfer_ms + adapter_ms,
-        load: c.load,
+        load,
         deviation,
     }
 }
@@ -193,7 +213,12 @@ mod tests {
     const BS: u32 = 16;
 
     fn load(prefill_tokens: u64, prefilling: u32, inflight: u32) -> WorkerLoad {
-        WorkerLoad { inflight_requests: inflight, prefilling_requests: prefilling, prefill_tokens }
+        WorkerLoad {
+            inflight_requests: inflight,
+            prefilling_requests: prefilling,
+            prefill_tokens,
+            prefill_elapsed_ms: 0,
+        }
     }
 
     /// The design's three reference cases, output budget equal: A idle without the blocks,
@@ -281,6 +306,30 @@ mod tests {
     }
 
     #[test]
+    fn prefill_done_since_the_oldest_request_was_sent_is_not_waited_for() {
+        let p = profile(0.1, 1.0);
+        let queued = |elapsed| WorkerLoad { prefill_elapsed_ms: elapsed, ..load(10_000, 2, 3) };
+        let wait = |elapsed| {
+            score(&p, &Candidate { load: queued(elapsed), ..reference_cases()[0].clone() }, 100, BS)
+                .wait_ms
+        };
+        // 1000 ms of queued prefill plus one decoding request.
+        assert!((wait(0) - 1_001.0).abs() < 1e-9);
+        // 400 ms in, 600 ms of it are left: its blocks are landing.
+        assert!((wait(400) - 601.0).abs() < 1e-9);
+        assert_eq!(
+            score(&p, &Candidate { load: queued(400), ..reference_cases()[0].clone() }, 100, BS)
+                .load
+                .prefill_tokens,
+            6_000
+        );
+        // Past the whole queue only the decoding request is left; a slower worker is less far.
+        assert!((wait(5_000) - 1.0).abs() < 1e-9);
+        let slow = Candidate { load: queued(400), deviation: 2.0, ..reference_cases()[0].clone() };
+        assert!((score(&p, &slow, 100, BS).wait_ms - 2.0 * 801.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn invalid_profiles_are_rejected() {
         assert!(profile(-1.0, 0.0).validate().is_err());
         assert!(profile(f64::NAN, 0.0).validate().is_err());
@@ -322,12 +371,19 @@ mod tests {
         }
 
         #[test]
+        fn more_elapsed_prefill_never_costs_more(c in arb_candidate(), e in 0u64..10_000, more in 0u64..10_000) {
+            let p = Profile::default();
+            let at = |elapsed| Candidate { load: WorkerLoad { prefill_elapsed_ms: elapsed, ..c.load }, ..c.clone() };
+            prop_assert!(score(&p, &at(e + more), 4096, BS).ttft_ms <= score(&p, &at(e), 4096, BS).ttft_ms);
+        }
+
+        #[test]
         fn more_load_never_costs_less(c in arb_candidate(), t in 0u64..5000, d in 0u32..10) {
             let p = Profile::default();
             let started = WorkerLoad {
                 inflight_requests: c.load.inflight_requests + 1,
                 prefilling_requests: c.load.prefilling_requests + 1,
-                prefill_tokens: c.load.prefill_tokens + t,
+                prefill_tokens: c.load.prefill_tokens + t, prefill_elapsed_ms: 0,
             };
             let busier = Candidate { load: started, ..c.clone() };
             let decoding = Candidate { load: WorkerLoad { inflight_requests: c.load.inflight_requests + d, ..c.load }, ..c.clone() };

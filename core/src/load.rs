@@ -10,6 +10,10 @@ pub struct WorkerLoad {
     pub prefilling_requests: u32,
     /// Uncached prompt tokens of requests still in prefill.
     pub prefill_tokens: u64,
+    /// How long ago the oldest request still in prefill was sent (ms; 0: not known). A worker
+    /// busy with its queue since then has done that much of the queued prefill already (see
+    /// [`crate::cost::Profile::remaining`]).
+    pub prefill_elapsed_ms: u64,
 }
 
 impl WorkerLoad {
@@ -26,6 +30,7 @@ impl WorkerLoad {
             inflight_requests: self.inflight_requests.saturating_add(other.inflight_requests),
             prefilling_requests: self.prefilling_requests.saturating_add(other.prefilling_requests),
             prefill_tokens: self.prefill_tokens.saturating_add(other.prefill_tokens),
+            prefill_elapsed_ms: self.prefill_elapsed_ms.max(other.prefill_elapsed_ms),
         }
     }
 }

@@ -61,6 +61,7 @@ impl PeerLoad {
             inflight_requests: self.inflight.max(self.prefilling),
             prefilling_requests: self.prefilling,
             prefill_tokens: self.prefill_tokens,
+            prefill_elapsed_ms: 0,
         }
     }
 }

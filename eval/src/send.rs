@@ -162,11 +162,16 @@ pub async fn send(
     rec
 }
 
-/// Multiplies every wall-clock duration of `rec` by `speedup` (what-if answers and the
-/// filter's prediction are engine time already).
+/// Multiplies every wall-clock duration of `rec` by `speedup`. The filter's prediction is wall
+/// clock too: it estimates the first byte it will see (its calibration learns from what it
+/// observes), so it is scaled with the observation it is judged against; a prior taken from
+/// engine figures is then off by the speedup until calibration corrects it, as it would be on
+/// a pool that is that much faster than the prior says. What-if answers are engine time
+/// already.
 fn to_engine_time(rec: &mut RequestRecord, speedup: f64) {
     let k = if speedup.is_finite() && speedup > 0.0 { speedup } else { 1.0 };
     rec.ttft_ms = rec.ttft_ms.map(|t| t * k);
+    rec.predicted_ttft_ms = rec.predicted_ttft_ms.map(|t| t * k);
     rec.gaps_ms.iter_mut().for_each(|g| *g *= k);
     rec.max_gap_ms *= k;
     rec.e2e_ms *= k;
@@ -312,6 +317,6 @@ mod tests {
         assert_eq!(r.gaps_ms, [4.0, 12.0]);
         assert_eq!((r.max_gap_ms, r.e2e_ms, r.send_lag_ms), (12.0, 40.0, 2.0));
         assert_eq!(r.whatif_ms, [Some(7.0)], "what-if answers are engine time already");
-        assert_eq!(r.predicted_ttft_ms, Some(9.0));
+        assert_eq!(r.predicted_ttft_ms, Some(36.0), "the filter predicts the wall clock it sees");
     }
 }

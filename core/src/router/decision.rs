@@ -130,5 +130,6 @@ pub fn combine_load(
         inflight_requests: prefilling.saturating_add(decoding),
         prefilling_requests: prefilling,
         prefill_tokens: own.prefill_tokens.saturating_add(unseen.saturating_mul(unseen_tokens)),
+        prefill_elapsed_ms: own.prefill_elapsed_ms,
     }
 }

@@ -432,6 +432,8 @@ impl LoadView {
             if e.prefilling {
                 load.prefilling_requests = load.prefilling_requests.saturating_add(1);
                 load.prefill_tokens = load.prefill_tokens.saturating_add(e.prefill_tokens);
+                let elapsed = now_ms.saturating_sub(e.started_ms);
+                load.prefill_elapsed_ms = load.prefill_elapsed_ms.max(elapsed);
             }
             starts.push(e.started_ms);
         }

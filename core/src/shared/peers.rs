@@ -167,7 +167,11 @@ impl Forwarder {
         out.dropped_hashes = self.shed(4 * cap);
         let view = LoadView::read_all(store, counters, self.load_limits, now_ms);
         let current: HashMap<u64, WorkerLoad> =
-            view.loads().filter(|(_, l)| *l != WorkerLoad::default()).collect();
+            // The elapsed time moves every millisecond and does not travel: only counts do.
+            view.loads()
+                .map(|(k, l)| (k, WorkerLoad { prefill_elapsed_ms: 0, ..l }))
+                .filter(|(_, l)| *l != WorkerLoad::default())
+                .collect();
         let heartbeat = !current.is_empty()
             && now_ms.saturating_sub(self.last_sent_ms) >= self.cfg.heartbeat_ms;
         let mut loads: Vec<PeerLoad> = current

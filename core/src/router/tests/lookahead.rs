@@ -29,7 +29,12 @@ fn routed(r: &mut Router, worker: &str, hashes: &[u64], at_ms: u64) {
 /// The holder has ~90 ms of other prefill queued: less than a recompute elsewhere.
 fn queued_on_holder(w: &str) -> WorkerLoad {
     if w == "127.0.0.1:1" {
-        WorkerLoad { inflight_requests: 2, prefilling_requests: 2, prefill_tokens: 2_500 }
+        WorkerLoad {
+            inflight_requests: 2,
+            prefilling_requests: 2,
+            prefill_tokens: 2_500,
+            prefill_elapsed_ms: 0,
+        }
     } else {
         WorkerLoad::default()
     }
@@ -113,7 +118,12 @@ fn among_equal_estimates_the_worker_sharing_the_prompt_wins() {
     let tokens = first.uncached_tokens();
     let inflight = |w: &str| {
         if w == "127.0.0.1:1" {
-            WorkerLoad { inflight_requests: 1, prefilling_requests: 1, prefill_tokens: tokens }
+            WorkerLoad {
+                inflight_requests: 1,
+                prefilling_requests: 1,
+                prefill_tokens: tokens,
+                prefill_elapsed_ms: 0,
+            }
         } else {
             WorkerLoad::default()
         }

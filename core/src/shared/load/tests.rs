@@ -30,7 +30,13 @@ fn threads_see_each_others_requests_through_their_shards() {
     let seen = view(&store, &t, &b, 20);
     assert_eq!(
         seen,
-        WorkerLoad { inflight_requests: 2, prefilling_requests: 1, prefill_tokens: 50 }
+        WorkerLoad {
+            inflight_requests: 2,
+            prefilling_requests: 1,
+            prefill_tokens: 50,
+            // The request still in prefill was sent 10 ms before the view.
+            prefill_elapsed_ms: 10,
+        }
     );
     b.start(&t, W, 7, 20);
     b.flush(&store, &t, 20);
