@@ -73,8 +73,8 @@ impl Default for CalibrationConfig {
         CalibrationConfig {
             enabled: true,
             half_life_samples: 500.0,
-            prior_weight: 10.0,
-            min_samples: 30,
+            prior_weight: 4.0,
+            min_samples: 12,
             outlier_clip: 3.0,
             coefficient_bound: 20.0,
             deviation_min: 0.25,

@@ -146,6 +146,19 @@ fn ladder(rep: &Report) -> String {
     format!("`{ALL}` (ladder {})", if rates.is_empty() { "none".into() } else { rates.join(", ") })
 }
 
+/// On a ladder of one rung where both policies meet the SLO in every repeat, goodput is that
+/// rung's rate for both: the ratio 1 says nothing about how far either could go.
+fn one_rung_tie(rep: &Report, ratio: &Spread) -> Option<Outcome> {
+    let tied = ratio.min == Some(1.0) && ratio.max == Some(1.0);
+    (rep.sweep.rates.len() < 2 && tied).then(|| {
+        Outcome::NotMeasured(
+            "one rung, met by both: goodput is its rate for both (a ladder, --rates, tells them \
+             apart)"
+                .into(),
+        )
+    })
+}
+
 /// Goodput at SLO ≥ 2× least-request on the workloads with reuse.
 fn goodput(reports: &[Report], out: &mut Vec<GoalRow>) {
     const GOAL: &str = "goodput at SLO";
@@ -180,7 +193,9 @@ fn goodput(reports: &[Report], out: &mut Vec<GoalRow>) {
                 }
                 (None, Some(g)) => {
                     row.measured = spread_cell(&g.ratio);
-                    judge(target, &g.ratio, sw.goodput_floor, g.verdict, runs)
+                    one_rung_tie(rep, &g.ratio).unwrap_or_else(|| {
+                        judge(target, &g.ratio, sw.goodput_floor, g.verdict, runs)
+                    })
                 }
             };
             out.push(row);
@@ -309,7 +324,8 @@ fn stretch(reports: &[Report], out: &mut Vec<GoalRow>) {
             target: target.label(),
             measured: format!("{} of the oracle's", spread_cell(&s)),
             floor: floor_cell(sw.goodput_floor, runs),
-            outcome: judge(target, &s, sw.goodput_floor, Verdict::Unknown, runs),
+            outcome: one_rung_tie(rep, &s)
+                .unwrap_or_else(|| judge(target, &s, sw.goodput_floor, Verdict::Unknown, runs)),
         });
     }
     if !any {
