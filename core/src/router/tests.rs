@@ -83,7 +83,8 @@ fn cache_blind_ablation_credits_nothing_but_still_ranks_on_load() {
     let busy = |w: &str| WorkerLoad {
         inflight_requests: if w == "127.0.0.1:1" { 3 } else { 0 },
         prefilling_requests: if w == "127.0.0.1:1" { 3 } else { 0 },
-        prefill_tokens: if w == "127.0.0.1:1" { 3000 } else { 0 }, prefill_elapsed_ms: 0,
+        prefill_tokens: if w == "127.0.0.1:1" { 3000 } else { 0 },
+        prefill_elapsed_ms: 0,
     };
     let d2 = r.decide(&q, 0, &busy, 10, 0).unwrap();
     assert_eq!(d2.predicted_cached_tokens(), 0);
@@ -111,7 +112,12 @@ fn busy_holder_loses_to_recompute_once_waiting_costs_more() {
     r.observe("127.0.0.1:1", &d.block_hashes, Source::Routed, 0);
     let busy = |w: &str| {
         if w == "127.0.0.1:1" {
-            WorkerLoad { inflight_requests: 20, prefilling_requests: 20, prefill_tokens: 80_000, prefill_elapsed_ms: 0 }
+            WorkerLoad {
+                inflight_requests: 20,
+                prefilling_requests: 20,
+                prefill_tokens: 80_000,
+                prefill_elapsed_ms: 0,
+            }
         } else {
             WorkerLoad::default()
         }
@@ -232,7 +238,12 @@ fn deltas_move_the_view_like_full_snapshots_and_offloaded_blocks_cost_a_transfer
 #[test]
 fn reported_load_counts_what_other_replicas_sent() {
     use crate::snapshot::ReportedLoad;
-    let own = WorkerLoad { inflight_requests: 3, prefilling_requests: 1, prefill_tokens: 500, prefill_elapsed_ms: 0 };
+    let own = WorkerLoad {
+        inflight_requests: 3,
+        prefilling_requests: 1,
+        prefill_tokens: 500,
+        prefill_elapsed_ms: 0,
+    };
     assert_eq!(combine_load(own, None, 1000), own);
     let busy = ReportedLoad { running: 10, waiting: 4, observed_at_ms: 0 };
     let c = combine_load(own, Some(&busy), 0);

@@ -9,7 +9,8 @@
 //!   "not measured (too few runs)". A goal whose policy or workload did not run is "not
 //!   measured" too, saying which.
 //! - No-loss goals (`≤ 1.0×`): met when the median is within the target and the verdict against
-//!   the noise floor is not "worse".
+//!   the noise floor is not "worse"; "met within the noise floor" (shown apart) when the median
+//!   is above the target but no different from least-request's within the floor.
 //! - Improvement goals (`≤ 0.3×`, `≤ 0.5×`, `≥ 2×`, `≤ half`): met when the median is within
 //!   the target and beyond the noise floor (verdict "better").
 //! - "Wins kept": met when the verdict is not "worse".
@@ -44,6 +45,9 @@ const NO_LOSS: [&str; 2] = ["fan-out", "flash-crowd"];
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Met,
+    /// A no-loss goal whose median is above the target but no different from least-request's
+    /// within the noise floor: no loss that this instrument can see, shown apart.
+    MetWithinNoise,
     /// Not met, and why.
     NotMet(String),
     /// Not measured, and why.
@@ -127,6 +131,7 @@ pub fn judge(target: Target, s: &Spread, floor: Option<f64>, v: Verdict, runs: u
         Verdict::Better | Verdict::Unknown => "",
     };
     match target {
+        Target::NoLoss(b) if m > b && v == Verdict::NoDifference => Outcome::MetWithinNoise,
         Target::NoLoss(b) if m > b => {
             Outcome::NotMet(format!("median {} > {b:.1}×{}", times(Some(m)), band))
         }
@@ -152,6 +157,9 @@ pub fn judge(target: Target, s: &Spread, floor: Option<f64>, v: Verdict, runs: u
 fn outcome_cell(o: &Outcome) -> String {
     match o {
         Outcome::Met => "met".into(),
+        Outcome::MetWithinNoise => "met: no loss beyond the noise floor (median above the \
+                                    target, inside the floor)"
+            .into(),
         Outcome::NotMet(why) => format!("**not met**: {}", cell(why)),
         Outcome::NotMeasured(why) => format!("not measured: {}", cell(why)),
     }
@@ -186,15 +194,18 @@ fn replications(reports: &[Report]) -> String {
 pub fn section(reports: &[Report]) -> String {
     let rows = rows(reports);
     let count = |f: fn(&Outcome) -> bool| rows.iter().filter(|r| f(&r.outcome)).count();
-    let met = count(|o| matches!(o, Outcome::Met));
+    let met = count(|o| matches!(o, Outcome::Met | Outcome::MetWithinNoise));
+    let in_noise = count(|o| matches!(o, Outcome::MetWithinNoise));
     let not_met = count(|o| matches!(o, Outcome::NotMet(_)));
     let unmeasured = count(|o| matches!(o, Outcome::NotMeasured(_)));
     let mut md = format!(
-        "\n## Goals (issue 12)\n\n{met} met, {not_met} not met, {unmeasured} not measured. \
+        "\n## Goals (issue 12)\n\n{met} met ({in_noise} of them only within the noise floor), \
+         {not_met} not met, {unmeasured} not measured. \
          Ratios: {KVROUTE} over {BASELINE} in the same repeat at the reference load (the \
          oracle's for the stretch goal), median [min–max] over repeats. A ratio goal needs a \
          noise floor (two valid {BASELINE} runs or more). No-loss goals (≤ 1.0×) are met when \
-         the median is within the target and not worse beyond the floor; improvement goals \
+         the median is within the target and not worse beyond the floor, and met within the \
+         noise floor when the median is above the target but inside the floor; improvement goals \
          (≤ 0.3×, ≤ 0.5×, ≥ 2×, ≤ half) when the median is within the target and better beyond \
          the floor; \"wins kept\" when not worse. The estimate error is over the requests after \
          the first 20 % of each run's arrival span. Regret: p90 per repeat, paired; its floor is \
