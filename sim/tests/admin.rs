@@ -27,16 +27,20 @@ async fn admin(port: u16, path: &str) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
-async fn cached(http: u16) -> u64 {
+/// One chat request of `words` words from `seed`, one output token.
+async fn chat(http: u16, seed: u64, words: usize) -> reqwest::Response {
     let body = json!({"model": "kvroute-demo", "max_tokens": 1,
-        "messages": [{"role": "user", "content": kvroute_core::textgen::words(5, 300)}]});
-    let r = reqwest::Client::new()
+        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, words)}]});
+    reqwest::Client::new()
         .post(format!("http://127.0.0.1:{http}/v1/chat/completions"))
         .json(&body)
         .send()
         .await
-        .unwrap();
-    let v: Value = r.json().await.unwrap();
+        .unwrap()
+}
+
+async fn cached(http: u16) -> u64 {
+    let v: Value = chat(http, 5, 300).await.json().await.unwrap();
     v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
 }
 
@@ -76,15 +80,8 @@ async fn faults_change_what_the_worker_does() {
 
 /// Time of one uncached request of ~2 k tokens (wall clock).
 async fn timed(http: u16, seed: u64) -> Duration {
-    let body = json!({"model": "kvroute-demo", "max_tokens": 1,
-        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, 2000)}]});
     let t = Instant::now();
-    let r = reqwest::Client::new()
-        .post(format!("http://127.0.0.1:{http}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = chat(http, seed, 2000).await;
     assert_eq!(r.status(), 200);
     r.bytes().await.unwrap();
     t.elapsed()

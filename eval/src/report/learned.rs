@@ -80,16 +80,8 @@ pub(super) fn section(report: &Report, out: &mut String) {
          sequence; the simulator also charges attention over cached context and KV reads, \
          which the filter's four coefficients absorb). Every figure in the other tables is \
          in engine time. Filter prior: {}. Simulator: {}.\n",
-        if report.scope.filter_profile.is_empty() {
-            "not recorded"
-        } else {
-            &report.scope.filter_profile
-        },
-        if report.scope.sim_profile.is_empty() {
-            "not recorded"
-        } else {
-            &report.scope.sim_profile
-        },
+        super::markdown::recorded(&report.scope.filter_profile),
+        super::markdown::recorded(&report.scope.sim_profile),
     );
     let mut rows = vec![reference_row("filter prior", &first.prior)];
     if let Some(s) = &first.simulator {

@@ -516,16 +516,8 @@ fn estimate(report: &Report, out: &mut String) {
     let _ = writeln!(
         out,
         "\nFilter coefficients: {}. Simulator coefficients: {}.\n",
-        if report.scope.filter_profile.is_empty() {
-            "not recorded"
-        } else {
-            &report.scope.filter_profile
-        },
-        if report.scope.sim_profile.is_empty() {
-            "not recorded"
-        } else {
-            &report.scope.sim_profile
-        }
+        recorded(&report.scope.filter_profile),
+        recorded(&report.scope.sim_profile)
     );
 }
 
@@ -759,6 +751,15 @@ pub fn markdown(report: &Report) -> String {
     out.push('\n');
     out.push_str(HOW_TO_READ);
     out
+}
+
+/// `s`, or "not recorded" when empty.
+pub(crate) fn recorded(s: &str) -> &str {
+    if s.is_empty() {
+        "not recorded"
+    } else {
+        s
+    }
 }
 
 #[cfg(test)]
