@@ -114,5 +114,15 @@ async fn simultaneous_requests_on_two_replicas_spread_over_two_idle_workers() {
         let done = long.await.unwrap().unwrap();
         assert_eq!(done.status, 200);
         assert_eq!(done.decision_field("worker").as_deref(), Some(busy.as_str()));
+        // The next round must not mistake this request's load, until A reports it gone, for
+        // its own.
+        updater_has(&r, "A's load gone at the updater", |p| {
+            p["replicas"].as_object().is_some_and(|m| {
+                m.values().flat_map(|x| x["loads"].as_array().cloned().unwrap_or_default()).all(
+                    |l| l["prefilling"].as_u64() == Some(0) && l["inflight"].as_u64() == Some(0),
+                )
+            })
+        })
+        .await;
     }
 }
