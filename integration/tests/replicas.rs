@@ -53,9 +53,22 @@ async fn a_decision_on_one_replica_is_credited_on_the_other_without_events() {
     assert!(field(&on_b, "blocks_from_peers") > 0, "not credited from A: {:?}", on_b.decision);
     assert_eq!(field(&on_b, "blocks_from_events"), 0, "no events are followed");
     assert!(field(&on_b, "predicted_cached_tokens") > 0);
-    // A's own decision, relayed back to A, is not A's peer knowledge.
-    let again = client::chat(&http, &r.a().base_url(), &prompt).await.unwrap();
+    // A's own decision, relayed back to A, is not A's peer knowledge. (A fresh prompt: the
+    // first one's credit from B's decision is rightly A's peer knowledge.)
+    let held = |p: &Value| {
+        p["replicas"]
+            .as_object()
+            .map_or(0, |m| m.values().map(|x| x["hashes"].as_u64().unwrap_or(0)).sum::<u64>())
+    };
+    let before = held(&r.status().await.unwrap()["peers"]);
+    let own = body(0x5EED_0002, 400, 1);
+    let first = client::chat(&http, &r.a().base_url(), &own).await.unwrap();
+    assert_eq!(first.status, 200, "{}", first.body);
+    let v = updater_has(&r, "A's second credit at the updater", |p| held(p) > before).await;
+    Replicas::wait_version(r.a(), v).await.unwrap();
+    let again = client::chat(&http, &r.a().base_url(), &own).await.unwrap();
     assert_eq!(field(&again, "blocks_from_peers"), 0, "{:?}", again.decision);
+    assert!(field(&again, "predicted_cached_tokens") > 0, "its own routing credit counts");
 }
 
 #[tokio::test]
