@@ -23,7 +23,7 @@ use crate::config::{ConfigError, FilterConfig};
 use crate::cost::{rank, Candidate};
 use crate::error::ApiError;
 use crate::hash::{block_hashes, CacheDomain};
-use crate::index::Source;
+use crate::index::{PrefixMatch, Source};
 use crate::load::WorkerLoad;
 use crate::lookahead::{replica, Held};
 use crate::model::{ModelBundle, ModelError};
@@ -218,9 +218,8 @@ impl Router {
         fallback: Option<FallbackReason>,
     ) -> Decision {
         let m = &t.model;
-        let mut ages = HashMap::new();
-        let mut routed_ages = HashMap::new();
-        let mut peer_blocks = HashMap::new();
+        // Each worker's lookup, kept for the header fields of the chosen one and the look-ahead.
+        let mut matches: HashMap<&str, PrefixMatch> = HashMap::new();
         let candidates: Vec<Candidate> = m
             .workers
             .iter()
@@ -231,9 +230,7 @@ impl Router {
                 } else {
                     Default::default()
                 };
-                ages.insert(w.as_str(), (pm.oldest_age_ms, pm.from_events));
-                routed_ages.insert(w.as_str(), pm.routed_age_ms);
-                peer_blocks.insert(w.as_str(), pm.from_peers);
+                matches.insert(w.as_str(), pm);
                 let reported = self.knowledge.reported_load(w, now_ms);
                 Candidate {
                     worker: w.clone(),
@@ -257,14 +254,15 @@ impl Router {
         let mut ranked =
             rank(&profile, &candidates, prompt_tokens, m.block_size, self.plan.tie, pick);
         let replicated =
-            self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, &routed_ages, now_ms);
+            self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, &matches, now_ms);
         if let Some(p) = ranked.first() {
             self.knowledge.note_uncached_tokens(p.uncached_tokens);
         }
-        let (knowledge_age_ms, blocks_from_events) =
-            ranked.first().and_then(|s| ages.get(s.worker.as_str())).copied().unwrap_or((0, 0));
-        let blocks_from_peers =
-            ranked.first().and_then(|s| peer_blocks.get(s.worker.as_str())).copied().unwrap_or(0);
+        let chosen = ranked
+            .first()
+            .and_then(|s| matches.get(s.worker.as_str()))
+            .copied()
+            .unwrap_or_default();
         let fallback = fallback
             .or_else(|| self.knowledge.events_stale(now_ms).then_some(FallbackReason::StaleEvents));
         Decision {
@@ -272,29 +270,29 @@ impl Router {
             block_hashes: hashes,
             prompt_tokens,
             block_size: m.block_size,
-            knowledge_age_ms,
-            blocks_from_events,
+            knowledge_age_ms: chosen.oldest_age_ms,
+            blocks_from_events: chosen.from_events,
             fallback,
             model: Arc::clone(m),
             adapter: t.adapter.clone(),
             tokenize_us: 0,
             replicated,
-            blocks_from_peers,
+            blocks_from_peers: chosen.from_peers,
         }
     }
 
     /// Places a hot prefix on one more worker when the requests still to come for it would
     /// queue longer on its holders than one recompute costs (see [`crate::lookahead`]): moves
-    /// that worker to the front of `ranked` and says so. `routed_ages` holds each worker's
-    /// youngest routing credit for this prompt: a prefix sent there that recently is still in
-    /// prefill, and its remaining prefill is not a lasting queue.
+    /// that worker to the front of `ranked` and says so. `matches` holds each worker's lookup;
+    /// its `routed_age_ms` is the youngest routing credit for this prompt: a prefix sent there
+    /// that recently is still in prefill, and its remaining prefill is not a lasting queue.
     fn look_ahead(
         &self,
         ranked: &mut Vec<crate::cost::Score>,
         hashes: &[u64],
         block_size: u32,
         profile: &crate::cost::Profile,
-        routed_ages: &HashMap<&str, Option<u64>>,
+        matches: &HashMap<&str, PrefixMatch>,
         now_ms: u64,
     ) -> bool {
         let hot = self.knowledge.hot();
@@ -311,7 +309,8 @@ impl Router {
         let held: Vec<Held<'_>> = ranked
             .iter()
             .map(|s| {
-                let inflight_ms = match routed_ages.get(s.worker.as_str()).copied().flatten() {
+                let routed_age = matches.get(s.worker.as_str()).and_then(|pm| pm.routed_age_ms);
+                let inflight_ms = match routed_age {
                     Some(age) => {
                         (profile.prefill_ms(s.cached_tokens) * s.deviation - age as f64).max(0.0)
                     }
