@@ -9,10 +9,13 @@
 //! [`state::State`] holds all workers, the models they serve ([`models`]: bundles, block
 //! sizes) and the snapshot version; [`alignment`] identifies each worker's model and checks its
 //! announced config; [`peers`] keeps other Envoy replicas' recent decisions; [`server`] is
-//! the HTTP surface (snapshots with long polls, peer reports, bundles).
+//! the HTTP surface (snapshots with long polls, peer reports, bundles); [`config`] and [`cli`]
+//! resolve the settings from a TOML file and the flags.
 
 pub mod alignment;
 pub mod blocks;
+pub mod cli;
+pub mod config;
 pub mod decode;
 pub mod frameguard;
 pub mod http_body;

@@ -1,0 +1,262 @@
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use clap::CommandFactory;
+
+use super::*;
+use crate::cli::{resolve_from, Args, CliError};
+
+const TOKEN: &str = "0123456789abcdef-test";
+
+/// A fresh directory for one test's files (removed when dropped).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("kvroute-config-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn example_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/updater.example.toml")
+}
+
+fn run(args: &[&str]) -> Result<crate::cli::Resolved, CliError> {
+    resolve_from(std::iter::once("kvroute-updater").chain(args.iter().copied()))
+}
+
+fn config_err(r: Result<crate::cli::Resolved, CliError>) -> ConfigError {
+    match r {
+        Err(CliError::Config(e)) => e,
+        other => panic!("expected a config error, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_example_parses_validates_and_documents_every_key() {
+    let text = std::fs::read_to_string(example_path()).unwrap();
+    let cfg = UpdaterConfig::from_toml(&text).unwrap();
+    cfg.validate().unwrap();
+    assert!(cfg.token_file.is_some(), "the example reads the token from a file");
+    assert!(cfg.workers.len() >= 2 && cfg.models.len() >= 2);
+    // Every key the config has is shown in the example (set or commented out).
+    let keys = toml::Value::try_from(UpdaterConfig::default()).unwrap();
+    let mut keys: Vec<String> = keys.as_table().unwrap().keys().cloned().collect();
+    keys.extend(["token_file", "block_size", "envoy_admin"].map(String::from));
+    for key in keys {
+        let shown = text.lines().any(|l| {
+            let l = l.trim_start_matches(['#', ' ']);
+            l.starts_with(&format!("{key} =")) || l.starts_with(&format!("[[{key}]]"))
+        });
+        assert!(shown, "the example does not show `{key}`");
+    }
+    for key in ["dir", "block_size", "http", "events", "replay"] {
+        assert!(text.contains(&format!("{key} =")), "the example does not show `{key}`");
+    }
+}
+
+#[test]
+fn every_flag_has_a_config_key() {
+    let keys = toml::Value::try_from(UpdaterConfig::default()).unwrap();
+    let keys = keys.as_table().unwrap();
+    let optional = ["block_size", "envoy_admin", "token_file"];
+    let not_in_file = ["help", "version", "config", "check", "token", "model_block_sizes"];
+    for arg in Args::command().get_arguments() {
+        let id = arg.get_id().as_str();
+        if not_in_file.contains(&id) {
+            continue;
+        }
+        assert!(keys.contains_key(id) || optional.contains(&id), "--{id} has no config key");
+    }
+}
+
+#[test]
+fn defaults_match_the_library_limits() {
+    assert_eq!(UpdaterConfig::default().limits(), Limits::default());
+    let plain = run(&["--worker", "127.0.0.1:8000", "--token", TOKEN]).unwrap();
+    let expected = UpdaterConfig {
+        workers: vec!["127.0.0.1:8000".parse().unwrap()],
+        ..UpdaterConfig::default()
+    };
+    assert_eq!(plain.config, expected);
+    assert_eq!(plain.config.listen.to_string(), defaults::LISTEN);
+}
+
+#[test]
+fn flags_override_the_file_and_the_file_overrides_defaults() {
+    let dir = TempDir::new();
+    dir.write("token", &format!("{TOKEN}\n"));
+    let file = dir.write(
+        "u.toml",
+        r#"
+listen = "127.0.0.1:9200"
+token_file = "token"
+scrape_interval_ms = 250
+max_replay_ms = 7000
+block_size = 32
+[[models]]
+name = "qwen3"
+dir = "models/qwen3"
+block_size = 16
+[[models]]
+name = "kvroute-demo"
+[[workers]]
+http = "127.0.0.1:8000"
+events = "tcp://127.0.0.1:5557"
+replay = "tcp://127.0.0.1:5558"
+"#,
+    );
+    let path = file.to_str().unwrap();
+    let r =
+        run(&["--config", path, "--listen", "127.0.0.1:9300", "--max-replay-ms", "9000"]).unwrap();
+    let c = &r.config;
+    assert_eq!(c.listen.to_string(), "127.0.0.1:9300", "flag over file");
+    assert_eq!(c.max_replay_ms, 9000, "flag over file");
+    assert_eq!(c.scrape_interval_ms, 250, "file over default");
+    assert_eq!(c.align_interval_ms, defaults::ALIGN_INTERVAL_MS, "default");
+    assert_eq!(r.token.expose(), TOKEN, "the token file's newline is not part of the token");
+    assert_eq!(c.models[0].dir.as_deref(), Some(dir.0.join("models/qwen3").as_path()));
+    assert_eq!(c.block_sizes(), vec![("qwen3".into(), 16), ("kvroute-demo".into(), 32)]);
+    let eps = c.endpoints();
+    assert_eq!(eps[0].1.as_ref().unwrap().replay.as_deref(), Some("tcp://127.0.0.1:5558"));
+
+    // Lists given as flags replace the file's lists; a per-model block size applies on top.
+    let r = run(&[
+        "--config",
+        path,
+        "--worker",
+        "127.0.0.1:8100",
+        "--worker",
+        "127.0.0.1:8101,tcp://127.0.0.1:6000",
+        "--model",
+        "a",
+        "--model-block-size",
+        "a=64",
+    ])
+    .unwrap();
+    assert_eq!(r.config.workers.len(), 2);
+    assert_eq!(r.config.workers[1].events.as_deref(), Some("tcp://127.0.0.1:6000"));
+    assert_eq!(r.config.block_sizes(), vec![("a".into(), 64)]);
+    let r = run(&["--config", path, "--model-block-size", "qwen3=8"]).unwrap();
+    assert_eq!(r.config.block_sizes()[0], ("qwen3".into(), 8));
+    assert!(matches!(
+        config_err(run(&["--config", path, "--model-block-size", "nope=8"])),
+        ConfigError::UnknownModel(_)
+    ));
+}
+
+#[test]
+fn unknown_keys_are_refused() {
+    for bad in [
+        "listen = \"127.0.0.1:1\"\nlisten_addr = \"x\"\n",
+        "[[workers]]\nhttp = \"127.0.0.1:8000\"\nevent = \"tcp://x\"\n",
+        "[[models]]\nname = \"m\"\nblocksize = 16\n",
+        "[limits]\nmax_frame_bytes = 1\n",
+    ] {
+        let err = UpdaterConfig::from_toml(bad).unwrap_err().to_string();
+        assert!(err.contains("unknown field"), "{bad}: {err}");
+    }
+    let dir = TempDir::new();
+    let file = dir.write("u.toml", "scrape_intervall_ms = 5\n");
+    let err = config_err(run(&["--config", file.to_str().unwrap(), "--token", TOKEN]));
+    assert!(matches!(err, ConfigError::Toml { .. }));
+    assert!(err.to_string().contains("scrape_intervall_ms"), "{err}");
+}
+
+#[test]
+fn the_token_comes_from_exactly_one_source() {
+    let w = ["--worker", "127.0.0.1:8000"];
+    assert!(matches!(config_err(run(&w)), ConfigError::NoToken));
+    let dir = TempDir::new();
+    let tf = dir.write("token", &format!("{TOKEN}\r\n"));
+    let tf = tf.to_str().unwrap();
+    let r = run(&[w[0], w[1], "--token-file", tf]).unwrap();
+    assert_eq!(r.token.expose(), TOKEN);
+    assert!(matches!(
+        config_err(run(&[w[0], w[1], "--token-file", tf, "--token", TOKEN])),
+        ConfigError::TokenTwice(_)
+    ));
+    let file = dir.write("u.toml", &format!("token_file = {tf:?}\n"));
+    let file = file.to_str().unwrap();
+    assert_eq!(run(&[w[0], w[1], "--config", file]).unwrap().token.expose(), TOKEN);
+    assert!(matches!(
+        config_err(run(&[w[0], w[1], "--config", file, "--token", TOKEN])),
+        ConfigError::TokenTwice(_)
+    ));
+    let short = dir.write("short", "short\n");
+    assert!(matches!(
+        config_err(run(&[w[0], w[1], "--token-file", short.to_str().unwrap()])),
+        ConfigError::ShortToken(_)
+    ));
+    let missing = dir.0.join("missing");
+    assert!(matches!(
+        config_err(run(&[w[0], w[1], "--token-file", missing.to_str().unwrap()])),
+        ConfigError::Read { .. }
+    ));
+}
+
+#[test]
+fn the_token_is_never_shown() {
+    let r = run(&["--worker", "127.0.0.1:8000", "--token", TOKEN]).unwrap();
+    let shown = format!("{r:?}\n{}", r.config.to_toml());
+    assert!(!shown.contains(TOKEN), "{shown}");
+    assert!(format!("{:?}", r.token).contains("--token"));
+}
+
+#[test]
+fn validation_errors_are_specific() {
+    let base = || UpdaterConfig {
+        workers: vec!["127.0.0.1:8000,tcp://127.0.0.1:1,tcp://127.0.0.1:2".parse().unwrap()],
+        ..UpdaterConfig::default()
+    };
+    base().validate().unwrap();
+    let check = |f: &dyn Fn(&mut UpdaterConfig), want: &str| {
+        let mut c = base();
+        f(&mut c);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains(want), "{want}: {err}");
+    };
+    check(&|c| c.workers.clear(), "no worker");
+    check(&|c| c.workers[0].http = "localhost".into(), "not ip:port");
+    check(&|c| c.workers.push(c.workers[0].clone()), "twice");
+    check(&|c| c.workers[0].events = None, "replay endpoint needs");
+    check(&|c| c.workers[0].replay = Some(" ".into()), "empty events or replay");
+    check(&|c| c.models.clear(), "no model");
+    check(&|c| c.models.push(c.models[0].clone()), "configured twice");
+    check(&|c| c.models[0].block_size = Some(0), "must be > 0");
+    check(&|c| c.block_size = Some(0), "must be > 0");
+    check(&|c| c.envoy_admin = Some("127.0.0.1:9901".into()), "http:// URL");
+    check(&|c| c.envoy_cluster.clear(), "envoy_cluster");
+    assert!("".parse::<WorkerEntry>().is_err());
+    assert!("a,b,c,d".parse::<WorkerEntry>().is_err());
+}
+
+/// Every argument of `kvroute-updater --help` says what it is for.
+#[test]
+fn help_is_complete() {
+    let cmd = Args::command();
+    assert!(cmd.get_about().is_some(), "no about");
+    let missing: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| a.get_help().is_none() && a.get_long_help().is_none())
+        .map(|a| a.get_id().to_string())
+        .collect();
+    assert!(missing.is_empty(), "arguments without help: {missing:?}");
+    cmd.debug_assert();
+}
