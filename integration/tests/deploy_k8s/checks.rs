@@ -1,0 +1,453 @@
+//! The cross-checks over the parsed manifests: each returns an error naming the first field that
+//! disagrees with another manifest or with the code's defaults.
+
+use std::collections::BTreeSet;
+
+use anyhow::{anyhow, ensure, Context};
+use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
+use serde_json::Value;
+
+use crate::manifests::{at, by_field, find, flags, port_of, quantity_bytes, str_at, u64_at, Doc};
+
+/// The environment variable the Envoy side reads the token from.
+pub const TOKEN_ENV: &str = "KVROUTE_UPDATER_TOKEN";
+/// The token the checks give the singleton configs (any 16+ characters).
+pub const TEST_TOKEN: &str = "deploy-k8s-test-token-0123456789";
+
+/// Every kind a manifest may have; a new kind needs its checks here first.
+const KINDS: [&str; 13] = [
+    "Deployment",
+    "Service",
+    "NetworkPolicy",
+    "WasmPlugin",
+    "EnvoyFilter",
+    "Gateway",
+    "VirtualService",
+    "GatewayClass",
+    "HTTPRoute",
+    "EnvoyProxy",
+    "EnvoyExtensionPolicy",
+    "EnvoyPatchPolicy",
+    "ClientTrafficPolicy",
+];
+
+/// Everything, in order; `help` is `kvroute-updater --help`.
+pub fn check_all(docs: &[Doc], help_flags: &[String], server_rs: &str) -> anyhow::Result<()> {
+    for d in docs {
+        ensure!(
+            KINDS.contains(&d.kind.as_str()),
+            "{}: unexpected kind {}",
+            d.file.display(),
+            d.kind
+        );
+    }
+    let cfgs = filter_configs(docs)?;
+    let header = &FilterConfig::default().destination_header;
+    for (what, c) in &cfgs {
+        ensure!(&c.destination_header == header, "{what}: destination_header is not {header}");
+    }
+    routing_header(docs, header)?;
+    fail_open(docs)?;
+    updater_flags(docs, help_flags)?;
+    workers(docs, &cfgs)?;
+    updater_port(docs)?;
+    token(docs)?;
+    hardening(docs, server_rs)?;
+    selectors(docs)?;
+    let max_body = cfgs.iter().map(|(_, c)| c.max_body_bytes as u64).max().unwrap_or(0);
+    buffer_limits(docs, max_body)?;
+    for (fragment, vm_id, proxy) in singletons(docs)? {
+        singleton(docs, &fragment, &vm_id, &proxy)?;
+    }
+    Ok(())
+}
+
+/// Every embedded filter configuration, parsed and validated by kvroute-core.
+pub fn filter_configs(docs: &[Doc]) -> anyhow::Result<Vec<(String, FilterConfig)>> {
+    let mut out = Vec::new();
+    for d in docs.iter().filter(|d| d.kind == "WasmPlugin") {
+        out.push((format!("WasmPlugin {}", d.name), parse_cfg(at(d, "/spec/pluginConfig")?)?));
+    }
+    for d in docs.iter().filter(|d| d.kind == "EnvoyExtensionPolicy") {
+        let wasms = at(d, "/spec/wasm")?.as_array().context("spec.wasm is not a list")?;
+        for (i, w) in wasms.iter().enumerate() {
+            let cfg =
+                w.get("config").ok_or_else(|| anyhow!("{}: wasm[{i}] has no config", d.name))?;
+            out.push((format!("EnvoyExtensionPolicy {} wasm[{i}]", d.name), parse_cfg(cfg)?));
+        }
+    }
+    ensure!(out.len() >= 2, "expected the Istio and the Envoy Gateway filter configs");
+    Ok(out)
+}
+
+fn parse_cfg(v: &Value) -> anyhow::Result<FilterConfig> {
+    Ok(FilterConfig::from_json(&serde_json::to_vec(v)?)?)
+}
+
+fn envoy_filter_patch<'a>(docs: &'a [Doc], apply_to: &str) -> anyhow::Result<&'a Value> {
+    let ef = find(docs, "EnvoyFilter", "kvroute")?;
+    let patch = by_field(at(ef, "/spec/configPatches")?, "applyTo", apply_to)?;
+    patch.pointer("/patch/value").ok_or_else(|| anyhow!("the {apply_to} patch has no value"))
+}
+
+fn override_host_header(lb: &Value) -> anyhow::Result<&str> {
+    lb.pointer("/policies/0/typed_extension_config/typed_config/override_host_sources/0/header")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("load_balancing_policy is not override_host with a header source"))
+}
+
+/// The header the filter sets is the one override_host reads and the one stripped from clients.
+fn routing_header(docs: &[Doc], header: &str) -> anyhow::Result<()> {
+    let cluster = envoy_filter_patch(docs, "CLUSTER")?;
+    let lb =
+        cluster.get("load_balancing_policy").context("CLUSTER patch: no load_balancing_policy")?;
+    ensure!(
+        override_host_header(lb)? == header,
+        "Istio CLUSTER patch: override_host reads another header"
+    );
+    let strip = envoy_filter_patch(docs, "HTTP_FILTER")?;
+    let removes =
+        strip.pointer("/typed_config/mutations/request_mutations").context("HTTP_FILTER patch")?;
+    ensure!(
+        by_field(removes, "remove", header).is_ok(),
+        "Istio HTTP_FILTER patch does not strip {header}"
+    );
+    let epp = find(docs, "EnvoyPatchPolicy", "kvroute-override-host")?;
+    let op = by_field(
+        at(epp, "/spec/jsonPatches")?,
+        "type",
+        "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+    )?;
+    ensure!(
+        op.pointer("/operation/path").and_then(Value::as_str) == Some("/load_balancing_policy")
+    );
+    let lb = op.pointer("/operation/value").context("EnvoyPatchPolicy: no value")?;
+    ensure!(
+        override_host_header(lb)? == header,
+        "EnvoyPatchPolicy: override_host reads another header"
+    );
+    let ctp = find(docs, "ClientTrafficPolicy", "kvroute-strip-routing-header")?;
+    let removed = at(ctp, "/spec/headers/earlyRequestHeaders/remove")?;
+    ensure!(
+        removed.as_array().is_some_and(|r| r.iter().any(|h| h == header)),
+        "ClientTrafficPolicy does not strip {header}"
+    );
+    Ok(())
+}
+
+/// kvroute fails open everywhere (README "Fail-safe").
+fn fail_open(docs: &[Doc]) -> anyhow::Result<()> {
+    let wp = find(docs, "WasmPlugin", "kvroute")?;
+    ensure!(str_at(wp, "/spec/failStrategy")? == "FAIL_OPEN", "WasmPlugin is not FAIL_OPEN");
+    let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
+    for w in at(eep, "/spec/wasm")?.as_array().into_iter().flatten() {
+        ensure!(
+            w.get("failOpen") == Some(&Value::Bool(true)),
+            "EnvoyExtensionPolicy: failOpen is not true"
+        );
+    }
+    Ok(())
+}
+
+/// The updater Deployment's container.
+pub fn updater_container(docs: &[Doc]) -> anyhow::Result<(&Doc, &Value)> {
+    let d = find(docs, "Deployment", "kvroute-updater")?;
+    let c = by_field(at(d, "/spec/template/spec/containers")?, "name", "updater")?;
+    Ok((d, c))
+}
+
+fn updater_args(docs: &[Doc]) -> anyhow::Result<Vec<(String, Option<String>)>> {
+    let (_, c) = updater_container(docs)?;
+    let args: Vec<String> =
+        serde_json::from_value(c.get("args").cloned().context("updater: no args")?)?;
+    flags(&args)
+}
+
+fn flag_values(args: &[(String, Option<String>)], name: &str) -> Vec<String> {
+    args.iter().filter(|(k, _)| k == name).filter_map(|(_, v)| v.clone()).collect()
+}
+
+/// Every flag the manifests pass the updater exists in its `--help`.
+fn updater_flags(docs: &[Doc], help_flags: &[String]) -> anyhow::Result<()> {
+    let (_, c) = updater_container(docs)?;
+    ensure!(c.pointer("/command/0").and_then(Value::as_str) == Some("kvroute-updater"));
+    for (k, _) in updater_args(docs)? {
+        ensure!(help_flags.contains(&k), "updater flag --{k} is not in `kvroute-updater --help`");
+    }
+    Ok(())
+}
+
+/// The filters' worker lists are the updater's workers; the NetworkPolicy opens their ports.
+fn workers(docs: &[Doc], cfgs: &[(String, FilterConfig)]) -> anyhow::Result<()> {
+    let specs = flag_values(&updater_args(docs)?, "worker");
+    ensure!(!specs.is_empty(), "the updater follows no --worker");
+    let mut http = BTreeSet::new();
+    let mut ports = BTreeSet::new();
+    for s in &specs {
+        for (i, part) in s.split(',').enumerate() {
+            ports.insert(port_of(part)?);
+            if i == 0 {
+                http.insert(part.to_owned());
+            }
+        }
+    }
+    for (what, c) in cfgs {
+        let listed: BTreeSet<String> = c.models.iter().flat_map(|m| m.workers.clone()).collect();
+        ensure!(listed == http, "{what}: workers {listed:?} are not the updater's {http:?}");
+    }
+    let np = find(docs, "NetworkPolicy", "kvroute-updater")?;
+    let mut open = BTreeSet::new();
+    for rule in at(np, "/spec/egress")?.as_array().into_iter().flatten() {
+        for p in rule.get("ports").and_then(Value::as_array).into_iter().flatten() {
+            open.insert(p.get("port").and_then(Value::as_u64).context("egress port")? as u16);
+        }
+    }
+    ensure!(open == ports, "NetworkPolicy egress ports {open:?} are not the workers' {ports:?}");
+    Ok(())
+}
+
+/// The updater's listen port = its container port = the Service's target = the NetworkPolicy's
+/// ingress port; the Service port = the port of every `kvroute_updater` bootstrap cluster.
+fn updater_port(docs: &[Doc]) -> anyhow::Result<()> {
+    let listen = flag_values(&updater_args(docs)?, "listen");
+    let listen =
+        port_of(listen.first().context("the updater has no --listen (default is loopback)")?)?;
+    let (_, c) = updater_container(docs)?;
+    let cport = by_field(c.get("ports").context("updater: no ports")?, "name", "http")?;
+    ensure!(
+        cport.get("containerPort").and_then(Value::as_u64) == Some(listen.into()),
+        "containerPort != --listen"
+    );
+    let svc = find(docs, "Service", "kvroute-updater")?;
+    let sp = by_field(at(svc, "/spec/ports")?, "name", "http")?;
+    let target = sp.get("targetPort").context("Service: no targetPort")?;
+    ensure!(
+        target == "http" || target.as_u64() == Some(listen.into()),
+        "Service targetPort is not the updater's"
+    );
+    let svc_port = sp.get("port").and_then(Value::as_u64).context("Service: no port")?;
+    let np = find(docs, "NetworkPolicy", "kvroute-updater")?;
+    let np_port = u64_at(np, "/spec/ingress/0/ports/0/port")?;
+    ensure!(
+        np_port == u64::from(listen),
+        "NetworkPolicy ingress port {np_port} != --listen {listen}"
+    );
+    let host = format!("{}.{}.svc.cluster.local", svc.name, svc.namespace);
+    for (fragment, _, _) in singletons(docs)? {
+        let cl = by_field(
+            fragment.pointer("/static_resources/clusters").context("no clusters")?,
+            "name",
+            "kvroute_updater",
+        )?;
+        let sa = cl
+            .pointer("/load_assignment/endpoints/0/lb_endpoints/0/endpoint/address/socket_address")
+            .context("kvroute_updater: no socket_address")?;
+        ensure!(
+            sa.get("address").and_then(Value::as_str) == Some(&host),
+            "kvroute_updater does not point at {host}"
+        );
+        ensure!(
+            sa.get("port_value").and_then(Value::as_u64) == Some(svc_port),
+            "kvroute_updater port != Service port"
+        );
+    }
+    Ok(())
+}
+
+/// The Secret (name, key) an env entry `name` reads, from a container.
+fn secret_env(c: &Value, name: &str) -> anyhow::Result<(String, String)> {
+    let e = by_field(c.get("env").context("container has no env")?, "name", name)?;
+    let r = e.pointer("/valueFrom/secretKeyRef").context("env entry is not from a Secret")?;
+    let s = |k: &str| r.get(k).and_then(Value::as_str).map(str::to_owned).context("secretKeyRef");
+    Ok((s("name")?, s("key")?))
+}
+
+/// The updater and every gateway proxy read the same Secret key.
+fn token(docs: &[Doc]) -> anyhow::Result<()> {
+    let (d, c) = updater_container(docs)?;
+    let args = updater_args(docs)?;
+    let used = match flag_values(&args, "token-file").first() {
+        Some(path) => {
+            let (dir, file) = path.rsplit_once('/').context("--token-file is not a path")?;
+            let m = by_field(c.get("volumeMounts").context("no volumeMounts")?, "mountPath", dir)?;
+            let vol = str_or(m, "name")?;
+            let v = by_field(at(d, "/spec/template/spec/volumes")?, "name", vol)?;
+            let secret = v
+                .pointer("/secret/secretName")
+                .and_then(Value::as_str)
+                .context("token volume is not a Secret")?;
+            (secret.to_owned(), file.to_owned())
+        }
+        None => secret_env(c, TOKEN_ENV)?,
+    };
+    for (what, proxy) in proxies(docs)? {
+        let theirs = secret_env(&proxy, TOKEN_ENV).with_context(|| what.clone())?;
+        ensure!(
+            theirs == used,
+            "{what} reads the token from {theirs:?}, the updater from {used:?}"
+        );
+    }
+    Ok(())
+}
+
+fn str_or<'a>(v: &'a Value, k: &str) -> anyhow::Result<&'a str> {
+    v.get(k).and_then(Value::as_str).ok_or_else(|| anyhow!("no {k}"))
+}
+
+/// The gateway proxy containers: Istio's injected istio-proxy and Envoy Gateway's envoy.
+fn proxies(docs: &[Doc]) -> anyhow::Result<Vec<(String, Value)>> {
+    let gw = find(docs, "Deployment", "kvroute-gateway")?;
+    let istio = by_field(at(gw, "/spec/template/spec/containers")?, "name", "istio-proxy")?.clone();
+    let ep = find(docs, "EnvoyProxy", "kvroute-proxy")?;
+    let eg = at(ep, "/spec/provider/kubernetes/envoyDeployment/container")?.clone();
+    Ok(vec![("Istio gateway".into(), istio), ("EnvoyProxy".into(), eg)])
+}
+
+fn hardening(docs: &[Doc], server_rs: &str) -> anyhow::Result<()> {
+    let (d, c) = updater_container(docs)?;
+    let t = |v: Option<&Value>, what: &str| -> anyhow::Result<()> {
+        ensure!(v == Some(&Value::Bool(true)), "updater: {what} is not true");
+        Ok(())
+    };
+    t(d.body.pointer("/spec/template/spec/securityContext/runAsNonRoot"), "runAsNonRoot")?;
+    t(c.pointer("/securityContext/readOnlyRootFilesystem"), "readOnlyRootFilesystem")?;
+    let no_esc = c.pointer("/securityContext/allowPrivilegeEscalation");
+    ensure!(no_esc == Some(&Value::Bool(false)), "updater: allowPrivilegeEscalation is not false");
+    ensure!(
+        c.pointer("/resources/requests/cpu").is_some()
+            && c.pointer("/resources/limits/memory").is_some()
+    );
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let path =
+            c.pointer(&format!("/{probe}/httpGet/path")).and_then(Value::as_str).context(probe)?;
+        ensure!(
+            server_rs.contains(&format!(".route(\"{path}\"")),
+            "{probe}: the updater serves no {path}"
+        );
+        ensure!(
+            c.pointer(&format!("/{probe}/httpGet/port")) == Some(&Value::from("http")),
+            "{probe} port"
+        );
+    }
+    Ok(())
+}
+
+/// The NetworkPolicy selects the updater's pods and lets the Istio gateway's pods in.
+fn selectors(docs: &[Doc]) -> anyhow::Result<()> {
+    let np = find(docs, "NetworkPolicy", "kvroute-updater")?;
+    let (d, _) = updater_container(docs)?;
+    let labels = at(d, "/spec/template/metadata/labels")?;
+    subset(at(np, "/spec/podSelector/matchLabels")?, labels)
+        .context("NetworkPolicy podSelector")?;
+    let gw = find(docs, "Deployment", "kvroute-gateway")?;
+    let gw_labels = at(gw, "/spec/template/metadata/labels")?;
+    let from = at(np, "/spec/ingress/0/from")?.as_array().context("ingress.from")?;
+    let istio_ok = from.iter().any(|f| {
+        f.get("namespaceSelector").is_none()
+            && f.pointer("/podSelector/matchLabels").is_some_and(|m| subset(m, gw_labels).is_ok())
+    });
+    ensure!(
+        istio_ok && np.namespace == gw.namespace,
+        "NetworkPolicy does not admit the Istio gateway pods"
+    );
+    Ok(())
+}
+
+fn subset(sel: &Value, labels: &Value) -> anyhow::Result<()> {
+    for (k, v) in sel.as_object().context("selector is not a map")? {
+        ensure!(labels.get(k) == Some(v), "label {k}={v} not on the pods");
+    }
+    Ok(())
+}
+
+/// Connection buffer limits hold the largest body the filters accept.
+fn buffer_limits(docs: &[Doc], max_body: u64) -> anyhow::Result<()> {
+    let l = envoy_filter_patch(docs, "LISTENER")?;
+    let istio = l
+        .get("per_connection_buffer_limit_bytes")
+        .and_then(Value::as_u64)
+        .context("LISTENER patch")?;
+    ensure!(istio >= max_body, "Istio listener buffer {istio} < max_body_bytes {max_body}");
+    let ctp = find(docs, "ClientTrafficPolicy", "kvroute-strip-routing-header")?;
+    let eg = quantity_bytes(str_at(ctp, "/spec/connection/bufferLimit")?)?;
+    ensure!(eg >= max_body, "Envoy Gateway bufferLimit {eg} < max_body_bytes {max_body}");
+    Ok(())
+}
+
+/// Each Envoy side's bootstrap fragment, the vm_id its filter VM gets, and its proxy container.
+pub fn singletons(docs: &[Doc]) -> anyhow::Result<Vec<(Value, String, Value)>> {
+    let proxies = proxies(docs)?;
+    let istio = envoy_filter_patch(docs, "BOOTSTRAP")?.clone();
+    let ep = find(docs, "EnvoyProxy", "kvroute-proxy")?;
+    ensure!(str_at(ep, "/spec/bootstrap/type")? == "Merge", "EnvoyProxy bootstrap is not a Merge");
+    let y: serde_yaml_ng::Value = serde_yaml_ng::from_str(str_at(ep, "/spec/bootstrap/value")?)?;
+    let eg = serde_json::to_value(y)?;
+    let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
+    // Envoy Gateway names a policy's wasm VM envoyextensionpolicy/<ns>/<name>/wasm/<index>.
+    let eg_vm = format!("envoyextensionpolicy/{}/{}/wasm/0", eep.namespace, eep.name);
+    Ok(vec![(istio, String::new(), proxies[0].1.clone()), (eg, eg_vm, proxies[1].1.clone())])
+}
+
+/// The singleton's configuration parses, names a cluster of its fragment, reads the token the
+/// proxy has, shares the filter's vm_id, and loads the filter's image from the mounted volume.
+fn singleton(docs: &[Doc], fragment: &Value, vm_id: &str, proxy: &Value) -> anyhow::Result<()> {
+    let exts = fragment.get("bootstrap_extensions").context("no bootstrap_extensions")?;
+    let svc = by_field(exts, "name", "envoy.bootstrap.wasm")?
+        .get("typed_config")
+        .context("typed_config")?;
+    ensure!(
+        svc.get("singleton") == Some(&Value::Bool(true)),
+        "the wasm service is not a singleton"
+    );
+    let vm = svc.pointer("/config/vm_config").context("no vm_config")?;
+    let cfg_text = svc
+        .pointer("/config/configuration/value")
+        .and_then(Value::as_str)
+        .context("configuration")?;
+    let env = |k: &str| (k == TOKEN_ENV).then(|| TEST_TOKEN.to_owned());
+    let cfg = SnapshotSyncConfig::from_json(cfg_text.as_bytes(), &env)?
+        .ok_or_else(|| anyhow!("the singleton's configuration is not a snapshot_sync"))?;
+    let clusters = fragment.pointer("/static_resources/clusters").context("no clusters")?;
+    by_field(clusters, "name", &cfg.cluster)
+        .with_context(|| format!("singleton cluster {}", cfg.cluster))?;
+    ensure!(cfg.token_env.as_deref() == Some(TOKEN_ENV), "singleton token_env is not {TOKEN_ENV}");
+    let keys = vm.pointer("/environment_variables/host_env_keys").and_then(Value::as_array);
+    ensure!(
+        keys.is_some_and(|k| k.iter().any(|x| x == TOKEN_ENV)),
+        "{TOKEN_ENV} not in host_env_keys"
+    );
+    secret_env(proxy, TOKEN_ENV)?;
+    let their_vm = vm.get("vm_id").and_then(Value::as_str).unwrap_or("");
+    ensure!(their_vm == vm_id, "singleton vm_id '{their_vm}' is not the filter's '{vm_id}'");
+    let file = vm.pointer("/code/local/filename").and_then(Value::as_str).context("code.local")?;
+    let (dir, name) = file.rsplit_once('/').context("filename")?;
+    ensure!(name == "plugin.wasm", "the image holds plugin.wasm, the singleton loads {name}");
+    let m =
+        by_field(proxy.get("volumeMounts").context("proxy: no volumeMounts")?, "mountPath", dir)?;
+    let vol_name = str_or(m, "name")?;
+    let volumes = if proxy.get("name").and_then(Value::as_str) == Some("istio-proxy") {
+        at(find(docs, "Deployment", "kvroute-gateway")?, "/spec/template/spec/volumes")?
+    } else {
+        at(
+            find(docs, "EnvoyProxy", "kvroute-proxy")?,
+            "/spec/provider/kubernetes/envoyDeployment/pod/volumes",
+        )?
+    };
+    let image =
+        by_field(volumes, "name", vol_name)?.pointer("/image/reference").and_then(Value::as_str);
+    let filter_image = filter_image(docs)?;
+    ensure!(
+        image == Some(filter_image.as_str()),
+        "the singleton's image {image:?} is not the filter's {filter_image}"
+    );
+    Ok(())
+}
+
+/// The filter image, the same in the WasmPlugin and the EnvoyExtensionPolicy.
+pub fn filter_image(docs: &[Doc]) -> anyhow::Result<String> {
+    let wp = str_at(find(docs, "WasmPlugin", "kvroute")?, "/spec/url")?;
+    let wp = wp.strip_prefix("oci://").context("WasmPlugin url is not oci://")?;
+    let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
+    ensure!(str_at(eep, "/spec/wasm/0/code/image/url")? == wp, "the two filter images differ");
+    Ok(wp.to_owned())
+}
