@@ -246,7 +246,7 @@ impl KvHttp {
         let Some(actual) = f.scanner.usage().cached_tokens else {
             return;
         };
-        self.state.metrics.audit(f.decision.audit(actual), actual);
+        self.state.metrics.audit(&f.served, f.decision.audit(actual), actual);
         if f.status.is_some_and(|s| (200..300).contains(&s)) {
             self.journal(&served, &hashes, Source::Feedback, false);
         }

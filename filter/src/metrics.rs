@@ -18,6 +18,9 @@ use proxy_wasm::types::MetricType;
 pub struct Metrics {
     decisions: HashMap<String, u32>,
     inflight: HashMap<String, (u32, u32)>,
+    /// Per serving worker: audited requests and, of them, false hits
+    /// (`kvroute_worker_audited_requests`, `kvroute_worker_false_hits`).
+    audited: HashMap<String, (u32, u32)>,
     fallbacks: HashMap<&'static str, u32>,
     updates: HashMap<&'static str, u32>,
     audit: HashMap<&'static str, u32>,
@@ -211,6 +214,11 @@ impl Metrics {
             if let (Some(r), Some(t)) = (reqs, toks) {
                 m.inflight.insert(w.to_owned(), (r, t));
             }
+            let audited = define(c, &format!("kvroute.worker.{seg}.audited_requests"));
+            let false_hits = define(c, &format!("kvroute.worker.{seg}.false_hits"));
+            if let (Some(a), Some(f)) = (audited, false_hits) {
+                m.audited.insert(w.to_owned(), (a, f));
+            }
         }
         for r in FallbackReason::ALL {
             if let Some(id) = define(c, &format!("kvroute.fallback.{}.requests", r.name())) {
@@ -259,9 +267,17 @@ impl Metrics {
         add(self.fallbacks.get(reason.name()).copied(), 1);
     }
 
-    pub fn audit(&self, class: AuditClass, actual_tokens: u64) {
+    /// One audited request served by `worker`: its class, and the tokens the engine reported
+    /// cached.
+    pub fn audit(&self, worker: &str, class: AuditClass, actual_tokens: u64) {
         add(self.audit.get(class.name()).copied(), 1);
         add(self.actual_tokens, actual_tokens);
+        if let Some(&(audited, false_hits)) = self.audited.get(worker) {
+            add(Some(audited), 1);
+            if class == AuditClass::FalseHit {
+                add(Some(false_hits), 1);
+            }
+        }
     }
 
     /// A thread applied `n` full snapshots or deltas of the updater's knowledge.

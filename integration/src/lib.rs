@@ -7,7 +7,9 @@
 //! Every process started here is killed when its guard drops, also when a test fails.
 
 pub mod client;
+pub mod dashboard;
 pub mod envoy;
+pub mod help;
 pub mod paths;
 pub mod process;
 pub mod rawhttp;

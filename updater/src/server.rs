@@ -261,6 +261,7 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
             u8::from(v["connected"].as_bool().unwrap_or(false))
         );
     }
+    write_worker_ages_and_load(&mut o, workers);
     let peers = &status["peers"];
     for name in [
         "reports",
@@ -285,4 +286,28 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
          # TYPE kvroute_updater_peer_hashes gauge\nkvroute_updater_peer_hashes {hashes}"
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
+}
+
+/// Per worker, where known: the age of its last KV event and what it last reported about its
+/// load (`kvroute_updater_last_event_age_seconds`, `kvroute_updater_reported_{running,waiting,
+/// kv_usage}`, `kvroute_updater_reported_load_age_seconds`).
+fn write_worker_ages_and_load(
+    o: &mut String,
+    workers: &serde_json::Map<String, serde_json::Value>,
+) {
+    let gauges = [
+        ("last_event_age_seconds", "/last_event_age_ms", 1e-3),
+        ("reported_running", "/reported_load/running", 1.0),
+        ("reported_waiting", "/reported_load/waiting", 1.0),
+        ("reported_kv_usage", "/reported_load/kv_usage", 1.0),
+        ("reported_load_age_seconds", "/reported_load_age_ms", 1e-3),
+    ];
+    for (name, pointer, scale) in gauges {
+        let _ = writeln!(o, "# TYPE kvroute_updater_{name} gauge");
+        for (w, v) in workers {
+            if let Some(x) = v.pointer(pointer).and_then(serde_json::Value::as_f64) {
+                let _ = writeln!(o, "kvroute_updater_{name}{{worker=\"{w}\"}} {}", x * scale);
+            }
+        }
+    }
 }
