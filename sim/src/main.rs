@@ -184,3 +184,23 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every argument of `kvroute-sim --help` says what it is for.
+    #[test]
+    fn help_is_complete() {
+        let cmd = super::Args::command();
+        cmd.clone().debug_assert();
+        assert!(cmd.get_about().is_some(), "no about");
+        let missing: Vec<&str> = cmd
+            .get_arguments()
+            .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+            .filter(|a| a.get_help().is_none() && a.get_long_help().is_none())
+            .map(|a| a.get_id().as_str())
+            .collect();
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
+    }
+}

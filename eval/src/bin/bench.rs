@@ -61,6 +61,7 @@ struct Args {
     /// the cost model predicts against the measured one. `--no-reference` skips them.
     #[arg(long, conflicts_with = "no_reference")]
     reference: bool,
+    /// Skip the three reference cases, also where the plan runs them (the `full` presets).
     #[arg(long)]
     no_reference: bool,
     /// Scale the filter's default cost profile by this (3: a prior three times too slow), to
@@ -347,4 +348,12 @@ fn rerender(dir: &std::path::Path) -> anyhow::Result<()> {
     std::fs::write(dir.join("summary.md"), &summary)?;
     println!("{summary}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn help_is_complete() {
+        kvroute_integration::help::assert_complete(<super::Args as clap::CommandFactory>::command());
+    }
 }

@@ -50,13 +50,17 @@ use tokio::net::{TcpListener, TcpStream};
 #[derive(Parser, Debug)]
 #[command(about = "Memory of the kvroute filter in Envoy with a large knowledge index")]
 struct Args {
+    /// Workers in Envoy's pool and in the snapshot: one real simulated worker, the others
+    /// unused loopback ports.
     #[arg(long, default_value_t = 64)]
     workers: usize,
+    /// Known blocks per worker in the big snapshot.
     #[arg(long, default_value_t = 16_384)]
     blocks: usize,
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     concurrency: u32,
+    /// Seed of the probe prompt and of the snapshots' random block hashes.
     #[arg(long, default_value_t = 7)]
     seed: u64,
 }
@@ -481,4 +485,12 @@ async fn main() -> anyhow::Result<()> {
         credited.decision.as_deref().unwrap_or("no decision header")
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn help_is_complete() {
+        kvroute_integration::help::assert_complete(<super::Args as clap::CommandFactory>::command());
+    }
 }

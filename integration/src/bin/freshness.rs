@@ -22,13 +22,16 @@ use serde_json::json;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
+    /// From a block stored on a worker until decisions credit it from KV events.
     Events,
+    /// From a decision on replica A until replica B's decisions credit A's blocks.
     Peers,
 }
 
 #[derive(Parser, Debug)]
 #[command(about = "Knowledge freshness in kvroute's decisions, p50/p90/p99")]
 struct Args {
+    /// What to measure: knowledge from KV events, or from another Envoy replica's decisions.
     #[arg(long, value_enum, default_value_t = Mode::Events)]
     mode: Mode,
     /// Samples (events) or trials per delay (peers).
@@ -133,5 +136,13 @@ async fn main() -> anyhow::Result<()> {
     match a.mode {
         Mode::Events => events(a.samples).await,
         Mode::Peers => peers(a.samples, &a.delays_ms).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn help_is_complete() {
+        kvroute_integration::help::assert_complete(<super::Args as clap::CommandFactory>::command());
     }
 }

@@ -14,16 +14,19 @@ use tokio::process::Command;
 #[derive(Parser, Debug)]
 #[command(about = "CPU use and scheduling lag of many simulated workers in one process")]
 struct Args {
+    /// Simulated workers, all in one `kvroute-sim` process.
     #[arg(long, default_value_t = 16)]
     workers: u16,
     /// Requests per second, all workers together (open loop).
     #[arg(long, default_value_t = 50.0)]
     rate: f64,
+    /// How long the load runs (s).
     #[arg(long, default_value_t = 20)]
     seconds: u64,
     /// Words per prompt (the demo tokenizer gives ~1.3 tokens a word).
     #[arg(long, default_value_t = 400)]
     prompt_words: usize,
+    /// Output tokens per request (`max_tokens`).
     #[arg(long, default_value_t = 64)]
     max_tokens: u64,
 }
@@ -109,4 +112,12 @@ async fn main() -> anyhow::Result<()> {
     );
     sim.kill().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn help_is_complete() {
+        kvroute_integration::help::assert_complete(<super::Args as clap::CommandFactory>::command());
+    }
 }

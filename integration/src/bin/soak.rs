@@ -55,8 +55,10 @@ struct Args {
     /// Fraction of requests that stream.
     #[arg(long, default_value_t = 0.25)]
     stream_fraction: f64,
+    /// Seed of the load's conversations and of which requests stream.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Folder for soak.csv, rss.svg and summary.md.
     #[arg(long, default_value = "results/soak")]
     out: PathBuf,
     /// KV-cache capacity of each simulated worker, in blocks (default: its profile's). A small
@@ -668,4 +670,12 @@ fn summary(
     }
     let _ = writeln!(md, "\nFiles: `soak.csv` (one row per sample), `rss.svg` (RSS over time; faint vertical lines are faults).");
     md
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn help_is_complete() {
+        kvroute_integration::help::assert_complete(<super::Args as clap::CommandFactory>::command());
+    }
 }
