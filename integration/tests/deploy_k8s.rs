@@ -12,6 +12,8 @@ mod checks;
 mod envoy_assembly;
 #[path = "deploy_k8s/manifests.rs"]
 mod manifests;
+#[path = "deploy_k8s/singleton.rs"]
+mod singleton;
 
 use std::time::Duration;
 
@@ -54,7 +56,7 @@ fn stats_tags_match_the_reference_bootstrap() {
     let reference: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
     let reference = serde_json::to_value(reference).unwrap();
     let want = reference.pointer("/stats_config/stats_tags").expect("reference stats tags");
-    for (fragment, _, _) in checks::singletons(&docs()).unwrap() {
+    for (fragment, _, _) in singleton::singletons(&docs()).unwrap() {
         assert_eq!(fragment.pointer("/stats_config/stats_tags"), Some(want), "stats tags differ");
     }
 }
@@ -84,7 +86,7 @@ fn a_disagreeing_field_is_caught() {
     let base = docs();
     checks::check_all(&base, &help, &server).expect("the committed manifests agree");
     type Mutation = (&'static str, &'static str, &'static str, Value);
-    let mutations: [Mutation; 9] = [
+    let mutations: [Mutation; 10] = [
         ("Service", "kvroute-updater", "/spec/ports/0/port", json!(9101)),
         ("NetworkPolicy", "kvroute-updater", "/spec/ingress/0/ports/0/port", json!(9101)),
         ("WasmPlugin", "kvroute", "/spec/pluginConfig/destination_header", json!("x-other")),
@@ -107,6 +109,12 @@ fn a_disagreeing_field_is_caught() {
             "EnvoyFilter",
             "kvroute",
             "/spec/configPatches/0/patch/value/static_resources/clusters/0/name",
+            json!("other"),
+        ),
+        (
+            "Deployment",
+            "kvroute-updater",
+            "/spec/template/spec/volumes/0/secret/secretName",
             json!("other"),
         ),
     ];

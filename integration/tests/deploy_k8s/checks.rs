@@ -4,10 +4,11 @@
 use std::collections::BTreeSet;
 
 use anyhow::{anyhow, ensure, Context};
-use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
+use kvroute_core::config::FilterConfig;
 use serde_json::Value;
 
 use crate::manifests::{at, by_field, find, flags, port_of, quantity_bytes, str_at, u64_at, Doc};
+use crate::singleton::{singleton, singletons};
 
 /// The environment variable the Envoy side reads the token from.
 pub const TOKEN_ENV: &str = "KVROUTE_UPDATER_TOKEN";
@@ -84,7 +85,7 @@ fn parse_cfg(v: &Value) -> anyhow::Result<FilterConfig> {
     Ok(FilterConfig::from_json(&serde_json::to_vec(v)?)?)
 }
 
-fn envoy_filter_patch<'a>(docs: &'a [Doc], apply_to: &str) -> anyhow::Result<&'a Value> {
+pub fn envoy_filter_patch<'a>(docs: &'a [Doc], apply_to: &str) -> anyhow::Result<&'a Value> {
     let ef = find(docs, "EnvoyFilter", "kvroute")?;
     let patch = by_field(at(ef, "/spec/configPatches")?, "applyTo", apply_to)?;
     patch.pointer("/patch/value").ok_or_else(|| anyhow!("the {apply_to} patch has no value"))
@@ -255,7 +256,7 @@ fn updater_port(docs: &[Doc]) -> anyhow::Result<()> {
 }
 
 /// The Secret (name, key) an env entry `name` reads, from a container.
-fn secret_env(c: &Value, name: &str) -> anyhow::Result<(String, String)> {
+pub fn secret_env(c: &Value, name: &str) -> anyhow::Result<(String, String)> {
     let e = by_field(c.get("env").context("container has no env")?, "name", name)?;
     let r = e.pointer("/valueFrom/secretKeyRef").context("env entry is not from a Secret")?;
     let s = |k: &str| r.get(k).and_then(Value::as_str).map(str::to_owned).context("secretKeyRef");
@@ -290,12 +291,12 @@ fn token(docs: &[Doc]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn str_or<'a>(v: &'a Value, k: &str) -> anyhow::Result<&'a str> {
+pub fn str_or<'a>(v: &'a Value, k: &str) -> anyhow::Result<&'a str> {
     v.get(k).and_then(Value::as_str).ok_or_else(|| anyhow!("no {k}"))
 }
 
 /// The gateway proxy containers: Istio's injected istio-proxy and Envoy Gateway's envoy.
-fn proxies(docs: &[Doc]) -> anyhow::Result<Vec<(String, Value)>> {
+pub fn proxies(docs: &[Doc]) -> anyhow::Result<Vec<(String, Value)>> {
     let gw = find(docs, "Deployment", "kvroute-gateway")?;
     let istio = by_field(at(gw, "/spec/template/spec/containers")?, "name", "istio-proxy")?.clone();
     let ep = find(docs, "EnvoyProxy", "kvroute-proxy")?;
@@ -372,82 +373,4 @@ fn buffer_limits(docs: &[Doc], max_body: u64) -> anyhow::Result<()> {
     let eg = quantity_bytes(str_at(ctp, "/spec/connection/bufferLimit")?)?;
     ensure!(eg >= max_body, "Envoy Gateway bufferLimit {eg} < max_body_bytes {max_body}");
     Ok(())
-}
-
-/// Each Envoy side's bootstrap fragment, the vm_id its filter VM gets, and its proxy container.
-pub fn singletons(docs: &[Doc]) -> anyhow::Result<Vec<(Value, String, Value)>> {
-    let proxies = proxies(docs)?;
-    let istio = envoy_filter_patch(docs, "BOOTSTRAP")?.clone();
-    let ep = find(docs, "EnvoyProxy", "kvroute-proxy")?;
-    ensure!(str_at(ep, "/spec/bootstrap/type")? == "Merge", "EnvoyProxy bootstrap is not a Merge");
-    let y: serde_yaml_ng::Value = serde_yaml_ng::from_str(str_at(ep, "/spec/bootstrap/value")?)?;
-    let eg = serde_json::to_value(y)?;
-    let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
-    // Envoy Gateway names a policy's wasm VM envoyextensionpolicy/<ns>/<name>/wasm/<index>.
-    let eg_vm = format!("envoyextensionpolicy/{}/{}/wasm/0", eep.namespace, eep.name);
-    Ok(vec![(istio, String::new(), proxies[0].1.clone()), (eg, eg_vm, proxies[1].1.clone())])
-}
-
-/// The singleton's configuration parses, names a cluster of its fragment, reads the token the
-/// proxy has, shares the filter's vm_id, and loads the filter's image from the mounted volume.
-fn singleton(docs: &[Doc], fragment: &Value, vm_id: &str, proxy: &Value) -> anyhow::Result<()> {
-    let exts = fragment.get("bootstrap_extensions").context("no bootstrap_extensions")?;
-    let svc = by_field(exts, "name", "envoy.bootstrap.wasm")?
-        .get("typed_config")
-        .context("typed_config")?;
-    ensure!(
-        svc.get("singleton") == Some(&Value::Bool(true)),
-        "the wasm service is not a singleton"
-    );
-    let vm = svc.pointer("/config/vm_config").context("no vm_config")?;
-    let cfg_text = svc
-        .pointer("/config/configuration/value")
-        .and_then(Value::as_str)
-        .context("configuration")?;
-    let env = |k: &str| (k == TOKEN_ENV).then(|| TEST_TOKEN.to_owned());
-    let cfg = SnapshotSyncConfig::from_json(cfg_text.as_bytes(), &env)?
-        .ok_or_else(|| anyhow!("the singleton's configuration is not a snapshot_sync"))?;
-    let clusters = fragment.pointer("/static_resources/clusters").context("no clusters")?;
-    by_field(clusters, "name", &cfg.cluster)
-        .with_context(|| format!("singleton cluster {}", cfg.cluster))?;
-    ensure!(cfg.token_env.as_deref() == Some(TOKEN_ENV), "singleton token_env is not {TOKEN_ENV}");
-    let keys = vm.pointer("/environment_variables/host_env_keys").and_then(Value::as_array);
-    ensure!(
-        keys.is_some_and(|k| k.iter().any(|x| x == TOKEN_ENV)),
-        "{TOKEN_ENV} not in host_env_keys"
-    );
-    secret_env(proxy, TOKEN_ENV)?;
-    let their_vm = vm.get("vm_id").and_then(Value::as_str).unwrap_or("");
-    ensure!(their_vm == vm_id, "singleton vm_id '{their_vm}' is not the filter's '{vm_id}'");
-    let file = vm.pointer("/code/local/filename").and_then(Value::as_str).context("code.local")?;
-    let (dir, name) = file.rsplit_once('/').context("filename")?;
-    ensure!(name == "plugin.wasm", "the image holds plugin.wasm, the singleton loads {name}");
-    let m =
-        by_field(proxy.get("volumeMounts").context("proxy: no volumeMounts")?, "mountPath", dir)?;
-    let vol_name = str_or(m, "name")?;
-    let volumes = if proxy.get("name").and_then(Value::as_str) == Some("istio-proxy") {
-        at(find(docs, "Deployment", "kvroute-gateway")?, "/spec/template/spec/volumes")?
-    } else {
-        at(
-            find(docs, "EnvoyProxy", "kvroute-proxy")?,
-            "/spec/provider/kubernetes/envoyDeployment/pod/volumes",
-        )?
-    };
-    let image =
-        by_field(volumes, "name", vol_name)?.pointer("/image/reference").and_then(Value::as_str);
-    let filter_image = filter_image(docs)?;
-    ensure!(
-        image == Some(filter_image.as_str()),
-        "the singleton's image {image:?} is not the filter's {filter_image}"
-    );
-    Ok(())
-}
-
-/// The filter image, the same in the WasmPlugin and the EnvoyExtensionPolicy.
-pub fn filter_image(docs: &[Doc]) -> anyhow::Result<String> {
-    let wp = str_at(find(docs, "WasmPlugin", "kvroute")?, "/spec/url")?;
-    let wp = wp.strip_prefix("oci://").context("WasmPlugin url is not oci://")?;
-    let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
-    ensure!(str_at(eep, "/spec/wasm/0/code/image/url")? == wp, "the two filter images differ");
-    Ok(wp.to_owned())
 }

@@ -9,13 +9,13 @@ use std::path::Path;
 use anyhow::{ensure, Context};
 use serde_json::{json, Value};
 
-use crate::checks;
 use crate::manifests::{at, by_field, find, quantity_bytes, str_at, Doc};
+use crate::singleton;
 
 /// (name, bootstrap) for Istio and for Envoy Gateway.
 pub fn bootstraps(docs: &[Doc], wasm: &Path) -> anyhow::Result<Vec<(String, Value)>> {
     let wasm = wasm.to_str().context("module path is not UTF-8")?;
-    let singles = checks::singletons(docs)?;
+    let singles = singleton::singletons(docs)?;
     let mut out = Vec::new();
 
     // Istio: the WasmPlugin's filter after the HTTP_FILTER patch's (INSERT_FIRST), the
