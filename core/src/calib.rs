@@ -39,32 +39,43 @@ pub use estimator::{ModelState, Outcome, WorkerDev};
 
 /// The `calibration` section of the filter configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct CalibrationConfig {
     /// Learn and use calibrated coefficients (samples are not even recorded when false).
     pub enabled: bool,
     /// Samples after which an old sample weighs half as much as a new one.
+    #[cfg_attr(feature = "schema", schemars(extend("exclusiveMinimum" = 0)))]
     pub half_life_samples: f64,
     /// Weight of the configured profile, in pseudo-observations (a ridge towards it).
+    #[cfg_attr(feature = "schema", schemars(extend("exclusiveMinimum" = 0)))]
     pub prior_weight: f64,
     /// Samples of a model before its calibrated profile replaces the configured one.
     pub min_samples: u64,
     /// Residuals beyond this many robust scales are down-weighted (Huber).
+    #[cfg_attr(feature = "schema", schemars(extend("exclusiveMinimum" = 0)))]
     pub outlier_clip: f64,
     /// Coefficients stay within `[prior / bound, prior · bound]`.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1.0)))]
     pub coefficient_bound: f64,
-    /// Bounds of a worker's deviation factor.
+    /// Lower bound of a worker's deviation factor (0 < min <= 1).
+    #[cfg_attr(feature = "schema", schemars(range(max = 1.0), extend("exclusiveMinimum" = 0)))]
     pub deviation_min: f64,
+    /// Upper bound of a worker's deviation factor (>= 1).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1.0)))]
     pub deviation_max: f64,
     /// A worker's own samples after which an old one weighs half as much in its deviation.
+    #[cfg_attr(feature = "schema", schemars(extend("exclusiveMinimum" = 0)))]
     pub deviation_half_life_samples: f64,
     /// A worker's samples before its deviation is applied.
     pub min_worker_samples: u32,
     /// Most workers per model that get a deviation (more are served by the model alone).
+    #[cfg_attr(feature = "schema", schemars(range(max = codec::MAX_WORKERS)))]
     pub max_workers: usize,
     /// A thread re-reads the shared state at most this often on the request path.
     pub refresh_ms: u64,
     /// A thread writes its samples to shared data once it holds this many (and on its tick).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 4096)))]
     pub flush_samples: usize,
 }
 

@@ -10,6 +10,9 @@ use thiserror::Error;
 use crate::cost::{Profile, TieBand};
 use crate::index::IndexLimits;
 
+#[cfg(feature = "schema")]
+pub mod schema;
+
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("plugin configuration is not valid JSON for kvroute: {0}")]
@@ -20,25 +23,31 @@ pub enum ConfigError {
 
 /// Top-level plugin configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct FilterConfig {
     /// One pool per served model.
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub models: Vec<ModelConfig>,
     /// Header the cluster's `override_host` policy reads: `primary,fallback`.
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = r"^[a-z0-9-]+$")))]
     pub destination_header: String,
-    /// Knowledge index bounds and ages.
+    /// Knowledge index bounds and ages (routing history).
     pub index: IndexConfig,
-    /// Estimates this close to the best are a tie, broken at random.
+    /// Estimates within `max(abs_ms, rel · best)` of the best are a tie, broken at random.
     pub tie_band: TieBand,
     /// Prompts longer than this (tokens) are routed load-only without hashing.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_prompt_tokens: usize,
     /// Bodies larger than this (bytes) are routed load-only without tokenizing, so one huge
     /// prompt cannot hold an Envoy worker thread (cold tokenizing runs at ~7 M tokens/s on the
     /// fast BPE path, ~0.5 M/s through the `tokenizers` crate).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_prompt_bytes: usize,
     /// Request bodies larger than this get 413 from the filter, whatever the protocol (the
     /// listener's buffer limit answers 413 for HTTP/1.1, but HTTP/2 streams are bounded by
     /// their flow-control window instead). Match `per_connection_buffer_limit_bytes`.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_body_bytes: usize,
     /// Adds `x-kvroute-decision` (worker, predicted cached tokens, reason) to responses.
     pub expose_decision_header: bool,
@@ -50,33 +59,38 @@ pub struct FilterConfig {
     pub load: crate::shared::load::LoadLimits,
     /// Each thread's housekeeping period: knowledge refresh off the request path, load
     /// heartbeats, lease expiry, reconciliation with worker-reported load.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 10_000)))]
     pub tick_ms: u64,
     /// Deliberate faults for testing a deployment's failure policy. Off by default.
     pub fault_injection: FaultInjection,
-    /// TTFT deadlines, shedding (429) and priority classes (see [`crate::admission`]).
+    /// TTFT deadlines, shedding (429) and priority classes (`core/src/admission.rs`).
     pub admission: crate::admission::AdmissionConfig,
     /// Look-ahead on hot prefixes: when to place a shared prefix on one more worker on purpose.
     pub lookahead: crate::lookahead::LookaheadConfig,
-    /// Online calibration of the cost profiles (see [`crate::calib`]).
+    /// Online calibration of the cost profiles (`core/src/calib.rs`).
     pub calibration: crate::calib::CalibrationConfig,
 }
 
 /// Deliberate faults, for proving that traffic survives them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct FaultInjection {
     /// A request to exactly this path (which must start with `/kvroute/`) aborts the VM of the
     /// thread that handles it, as a bug would: the plugin's failure policy then decides what
     /// happens to traffic. Never set it where clients can reach the listener.
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = r"^/kvroute/[\s\S]")))]
     pub trap_path: Option<String>,
 }
 
 /// Trust in event knowledge delivered by the updater's snapshots.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct KnowledgeConfig {
     /// Event knowledge the updater has not confirmed for this long is ignored (the decision
     /// uses routing history and feedback only, counted as fallback `stale_events`).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_event_age_ms: u64,
     /// Routing-history and feedback observations older than a worker's last event by more
     /// than this are superseded by the event view.
@@ -115,9 +129,11 @@ impl KnowledgeConfig {
 
 /// Configuration of the singleton that pulls snapshots from the updater (bootstrap service).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotSyncConfig {
     /// Envoy cluster of the updater.
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub cluster: String,
     /// `:authority` sent to it.
     #[serde(default = "default_authority")]
@@ -131,9 +147,14 @@ pub struct SnapshotSyncConfig {
     /// in the bootstrap or in `/config_dump`.
     #[serde(default)]
     pub token_env: Option<String>,
+    /// Period (ms) of the singleton's tick: plain polling without the long poll, and the
+    /// retry after a failed snapshot call.
     #[serde(default = "default_interval")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub interval_ms: u64,
+    /// Timeout (ms) of one snapshot call (the long poll's wait is added to it).
     #[serde(default = "default_timeout")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub timeout_ms: u64,
     /// Model bundles (tokenizer + chat template) fetched from the updater into shared data,
     /// for models configured with `"bundle"`.
@@ -145,6 +166,7 @@ pub struct SnapshotSyncConfig {
     /// a failed call. 0: plain polling every `interval_ms`. Keep it well below
     /// `knowledge.max_event_age_ms` of the filter: an answer is what confirms the knowledge.
     #[serde(default = "default_long_poll")]
+    #[cfg_attr(feature = "schema", schemars(range(max = 30_000)))]
     pub long_poll_ms: u64,
     /// Cross-replica knowledge: report this replica's decisions, receive other replicas'.
     #[serde(default)]
@@ -229,14 +251,25 @@ impl Default for FilterConfig {
 
 /// A model's pool and how to tokenize and cost its requests.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// The `model` value clients send.
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub name: String,
     /// Worker endpoints, `ip:port`, exactly as they appear in the Envoy cluster.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(
+            length(min = 1),
+            extend("uniqueItems" = true),
+            inner(regex(pattern = r"^([0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9a-fA-F:.]+(%[0-9]+)?\]):[0-9]+$"))
+        )
+    )]
     pub workers: Vec<String>,
     /// The engine's KV block size in tokens.
     #[serde(default = "default_block_size")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 4096)))]
     pub block_size: u32,
     /// LoRA adapter name, part of the cache domain.
     #[serde(default)]
@@ -244,19 +277,24 @@ pub struct ModelConfig {
     /// LoRA adapters of this base model that clients may name as `model`: routed within this
     /// pool, hashed in the adapter's cache domain. Workers also report the adapters they load.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(inner(length(min = 1)), extend("uniqueItems" = true)))]
     pub adapters: Vec<String>,
     /// `tokenizer.json` content (object), inline. Absent (and no `bundle`): the built-in demo
     /// bundle.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<serde_json::Map<String, Value>>"))]
     pub tokenizer: Option<Value>,
     /// `tokenizer_config.json` content (object with `chat_template`, `bos_token`, ...).
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<serde_json::Map<String, Value>>"))]
     pub tokenizer_config: Option<Value>,
     /// The bundle distributed by the updater through shared data: `"updater"` (whatever
     /// fingerprint the updater names for this model) or a pinned 16-hex-digit fingerprint.
     /// Exclusive with the inline `tokenizer` / `tokenizer_config`.
     #[serde(default)]
     pub bundle: Option<BundleRef>,
+    /// The cost model's timing profile of this model's workers (the prior of online
+    /// calibration).
     #[serde(default)]
     pub profile: Profile,
     /// Default TTFT deadline (ms) of this model's requests without a deadline header or class
@@ -328,13 +366,20 @@ impl ModelConfig {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct IndexConfig {
+    /// Per-worker bound of the knowledge index (least recently used blocks go first).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_blocks_per_worker: usize,
+    /// How long a routing credit (a block predicted cached where a request was sent) counts.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub predicted_ttl_ms: u64,
+    /// How long a block confirmed by a response's cached-token count counts.
     pub feedback_ttl_ms: u64,
     /// Other Envoy replicas' routing credits (relayed by the updater) count this long: long
     /// enough for the worker's own KV events to arrive.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub peer_ttl_ms: u64,
 }
 

@@ -13,20 +13,27 @@ use crate::load::WorkerLoad;
 
 /// Per-model timing profile (milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Profile {
     /// Fixed cost of a prefill (scheduling, one forward pass floor).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub prefill_base_ms: f64,
     /// Linear prefill cost per uncached token.
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub prefill_ms_per_token: f64,
     /// Quadratic (attention) term per uncached token squared.
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub prefill_ms_per_token_sq: f64,
     /// Extra wait per request the worker is decoding (decode steps interleave with prefill).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub decode_interference_ms: f64,
     /// Cost of loading one cached token's KV from a lower tier (CPU, storage) to the GPU.
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub transfer_ms_per_token: f64,
     /// Cost of loading a LoRA adapter on a worker that has not loaded it (reading the weights
     /// and moving them to the GPU), paid by a request for that adapter before its prefill.
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub adapter_load_ms: f64,
 }
 
@@ -136,9 +143,14 @@ pub struct Score {
 
 /// How close two estimates must be to count as a tie (then the choice is random).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct TieBand {
+    /// Absolute width of the band (ms).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub abs_ms: f64,
+    /// Width of the band relative to the best estimate (0.05: 5 %).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub rel: f64,
 }
 

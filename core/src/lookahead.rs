@@ -26,19 +26,25 @@ use crate::cost::Score;
 
 /// Configuration of the look-ahead (`lookahead` in the filter config).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct LookaheadConfig {
     /// `false`: purely greedy decisions (no deliberate replication).
     pub enabled: bool,
     /// Arrivals over this past window are expected again over the next one (ms).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub horizon_ms: u64,
     /// Fewer expected arrivals than this: no look-ahead.
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub min_arrivals: f64,
     /// Expected arrivals are capped at this (a burst must not justify everything).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub max_arrivals: f64,
     /// Only prefixes of at least this many blocks are tracked.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub min_blocks: usize,
     /// Most prefixes remembered per thread; past it the coldest go.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_prefixes: usize,
 }
 

@@ -33,10 +33,14 @@ pub const MAX_ADAPTERS_PER_WORKER: usize = 1024;
 /// Bounds a decoder of snapshots and deltas enforces before allocating; configurable in the
 /// filter (`knowledge.decode_limits`) so an operator can size them to the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct DecodeLimits {
+    /// Workers listed in one snapshot or delta.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_workers: usize,
     /// Per worker and per list (GPU, offloaded, and each side of a delta).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_hashes_per_worker: usize,
     /// Models listed at the top of a snapshot or delta.
     pub max_models: usize,

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// What to do with a request whose deadline no worker's estimate meets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum MissPolicy {
     /// Answer 429 with `Retry-After` instead of queueing work that will miss anyway.
@@ -15,10 +16,12 @@ pub enum MissPolicy {
 
 /// One priority class.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ClassConfig {
     /// The header value that selects it (matched ignoring ASCII case); also the stats segment
     /// of its counters, so `[a-z0-9_]`, 1 to 32 characters.
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = r"^[a-z0-9_]{1,32}$")))]
     pub name: String,
     /// Default TTFT deadline (ms) of this class's requests without a deadline header; 0: the
     /// model's `ttft_deadline_ms`.
@@ -28,12 +31,14 @@ pub struct ClassConfig {
     /// the pool has more than this estimated wait (ms) before their prefill could start.
     /// Absent: never shed for saturation. `0`: only idle workers are good enough.
     #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub max_wait_ms: Option<f64>,
     /// How much a worker's queued work counts against it in this class's choice:
     /// `cost = ttft + (queue_weight - 1) * wait`. `1` ranks exactly as without classes; above
     /// 1 the class gives up cache hits on busy workers (where it would delay the work queued
     /// there) for less busy ones.
     #[serde(default = "one")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1.0)))]
     pub queue_weight: f64,
     /// Overrides `admission.on_deadline_miss` for this class.
     #[serde(default)]
@@ -46,22 +51,35 @@ fn one() -> f64 {
 
 /// Deadlines, shedding and priority classes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionConfig {
     /// Request header with the TTFT deadline in milliseconds (decimal digits; absent, `0` or
     /// anything else: the default of the class, then of the model). Not under `x-kvroute-` or
     /// `x-envoy-`: the shipped bootstrap strips client copies of those before the filter runs.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^(?!x-kvroute-|x-envoy-)[a-z0-9-]+$"))
+    )]
     pub deadline_header: String,
     /// Request header naming the priority class (unknown or garbage: `default_class`).
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^(?!x-kvroute-|x-envoy-)[a-z0-9-]+$"))
+    )]
     pub priority_header: String,
     /// Remove both headers before the request goes upstream (engines have no use for them).
     pub strip_headers: bool,
     /// What to do when no worker's estimate meets the deadline.
     pub on_deadline_miss: MissPolicy,
     /// Upper bound of the `Retry-After` seconds of a shed request (the lower bound is 1).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_retry_after_s: u32,
     /// The class of requests without a (known) priority header.
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = r"^[a-z0-9_]{1,32}$")))]
     pub default_class: String,
+    /// The priority classes (names unique; `default_class` must be one of them).
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub classes: Vec<ClassConfig>,
 }
 

@@ -59,22 +59,28 @@ pub const PARTS_HEADER: &str = "x-kvroute-bundle-parts";
 
 /// Bounds of what the singleton keeps and how it retries (the singleton's `bundles` section).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct BundleLimits {
     /// Fetch bundles from the updater at all.
     pub enabled: bool,
     /// How often the updater's bundle list is polled (a snapshot naming an unknown
     /// fingerprint polls it at once).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub list_interval_ms: u64,
     /// Timeout of one list or part request.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub timeout_ms: u64,
     /// Most distinct bundles kept in shared data (in use and retired together).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_bundles: usize,
     /// Most bytes of bundle parts kept in shared data.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_total_bytes: u64,
     /// How long a replaced bundle stays readable (threads still building from it).
     pub grace_ms: u64,
     /// First wait after a failed download; doubles with each failure of that bundle.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub retry_min_ms: u64,
     /// Longest wait between attempts.
     pub retry_max_ms: u64,

@@ -19,12 +19,15 @@ pub fn slot_key(seq: u64) -> String {
 
 /// Bounds on journal work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct JournalLimits {
     /// Most block hashes one entry carries: the prompt's first blocks (a prefix match needs
     /// the head of the chain; 2048 blocks are 32 k tokens at block size 16).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = crate::journal::MAX_HASHES)))]
     pub max_hashes_per_entry: usize,
     /// Most hashes a thread applies in one poll on the request path.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_hashes_per_poll: usize,
 }
 

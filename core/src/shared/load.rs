@@ -39,10 +39,12 @@ pub fn worker_key(worker: &str) -> u64 {
 
 /// Bounds of the load accounting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct LoadLimits {
     /// An in-flight entry stops counting this long after its request started. Set it above
     /// the longest request the route allows (its timeout, or the longest stream expected).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub lease_ms: u64,
     /// A shard not rewritten for this long is a dead thread's; each thread rewrites its own
     /// at least every tick.
@@ -50,6 +52,7 @@ pub struct LoadLimits {
     /// Only requests started this long before a worker's load report are expected in it.
     pub reconcile_slack_ms: u64,
     /// Most in-flight entries one thread tracks; past it the oldest go.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_inflight_per_thread: usize,
 }
 

@@ -47,19 +47,23 @@ pub fn replica_id<S: SharedStore + ?Sized>(store: &S, seed: u64) -> u64 {
 
 /// `snapshot_sync.peers`: how the singleton reports this replica's decisions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct PeerSyncConfig {
     /// Report decisions to the updater and ask for other replicas' (`peers=1`).
     pub enabled: bool,
     /// How often the singleton looks for new decisions and load changes (ms).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 1000)))]
     pub forward_ms: u64,
     /// Loads are re-sent at least this often while any is held, so they stay live at the
     /// updater (whose `--peer-load-ttl-ms` must be longer).
     pub heartbeat_ms: u64,
     /// Most hashes one report carries; more wait for the next report, and past four reports'
     /// worth the oldest are dropped (`kvroute.sync.peer_hashes_dropped`).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = crate::journal::MAX_HASHES)))]
     pub max_hashes_per_report: usize,
     /// Timeout of one report call (ms).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub timeout_ms: u64,
 }
 
