@@ -1,7 +1,8 @@
 //! Every plugin configuration shipped in the repository validates against its schema and is
 //! accepted by the parser: the Envoy bootstraps under `envoy/` (rendered as the tests render
-//! them) and every YAML file under `deploy/` (compose bootstraps, Istio `WasmPlugin` and
-//! `EnvoyFilter`, Envoy Gateway `EnvoyExtensionPolicy` and `EnvoyProxy`).
+//! them), every YAML file under `deploy/` (compose bootstraps, Istio `WasmPlugin` and
+//! `EnvoyFilter`, Envoy Gateway `EnvoyExtensionPolicy` and `EnvoyProxy`) and the README's JSON
+//! examples.
 
 use std::path::{Path, PathBuf};
 
@@ -145,6 +146,32 @@ fn all_configs() -> Vec<Found> {
             find(&file, &format!("doc{i}"), &v, &mut out);
         }
     }
+    out.extend(readme_configs());
+    out
+}
+
+/// The plugin configurations among the README's ```` ```json ```` blocks (a filter's: `models`
+/// whose entries list `workers`; a singleton's: `snapshot_sync`). Others (`/status`) are not.
+fn readme_configs() -> Vec<Found> {
+    let text = std::fs::read_to_string(paths::repo_root().join("README.md")).expect("README.md");
+    let mut out = Vec::new();
+    for (i, block) in text.split("```json\n").skip(1).enumerate() {
+        let body = block.split("\n```").next().unwrap_or_default();
+        let v: Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("README.md json block {i} is not JSON ({e}): {body}"));
+        let models = v.get("models").and_then(Value::as_array);
+        let filter = models.is_some_and(|m| m.iter().all(|x| x.get("workers").is_some()));
+        if filter || v.get("snapshot_sync").is_some() {
+            let kind = classify(&v);
+            out.push(Found {
+                file: "README.md".into(),
+                at: format!("json block {i}"),
+                kind,
+                config: v,
+                env_keys: Vec::new(),
+            });
+        }
+    }
     out
 }
 
@@ -179,6 +206,7 @@ fn every_plugin_configuration_in_the_repo_validates() {
         |file: &str, kind: Kind| found.iter().filter(|f| f.file == file && f.kind == kind).count();
     assert_eq!(count("envoy/kvroute.yaml", Kind::Filter), 1, "{found:#?}");
     assert_eq!(count("envoy/kvroute.yaml", Kind::Sync), 1, "{found:#?}");
+    assert!(count("README.md", Kind::Filter) >= 1, "the README's example is not found");
     let files: std::collections::BTreeSet<&str> = found.iter().map(|f| f.file.as_str()).collect();
     eprintln!("validated {} plugin configurations in {files:?}", found.len());
 }
