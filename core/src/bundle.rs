@@ -108,17 +108,11 @@ pub fn part(encoded: &[u8], i: usize) -> Option<&[u8]> {
 mod tests {
     use super::*;
 
-    fn files() -> BundleFiles {
-        BundleFiles { tokenizer_json: b"{\"a\":1}".to_vec(), tokenizer_config_json: b"{}".to_vec() }
-    }
+    use crate::conformance::shared_data::bundle_files_sample as files;
 
     #[test]
     fn round_trips_and_golden_bytes() {
-        let enc = files().encode();
-        assert_eq!(&enc[..5], b"KVRB\x01");
-        assert_eq!(&enc[5..9], &7u32.to_le_bytes());
-        assert_eq!(enc.len(), 5 + 4 + 7 + 4 + 2 + 8);
-        assert_eq!(BundleFiles::decode(&enc), Ok(files()));
+        crate::conformance::shared_data::bundle_files_golden();
     }
 
     #[test]

@@ -76,30 +76,14 @@ pub fn block_hashes(seed: u64, block_size: u32, tokens: &[u32]) -> Vec<u64> {
 mod tests {
     use super::*;
 
-    fn domain() -> CacheDomain {
-        CacheDomain {
-            model: "kvroute-demo".into(),
-            tokenizer_fingerprint: 0x0123_4567_89ab_cdef,
-            block_size: 4,
-            lora_name: None,
-            tenant_salt: None,
-        }
-    }
+    use crate::conformance::golden_domain as domain;
 
-    /// Golden vectors: these values are on the wire between updater and filter. If this test
-    /// fails, the hashing scheme changed: bump HASH_SCHEME_VERSION and update every peer.
+    /// Golden vectors: these values are on the wire between updater and filter (the check is
+    /// shared with the 32-bit wasm tests).
     #[test]
     fn golden_vectors() {
-        assert_eq!(domain().seed(), GOLDEN_SEED);
-        let hashes = block_hashes(domain().seed(), 4, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
-        assert_eq!(hashes, GOLDEN_CHAIN);
-        assert_eq!(block_hash(0, &[]), 0x2d06_8005_38d3_94c2);
-        assert_eq!(block_hash(1337, &[0, 1, 2, 3]), GOLDEN_1337);
+        crate::conformance::block_hashes_golden();
     }
-    // Cross-checked with the independent `xxhash` Python package (xxh3_64_intdigest).
-    const GOLDEN_SEED: u64 = 0xe735_d620_3948_18ce;
-    const GOLDEN_CHAIN: [u64; 2] = [0x72dd_b231_0eae_29a2, 0xbb7c_3e79_6b14_36c3];
-    const GOLDEN_1337: u64 = 0x7ee2_cbed_c694_ab46;
 
     #[test]
     fn only_full_blocks_are_hashed_and_chain_depends_on_parent() {

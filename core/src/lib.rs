@@ -29,12 +29,16 @@
 //! - [`metrics`]: reading an engine's `/metrics` (vLLM and SGLang names).
 //! - [`shared`]: the protocol over Envoy shared data (journal, load shards with leases,
 //!   snapshot head and delta ring), behind a small store trait with an in-memory fake.
+//! - `conformance` (tests and the `conformance` feature): golden checks of codecs, hashes,
+//!   token ids and cost ranking, run natively and as 32-bit wasm (`core/wasm-tests`).
 
 pub mod admission;
 pub mod audit;
 pub mod bundle;
 pub mod calib;
 pub mod config;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 pub mod cost;
 pub mod delta;
 pub mod error;

@@ -348,7 +348,8 @@ pub(crate) fn hashes(r: &mut Reader<'_>, limits: &DecodeLimits) -> Result<Vec<u6
     if n > limits.max_hashes_per_worker {
         return Err(SnapshotError::TooLarge(n));
     }
-    if r.remaining() < n * 8 {
+    // Divided, not multiplied: `n * 8` overflows a 32-bit `usize` under a large limit.
+    if r.remaining() / 8 < n {
         return Err(SnapshotError::Truncated);
     }
     (0..n).map(|_| r.u64().ok_or(SnapshotError::Truncated)).collect()
@@ -359,52 +360,16 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn sample() -> Snapshot {
-        Snapshot {
-            version: 3,
-            generated_at_ms: 1000,
-            models: vec![ModelInfo { name: "m".into(), fingerprint: 9, block_size: 16 }],
-            workers: vec![WorkerKnowledge {
-                worker: "127.0.0.1:8000".into(),
-                observed_at_ms: 999,
-                compatible: true,
-                gpu: vec![1, 2],
-                offloaded: vec![],
-                load: None,
-                model: "m".into(),
-                adapters: vec!["sql".into()],
-            }],
-            peers: None,
-        }
-    }
+    use crate::conformance::codecs::snapshot_sample as sample;
 
     #[test]
     fn golden_bytes() {
-        let mut want = b"KVRS\x03".to_vec();
-        want.extend_from_slice(&3u64.to_le_bytes());
-        want.extend_from_slice(&1000u64.to_le_bytes());
-        want.extend_from_slice(&1u16.to_le_bytes()); // one model
-        want.extend_from_slice(&1u16.to_le_bytes());
-        want.push(b'm');
-        want.extend_from_slice(&9u64.to_le_bytes());
-        want.extend_from_slice(&16u32.to_le_bytes());
-        want.extend_from_slice(&1u32.to_le_bytes()); // one worker
-        want.extend_from_slice(&14u16.to_le_bytes());
-        want.extend_from_slice(b"127.0.0.1:8000");
-        want.extend_from_slice(&999u64.to_le_bytes());
-        want.push(1);
-        want.push(0);
-        want.extend_from_slice(&1u16.to_le_bytes()); // its model
-        want.push(b'm');
-        want.extend_from_slice(&1u16.to_le_bytes()); // one adapter
-        want.extend_from_slice(&3u16.to_le_bytes());
-        want.extend_from_slice(b"sql");
-        want.extend_from_slice(&2u32.to_le_bytes());
-        want.extend_from_slice(&1u64.to_le_bytes());
-        want.extend_from_slice(&2u64.to_le_bytes());
-        want.extend_from_slice(&0u32.to_le_bytes());
-        assert_eq!(sample().encode(), want);
-        assert_eq!(Snapshot::decode(&want), Ok(sample()));
+        crate::conformance::codecs::snapshot_golden();
+    }
+
+    #[test]
+    fn hash_counts_past_the_32_bit_address_space_are_refused() {
+        crate::conformance::codecs::hash_counts_past_the_32_bit_address_space_are_refused();
     }
 
     #[test]

@@ -205,38 +205,7 @@ fn too_few_samples_or_another_prior_give_no_view() {
 
 #[test]
 fn golden_bytes() {
-    let mut st = ModelState::new(&Profile {
-        prefill_base_ms: 1.0,
-        prefill_ms_per_token: 0.5,
-        prefill_ms_per_token_sq: 0.0,
-        decode_interference_ms: 2.0,
-        ..Profile::default()
-    });
-    st.samples = 3;
-    st.workers.push(WorkerDev { worker: "a:1".into(), log_dev: 0.0, samples: 2 });
-    let bytes = st.encode();
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let f = |v: f64| v.to_le_bytes().iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let mut want = String::from("4b564301");
-    for v in [1.0, 0.5, 0.0, 2.0] {
-        want += &f(v);
-    }
-    want += "0300000000000000";
-    for _ in 0..15 {
-        want += &f(0.0);
-    }
-    for _ in 0..4 {
-        want += &f(1.0);
-    }
-    want += &f(super::estimator::INITIAL_SCALE);
-    want += "0100" /* one worker */;
-    want += "03613a31" /* "a:1" */;
-    want += &f(0.0);
-    want += "02000000";
-    assert_eq!(hex, want);
-    assert_eq!(bytes.len(), 4 + 8 * 4 + 8 + 8 * 20 + 2 + 4 + 8 + 4);
-    assert_eq!(hex[..24], *"4b564301000000000000f03f", "magic, version, prior base 1.0");
-    assert_eq!(ModelState::decode(&bytes), Ok(st));
+    crate::conformance::shared_data::calibration_state_golden();
 }
 
 #[test]

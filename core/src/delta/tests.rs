@@ -21,100 +21,12 @@ fn snap(version: u64, workers: Vec<WorkerKnowledge>) -> Snapshot {
 
 #[test]
 fn golden_bytes() {
-    let d = Delta {
-        peers: None,
-        from_version: 3,
-        to_version: 4,
-        generated_at_ms: 40,
-        models: None,
-        workers: vec![WorkerDelta {
-            worker: "w".into(),
-            observed_at_ms: 39,
-            compatible: true,
-            load: None,
-            reset: false,
-            model: None,
-            adapters: Some(vec!["sql".into()]),
-            gpu: SetChange { add: vec![7], remove: vec![5] },
-            offloaded: SetChange::default(),
-        }],
-    };
-    let mut want = b"KVRD\x02".to_vec();
-    for v in [3u64, 4, 40] {
-        want.extend_from_slice(&v.to_le_bytes());
-    }
-    want.push(0); // models unchanged
-    want.extend_from_slice(&1u32.to_le_bytes());
-    want.extend_from_slice(&1u16.to_le_bytes());
-    want.push(b'w');
-    want.extend_from_slice(&39u64.to_le_bytes());
-    want.extend_from_slice(&[1, 0]); // compatible, no load
-    want.push(4); // flags: no reset, no model, adapters follow
-    want.extend_from_slice(&1u16.to_le_bytes());
-    want.extend_from_slice(&3u16.to_le_bytes());
-    want.extend_from_slice(b"sql");
-    want.extend_from_slice(&1u32.to_le_bytes());
-    want.extend_from_slice(&5u64.to_le_bytes()); // gpu removed
-    want.extend_from_slice(&1u32.to_le_bytes());
-    want.extend_from_slice(&7u64.to_le_bytes()); // gpu added
-    want.extend_from_slice(&0u32.to_le_bytes());
-    want.extend_from_slice(&0u32.to_le_bytes());
-    assert_eq!(d.encode(), want);
-    assert_eq!(Delta::decode(&want), Ok(d));
-    assert!(is_delta(&want));
-    assert!(!is_delta(&snap(1, vec![]).encode()));
+    crate::conformance::codecs::delta_golden();
 }
 
 #[test]
 fn golden_bytes_with_models_and_a_new_worker() {
-    let d = Delta {
-        peers: None,
-        from_version: 1,
-        to_version: 2,
-        generated_at_ms: 5,
-        models: Some(vec![ModelInfo { name: "q".into(), fingerprint: 7, block_size: 32 }]),
-        workers: vec![WorkerDelta {
-            worker: "w".into(),
-            observed_at_ms: 0,
-            compatible: false,
-            load: None,
-            reset: true,
-            model: Some("q".into()),
-            adapters: Some(vec![]),
-            gpu: SetChange::default(),
-            offloaded: SetChange::default(),
-        }],
-    };
-    let mut want = b"KVRD\x02".to_vec();
-    for v in [1u64, 2, 5] {
-        want.extend_from_slice(&v.to_le_bytes());
-    }
-    want.push(1); // the model list follows
-    want.extend_from_slice(&1u16.to_le_bytes());
-    want.extend_from_slice(&1u16.to_le_bytes());
-    want.push(b'q');
-    want.extend_from_slice(&7u64.to_le_bytes());
-    want.extend_from_slice(&32u32.to_le_bytes());
-    want.extend_from_slice(&1u32.to_le_bytes());
-    want.extend_from_slice(&1u16.to_le_bytes());
-    want.push(b'w');
-    want.extend_from_slice(&0u64.to_le_bytes());
-    want.extend_from_slice(&[0, 0]); // incompatible, no load
-    want.push(1 | 2 | 4); // reset, model, adapters
-    want.extend_from_slice(&1u16.to_le_bytes());
-    want.push(b'q');
-    want.extend_from_slice(&0u16.to_le_bytes()); // no adapters
-    for _ in 0..4 {
-        want.extend_from_slice(&0u32.to_le_bytes());
-    }
-    assert_eq!(d.encode(), want);
-    assert_eq!(Delta::decode(&want), Ok(d));
-    // Unknown flag bits are refused.
-    let mut bad = want.clone();
-    let flags_at = want.len() - 16 - 2 - 1 - 2 - 1;
-    assert_eq!(bad[flags_at], 7);
-    bad[flags_at] = 0x17;
-    assert_eq!(Delta::decode(&bad), Err(DeltaError::Body(SnapshotError::Flags(0x17))));
+    crate::conformance::codecs::delta_golden_with_models_and_a_new_worker();
 }
 
 #[test]

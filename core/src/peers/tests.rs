@@ -30,39 +30,7 @@ fn section() -> PeerSection {
 
 #[test]
 fn report_golden_bytes() {
-    let r = PeerReport {
-        replica: 7,
-        seq: 3,
-        loads: vec![load(7, 9, 0, 1)],
-        credits: vec![credit(7, "w", 5, &[1])],
-    };
-    let mut want = b"KVRP\x01".to_vec();
-    want.extend_from_slice(&7u64.to_le_bytes());
-    want.extend_from_slice(&3u64.to_le_bytes());
-    want.extend_from_slice(&1u32.to_le_bytes()); // one load
-    for v in [7u64, 9, 0] {
-        want.extend_from_slice(&v.to_le_bytes());
-    }
-    want.extend_from_slice(&2u32.to_le_bytes());
-    want.extend_from_slice(&1u32.to_le_bytes());
-    want.extend_from_slice(&100u64.to_le_bytes());
-    want.extend_from_slice(&1u32.to_le_bytes()); // one credit
-    want.extend_from_slice(&7u64.to_le_bytes());
-    want.extend_from_slice(&1u16.to_le_bytes());
-    want.push(b'w');
-    want.extend_from_slice(&5u64.to_le_bytes());
-    want.extend_from_slice(&1u32.to_le_bytes());
-    want.extend_from_slice(&1u64.to_le_bytes());
-    assert_eq!(r.encode(), want);
-    assert_eq!(PeerReport::decode_with(&want, &DecodeLimits::default()), Ok(r));
-    for n in 0..want.len() {
-        assert!(PeerReport::decode_with(&want[..n], &DecodeLimits::default()).is_err());
-    }
-    let mut bad = want.clone();
-    bad[4] = 2;
-    assert_eq!(PeerReport::decode_with(&bad, &DecodeLimits::default()), Err(PeerError::Format(2)));
-    let tight = DecodeLimits { max_hashes_per_worker: 0, ..DecodeLimits::default() };
-    assert!(PeerReport::decode_with(&want, &tight).is_err(), "hashes per credit are bounded");
+    crate::conformance::codecs::peer_report_golden();
 }
 
 #[test]

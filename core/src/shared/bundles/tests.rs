@@ -141,29 +141,12 @@ fn non_empty_parts(store: &MemStore) -> Vec<String> {
 
 #[test]
 fn manifest_round_trips_and_rejects_garbage() {
-    let m = Manifest {
-        generation: 7,
-        models: vec![Published {
-            model: "qwen3".into(),
-            fingerprint: 0xabc,
-            parts: 11,
-            bytes: 11 << 20,
-        }],
-        retired: vec![Retired { fingerprint: 0xdef, parts: 1, bytes: 10, since_ms: 5 }],
-    };
-    let enc = m.encode();
-    assert_eq!(&enc[..5], b"KVRM\x01");
-    assert_eq!(Manifest::decode(&enc), Ok(m.clone()));
-    for cut in 0..enc.len() {
-        assert!(Manifest::decode(&enc[..cut]).is_err(), "cut at {cut}");
-    }
-    let mut longer = enc.clone();
-    longer.push(0);
-    assert_eq!(Manifest::decode(&longer), Err(ManifestError::Trailing));
-    let mut bad_size = m.clone();
-    bad_size.models[0].parts = 3;
-    assert!(Manifest::decode(&bad_size.encode()).is_err(), "parts must fit bytes");
-    assert_eq!(m.stored_bytes(), (11 << 20) + 10);
+    crate::conformance::shared_data::manifest_round_trips_and_rejects_garbage();
+}
+
+#[test]
+fn bundle_sizes_past_4_gib_are_refused() {
+    crate::conformance::shared_data::bundle_sizes_past_4_gib_are_refused();
 }
 
 #[test]

@@ -145,20 +145,5 @@ fn decode_limits_bound_what_is_accepted() {
 
 #[test]
 fn head_round_trips_and_rejects_truncation() {
-    let h = Head {
-        version: 9,
-        checked_at_ms: 1234,
-        full_version: 7,
-        ring: vec![RingEntry { slot: 3, from: 7, to: 8 }, RingEntry { slot: 4, from: 8, to: 9 }],
-    };
-    let b = h.encode();
-    assert_eq!(Head::decode(&b), Some(h.clone()));
-    for n in 0..b.len() {
-        assert_eq!(Head::decode(&b[..n]), None);
-    }
-    let mut long = b.clone();
-    long.push(0);
-    assert_eq!(Head::decode(&long), None);
-    assert_eq!(h.next_after(7).map(|e| e.slot), Some(3));
-    assert_eq!(h.next_after(9), None);
+    crate::conformance::shared_data::head_round_trips_and_rejects_truncation();
 }

@@ -1,0 +1,238 @@
+//! Golden bytes of the knowledge codecs (updater → Envoy and between Envoy threads): a journal
+//! entry, a snapshot, two deltas and a peer report, each encoded to the exact bytes and decoded
+//! back; and counts a 32-bit decoder cannot hold, refused instead of overflowing.
+
+use crate::delta::{is_delta, Delta, DeltaError, SetChange, WorkerDelta};
+use crate::index::Source;
+use crate::journal::JournalEntry;
+use crate::peers::{PeerCredit, PeerError, PeerLoad, PeerReport};
+use crate::snapshot::{DecodeLimits, ModelInfo, Snapshot, SnapshotError, WorkerKnowledge};
+
+/// The journal entry of the golden bytes.
+pub fn journal_sample() -> JournalEntry {
+    JournalEntry {
+        seq: 7,
+        at_ms: 1000,
+        source: Source::Routed,
+        worker: "127.0.0.1:8001".into(),
+        hashes: vec![1, u64::MAX],
+        retract: false,
+    }
+}
+
+pub fn journal_golden() {
+    let bytes = journal_sample().encode();
+    let mut want = vec![1u8, 7, 0, 0, 0, 0, 0, 0, 0, 0xe8, 3, 0, 0, 0, 0, 0, 0, 1, 14];
+    want.extend_from_slice(b"127.0.0.1:8001");
+    want.extend_from_slice(&[2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+    want.extend_from_slice(&[0xff; 8]);
+    assert_eq!(bytes, want);
+    assert_eq!(JournalEntry::decode(&bytes), Ok(journal_sample()));
+    let retract = JournalEntry { retract: true, ..journal_sample() };
+    let b = retract.encode();
+    assert_eq!(b[17], 0x81);
+    assert_eq!(JournalEntry::decode(&b), Ok(retract));
+}
+
+/// The snapshot of the golden bytes.
+pub fn snapshot_sample() -> Snapshot {
+    Snapshot {
+        version: 3,
+        generated_at_ms: 1000,
+        models: vec![ModelInfo { name: "m".into(), fingerprint: 9, block_size: 16 }],
+        workers: vec![WorkerKnowledge {
+            worker: "127.0.0.1:8000".into(),
+            observed_at_ms: 999,
+            compatible: true,
+            gpu: vec![1, 2],
+            offloaded: vec![],
+            load: None,
+            model: "m".into(),
+            adapters: vec!["sql".into()],
+        }],
+        peers: None,
+    }
+}
+
+pub fn snapshot_golden() {
+    let mut want = b"KVRS\x03".to_vec();
+    want.extend_from_slice(&3u64.to_le_bytes());
+    want.extend_from_slice(&1000u64.to_le_bytes());
+    want.extend_from_slice(&1u16.to_le_bytes()); // one model
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'm');
+    want.extend_from_slice(&9u64.to_le_bytes());
+    want.extend_from_slice(&16u32.to_le_bytes());
+    want.extend_from_slice(&1u32.to_le_bytes()); // one worker
+    want.extend_from_slice(&14u16.to_le_bytes());
+    want.extend_from_slice(b"127.0.0.1:8000");
+    want.extend_from_slice(&999u64.to_le_bytes());
+    want.push(1);
+    want.push(0);
+    want.extend_from_slice(&1u16.to_le_bytes()); // its model
+    want.push(b'm');
+    want.extend_from_slice(&1u16.to_le_bytes()); // one adapter
+    want.extend_from_slice(&3u16.to_le_bytes());
+    want.extend_from_slice(b"sql");
+    want.extend_from_slice(&2u32.to_le_bytes());
+    want.extend_from_slice(&1u64.to_le_bytes());
+    want.extend_from_slice(&2u64.to_le_bytes());
+    want.extend_from_slice(&0u32.to_le_bytes());
+    assert_eq!(snapshot_sample().encode(), want);
+    assert_eq!(Snapshot::decode(&want), Ok(snapshot_sample()));
+}
+
+pub fn delta_golden() {
+    let d = Delta {
+        peers: None,
+        from_version: 3,
+        to_version: 4,
+        generated_at_ms: 40,
+        models: None,
+        workers: vec![WorkerDelta {
+            worker: "w".into(),
+            observed_at_ms: 39,
+            compatible: true,
+            load: None,
+            reset: false,
+            model: None,
+            adapters: Some(vec!["sql".into()]),
+            gpu: SetChange { add: vec![7], remove: vec![5] },
+            offloaded: SetChange::default(),
+        }],
+    };
+    let mut want = b"KVRD\x02".to_vec();
+    for v in [3u64, 4, 40] {
+        want.extend_from_slice(&v.to_le_bytes());
+    }
+    want.push(0); // models unchanged
+    want.extend_from_slice(&1u32.to_le_bytes());
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'w');
+    want.extend_from_slice(&39u64.to_le_bytes());
+    want.extend_from_slice(&[1, 0]); // compatible, no load
+    want.push(4); // flags: no reset, no model, adapters follow
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.extend_from_slice(&3u16.to_le_bytes());
+    want.extend_from_slice(b"sql");
+    want.extend_from_slice(&1u32.to_le_bytes());
+    want.extend_from_slice(&5u64.to_le_bytes()); // gpu removed
+    want.extend_from_slice(&1u32.to_le_bytes());
+    want.extend_from_slice(&7u64.to_le_bytes()); // gpu added
+    want.extend_from_slice(&0u32.to_le_bytes());
+    want.extend_from_slice(&0u32.to_le_bytes());
+    assert_eq!(d.encode(), want);
+    assert_eq!(Delta::decode(&want), Ok(d));
+    assert!(is_delta(&want));
+    assert!(!is_delta(&Snapshot { version: 1, ..Snapshot::default() }.encode()));
+}
+
+pub fn delta_golden_with_models_and_a_new_worker() {
+    let d = Delta {
+        peers: None,
+        from_version: 1,
+        to_version: 2,
+        generated_at_ms: 5,
+        models: Some(vec![ModelInfo { name: "q".into(), fingerprint: 7, block_size: 32 }]),
+        workers: vec![WorkerDelta {
+            worker: "w".into(),
+            observed_at_ms: 0,
+            compatible: false,
+            load: None,
+            reset: true,
+            model: Some("q".into()),
+            adapters: Some(vec![]),
+            gpu: SetChange::default(),
+            offloaded: SetChange::default(),
+        }],
+    };
+    let mut want = b"KVRD\x02".to_vec();
+    for v in [1u64, 2, 5] {
+        want.extend_from_slice(&v.to_le_bytes());
+    }
+    want.push(1); // the model list follows
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'q');
+    want.extend_from_slice(&7u64.to_le_bytes());
+    want.extend_from_slice(&32u32.to_le_bytes());
+    want.extend_from_slice(&1u32.to_le_bytes());
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'w');
+    want.extend_from_slice(&0u64.to_le_bytes());
+    want.extend_from_slice(&[0, 0]); // incompatible, no load
+    want.push(1 | 2 | 4); // reset, model, adapters
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'q');
+    want.extend_from_slice(&0u16.to_le_bytes()); // no adapters
+    for _ in 0..4 {
+        want.extend_from_slice(&0u32.to_le_bytes());
+    }
+    assert_eq!(d.encode(), want);
+    assert_eq!(Delta::decode(&want), Ok(d));
+    // Unknown flag bits are refused.
+    let mut bad = want.clone();
+    let flags_at = want.len() - 16 - 2 - 1 - 2 - 1;
+    assert_eq!(bad[flags_at], 7);
+    bad[flags_at] = 0x17;
+    assert_eq!(Delta::decode(&bad), Err(DeltaError::Body(SnapshotError::Flags(0x17))));
+}
+
+pub fn peer_report_golden() {
+    let r = PeerReport {
+        replica: 7,
+        seq: 3,
+        loads: vec![PeerLoad {
+            replica: 7,
+            worker_key: 9,
+            at_ms: 0,
+            inflight: 2,
+            prefilling: 1,
+            prefill_tokens: 100,
+        }],
+        credits: vec![PeerCredit { replica: 7, worker: "w".into(), at_ms: 5, hashes: vec![1] }],
+    };
+    let mut want = b"KVRP\x01".to_vec();
+    want.extend_from_slice(&7u64.to_le_bytes());
+    want.extend_from_slice(&3u64.to_le_bytes());
+    want.extend_from_slice(&1u32.to_le_bytes()); // one load
+    for v in [7u64, 9, 0] {
+        want.extend_from_slice(&v.to_le_bytes());
+    }
+    want.extend_from_slice(&2u32.to_le_bytes());
+    want.extend_from_slice(&1u32.to_le_bytes());
+    want.extend_from_slice(&100u64.to_le_bytes());
+    want.extend_from_slice(&1u32.to_le_bytes()); // one credit
+    want.extend_from_slice(&7u64.to_le_bytes());
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'w');
+    want.extend_from_slice(&5u64.to_le_bytes());
+    want.extend_from_slice(&1u32.to_le_bytes());
+    want.extend_from_slice(&1u64.to_le_bytes());
+    let limits = DecodeLimits::default();
+    assert_eq!(r.encode(), want);
+    assert_eq!(PeerReport::decode_with(&want, &limits), Ok(r));
+    for n in 0..want.len() {
+        assert!(PeerReport::decode_with(&want[..n], &limits).is_err());
+    }
+    let mut bad = want.clone();
+    bad[4] = 2;
+    assert_eq!(PeerReport::decode_with(&bad, &limits), Err(PeerError::Format(2)));
+    let tight = DecodeLimits { max_hashes_per_worker: 0, ..limits };
+    assert!(PeerReport::decode_with(&want, &tight).is_err(), "hashes per credit are bounded");
+}
+
+/// A hash count whose size in bytes (`count * 8`) is past `usize::MAX` on a 32-bit target
+/// (0x2000_0001 * 8 wraps to 8 there), under limits an operator may set as high as they like,
+/// is refused as truncated: never an arithmetic overflow (a panic in a debug build, a wrapped
+/// size check in a release one).
+pub fn hash_counts_past_the_32_bit_address_space_are_refused() {
+    let unbounded = DecodeLimits { max_hashes_per_worker: usize::MAX, ..DecodeLimits::default() };
+    let mut bytes = snapshot_sample().encode();
+    // The first worker's GPU hash count: two hashes then an empty offloaded list end the payload.
+    let at = bytes.len() - 4 - 2 * 8 - 4;
+    assert_eq!(bytes[at..at + 4], 2u32.to_le_bytes());
+    bytes[at..at + 4].copy_from_slice(&0x2000_0001u32.to_le_bytes());
+    assert_eq!(Snapshot::decode_with(&bytes, &unbounded), Err(SnapshotError::Truncated));
+    assert_eq!(Snapshot::decode(&bytes), Err(SnapshotError::TooLarge(0x2000_0001)));
+}

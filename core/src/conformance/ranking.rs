@@ -1,0 +1,109 @@
+//! Cost ranking, bit for bit: a [`Router`] with the demo bundle and a profile whose numbers are
+//! not round ranks four workers (one holds the whole prompt but is busy with prefill done in
+//! part, one holds half of it, one is idle, one is decoding) for a fixed chat request. The
+//! order, the cached and uncached tokens and every float of every estimate (wait, prefill,
+//! TTFT) must equal the values computed on the host, to the last bit.
+
+use serde_json::json;
+
+use crate::config::FilterConfig;
+use crate::index::Source;
+use crate::load::WorkerLoad;
+use crate::request::{parse, Endpoint};
+use crate::router::Router;
+
+const WORKERS: [&str; 4] = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"];
+
+/// The router of the scenario.
+pub fn scenario_router() -> Router {
+    let cfg = json!({
+        "models": [{"name": "m", "workers": WORKERS, "block_size": 16, "profile": {
+            "prefill_base_ms": 3.7,
+            "prefill_ms_per_token": 0.0417,
+            "prefill_ms_per_token_sq": 3.3e-7,
+            "decode_interference_ms": 0.61,
+            "transfer_ms_per_token": 0.0031,
+            "adapter_load_ms": 180.0
+        }}],
+        "tie_band": {"abs_ms": 0.0, "rel": 0.0}
+    });
+    let cfg = FilterConfig::from_json(cfg.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("scenario config: {e}"));
+    Router::new(&cfg).unwrap_or_else(|e| panic!("scenario router: {e}"))
+}
+
+fn load(w: &str) -> WorkerLoad {
+    let (inflight_requests, prefilling_requests, prefill_tokens, prefill_elapsed_ms) = match w {
+        "127.0.0.1:1" => (6, 2, 900, 13),
+        "127.0.0.1:2" => (3, 1, 700, 0),
+        "127.0.0.1:4" => (9, 0, 0, 0),
+        _ => (0, 0, 0, 0),
+    };
+    WorkerLoad { inflight_requests, prefilling_requests, prefill_tokens, prefill_elapsed_ms }
+}
+
+/// One ranked worker: name, cached and uncached tokens, and the bits of its wait, prefill and
+/// TTFT estimates (ms).
+type Ranked = (&'static str, u64, u64, [u64; 3]);
+
+// Computed on x86_64 (the decimal values in the comments are for reading only): the holder
+// of the whole prefix wins although busy, the idle worker follows, the half holder comes last.
+const PROMPT_TOKENS: u64 = 895;
+const GOLDEN: [Ranked; 4] = [
+    // wait 34.4013, prefill 4.32557425, TTFT 38.72687425
+    ("127.0.0.1:1", 880, 15, [0x4041335dcc63f141, 0x40114d635610adcd, 0x40435d0a372606fb]),
+    // wait 0.0, prefill 41.285838250000005, TTFT 41.285838250000005
+    ("127.0.0.1:3", 0, 895, [0x0000000000000000, 0x4044a4965907d913, 0x4044a4965907d913]),
+    // wait 5.49, prefill 41.285838250000005, TTFT 46.77583825000001
+    ("127.0.0.1:4", 0, 895, [0x4015f5c28f5c28f6, 0x4044a4965907d913, 0x4047634eaaf35e32]),
+    // wait 34.11, prefill 23.077841770000003, TTFT 57.187841770000006
+    ("127.0.0.1:2", 432, 463, [0x40410e147ae147ae, 0x403713ed703069ab, 0x404c980b32f97c84]),
+];
+
+/// The ranking of the scenario: what the router decides.
+pub fn scenario_ranking() -> (u64, Vec<Ranked>) {
+    let mut r = scenario_router();
+    let text = "the quick brown fox jumps over the lazy dog and keeps running far away ".repeat(20);
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+    let q = parse(Endpoint::Chat, body.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("scenario request: {e}"));
+    let first =
+        r.decide(&q, 0, &|_| WorkerLoad::default(), 0, 0).unwrap_or_else(|e| panic!("{e:?}"));
+    let hashes = &first.block_hashes;
+    r.observe(WORKERS[0], hashes, Source::Routed, 100);
+    r.observe(WORKERS[1], &hashes[..hashes.len() / 2], Source::Feedback, 100);
+    let d = r.decide(&q, 0, &load, 200, 0).unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(d.fallback, None);
+    let leak = |w: &str| WORKERS.iter().find(|k| **k == w).copied().unwrap_or("?");
+    let ranked = d
+        .ranked
+        .iter()
+        .map(|s| {
+            let bits = [s.wait_ms.to_bits(), s.prefill_ms.to_bits(), s.ttft_ms.to_bits()];
+            (leak(&s.worker), s.cached_tokens, s.uncached_tokens, bits)
+        })
+        .collect();
+    (d.prompt_tokens, ranked)
+}
+
+pub fn ranking_golden() {
+    let (prompt_tokens, ranked) = scenario_ranking();
+    let show = |r: &[Ranked]| {
+        r.iter()
+            .map(|(w, c, u, b)| {
+                format!("{w} cached {c} uncached {u} ms {:?}", b.map(f64::from_bits))
+            })
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    };
+    assert_eq!(prompt_tokens, PROMPT_TOKENS);
+    assert_eq!(ranked, GOLDEN, "got:\n  {}\nwant:\n  {}", show(&ranked), show(&GOLDEN));
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ranking_golden() {
+        super::ranking_golden();
+    }
+}
