@@ -209,7 +209,7 @@ fn addresses_ports_header_and_token_agree() {
     // Published ports: loopback only, and the ones the bootstrap and the updater listen on.
     demo.assert_published("envoy", &[boot.listener_port(), boot.admin_port()]);
     demo.assert_published("updater", &[listen.port()]);
-    demo.assert_fixed_addresses_outside_the_dynamic_range();
+    demo.assert_fixed_addresses();
 }
 
 #[test]

@@ -205,26 +205,25 @@ impl<'a> Demo<'a> {
         assert_eq!(inside, ports, "{service}: published ports");
     }
 
-    /// Fixed addresses in the subnet, below the range Docker assigns from.
-    pub fn assert_fixed_addresses_outside_the_dynamic_range(&self) {
-        let ipam = &self.c.doc["networks"]["kvroute"]["ipam"]["config"][0];
-        let net = |k: &str| -> (u32, u32) {
-            let s = ipam[k].as_str().unwrap_or_else(|| panic!("ipam {k}"));
-            let (ip, bits) = s.split_once('/').unwrap();
-            let ip: std::net::Ipv4Addr = ip.parse().unwrap();
-            let mask = u32::MAX << (32 - bits.parse::<u32>().unwrap());
-            (u32::from(ip) & mask, mask)
-        };
-        let (subnet, smask) = net("subnet");
-        let (range, rmask) = net("ip_range");
+    /// Every service on the network has a fixed address of its own in the subnet, none the
+    /// network's, gateway's (the first) or broadcast address, and nothing is left to Docker's
+    /// allocator (which could hand a fixed address to whoever starts first).
+    pub fn assert_fixed_addresses(&self) {
+        let subnet = self.c.doc["networks"]["kvroute"]["ipam"]["config"][0]["subnet"].as_str();
+        let (ip, bits) = subnet.expect("a fixed subnet").split_once('/').unwrap();
+        let net = u32::from(ip.parse::<std::net::Ipv4Addr>().unwrap());
+        let mask = u32::MAX << (32 - bits.parse::<u32>().unwrap());
+        let mut seen = std::collections::BTreeSet::new();
         for name in self.c.service_names() {
-            if self.c.service(&name)["networks"]["kvroute"]["ipv4_address"].is_null() {
+            let s = self.c.service(&name);
+            if s["network_mode"].as_str() == Some("none") {
                 continue;
             }
-            let ip: std::net::Ipv4Addr = self.c.ipv4(&name).parse().unwrap();
-            let ip = u32::from(ip);
-            assert_eq!(ip & smask, subnet, "{name}: outside the subnet");
-            assert_ne!(ip & rmask, range, "{name}: inside the dynamic ip_range");
+            let ip = u32::from(self.c.ipv4(&name).parse::<std::net::Ipv4Addr>().unwrap());
+            assert_eq!(ip & mask, net & mask, "{name}: outside the subnet");
+            let host = ip & !mask;
+            assert!(host > 1 && host < !mask, "{name}: network, gateway or broadcast address");
+            assert!(seen.insert(ip), "{name}: an address already taken");
         }
     }
 }
