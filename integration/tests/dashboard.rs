@@ -136,7 +136,7 @@ async fn every_panel_metric_exists_in_the_real_scrapes() {
     .await
     .unwrap();
 
-    let statuses = dashboard::traffic(&stack, 3, 3).await.unwrap();
+    let statuses = dashboard::traffic(&stack, 13, 3, 3).await.unwrap();
     // Nine chat turns, a malformed body (refused by the filter), a batch prompt (a fallback).
     assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 200, 200, 200, 400, 200]);
 

@@ -3,7 +3,9 @@
 //! metric names a scrape offers, and the demo traffic that makes every panel show something.
 //! The dashboard test (`tests/dashboard.rs`) and `kvroute-dashboard-render` share all of it.
 
+pub mod prometheus;
 pub mod promql;
+pub mod svg;
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
@@ -194,11 +196,13 @@ pub fn scrape_names(text: &str) -> anyhow::Result<BTreeSet<String>> {
         .collect())
 }
 
-/// Demo traffic for the dashboard: `conversations` conversations of `turns` turns each (later
-/// turns share the earlier ones' prefix, so hits, misses and audits all happen), then one
-/// malformed request (a rejection) and one batch prompt (a fallback). Returns the statuses.
+/// Demo traffic for the dashboard: `conversations` conversations (made from `seed`) of `turns`
+/// turns each (later turns share the earlier ones' prefix, so hits, misses and audits all
+/// happen), then one malformed request (a rejection) and one batch prompt (a fallback).
+/// Returns the statuses.
 pub async fn traffic(
     stack: &Stack,
+    seed: u64,
     conversations: usize,
     turns: usize,
 ) -> anyhow::Result<Vec<u16>> {
@@ -206,7 +210,7 @@ pub async fn traffic(
     let url = stack.base_url();
     let mut statuses = Vec::new();
     let convs: Vec<Conversation> =
-        (0..conversations).map(|i| Conversation::new(13, i, 120, 12, turns)).collect();
+        (0..conversations).map(|i| Conversation::new(seed, i, 120, 12, turns)).collect();
     for turn in 0..turns {
         for c in &convs {
             let r = client::chat(&http, &url, &c.body(MODEL, turn, 4, turn % 2 == 1)).await?;
