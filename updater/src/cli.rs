@@ -41,14 +41,14 @@ pub struct Args {
     /// A served model: `NAME=DIR` (a Hugging Face style directory with `tokenizer.json` and
     /// `tokenizer_config.json`) or a bare `NAME` (the built-in demo bundle). Repeat per model.
     /// A worker's model is its `/v1/models` base model; one not given here is incompatible.
-    #[arg(long = "model", default_value = defaults::MODEL)]
+    #[arg(long = "model", value_name = "NAME[=DIR]", default_value = defaults::MODEL)]
     pub models: Vec<ModelSpec>,
     /// The KV block size every model's workers must announce (else learned per model from the
     /// first compatible worker).
     #[arg(long)]
     pub block_size: Option<u32>,
     /// `NAME=BLOCK_SIZE`: the block size of one model's workers (overrides --block-size).
-    #[arg(long = "model-block-size", value_parser = parse_block_size)]
+    #[arg(long = "model-block-size", value_name = "NAME=BLOCK_SIZE", value_parser = parse_block_size)]
     pub model_block_sizes: Vec<(String, u32)>,
     /// Most LoRA adapters published per worker (the first by name).
     #[arg(long, default_value_t = defaults::MAX_ADAPTERS_PER_WORKER)]
@@ -118,7 +118,7 @@ pub struct Args {
     /// [[workers]] in the config file). A worker given without an events endpoint is followed
     /// for load, adapters and alignment only (an engine without KV events, or an evaluation
     /// that withholds them).
-    #[arg(long = "worker", value_parser = parse_worker)]
+    #[arg(long = "worker", value_name = "HTTP[,EVENTS[,REPLAY]]", value_parser = parse_worker)]
     pub workers: Vec<WorkerEntry>,
 }
 
