@@ -105,3 +105,11 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("wrote {}", out.display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn help_is_complete() {
+        kvroute_integration::help::assert_complete(<super::Args as clap::CommandFactory>::command());
+    }
+}
