@@ -1,5 +1,6 @@
 //! `--help` completeness of the project's binaries: every binary says what it is, every argument
-//! what it is for. Each binary's tests call [`assert_complete`] on its clap command.
+//! what it is for. Each binary ends with [`crate::help_test!`], a test calling [`assert_complete`] on its
+//! clap command.
 
 use clap::Command;
 
@@ -28,6 +29,26 @@ pub fn assert_complete(cmd: Command) {
     cmd.clone().debug_assert();
     let missing = missing(&cmd);
     assert!(missing.is_empty(), "{} --help is incomplete: {missing:?}", cmd.get_name());
+}
+
+/// [`assert_complete`] on the command of clap parser `P`.
+pub fn assert_parser_complete<P: clap::CommandFactory>() {
+    assert_complete(P::command());
+}
+
+/// A binary's test that its `--help` is complete: `kvroute_integration::help_test!(Args);` at the
+/// end of the binary's file, `Args` being its clap parser.
+#[macro_export]
+macro_rules! help_test {
+    ($args:ident) => {
+        #[cfg(test)]
+        mod help_test {
+            #[test]
+            fn help_is_complete() {
+                $crate::help::assert_parser_complete::<super::$args>();
+            }
+        }
+    };
 }
 
 #[cfg(test)]

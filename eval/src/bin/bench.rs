@@ -350,10 +350,4 @@ fn rerender(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn help_is_complete() {
-        kvroute_integration::help::assert_complete(<super::Args as clap::CommandFactory>::command());
-    }
-}
+kvroute_integration::help_test!(Args);

@@ -106,10 +106,4 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn help_is_complete() {
-        kvroute_integration::help::assert_complete(<super::Args as clap::CommandFactory>::command());
-    }
-}
+kvroute_integration::help_test!(Args);

@@ -139,10 +139,4 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn help_is_complete() {
-        kvroute_integration::help::assert_complete(<super::Args as clap::CommandFactory>::command());
-    }
-}
+kvroute_integration::help_test!(Args);
