@@ -116,11 +116,7 @@ impl Drop for Running {
 /// aborting it closes the listener and all open connections at once, like a crashed process.
 async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
     let mut conns = tokio::task::JoinSet::new();
-    while let Ok((stream, _)) = listener.accept().await {
-        // Like vLLM's server (asyncio sets TCP_NODELAY on every connection): with Nagle on, a
-        // streamed first token written after the headers waits for the peer's delayed ACK
-        // (~40 ms on Linux), which clients and Envoy would see as time to first token.
-        let _ = stream.set_nodelay(true);
+    while let Ok(stream) = accept(&listener).await {
         let svc = hyper_util::service::TowerToHyperService::new(app.clone());
         conns.spawn(async move {
             let io = hyper_util::rt::TokioIo::new(stream);
@@ -128,6 +124,16 @@ async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
         });
         while conns.try_join_next().is_some() {}
     }
+}
+
+/// The next connection, with TCP_NODELAY set like vLLM's server (asyncio sets it on every
+/// connection): with Nagle on, a streamed first token written after the headers waits for the
+/// peer's delayed ACK (~40 ms on Linux), which clients and Envoy would see as time to first
+/// token, and the router's online calibration would learn as prefill cost.
+async fn accept(listener: &tokio::net::TcpListener) -> std::io::Result<tokio::net::TcpStream> {
+    let (stream, _) = listener.accept().await?;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
 }
 
 /// A worker that can be crashed and restarted.
@@ -292,4 +298,17 @@ async fn bind_retrying<S: Socket>(
 
 fn endpoint_port(ep: &str) -> Option<u16> {
     ep.rsplit(':').next()?.trim_end_matches('/').parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn accepted_connections_write_small_chunks_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::spawn(tokio::net::TcpStream::connect(addr));
+        let stream = super::accept(&listener).await.unwrap();
+        assert!(stream.nodelay().unwrap(), "Nagle's algorithm would hold a streamed first token");
+        drop(client.await.unwrap().unwrap());
+    }
 }
