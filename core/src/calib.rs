@@ -6,10 +6,12 @@
 //!
 //! ```text
 //! ttft - transfer - adapter = base · (1 + prefilling)        + per_token · (uncached + queued)
-//!                           + per_token_sq · uncached²        + interference · decoding
+//!                           + per_token_sq · (uncached · (2 · cached + uncached) + queued²)
+//!                           + interference · decoding
 //! ```
 //!
-//! ([`crate::cost::Profile::wait_ms`] + [`crate::cost::Profile::prefill_ms`]). The
+//! where `queued²` is the sum of the queued prompts' squares ([`crate::cost::Profile::wait_ms`]
+//! + [`crate::cost::Profile::prefill_with_context_ms`]). The
 //! [`estimator`] fits the four coefficients by weighted least squares with exponential
 //! forgetting, in units relative to the configured profile (the prior, kept as a ridge of
 //! `prior_weight` pseudo-observations) and on relative errors (each sample is divided by the
@@ -146,6 +148,8 @@ pub struct Sample {
     pub worker: String,
     /// Uncached tokens the decision charged the worker with.
     pub uncached_tokens: u64,
+    /// Prompt tokens the decision took as cached there (their attention still costs).
+    pub cached_tokens: u64,
     /// The worker's load the decision saw.
     pub load: WorkerLoad,
     /// Estimated time outside the learned terms (KV transfer, adapter load), subtracted.

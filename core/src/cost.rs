@@ -56,31 +56,56 @@ impl Default for Profile {
 
 impl Profile {
     pub fn prefill_ms(&self, tokens: u64) -> f64 {
+        self.prefill_with_context_ms(tokens, 0)
+    }
+
+    /// Prefill of `tokens` new tokens on top of `cached` tokens already in the sequence's KV
+    /// (a reused prefix): each new token attends to the whole context, so the attention term is
+    /// `n · (2c + n)` (the square of the full prompt less the square of the reused part), and a
+    /// partial hit on a long prefix is not as cheap as a short prompt of the same new tokens.
+    pub fn prefill_with_context_ms(&self, tokens: u64, cached: u64) -> f64 {
         let n = tokens as f64;
-        self.prefill_base_ms + self.prefill_ms_per_token * n + self.prefill_ms_per_token_sq * n * n
+        self.prefill_base_ms
+            + self.prefill_ms_per_token * n
+            + self.prefill_ms_per_token_sq * attention_tokens(tokens, cached)
     }
 
     /// `load` with the prefill its worker has done already taken off: since the oldest request
     /// still in prefill was sent, `prefill_elapsed_ms` of work (at this profile's speed times
     /// the worker's `deviation`) went into the queue, whose blocks are landing. The returned
     /// load counts only the tokens still to compute (and no elapsed time).
+    ///
+    /// A queued token costs its linear part plus its share of the queue's attention
+    /// (`prefill_sq_tokens / prefill_tokens` of the squared term); the squares shrink with the
+    /// tokens left (as if every queued prompt had been worked on alike).
     pub fn remaining(&self, load: &WorkerLoad, deviation: f64) -> WorkerLoad {
-        let per_token = self.prefill_ms_per_token * deviation;
+        let tokens = load.prefill_tokens as f64;
+        let sq = load.prefill_sq_tokens as f64;
+        let attention_per_token = if tokens > 0.0 { sq / tokens } else { 0.0 };
+        let per_token = (self.prefill_ms_per_token
+            + self.prefill_ms_per_token_sq * attention_per_token)
+            * deviation;
         let done = if per_token > 0.0 && per_token.is_finite() {
             (load.prefill_elapsed_ms as f64 / per_token) as u64
         } else {
             0
         };
+        let left = load.prefill_tokens.saturating_sub(done);
+        let share = if tokens > 0.0 { left as f64 / tokens } else { 0.0 };
         WorkerLoad {
-            prefill_tokens: load.prefill_tokens.saturating_sub(done),
+            prefill_tokens: left,
+            prefill_sq_tokens: (sq * share * share) as u64,
             prefill_elapsed_ms: 0,
             ..*load
         }
     }
 
-    /// Waiting time before a new request's prefill starts on a worker with `load`.
+    /// Waiting time before a new request's prefill starts on a worker with `load`: the queued
+    /// prefill (linear and attention terms, one base per request) and the decoding requests'
+    /// interference.
     pub fn wait_ms(&self, load: &WorkerLoad) -> f64 {
         let queued = load.prefill_tokens as f64 * self.prefill_ms_per_token
+            + load.prefill_sq_tokens as f64 * self.prefill_ms_per_token_sq
             + f64::from(load.prefilling_requests) * self.prefill_base_ms;
         queued + f64::from(load.decoding_requests()) * self.decode_interference_ms
     }
@@ -104,6 +129,13 @@ impl Profile {
         }
         Ok(())
     }
+}
+
+/// The attention work of `tokens` new tokens on top of `cached` ones: `n · (2c + n)`, i.e.
+/// `(c + n)² − c²` without the cancellation of two large squares.
+pub fn attention_tokens(tokens: u64, cached: u64) -> f64 {
+    let (n, c) = (tokens as f64, cached as f64);
+    n * (2.0 * c + n)
 }
 
 /// One worker as seen at decision time.
@@ -168,7 +200,7 @@ pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u
     let deviation = if c.deviation.is_finite() && c.deviation > 0.0 { c.deviation } else { 1.0 };
     let load = profile.remaining(&c.load, deviation);
     let wait_ms = profile.wait_ms(&load) * deviation;
-    let prefill_ms = profile.prefill_ms(uncached) * deviation;
+    let prefill_ms = profile.prefill_with_context_ms(uncached, cached) * deviation;
     let transfer_ms = transferred as f64 * profile.transfer_ms_per_token;
     let adapter_ms = if c.adapter_missing { profile.adapter_load_ms } else { 0.0 };
     Score {
@@ -230,6 +262,7 @@ mod tests {
             prefilling_requests: prefilling,
             prefill_tokens,
             prefill_elapsed_ms: 0,
+            prefill_sq_tokens: 0,
         }
     }
 
@@ -342,6 +375,55 @@ mod tests {
     }
 
     #[test]
+    fn a_queued_prompt_costs_what_computing_it_here_would() {
+        let p = Profile::default();
+        let idle = Candidate { load: WorkerLoad::default(), ..reference_cases()[0].clone() };
+        let own = score(&p, &idle, 8_000, BS);
+        // The same 8 k-token prompt queued on a worker (sent just now): waiting for it costs
+        // its whole prefill, attention included, not only its linear part.
+        let one = WorkerLoad {
+            inflight_requests: 1,
+            prefilling_requests: 1,
+            prefill_tokens: 8_000,
+            prefill_sq_tokens: 64_000_000,
+            prefill_elapsed_ms: 0,
+        };
+        let behind = score(&p, &Candidate { load: one, ..idle.clone() }, 0, BS);
+        assert!((behind.wait_ms - own.prefill_ms).abs() < 1e-9, "{behind:?} {own:?}");
+        // Eight 1 k-token prompts queue less attention than one 8 k-token prompt.
+        let eight = WorkerLoad {
+            prefilling_requests: 8,
+            inflight_requests: 8,
+            prefill_sq_tokens: 8_000_000,
+            ..one
+        };
+        let many = score(&p, &Candidate { load: eight, ..idle.clone() }, 0, BS);
+        let attention_gap = p.prefill_ms_per_token_sq * 56_000_000.0;
+        let bases = 7.0 * p.prefill_base_ms;
+        assert!((behind.wait_ms - (many.wait_ms - bases) - attention_gap).abs() < 1e-6);
+        // Half of it done: the linear part halves, the attention part shrinks to a quarter.
+        let per_token = p.prefill_ms_per_token + p.prefill_ms_per_token_sq * 8_000.0;
+        let half = WorkerLoad { prefill_elapsed_ms: (4_000.0 * per_token).round() as u64, ..one };
+        let left = score(&p, &Candidate { load: half, ..idle }, 0, BS);
+        // (The elapsed time is in whole milliseconds: within a millisecond's tokens.)
+        assert!((left.load.prefill_tokens as f64 - 4_000.0).abs() < 1.0 / per_token, "{left:?}");
+        assert!((left.load.prefill_sq_tokens as f64 / 16e6 - 1.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn a_partial_hit_still_pays_attention_over_the_reused_prefix() {
+        let p = Profile::default();
+        // 1 000 new tokens after 7 000 reused ones attend to all 8 000.
+        let partial = p.prefill_with_context_ms(1_000, 7_000);
+        let short = p.prefill_ms(1_000);
+        let full = p.prefill_ms(8_000);
+        let want = p.prefill_ms_per_token_sq * (64e6 - 49e6 - 1e6);
+        assert!((partial - short - want).abs() < 1e-9);
+        assert!(short < partial && partial < full);
+        assert_eq!(p.prefill_with_context_ms(1_000, 0), short);
+    }
+
+    #[test]
     fn invalid_profiles_are_rejected() {
         assert!(profile(-1.0, 0.0).validate().is_err());
         assert!(profile(f64::NAN, 0.0).validate().is_err());
@@ -395,7 +477,7 @@ mod tests {
             let started = WorkerLoad {
                 inflight_requests: c.load.inflight_requests + 1,
                 prefilling_requests: c.load.prefilling_requests + 1,
-                prefill_tokens: c.load.prefill_tokens + t, prefill_elapsed_ms: 0,
+                prefill_tokens: c.load.prefill_tokens + t, prefill_elapsed_ms: 0, prefill_sq_tokens: 0,
             };
             let busier = Candidate { load: started, ..c.clone() };
             let decoding = Candidate { load: WorkerLoad { inflight_requests: c.load.inflight_requests + d, ..c.load }, ..c.clone() };

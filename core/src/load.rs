@@ -14,6 +14,10 @@ pub struct WorkerLoad {
     /// busy with its queue since then has done that much of the queued prefill already (see
     /// [`crate::cost::Profile::remaining`]).
     pub prefill_elapsed_ms: u64,
+    /// The sum over requests still in prefill of their uncached tokens squared: the attention
+    /// part of their prefill grows with the square of a prompt's length, so one 8 k-token
+    /// prompt queued costs more than eight 1 k-token ones (see [`crate::cost::Profile::wait_ms`]).
+    pub prefill_sq_tokens: u64,
 }
 
 impl WorkerLoad {
@@ -24,6 +28,16 @@ impl WorkerLoad {
 }
 
 impl WorkerLoad {
+    /// `prefill_sq_tokens` for `tokens` split evenly over `requests` (the least it can be), for
+    /// loads known only by their totals (other replicas' reports, unseen requests).
+    pub fn even_sq_tokens(tokens: u64, requests: u32) -> u64 {
+        if requests == 0 {
+            return 0;
+        }
+        let t = u128::from(tokens);
+        u64::try_from(t * t / u128::from(requests)).unwrap_or(u64::MAX)
+    }
+
     /// Both loads together (saturating): this replica's and other replicas' in-flight work.
     pub fn plus(self, other: WorkerLoad) -> WorkerLoad {
         WorkerLoad {
@@ -31,6 +45,7 @@ impl WorkerLoad {
             prefilling_requests: self.prefilling_requests.saturating_add(other.prefilling_requests),
             prefill_tokens: self.prefill_tokens.saturating_add(other.prefill_tokens),
             prefill_elapsed_ms: self.prefill_elapsed_ms.max(other.prefill_elapsed_ms),
+            prefill_sq_tokens: self.prefill_sq_tokens.saturating_add(other.prefill_sq_tokens),
         }
     }
 }

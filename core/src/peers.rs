@@ -62,6 +62,8 @@ impl PeerLoad {
             prefilling_requests: self.prefilling,
             prefill_tokens: self.prefill_tokens,
             prefill_elapsed_ms: 0,
+            // Reports carry totals only: the tokens taken as evenly split (a lower bound).
+            prefill_sq_tokens: WorkerLoad::even_sq_tokens(self.prefill_tokens, self.prefilling),
         }
     }
 }

@@ -84,6 +84,7 @@ impl CalibThread {
         pending.push(Sample {
             worker: score.worker.clone(),
             uncached_tokens: score.uncached_tokens,
+            cached_tokens: score.cached_tokens,
             load: score.load,
             fixed_ms: score.transfer_ms + score.adapter_ms,
             observed_ms,

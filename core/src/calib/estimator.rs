@@ -3,6 +3,7 @@
 //! Huber down-weighting of outliers, a box constraint, and per-worker deviations.
 
 use std::collections::HashMap;
+use std::f64::consts::LN_2;
 
 use super::{CalibrationConfig, ModelView, Sample};
 use crate::cost::Profile;
@@ -235,7 +236,11 @@ impl ModelState {
         };
         let w = &mut self.workers[i];
         let rate = cfg.deviation_rate().max(1.0 / f64::from(w.samples.saturating_add(1)));
-        w.log_dev = (w.log_dev + rate * (ratio.ln().clamp(lo, hi) - w.log_dev)).clamp(lo, hi);
+        // One sample moves the factor by at most a doubling or halving from where it is (a
+        // stalled request 20x late is one sample among many, not a new speed); a worker that
+        // really changed keeps moving it, sample after sample.
+        let step = (ratio.ln().clamp(lo, hi) - w.log_dev).clamp(-LN_2, LN_2);
+        w.log_dev = (w.log_dev + rate * step).clamp(lo, hi);
         w.samples = w.samples.saturating_add(1);
     }
 
@@ -277,7 +282,8 @@ pub fn features(s: &Sample) -> [f64; DIM] {
     [
         1.0 + f64::from(s.load.prefilling_requests),
         n + s.load.prefill_tokens as f64,
-        n * n,
+        crate::cost::attention_tokens(s.uncached_tokens, s.cached_tokens)
+            + s.load.prefill_sq_tokens as f64,
         f64::from(s.load.decoding_requests()),
     ]
 }

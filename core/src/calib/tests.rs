@@ -25,16 +25,21 @@ fn scaled(p: &Profile, k: f64) -> Profile {
 /// (log-uniform), 0-3 queued prefills, 0-47 decoding requests.
 fn features(rng: &mut StdRng, worker: &str) -> Sample {
     let uncached = (16.0 * 1024f64.powf(rng.random::<f64>())) as u64;
+    // Half the requests reuse a prefix of up to 8 k tokens.
+    let cached = if rng.random::<bool>() { rng.random_range(0..8192u64) } else { 0 };
     let prefilling = rng.random_range(0..4u32);
     let decoding = rng.random_range(0..48u32);
+    let queued: Vec<u64> = (0..prefilling).map(|_| rng.random_range(0..2048u64)).collect();
     Sample {
         worker: worker.into(),
         uncached_tokens: uncached,
+        cached_tokens: cached,
         load: WorkerLoad {
             inflight_requests: prefilling + decoding,
             prefilling_requests: prefilling,
-            prefill_tokens: u64::from(prefilling) * rng.random_range(0..2048u64),
+            prefill_tokens: queued.iter().sum(),
             prefill_elapsed_ms: 0,
+            prefill_sq_tokens: queued.iter().map(|n| n * n).sum(),
         },
         fixed_ms: 0.0,
         observed_ms: 0.0,
@@ -42,7 +47,7 @@ fn features(rng: &mut StdRng, worker: &str) -> Sample {
 }
 
 fn true_ms(p: &Profile, s: &Sample) -> f64 {
-    p.wait_ms(&s.load) + p.prefill_ms(s.uncached_tokens)
+    p.wait_ms(&s.load) + p.prefill_with_context_ms(s.uncached_tokens, s.cached_tokens)
 }
 
 /// Multiplicative noise of about ±10 % (log-normal-like, from a sum of uniforms).
@@ -258,11 +263,13 @@ fn arb_sample() -> impl Strategy<Value = Sample> {
         .prop_map(|(w, n, p, d, q, obs, fixed)| Sample {
             worker: WORKERS[w].into(),
             uncached_tokens: n,
+            cached_tokens: 0,
             load: WorkerLoad {
                 inflight_requests: p + d,
                 prefilling_requests: p,
                 prefill_tokens: q,
                 prefill_elapsed_ms: 0,
+                prefill_sq_tokens: 0,
             },
             fixed_ms: fixed,
             observed_ms: obs,
@@ -369,11 +376,13 @@ fn short_prompts_with_a_constant_overhead_move_the_base_not_the_cost_per_token()
             let mut s = Sample {
                 worker: w.into(),
                 uncached_tokens: rng.random_range(30..70),
+                cached_tokens: 0,
                 load: WorkerLoad {
                     inflight_requests: prefilling + decoding,
                     prefilling_requests: prefilling,
                     prefill_tokens: u64::from(prefilling) * rng.random_range(0..200u64),
                     prefill_elapsed_ms: 0,
+                    prefill_sq_tokens: 0,
                 },
                 fixed_ms: 0.0,
                 observed_ms: 0.0,

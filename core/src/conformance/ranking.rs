@@ -39,7 +39,13 @@ fn load(w: &str) -> WorkerLoad {
         "127.0.0.1:4" => (9, 0, 0, 0),
         _ => (0, 0, 0, 0),
     };
-    WorkerLoad { inflight_requests, prefilling_requests, prefill_tokens, prefill_elapsed_ms }
+    WorkerLoad {
+        inflight_requests,
+        prefilling_requests,
+        prefill_tokens,
+        prefill_elapsed_ms,
+        prefill_sq_tokens: WorkerLoad::even_sq_tokens(prefill_tokens, prefilling_requests),
+    }
 }
 
 /// One ranked worker: name, cached and uncached tokens, and the bits of its wait, prefill and
@@ -50,14 +56,14 @@ type Ranked = (&'static str, u64, u64, [u64; 3]);
 // of the whole prefix wins although busy, the idle worker follows, the half holder comes last.
 const PROMPT_TOKENS: u64 = 895;
 const GOLDEN: [Ranked; 4] = [
-    // wait 34.4013, prefill 4.32557425, TTFT 38.72687425
-    ("127.0.0.1:1", 880, 15, [0x4041335dcc63f141, 0x40114d635610adcd, 0x40435d0a372606fb]),
+    // wait 34.5004365, prefill 4.33428625, TTFT 38.83472275
+    ("127.0.0.1:1", 880, 15, [0x4041400e4da09cc3, 0x4011564f227d028a, 0x40436ad831f03d14]),
     // wait 0.0, prefill 41.285838250000005, TTFT 41.285838250000005
     ("127.0.0.1:3", 0, 895, [0x0000000000000000, 0x4044a4965907d913, 0x4044a4965907d913]),
     // wait 5.49, prefill 41.285838250000005, TTFT 46.77583825000001
     ("127.0.0.1:4", 0, 895, [0x4015f5c28f5c28f6, 0x4044a4965907d913, 0x4047634eaaf35e32]),
-    // wait 34.11, prefill 23.077841770000003, TTFT 57.187841770000006
-    ("127.0.0.1:2", 432, 463, [0x40410e147ae147ae, 0x403713ed703069ab, 0x404c980b32f97c84]),
+    // wait 34.2717, prefill 23.20985233, TTFT 57.48155233
+    ("127.0.0.1:2", 432, 463, [0x404122c710cb295f, 0x403735b8e1de56e3, 0x404cbda381ba54d0]),
 ];
 
 /// The ranking of the scenario: what the router decides.

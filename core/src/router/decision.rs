@@ -131,5 +131,8 @@ pub fn combine_load(
         prefilling_requests: prefilling,
         prefill_tokens: own.prefill_tokens.saturating_add(unseen.saturating_mul(unseen_tokens)),
         prefill_elapsed_ms: own.prefill_elapsed_ms,
+        prefill_sq_tokens: own
+            .prefill_sq_tokens
+            .saturating_add(unseen.saturating_mul(unseen_tokens.saturating_mul(unseen_tokens))),
     }
 }

@@ -85,6 +85,7 @@ fn cache_blind_ablation_credits_nothing_but_still_ranks_on_load() {
         prefilling_requests: if w == "127.0.0.1:1" { 3 } else { 0 },
         prefill_tokens: if w == "127.0.0.1:1" { 3000 } else { 0 },
         prefill_elapsed_ms: 0,
+        prefill_sq_tokens: 0,
     };
     let d2 = r.decide(&q, 0, &busy, 10, 0).unwrap();
     assert_eq!(d2.predicted_cached_tokens(), 0);
@@ -117,6 +118,7 @@ fn busy_holder_loses_to_recompute_once_waiting_costs_more() {
                 prefilling_requests: 20,
                 prefill_tokens: 80_000,
                 prefill_elapsed_ms: 0,
+                prefill_sq_tokens: 0,
             }
         } else {
             WorkerLoad::default()
@@ -243,6 +245,7 @@ fn reported_load_counts_what_other_replicas_sent() {
         prefilling_requests: 1,
         prefill_tokens: 500,
         prefill_elapsed_ms: 0,
+        prefill_sq_tokens: 0,
     };
     assert_eq!(combine_load(own, None, 1000), own);
     let busy = ReportedLoad { running: 10, waiting: 4, observed_at_ms: 0 };

@@ -435,6 +435,8 @@ impl LoadView {
             if e.prefilling {
                 load.prefilling_requests = load.prefilling_requests.saturating_add(1);
                 load.prefill_tokens = load.prefill_tokens.saturating_add(e.prefill_tokens);
+                let sq = e.prefill_tokens.saturating_mul(e.prefill_tokens);
+                load.prefill_sq_tokens = load.prefill_sq_tokens.saturating_add(sq);
                 let elapsed = now_ms.saturating_sub(e.started_ms);
                 load.prefill_elapsed_ms = load.prefill_elapsed_ms.max(elapsed);
             }

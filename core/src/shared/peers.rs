@@ -171,9 +171,10 @@ impl Forwarder {
         out.dropped_hashes = self.shed(4 * cap);
         let view = LoadView::read_all(store, counters, self.load_limits, now_ms);
         let current: HashMap<u64, WorkerLoad> =
-            // The elapsed time moves every millisecond and does not travel: only counts do.
+            // The elapsed time moves every millisecond and does not travel: only counts do (and
+            // the squares are rebuilt from the counts on the other side).
             view.loads()
-                .map(|(k, l)| (k, WorkerLoad { prefill_elapsed_ms: 0, ..l }))
+                .map(|(k, l)| (k, WorkerLoad { prefill_elapsed_ms: 0, prefill_sq_tokens: 0, ..l }))
                 .filter(|(_, l)| *l != WorkerLoad::default())
                 .collect();
         let heartbeat = !current.is_empty()

@@ -34,6 +34,7 @@ fn queued_on_holder(w: &str) -> WorkerLoad {
             prefilling_requests: 2,
             prefill_tokens: 2_500,
             prefill_elapsed_ms: 0,
+            prefill_sq_tokens: 0,
         }
     } else {
         WorkerLoad::default()
@@ -123,6 +124,7 @@ fn among_equal_estimates_the_worker_sharing_the_prompt_wins() {
                 prefilling_requests: 1,
                 prefill_tokens: tokens,
                 prefill_elapsed_ms: 0,
+                prefill_sq_tokens: 0,
             }
         } else {
             WorkerLoad::default()

@@ -100,6 +100,7 @@ fn the_adapter_holder_wins_until_its_queue_costs_more_than_loading_elsewhere() {
         prefilling_requests: 1,
         prefill_tokens: if w == W[0] { 20_000 } else { 0 },
         prefill_elapsed_ms: 0,
+        prefill_sq_tokens: 0,
     };
     let d = r.decide(&q, 0, &busy, 0, 0).unwrap();
     assert_eq!(d.primary().unwrap().worker, W[1]);

@@ -13,6 +13,7 @@ fn sample(worker: &str, i: u64) -> Sample {
     Sample {
         worker: worker.into(),
         uncached_tokens: uncached,
+        cached_tokens: 0,
         load,
         fixed_ms: 0.0,
         observed_ms: p.wait_ms(&load) + p.prefill_ms(uncached),

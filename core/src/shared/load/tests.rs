@@ -36,6 +36,8 @@ fn threads_see_each_others_requests_through_their_shards() {
             prefill_tokens: 50,
             // The request still in prefill was sent 10 ms before the view.
             prefill_elapsed_ms: 10,
+            // 50 uncached tokens, squared (the attention part of their prefill).
+            prefill_sq_tokens: 2_500,
         }
     );
     b.start(&t, W, 7, 20);
