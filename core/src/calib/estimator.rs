@@ -1,5 +1,6 @@
 //! The estimator of one model: weighted least squares with exponential forgetting over the
-//! cost model's four learned coefficients (relative to the prior), a ridge towards the prior,
+//! cost model's four coefficients (relative to the prior; the prefill's per-token and
+//! per-token² terms as one speed, see [`ModelState::observe`]), a ridge towards the prior,
 //! Huber down-weighting of outliers, a box constraint, and per-worker deviations.
 
 use std::collections::HashMap;
@@ -151,8 +152,12 @@ impl ModelState {
             return Outcome::Rejected;
         }
         let x = features(s);
-        let scaled: Vec<f64> = (0..DIM).map(|i| x[i] * self.prior[i]).collect();
+        let mut scaled: Vec<f64> = (0..DIM).map(|i| x[i] * self.prior[i]).collect();
         let prior_ms: f64 = scaled.iter().sum();
+        // The attention term is learned with the per-token term, as one prefill speed.
+        let (keep, fold) = self.tied();
+        scaled[keep] += scaled[fold];
+        scaled[fold] = 0.0;
         if !(prior_ms.is_finite() && prior_ms > 0.0) {
             return Outcome::Rejected;
         }
@@ -216,6 +221,24 @@ impl ModelState {
             if moved < 1e-9 {
                 break;
             }
+        }
+        let (keep, fold) = self.tied();
+        if self.prior[fold] > 0.0 {
+            self.theta[fold] = self.theta[keep];
+        }
+    }
+
+    /// The prefill's two per-token coefficients move together: `(kept, folded)` indices, the
+    /// folded one following the kept one. The ratio of attention to linear work is a property
+    /// of the model's shape (layers, heads, hidden size), which the configured profile states;
+    /// the GPU, its clocks and its neighbours change the speed of both alike. Learned apart,
+    /// the two are nearly collinear over the few prompt lengths a pool sees in a while, and the
+    /// square term (the least excited) wanders several times off while their sum fits.
+    fn tied(&self) -> (usize, usize) {
+        if self.prior[1] > 0.0 {
+            (1, 2)
+        } else {
+            (2, 1)
         }
     }
 
