@@ -135,9 +135,27 @@ impl RequestError {
 
 /// Parses a request body for `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, RequestError> {
+    if endpoint == Endpoint::Completions {
+        if let Some((obj, prompt)) = completions::split_prompt(body) {
+            return parse_object(endpoint, &obj, Some(prompt));
+        }
+    }
     let value: Value =
         serde_json::from_slice(body).map_err(|e| RequestError::InvalidJson(e.to_string()))?;
     let obj = value.as_object().ok_or(RequestError::NotAnObject)?;
+    parse_object(endpoint, obj, None)
+}
+
+/// A completion prompt parsed ahead of the rest of its body (see
+/// [`completions::split_prompt`]).
+type EarlyPrompt = Result<(Prompt, Option<LoadOnly>), RequestError>;
+
+/// The fields of a parsed body; `prompt` is a completions prompt parsed ahead, if it was.
+fn parse_object(
+    endpoint: Endpoint,
+    obj: &Map<String, Value>,
+    prompt: Option<EarlyPrompt>,
+) -> Result<ParsedRequest, RequestError> {
     let model = match obj.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         Some(Value::String(_)) | None | Some(Value::Null) => {
@@ -165,7 +183,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, RequestEr
                 )
             }
             Endpoint::Completions => {
-                let (p, l) = completions::parse_prompt(obj.get("prompt"))?;
+                let (p, l) = match prompt {
+                    Some(early) => early?,
+                    None => completions::parse_prompt(obj.get("prompt"))?,
+                };
                 (p, l, stream_usage, salt()?, &["max_completion_tokens", "max_tokens"])
             }
             // vLLM's Messages endpoint streams usage in its last event, and has no cache salt.

@@ -321,3 +321,81 @@ fn responses_conversion_details() {
         );
     }
 }
+
+/// The general path for a completions body: the whole body as one JSON value.
+fn general_completions(body: &[u8]) -> Result<ParsedRequest, RequestError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| RequestError::InvalidJson(e.to_string()))?;
+    let obj = value.as_object().ok_or(RequestError::NotAnObject)?;
+    parse_object(Endpoint::Completions, obj, None)
+}
+
+mod early_prompt {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn prompt_value() -> impl Strategy<Value = Value> {
+        let id = prop_oneof![
+            8 => (0u64..200_000).prop_map(Value::from),
+            1 => Just(json!(4_294_967_296u64)),
+            1 => Just(json!(-1)),
+            1 => Just(json!(1.5)),
+            1 => Just(json!("7")),
+        ];
+        prop_oneof![
+            4 => prop::collection::vec((0u64..200_000).prop_map(Value::from), 0..40)
+                .prop_map(Value::Array),
+            2 => prop::collection::vec(id, 0..8).prop_map(Value::Array),
+            1 => "[a-z ]{0,12}".prop_map(Value::from),
+            1 => prop::collection::vec("[a-z]{0,5}".prop_map(Value::from), 0..3)
+                .prop_map(Value::Array),
+            1 => prop::collection::vec(
+                prop::collection::vec((0u64..9).prop_map(Value::from), 0..3).prop_map(Value::Array),
+                0..3
+            )
+            .prop_map(Value::Array),
+            1 => Just(Value::Null),
+            1 => Just(json!({"ids": [1, 2]})),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn early_prompts_parse_as_the_general_path_does(
+            prompt in proptest::option::of(prompt_value()),
+            model in prop_oneof![Just(json!("m")), Just(json!("")), Just(json!(3))],
+            with_model in any::<bool>(),
+            stream in prop_oneof![Just(json!(true)), Just(json!("yes")), Just(Value::Null)],
+            duplicate in any::<bool>(),
+        ) {
+            let mut body = Map::new();
+            if with_model {
+                body.insert("model".into(), model);
+            }
+            body.insert("stream".into(), stream);
+            if let Some(p) = &prompt {
+                body.insert("prompt".into(), p.clone());
+            }
+            let mut text = Value::Object(body).to_string();
+            if duplicate {
+                // A second `prompt` key after the first: the last one wins on both paths.
+                text.insert_str(text.len() - 1, r#","prompt":[5,6,7]"#);
+                text = text.replacen("{,", "{", 1);
+            }
+            let fast = parse(Endpoint::Completions, text.as_bytes());
+            let general = general_completions(text.as_bytes());
+            prop_assert_eq!(fast, general, "{}", text);
+        }
+    }
+
+    #[test]
+    fn bodies_that_are_not_objects_get_the_general_errors() {
+        for body in [&b"[1,2]"[..], b"{\"prompt\": [1,", b"", b"\xff", b"null"] {
+            assert_eq!(parse(Endpoint::Completions, body), general_completions(body));
+        }
+        let ids: Vec<u32> = (0..20_000).collect();
+        let body = json!({"model": "m", "prompt": ids}).to_string();
+        let got = parse(Endpoint::Completions, body.as_bytes()).unwrap();
+        assert_eq!(got.prompt, Prompt::Tokens(ids));
+    }
+}
