@@ -113,7 +113,9 @@ fn from_a_prior_three_times_off_the_error_converges_within_100_samples_and_the_c
         assert_near("per_token", per_token, t.prefill_ms_per_token, 0.1);
         // Learned as one prefill speed with the per-token term: as close as that one.
         assert_near("per_token_sq", sq, t.prefill_ms_per_token_sq, 0.1);
-        assert!((sq / per_token - t.prefill_ms_per_token_sq / t.prefill_ms_per_token).abs() < 1e-12);
+        assert!(
+            (sq / per_token - t.prefill_ms_per_token_sq / t.prefill_ms_per_token).abs() < 1e-12
+        );
         assert_near("interference", interference, t.decode_interference_ms, 0.2);
         assert_near("base", base, t.prefill_base_ms, 0.25);
         let view = st.view(&prior, &cfg).expect("enough samples");
