@@ -23,5 +23,6 @@ pub mod send;
 pub mod sse;
 pub mod sweep;
 pub mod topology;
+pub mod warmup;
 pub mod whatif;
 pub mod workloads;

@@ -61,6 +61,15 @@ pub struct Plan {
     /// none, loaded worker with part), swept over how busy the first one is.
     #[serde(default)]
     pub reference: bool,
+    /// Unrecorded warm-up requests per Envoy before every run (see `kvroute_eval::warmup`):
+    /// a fresh stack's first requests run through cold code, which a deployment that has been
+    /// up a minute no longer does. 0: none.
+    #[serde(default = "default_warmup")]
+    pub warmup_per_envoy: usize,
+}
+
+fn default_warmup() -> usize {
+    16
 }
 
 fn default_repeats() -> usize {
@@ -253,6 +262,7 @@ fn plan(name: &str, topology: Topology, policies: Vec<Policy>, scenarios: Vec<Sc
         repeats: default_repeats(),
         rate_scales: default_rates(),
         whatif_sample: default_whatif_sample(),
+        warmup_per_envoy: default_warmup(),
         reference: false,
     }
 }

@@ -47,6 +47,10 @@ pub struct RequestRecord {
     /// (`replicated=1` in `x-kvroute-decision`); false without the header or the field.
     #[serde(default)]
     pub replicated: bool,
+    /// The filter's own time for this request's decision (body parsing to the header being
+    /// set, wall-clock µs, `decision_us` in `x-kvroute-decision`); none without the header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_us: Option<u64>,
     /// Finished, with TTFT and mean gap within the workload's SLO.
     pub within_slo: bool,
     /// Cohort tags: `all` is implied; e.g. `hot-prefix`, `routed-away`, `tenant:b`, `turn-1`.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::{watch, Mutex};
 
-use crate::cluster::{Cluster, Policy, TimedFault};
+use crate::cluster::{reset_prefix_caches, Cluster, Policy, TimedFault};
 use crate::health::{self, HealthBounds};
 use crate::record::{QueueSample, RunResult, Slo};
 use crate::schedule::Scheduled;
@@ -33,6 +33,8 @@ pub struct RunOptions {
     pub whatif_sample: f64,
     /// Past these the run is flagged invalid.
     pub health: HealthBounds,
+    /// Unrecorded warm-up requests per Envoy before the schedule (see [`crate::warmup`]).
+    pub warmup_per_envoy: usize,
 }
 
 impl Default for RunOptions {
@@ -44,6 +46,7 @@ impl Default for RunOptions {
             rate_scale: 1.0,
             whatif_sample: 0.25,
             health: HealthBounds::default(),
+            warmup_per_envoy: 0,
         }
     }
 }
@@ -85,6 +88,12 @@ pub async fn run_policy(
     let cluster = Arc::new(Mutex::new(cluster));
     let (stop_tx, stop_rx) = watch::channel(false);
     let probe = reqwest::Client::new();
+    if opts.warmup_per_envoy > 0 {
+        let warm = crate::warmup::requests(schedule, opts.warmup_per_envoy, urls.len());
+        crate::warmup::run(&probe, &urls, &warm).await;
+        // The schedule starts on empty prefix caches, as without a warm-up.
+        reset_prefix_caches(&workers, &topo.workers.reset_path).await?;
+    }
     let lag_before = health::step_lags(&probe, &workers).await;
     let cpu_before = health::cpu_times();
     let start = tokio::time::Instant::now();

@@ -106,6 +106,7 @@ pub async fn send(
         send_lag_ms: 0.0,
         whatif_ms: Vec::new(),
         replicated: false,
+        decision_us: None,
         within_slo: false,
         cohorts: s.cohorts.clone(),
     };
@@ -208,6 +209,7 @@ async fn exchange(
         .and_then(|v| v.parse::<f64>().ok())
         .filter(|v| *v >= 0.0);
     rec.replicated = decision.as_deref().is_some_and(decision_replicated);
+    rec.decision_us = decision.as_deref().and_then(|d| decision_number(d, "decision_us"));
     let mut stream = resp.bytes_stream();
     if rec.status != 200 {
         let mut body = Vec::new();

@@ -2,42 +2,126 @@
 //! `CompletionRequest.add_special_tokens` defaults to true), token ids (used as given), or a
 //! batch of either, which the engine caches prompt by prompt and kvroute routes on load alone.
 
-use std::collections::BTreeMap;
+use std::fmt;
 
-use serde_json::value::RawValue;
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
 use super::{EarlyPrompt, LoadOnly, Prompt, RequestError};
 
-/// The body's top level with `prompt` parsed on its own: token ids (tens of thousands of
-/// numbers in a long prompt) go straight into `u32`s instead of a JSON value per number first,
-/// which was most of the filter's time on such requests. Any other prompt shape takes the
-/// general path. `None` when the body is not a JSON object: the caller's general parse then
-/// gives the error. The result equals the general parse (`tests::early_prompts_parse_as_the_general_path_does`).
+/// The body's top level in one pass, with `prompt` read on its own: token ids (tens of
+/// thousands of numbers in a long prompt) go straight into `u32`s instead of into one JSON
+/// value per number first. `None` when the body is not a JSON object (or not JSON): the
+/// caller's general parse then gives the error. The result equals the general parse
+/// (`tests::early_prompt`).
 pub(super) fn split_prompt(body: &[u8]) -> Option<(Map<String, Value>, EarlyPrompt)> {
-    // Duplicate keys: the last one wins, as in a `serde_json::Map`.
-    let top: BTreeMap<String, &RawValue> = serde_json::from_slice(body).ok()?;
-    let mut obj = Map::new();
-    let mut prompt = None;
-    for (k, v) in top {
-        if k == "prompt" {
-            prompt = Some(v);
-        } else {
-            obj.insert(k, serde_json::from_str(v.get()).ok()?);
-        }
-    }
-    let ids = prompt.and_then(|p| serde_json::from_str::<Vec<u32>>(p.get()).ok());
-    let early = match ids {
-        Some(ids) if !ids.is_empty() => Ok((Prompt::Tokens(ids), None)),
-        _ => {
-            let value: Option<Value> = match prompt {
-                Some(p) => Some(serde_json::from_str(p.get()).ok()?),
-                None => None,
-            };
-            parse_prompt(value.as_ref())
-        }
+    let top: Top = serde_json::from_slice(body).ok()?;
+    let early = match top.prompt {
+        None => parse_prompt(None),
+        Some(PromptField::Ids(ids)) if ids.is_empty() => Err(RequestError::InvalidPrompt),
+        Some(PromptField::Ids(ids)) => Ok((Prompt::Tokens(ids), None)),
+        Some(PromptField::Text(text)) => Ok((Prompt::Text(text), None)),
+        Some(PromptField::Other(v)) => parse_prompt(Some(&v)),
+        Some(PromptField::Invalid) => Err(RequestError::InvalidPrompt),
     };
-    Some((obj, early))
+    Some((top.obj, early))
+}
+
+/// A completions body's top level: every field but `prompt` as a JSON value.
+struct Top {
+    obj: Map<String, Value>,
+    prompt: Option<PromptField>,
+}
+
+/// A `prompt` as read in one pass.
+enum PromptField {
+    /// An array of numbers that all fit a token id.
+    Ids(Vec<u32>),
+    Text(String),
+    /// Any other array (a batch, or numbers that are not token ids).
+    Other(Value),
+    /// Not a string or an array.
+    Invalid,
+}
+
+impl<'de> Deserialize<'de> for Top {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TopVisitor;
+        impl<'de> Visitor<'de> for TopVisitor {
+            type Value = Top;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
+                let mut top = Top { obj: Map::new(), prompt: None };
+                // Duplicate keys: the last one wins, as in a `serde_json::Map`.
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "prompt" {
+                        top.prompt = Some(map.next_value()?);
+                    } else {
+                        top.obj.insert(key, map.next_value()?);
+                    }
+                }
+                Ok(top)
+            }
+        }
+        d.deserialize_map(TopVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for PromptField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct PromptVisitor;
+        impl<'de> Visitor<'de> for PromptVisitor {
+            type Value = PromptField;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a prompt")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PromptField, A::Error> {
+                let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(v) = seq.next_element::<Value>()? {
+                    if let Some(id) = v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                        ids.push(id);
+                        continue;
+                    }
+                    // Not token ids after all: the rest as JSON values.
+                    let mut rest: Vec<Value> = ids.into_iter().map(Value::from).collect();
+                    rest.push(v);
+                    while let Some(v) = seq.next_element::<Value>()? {
+                        rest.push(v);
+                    }
+                    return Ok(PromptField::Other(Value::Array(rest)));
+                }
+                Ok(PromptField::Ids(ids))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<PromptField, E> {
+                Ok(PromptField::Text(v.to_owned()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<PromptField, E> {
+                Ok(PromptField::Text(v))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<PromptField, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(PromptField::Invalid)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<PromptField, E> {
+                Ok(PromptField::Invalid)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<PromptField, E> {
+                Ok(PromptField::Invalid)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<PromptField, E> {
+                Ok(PromptField::Invalid)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<PromptField, E> {
+                Ok(PromptField::Invalid)
+            }
+            fn visit_unit<E>(self) -> Result<PromptField, E> {
+                Ok(PromptField::Invalid)
+            }
+        }
+        d.deserialize_any(PromptVisitor)
+    }
 }
 
 fn token_ids(items: &[Value]) -> Option<Vec<u32>> {

@@ -205,6 +205,7 @@ async fn main() -> anyhow::Result<()> {
                         repeat: r,
                         rate_scale: rate,
                         whatif_sample: plan.whatif_sample,
+                        warmup_per_envoy: plan.warmup_per_envoy,
                         ..Default::default()
                     };
                     let run = run_policy(&plan.topology, policy, &sched, w.slo, &sc.faults, &opts)
