@@ -5,12 +5,14 @@
 //! The cost model is linear in its coefficients once the decision's features are fixed:
 //!
 //! ```text
-//! ttft - transfer - adapter = base · (1 + prefilling)        + per_token · (uncached + queued)
+//! ttft - transfer - adapter = base · (1 + steps)             + per_token · (uncached + queued)
 //!                           + per_token_sq · (uncached · (2 · cached + uncached) + queued²)
 //!                           + interference · decoding
 //! ```
 //!
-//! where `queued²` is the sum of the queued prompts' squares ([`crate::cost::Profile::wait_ms`]
+//! where `steps` are the step floors waited for ([`crate::cost::queued_steps`]: one per
+//! prefilling request, or half a step on a worker only decoding), `queued²` is the sum of the
+//! queued prompts' squares ([`crate::cost::Profile::wait_ms`]
 //! + [`crate::cost::Profile::prefill_with_context_ms`]). The
 //! [`estimator`] fits the four coefficients by weighted least squares with exponential
 //! forgetting, in units relative to the configured profile (the prior, kept as a ridge of

@@ -259,8 +259,13 @@ impl KvHttp {
             "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}",
             f.served,
             d.predicted_cached_tokens(),
-            // The estimate for the worker actually served (a fallback when the primary failed).
-            d.ranked.iter().find(|s| s.worker == f.served).map_or(-1.0, |s| s.ttft_ms),
+            // The estimate for the worker actually served (a fallback when the primary failed),
+            // from the request's arrival in the filter: the filter's own time on it so far
+            // plus the estimate from the decision on (what the calibration learns).
+            d.ranked
+                .iter()
+                .find(|s| s.worker == f.served)
+                .map_or(-1.0, |s| s.ttft_ms + f.decision_us as f64 / 1000.0),
             d.prompt_tokens,
             d.blocks_from_events,
             d.blocks_from_peers,

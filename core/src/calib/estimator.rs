@@ -303,7 +303,7 @@ impl ModelState {
 pub fn features(s: &Sample) -> [f64; DIM] {
     let n = s.uncached_tokens as f64;
     [
-        1.0 + f64::from(s.load.prefilling_requests),
+        1.0 + crate::cost::queued_steps(&s.load),
         n + s.load.prefill_tokens as f64,
         crate::cost::attention_tokens(s.uncached_tokens, s.cached_tokens)
             + s.load.prefill_sq_tokens as f64,
