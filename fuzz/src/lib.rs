@@ -77,6 +77,12 @@ pub fn request_parse(data: &[u8]) {
     // Loading the demo bundle costs far more than one input; it is the same every time.
     static BUNDLE: OnceLock<Option<ModelBundle>> = OnceLock::new();
     let bundle = BUNDLE.get_or_init(|| ModelBundle::demo().ok());
+    // A completions body is read in one pass with its token ids straight into u32s: it must
+    // parse exactly as the general path (the whole body as one JSON value) does.
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
+        let general = kvroute_core::request::parse_value(Endpoint::Completions, &value);
+        assert_eq!(parse(Endpoint::Completions, data), general);
+    }
     for ep in [Endpoint::Chat, Endpoint::Completions, Endpoint::Messages, Endpoint::Responses] {
         if let (Ok(req), Some(b)) = (parse(ep, data), bundle.as_ref()) {
             let _ = b.prompt_tokens(&req.prompt);

@@ -142,6 +142,12 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, RequestEr
     }
     let value: Value =
         serde_json::from_slice(body).map_err(|e| RequestError::InvalidJson(e.to_string()))?;
+    parse_value(endpoint, &value)
+}
+
+/// [`parse`] for a body already parsed as JSON (the general path: the one-pass reading of a
+/// completions body must give the same result, which the fuzz target checks).
+pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<ParsedRequest, RequestError> {
     let obj = value.as_object().ok_or(RequestError::NotAnObject)?;
     parse_object(endpoint, obj, None)
 }

@@ -326,8 +326,7 @@ fn responses_conversion_details() {
 fn general_completions(body: &[u8]) -> Result<ParsedRequest, RequestError> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| RequestError::InvalidJson(e.to_string()))?;
-    let obj = value.as_object().ok_or(RequestError::NotAnObject)?;
-    parse_object(Endpoint::Completions, obj, None)
+    parse_value(Endpoint::Completions, &value)
 }
 
 mod early_prompt {
