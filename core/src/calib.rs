@@ -12,9 +12,9 @@
 //!
 //! where `steps` are the step floors waited for ([`crate::cost::queued_steps`]: one per
 //! prefilling request, or half a step on a worker only decoding), `queued²` is the sum of the
-//! queued prompts' squares ([`crate::cost::Profile::wait_ms`]
-//! + [`crate::cost::Profile::prefill_with_context_ms`]). The
-//! [`estimator`] fits the four coefficients by weighted least squares with exponential
+//! queued prompts' squares (see [`crate::cost::Profile::wait_ms`] and
+//! [`crate::cost::Profile::prefill_with_context_ms`]). The [`estimator`] fits the coefficients
+//! (the two per-token ones as one prefill speed) by weighted least squares with exponential
 //! forgetting, in units relative to the configured profile (the prior, kept as a ridge of
 //! `prior_weight` pseudo-observations) and on relative errors (each sample is divided by the
 //! prior's estimate, so a 20 ms and a 2 s request weigh alike). Coefficients stay within

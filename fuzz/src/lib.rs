@@ -312,6 +312,7 @@ pub fn calib_decode(data: &[u8]) {
     let s = Sample {
         worker: "127.0.0.1:1".into(),
         uncached_tokens: 512,
+        cached_tokens: 1024,
         load: Default::default(),
         fixed_ms: 0.0,
         observed_ms: 25.0,

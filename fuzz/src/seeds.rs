@@ -151,6 +151,13 @@ fn request_parse() -> Seeds {
         ("responses-items-partial.json", responses),
         ("completion-text.json", completion),
         ("completion-token-ids.json", tokens),
+        // The one-pass completions parse: ids up to u32::MAX, a later duplicate `prompt` out
+        // of range, a batch of id lists, ids mixed with other values, a prompt that is no array.
+        ("completions-ids-max.json", br#"{"model":"m","prompt":[1,2,3,4294967295],"stream":true}"#.to_vec()),
+        ("completions-duplicate-prompt.json", br#"{"prompt":[1,2],"model":"m","prompt":[3,4294967296]}"#.to_vec()),
+        ("completions-batch-ids.json", br#"{"model":"m","prompt":[[1,2],[3]],"max_tokens":1}"#.to_vec()),
+        ("completions-mixed-ids.json", br#"{"model":"m","prompt":[1,-2,1.5,"7",null,{}]}"#.to_vec()),
+        ("completions-prompt-object.json", br#"{"model":"m","prompt":{"a":[1]},"prompt":true}"#.to_vec()),
         ("chat-unicode.json", unicode),
         (
             "wrong-types.json",
@@ -821,6 +828,7 @@ fn calib_decode() -> Seeds {
         let s = Sample {
             worker: format!("127.0.0.1:{}", 8000 + i % 2),
             uncached_tokens: 100 * i,
+            cached_tokens: 0,
             load: Default::default(),
             fixed_ms: 0.0,
             observed_ms: 5.0 + 0.01 * (100 * i) as f64,
