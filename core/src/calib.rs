@@ -11,7 +11,7 @@
 //! ```
 //!
 //! where `steps` are the step floors waited for ([`crate::cost::queued_steps`]: one per
-//! prefilling request, or half a step on a worker only decoding), `queued²` is the sum of the
+//! prefilling request), `queued²` is the sum of the
 //! queued prompts' squares (see [`crate::cost::Profile::wait_ms`] and
 //! [`crate::cost::Profile::prefill_with_context_ms`]). The [`estimator`] fits the coefficients
 //! (the two per-token ones as one prefill speed) by weighted least squares with exponential

@@ -131,14 +131,10 @@ impl Profile {
     }
 }
 
-/// The step floors (`base`) a new request waits for on a worker with `load`, before its own:
-/// one per request still in prefill, or, on a worker that is only decoding, half of the step
-/// in progress (a step is not interrupted; a request arriving at a random moment finds half of
-/// it left, on average). An idle worker starts it at once.
+/// The step floors (`base`) a new request waits for on a worker with `load` before its own:
+/// one per request still in prefill.
 pub fn queued_steps(load: &WorkerLoad) -> f64 {
-    let in_progress =
-        if load.prefilling_requests == 0 && load.decoding_requests() > 0 { 0.5 } else { 0.0 };
-    f64::from(load.prefilling_requests) + in_progress
+    f64::from(load.prefilling_requests)
 }
 
 /// The attention work of `tokens` new tokens on top of `cached` ones: `n · (2c + n)`, i.e.
@@ -418,28 +414,6 @@ mod tests {
         // (The elapsed time is in whole milliseconds: within a millisecond's tokens.)
         assert!((left.load.prefill_tokens as f64 - 4_000.0).abs() < 1.0 / per_token, "{left:?}");
         assert!((left.load.prefill_sq_tokens as f64 / 16e6 - 1.0).abs() < 0.01);
-    }
-
-    #[test]
-    fn a_worker_only_decoding_costs_half_a_step_an_idle_one_nothing() {
-        let p = Profile::default();
-        let at = |l: WorkerLoad| {
-            score(&p, &Candidate { load: l, ..reference_cases()[0].clone() }, 64, BS).wait_ms
-        };
-        assert_eq!(at(WorkerLoad::default()), 0.0);
-        let decoding = WorkerLoad { inflight_requests: 2, ..Default::default() };
-        let half = 0.5 * p.prefill_base_ms + 2.0 * p.decode_interference_ms;
-        assert!((at(decoding) - half).abs() < 1e-9);
-        // With prefill queued, the step in progress is part of that queue.
-        let queued = WorkerLoad {
-            inflight_requests: 3,
-            prefilling_requests: 1,
-            prefill_tokens: 100,
-            prefill_sq_tokens: 10_000,
-            prefill_elapsed_ms: 0,
-        };
-        let full = p.prefill_ms(100) + 2.0 * p.decode_interference_ms;
-        assert!((at(queued) - full).abs() < 1e-9);
     }
 
     #[test]

@@ -829,14 +829,14 @@ mod tests {
         assert!(a(n as u32) > c[2] && a(n as u32 - 1) <= c[2]);
         // Waiting requests kvroute did not send cost a prefill's base and a typical request's
         // tokens (here the probe's 100, with their attention) each, instead of the decode
-        // interference of running ones; a worker only running requests is half a step in.
+        // interference of running ones.
         let w = model_estimates(&p, 100, &[0], &[(0, 4)]);
         let r = model_estimates(&p, 100, &[0], &[(4, 0)]);
         let each = p.prefill_base_ms
             + 100.0 * p.prefill_ms_per_token
             + 100.0 * 100.0 * p.prefill_ms_per_token_sq
             - p.decode_interference_ms;
-        let want = 4.0 * each - 0.5 * p.prefill_base_ms;
+        let want = 4.0 * each;
         assert!((w[0] - r[0] - want).abs() < 1e-9, "{} vs {want}", w[0] - r[0]);
     }
 
