@@ -2,20 +2,25 @@
 //! image of the module): every manifest parses; the fields that must agree do (ports, routing
 //! header, token Secret, cluster names, worker lists, images, vm_ids, updater flags against
 //! `kvroute-updater --help`); every embedded filter config passes kvroute-core's parser and
-//! `validate()`; and the embedded Envoy config (bootstrap fragments, cluster/listener/filter
-//! patches) passes `envoy --mode validate` inside a complete bootstrap with the real module.
-//! No cluster runs here: what Istio and Envoy Gateway do with these objects is not tested.
+//! `validate()`. Then what each control plane gives the gateway's Envoy for them: fixtures of
+//! istiod's and Envoy Gateway's output for these objects (derived from their sources at a
+//! pinned release, cited in each file), checked against the manifests, with the EnvoyFilter and
+//! EnvoyPatchPolicy applied the way the control planes apply them; and real Envoy running that
+//! configuration with the built module, simulated workers and kvroute-updater. No cluster runs
+//! here: the fixtures are the assumption, stated and cited.
 
 #[path = "deploy_k8s/checks.rs"]
 mod checks;
-#[path = "deploy_k8s/envoy_assembly.rs"]
-mod envoy_assembly;
+#[path = "deploy_k8s/jsonpatch.rs"]
+mod jsonpatch;
+#[path = "deploy_k8s/live.rs"]
+mod live;
 #[path = "deploy_k8s/manifests.rs"]
 mod manifests;
 #[path = "deploy_k8s/singleton.rs"]
 mod singleton;
-
-use std::time::Duration;
+#[path = "deploy_k8s/xds.rs"]
+mod xds;
 
 use kvroute_integration::paths;
 use manifests::{help_flags, Doc};
@@ -43,6 +48,16 @@ fn server_rs() -> String {
 fn every_manifest_parses_and_the_fields_agree() {
     let docs = docs();
     checks::check_all(&docs, &updater_help_flags(), &server_rs()).unwrap();
+}
+
+/// The fixtures describe what the control planes generate for these manifests, and with the
+/// patch objects applied the result has everything kvroute needs.
+#[test]
+fn the_control_planes_configurations_have_what_kvroute_needs() {
+    for x in xds::both(&docs()).unwrap() {
+        let f = xds::wasm_filter(&x.listener).unwrap();
+        eprintln!("{}: {}", x.name, serde_json::to_string(f).unwrap());
+    }
 }
 
 #[test]
@@ -80,76 +95,290 @@ fn the_wasm_image_holds_the_built_module_as_plugin_wasm() {
     assert!(text.contains(&format!(" {context}\n")), "build context is not {context}");
 }
 
-/// Each mutation breaks one agreement; the checks must name it.
+/// The manifests' checks and the control planes' configurations built from them.
+fn verify(docs: &[Doc], help: &[String], server: &str) -> anyhow::Result<()> {
+    checks::check_all(docs, help, server)?;
+    xds::both(docs)?;
+    Ok(())
+}
+
+fn doc_mut<'a>(docs: &'a mut [Doc], kind: &str, name: &str) -> &'a mut Value {
+    &mut docs.iter_mut().find(|d| d.kind == kind && d.name == name).unwrap().body
+}
+
+fn set(docs: &mut [Doc], kind: &str, name: &str, ptr: &str, v: Value) {
+    *doc_mut(docs, kind, name)
+        .pointer_mut(ptr)
+        .unwrap_or_else(|| panic!("{kind} {name}: no {ptr}")) = v;
+}
+
+/// The EnvoyFilter patch inserting the wasm filter, for the mutations.
+const WASM_PATCH: &str = "/spec/configPatches/1/patch/value/typed_config/config";
+
+/// Each mutation breaks one agreement, or breaks what a control plane would give Envoy; the
+/// checks must fail.
 #[test]
 fn a_disagreeing_field_is_caught() {
     let help = updater_help_flags();
     let server = server_rs();
     let base = docs();
-    checks::check_all(&base, &help, &server).expect("the committed manifests agree");
-    type Mutation = (&'static str, &'static str, &'static str, Value);
-    let mutations: [Mutation; 10] = [
-        ("Service", "kvroute-updater", "/spec/ports/0/port", json!(9101)),
-        ("NetworkPolicy", "kvroute-updater", "/spec/ingress/0/ports/0/port", json!(9101)),
-        ("WasmPlugin", "kvroute", "/spec/pluginConfig/destination_header", json!("x-other")),
-        ("WasmPlugin", "kvroute", "/spec/pluginConfig/models/0/workers/0", json!("10.9.9.9:8000")),
-        ("WasmPlugin", "kvroute", "/spec/failStrategy", json!("FAIL_CLOSE")),
+    verify(&base, &help, &server).expect("the committed manifests agree");
+    type Mutation = (&'static str, Box<dyn Fn(&mut Vec<Doc>)>);
+    let filter_cfg = |edit: fn(&mut Value)| -> Box<dyn Fn(&mut Vec<Doc>)> {
+        Box::new(move |d: &mut Vec<Doc>| {
+            let ptr = format!("{WASM_PATCH}/configuration/value");
+            let text = doc_mut(d, "EnvoyFilter", "kvroute")
+                .pointer(&ptr)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let mut cfg: Value = serde_json::from_str(&text).unwrap();
+            edit(&mut cfg);
+            set(d, "EnvoyFilter", "kvroute", &ptr, cfg.to_string().into());
+        })
+    };
+    let mutations: Vec<Mutation> = vec![
         (
-            "EnvoyProxy",
-            "kvroute-proxy",
-            "/spec/provider/kubernetes/envoyDeployment/container/env/0/valueFrom/secretKeyRef/name",
-            json!("other"),
-        ),
-        ("EnvoyExtensionPolicy", "kvroute", "/metadata/name", json!("renamed")),
-        (
-            "Deployment",
-            "kvroute-updater",
-            "/spec/template/spec/containers/0/args/0",
-            json!("--no-such-flag=1"),
-        ),
-        (
-            "EnvoyFilter",
-            "kvroute",
-            "/spec/configPatches/0/patch/value/static_resources/clusters/0/name",
-            json!("other"),
+            "updater Service port",
+            Box::new(|d| set(d, "Service", "kvroute-updater", "/spec/ports/0/port", json!(9101))),
         ),
         (
-            "Deployment",
-            "kvroute-updater",
-            "/spec/template/spec/volumes/0/secret/secretName",
-            json!("other"),
+            "NetworkPolicy port",
+            Box::new(|d| {
+                set(
+                    d,
+                    "NetworkPolicy",
+                    "kvroute-updater",
+                    "/spec/ingress/0/ports/0/port",
+                    json!(9101),
+                )
+            }),
         ),
+        ("Istio filter header", filter_cfg(|c| c["destination_header"] = json!("x-other"))),
+        (
+            "Istio filter workers",
+            filter_cfg(|c| c["models"][0]["workers"][0] = json!("10.9.9.9:8000")),
+        ),
+        (
+            "Istio fail policy",
+            Box::new(|d| {
+                set(
+                    d,
+                    "EnvoyFilter",
+                    "kvroute",
+                    &format!("{WASM_PATCH}/failure_policy"),
+                    json!("FAIL_CLOSED"),
+                )
+            }),
+        ),
+        (
+            "Istio stop iteration",
+            Box::new(|d| {
+                doc_mut(d, "EnvoyFilter", "kvroute")
+                    .pointer_mut(WASM_PATCH)
+                    .unwrap()
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("allow_on_headers_stop_iteration");
+            }),
+        ),
+        (
+            "Istio vm_id",
+            Box::new(|d| {
+                set(
+                    d,
+                    "EnvoyFilter",
+                    "kvroute",
+                    &format!("{WASM_PATCH}/vm_config/vm_id"),
+                    json!("other"),
+                )
+            }),
+        ),
+        (
+            "Istio wasm before a missing filter",
+            Box::new(|d| {
+                set(
+                    d,
+                    "EnvoyFilter",
+                    "kvroute",
+                    "/spec/configPatches/1/match/listener/filterChain/filter/subFilter/name",
+                    json!("envoy.filters.http.nope"),
+                )
+            }),
+        ),
+        (
+            "Istio cluster patch port",
+            Box::new(|d| {
+                set(
+                    d,
+                    "EnvoyFilter",
+                    "kvroute",
+                    "/spec/configPatches/2/match/cluster/portNumber",
+                    json!(8001),
+                )
+            }),
+        ),
+        (
+            "Istio listener port",
+            Box::new(|d| {
+                set(
+                    d,
+                    "EnvoyFilter",
+                    "kvroute",
+                    "/spec/configPatches/0/match/listener/portNumber",
+                    json!(80),
+                )
+            }),
+        ),
+        (
+            "Istio BOOTSTRAP patch",
+            Box::new(|d| {
+                let ps = doc_mut(d, "EnvoyFilter", "kvroute")
+                    .pointer_mut("/spec/configPatches")
+                    .unwrap()
+                    .as_array_mut()
+                    .unwrap();
+                ps.push(
+                    json!({"applyTo": "BOOTSTRAP", "patch": {"operation": "MERGE", "value": {}}}),
+                );
+            }),
+        ),
+        (
+            "Istio bootstrap override annotation",
+            Box::new(|d| {
+                doc_mut(d, "Deployment", "kvroute-gateway")
+                    .pointer_mut("/spec/template/metadata/annotations")
+                    .unwrap()
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("sidecar.istio.io/bootstrapOverride");
+            }),
+        ),
+        (
+            "Istio singleton cluster",
+            Box::new(|d| {
+                let ptr = "/data/custom_bootstrap.json";
+                let text = doc_mut(d, "ConfigMap", "kvroute-bootstrap")
+                    .pointer(ptr)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .replace("name: kvroute_updater", "name: other");
+                set(d, "ConfigMap", "kvroute-bootstrap", ptr, text.into());
+            }),
+        ),
+        (
+            "VirtualService timeout 0s",
+            Box::new(|d| {
+                doc_mut(d, "VirtualService", "inference")["spec"]["http"][0]["timeout"] =
+                    json!("0s")
+            }),
+        ),
+        (
+            "EnvoyProxy token Secret",
+            Box::new(|d| {
+                set(d, "EnvoyProxy", "kvroute-proxy", "/spec/provider/kubernetes/envoyDeployment/container/env/0/valueFrom/secretKeyRef/name", json!("other"))
+            }),
+        ),
+        (
+            "EnvoyExtensionPolicy renamed",
+            Box::new(|d| {
+                let doc = d.iter_mut().find(|d| d.kind == "EnvoyExtensionPolicy").unwrap();
+                doc.name = "renamed".into();
+                doc.body["metadata"]["name"] = json!("renamed");
+            }),
+        ),
+        (
+            "EnvoyPatchPolicy filter name",
+            Box::new(|d| {
+                let ptr = "/spec/jsonPatches/0/operation/jsonPath";
+                let p = doc_mut(d, "EnvoyPatchPolicy", "kvroute-stop-iteration")
+                    .pointer(ptr)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .replace("wasm/0", "wasm/1");
+                set(d, "EnvoyPatchPolicy", "kvroute-stop-iteration", ptr, p.into());
+            }),
+        ),
+        (
+            "EnvoyPatchPolicy listener",
+            Box::new(|d| {
+                set(
+                    d,
+                    "EnvoyPatchPolicy",
+                    "kvroute-stop-iteration",
+                    "/spec/jsonPatches/0/name",
+                    json!("inference/inference-gateway/https"),
+                )
+            }),
+        ),
+        (
+            "BackendTrafficPolicy header",
+            Box::new(|d| {
+                set(
+                    d,
+                    "BackendTrafficPolicy",
+                    "kvroute-override-host",
+                    "/spec/loadBalancer/endpointOverride/extractFrom/0/header",
+                    json!("x-other"),
+                )
+            }),
+        ),
+        (
+            "EnvoyExtensionPolicy fail open",
+            Box::new(|d| {
+                set(d, "EnvoyExtensionPolicy", "kvroute", "/spec/wasm/0/failOpen", json!(false))
+            }),
+        ),
+        (
+            "updater flag",
+            Box::new(|d| {
+                set(
+                    d,
+                    "Deployment",
+                    "kvroute-updater",
+                    "/spec/template/spec/containers/0/args/0",
+                    json!("--no-such-flag=1"),
+                )
+            }),
+        ),
+        (
+            "updater token Secret",
+            Box::new(|d| {
+                set(
+                    d,
+                    "Deployment",
+                    "kvroute-updater",
+                    "/spec/template/spec/volumes/0/secret/secretName",
+                    json!("other"),
+                )
+            }),
+        ),
+        ("no Namespace", Box::new(|d| d.retain(|d| d.kind != "Namespace"))),
     ];
-    for (kind, name, ptr, value) in mutations {
+    for (what, mutate) in mutations {
         let mut docs = base.clone();
-        let d = docs.iter_mut().find(|d| d.kind == kind && d.name == name).unwrap();
-        *d.body.pointer_mut(ptr).unwrap_or_else(|| panic!("{kind} {name}: no {ptr}")) = value;
-        if ptr == "/metadata/name" {
-            d.name = d.body.pointer(ptr).and_then(Value::as_str).unwrap().to_owned();
-        }
-        let r = checks::check_all(&docs, &help, &server);
-        assert!(r.is_err(), "changing {kind} {name} {ptr} went unnoticed");
+        mutate(&mut docs);
+        let r = verify(&docs, &help, &server);
+        assert!(r.is_err(), "{what}: the change went unnoticed");
+        eprintln!("{what}: {:#}", r.unwrap_err());
     }
 }
 
+/// What istiod gives the gateway's Envoy for the Istio manifests, run by real Envoy.
 #[tokio::test]
-async fn embedded_envoy_config_validates_with_the_module() {
-    let docs = docs();
-    let wasm = paths::wasm_path().expect("the filter module (./dev build)");
-    let dir = paths::scratch_dir("deploy-k8s").unwrap();
-    for (name, bootstrap) in envoy_assembly::bootstraps(&docs, &wasm).unwrap() {
-        let path = dir.join(format!("{name}.json"));
-        std::fs::write(&path, serde_json::to_vec_pretty(&bootstrap).unwrap()).unwrap();
-        let out = tokio::process::Command::new(paths::envoy_bin().expect("envoy (./dev setup)"))
-            .args(["--mode", "validate", "--log-level", "info", "-c"])
-            .arg(&path)
-            .env(checks::TOKEN_ENV, checks::TEST_TOKEN)
-            .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(Duration::from_secs(120), out).await.unwrap().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{name}: envoy --mode validate failed ({path:?}):\n{text}");
-        assert!(text.contains("kvroute: configured"), "{name}: the filter did not load:\n{text}");
-    }
+async fn istio_configuration_routes_with_kvroute_in_real_envoy() {
+    let x = xds::istio(&docs()).unwrap();
+    xds::kvroute_requirements(&x).unwrap();
+    live::run(&x).await.unwrap();
+}
+
+/// What Envoy Gateway gives its proxies for the Envoy Gateway manifests, run by real Envoy.
+#[tokio::test]
+async fn envoy_gateway_configuration_routes_with_kvroute_in_real_envoy() {
+    let x = xds::envoy_gateway(&docs()).unwrap();
+    xds::kvroute_requirements(&x).unwrap();
+    live::run(&x).await.unwrap();
 }

@@ -16,11 +16,12 @@ pub const TOKEN_ENV: &str = "KVROUTE_UPDATER_TOKEN";
 pub const TEST_TOKEN: &str = "deploy-k8s-test-token-0123456789";
 
 /// Every kind a manifest may have; a new kind needs its checks here first.
-const KINDS: [&str; 13] = [
+const KINDS: [&str; 15] = [
+    "Namespace",
     "Deployment",
     "Service",
     "NetworkPolicy",
-    "WasmPlugin",
+    "ConfigMap",
     "EnvoyFilter",
     "Gateway",
     "VirtualService",
@@ -29,6 +30,7 @@ const KINDS: [&str; 13] = [
     "EnvoyProxy",
     "EnvoyExtensionPolicy",
     "EnvoyPatchPolicy",
+    "BackendTrafficPolicy",
     "ClientTrafficPolicy",
 ];
 
@@ -66,9 +68,15 @@ pub fn check_all(docs: &[Doc], help_flags: &[String], server_rs: &str) -> anyhow
 /// Every embedded filter configuration, parsed and validated by kvroute-core.
 pub fn filter_configs(docs: &[Doc]) -> anyhow::Result<Vec<(String, FilterConfig)>> {
     let mut out = Vec::new();
-    for d in docs.iter().filter(|d| d.kind == "WasmPlugin") {
-        out.push((format!("WasmPlugin {}", d.name), parse_cfg(at(d, "/spec/pluginConfig")?)?));
-    }
+    let w = istio_wasm_filter(docs)?;
+    let text = w
+        .pointer("/typed_config/config/configuration/value")
+        .and_then(Value::as_str)
+        .context("EnvoyFilter kvroute: the wasm filter has no StringValue configuration")?;
+    out.push((
+        "EnvoyFilter kvroute (wasm filter)".to_owned(),
+        parse_cfg(&serde_json::from_str(text)?)?,
+    ));
     for d in docs.iter().filter(|d| d.kind == "EnvoyExtensionPolicy") {
         let wasms = at(d, "/spec/wasm")?.as_array().context("spec.wasm is not a list")?;
         for (i, w) in wasms.iter().enumerate() {
@@ -85,10 +93,41 @@ fn parse_cfg(v: &Value) -> anyhow::Result<FilterConfig> {
     Ok(FilterConfig::from_json(&serde_json::to_vec(v)?)?)
 }
 
-pub fn envoy_filter_patch<'a>(docs: &'a [Doc], apply_to: &str) -> anyhow::Result<&'a Value> {
+/// The value of the EnvoyFilter's one patch applying to `apply_to` whose value is named `name`
+/// (any name when `None`).
+pub fn envoy_filter_patch<'a>(
+    docs: &'a [Doc],
+    apply_to: &str,
+    name: Option<&str>,
+) -> anyhow::Result<&'a Value> {
     let ef = find(docs, "EnvoyFilter", "kvroute")?;
-    let patch = by_field(at(ef, "/spec/configPatches")?, "applyTo", apply_to)?;
-    patch.pointer("/patch/value").ok_or_else(|| anyhow!("the {apply_to} patch has no value"))
+    let mut it = at(ef, "/spec/configPatches")?.as_array().into_iter().flatten().filter(|p| {
+        p.get("applyTo").and_then(Value::as_str) == Some(apply_to)
+            && name
+                .is_none_or(|n| p.pointer("/patch/value/name").and_then(Value::as_str) == Some(n))
+    });
+    let p =
+        it.next().ok_or_else(|| anyhow!("EnvoyFilter kvroute: no {apply_to} patch {name:?}"))?;
+    ensure!(it.next().is_none(), "EnvoyFilter kvroute: two {apply_to} patches {name:?}");
+    p.pointer("/patch/value").ok_or_else(|| anyhow!("the {apply_to} patch has no value"))
+}
+
+/// The wasm HTTP filter the EnvoyFilter inserts (the one whose typed_config is a Wasm).
+pub fn istio_wasm_filter(docs: &[Doc]) -> anyhow::Result<&Value> {
+    let ef = find(docs, "EnvoyFilter", "kvroute")?;
+    let wasm = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+    let mut it = at(ef, "/spec/configPatches")?.as_array().into_iter().flatten().filter(|p| {
+        p.get("applyTo").and_then(Value::as_str) == Some("HTTP_FILTER")
+            && p.pointer("/patch/value/typed_config/@type").and_then(Value::as_str) == Some(wasm)
+    });
+    let p = it.next().context("EnvoyFilter kvroute inserts no wasm HTTP filter")?;
+    ensure!(it.next().is_none(), "EnvoyFilter kvroute inserts two wasm HTTP filters");
+    p.pointer("/patch/value").context("the wasm patch has no value")
+}
+
+/// The header the native strip filter removes (Istio) is in this list.
+fn strip_filter(docs: &[Doc]) -> anyhow::Result<&Value> {
+    envoy_filter_patch(docs, "HTTP_FILTER", Some("kvroute.strip_routing_headers"))
 }
 
 fn override_host_header(lb: &Value) -> anyhow::Result<&str> {
@@ -99,33 +138,25 @@ fn override_host_header(lb: &Value) -> anyhow::Result<&str> {
 
 /// The header the filter sets is the one override_host reads and the one stripped from clients.
 fn routing_header(docs: &[Doc], header: &str) -> anyhow::Result<()> {
-    let cluster = envoy_filter_patch(docs, "CLUSTER")?;
+    let cluster = envoy_filter_patch(docs, "CLUSTER", None)?;
     let lb =
         cluster.get("load_balancing_policy").context("CLUSTER patch: no load_balancing_policy")?;
     ensure!(
         override_host_header(lb)? == header,
         "Istio CLUSTER patch: override_host reads another header"
     );
-    let strip = envoy_filter_patch(docs, "HTTP_FILTER")?;
-    let removes =
-        strip.pointer("/typed_config/mutations/request_mutations").context("HTTP_FILTER patch")?;
+    let removes = strip_filter(docs)?
+        .pointer("/typed_config/mutations/request_mutations")
+        .context("HTTP_FILTER patch")?;
     ensure!(
         by_field(removes, "remove", header).is_ok(),
         "Istio HTTP_FILTER patch does not strip {header}"
     );
-    let epp = find(docs, "EnvoyPatchPolicy", "kvroute-override-host")?;
-    let op = by_field(
-        at(epp, "/spec/jsonPatches")?,
-        "type",
-        "type.googleapis.com/envoy.config.cluster.v3.Cluster",
-    )?;
+    let btp = find(docs, "BackendTrafficPolicy", "kvroute-override-host")?;
+    let from = at(btp, "/spec/loadBalancer/endpointOverride/extractFrom")?;
     ensure!(
-        op.pointer("/operation/path").and_then(Value::as_str) == Some("/load_balancing_policy")
-    );
-    let lb = op.pointer("/operation/value").context("EnvoyPatchPolicy: no value")?;
-    ensure!(
-        override_host_header(lb)? == header,
-        "EnvoyPatchPolicy: override_host reads another header"
+        by_field(from, "header", header).is_ok(),
+        "BackendTrafficPolicy: endpointOverride does not read {header}"
     );
     let ctp = find(docs, "ClientTrafficPolicy", "kvroute-strip-routing-header")?;
     let removed = at(ctp, "/spec/headers/earlyRequestHeaders/remove")?;
@@ -136,10 +167,17 @@ fn routing_header(docs: &[Doc], header: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// kvroute fails open everywhere (README "Fail-safe").
+/// kvroute fails open everywhere (README "Fail-safe"), and Envoy honours the filter's pause.
 fn fail_open(docs: &[Doc]) -> anyhow::Result<()> {
-    let wp = find(docs, "WasmPlugin", "kvroute")?;
-    ensure!(str_at(wp, "/spec/failStrategy")? == "FAIL_OPEN", "WasmPlugin is not FAIL_OPEN");
+    let c = istio_wasm_filter(docs)?.pointer("/typed_config/config").context("wasm config")?;
+    ensure!(
+        c.get("failure_policy") == Some(&Value::from("FAIL_OPEN")),
+        "EnvoyFilter kvroute: the wasm filter's failure_policy is not FAIL_OPEN"
+    );
+    ensure!(
+        c.get("allow_on_headers_stop_iteration") == Some(&Value::Bool(true)),
+        "EnvoyFilter kvroute: the wasm filter lacks allow_on_headers_stop_iteration: true"
+    );
     let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
     for w in at(eep, "/spec/wasm")?.as_array().into_iter().flatten() {
         ensure!(
@@ -363,7 +401,7 @@ fn subset(sel: &Value, labels: &Value) -> anyhow::Result<()> {
 
 /// Connection buffer limits hold the largest body the filters accept.
 fn buffer_limits(docs: &[Doc], max_body: u64) -> anyhow::Result<()> {
-    let l = envoy_filter_patch(docs, "LISTENER")?;
+    let l = envoy_filter_patch(docs, "LISTENER", None)?;
     let istio = l
         .get("per_connection_buffer_limit_bytes")
         .and_then(Value::as_u64)

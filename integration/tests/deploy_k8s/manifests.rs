@@ -63,7 +63,7 @@ fn doc(file: &Path, body: Value) -> anyhow::Result<Doc> {
     let name = s("/metadata/name").ok_or_else(|| anyhow!("{what}: a {kind} without a name"))?;
     // Cluster-scoped kinds have no namespace; every namespaced one here names its own.
     let namespace = s("/metadata/namespace").unwrap_or_default();
-    if !matches!(kind.as_str(), "GatewayClass") {
+    if !matches!(kind.as_str(), "GatewayClass" | "Namespace") {
         ensure!(!namespace.is_empty(), "{what}: {kind} {name} has no metadata.namespace");
     }
     Ok(Doc { file: file.to_owned(), kind, name, namespace, body })

@@ -5,21 +5,36 @@ use anyhow::{anyhow, ensure, Context};
 use kvroute_core::config::SnapshotSyncConfig;
 use serde_json::Value;
 
-use crate::checks::{envoy_filter_patch, proxies, secret_env, str_or, TEST_TOKEN, TOKEN_ENV};
+use crate::checks::{istio_wasm_filter, proxies, secret_env, str_or, TEST_TOKEN, TOKEN_ENV};
 use crate::manifests::{at, by_field, find, str_at, Doc};
 
-/// Each Envoy side's bootstrap fragment, the vm_id its filter VM gets, and its proxy container.
+/// Each Envoy side's bootstrap addition, the vm_id its filter VM gets, and its proxy container.
 pub fn singletons(docs: &[Doc]) -> anyhow::Result<Vec<(Value, String, Value)>> {
     let proxies = proxies(docs)?;
-    let istio = envoy_filter_patch(docs, "BOOTSTRAP")?.clone();
+    // Istio: the ConfigMap the gateway pods' bootstrapOverride annotation names.
+    let gw = find(docs, "Deployment", "kvroute-gateway")?;
+    let cm_name = gw
+        .body
+        .pointer("/spec/template/metadata/annotations/sidecar.istio.io~1bootstrapOverride")
+        .and_then(Value::as_str)
+        .context("the Istio gateway pods have no sidecar.istio.io/bootstrapOverride")?;
+    let cm = find(docs, "ConfigMap", cm_name)?;
+    let y: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(str_at(cm, "/data/custom_bootstrap.json")?)?;
+    let istio = serde_json::to_value(y)?;
+    let istio_vm = istio_wasm_filter(docs)?
+        .pointer("/typed_config/config/vm_config/vm_id")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
     let ep = find(docs, "EnvoyProxy", "kvroute-proxy")?;
     ensure!(str_at(ep, "/spec/bootstrap/type")? == "Merge", "EnvoyProxy bootstrap is not a Merge");
     let y: serde_yaml_ng::Value = serde_yaml_ng::from_str(str_at(ep, "/spec/bootstrap/value")?)?;
     let eg = serde_json::to_value(y)?;
     let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
     // Envoy Gateway names a policy's wasm VM envoyextensionpolicy/<ns>/<name>/wasm/<index>.
-    let eg_vm = format!("envoyextensionpolicy/{}/{}/wasm/0", eep.namespace, eep.name);
-    Ok(vec![(istio, String::new(), proxies[0].1.clone()), (eg, eg_vm, proxies[1].1.clone())])
+    let eg_vm = crate::xds::eg_wasm_name(eep, 0);
+    Ok(vec![(istio, istio_vm, proxies[0].1.clone()), (eg, eg_vm, proxies[1].1.clone())])
 }
 
 /// The singleton's configuration parses, names a cluster of its fragment, reads the token the
@@ -52,6 +67,7 @@ pub fn singleton(docs: &[Doc], fragment: &Value, vm_id: &str, proxy: &Value) -> 
     );
     secret_env(proxy, TOKEN_ENV)?;
     let their_vm = vm.get("vm_id").and_then(Value::as_str).unwrap_or("");
+    ensure!(!vm_id.is_empty(), "the filter's vm_id is empty");
     ensure!(their_vm == vm_id, "singleton vm_id '{their_vm}' is not the filter's '{vm_id}'");
     let file = vm.pointer("/code/local/filename").and_then(Value::as_str).context("code.local")?;
     let (dir, name) = file.rsplit_once('/').context("filename")?;
@@ -77,11 +93,22 @@ pub fn singleton(docs: &[Doc], fragment: &Value, vm_id: &str, proxy: &Value) -> 
     Ok(())
 }
 
-/// The filter image, the same in the WasmPlugin and the EnvoyExtensionPolicy.
+/// The filter image: the Istio gateway's volume holding the file the filter loads, and the
+/// EnvoyExtensionPolicy's image, the same.
 pub fn filter_image(docs: &[Doc]) -> anyhow::Result<String> {
-    let wp = str_at(find(docs, "WasmPlugin", "kvroute")?, "/spec/url")?;
-    let wp = wp.strip_prefix("oci://").context("WasmPlugin url is not oci://")?;
+    let file = istio_wasm_filter(docs)?
+        .pointer("/typed_config/config/vm_config/code/local/filename")
+        .and_then(Value::as_str)
+        .context("the Istio wasm filter does not load a local file")?;
+    let (dir, _) = file.rsplit_once('/').context("filename")?;
+    let gw = find(docs, "Deployment", "kvroute-gateway")?;
+    let c = by_field(at(gw, "/spec/template/spec/containers")?, "name", "istio-proxy")?;
+    let m =
+        by_field(c.get("volumeMounts").context("istio-proxy: no volumeMounts")?, "mountPath", dir)?;
+    let v = by_field(at(gw, "/spec/template/spec/volumes")?, "name", str_or(m, "name")?)?;
+    let istio =
+        v.pointer("/image/reference").and_then(Value::as_str).context("not an image volume")?;
     let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
-    ensure!(str_at(eep, "/spec/wasm/0/code/image/url")? == wp, "the two filter images differ");
-    Ok(wp.to_owned())
+    ensure!(str_at(eep, "/spec/wasm/0/code/image/url")? == istio, "the two filter images differ");
+    Ok(istio.to_owned())
 }
