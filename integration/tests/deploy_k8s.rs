@@ -112,6 +112,10 @@ fn set(docs: &mut [Doc], kind: &str, name: &str, ptr: &str, v: Value) {
         .unwrap_or_else(|| panic!("{kind} {name}: no {ptr}")) = v;
 }
 
+/// The Secret the Envoy Gateway proxies read the token from, for the mutations.
+const EG_TOKEN_SECRET: &str =
+    "/spec/provider/kubernetes/envoyDeployment/container/env/0/valueFrom/secretKeyRef/name";
+
 /// The EnvoyFilter patch inserting the wasm filter, for the mutations.
 const WASM_PATCH: &str = "/spec/configPatches/1/patch/value/typed_config/config";
 
@@ -123,8 +127,9 @@ fn a_disagreeing_field_is_caught() {
     let server = server_rs();
     let base = docs();
     verify(&base, &help, &server).expect("the committed manifests agree");
-    type Mutation = (&'static str, Box<dyn Fn(&mut Vec<Doc>)>);
-    let filter_cfg = |edit: fn(&mut Value)| -> Box<dyn Fn(&mut Vec<Doc>)> {
+    type Mutate = Box<dyn Fn(&mut Vec<Doc>)>;
+    type Mutation = (&'static str, Mutate);
+    let filter_cfg = |edit: fn(&mut Value)| -> Mutate {
         Box::new(move |d: &mut Vec<Doc>| {
             let ptr = format!("{WASM_PATCH}/configuration/value");
             let text = doc_mut(d, "EnvoyFilter", "kvroute")
@@ -277,9 +282,7 @@ fn a_disagreeing_field_is_caught() {
         ),
         (
             "EnvoyProxy token Secret",
-            Box::new(|d| {
-                set(d, "EnvoyProxy", "kvroute-proxy", "/spec/provider/kubernetes/envoyDeployment/container/env/0/valueFrom/secretKeyRef/name", json!("other"))
-            }),
+            Box::new(|d| set(d, "EnvoyProxy", "kvroute-proxy", EG_TOKEN_SECRET, json!("other"))),
         ),
         (
             "EnvoyExtensionPolicy renamed",

@@ -241,8 +241,8 @@ mod tests {
         assert_eq!(select(&doc, "$.chains[0].hcm").unwrap(), ["/chains/0/hcm"]);
         assert!(select(&doc, "..x[?(@.a>1)]").is_err());
         let mut d = doc.clone();
-        let op = json!({"op": "add", "jsonPath": "..http_filters[?(@.name=='a/b')].typed_config.config",
-            "path": "/flag", "value": true});
+        let jp = "..http_filters[?(@.name=='a/b')].typed_config.config";
+        let op = json!({"op": "add", "jsonPath": jp, "path": "/flag", "value": true});
         apply_operation(&mut d, &op).unwrap();
         assert_eq!(
             d.pointer("/chains/0/hcm/http_filters/0/typed_config/config/flag"),

@@ -38,6 +38,11 @@ fn socket(addr: &str, port: u16) -> Value {
     json!({"socket_address": {"address": addr, "port_value": port}})
 }
 
+/// One locality with one endpoint, 127.0.0.1:`port`.
+fn loopback(port: u16) -> Value {
+    json!([{"lb_endpoints": [{"endpoint": {"address": socket("127.0.0.1", port)}}]}])
+}
+
 fn endpoints(addrs: &[String]) -> anyhow::Result<Value> {
     let mut eps = Vec::new();
     for a in addrs {
@@ -112,7 +117,7 @@ pub fn localize(x: &Xds, l: &Local) -> anyhow::Result<(Value, Value)> {
         // Envoy Gateway's wasm_cluster (mTLS to its controller's HTTP server): plain HTTP here.
         clusters.push(json!({"name": "wasm_cluster", "type": "STATIC", "connect_timeout": "2s",
             "load_assignment": {"cluster_name": "wasm_cluster",
-                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket("127.0.0.1", *port)}}]}]}}));
+                "endpoints": loopback(*port)}}));
     }
     statics["listeners"] = json!([listener]);
 
@@ -129,7 +134,7 @@ pub fn localize(x: &Xds, l: &Local) -> anyhow::Result<(Value, Value)> {
         .flatten()
     {
         if c["name"] == "kvroute_updater" {
-            c["load_assignment"]["endpoints"] = json!([{"lb_endpoints": [{"endpoint": {"address": socket("127.0.0.1", l.updater)}}]}]);
+            c["load_assignment"]["endpoints"] = loopback(l.updater);
         }
     }
     Ok((b, add))
@@ -348,11 +353,13 @@ async fn checks(
     // 4. The stats carry their tags (the bootstrap addition's stats_tags) and pass the control
     // plane's stats matcher.
     let m = envoy.prometheus().await?;
-    let tagged = format!("kvroute_worker=\"{}\"", target.addr);
+    // The worker's stat segment: its address with '.' and ':' as '_'.
+    let seg = target.addr.replace(['.', ':'], "_");
+    let decisions = format!("kvroute_worker_decisions{{kvroute_worker=\"{seg}\"}}");
     ensure!(
-        m.keys().any(|k| k.starts_with("kvroute_") && k.contains(&tagged)),
-        "{name}: no kvroute stat tagged {tagged}: {:?}",
-        m.keys().filter(|k| k.starts_with("kvroute")).collect::<Vec<_>>()
+        m.get(&decisions).copied().unwrap_or(0.0) >= 1.0,
+        "{name}: no {decisions}: {:?}",
+        m.keys().filter(|k| k.starts_with("kvroute_worker")).collect::<Vec<_>>()
     );
     ensure!(
         m.get("kvroute_knowledge_updates{kvroute_kind=\"full\"}").copied().unwrap_or(0.0) >= 1.0,

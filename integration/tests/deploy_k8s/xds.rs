@@ -17,7 +17,7 @@ use kvroute_integration::paths;
 use serde_json::Value;
 
 use crate::jsonpatch::{apply_operation, merge};
-use crate::manifests::{at, by_field, find, quantity_bytes, str_at, u64_at, Doc};
+use crate::manifests::{at, by_field, find, quantity_bytes, str_at, Doc};
 
 /// What one gateway's Envoy runs: its bootstrap (`-c`), the bootstrap addition Envoy merges
 /// (`--config-yaml`), and the xDS resources for the kvroute route.
@@ -172,9 +172,10 @@ pub fn istio(docs: &[Doc]) -> anyhow::Result<Xds> {
     let host = dest.get("host").and_then(Value::as_str).context("destination host")?;
     let port = dest.pointer("/port/number").and_then(Value::as_u64).context("destination port")?;
     let want = format!("outbound|{port}||{host}");
+    let want_v = Value::from(want.clone());
     ensure!(
-        cluster.get("name") == Some(&want.clone().into())
-            && route.pointer("/virtual_hosts/0/routes/0/route/cluster") == Some(&want.clone().into()),
+        cluster.get("name") == Some(&want_v)
+            && route.pointer("/virtual_hosts/0/routes/0/route/cluster") == Some(&want_v),
         "fixtures/istio/{{cluster,route}}.yaml are for another destination than {want}: update them"
     );
     ensure!(
@@ -588,6 +589,5 @@ pub fn both(docs: &[Doc]) -> anyhow::Result<Vec<Xds>> {
             d.namespace
         );
     }
-    let _ = u64_at;
     Ok(out)
 }
