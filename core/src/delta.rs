@@ -16,6 +16,10 @@
 //! offloaded removed, offloaded added (u32 count; each u64)).
 //! Format 3 is format 2 followed by a [`PeerSection`] with the peer changes (new credits, new
 //! loads, zero loads for loads gone); sent only to callers that ask for peers.
+//! Format 4 is format 2 followed by a sections byte: bit 1 the snapshot is the updater's whole
+//! pool ([`Snapshot::pool`]), bit 2 a [`PeerSection`] follows, bit 4 the workers removed from
+//! the pool follow (u16 count; each u16-length name); other bits are an error. Sent only to
+//! callers that ask for the pool (`pool=1`); formats 2 and 3 are unchanged.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -24,8 +28,8 @@ use thiserror::Error;
 use crate::peers::PeerSection;
 use crate::snapshot::{
     hashes, put_hashes, put_head, put_models, put_names, put_str, read_head, read_models,
-    read_names, read_str, DecodeLimits, ModelInfo, ReportedLoad, Snapshot, SnapshotError,
-    WorkerHead, WorkerKnowledge,
+    read_names, read_sections, read_str, DecodeLimits, ModelInfo, ReportedLoad, Snapshot,
+    SnapshotError, WorkerHead, WorkerKnowledge, SECTION_PEERS, SECTION_POOL,
 };
 use crate::wire::Reader;
 
@@ -33,6 +37,10 @@ use crate::wire::Reader;
 pub const DELTA_FORMAT: u8 = 2;
 /// Format of a delta with a trailing peer section.
 pub const DELTA_FORMAT_PEERS: u8 = 3;
+/// Format of a delta with a trailing sections byte (pool flag, peers, removed workers).
+pub const DELTA_FORMAT_SECTIONS: u8 = 4;
+/// Sections byte: the list of removed workers follows.
+const SECTION_REMOVED: u8 = 4;
 const MAGIC: &[u8; 4] = b"KVRD";
 const RESET: u8 = 1;
 const HAS_MODEL: u8 = 2;
@@ -110,7 +118,7 @@ pub struct WorkerDelta {
 }
 
 /// The changes from snapshot version `from_version` to `to_version`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Delta {
     pub from_version: u64,
     pub to_version: u64,
@@ -121,13 +129,19 @@ pub struct Delta {
     pub workers: Vec<WorkerDelta>,
     /// Peer changes (format 3), when the caller asked for peers.
     pub peers: Option<PeerSection>,
+    /// The snapshot it leads to is the updater's whole pool (format 4, [`Snapshot::pool`]).
+    pub pool: bool,
+    /// Workers that left the pool (sorted): a receiver forgets them (format 4).
+    pub removed: Vec<String>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DeltaError {
     #[error("not a kvroute delta")]
     Magic,
-    #[error("delta format {0} is not supported (expected {DELTA_FORMAT} or {DELTA_FORMAT_PEERS})")]
+    #[error(
+        "delta format {0} is not supported (expected {DELTA_FORMAT} to {DELTA_FORMAT_SECTIONS})"
+    )]
     Format(u8),
     #[error(transparent)]
     Body(#[from] SnapshotError),
@@ -190,7 +204,8 @@ impl WorkerDelta {
 }
 
 impl Delta {
-    /// The changes from `old` to `new` (both with sorted hash lists, as the updater makes them).
+    /// The changes from `old` to `new` (both with sorted hash lists, as the updater makes them);
+    /// when `new` is the whole pool, the workers it no longer lists are removed.
     pub fn between(old: &Snapshot, new: &Snapshot) -> Delta {
         let before: BTreeMap<&str, &WorkerKnowledge> =
             old.workers.iter().map(|w| (w.worker.as_str(), w)).collect();
@@ -199,6 +214,12 @@ impl Delta {
             .iter()
             .filter_map(|w| WorkerDelta::between(before.get(w.worker.as_str()).copied(), w))
             .collect();
+        // Only a snapshot of the whole pool says that a worker it does not list is gone.
+        let after: HashSet<&str> = new.workers.iter().map(|w| w.worker.as_str()).collect();
+        let removed: Vec<String> = match new.pool {
+            true => before.keys().filter(|w| !after.contains(*w)).map(|w| w.to_string()).collect(),
+            false => Vec::new(),
+        };
         Delta {
             from_version: old.version,
             to_version: new.version,
@@ -206,6 +227,8 @@ impl Delta {
             models: (old.models != new.models).then(|| new.models.clone()),
             workers,
             peers: PeerSection::between(old.peers.as_ref(), new.peers.as_ref()),
+            pool: new.pool,
+            removed,
         }
     }
 
@@ -225,6 +248,8 @@ impl Delta {
             adapters: Option<&'a Vec<String>>,
         }
         let mut acc: BTreeMap<&str, Acc<'_>> = BTreeMap::new();
+        // Removed and not back since: the receiver forgets them.
+        let mut removed: std::collections::BTreeSet<&str> = Default::default();
         let mut models = None;
         let mut peers: Option<PeerSection> = None;
         for d in deltas {
@@ -239,7 +264,14 @@ impl Delta {
                 // Zero loads stay: a receiver may hold the load they remove.
                 peers.get_or_insert_with(PeerSection::default).merge(p, d.generated_at_ms, true);
             }
+            for w in &d.removed {
+                acc.remove(w.as_str());
+                removed.insert(w.as_str());
+            }
             for w in &d.workers {
+                // A worker back after its removal comes whole (a reset with model and
+                // adapters, as for any worker new to the receiver).
+                removed.remove(w.worker.as_str());
                 let e = acc.entry(w.worker.as_str()).or_insert_with(|| Acc {
                     head: w,
                     reset: false,
@@ -296,6 +328,8 @@ impl Delta {
             models,
             workers,
             peers,
+            pool: deltas.last().is_some_and(|d| d.pool),
+            removed: removed.into_iter().map(str::to_owned).collect(),
         })
     }
 
@@ -313,10 +347,16 @@ impl Delta {
                         + w.offloaded.remove.len())
             })
             .sum::<usize>()
-            + self.peers.as_ref().map_or(0, PeerSection::encoded_len);
-        let mut out = Vec::with_capacity(32 + size);
+            + self.peers.as_ref().map_or(0, PeerSection::encoded_len)
+            + self.removed.iter().map(|w| 2 + w.len()).sum::<usize>();
+        let mut out = Vec::with_capacity(35 + size);
         out.extend_from_slice(MAGIC);
-        out.push(if self.peers.is_some() { DELTA_FORMAT_PEERS } else { DELTA_FORMAT });
+        let sections = self.pool || !self.removed.is_empty();
+        out.push(match (sections, self.peers.is_some()) {
+            (true, _) => DELTA_FORMAT_SECTIONS,
+            (false, true) => DELTA_FORMAT_PEERS,
+            (false, false) => DELTA_FORMAT,
+        });
         out.extend_from_slice(&self.from_version.to_le_bytes());
         out.extend_from_slice(&self.to_version.to_le_bytes());
         out.extend_from_slice(&self.generated_at_ms.to_le_bytes());
@@ -344,8 +384,18 @@ impl Delta {
                 put_hashes(&mut out, list);
             }
         }
+        if sections {
+            out.push(
+                if self.pool { SECTION_POOL } else { 0 }
+                    | if self.peers.is_some() { SECTION_PEERS } else { 0 }
+                    | if self.removed.is_empty() { 0 } else { SECTION_REMOVED },
+            );
+        }
         if let Some(p) = &self.peers {
             p.encode_into(&mut out);
+        }
+        if !self.removed.is_empty() {
+            put_names(&mut out, &self.removed);
         }
         out
     }
@@ -362,7 +412,7 @@ impl Delta {
             return Err(DeltaError::Magic);
         }
         let format = r.u8().ok_or_else(t)?;
-        if format != DELTA_FORMAT && format != DELTA_FORMAT_PEERS {
+        if !(DELTA_FORMAT..=DELTA_FORMAT_SECTIONS).contains(&format) {
             return Err(DeltaError::Format(format));
         }
         let from_version = r.u64().ok_or_else(t)?;
@@ -407,14 +457,35 @@ impl Delta {
                 offloaded: SetChange { add: off_add, remove: off_remove },
             });
         }
-        let peers = match format {
-            DELTA_FORMAT_PEERS => Some(PeerSection::decode_from(&mut r, limits)?),
-            _ => None,
+        let sections = match format {
+            DELTA_FORMAT_PEERS => SECTION_PEERS,
+            DELTA_FORMAT_SECTIONS => {
+                read_sections(&mut r, SECTION_POOL | SECTION_PEERS | SECTION_REMOVED)?
+            }
+            _ => 0,
+        };
+        let peers = match sections & SECTION_PEERS {
+            0 => None,
+            _ => Some(PeerSection::decode_from(&mut r, limits)?),
+        };
+        let removed = match sections & SECTION_REMOVED {
+            0 => Vec::new(),
+            _ => read_names(&mut r, limits.max_workers)?,
         };
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing.into());
         }
-        Ok(Delta { from_version, to_version, generated_at_ms, models, workers, peers })
+        let pool = sections & SECTION_POOL != 0;
+        Ok(Delta {
+            from_version,
+            to_version,
+            generated_at_ms,
+            models,
+            workers,
+            peers,
+            pool,
+            removed,
+        })
     }
 }
 
@@ -428,16 +499,25 @@ impl Snapshot {
                 have: self.version,
             });
         }
+        if !d.removed.is_empty() {
+            let gone: HashSet<&str> = d.removed.iter().map(String::as_str).collect();
+            self.workers.retain(|k| !gone.contains(k.worker.as_str()));
+        }
         for w in &d.workers {
             let i = match self.workers.iter().position(|k| k.worker == w.worker) {
                 Some(i) => i,
                 None => {
-                    self.workers.push(WorkerKnowledge {
-                        worker: w.worker.clone(),
-                        compatible: true,
-                        ..WorkerKnowledge::default()
-                    });
-                    self.workers.len() - 1
+                    // Kept in name order, as the updater lists workers.
+                    let i = self.workers.partition_point(|k| k.worker < w.worker);
+                    self.workers.insert(
+                        i,
+                        WorkerKnowledge {
+                            worker: w.worker.clone(),
+                            compatible: true,
+                            ..WorkerKnowledge::default()
+                        },
+                    );
+                    i
                 }
             };
             let k = &mut self.workers[i];
@@ -463,6 +543,7 @@ impl Snapshot {
         if let Some(p) = &d.peers {
             self.peers.get_or_insert_with(PeerSection::default).merge(p, d.generated_at_ms, false);
         }
+        self.pool = d.pool;
         self.version = d.to_version;
         self.generated_at_ms = d.generated_at_ms;
         Ok(())

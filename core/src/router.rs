@@ -130,6 +130,13 @@ impl Router {
         self.plan.model(model).map(|m| m.workers.as_slice())
     }
 
+    /// The workers `model`'s requests go to now: the updater's pool for it when the updater
+    /// lists the whole pool and names members of `model`, else the configured workers.
+    pub fn pool(&self, model: &str) -> Option<&[String]> {
+        let m = self.plan.model(model)?;
+        Some(self.knowledge.pool_members(model).unwrap_or(&m.workers))
+    }
+
     /// Every configured worker, across models.
     pub fn all_workers(&self) -> impl Iterator<Item = &str> {
         self.plan.all_workers()
@@ -220,8 +227,10 @@ impl Router {
         let m = &t.model;
         // Each worker's lookup, kept for the header fields of the chosen one and the look-ahead.
         let mut matches: HashMap<&str, PrefixMatch> = HashMap::new();
-        let candidates: Vec<Candidate> = m
-            .workers
+        // The updater's pool when it sends one (a new pod joins once identified), else the
+        // configured workers.
+        let pool = self.knowledge.pool_members(&m.name).unwrap_or(&m.workers);
+        let candidates: Vec<Candidate> = pool
             .iter()
             .map(|w| {
                 // The cache-blind ablation skips the lookup rather than discarding it.

@@ -12,6 +12,10 @@
 //! Format 4 is format 3 followed by a [`PeerSection`] (other replicas' routing, see
 //! [`crate::peers`]); the updater sends it only to callers that ask (`peers=1`), so a decoder
 //! that knows format 3 only keeps working.
+//! Format 5 is format 3 followed by a sections byte: bit 1 the worker list is the updater's
+//! whole pool ([`Snapshot::pool`]), bit 2 a [`PeerSection`] follows; other bits are an error.
+//! The updater sends it only to callers that ask (`pool=1`), and only when it says it has the
+//! pool (membership discovered); otherwise formats 3 and 4 are written byte for byte as before.
 
 use thiserror::Error;
 
@@ -22,6 +26,12 @@ use crate::wire::Reader;
 pub const SNAPSHOT_FORMAT: u8 = 3;
 /// Format of a snapshot with a trailing peer section.
 pub const SNAPSHOT_FORMAT_PEERS: u8 = 4;
+/// Format of a snapshot with a trailing sections byte (pool flag, peers).
+pub const SNAPSHOT_FORMAT_SECTIONS: u8 = 5;
+/// Sections byte: the worker list is the whole pool.
+pub(crate) const SECTION_POOL: u8 = 1;
+/// Sections byte: a peer section follows.
+pub(crate) const SECTION_PEERS: u8 = 2;
 const MAGIC: &[u8; 4] = b"KVRS";
 /// Bounds that keep a hostile or corrupt payload from allocating without limit.
 pub const MAX_WORKERS: usize = 4096;
@@ -114,6 +124,10 @@ pub struct Snapshot {
     pub workers: Vec<WorkerKnowledge>,
     /// Other replicas' recent routing (format 4), when the caller asked for it.
     pub peers: Option<PeerSection>,
+    /// The updater discovers the pool (format 5): `workers` is every member, a worker not
+    /// listed is not one, and a worker's `model` says whose pool it is in. False: a partial
+    /// view (the filter's configured pools stay the pools).
+    pub pool: bool,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -122,7 +136,7 @@ pub enum SnapshotError {
     Truncated,
     #[error("not a kvroute snapshot")]
     Magic,
-    #[error("snapshot format {0} is not supported (expected {SNAPSHOT_FORMAT} or {SNAPSHOT_FORMAT_PEERS})")]
+    #[error("snapshot format {0} is not supported (expected {SNAPSHOT_FORMAT} to {SNAPSHOT_FORMAT_SECTIONS})")]
     Format(u8),
     #[error("snapshot count {0} exceeds its bound")]
     TooLarge(usize),
@@ -273,7 +287,11 @@ impl Snapshot {
             + self.peers.as_ref().map_or(0, PeerSection::encoded_len);
         let mut out = Vec::with_capacity(26 + size);
         out.extend_from_slice(MAGIC);
-        out.push(if self.peers.is_some() { SNAPSHOT_FORMAT_PEERS } else { SNAPSHOT_FORMAT });
+        out.push(match (self.pool, self.peers.is_some()) {
+            (true, _) => SNAPSHOT_FORMAT_SECTIONS,
+            (false, true) => SNAPSHOT_FORMAT_PEERS,
+            (false, false) => SNAPSHOT_FORMAT,
+        });
         out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&self.generated_at_ms.to_le_bytes());
         put_models(&mut out, &self.models);
@@ -284,6 +302,9 @@ impl Snapshot {
             put_names(&mut out, &w.adapters);
             put_hashes(&mut out, &w.gpu);
             put_hashes(&mut out, &w.offloaded);
+        }
+        if self.pool {
+            out.push(SECTION_POOL | if self.peers.is_some() { SECTION_PEERS } else { 0 });
         }
         if let Some(p) = &self.peers {
             p.encode_into(&mut out);
@@ -303,7 +324,7 @@ impl Snapshot {
             return Err(SnapshotError::Magic);
         }
         let format = r.u8().ok_or_else(t)?;
-        if format != SNAPSHOT_FORMAT && format != SNAPSHOT_FORMAT_PEERS {
+        if !(SNAPSHOT_FORMAT..=SNAPSHOT_FORMAT_SECTIONS).contains(&format) {
             return Err(SnapshotError::Format(format));
         }
         let version = r.u64().ok_or_else(t)?;
@@ -331,15 +352,30 @@ impl Snapshot {
                 adapters,
             });
         }
-        let peers = match format {
-            SNAPSHOT_FORMAT_PEERS => Some(PeerSection::decode_from(&mut r, limits)?),
-            _ => None,
+        let sections = match format {
+            SNAPSHOT_FORMAT_PEERS => SECTION_PEERS,
+            SNAPSHOT_FORMAT_SECTIONS => read_sections(&mut r, SECTION_POOL | SECTION_PEERS)?,
+            _ => 0,
+        };
+        let peers = match sections & SECTION_PEERS {
+            0 => None,
+            _ => Some(PeerSection::decode_from(&mut r, limits)?),
         };
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing);
         }
-        Ok(Snapshot { version, generated_at_ms, models, workers, peers })
+        let pool = sections & SECTION_POOL != 0;
+        Ok(Snapshot { version, generated_at_ms, models, workers, peers, pool })
     }
+}
+
+/// Reads a sections byte, refusing bits outside `known`.
+pub(crate) fn read_sections(r: &mut Reader<'_>, known: u8) -> Result<u8, SnapshotError> {
+    let s = r.u8().ok_or(SnapshotError::Truncated)?;
+    if s & !known != 0 {
+        return Err(SnapshotError::Flags(s));
+    }
+    Ok(s)
 }
 
 /// Reads a hash list, refusing counts past the bound or past the end of the payload.
@@ -365,6 +401,11 @@ mod tests {
     #[test]
     fn golden_bytes() {
         crate::conformance::codecs::snapshot_golden();
+    }
+
+    #[test]
+    fn golden_bytes_of_a_pool() {
+        crate::conformance::codecs::snapshot_pool_golden();
     }
 
     #[test]
@@ -414,9 +455,12 @@ mod tests {
         #[test]
         fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = Snapshot::decode(&bytes);
-            let mut with_magic = b"KVRS\x03".to_vec();
-            with_magic.extend_from_slice(&bytes);
-            let _ = Snapshot::decode(&with_magic);
+            for format in [3u8, 5] {
+                let mut with_magic = b"KVRS".to_vec();
+                with_magic.push(format);
+                with_magic.extend_from_slice(&bytes);
+                let _ = Snapshot::decode(&with_magic);
+            }
         }
 
         #[test]
@@ -427,7 +471,7 @@ mod tests {
             let s = Snapshot { version: v, generated_at_ms: v / 2, models, workers: names.into_iter().map(|w| WorkerKnowledge {
                 worker: w, observed_at_ms: 5, compatible: false, gpu: hashes.clone(), offloaded: hashes.clone(),
                 load: Some(ReportedLoad { running: 3, waiting: v as u32, observed_at_ms: v }),
-                model: "qwen".into(), adapters: adapters.clone() }).collect(), peers: None };
+                model: "qwen".into(), adapters: adapters.clone() }).collect(), peers: None, pool: v % 2 == 0 };
             prop_assert_eq!(Snapshot::decode(&s.encode()), Ok(s));
         }
     }

@@ -402,6 +402,7 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
             WorkerKnowledge { compatible: false, ..w("127.0.0.1:8001", vec![5, 6], vec![], None) },
         ],
         peers: None,
+        pool: false,
     };
     let b = Snapshot {
         version: a.version + 3,
@@ -418,6 +419,7 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
             },
         ],
         peers: None,
+        pool: false,
     };
     (a, b)
 }
@@ -426,7 +428,10 @@ fn snapshot_decode() -> Seeds {
     let (a, b) = two_snapshots();
     let empty = Snapshot { version: 1, generated_at_ms: 0, ..Snapshot::default() };
     let with_peers = Snapshot { peers: Some(peer_section()), ..b.clone() };
-    for s in [&a, &b, &empty, &with_peers] {
+    // Format 5: the updater's whole pool, with and without peers.
+    let pool = Snapshot { pool: true, ..b.clone() };
+    let pool_peers = Snapshot { pool: true, ..with_peers.clone() };
+    for s in [&a, &b, &empty, &with_peers, &pool, &pool_peers] {
         assert_eq!(Snapshot::decode(&s.encode()).as_ref(), Ok(s));
     }
     let bytes = a.encode();
@@ -463,6 +468,9 @@ fn snapshot_decode() -> Seeds {
         ("adapter-count-u16-max.bin", many_adapters),
         ("with-peers.bin", with_peers.encode()),
         ("peers-truncated.bin", truncated(&with_peers.encode())),
+        ("pool.bin", pool.encode()),
+        ("pool-with-peers.bin", pool_peers.encode()),
+        ("pool-truncated.bin", truncated(&pool_peers.encode())),
     ]
 }
 
@@ -520,6 +528,8 @@ fn delta_decode() -> Seeds {
         generated_at_ms: b.generated_at_ms + 100,
         models: None,
         peers: None,
+        pool: false,
+        removed: vec![],
         workers: vec![WorkerDelta {
             worker: "127.0.0.1:8002".into(),
             observed_at_ms: b.generated_at_ms + 90,
@@ -540,9 +550,17 @@ fn delta_decode() -> Seeds {
         models: None,
         workers: vec![],
         peers: None,
+        pool: false,
+        removed: vec![],
     };
     let with_peers = Delta { peers: Some(peer_section()), ..noop.clone() };
-    for x in [&d, &reset, &composed, &noop, &with_peers] {
+    // Format 4: a pool delta (a worker leaves the pool, one changes), and one with peers.
+    let pool_a = Snapshot { pool: true, ..a.clone() };
+    let pool_b = Snapshot { pool: true, ..b.clone() };
+    let pool = Delta::between(&pool_a, &pool_b);
+    assert_eq!(pool.removed, ["127.0.0.1:8001"]);
+    let pool_peers = Delta { peers: Some(peer_section()), ..pool.clone() };
+    for x in [&d, &reset, &composed, &noop, &with_peers, &pool, &pool_peers] {
         assert_eq!(Delta::decode(&x.encode()).as_ref(), Ok(x));
     }
     assert!(d.models.is_some(), "the model list changed between the two snapshots");
@@ -567,6 +585,9 @@ fn delta_decode() -> Seeds {
         ("worker-count-u32-max.bin", many_workers),
         ("unknown-worker-flags.bin", bad_flags),
         ("peers-only.bin", with_peers.encode()),
+        ("pool-removes-a-worker.bin", pool.encode()),
+        ("pool-with-peers.bin", pool_peers.encode()),
+        ("pool-truncated.bin", truncated(&pool_peers.encode())),
     ]
 }
 

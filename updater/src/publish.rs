@@ -132,6 +132,7 @@ impl Publisher {
             models,
             workers,
             peers,
+            ..Delta::default()
         };
         let n = hashes_in(&delta);
         self.ring.push_back((delta, n));

@@ -51,6 +51,7 @@ pub fn snapshot_sample() -> Snapshot {
             adapters: vec!["sql".into()],
         }],
         peers: None,
+        pool: false,
     }
 }
 
@@ -85,6 +86,8 @@ pub fn snapshot_golden() {
 pub fn delta_golden() {
     let d = Delta {
         peers: None,
+        pool: false,
+        removed: vec![],
         from_version: 3,
         to_version: 4,
         generated_at_ms: 40,
@@ -127,9 +130,59 @@ pub fn delta_golden() {
     assert!(!is_delta(&Snapshot { version: 1, ..Snapshot::default() }.encode()));
 }
 
+/// Format 5: the sample as the updater's whole pool; format 3's bytes, then the sections byte
+/// (1: pool). Unknown section bits are refused.
+pub fn snapshot_pool_golden() {
+    let pool = Snapshot { pool: true, ..snapshot_sample() };
+    let mut want = snapshot_sample().encode();
+    want[4] = 5;
+    want.push(1);
+    assert_eq!(pool.encode(), want);
+    assert_eq!(Snapshot::decode(&want), Ok(pool));
+    let mut bad = want.clone();
+    *bad.last_mut().unwrap() = 1 | 8;
+    assert_eq!(Snapshot::decode(&bad), Err(SnapshotError::Flags(9)));
+    assert_eq!(Snapshot::decode(&want[..want.len() - 1]), Err(SnapshotError::Truncated));
+}
+
+/// Format 4: a pool delta that removes two workers and changes none.
+pub fn delta_golden_removing_workers() {
+    let d = Delta {
+        from_version: 8,
+        to_version: 9,
+        generated_at_ms: 90,
+        pool: true,
+        removed: vec!["10.0.0.7:8000".into(), "w".into()],
+        ..Delta::default()
+    };
+    let mut want = b"KVRD\x04".to_vec();
+    for v in [8u64, 9, 90] {
+        want.extend_from_slice(&v.to_le_bytes());
+    }
+    want.push(0); // models unchanged
+    want.extend_from_slice(&0u32.to_le_bytes()); // no worker changed
+    want.push(1 | 4); // sections: pool, removed workers follow
+    want.extend_from_slice(&2u16.to_le_bytes());
+    want.extend_from_slice(&13u16.to_le_bytes());
+    want.extend_from_slice(b"10.0.0.7:8000");
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'w');
+    assert_eq!(d.encode(), want);
+    assert_eq!(Delta::decode(&want), Ok(d.clone()));
+    let mut s = Snapshot { version: 8, pool: true, ..snapshot_sample() };
+    s.workers[0].worker = "w".into();
+    s.apply_delta(&d).unwrap();
+    assert!(s.workers.is_empty() && s.pool && s.version == 9);
+    let mut bad = want.clone();
+    bad[34] = 0x10;
+    assert_eq!(Delta::decode(&bad), Err(DeltaError::Body(SnapshotError::Flags(0x10))));
+}
+
 pub fn delta_golden_with_models_and_a_new_worker() {
     let d = Delta {
         peers: None,
+        pool: false,
+        removed: vec![],
         from_version: 1,
         to_version: 2,
         generated_at_ms: 5,

@@ -16,12 +16,17 @@ fn worker(name: &str, gpu: Vec<u64>, observed: u64) -> WorkerKnowledge {
 
 fn snap(version: u64, workers: Vec<WorkerKnowledge>) -> Snapshot {
     let models = vec![ModelInfo { name: "m".into(), fingerprint: 1, block_size: 16 }];
-    Snapshot { version, generated_at_ms: version * 10, models, workers, peers: None }
+    Snapshot { version, generated_at_ms: version * 10, models, workers, peers: None, pool: false }
 }
 
 #[test]
 fn golden_bytes() {
     crate::conformance::codecs::delta_golden();
+}
+
+#[test]
+fn golden_bytes_removing_workers() {
+    crate::conformance::codecs::delta_golden_removing_workers();
 }
 
 #[test]
@@ -141,9 +146,12 @@ fn evolve(seed: u64, steps: usize) -> Vec<Snapshot> {
                 }
             }
         }
+        // Workers come and go (the pool the updater discovers).
+        let present: Vec<bool> = (0..sets.len()).map(|_| rng.random_range(0..4) != 0).collect();
         let workers = sets
             .iter()
             .enumerate()
+            .filter(|(i, _)| present[*i])
             .map(|(i, s)| {
                 let mut w = worker(&format!("w{i}"), s.iter().copied().collect(), v as u64);
                 w.offloaded = s.iter().filter(|h| *h % 3 == 0).copied().collect();
@@ -154,6 +162,7 @@ fn evolve(seed: u64, steps: usize) -> Vec<Snapshot> {
             })
             .collect();
         let mut s = snap(v as u64 + 1, workers);
+        s.pool = true;
         if rng.random_range(0..3) == 0 {
             s.models[0].block_size = rng.random_range(0..3) * 16;
         }
@@ -166,9 +175,12 @@ proptest! {
     #[test]
     fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
         let _ = Delta::decode(&bytes);
-        let mut with_magic = b"KVRD\x02".to_vec();
-        with_magic.extend_from_slice(&bytes);
-        let _ = Delta::decode(&with_magic);
+        for format in [2u8, 4] {
+            let mut with_magic = b"KVRD".to_vec();
+            with_magic.push(format);
+            with_magic.extend_from_slice(&bytes);
+            let _ = Delta::decode(&with_magic);
+        }
     }
 
     /// Differential: applying each step's delta, or one composed delta, reproduces the last
@@ -186,6 +198,7 @@ proptest! {
         let last = snaps.last().unwrap();
         prop_assert_eq!(&chained.workers, &last.workers);
         prop_assert_eq!(&chained.models, &last.models);
+        prop_assert!(chained.pool);
         let mut composed = snaps[0].clone();
         composed.apply_delta(&Delta::compose(&deltas).unwrap()).unwrap();
         prop_assert_eq!(&composed.workers, &last.workers);

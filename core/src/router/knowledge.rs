@@ -42,6 +42,11 @@ pub struct Knowledge {
     /// Moving average of the uncached tokens of this thread's decisions (`None` before the
     /// first): what a waiting request kvroute did not send is assumed to cost.
     typical_uncached: std::cell::Cell<Option<f64>>,
+    /// The updater's pool, when its snapshots list it whole ([`Snapshot::pool`]): each
+    /// member's base model (empty while the updater has not identified it).
+    pool: Option<BTreeMap<String, String>>,
+    /// `pool` by base model: each model's members, sorted.
+    members: HashMap<String, Vec<String>>,
 }
 
 impl Knowledge {
@@ -57,6 +62,40 @@ impl Knowledge {
             hot: HotPrefixes::new(cfg.lookahead),
             peers: PeerView::default(),
             typical_uncached: std::cell::Cell::new(None),
+            pool: None,
+            members: HashMap::new(),
+        }
+    }
+
+    /// The members of `model`'s pool as the updater listed them, when it lists the whole pool
+    /// and `model` has any; `None`: the configured pool applies (no pool from the updater, or
+    /// none of its workers serves `model` yet). A worker joins once the updater identified
+    /// its model.
+    pub fn pool_members(&self, model: &str) -> Option<&[String]> {
+        self.members.get(model).map(Vec::as_slice).filter(|m| !m.is_empty())
+    }
+
+    /// Whether the updater's snapshots list the whole pool.
+    pub fn has_pool(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    /// Forgets everything known about `worker` (it left the pool).
+    fn forget(&mut self, worker: &str) {
+        self.index.clear_worker(worker);
+        self.reported.remove(worker);
+        self.incompatible.remove(worker);
+        if let Some(prev) = self.serving.remove(worker) {
+            self.count_bases(&prev, false);
+        }
+    }
+
+    fn rebuild_members(&mut self) {
+        self.members.clear();
+        for (w, model) in self.pool.iter().flatten() {
+            if !model.is_empty() {
+                self.members.entry(model.clone()).or_default().push(w.clone());
+            }
         }
     }
 
@@ -134,6 +173,21 @@ impl Knowledge {
     pub fn apply_snapshot(&mut self, snap: &Snapshot) {
         self.apply_peers(snap.peers.as_ref(), true);
         self.models.clone_from(&snap.models);
+        if snap.pool {
+            // Whoever is not listed left the pool: forgotten, with its routing credit.
+            let listed: HashSet<&str> = snap.workers.iter().map(|w| w.worker.as_str()).collect();
+            let known = self.serving.keys().chain(self.pool.iter().flat_map(|p| p.keys()));
+            let gone: Vec<String> =
+                known.filter(|w| !listed.contains(w.as_str())).cloned().collect();
+            for w in gone {
+                self.forget(&w);
+            }
+            let pool = snap.workers.iter().map(|w| (w.worker.clone(), w.model.clone()));
+            self.pool = Some(pool.collect());
+        } else {
+            self.pool = None;
+        }
+        self.rebuild_members();
         for w in &snap.workers {
             self.set_reported(&w.worker, w.load);
             self.verdict(&w.worker, w.compatible);
@@ -152,6 +206,17 @@ impl Knowledge {
         self.apply_peers(d.peers.as_ref(), false);
         if let Some(models) = &d.models {
             self.models.clone_from(models);
+        }
+        for w in &d.removed {
+            self.forget(w);
+        }
+        if d.pool {
+            let pool = self.pool.get_or_insert_with(BTreeMap::new);
+            for w in &d.removed {
+                pool.remove(w);
+            }
+        } else {
+            self.pool = None;
         }
         for w in &d.workers {
             self.set_reported(&w.worker, w.load);
@@ -179,7 +244,12 @@ impl Knowledge {
                 EventChange { reset: true, ..Default::default() }
             };
             self.index.change_events(&w.worker, change, w.observed_at_ms);
+            if let Some(pool) = self.pool.as_mut() {
+                let model = self.serving.get(&w.worker).map(|s| s.model.clone());
+                pool.insert(w.worker.clone(), model.unwrap_or_default());
+            }
         }
+        self.rebuild_members();
     }
 
     /// Credits other replicas' routed blocks (source `Peer`) and takes in their loads.
@@ -291,6 +361,56 @@ mod tests {
         k.set_adapters("w4", "other", &names(&["sql"]));
         k.set_adapters("w5", "other", &names(&["sql"]));
         assert_eq!(k.adapter_base("sql"), Some("other"), "the most reported base wins");
+    }
+
+    #[test]
+    fn a_pool_snapshot_lists_the_members_and_removals_forget_workers() {
+        let mut k = knowledge();
+        let w = |name: &str, model: &str| WorkerKnowledge {
+            worker: name.into(),
+            compatible: true,
+            model: model.into(),
+            gpu: vec![1, 2],
+            adapters: names(&["a"]),
+            ..Default::default()
+        };
+        let s1 = Snapshot {
+            version: 1,
+            workers: vec![w("10.0.0.1:80", "m"), w("10.0.0.2:80", "m"), w("10.0.0.3:80", "")],
+            ..Default::default()
+        };
+        k.apply_snapshot(&s1);
+        assert!(!k.has_pool() && k.pool_members("m").is_none(), "a partial view: no pool");
+        let s1 = Snapshot { pool: true, ..s1 };
+        k.apply_snapshot(&s1);
+        k.events_checked(0);
+        assert_eq!(k.pool_members("m").unwrap(), names(&["10.0.0.1:80", "10.0.0.2:80"]));
+        assert!(k.pool_members("other").is_none());
+        assert_eq!(k.prefix_match("10.0.0.2:80", &[1, 2], 0).blocks, 2);
+        // 2 leaves, 3 is identified, 4 joins: as a delta.
+        let s2 = Snapshot {
+            version: 2,
+            workers: vec![w("10.0.0.1:80", "m"), w("10.0.0.3:80", "m"), w("10.0.0.4:80", "m")],
+            ..s1.clone()
+        };
+        let d = Delta::between(&s1, &s2);
+        assert_eq!(d.removed, names(&["10.0.0.2:80"]));
+        k.apply_delta(&d);
+        let want = names(&["10.0.0.1:80", "10.0.0.3:80", "10.0.0.4:80"]);
+        assert_eq!(k.pool_members("m").unwrap(), want);
+        assert_eq!(k.prefix_match("10.0.0.2:80", &[1, 2], 0).blocks, 0, "forgotten");
+        assert!(!k.has_adapter("10.0.0.2:80", "a"));
+        // A full snapshot without 1: forgotten too.
+        let s3 = Snapshot { version: 3, workers: s2.workers[1..].to_vec(), ..s2 };
+        k.apply_snapshot(&s3);
+        assert_eq!(k.pool_members("m").unwrap(), names(&["10.0.0.3:80", "10.0.0.4:80"]));
+        assert_eq!(k.prefix_match("10.0.0.1:80", &[1, 2], 0).blocks, 0);
+        // Everyone gone: the configured pool applies again.
+        k.apply_delta(&Delta::between(
+            &s3,
+            &Snapshot { version: 4, workers: vec![], ..s3.clone() },
+        ));
+        assert!(k.has_pool() && k.pool_members("m").is_none());
     }
 
     #[test]

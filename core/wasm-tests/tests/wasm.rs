@@ -27,12 +27,14 @@ fn journal_entry_codec() {
 #[wasm_bindgen_test]
 fn snapshot_codec() {
     codecs::snapshot_golden();
+    codecs::snapshot_pool_golden();
 }
 
 #[wasm_bindgen_test]
 fn delta_codec() {
     codecs::delta_golden();
     codecs::delta_golden_with_models_and_a_new_worker();
+    codecs::delta_golden_removing_workers();
 }
 
 #[wasm_bindgen_test]

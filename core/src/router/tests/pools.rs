@@ -151,3 +151,49 @@ fn chat_prompts_go_through_the_token_cache() {
     assert_eq!((stats.misses, stats.hits), (1, 1), "{stats:?}");
     assert!(stats.saved_tokens > 0);
 }
+
+#[test]
+fn the_updaters_pool_replaces_the_configured_one_while_it_names_members() {
+    let mut r = router();
+    let q = req("a", &LONG.repeat(20));
+    let view = |w: &str, model: &str| WorkerKnowledge {
+        worker: w.into(),
+        compatible: true,
+        model: model.into(),
+        ..Default::default()
+    };
+    // A partial view (no pool flag): the configured pool.
+    let partial = Snapshot { version: 1, workers: vec![view(W[4], "a")], ..Default::default() };
+    r.apply_snapshot(&partial);
+    assert_eq!(workers(&r.decide(&q, 0, &idle, 1, 0).unwrap()), BTreeSet::from([W[0], W[1]]));
+    // The whole pool: worker 9 (configured nowhere) and 2 serve `a`; 3 serves `b`, 4 is not
+    // identified yet.
+    let pool = Snapshot {
+        version: 2,
+        pool: true,
+        workers: vec![view(W[1], "a"), view(W[2], "b"), view(W[3], ""), view(W[4], "a")],
+        ..Default::default()
+    };
+    r.apply_snapshot(&pool);
+    for pick in 0..8 {
+        let d = r.decide(&q, 0, &idle, 1, pick).unwrap();
+        assert_eq!(workers(&d), BTreeSet::from([W[1], W[4]]));
+    }
+    assert_eq!(r.pool("a").unwrap(), [W[1], W[4]]);
+    assert_eq!(r.pool("b").unwrap(), [W[2]]);
+    assert_eq!(r.workers("a").unwrap(), [W[0], W[1]], "the configured pool is unchanged");
+    // Worker 4 is identified as `a`, 9 leaves (a delta).
+    let next = Snapshot {
+        version: 3,
+        workers: vec![view(W[1], "a"), view(W[2], "b"), view(W[3], "a")],
+        ..pool.clone()
+    };
+    r.apply_delta(&crate::delta::Delta::between(&pool, &next));
+    let d = r.decide(&q, 0, &idle, 1, 0).unwrap();
+    assert_eq!(workers(&d), BTreeSet::from([W[1], W[3]]));
+    // No member of `b` left: its configured workers are the fallback.
+    let none = Snapshot { version: 4, workers: vec![view(W[1], "a")], ..next.clone() };
+    r.apply_delta(&crate::delta::Delta::between(&next, &none));
+    let db = r.decide(&req("b", "hi"), 0, &idle, 1, 0).unwrap();
+    assert_eq!(workers(&db), BTreeSet::from([W[2], W[3]]));
+}
