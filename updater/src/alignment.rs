@@ -220,30 +220,44 @@ pub fn count_caps(state: &crate::state::State, worker: &str, served: &Served) {
     }
 }
 
-/// Checks every worker now and then every `interval` (or sooner when the state asks for it:
-/// a worker's base model changed), updating their verdicts.
+/// Checks every worker of `workers` now and then every `interval` (or sooner when the state
+/// asks for it: a worker's base model changed), updating their verdicts; one
+/// [`run_worker`] each.
 pub async fn run(
     state: std::sync::Arc<crate::state::State>,
     workers: Vec<String>,
     interval: Duration,
 ) {
+    let each = workers.into_iter().map(|w| run_worker(std::sync::Arc::clone(&state), w, interval));
+    futures::future::join_all(each).await;
+}
+
+/// Checks one worker now and then every `interval`, or sooner when its base model changed
+/// ([`crate::state::State::align_signal`]); ends when the worker is no longer known.
+pub async fn run_worker(
+    state: std::sync::Arc<crate::state::State>,
+    worker: String,
+    interval: Duration,
+) {
     let http = reqwest::Client::new();
     let models = std::sync::Arc::clone(state.models());
+    let Some(align_now) = state.align_signal(&worker) else { return };
     loop {
-        for w in &workers {
-            let max_body = state.limits.max_http_body_bytes;
-            let outcome = check(&http, w, &models, max_body, &state.limits.adapters).await;
-            if matches!(&outcome.verdict, Verdict::Unknown(why) if why.contains(TOO_LARGE)) {
-                state.cap_hit(w, crate::limits::Cap::HttpBody);
-            }
-            if let Some(s) = &outcome.served {
-                count_caps(&state, w, s);
-            }
-            state.apply_check(w, outcome);
+        let max_body = state.limits.max_http_body_bytes;
+        let outcome = check(&http, &worker, &models, max_body, &state.limits.adapters).await;
+        if matches!(&outcome.verdict, Verdict::Unknown(why) if why.contains(TOO_LARGE)) {
+            state.cap_hit(&worker, crate::limits::Cap::HttpBody);
+        }
+        if let Some(s) = &outcome.served {
+            count_caps(&state, &worker, s);
+        }
+        state.apply_check(&worker, outcome);
+        if !state.knows(&worker) {
+            return;
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = state.align_now.notified() => {}
+            _ = align_now.notified() => {}
         }
     }
 }

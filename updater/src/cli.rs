@@ -120,6 +120,44 @@ pub struct Args {
     /// that withholds them).
     #[arg(long = "worker", value_name = "HTTP[,EVENTS[,REPLAY]]", value_parser = parse_worker)]
     pub workers: Vec<WorkerEntry>,
+    /// Where the workers come from instead of --worker: `dns:NAME` (A/AAAA records of a
+    /// headless Service, on --discover-http-port), `dns+srv:NAME` (SRV records: targets and
+    /// HTTP ports), `kube:NAMESPACE/SERVICE` (ready endpoints of the Service's EndpointSlices,
+    /// list + watch), or `static` (the default: --worker). Discovered workers are named
+    /// `ip:port`; the snapshot then lists the whole pool. Config file: [discovery] source.
+    #[arg(long, value_name = "SOURCE")]
+    pub discover: Option<crate::discovery::Source>,
+    /// The DNS server to ask (`ip:port`); default: the system's (/etc/resolv.conf).
+    #[arg(long, value_name = "IP:PORT")]
+    pub discover_dns_server: Option<SocketAddr>,
+    /// The discovered workers' HTTP port (required for `dns:`; for `kube:` used unless
+    /// --discover-port-name is given, else the slice's only port).
+    #[arg(long, value_name = "PORT")]
+    pub discover_http_port: Option<u16>,
+    /// The discovered workers' KV-event PUB port (absent: followed for load only).
+    #[arg(long, value_name = "PORT")]
+    pub discover_events_port: Option<u16>,
+    /// The discovered workers' replay ROUTER port (needs --discover-events-port).
+    #[arg(long, value_name = "PORT")]
+    pub discover_replay_port: Option<u16>,
+    /// `kube:`: the EndpointSlice port name of the workers' HTTP port.
+    #[arg(long, value_name = "NAME")]
+    pub discover_port_name: Option<String>,
+    /// DNS: shortest time between two resolutions (ms); a shorter TTL is raised to it.
+    #[arg(long, value_name = "MS")]
+    pub discover_min_ttl_ms: Option<u64>,
+    /// DNS: longest time between two resolutions (ms); a longer TTL is cut to it.
+    #[arg(long, value_name = "MS")]
+    pub discover_max_ttl_ms: Option<u64>,
+    /// `kube:`: the API server URL; default in a pod: https://$KUBERNETES_SERVICE_HOST:PORT.
+    #[arg(long, value_name = "URL")]
+    pub discover_kube_api: Option<String>,
+    /// `kube:`: the bearer token file; default: the pod's service-account token, if present.
+    #[arg(long, value_name = "PATH")]
+    pub discover_kube_token_file: Option<PathBuf>,
+    /// `kube:`: the API server's CA bundle; default: the pod's service-account ca.crt.
+    #[arg(long, value_name = "PATH")]
+    pub discover_kube_ca_file: Option<PathBuf>,
 }
 
 fn parse_worker(s: &str) -> Result<WorkerEntry, ConfigError> {
@@ -201,6 +239,7 @@ pub fn resolve(args: &Args, m: &ArgMatches) -> Result<Resolved, ConfigError> {
     if given("models") {
         cfg.models = args.models.iter().cloned().map(ModelEntry::from).collect();
     }
+    discovery_flags(args, &given, &mut cfg);
     for (name, size) in &args.model_block_sizes {
         let model = cfg.models.iter_mut().find(|m| m.name == *name);
         model.ok_or_else(|| ConfigError::UnknownModel(name.clone()))?.block_size = Some(*size);
@@ -208,6 +247,51 @@ pub fn resolve(args: &Args, m: &ArgMatches) -> Result<Resolved, ConfigError> {
     let token = token(args, m, &cfg)?;
     cfg.validate()?;
     Ok(Resolved { config: cfg, token, check: args.check })
+}
+
+/// `--discover` and `--discover-*` given on the command line, over the file's [discovery].
+fn discovery_flags(args: &Args, given: &dyn Fn(&str) -> bool, cfg: &mut UpdaterConfig) {
+    let ids = [
+        "discover",
+        "discover_dns_server",
+        "discover_http_port",
+        "discover_events_port",
+        "discover_replay_port",
+        "discover_port_name",
+        "discover_min_ttl_ms",
+        "discover_max_ttl_ms",
+        "discover_kube_api",
+        "discover_kube_token_file",
+        "discover_kube_ca_file",
+    ];
+    if !ids.iter().any(|id| given(id)) {
+        return;
+    }
+    let d = cfg.discovery.get_or_insert_with(Default::default);
+    macro_rules! set {
+        ($($flag:ident => $key:ident),* $(,)?) => {
+            $(if given(stringify!($flag)) { d.$key = args.$flag.clone(); })*
+        };
+    }
+    set!(
+        discover_dns_server => dns_server,
+        discover_http_port => http_port,
+        discover_events_port => events_port,
+        discover_replay_port => replay_port,
+        discover_port_name => port_name,
+        discover_kube_api => kube_api,
+        discover_kube_token_file => kube_token_file,
+        discover_kube_ca_file => kube_ca_file,
+    );
+    if let (true, Some(s)) = (given("discover"), &args.discover) {
+        d.source = s.clone();
+    }
+    if let (true, Some(v)) = (given("discover_min_ttl_ms"), args.discover_min_ttl_ms) {
+        d.min_ttl_ms = v;
+    }
+    if let (true, Some(v)) = (given("discover_max_ttl_ms"), args.discover_max_ttl_ms) {
+        d.max_ttl_ms = v;
+    }
 }
 
 /// The token from exactly one of `--token`, its environment variable, `--token-file` and the

@@ -2,7 +2,8 @@
 //! (`--config`, see `deploy/updater.example.toml`) and the command line ([`crate::cli`]); a flag
 //! given on the command line wins over the file. Every key of the file is a flag's long name in
 //! snake case (`--max-replay-ms` is `max_replay_ms`), except that `[[models]]` and
-//! `[[workers]]` are tables (`--model` / `--model-block-size` and `--worker` in flag form).
+//! `[[workers]]` are tables (`--model` / `--model-block-size` and `--worker` in flag form),
+//! and that `[discovery]` holds `--discover` as `source` and each `--discover-X` as `X`.
 //! Unknown keys are refused; [`UpdaterConfig::validate`] checks what serde cannot.
 //!
 //! The shared token is never part of the config: it comes from `--token`, the environment
@@ -17,6 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::discovery::{DiscoveryConfig, DiscoveryConfigError};
 use crate::limits::{AdapterLimits, BlockLimits, Limits, ReplayLimits, WireLimits};
 use crate::models::{ModelSpec, Source};
 use crate::peers::PeerLimits;
@@ -92,6 +94,8 @@ pub enum ConfigError {
     TokenTwice(String),
     #[error("the token from {0} is shorter than {MIN_TOKEN_LEN} characters")]
     ShortToken(String),
+    #[error("discovery: {0}")]
+    Discovery(#[from] DiscoveryConfigError),
 }
 
 /// One model: `[[models]]` in the file, `--model NAME[=DIR]` on the command line.
@@ -181,6 +185,9 @@ pub struct UpdaterConfig {
     pub max_peer_report_bytes: usize,
     pub models: Vec<ModelEntry>,
     pub workers: Vec<WorkerEntry>,
+    /// Where the workers come from when not from `workers` (`[discovery]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<DiscoveryConfig>,
 }
 
 impl Default for UpdaterConfig {
@@ -212,6 +219,7 @@ impl Default for UpdaterConfig {
             max_peer_report_bytes: d::MAX_PEER_REPORT_BYTES,
             models: vec![ModelEntry { name: d::MODEL.into(), dir: None, block_size: None }],
             workers: Vec::new(),
+            discovery: None,
         }
     }
 }
@@ -232,6 +240,10 @@ impl UpdaterConfig {
             }
         };
         cfg.token_file.iter_mut().for_each(rebase);
+        if let Some(d) = cfg.discovery.as_mut() {
+            d.kube_token_file.iter_mut().for_each(rebase);
+            d.kube_ca_file.iter_mut().for_each(rebase);
+        }
         cfg.models.iter_mut().filter_map(|m| m.dir.as_mut()).for_each(rebase);
         Ok(cfg)
     }
@@ -244,7 +256,9 @@ impl UpdaterConfig {
     /// Checks everything serde does not: workers (addresses, endpoints, duplicates), models
     /// (names, duplicates, block sizes), the Envoy admin URL and cluster.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.workers.is_empty() {
+        let discovery = self.discovery();
+        discovery.validate(self.workers.len())?;
+        if self.workers.is_empty() && !discovery.is_dynamic() {
             return Err(ConfigError::NoWorkers);
         }
         let mut seen = BTreeSet::new();
@@ -288,6 +302,11 @@ impl UpdaterConfig {
             return Err(ConfigError::EnvoyCluster);
         }
         Ok(())
+    }
+
+    /// The discovery settings (the static list when none are given).
+    pub fn discovery(&self) -> DiscoveryConfig {
+        self.discovery.clone().unwrap_or_default()
     }
 
     /// The models as [`crate::models::Models::load`] takes them.

@@ -10,13 +10,15 @@
 //! sizes) and the snapshot version; [`alignment`] identifies each worker's model and checks its
 //! announced config; [`peers`] keeps other Envoy replicas' recent decisions; [`server`] is
 //! the HTTP surface (snapshots with long polls, peer reports, bundles); [`config`] and [`cli`]
-//! resolve the settings from a TOML file and the flags.
+//! resolve the settings from a TOML file and the flags; [`discovery`] keeps the worker set (a
+//! static list, DNS, or a Kubernetes Service's EndpointSlices) and each worker's tasks.
 
 pub mod alignment;
 pub mod blocks;
 pub mod cli;
 pub mod config;
 pub mod decode;
+pub mod discovery;
 pub mod frameguard;
 pub mod http_body;
 pub mod ingest;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 use kvroute_updater::cli::{resolve, Args, Resolved};
+use kvroute_updater::discovery::{self, Intervals};
 use kvroute_updater::models::Models;
 use kvroute_updater::state::State;
-use kvroute_updater::subscriber::follow;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -23,34 +23,29 @@ async fn main() -> anyhow::Result<()> {
         println!("# configuration OK");
         return Ok(());
     }
-    let eps = config.endpoints();
-    let names: Vec<String> = eps.iter().map(|(w, _)| w.clone()).collect();
-    let state =
-        Arc::new(State::for_models(Arc::new(models), names.iter().cloned(), config.limits()));
-    for ep in eps.into_iter().filter_map(|(_, ep)| ep) {
-        tokio::spawn(follow(Arc::clone(&state), ep));
-    }
-    tokio::spawn(kvroute_updater::scrape::run_scrape(
+    // Workers join through discovery (the static list at once).
+    let state = Arc::new(State::for_models(Arc::new(models), Vec::new(), config.limits()));
+    let intervals = Intervals { scrape: config.scrape_interval(), align: config.align_interval() };
+    let discovered = tokio::spawn(discovery::run(
         Arc::clone(&state),
-        names.clone(),
-        config.scrape_interval(),
+        config.discovery(),
+        config.workers.clone(),
+        intervals,
     ));
     if let Some(admin) = config.envoy_admin.clone() {
         tokio::spawn(kvroute_updater::scrape::run_membership(
             Arc::clone(&state),
             admin,
             config.envoy_cluster.clone(),
-            names.clone(),
         ));
     }
-    tokio::spawn(kvroute_updater::alignment::run(
-        Arc::clone(&state),
-        names,
-        config.align_interval(),
-    ));
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.context("binding the listen address")?;
     println!("kvroute-updater listening on {}", listener.local_addr()?);
-    axum::serve(listener, kvroute_updater::server::router(state, token.expose())).await?;
+    let serve = axum::serve(listener, kvroute_updater::server::router(state, token.expose()));
+    tokio::select! {
+        r = serve => r?,
+        r = discovered => r.context("discovery stopped")?.context("discovery")?,
+    }
     Ok(())
 }

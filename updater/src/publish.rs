@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use kvroute_core::delta::{Delta, WorkerDelta};
+use kvroute_core::delta::{Delta, SetChange, WorkerDelta};
 use kvroute_core::peers::PeerSection;
 use kvroute_core::snapshot::{ModelInfo, Snapshot, WorkerKnowledge};
 
@@ -19,6 +19,39 @@ pub enum Answer {
     NotModified,
     Full(Snapshot),
     Delta(Delta),
+}
+
+impl Answer {
+    /// The answer for a caller that does not read the pool flag or removed workers (snapshot
+    /// formats 3/4, delta formats 2/3): no flag, and each removed worker as an incompatible
+    /// worker that holds nothing, so that no cache credit stays with it.
+    pub fn without_pool(self) -> Answer {
+        match self {
+            Answer::Full(mut s) => {
+                s.pool = false;
+                Answer::Full(s)
+            }
+            Answer::Delta(mut d) => {
+                d.pool = false;
+                for w in std::mem::take(&mut d.removed) {
+                    d.workers.retain(|k| k.worker != w);
+                    d.workers.push(WorkerDelta {
+                        worker: w,
+                        observed_at_ms: 0,
+                        compatible: false,
+                        load: None,
+                        reset: true,
+                        model: None,
+                        adapters: Some(Vec::new()),
+                        gpu: SetChange::default(),
+                        offloaded: SetChange::default(),
+                    });
+                }
+                Answer::Delta(d)
+            }
+            other => other,
+        }
+    }
 }
 
 /// Bounds of the delta ring.
@@ -76,6 +109,20 @@ impl Publisher {
         self.current.version
     }
 
+    /// Marks the snapshot as the whole pool (or not); true when that changed, which is a
+    /// version of its own.
+    pub fn set_pool(&mut self, pool: bool) -> bool {
+        if self.current.pool == pool {
+            return false;
+        }
+        self.current.pool = pool;
+        // Receivers holding the other kind of snapshot must start over from a full one.
+        self.ring.clear();
+        self.ring_hashes = 0;
+        self.current.version += 1;
+        true
+    }
+
     /// The current full snapshot.
     pub fn full(&self) -> &Snapshot {
         &self.current
@@ -101,6 +148,27 @@ impl Publisher {
         peers: Option<PeerSection>,
         now_ms: u64,
     ) -> bool {
+        self.publish_changes(changed, &[], models, peers, now_ms)
+    }
+
+    /// [`Publisher::publish_with_peers`] with workers that left the pool (`removed`): they
+    /// leave the snapshot, and the delta names them.
+    pub fn publish_changes(
+        &mut self,
+        changed: Vec<WorkerKnowledge>,
+        removed: &[String],
+        models: Option<Vec<ModelInfo>>,
+        peers: Option<PeerSection>,
+        now_ms: u64,
+    ) -> bool {
+        let mut gone: Vec<String> = Vec::new();
+        for w in removed {
+            if let Some(i) = self.current.workers.iter().position(|k| k.worker == *w) {
+                self.current.workers.remove(i);
+                gone.push(w.clone());
+            }
+        }
+        gone.sort();
         let models = models.filter(|m| *m != self.current.models);
         if let Some(m) = &models {
             self.current.models.clone_from(m);
@@ -120,7 +188,7 @@ impl Publisher {
             }
         }
         self.current.generated_at_ms = now_ms;
-        if workers.is_empty() && models.is_none() && peers.is_none() {
+        if workers.is_empty() && models.is_none() && peers.is_none() && gone.is_empty() {
             return false;
         }
         let from = self.current.version;
@@ -132,7 +200,8 @@ impl Publisher {
             models,
             workers,
             peers,
-            ..Delta::default()
+            pool: self.current.pool,
+            removed: gone,
         };
         let n = hashes_in(&delta);
         self.ring.push_back((delta, n));

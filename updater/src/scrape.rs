@@ -21,62 +21,76 @@ pub fn healthy_members(clusters: &str, cluster: &str) -> BTreeSet<String> {
 }
 
 /// Scrapes every worker's `/metrics` and `/v1/models` every `interval`, storing the load and
-/// the adapters each reports.
+/// the adapters each reports; one [`run_scrape_worker`] each.
 pub async fn run_scrape(
     state: std::sync::Arc<crate::state::State>,
     workers: Vec<String>,
     interval: std::time::Duration,
 ) {
+    let each =
+        workers.into_iter().map(|w| run_scrape_worker(std::sync::Arc::clone(&state), w, interval));
+    futures::future::join_all(each).await;
+}
+
+/// Scrapes one worker's `/metrics` and `/v1/models` every `interval`; ends when the worker is
+/// no longer known.
+pub async fn run_scrape_worker(
+    state: std::sync::Arc<crate::state::State>,
+    w: String,
+    interval: std::time::Duration,
+) {
     let http = reqwest::Client::new();
-    loop {
-        for w in &workers {
-            let got = http
-                .get(format!("http://{w}/metrics"))
-                .timeout(std::time::Duration::from_secs(2))
-                .send()
-                .await;
-            let text = match got {
-                Ok(r) => crate::http_body::text(r, state.limits.max_http_body_bytes).await,
-                Err(e) => Err(e.into()),
-            };
-            if let Err(crate::http_body::BodyError::TooLarge(_)) = &text {
-                state.cap_hit(w, crate::limits::Cap::HttpBody);
-            }
-            if let Ok(text) = text {
-                let load = parse_load(&text, crate::state::now_ms());
-                state.update(w, |e| e.load = Some(load));
-            }
-            let served = crate::alignment::fetch_served(
-                &http,
-                w,
-                state.models(),
-                state.limits.max_http_body_bytes,
-                &state.limits.adapters,
-            )
-            .await;
-            match served {
-                Ok(served) => {
-                    crate::alignment::count_caps(&state, w, &served);
-                    state.apply_served(w, served);
-                }
-                Err(crate::http_body::BodyError::TooLarge(_)) => {
-                    state.cap_hit(w, crate::limits::Cap::HttpBody);
-                }
-                Err(_) => {}
-            }
-        }
+    while state.knows(&w) {
+        scrape_once(&state, &http, &w).await;
         tokio::time::sleep(interval).await;
+    }
+}
+
+async fn scrape_once(state: &crate::state::State, http: &reqwest::Client, w: &str) {
+    let got = http
+        .get(format!("http://{w}/metrics"))
+        .timeout(std::time::Duration::from_secs(2))
+        .send()
+        .await;
+    let text = match got {
+        Ok(r) => crate::http_body::text(r, state.limits.max_http_body_bytes).await,
+        Err(e) => Err(e.into()),
+    };
+    if let Err(crate::http_body::BodyError::TooLarge(_)) = &text {
+        state.cap_hit(w, crate::limits::Cap::HttpBody);
+    }
+    if let Ok(text) = text {
+        let load = parse_load(&text, crate::state::now_ms());
+        state.update(w, |e| e.load = Some(load));
+    }
+    let served = crate::alignment::fetch_served(
+        http,
+        w,
+        state.models(),
+        state.limits.max_http_body_bytes,
+        &state.limits.adapters,
+    )
+    .await;
+    match served {
+        Ok(served) => {
+            crate::alignment::count_caps(state, w, &served);
+            state.apply_served(w, served);
+        }
+        Err(crate::http_body::BodyError::TooLarge(_)) => {
+            state.cap_hit(w, crate::limits::Cap::HttpBody);
+        }
+        Err(_) => {}
     }
 }
 
 /// Follows Envoy's admin `/clusters`: a worker Envoy's health checks drop leaves the pool, its
 /// blocks are purged and its events ignored; when it returns, its stream is resynced from
 /// replay. Without an answer from Envoy (or without the cluster in it) membership stays as is.
+/// Every worker known at each pass is checked (discovered ones too).
 pub async fn run_membership(
     state: std::sync::Arc<crate::state::State>,
     admin: String,
     cluster: String,
-    workers: Vec<String>,
 ) {
     let http = reqwest::Client::new();
     let listed = format!("{cluster}::");
@@ -92,7 +106,7 @@ pub async fn run_membership(
         };
         if let Some(text) = text.filter(|t| t.contains(&listed)) {
             let healthy = healthy_members(&text, &cluster);
-            for w in &workers {
+            for w in &state.workers() {
                 let member = healthy.contains(w);
                 state.update(w, |e| {
                     if e.member != member {

@@ -2,7 +2,8 @@
 //! (Prometheus), `/v1/snapshot?since=V` (binary: a `kvroute_core::delta` from V, or a full
 //! `kvroute_core::snapshot`; with `wait_ms=W` a long poll that answers as soon as a newer
 //! version exists, or 304 after W ms; with `peers=1&replica=R` including other replicas'
-//! decisions but R's own), `POST /v1/peers` (a `kvroute_core::peers::PeerReport` from an Envoy
+//! decisions but R's own; with `pool=1` the pool flag and removed workers of a discovered pool,
+//! snapshot format 5 / delta format 4), `POST /v1/peers` (a `kvroute_core::peers::PeerReport` from an Envoy
 //! replica; 204), and the models' tokenizer bundles: `/v1/bundles` (JSON list) and
 //! `/v1/bundles/{fingerprint}/{part}` (binary: part `part` of
 //! `kvroute_core::bundle::BundleFiles::encode()`, header `x-kvroute-bundle-parts`). Snapshots
@@ -124,6 +125,8 @@ struct Since {
     peers: Option<u8>,
     /// The caller's replica id: its own decisions are left out.
     replica: Option<u64>,
+    /// `1`: the caller reads the pool flag and removed workers (snapshot format 5, delta 4).
+    pool: Option<u8>,
 }
 
 /// A report of an Envoy replica's decisions and load: 204, 400 when malformed, 413 when too
@@ -168,7 +171,7 @@ async fn snapshot(
     let answer = loop {
         // Registered before the check: a change published in between still wakes it.
         let changed = c.state.changed();
-        match c.state.answer_for(q.since, replica) {
+        match c.state.answer_with(q.since, replica, q.pool == Some(1)) {
             Answer::NotModified if tokio::time::Instant::now() < deadline => {
                 if tokio::time::timeout_at(deadline, changed).await.is_err() {
                     break Answer::NotModified;

@@ -50,6 +50,8 @@ pub struct Entry {
     /// Woken when the worker's domain changed: its follower fetches the whole replay buffer
     /// again, so the blocks are re-hashed in the new domain.
     pub resync: Arc<Notify>,
+    /// Woken to check the worker's alignment now (its base model changed).
+    pub align_now: Arc<Notify>,
 }
 
 impl Entry {
@@ -73,8 +75,6 @@ pub struct State {
     models: Arc<Models>,
     /// Set when every worker has one fixed domain (no models to identify them by).
     fixed: Option<DomainBase>,
-    /// Woken to run an alignment pass now (a worker's base model changed).
-    pub align_now: Notify,
     /// Woken (all waiters) whenever knowledge changed: long polls answer at once.
     changed: Notify,
     inner: Mutex<Inner>,
@@ -92,6 +92,8 @@ struct Inner {
     publisher: Publisher,
     /// Other Envoy replicas' recent decisions.
     peers: PeerStore,
+    /// Workers that left the pool since the last publication.
+    removed: BTreeSet<String>,
 }
 
 impl State {
@@ -106,15 +108,7 @@ impl State {
         workers: impl IntoIterator<Item = String>,
         limits: Limits,
     ) -> State {
-        let entry = || Entry {
-            compatible: true,
-            member: true,
-            knowledge: WorkerKnowledge::with_limits(limits.blocks),
-            domain: Some(domain.clone()),
-            model: Some(domain.model.clone()),
-            ..Default::default()
-        };
-        State::build(Arc::new(Models::default()), Some(domain.clone()), workers, entry, limits)
+        State::build(Arc::new(Models::default()), Some(domain), workers, limits)
     }
 
     /// Workers of any of `models`: each one's model (and so its domain) is learned by the
@@ -124,24 +118,39 @@ impl State {
         workers: impl IntoIterator<Item = String>,
         limits: Limits,
     ) -> State {
-        let entry = || Entry {
-            compatible: false,
-            alignment: Some("not checked yet".into()),
-            member: true,
-            knowledge: WorkerKnowledge::with_limits(limits.blocks),
-            ..Default::default()
-        };
-        State::build(models, None, workers, entry, limits)
+        State::build(models, None, workers, limits)
+    }
+
+    /// A new worker's entry: of the fixed domain, else not identified yet.
+    fn entry(fixed: Option<&DomainBase>, limits: &Limits) -> Entry {
+        let knowledge = WorkerKnowledge::with_limits(limits.blocks);
+        match fixed {
+            Some(domain) => Entry {
+                compatible: true,
+                member: true,
+                knowledge,
+                domain: Some(domain.clone()),
+                model: Some(domain.model.clone()),
+                ..Default::default()
+            },
+            None => Entry {
+                compatible: false,
+                alignment: Some("not checked yet".into()),
+                member: true,
+                knowledge,
+                ..Default::default()
+            },
+        }
     }
 
     fn build(
         models: Arc<Models>,
         fixed: Option<DomainBase>,
         workers: impl IntoIterator<Item = String>,
-        entry: impl Fn() -> Entry,
         limits: Limits,
     ) -> State {
-        let workers: BTreeMap<String, Entry> = workers.into_iter().map(|w| (w, entry())).collect();
+        let workers: BTreeMap<String, Entry> =
+            workers.into_iter().map(|w| (w, State::entry(fixed.as_ref(), &limits))).collect();
         let dirty = workers.keys().cloned().collect();
         let publisher = Publisher::new(now_ms(), RingLimits::default());
         let peers = PeerStore::new(limits.peers);
@@ -152,15 +161,62 @@ impl State {
             models_dirty: true,
             publisher,
             peers,
+            removed: BTreeSet::new(),
         };
-        State {
-            limits,
-            models,
-            fixed,
-            align_now: Notify::new(),
-            changed: Notify::new(),
-            inner: Mutex::new(inner),
+        State { limits, models, fixed, changed: Notify::new(), inner: Mutex::new(inner) }
+    }
+
+    /// Says that the worker list is the whole pool (membership is discovered): snapshots then
+    /// carry the pool flag and deltas the workers removed (to callers that ask, `pool=1`).
+    pub fn set_pool(&self, pool: bool) {
+        let mut inner = self.lock();
+        if inner.publisher.set_pool(pool) {
+            self.changed.notify_waiters();
         }
+    }
+
+    /// Whether `worker` is known (in the pool).
+    pub fn knows(&self, worker: &str) -> bool {
+        self.lock().workers.contains_key(worker)
+    }
+
+    /// The workers known now, by name.
+    pub fn workers(&self) -> Vec<String> {
+        self.lock().workers.keys().cloned().collect()
+    }
+
+    /// Adds a worker (a new member of the pool), not identified yet; false if it is known.
+    pub fn add_worker(&self, worker: &str) -> bool {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if inner.workers.contains_key(worker) {
+            return false;
+        }
+        let entry = State::entry(self.fixed.as_ref(), &self.limits);
+        inner.workers.insert(worker.to_owned(), entry);
+        inner.removed.remove(worker);
+        inner.dirty.insert(worker.to_owned());
+        self.changed.notify_waiters();
+        true
+    }
+
+    /// Removes a worker that left the pool: what is known of it goes at once, and the next
+    /// snapshot neither lists it nor credits it; false if it was not known.
+    pub fn remove_worker(&self, worker: &str) -> bool {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if inner.workers.remove(worker).is_none() {
+            return false;
+        }
+        inner.dirty.remove(worker);
+        inner.removed.insert(worker.to_owned());
+        self.changed.notify_waiters();
+        true
+    }
+
+    /// Wakes when `worker`'s alignment should be checked now (see [`Entry::align_now`]).
+    pub fn align_signal(&self, worker: &str) -> Option<Arc<Notify>> {
+        self.lock().workers.get(worker).map(|e| Arc::clone(&e.align_now))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -311,12 +367,12 @@ impl State {
         let changed = self.update(worker, |e| {
             e.adapters = served.adapters;
             if e.model == served.base || served.base.is_none() {
-                return false;
+                return None;
             }
             if e.model.is_none() {
                 // Not identified yet: the check can run now.
                 e.model = served.base;
-                return true;
+                return Some(Arc::clone(&e.align_now));
             }
             let shown = |m: &Option<String>| m.as_deref().unwrap_or("nothing").to_owned();
             e.compatible = false;
@@ -327,10 +383,10 @@ impl State {
             ));
             e.model = served.base;
             e.set_domain(None);
-            true
+            Some(Arc::clone(&e.align_now))
         });
-        if changed == Some(true) {
-            self.align_now.notify_one();
+        if let Some(Some(align)) = changed {
+            align.notify_one();
         }
     }
 
@@ -355,14 +411,19 @@ impl State {
         let now = now_ms();
         inner.peers.expire(now);
         let peers = inner.peers.take_pending();
-        if inner.dirty.is_empty() && !inner.models_dirty && peers.is_none() {
+        if inner.dirty.is_empty()
+            && !inner.models_dirty
+            && peers.is_none()
+            && inner.removed.is_empty()
+        {
             return;
         }
         let models = std::mem::take(&mut inner.models_dirty).then(|| self.model_infos(inner));
         let dirty = std::mem::take(&mut inner.dirty);
+        let removed: Vec<String> = std::mem::take(&mut inner.removed).into_iter().collect();
         let changed =
             dirty.iter().filter_map(|w| inner.workers.get(w).map(|e| wire(w, e))).collect();
-        inner.publisher.publish_with_peers(changed, models, peers, now);
+        inner.publisher.publish_changes(changed, &removed, models, peers, now);
     }
 
     /// The published snapshot version (after publishing pending changes).
@@ -389,9 +450,19 @@ impl State {
     /// snapshots carry every live peer entry, deltas the peer changes, both without the
     /// replica's own. `None`: no peer section (format 3 / 2, as older filters expect).
     pub fn answer_for(&self, since: Option<u64>, replica: Option<u64>) -> Answer {
+        self.answer_with(since, replica, false)
+    }
+
+    /// [`State::answer_for`]; `pool`: the caller reads the pool flag and removed workers
+    /// (snapshot format 5, delta format 4). Without it they are left out as before: a removed
+    /// worker is sent as an incompatible worker that holds nothing.
+    pub fn answer_with(&self, since: Option<u64>, replica: Option<u64>, pool: bool) -> Answer {
         let mut inner = self.lock();
         self.publish(&mut inner);
-        let answer = inner.publisher.answer(since);
+        let mut answer = inner.publisher.answer(since);
+        if !pool {
+            answer = answer.without_pool();
+        }
         match (answer, replica) {
             (Answer::Full(mut s), Some(r)) => {
                 s.peers = Some(inner.peers.section().without(r));
@@ -457,6 +528,7 @@ impl State {
             .collect();
         serde_json::json!({
             "version": inner.publisher.version(),
+            "pool": inner.publisher.full().pool,
             "models": models,
             "workers": workers,
             "peers": inner.peers.status(),
@@ -562,7 +634,8 @@ mod tests {
         assert_eq!(s.snapshot().workers[0].adapters, ["l", "m"]);
         s.apply_served("w", served("b", &[]));
         assert!(!entry(&s, "w", |e| e.compatible) && s.domain_of("w").is_none());
-        let now = futures::FutureExt::now_or_never(s.align_now.notified());
+        let align = s.align_signal("w").unwrap();
+        let now = futures::FutureExt::now_or_never(align.notified());
         assert!(now.is_some(), "the alignment check was not woken");
         assert!(futures::FutureExt::now_or_never(resync.notified()).is_some());
     }

@@ -76,10 +76,32 @@ fn every_flag_has_a_config_key() {
     let keys = toml::Value::try_from(UpdaterConfig::default()).unwrap();
     let keys = keys.as_table().unwrap();
     let optional = ["block_size", "envoy_admin", "token_file"];
+    // `[discovery]`: `--discover` is its `source`, each `--discover-X` its `X`.
+    let discovery = toml::Value::try_from(crate::discovery::DiscoveryConfig {
+        dns_server: Some("127.0.0.1:53".parse().unwrap()),
+        http_port: Some(1),
+        events_port: Some(1),
+        replay_port: Some(1),
+        port_name: Some("x".into()),
+        kube_api: Some("x".into()),
+        kube_token_file: Some("x".into()),
+        kube_ca_file: Some("x".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let discovery = discovery.as_table().unwrap();
     let not_in_file = ["help", "version", "config", "check", "token", "model_block_sizes"];
     for arg in Args::command().get_arguments() {
         let id = arg.get_id().as_str();
         if not_in_file.contains(&id) {
+            continue;
+        }
+        if let Some(key) = id.strip_prefix("discover_") {
+            assert!(discovery.contains_key(key), "--{id} has no [discovery] key");
+            continue;
+        }
+        if id == "discover" {
+            assert!(discovery.contains_key("source"));
             continue;
         }
         assert!(keys.contains_key(id) || optional.contains(&id), "--{id} has no config key");
@@ -245,6 +267,52 @@ fn validation_errors_are_specific() {
     check(&|c| c.envoy_cluster.clear(), "envoy_cluster");
     assert!("".parse::<WorkerEntry>().is_err());
     assert!("a,b,c,d".parse::<WorkerEntry>().is_err());
+}
+
+#[test]
+fn discovery_comes_from_the_file_or_the_flags() {
+    let dir = TempDir::new();
+    let file = dir.write(
+        "u.toml",
+        r#"
+[discovery]
+source = "dns:vllm.ns.svc.cluster.local"
+dns_server = "127.0.0.1:5353"
+http_port = 8000
+events_port = 5557
+replay_port = 5558
+max_ttl_ms = 10000
+kube_ca_file = "ca.crt"
+"#,
+    );
+    let path = file.to_str().unwrap();
+    let r = run(&["--config", path, "--token", TOKEN, "--discover-min-ttl-ms", "200"]).unwrap();
+    let d = r.config.discovery();
+    assert_eq!(d.source.to_string(), "dns:vllm.ns.svc.cluster.local");
+    assert_eq!(d.dns_server.unwrap().to_string(), "127.0.0.1:5353");
+    assert_eq!((d.http_port, d.events_port, d.replay_port), (Some(8000), Some(5557), Some(5558)));
+    assert_eq!((d.min_ttl_ms, d.max_ttl_ms), (200, 10_000));
+    assert_eq!(d.kube_ca_file.as_deref(), Some(dir.0.join("ca.crt").as_path()));
+    // Printed back (--check) and parsed again: the same.
+    let again = UpdaterConfig::from_toml(&r.config.to_toml()).unwrap();
+    assert_eq!(again.discovery(), UpdaterConfig { ..r.config.clone() }.discovery());
+    // Flags alone.
+    let r = run(&["--token", TOKEN, "--discover", "kube:ns/vllm", "--discover-port-name", "http"])
+        .unwrap();
+    let d = r.config.discovery();
+    assert_eq!(
+        (d.source.to_string().as_str(), d.port_name.as_deref()),
+        ("kube:ns/vllm", Some("http"))
+    );
+    // Errors: a bad source, no port for dns:, workers and discovery together.
+    assert!(run(&["--token", TOKEN, "--discover", "consul:x"]).is_err());
+    let err = config_err(run(&["--token", TOKEN, "--discover", "dns:x"]));
+    assert!(err.to_string().contains("HTTP port"), "{err}");
+    let err =
+        config_err(run(&["--token", TOKEN, "--discover", "dns+srv:x", "--worker", "127.0.0.1:1"]));
+    assert!(err.to_string().contains("choose one"), "{err}");
+    let bad = "[discovery]\nsource = \"dns:x\"\nhttp_port = 1\nttl = 5\n";
+    assert!(UpdaterConfig::from_toml(bad).unwrap_err().to_string().contains("unknown field"));
 }
 
 /// Every argument of `kvroute-updater --help` says what it is for.
