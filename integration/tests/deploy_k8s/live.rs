@@ -292,16 +292,23 @@ async fn checks(
     // 1. kvroute decides: the model's bundle arrives from the updater (through the singleton),
     // then a POST is routed with no fallback.
     let mut seed = 0;
+    let last = std::sync::Mutex::new(String::from("no answer yet"));
     let first = eventually("a decision without fallback", Duration::from_secs(90), || {
         seed += 1;
         let body = Conversation::new(500, seed, 40, 10, 1).body(model, 0, 4, false);
+        let last = &last;
         async move {
-            let r = post(envoy, &body).await.ok()?;
+            let r = post(envoy, &body).await;
+            *last.lock().unwrap() = match &r {
+                Ok(r) => format!("decision {:?}", r.decision),
+                Err(e) => format!("{e:#}"),
+            };
+            let r = r.ok()?;
             (r.decision_field("fallback").as_deref() == Some("none")).then_some(r)
         }
     })
     .await
-    .with_context(|| format!("{name}: kvroute never decided"))?;
+    .with_context(|| format!("{name}: kvroute never decided; last: {}", last.lock().unwrap()))?;
     ensure!(first.decision.is_some(), "{name}: no x-kvroute-decision header");
     // 2. Envoy sends each request where kvroute decided (override_host over the control
     // plane's own balancing).
