@@ -7,7 +7,9 @@ use anyhow::{anyhow, ensure, Context};
 use kvroute_core::config::FilterConfig;
 use serde_json::Value;
 
-use crate::manifests::{at, by_field, find, flags, port_of, quantity_bytes, str_at, u64_at, Doc};
+use crate::manifests::{
+    at, by_field, find, flags, only, port_of, quantity_bytes, str_at, u64_at, Doc,
+};
 use crate::singleton::{singleton, singletons};
 
 /// The environment variable the Envoy side reads the token from.
@@ -178,7 +180,7 @@ fn fail_open(docs: &[Doc]) -> anyhow::Result<()> {
         c.get("allow_on_headers_stop_iteration") == Some(&Value::Bool(true)),
         "EnvoyFilter kvroute: the wasm filter lacks allow_on_headers_stop_iteration: true"
     );
-    let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
+    let eep = only(docs, "EnvoyExtensionPolicy")?;
     for w in at(eep, "/spec/wasm")?.as_array().into_iter().flatten() {
         ensure!(
             w.get("failOpen") == Some(&Value::Bool(true)),

@@ -77,6 +77,15 @@ pub fn find<'a>(docs: &'a [Doc], kind: &str, name: &str) -> anyhow::Result<&'a D
     Ok(d)
 }
 
+/// The one object of `kind`, whatever its name (names derived from it are then checked where
+/// they are used, e.g. Envoy Gateway's VM id from the EnvoyExtensionPolicy's name).
+pub fn only<'a>(docs: &'a [Doc], kind: &str) -> anyhow::Result<&'a Doc> {
+    let mut it = docs.iter().filter(|d| d.kind == kind);
+    let d = it.next().ok_or_else(|| anyhow!("no {kind} under deploy/k8s"))?;
+    ensure!(it.next().is_none(), "two {kind} objects (the checks expect one)");
+    Ok(d)
+}
+
 /// The value at a JSON pointer, or an error naming where it was expected.
 pub fn at<'a>(d: &'a Doc, ptr: &str) -> anyhow::Result<&'a Value> {
     d.body.pointer(ptr).ok_or_else(|| anyhow!("{} {}: no {ptr}", d.kind, d.name))

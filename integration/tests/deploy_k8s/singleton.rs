@@ -6,7 +6,7 @@ use kvroute_core::config::SnapshotSyncConfig;
 use serde_json::Value;
 
 use crate::checks::{istio_wasm_filter, proxies, secret_env, str_or, TEST_TOKEN, TOKEN_ENV};
-use crate::manifests::{at, by_field, find, str_at, Doc};
+use crate::manifests::{at, by_field, find, only, str_at, Doc};
 
 /// Each Envoy side's bootstrap addition, the vm_id its filter VM gets, and its proxy container.
 pub fn singletons(docs: &[Doc]) -> anyhow::Result<Vec<(Value, String, Value)>> {
@@ -31,7 +31,7 @@ pub fn singletons(docs: &[Doc]) -> anyhow::Result<Vec<(Value, String, Value)>> {
     ensure!(str_at(ep, "/spec/bootstrap/type")? == "Merge", "EnvoyProxy bootstrap is not a Merge");
     let y: serde_yaml_ng::Value = serde_yaml_ng::from_str(str_at(ep, "/spec/bootstrap/value")?)?;
     let eg = serde_json::to_value(y)?;
-    let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
+    let eep = only(docs, "EnvoyExtensionPolicy")?;
     // Envoy Gateway names a policy's wasm VM envoyextensionpolicy/<ns>/<name>/wasm/<index>.
     let eg_vm = crate::xds::eg_wasm_name(eep, 0);
     Ok(vec![(istio, istio_vm, proxies[0].1.clone()), (eg, eg_vm, proxies[1].1.clone())])
@@ -108,7 +108,7 @@ pub fn filter_image(docs: &[Doc]) -> anyhow::Result<String> {
     let v = by_field(at(gw, "/spec/template/spec/volumes")?, "name", str_or(m, "name")?)?;
     let istio =
         v.pointer("/image/reference").and_then(Value::as_str).context("not an image volume")?;
-    let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
+    let eep = only(docs, "EnvoyExtensionPolicy")?;
     ensure!(str_at(eep, "/spec/wasm/0/code/image/url")? == istio, "the two filter images differ");
     Ok(istio.to_owned())
 }

@@ -17,7 +17,7 @@ use kvroute_integration::paths;
 use serde_json::Value;
 
 use crate::jsonpatch::{apply_operation, merge};
-use crate::manifests::{at, by_field, find, quantity_bytes, str_at, Doc};
+use crate::manifests::{at, by_field, find, only, quantity_bytes, str_at, Doc};
 
 /// What one gateway's Envoy runs: its bootstrap (`-c`), the bootstrap addition Envoy merges
 /// (`--config-yaml`), and the xDS resources for the kvroute route.
@@ -348,7 +348,7 @@ pub fn envoy_gateway(docs: &[Doc]) -> anyhow::Result<Xds> {
     }
 
     // The EnvoyExtensionPolicy's filter, as Envoy Gateway writes it.
-    let eep = find(docs, "EnvoyExtensionPolicy", "kvroute")?;
+    let eep = only(docs, "EnvoyExtensionPolicy")?;
     target_is(eep, "HTTPRoute", &hr.name)?;
     let w = at(eep, "/spec/wasm/0")?;
     let vm = eg_wasm_name(eep, 0);
