@@ -356,6 +356,12 @@ pub fn envoy_gateway(docs: &[Doc]) -> anyhow::Result<Xds> {
     let f = wasm_filter(&listener)?;
     ensure!(f["name"] == fname, "the fixture's wasm filter is not named {fname}: update it");
     let c = &f["typed_config"]["config"];
+    // Envoy Gateway's wasmConfig (v1.9.0 wasm.go) writes fail_open and neither of these:
+    // allow_on_headers_stop_iteration can only come from the EnvoyPatchPolicy.
+    ensure!(
+        c.get("allow_on_headers_stop_iteration").is_none() && c.get("failure_policy").is_none(),
+        "fixtures/envoy-gateway/listener.yaml has fields Envoy Gateway does not write"
+    );
     ensure!(
         c.pointer("/vm_config/vm_id") == Some(&vm.clone().into()),
         "the fixture's vm_id is not {vm}"
