@@ -123,7 +123,8 @@ pub struct Args {
     /// Where the workers come from instead of --worker: `dns:NAME` (A/AAAA records of a
     /// headless Service, on --discover-http-port), `dns+srv:NAME` (SRV records: targets and
     /// HTTP ports), `kube:NAMESPACE/SERVICE` (ready endpoints of the Service's EndpointSlices,
-    /// list + watch), or `static` (the default: --worker). Discovered workers are named
+    /// list + watch), `kube-pool:NAMESPACE/POOL` (ready pods an InferencePool selects, on its
+    /// target port), or `static` (the default: --worker). Discovered workers are named
     /// `ip:port`; the snapshot then lists the whole pool. Config file: [discovery] source.
     #[arg(long, value_name = "SOURCE")]
     pub discover: Option<crate::discovery::Source>,

@@ -52,13 +52,16 @@ pub enum Source {
     DnsSrv(String),
     /// `kube:NAMESPACE/SERVICE`: the ready endpoints of the Service's EndpointSlices.
     Kube { namespace: String, service: String },
+    /// `kube-pool:NAMESPACE/POOL`: the ready pods an InferencePool selects, on its port.
+    KubePool { namespace: String, pool: String },
 }
 
 /// What is wrong with a discovery setting.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DiscoveryConfigError {
     #[error(
-        "discovery source '{0}' is not static, dns:NAME, dns+srv:NAME or kube:NAMESPACE/SERVICE"
+        "discovery source '{0}' is not static, dns:NAME, dns+srv:NAME, kube:NAMESPACE/SERVICE or \
+         kube-pool:NAMESPACE/POOL"
     )]
     Source(String),
     #[error("discovery by {0} needs an HTTP port (--discover-http-port)")]
@@ -90,7 +93,9 @@ impl std::str::FromStr for Source {
         if let Some(n) = s.strip_prefix("dns:") {
             return Ok(Source::Dns(named(n).ok_or_else(bad)?.to_owned()));
         }
-        if let Some(rest) = s.strip_prefix("kube:") {
+        let kube = s.strip_prefix("kube:").map(|r| (r, false));
+        let pool = s.strip_prefix("kube-pool:").map(|r| (r, true));
+        if let Some((rest, pool)) = kube.or(pool) {
             let (ns, svc) = rest.split_once('/').ok_or_else(bad)?;
             let ok = |p: &str| {
                 !p.is_empty()
@@ -98,6 +103,9 @@ impl std::str::FromStr for Source {
             };
             if !ok(ns) || !ok(svc) {
                 return Err(bad());
+            }
+            if pool {
+                return Ok(Source::KubePool { namespace: ns.into(), pool: svc.into() });
             }
             return Ok(Source::Kube { namespace: ns.into(), service: svc.into() });
         }
@@ -126,6 +134,7 @@ impl std::fmt::Display for Source {
             Source::Dns(n) => write!(f, "dns:{n}"),
             Source::DnsSrv(n) => write!(f, "dns+srv:{n}"),
             Source::Kube { namespace, service } => write!(f, "kube:{namespace}/{service}"),
+            Source::KubePool { namespace, pool } => write!(f, "kube-pool:{namespace}/{pool}"),
         }
     }
 }
@@ -361,7 +370,9 @@ pub async fn run(
         match &cfg.source {
             Source::Static => Ok(()),
             Source::Dns(_) | Source::DnsSrv(_) => dns::run(&cfg, tx).await.map_err(Into::into),
-            Source::Kube { .. } => kube::run(&cfg, tx).await.map_err(Into::into),
+            Source::Kube { .. } | Source::KubePool { .. } => {
+                kube::run(&cfg, tx).await.map_err(Into::into)
+            }
         }
     };
     let apply = async {
@@ -395,9 +406,13 @@ mod tests {
 
     #[test]
     fn sources_parse_and_print_back() {
-        for s in
-            ["static", "dns:vllm.ns.svc.cluster.local", "dns+srv:_http._tcp.vllm", "kube:ns/vllm"]
-        {
+        for s in [
+            "static",
+            "dns:vllm.ns.svc.cluster.local",
+            "dns+srv:_http._tcp.vllm",
+            "kube:ns/vllm",
+            "kube-pool:ns/p",
+        ] {
             assert_eq!(s.parse::<Source>().unwrap().to_string(), s);
         }
         for bad in ["", "dns:", "kube:ns", "kube:/x", "kube:a b/c", "consul:x", "dns:a b"] {

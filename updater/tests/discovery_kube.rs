@@ -250,3 +250,93 @@ async fn the_watch_follows_slices_readiness_bookmarks_and_410() {
     assert!(selectors.iter().all(|s| s == "kubernetes.io/service-name=vllm"), "{selectors:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+const PODS: &str = "/api/v1/namespaces/inference/pods";
+const POOL: &str = "/apis/inference.networking.k8s.io/v1/namespaces/inference/inferencepools/qwen";
+
+/// A Pod as the API server writes it (k8s.io/api core/v1), with its Ready condition.
+fn pod(name: &str, ip: &str, ready: bool, deleting: bool) -> Value {
+    let status = if ready { "True" } else { "False" };
+    let mut p = json!({
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": "inference", "resourceVersion": "5",
+                     "labels": {"app": "vllm", "model": "qwen"}},
+        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai",
+                                 "ports": [{"containerPort": 8000, "protocol": "TCP"}]}]},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                   "conditions": [{"type": "Initialized", "status": "True"},
+                                  {"type": "Ready", "status": status},
+                                  {"type": "ContainersReady", "status": status}]},
+    });
+    if deleting {
+        p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    }
+    p
+}
+
+/// An InferencePool (inference.networking.k8s.io/v1) selecting `app=vllm,model=qwen` on `port`.
+fn pool(port: u16) -> Value {
+    json!({
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": "qwen", "namespace": "inference", "resourceVersion": "9"},
+        "spec": {"selector": {"matchLabels": {"app": "vllm", "model": "qwen"}},
+                 "targetPorts": [{"number": port}],
+                 "endpointPickerRef": {"name": "qwen-epp", "kind": "Service", "portNumber": 9002,
+                                       "failureMode": "FailClose"}},
+    })
+}
+
+async fn get_pool(AxState(p): AxState<Arc<Mutex<Value>>>) -> Response {
+    axum::Json(p.lock().unwrap().clone()).into_response()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inference_pool_selects_ready_pods_on_its_target_port() {
+    let pods = Arc::new(Fake::default());
+    pods.version.store(10, Ordering::SeqCst);
+    pods.put(pod("vllm-0", "127.0.73.1", true, false));
+    pods.put(pod("vllm-1", "127.0.73.2", false, false));
+    pods.put(pod("vllm-2", "127.0.73.3", true, true));
+    let spec = Arc::new(Mutex::new(pool(8000)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new()
+        .route(PODS, axum::routing::get(endpointslices).with_state(Arc::clone(&pods)))
+        .route(POOL, axum::routing::get(get_pool).with_state(Arc::clone(&spec)));
+    let _server = spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let models = Models::load(&["kvroute-demo".parse().unwrap()], &[]).unwrap();
+    let state = Arc::new(State::for_models(Arc::new(models), Vec::new(), Limits::default()));
+    let cfg = DiscoveryConfig {
+        source: "kube-pool:inference/qwen".parse().unwrap(),
+        kube_api: Some(api),
+        min_ttl_ms: 100,
+        max_ttl_ms: 200,
+        ..Default::default()
+    };
+    cfg.validate(0).unwrap();
+    let hour = Duration::from_secs(3600);
+    let st = Arc::clone(&state);
+    let _discovery = spawn(async move {
+        discovery::run(st, cfg, Vec::new(), Intervals { scrape: hour, align: hour }).await.unwrap();
+    });
+    let workers = || state.workers();
+
+    // Only the ready pod that is not being deleted, on the pool's target port.
+    assert!(until(10, || workers() == ["127.0.73.1:8000"]).await, "{:?}", workers());
+    assert_eq!(pods.selectors.lock().unwrap()[0], "app=vllm,model=qwen");
+    assert!(until(10, || pods.watching()).await);
+    pods.send("MODIFIED", pod("vllm-1", "127.0.73.2", true, false));
+    assert!(until(10, || workers().len() == 2).await);
+    pods.send("DELETED", pod("vllm-0", "127.0.73.1", true, true));
+    assert!(until(10, || workers() == ["127.0.73.2:8000"]).await);
+
+    // The pool's target port changes: the pods are listed again and named on the new port.
+    pods.slices.lock().unwrap().remove("vllm-0");
+    pods.put(pod("vllm-1", "127.0.73.2", true, false));
+    let lists = pods.lists.load(Ordering::SeqCst);
+    *spec.lock().unwrap() = pool(9000);
+    assert!(until(10, || workers() == ["127.0.73.2:9000"]).await, "{:?}", workers());
+    assert!(pods.lists.load(Ordering::SeqCst) > lists);
+}

@@ -1,6 +1,8 @@
-//! Kubernetes discovery (`kube:NAMESPACE/SERVICE`): the ready endpoints of a Service's
-//! EndpointSlices (`discovery.k8s.io/v1`, label `kubernetes.io/service-name`), followed with
-//! list + watch: a list gives every slice and a `resourceVersion`, a watch from there sends
+//! Kubernetes discovery. `kube:NAMESPACE/SERVICE`: the ready endpoints of a Service's
+//! EndpointSlices (`discovery.k8s.io/v1`, label `kubernetes.io/service-name`).
+//! `kube-pool:NAMESPACE/POOL`: the ready pods (condition `Ready`, not being deleted) that an
+//! InferencePool (`inference.networking.k8s.io/v1`) selects, on its target port; the pool
+//! itself is read again every `max_ttl_ms`. Each collection is followed with list + watch: a list gives every slice and a `resourceVersion`, a watch from there sends
 //! ADDED / MODIFIED / DELETED slices and BOOKMARKs (a newer `resourceVersion`, nothing else).
 //! A watch the server ends is started again from the last version seen; `410 Gone` (the
 //! version is too old, as an HTTP status or an ERROR event) lists again.
@@ -118,14 +120,17 @@ pub struct Api {
     pub base: String,
     pub token_file: Option<PathBuf>,
     pub namespace: String,
+    /// The Service (`kube:`) or the InferencePool (`kube-pool:`).
     pub service: String,
 }
 
 impl Api {
     /// From the configuration, else the in-cluster defaults.
     pub fn from_config(cfg: &DiscoveryConfig) -> Result<Api, KubeError> {
-        let Source::Kube { namespace, service } = &cfg.source else {
-            return Err(KubeError::NotKube);
+        let (namespace, service) = match &cfg.source {
+            Source::Kube { namespace, service } => (namespace, service),
+            Source::KubePool { namespace, pool } => (namespace, pool),
+            _ => return Err(KubeError::NotKube),
         };
         let base = match &cfg.kube_api {
             Some(a) => a.trim_end_matches('/').to_owned(),
@@ -172,7 +177,11 @@ impl Api {
 
 /// The HTTP client: with the configured (or in-cluster) CA bundle when it has one.
 pub fn client(cfg: &DiscoveryConfig) -> Result<reqwest::Client, KubeError> {
-    let b = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
+    // A watch sends at least a bookmark a minute and ends at `timeoutSeconds` (290 s): a
+    // connection silent for longer is dead.
+    let b = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .read_timeout(Duration::from_secs(330));
     let ca = cfg.kube_ca_file.clone().or_else(|| {
         let p = PathBuf::from(defaults::KUBE_CA_FILE);
         p.exists().then_some(p)
@@ -219,27 +228,175 @@ pub fn ready(cfg: &DiscoveryConfig, slice: &EndpointSlice) -> BTreeSet<SocketAdd
         .collect()
 }
 
-/// Every slice's ready endpoints, by slice name.
+/// `corev1.PodCondition`: the fields used.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PodCondition {
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    #[serde(default)]
+    pub status: String,
+}
+
+/// `corev1.PodStatus`: the fields used.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    #[serde(default, rename = "podIP")]
+    pub pod_ip: Option<String>,
+    #[serde(default)]
+    pub conditions: Option<Vec<PodCondition>>,
+}
+
+/// `corev1.Pod`: the fields used (`metadata.deletionTimestamp` marks a terminating pod).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Pod {
+    #[serde(default)]
+    pub metadata: serde_json::Value,
+    #[serde(default)]
+    pub status: PodStatus,
+}
+
+/// A ready pod's address on `port`: condition `Ready` is `True`, it has an IP, and it is not
+/// being deleted.
+pub fn ready_pod(pod: &Pod, port: u16) -> BTreeSet<SocketAddr> {
+    let ready =
+        pod.status.conditions.iter().flatten().any(|c| c.kind == "Ready" && c.status == "True");
+    let deleting = pod.metadata.get("deletionTimestamp").is_some_and(|t| !t.is_null());
+    let ip = pod.status.pod_ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok());
+    match ip {
+        Some(ip) if ready && !deleting => BTreeSet::from([SocketAddr::new(ip, port)]),
+        _ => BTreeSet::new(),
+    }
+}
+
+/// `inference.networking.k8s.io/v1` InferencePool: the fields used (gateway-api-inference-
+/// extension `api/v1/inferencepool_types.go`: `spec.selector.matchLabels`,
+/// `spec.targetPorts[].number`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InferencePoolSpec {
+    #[serde(default)]
+    pub selector: LabelSelector,
+    #[serde(default)]
+    pub target_ports: Vec<PoolPort>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LabelSelector {
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PoolPort {
+    #[serde(default)]
+    pub number: i32,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct InferencePool {
+    #[serde(default)]
+    pub spec: InferencePoolSpec,
+}
+
+/// What an InferencePool selects: its pods' labels and their port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolTarget {
+    pub labels: BTreeMap<String, String>,
+    pub port: u16,
+}
+
+impl InferencePool {
+    /// Its selector and (first) target port; `None` without either.
+    pub fn target(&self) -> Option<PoolTarget> {
+        let port = self.spec.target_ports.first().and_then(|p| u16::try_from(p.number).ok())?;
+        let labels = self.spec.selector.match_labels.clone();
+        (port > 0 && !labels.is_empty()).then_some(PoolTarget { labels, port })
+    }
+}
+
+/// `labelSelector` query value for `labels` (`k=v,k2=v2`), URL-encoded.
+fn selector_query(labels: &BTreeMap<String, String>) -> String {
+    let raw: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    percent(&raw.join(","))
+}
+
+fn percent(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// An object's ready addresses.
+pub type Addrs = Box<dyn Fn(&serde_json::Value) -> BTreeSet<SocketAddr> + Send + Sync>;
+
+/// One followed collection: where to list and watch it, and each object's ready addresses.
+pub struct Collection {
+    /// The collection URL with its `labelSelector` (more query parameters follow with `&`).
+    pub url: String,
+    pub addrs: Addrs,
+}
+
+impl Collection {
+    /// The EndpointSlices of a Service: ready endpoints on the HTTP port.
+    pub fn endpoint_slices(api: &Api, cfg: &DiscoveryConfig) -> Collection {
+        let cfg = cfg.clone();
+        Collection {
+            url: api.path(),
+            addrs: Box::new(move |v| {
+                serde_json::from_value::<EndpointSlice>(v.clone())
+                    .map(|s| ready(&cfg, &s))
+                    .unwrap_or_default()
+            }),
+        }
+    }
+
+    /// The pods an InferencePool selects: ready pods on its target port.
+    pub fn pool_pods(api: &Api, target: &PoolTarget) -> Collection {
+        let port = target.port;
+        Collection {
+            url: format!(
+                "{}/api/v1/namespaces/{}/pods?labelSelector={}",
+                api.base,
+                api.namespace,
+                selector_query(&target.labels)
+            ),
+            addrs: Box::new(move |v| {
+                serde_json::from_value::<Pod>(v.clone())
+                    .map(|p| ready_pod(&p, port))
+                    .unwrap_or_default()
+            }),
+        }
+    }
+}
+
+/// Every object's ready addresses, by object name.
 #[derive(Debug, Default)]
-pub struct Slices {
+pub struct Objects {
     by_name: BTreeMap<String, BTreeSet<SocketAddr>>,
 }
 
-impl Slices {
-    /// The workers of every slice.
+impl Objects {
+    /// The workers of every object.
     pub fn workers(&self, cfg: &DiscoveryConfig) -> Vec<WorkerEntry> {
         let all: BTreeSet<&SocketAddr> = self.by_name.values().flatten().collect();
         all.into_iter().map(|a| cfg.worker(a.ip(), a.port())).collect()
     }
 
-    fn set(&mut self, cfg: &DiscoveryConfig, slice: &EndpointSlice) {
-        if let Some(name) = &slice.metadata.name {
-            self.by_name.insert(name.clone(), ready(cfg, slice));
+    fn set(&mut self, c: &Collection, obj: &serde_json::Value) {
+        if let Some(name) = obj["metadata"]["name"].as_str() {
+            self.by_name.insert(name.to_owned(), (c.addrs)(obj));
         }
     }
 
-    fn remove(&mut self, slice: &EndpointSlice) {
-        if let Some(name) = &slice.metadata.name {
+    fn remove(&mut self, obj: &serde_json::Value) {
+        if let Some(name) = obj["metadata"]["name"].as_str() {
             self.by_name.remove(name);
         }
     }
@@ -248,50 +405,56 @@ impl Slices {
 /// What a watch event asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step {
-    /// The slices changed (or only the version moved).
+    /// The objects changed (or only the version moved).
     Continue,
-    /// 410 Gone: list again.
+    /// 410 Gone (or another error): list again.
     Relist,
 }
 
-/// Applies one watch event to `slices`, moving `version` on.
+/// Applies one watch event to `objects`, moving `version` on.
 pub fn apply_event(
-    cfg: &DiscoveryConfig,
-    slices: &mut Slices,
+    c: &Collection,
+    objects: &mut Objects,
     version: &mut Option<String>,
     ev: WatchEvent,
 ) -> Step {
     if ev.kind == "ERROR" {
-        // A metav1.Status: 410 (Expired / Gone) means the version is too old.
+        // A metav1.Status: 410 (Expired / Gone) means the version is too old; any other
+        // error ends the watch too, and the list starts over.
         let code = ev.object.get("code").and_then(serde_json::Value::as_u64);
-        if code == Some(410) {
-            return Step::Relist;
+        if code != Some(410) {
+            log_line(&format!("watch error: {}", ev.object));
         }
-        log_line(&format!("watch error: {}", ev.object));
         return Step::Relist;
     }
-    let Ok(slice) = serde_json::from_value::<EndpointSlice>(ev.object) else {
-        return Step::Continue;
-    };
-    if let Some(rv) = &slice.metadata.resource_version {
-        *version = Some(rv.clone());
+    if let Some(rv) = ev.object["metadata"]["resourceVersion"].as_str() {
+        *version = Some(rv.to_owned());
     }
     match ev.kind.as_str() {
-        "ADDED" | "MODIFIED" => slices.set(cfg, &slice),
-        "DELETED" => slices.remove(&slice),
+        "ADDED" | "MODIFIED" => objects.set(c, &ev.object),
+        "DELETED" => objects.remove(&ev.object),
         // BOOKMARK: only the version.
         _ => {}
     }
     Step::Continue
 }
 
+/// A list's items and version.
+#[derive(Deserialize)]
+struct List {
+    #[serde(default)]
+    metadata: Meta,
+    #[serde(default)]
+    items: Vec<serde_json::Value>,
+}
+
 async fn list(
     api: &Api,
     http: &reqwest::Client,
-    cfg: &DiscoveryConfig,
-) -> Result<(Slices, Option<String>), KubeError> {
+    c: &Collection,
+) -> Result<(Objects, Option<String>), KubeError> {
     let resp = api
-        .get(http, api.path())?
+        .get(http, c.url.clone())?
         .timeout(Duration::from_secs(30))
         .send()
         .await
@@ -299,13 +462,12 @@ async fn list(
     if !resp.status().is_success() {
         return Err(KubeError::Http(format!("list: {}", resp.status())));
     }
-    let l: EndpointSliceList =
-        resp.json().await.map_err(|e| KubeError::Http(format!("list: {e}")))?;
-    let mut slices = Slices::default();
-    for s in &l.items {
-        slices.set(cfg, s);
+    let l: List = resp.json().await.map_err(|e| KubeError::Http(format!("list: {e}")))?;
+    let mut objects = Objects::default();
+    for o in &l.items {
+        objects.set(c, o);
     }
-    Ok((slices, l.metadata.resource_version))
+    Ok((objects, l.metadata.resource_version))
 }
 
 fn send(tx: &watch::Sender<Option<Vec<WorkerEntry>>>, want: Vec<WorkerEntry>) {
@@ -323,15 +485,16 @@ const MAX_EVENT_BYTES: usize = 16 << 20;
 async fn watch_from(
     api: &Api,
     http: &reqwest::Client,
-    cfg: &DiscoveryConfig,
-    slices: &mut Slices,
+    (cfg, c): (&DiscoveryConfig, &Collection),
+    objects: &mut Objects,
     version: &mut Option<String>,
     tx: &watch::Sender<Option<Vec<WorkerEntry>>>,
 ) -> Result<(), KubeError> {
     let rv = version.clone().unwrap_or_default();
     let url = format!(
-        "{}&watch=true&allowWatchBookmarks=true&timeoutSeconds=290&resourceVersion={rv}",
-        api.path()
+        "{}&watch=true&allowWatchBookmarks=true&timeoutSeconds=290&resourceVersion={}",
+        c.url,
+        percent(&rv)
     );
     let resp =
         api.get(http, url)?.send().await.map_err(|e| KubeError::Http(format!("watch: {e}")))?;
@@ -355,10 +518,10 @@ async fn watch_from(
                 log_line("watch: an event that is not JSON; listing again");
                 return Err(KubeError::Gone);
             };
-            if apply_event(cfg, slices, version, ev) == Step::Relist {
+            if apply_event(c, objects, version, ev) == Step::Relist {
                 return Err(KubeError::Gone);
             }
-            send(tx, slices.workers(cfg));
+            send(tx, objects.workers(cfg));
         }
         if buf.len() > MAX_EVENT_BYTES {
             return Err(KubeError::Http("watch: an event longer than 16 MiB".into()));
@@ -367,20 +530,21 @@ async fn watch_from(
     Ok(())
 }
 
-/// Lists, then watches, forever; sends each new set of workers. Returns only when the
-/// configuration cannot work (no API address, unreadable CA bundle) or nobody listens.
-pub async fn run(
+/// Lists `c`, then watches it, forever (lists again after 410); sends each new set of
+/// workers. Returns only when nobody listens any more.
+async fn follow(
+    api: &Api,
+    http: &reqwest::Client,
     cfg: &DiscoveryConfig,
-    tx: watch::Sender<Option<Vec<WorkerEntry>>>,
-) -> Result<(), KubeError> {
-    let api = Api::from_config(cfg)?;
-    let http = client(cfg)?;
+    c: &Collection,
+    tx: &watch::Sender<Option<Vec<WorkerEntry>>>,
+) {
     let retry = Duration::from_millis(cfg.min_ttl_ms.max(100));
     'relist: loop {
         if tx.is_closed() {
-            return Ok(());
+            return;
         }
-        let (mut slices, mut version) = match list(&api, &http, cfg).await {
+        let (mut objects, mut version) = match list(api, http, c).await {
             Ok(l) => l,
             Err(e) => {
                 log_line(&format!("{}: {e}; the pool stays as it was", cfg.source));
@@ -388,9 +552,9 @@ pub async fn run(
                 continue;
             }
         };
-        send(&tx, slices.workers(cfg));
+        send(tx, objects.workers(cfg));
         loop {
-            match watch_from(&api, &http, cfg, &mut slices, &mut version, &tx).await {
+            match watch_from(api, http, (cfg, c), &mut objects, &mut version, tx).await {
                 Ok(()) => {}
                 Err(KubeError::Gone) => continue 'relist,
                 Err(e) => {
@@ -399,10 +563,89 @@ pub async fn run(
                 }
             }
             if tx.is_closed() {
-                return Ok(());
+                return;
             }
         }
     }
+}
+
+/// Reads an InferencePool's selector and target port.
+pub async fn pool_target(
+    api: &Api,
+    http: &reqwest::Client,
+    pool: &str,
+) -> Result<PoolTarget, KubeError> {
+    let url = format!(
+        "{}/apis/inference.networking.k8s.io/v1/namespaces/{}/inferencepools/{}",
+        api.base, api.namespace, pool
+    );
+    let resp = api
+        .get(http, url)?
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .map_err(|e| KubeError::Http(format!("InferencePool {pool}: {e}")))?;
+    if !resp.status().is_success() {
+        return Err(KubeError::Http(format!("InferencePool {pool}: {}", resp.status())));
+    }
+    let p: InferencePool =
+        resp.json().await.map_err(|e| KubeError::Http(format!("InferencePool {pool}: {e}")))?;
+    p.target().ok_or_else(|| {
+        KubeError::Http(format!("InferencePool {pool}: no selector labels or target port"))
+    })
+}
+
+/// Follows the configured source forever; sends each new set of workers. Returns only when
+/// the configuration cannot work (no API address, unreadable CA bundle) or nobody listens.
+/// An InferencePool is read again every `max_ttl_ms`: a changed selector or port restarts
+/// the pods' watch.
+pub async fn run(
+    cfg: &DiscoveryConfig,
+    tx: watch::Sender<Option<Vec<WorkerEntry>>>,
+) -> Result<(), KubeError> {
+    let api = Api::from_config(cfg)?;
+    let http = client(cfg)?;
+    if !matches!(cfg.source, Source::KubePool { .. }) {
+        let c = Collection::endpoint_slices(&api, cfg);
+        follow(&api, &http, cfg, &c, &tx).await;
+        return Ok(());
+    }
+    let (_, reread) = cfg.ttl_bounds();
+    let retry = Duration::from_millis(cfg.min_ttl_ms.max(100));
+    let mut target: Option<PoolTarget> = None;
+    while !tx.is_closed() {
+        match pool_target(&api, &http, &api.service).await {
+            Ok(t) => target = Some(t),
+            Err(e) => {
+                log_line(&format!("{}: {e}", cfg.source));
+                if target.is_none() {
+                    tokio::time::sleep(retry).await;
+                    continue;
+                }
+            }
+        }
+        let Some(t) = target.clone() else { continue };
+        let c = Collection::pool_pods(&api, &t);
+        // Follow the pods until the pool is read again and found changed.
+        let changed = async {
+            loop {
+                tokio::time::sleep(reread).await;
+                match pool_target(&api, &http, &api.service).await {
+                    Ok(now) if now != t => {
+                        log_line(&format!("{}: selector or port changed", cfg.source));
+                        target = Some(now);
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        };
+        tokio::select! {
+            _ = follow(&api, &http, cfg, &c, &tx) => return Ok(()),
+            _ = changed => {}
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
