@@ -204,6 +204,16 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
         "# TYPE kvroute_updater_snapshot_version gauge\nkvroute_updater_snapshot_version {}",
         c.state.version()
     );
+    let pool = &status["pool"];
+    let _ = writeln!(
+        o,
+        "# TYPE kvroute_updater_pool_workers gauge\nkvroute_updater_pool_workers {}\n\
+         # TYPE kvroute_updater_pool_joined_total counter\nkvroute_updater_pool_joined_total {}\n\
+         # TYPE kvroute_updater_pool_left_total counter\nkvroute_updater_pool_left_total {}",
+        pool["workers"].as_u64().unwrap_or(0),
+        pool["joined"].as_u64().unwrap_or(0),
+        pool["left"].as_u64().unwrap_or(0),
+    );
     let empty = serde_json::Map::new();
     let workers = status["workers"].as_object().unwrap_or(&empty);
     for name in [

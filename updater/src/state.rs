@@ -94,6 +94,9 @@ struct Inner {
     peers: PeerStore,
     /// Workers that left the pool since the last publication.
     removed: BTreeSet<String>,
+    /// Workers that joined / left the pool since the start.
+    joined: u64,
+    left: u64,
 }
 
 impl State {
@@ -162,6 +165,8 @@ impl State {
             publisher,
             peers,
             removed: BTreeSet::new(),
+            joined: 0,
+            left: 0,
         };
         State { limits, models, fixed, changed: Notify::new(), inner: Mutex::new(inner) }
     }
@@ -195,6 +200,7 @@ impl State {
         let entry = State::entry(self.fixed.as_ref(), &self.limits);
         inner.workers.insert(worker.to_owned(), entry);
         inner.removed.remove(worker);
+        inner.joined += 1;
         inner.dirty.insert(worker.to_owned());
         self.changed.notify_waiters();
         true
@@ -210,6 +216,7 @@ impl State {
         }
         inner.dirty.remove(worker);
         inner.removed.insert(worker.to_owned());
+        inner.left += 1;
         self.changed.notify_waiters();
         true
     }
@@ -528,7 +535,12 @@ impl State {
             .collect();
         serde_json::json!({
             "version": inner.publisher.version(),
-            "pool": inner.publisher.full().pool,
+            "pool": {
+                "whole": inner.publisher.full().pool,
+                "workers": inner.workers.len(),
+                "joined": inner.joined,
+                "left": inner.left,
+            },
             "models": models,
             "workers": workers,
             "peers": inner.peers.status(),

@@ -225,6 +225,18 @@ async fn dns_records_bring_workers_in_and_take_them_out() {
     assert!(snap.pool && snap.workers.iter().any(|w| w.worker == name(b)));
     assert!(!kvroute_core::snapshot::Snapshot::decode(&old).unwrap().pool);
 
+    // Joins and departures are counted (A, B, B again; A, and B at NXDOMAIN).
+    let pool = &state.status()["pool"];
+    assert_eq!((pool["joined"].as_u64(), pool["left"].as_u64()), (Some(3), Some(2)));
+    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("kvroute_updater_pool_workers 1\n"), "{metrics}");
+    assert!(metrics.contains("kvroute_updater_pool_left_total 2\n"));
+
     // The TTL (1 s, above the 500 ms ceiling) is cut to the ceiling: resolutions go on.
     let q = dns.queries();
     assert!(until(10, || dns.queries() >= q + 2).await);
