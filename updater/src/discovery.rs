@@ -420,6 +420,37 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn the_supervisor_adds_removes_and_restarts_workers() {
+        let state = Arc::new(State::for_models(
+            Arc::new(crate::models::Models::default()),
+            Vec::new(),
+            crate::limits::Limits::default(),
+        ));
+        let hour = Duration::from_secs(3600);
+        let mut sup = Supervisor::new(Arc::clone(&state), Intervals { scrape: hour, align: hour });
+        let w = |s: &str| s.parse::<WorkerEntry>().unwrap();
+        let c = sup.apply(&[w("127.0.0.1:1"), w("127.0.0.1:2,tcp://127.0.0.1:3")]);
+        assert_eq!(c.added, ["127.0.0.1:1", "127.0.0.1:2"]);
+        assert_eq!(state.workers(), ["127.0.0.1:1", "127.0.0.1:2"]);
+        assert_eq!(sup.tasks["127.0.0.1:2"].handles.len(), 3, "scrape, alignment, events");
+        let v = state.version();
+        assert_eq!(
+            sup.apply(&[w("127.0.0.1:1"), w("127.0.0.1:2,tcp://127.0.0.1:3")]),
+            Change::default()
+        );
+        assert_eq!(state.version(), v, "the same set changes nothing");
+        // 2's endpoints change: restarted (a fresh entry); 1 leaves.
+        let handles: Vec<_> =
+            sup.tasks["127.0.0.1:1"].handles.iter().map(|h| h.abort_handle()).collect();
+        let c = sup.apply(&[w("127.0.0.1:2,tcp://127.0.0.1:4")]);
+        assert_eq!((c.added.len(), c.removed.len()), (1, 2));
+        assert_eq!(state.workers(), ["127.0.0.1:2"]);
+        tokio::task::yield_now().await;
+        assert!(handles.iter().all(|h| h.is_finished()), "a removed worker's tasks are aborted");
+        assert!(state.snapshot().workers.iter().all(|k| k.worker == "127.0.0.1:2"));
+    }
+
     #[test]
     fn validation_and_worker_names() {
         let dns = DiscoveryConfig { source: "dns:w".parse().unwrap(), ..Default::default() };

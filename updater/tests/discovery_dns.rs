@@ -179,13 +179,18 @@ async fn dns_records_bring_workers_in_and_take_them_out() {
     assert!(until(10, || listed(&state).iter().any(|(w, _, held)| *w == name(a) && *held)).await);
 
     // B's record appears: B joins.
+    let t = std::time::Instant::now();
     dns.set_a(NAME, &[a.parse().unwrap(), b.parse().unwrap()]);
     assert!(until(20, || member(&state, &name(b))).await, "{:?}", state.status());
+    // Reported, not asserted (TTL ceiling 500 ms here, then the alignment check).
+    eprintln!("record added -> identified member in the snapshot: {:?}", t.elapsed());
     let before = state.version();
 
     // A's record goes: A and its knowledge leave at once.
+    let t = std::time::Instant::now();
     dns.set_a(NAME, &[b.parse().unwrap()]);
     assert!(until(10, || !state.workers().contains(&name(a))).await);
+    eprintln!("record removed -> out of the snapshot: {:?}", t.elapsed());
     let now: Vec<String> = listed(&state).into_iter().map(|(w, _, _)| w).collect();
     assert_eq!(now, [name(b)], "the next snapshot no longer lists A");
     assert!(state.status()["workers"].get(name(a)).is_none());

@@ -211,7 +211,12 @@ impl Knowledge {
             self.forget(w);
         }
         if d.pool {
-            let pool = self.pool.get_or_insert_with(BTreeMap::new);
+            // A pool delta over a partial view (not sent by the updater, which answers a
+            // change of kind with a full snapshot): every worker known is taken as a member.
+            let serving = &self.serving;
+            let pool = self.pool.get_or_insert_with(|| {
+                serving.iter().map(|(w, s)| (w.clone(), s.model.clone())).collect()
+            });
             for w in &d.removed {
                 pool.remove(w);
             }
