@@ -30,8 +30,8 @@ RUN cargo build --locked --release --target wasm32-wasip1 -p kvroute-filter \
  && cargo build --locked --release -p kvroute-sim -p kvroute-updater -p kvroute-eval \
  && mkdir -p /out/bin \
  && cp target/wasm32-wasip1/release/kvroute_filter.wasm /out/ \
- && cp target/release/kvroute-sim target/release/kvroute-updater target/release/kvroute-bench \
-       /out/bin/
+ && cp target/release/kvroute-sim target/release/kvroute-updater target/release/kvroute-doctor \
+       target/release/kvroute-bench /out/bin/
 
 # ---- kvroute: updater, simulator, module --------------------------------------------------
 FROM debian:bookworm-slim AS kvroute
@@ -40,7 +40,7 @@ FROM debian:bookworm-slim AS kvroute
 RUN groupadd --system --gid 10001 kvroute \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin kvroute
-COPY --from=build /out/bin/kvroute-sim /out/bin/kvroute-updater /usr/local/bin/
+COPY --from=build /out/bin/kvroute-sim /out/bin/kvroute-updater /out/bin/kvroute-doctor /usr/local/bin/
 COPY --from=build /out/kvroute_filter.wasm /opt/kvroute/kvroute_filter.wasm
 USER 10001:10001
 WORKDIR /tmp

@@ -69,6 +69,9 @@ pub struct FilterConfig {
     pub lookahead: crate::lookahead::LookaheadConfig,
     /// Online calibration of the cost profiles (`core/src/calib.rs`).
     pub calibration: crate::calib::CalibrationConfig,
+    /// How long a paused request may wait for its body, and when a deployment counts as broken
+    /// (`core/src/misdeploy.rs`).
+    pub misdeployment: crate::misdeploy::MisdeployConfig,
 }
 
 /// Deliberate faults, for proving that traffic survives them.
@@ -245,6 +248,7 @@ impl Default for FilterConfig {
             admission: Default::default(),
             lookahead: Default::default(),
             calibration: Default::default(),
+            misdeployment: Default::default(),
         }
     }
 }
@@ -451,6 +455,7 @@ impl FilterConfig {
         self.load.validate(self.tick_ms).map_err(ConfigError::Invalid)?;
         self.calibration.validate().map_err(ConfigError::Invalid)?;
         self.lookahead.validate().map_err(ConfigError::Invalid)?;
+        self.misdeployment.validate(self.tick_ms).map_err(ConfigError::Invalid)?;
         let d = self.knowledge.decode_limits;
         if d.max_workers == 0 || d.max_hashes_per_worker == 0 {
             return bad("knowledge.decode_limits values must be > 0".into());

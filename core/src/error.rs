@@ -42,6 +42,18 @@ impl ApiError {
         }
     }
 
+    /// A client that sent part of its body and then nothing for `waited_ms` (408, as Envoy's
+    /// own request timeout answers).
+    pub fn body_timeout(waited_ms: u64) -> Self {
+        ApiError {
+            status: 408,
+            kind: "invalid_request_error",
+            code: "request_timeout",
+            param: None,
+            message: format!("the request body stopped arriving for {waited_ms} ms"),
+        }
+    }
+
     /// The JSON body: `{"error": {"message", "type", "param", "code"}}`.
     pub fn body(&self) -> Vec<u8> {
         json!({"error": {

@@ -49,6 +49,7 @@ pub mod journal;
 pub mod load;
 pub mod lookahead;
 pub mod metrics;
+pub mod misdeploy;
 pub mod model;
 pub mod peers;
 pub mod request;

@@ -9,6 +9,7 @@ use kvroute_core::admission::{self, Verdict};
 use kvroute_core::error::ApiError;
 use kvroute_core::index::Source;
 use kvroute_core::journal::JournalEntry;
+use kvroute_core::misdeploy::Unrouted;
 use kvroute_core::request::{self, Endpoint};
 use kvroute_core::router::Decision;
 use kvroute_core::shared::load::Ticket;
@@ -50,6 +51,10 @@ struct InFlight {
 
 pub struct KvHttp {
     state: Rc<ThreadState>,
+    /// This stream's HTTP context id (the tick resumes it by id).
+    id: u32,
+    /// Passed on without a decision: its body did not reach the filter in time.
+    unrouted: Option<Unrouted>,
     endpoint: Option<Endpoint>,
     inflight: Option<InFlight>,
     /// The deadline and priority header values as sent (bytes; resolved after the decision,
@@ -58,11 +63,19 @@ pub struct KvHttp {
 }
 
 impl KvHttp {
-    pub fn new(state: Rc<ThreadState>) -> Self {
-        KvHttp { state, endpoint: None, inflight: None, admission_headers: (None, None) }
+    pub fn new(state: Rc<ThreadState>, id: u32) -> Self {
+        KvHttp {
+            state,
+            id,
+            unrouted: None,
+            endpoint: None,
+            inflight: None,
+            admission_headers: (None, None),
+        }
     }
 
     fn reject(&self, e: &ApiError) -> Action {
+        self.state.waiting.done(self.id);
         self.state.metrics.rejected();
         host::send_response(e.status, &[("content-type", "application/json")], &e.body());
         Action::Pause
@@ -188,6 +201,31 @@ impl KvHttp {
         Action::Continue
     }
 
+    /// Whether the tick passed this request on; its body (buffered meanwhile) then goes
+    /// through untouched.
+    fn check_passed_on(&mut self) {
+        if let Some(why) = self.state.waiting.take_passed_on(self.id) {
+            self.unrouted = Some(why);
+            self.endpoint = None;
+        }
+    }
+
+    /// Pauses for the body unless this thread knows bodies never reach the filter: then the
+    /// request goes on at once, unrouted, counted. A paused request is registered so the tick
+    /// can pass it on if its body does not come.
+    fn wait_for_body(&mut self) -> Action {
+        let now = host::now_ms();
+        if self.state.watch.borrow_mut().should_pause(now) {
+            self.state.waiting.pause(self.id, now);
+            return Action::Pause;
+        }
+        let why = Unrouted::BodyNotDelivered;
+        self.state.metrics.unrouted(why);
+        self.unrouted = Some(why);
+        self.endpoint = None;
+        Action::Continue
+    }
+
     /// Response headers: who served, with what status. Load and routing credit move to the
     /// worker that served; a failed answer takes the routing credit back.
     fn response_started(&mut self) {
@@ -198,6 +236,10 @@ impl KvHttp {
             .filter(|a| !a.is_empty());
         let Some(f) = self.inflight.as_mut() else { return };
         f.status = status;
+        if let Some(served) = served.as_deref() {
+            // Judged against the primary: a fallback serves only after the primary failed.
+            self.state.watch.borrow_mut().served(served == f.planned);
+        }
         if let Some(served) = served.filter(|s| *s != f.planned) {
             self.state.shard.borrow_mut().served_by(f.ticket, &served);
             f.served = served;
@@ -252,11 +294,26 @@ impl KvHttp {
         }
     }
 
+    /// The decision header of a request passed on unrouted: who served it, and why.
+    fn unrouted_summary(&self, why: Unrouted) -> String {
+        let served = host::property(&["upstream", "address"])
+            .and_then(|a| String::from_utf8(a).ok())
+            .unwrap_or_default();
+        format!(
+            "worker={served}; fallback={}; misdeployed={}",
+            why.name(),
+            self.state.watch.borrow().header_field(host::now_ms())
+        )
+    }
+
     fn decision_summary(&self) -> Option<String> {
+        if let Some(why) = self.unrouted {
+            return Some(self.unrouted_summary(why));
+        }
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}",
+            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}; misdeployed={}",
             f.served,
             d.predicted_cached_tokens(),
             // The estimate for the worker actually served (a fallback when the primary failed),
@@ -275,7 +332,8 @@ impl KvHttp {
             f.decision_us,
             f.parse_us,
             f.catchup_us,
-            d.tokenize_us
+            d.tokenize_us,
+            self.state.watch.borrow().header_field(host::now_ms())
         ))
     }
 }
@@ -314,14 +372,17 @@ impl HttpContext for KvHttp {
                 None,
                 "request body is empty".into(),
             )),
-            Some(_) => Action::Pause,
+            Some(_) => self.wait_for_body(),
         }
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.check_passed_on();
         let Some(endpoint) = self.endpoint else {
             return Action::Continue;
         };
+        self.state.watch.borrow_mut().body_delivered();
+        self.state.waiting.progress(self.id, host::now_ms());
         let limit = self.state.config.max_body_bytes;
         if body_size > limit {
             self.endpoint = None;
@@ -330,11 +391,13 @@ impl HttpContext for KvHttp {
         if !end_of_stream {
             return Action::Pause;
         }
+        self.state.waiting.done(self.id);
         let body = host::request_body(body_size).unwrap_or_default();
         self.route(endpoint, &body)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.check_passed_on();
         self.response_started();
         if self.state.config.expose_decision_header {
             if let Some(value) = self.decision_summary() {
@@ -363,6 +426,7 @@ impl HttpContext for KvHttp {
     }
 
     fn on_log(&mut self) {
+        self.state.waiting.done(self.id);
         self.finish();
     }
 }

@@ -16,11 +16,12 @@ pub mod metrics;
 pub mod root;
 pub mod shared;
 pub mod sync;
+pub mod waiting;
 
 proxy_wasm::main! {{
     host::install_panic_hook();
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
-        Box::new(root::KvRoot::default())
+    proxy_wasm::set_root_context(|id| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::KvRoot::new(id))
     });
 }}

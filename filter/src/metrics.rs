@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use kvroute_core::admission::Verdict;
 use kvroute_core::audit::AuditClass;
 use kvroute_core::load::WorkerLoad;
+use kvroute_core::misdeploy::{Symptom, Unrouted};
 use kvroute_core::router::FallbackReason;
 use kvroute_core::shared::bundles::Manifest;
 use kvroute_core::shared::{Counter, Counters};
@@ -22,6 +23,8 @@ pub struct Metrics {
     /// (`kvroute_worker_audited_requests`, `kvroute_worker_false_hits`).
     audited: HashMap<String, (u32, u32)>,
     fallbacks: HashMap<&'static str, u32>,
+    /// Gauges `kvroute.misdeployed.<symptom>.present` (1 while this thread sees it).
+    misdeployed: HashMap<&'static str, u32>,
     updates: HashMap<&'static str, u32>,
     audit: HashMap<&'static str, u32>,
     predicted_blocks: Option<u32>,
@@ -220,9 +223,16 @@ impl Metrics {
                 m.audited.insert(w.to_owned(), (a, f));
             }
         }
-        for r in FallbackReason::ALL {
-            if let Some(id) = define(c, &format!("kvroute.fallback.{}.requests", r.name())) {
-                m.fallbacks.insert(r.name(), id);
+        let reasons = FallbackReason::ALL.iter().map(|r| r.name());
+        for r in reasons.chain(Unrouted::ALL.iter().map(|u| u.name())) {
+            if let Some(id) = define(c, &format!("kvroute.fallback.{r}.requests")) {
+                m.fallbacks.insert(r, id);
+            }
+        }
+        for s in Symptom::ALL {
+            let name = format!("kvroute.misdeployed.{}.present", s.name());
+            if let Some(id) = define(MetricType::Gauge, &name) {
+                m.misdeployed.insert(s.name(), id);
             }
         }
         for kind in ["full", "delta"] {
@@ -265,6 +275,16 @@ impl Metrics {
 
     pub fn fallback(&self, reason: FallbackReason) {
         add(self.fallbacks.get(reason.name()).copied(), 1);
+    }
+
+    /// A request passed on without a decision (its body never came in time).
+    pub fn unrouted(&self, why: Unrouted) {
+        add(self.fallbacks.get(why.name()).copied(), 1);
+    }
+
+    /// Whether this thread sees `symptom` now.
+    pub fn misdeployed(&self, symptom: Symptom, present: bool) {
+        gauge(self.misdeployed.get(symptom.name()).copied(), u64::from(present));
     }
 
     /// One audited request served by `worker`: its class, and the tokens the engine reported

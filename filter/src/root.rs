@@ -8,6 +8,7 @@ use std::rc::Rc;
 
 use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::journal::JournalEntry;
+use kvroute_core::misdeploy::{Symptom, Watch};
 use kvroute_core::router::Router;
 use kvroute_core::shared::bundles::BundleFollower;
 use kvroute_core::shared::journal::{self, JournalCursor};
@@ -21,6 +22,7 @@ use crate::http::KvHttp;
 use crate::metrics::{count, Metrics};
 use crate::shared::HostStore;
 use crate::sync::SnapshotSync;
+use crate::waiting::Waiting;
 
 /// How many request-path polls' worth of journal a tick may apply.
 const TICK_POLLS: usize = 8;
@@ -46,6 +48,12 @@ pub struct ThreadState {
     /// This Envoy's replica id (shared data), so that its own decisions relayed by the
     /// updater are not counted twice.
     replica: std::cell::Cell<u64>,
+    /// Signs of a misdeployment seen by this thread (`kvroute_core::misdeploy`).
+    pub watch: RefCell<Watch>,
+    /// Requests paused for their body; the tick passes on those that wait too long.
+    pub waiting: Waiting,
+    /// The symptoms this thread last reported in its gauges (bit per `Symptom::ALL` entry).
+    reported: std::cell::Cell<u8>,
 }
 
 impl ThreadState {
@@ -144,8 +152,38 @@ impl ThreadState {
         xxhash_rust::xxh3::xxh3_64_with_seed(&host::now_nanos().to_le_bytes(), at)
     }
 
+    /// Passes on requests that waited too long for their body, and makes misdeployment loud:
+    /// a gauge per symptom (written when this thread's view changes), a warning at most once
+    /// per `misdeployment.warn_interval_ms`.
+    fn misdeploy_tick(&self, root_id: u32, now_ms: u64) {
+        let mut watch = self.watch.borrow_mut();
+        for why in self.waiting.resume_expired(&mut watch, root_id, now_ms) {
+            self.metrics.unrouted(why);
+        }
+        watch.knowledge(self.follower.borrow().version() > 0);
+        let mut bits = 0u8;
+        for (i, s) in Symptom::ALL.into_iter().enumerate() {
+            if watch.has(s, now_ms) {
+                bits |= 1 << i;
+            }
+        }
+        if bits != self.reported.get() {
+            for (i, s) in Symptom::ALL.into_iter().enumerate() {
+                self.metrics.misdeployed(s, bits & (1 << i) != 0);
+            }
+            self.reported.set(bits);
+        }
+        let interval = watch.config().warn_interval_ms;
+        for s in watch.warnings_due(now_ms) {
+            if kvroute_core::misdeploy::claim_warning(&HostStore, s, now_ms, interval) {
+                log::warn!("kvroute: misdeployed ({}): {}", s.name(), s.advice());
+            }
+        }
+    }
+
     /// Housekeeping, every `tick_ms`.
-    pub fn tick(&self, now_ms: u64) {
+    pub fn tick(&self, root_id: u32, now_ms: u64) {
+        self.misdeploy_tick(root_id, now_ms);
         if self.serving.get() {
             self.refresh_bundles(now_ms);
         }
@@ -169,10 +207,17 @@ impl ThreadState {
 
 /// The root context: a filter thread's (routing) or the singleton's (snapshot sync), chosen by
 /// the configuration it receives.
-#[derive(Default)]
 pub struct KvRoot {
+    /// This root context's id: the tick makes it effective again after resuming a request.
+    id: u32,
     state: Option<Rc<ThreadState>>,
     sync: Option<SnapshotSync>,
+}
+
+impl KvRoot {
+    pub fn new(id: u32) -> KvRoot {
+        KvRoot { id, state: None, sync: None }
+    }
 }
 
 impl Context for KvRoot {
@@ -189,7 +234,7 @@ impl RootContext for KvRoot {
             s.on_tick();
         }
         if let Some(state) = &self.state {
-            state.tick(host::now_ms());
+            state.tick(self.id, host::now_ms());
         }
     }
 
@@ -245,6 +290,9 @@ impl RootContext for KvRoot {
                     bundles: RefCell::new(bundles),
                     serving: std::cell::Cell::new(false),
                     replica: std::cell::Cell::new(0),
+                    watch: RefCell::new(Watch::new(config.misdeployment, now)),
+                    waiting: Waiting::default(),
+                    reported: std::cell::Cell::new(0),
                     follower: RefCell::new(Follower::new(config.knowledge.decode_limits)),
                     config,
                     router: RefCell::new(router),
@@ -264,11 +312,11 @@ impl RootContext for KvRoot {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // The singleton (sync mode) has no state and makes no HTTP contexts.
         let state = self.state.clone()?;
         state.serving.set(true);
-        Some(Box::new(KvHttp::new(state)))
+        Some(Box::new(KvHttp::new(state, context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -41,6 +41,11 @@ pub fn updater_bin() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// `kvroute-doctor` (built with the updater by `./dev build`).
+pub fn doctor_bin() -> anyhow::Result<PathBuf> {
+    existing("KVROUTE_DOCTOR", repo_root().join("target/release/kvroute-doctor"), "run ./dev build")
+}
+
 /// A fresh scratch directory for one stack's configs and logs.
 pub fn scratch_dir(tag: &str) -> anyhow::Result<PathBuf> {
     let base = std::env::var_os("KVROUTE_SCRATCH")

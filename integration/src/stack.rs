@@ -142,6 +142,9 @@ pub struct StackOptions {
     pub envoy_concurrency: u32,
     /// Start kvroute-updater following every worker's KV events.
     pub updater: bool,
+    /// Text replacements (`from`, `to`) applied to the Envoy template before rendering, to
+    /// run the stack the way a deployment that lacks a piece would (each `from` must occur).
+    pub envoy_edits: Vec<(String, String)>,
 }
 
 impl Default for StackOptions {
@@ -155,6 +158,7 @@ impl Default for StackOptions {
             model_overrides: json!({}),
             envoy_concurrency: 2,
             updater: false,
+            envoy_edits: Vec::new(),
         }
     }
 }
@@ -310,7 +314,8 @@ impl Updater {
     }
 }
 
-fn merge(into: &mut Value, from: &Value) {
+/// Inserts `from`'s top-level keys into `into` (replacing those it has).
+pub fn merge(into: &mut Value, from: &Value) {
     if let (Some(a), Some(b)) = (into.as_object_mut(), from.as_object()) {
         for (k, v) in b {
             a.insert(k.clone(), v.clone());
@@ -429,7 +434,19 @@ impl Stack {
             let per_pool: Vec<Vec<String>> = pools.iter().map(|p| p.addrs.clone()).collect();
             pools_filter_config(&opts.pools, &per_pool, &opts)?
         };
-        let config = write_config(opts.policy.template(), &dir, ports, &addrs, &filter)?;
+        let config = if opts.envoy_edits.is_empty() {
+            write_config(opts.policy.template(), &dir, ports, &addrs, &filter)?
+        } else {
+            let name = opts.policy.template();
+            let path = paths::repo_root().join("envoy").join(name);
+            let mut text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            for (from, to) in &opts.envoy_edits {
+                anyhow::ensure!(text.contains(from.as_str()), "{name} has no {from:?} to edit");
+                text = text.replace(from.as_str(), to);
+            }
+            write_config_text(name, &text, &dir, ports, &addrs, &filter)?
+        };
         let envoy =
             Envoy::start(&config, ports.admin, ports.listen, &dir, opts.envoy_concurrency).await?;
         let n = workers.len();

@@ -19,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod decode;
 pub mod discovery;
+pub mod doctor;
 pub mod frameguard;
 pub mod http_body;
 pub mod ingest;
