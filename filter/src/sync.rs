@@ -212,7 +212,9 @@ impl SnapshotSync {
         if let Some(id) = read_replica(&HostStore) {
             self.replica = id;
         }
-        let mut path = format!("/v1/snapshot?since={}", self.publisher.version());
+        // `pool=1`: the updater's worker list is the whole pool (it follows discovery), and
+        // deltas name the workers that left.
+        let mut path = format!("/v1/snapshot?since={}&pool=1", self.publisher.version());
         if self.cfg.long_poll_ms > 0 {
             path.push_str(&format!("&wait_ms={}", self.cfg.long_poll_ms));
         }

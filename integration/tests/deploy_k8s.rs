@@ -385,3 +385,18 @@ async fn envoy_gateway_configuration_routes_with_kvroute_in_real_envoy() {
     xds::kvroute_requirements(&x).unwrap();
     live::run(&x).await.unwrap();
 }
+
+/// The Istio configuration with the filter as a `WasmPlugin` alone would give it (no
+/// `allow_on_headers_stop_iteration`): every POST still completes, counted, and named.
+#[tokio::test]
+async fn istio_without_stop_iteration_never_hangs_a_post() {
+    let x = xds::istio(&docs()).unwrap();
+    live::run_without_stop_iteration(&x).await.unwrap();
+}
+
+/// The same for Envoy Gateway without the EnvoyPatchPolicy (an `EnvoyExtensionPolicy` alone).
+#[tokio::test]
+async fn envoy_gateway_without_stop_iteration_never_hangs_a_post() {
+    let x = xds::envoy_gateway(&docs()).unwrap();
+    live::run_without_stop_iteration(&x).await.unwrap();
+}

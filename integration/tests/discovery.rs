@@ -131,7 +131,6 @@ fn strict_dns(template: &str, dns: SocketAddr, port: u16) -> anyhow::Result<Stri
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the filter to ask the updater for the pool: `&pool=1` in filter/src/sync.rs"]
 async fn dns_membership_reaches_envoy_and_the_filter() -> anyhow::Result<()> {
     let dir = paths::scratch_dir("discovery")?;
     let (a, b): (Ipv4Addr, Ipv4Addr) = ("127.0.74.2".parse()?, "127.0.74.3".parse()?);

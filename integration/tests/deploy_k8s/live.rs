@@ -235,6 +235,27 @@ async fn post(envoy: &Envoy, body: &Value) -> anyhow::Result<Reply> {
 /// Runs `x` against simulated workers and a local updater; checks that kvroute routes, that
 /// knowledge from the updater reaches the filter, and that the stats carry their tags.
 pub async fn run(x: &Xds) -> anyhow::Result<()> {
+    run_with(x, false).await
+}
+
+/// Runs `x` with `allow_on_headers_stop_iteration` taken off the wasm filter: what Istio's
+/// `WasmPlugin` and Envoy Gateway's `EnvoyExtensionPolicy` give on their own. Every POST must
+/// still complete (passed on unrouted, counted and named), and `kvroute-doctor` must name the
+/// missing setting.
+pub async fn run_without_stop_iteration(x: &Xds) -> anyhow::Result<()> {
+    let mut x = x.clone();
+    let filters = hcm_mut(&mut x.listener)?["http_filters"].as_array_mut().context("filters")?;
+    let mut off = 0;
+    for f in filters {
+        if let Some(c) = f.pointer_mut("/typed_config/config").and_then(Value::as_object_mut) {
+            off += usize::from(c.remove("allow_on_headers_stop_iteration").is_some());
+        }
+    }
+    ensure!(off == 1, "{}: the wasm filter had no allow_on_headers_stop_iteration", x.name);
+    run_with(&x, true).await
+}
+
+async fn run_with(x: &Xds, unrouted: bool) -> anyhow::Result<()> {
     let dir = paths::scratch_dir(&format!("deploy-k8s-{}", x.name))?;
     let f = crate::xds::wasm_filter(&x.listener)?;
     let cfg = filter_config_json(f)?;
@@ -275,7 +296,10 @@ pub async fn run(x: &Xds) -> anyhow::Result<()> {
     };
     let (bootstrap, addition) = localize(x, &l)?;
     let envoy = start_envoy(&dir, x.name, &bootstrap, &addition, &l).await?;
-    let result = checks(x.name, &envoy, &updater, &sims, &model).await;
+    let result = match unrouted {
+        false => checks(x.name, &envoy, &updater, &sims, &model).await,
+        true => unrouted_checks(x.name, &envoy, updater_port, &model).await,
+    };
     if let Some(t) = server {
         t.abort();
     }
@@ -375,6 +399,43 @@ async fn checks(
     ensure!(
         m.get("kvroute_sync_full_snapshots").copied().unwrap_or(0.0) >= 1.0,
         "{name}: the singleton fetched no snapshot"
+    );
+    Ok(())
+}
+
+/// Without the stop-iteration setting: every POST completes, passed on unrouted
+/// (`fallback=body_not_delivered`), counted, and `kvroute-doctor` names the setting.
+async fn unrouted_checks(
+    name: &str,
+    envoy: &Envoy,
+    updater_port: u16,
+    model: &str,
+) -> anyhow::Result<()> {
+    for i in 0..6 {
+        let body = Conversation::new(503, i, 40, 10, 1).body(model, 0, 4, false);
+        let r = post(envoy, &body).await?;
+        ensure!(
+            r.decision_field("fallback").as_deref() == Some("body_not_delivered"),
+            "{name}: request {i}: {:?}",
+            r.decision
+        );
+        ensure!(r.worker.is_some(), "{name}: request {i} served by no worker");
+    }
+    let m = envoy.prometheus().await?;
+    let counted = "kvroute_fallback_requests{kvroute_fallback=\"body_not_delivered\"}";
+    ensure!(m.get(counted).copied().unwrap_or(0.0) == 6.0, "{name}: {counted} is not 6");
+    let out = tokio::process::Command::new(paths::doctor_bin()?)
+        .args(["--envoy-admin", &envoy.admin_url()])
+        .args(["--updater", &format!("http://127.0.0.1:{updater_port}")])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), out).await.context("doctor hung")??;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(!out.status.success(), "{name}: the doctor found nothing wrong:\n{text}");
+    ensure!(
+        text.lines().any(|l| l.starts_with("PROBLEM")
+            && l.contains("lacks allow_on_headers_stop_iteration: true")),
+        "{name}: the doctor did not name the setting:\n{text}"
     );
     Ok(())
 }

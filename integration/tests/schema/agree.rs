@@ -18,7 +18,7 @@ const ACROSS_FIELDS: &[&str] = &[
     "invalid type: floating point",
     "invalid value: integer",
     "max_body_bytes must be >= max_prompt_bytes",
-    "shard_timeout_ms", // at least 3 ticks
+    "shard_timeout_ms",                // at least 3 ticks
     "body_wait_ms must be >= tick_ms", // the tick resumes waiting requests
     "max_hashes_per_poll must be >= max_hashes_per_entry",
     "must differ", // admission headers vs each other and destination_header
