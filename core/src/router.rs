@@ -142,6 +142,16 @@ impl Router {
         self.plan.all_workers()
     }
 
+    /// Every worker a decision may name: the configured ones and the members of the updater's
+    /// pools (discovered workers), sorted, each once.
+    pub fn routable_workers(&self) -> Vec<&str> {
+        let mut all: Vec<&str> =
+            self.plan.all_workers().chain(self.knowledge.all_pool_members()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
     /// A model name or adapter resolved to its base model's plan entry; `None` is a 404.
     fn resolve(&self, model: &str) -> Option<Target> {
         if let Some(m) = self.plan.model(model) {

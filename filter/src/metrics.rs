@@ -2,6 +2,7 @@
 //! label value in the middle; the bootstrap's `stats_tags` turn them into Prometheus labels:
 //! `kvroute.worker.<w>.decisions` → `kvroute_decisions{kvroute_worker="<w>"}` and so on.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use kvroute_core::admission::Verdict;
@@ -17,11 +18,9 @@ use proxy_wasm::types::MetricType;
 /// Metric ids of one VM (thread); defining the same name again returns the same metric.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    decisions: HashMap<String, u32>,
-    inflight: HashMap<String, (u32, u32)>,
-    /// Per serving worker: audited requests and, of them, false hits
-    /// (`kvroute_worker_audited_requests`, `kvroute_worker_false_hits`).
-    audited: HashMap<String, (u32, u32)>,
+    /// Per worker, defined when the filter starts for its configured pools and on first use
+    /// for workers the updater's pool brings later (discovery).
+    workers: RefCell<HashMap<String, WorkerIds>>,
     fallbacks: HashMap<&'static str, u32>,
     /// Gauges `kvroute.misdeployed.<symptom>.present` (1 while this thread sees it).
     misdeployed: HashMap<&'static str, u32>,
@@ -182,6 +181,36 @@ impl BundleMetrics {
     }
 }
 
+/// Most workers given their own stats per thread.
+pub const MAX_WORKER_METRICS: usize = 4096;
+
+/// One worker's metric ids: `kvroute.worker.<w>.decisions`, the in-flight gauges, and of its
+/// audited requests the false hits (`kvroute_worker_audited_requests`,
+/// `kvroute_worker_false_hits`).
+#[derive(Debug, Default, Clone, Copy)]
+struct WorkerIds {
+    decisions: Option<u32>,
+    inflight: Option<(u32, u32)>,
+    audited: Option<(u32, u32)>,
+}
+
+impl WorkerIds {
+    fn define(worker: &str) -> WorkerIds {
+        let seg = worker_segment(worker);
+        let (c, g) = (MetricType::Counter, MetricType::Gauge);
+        let pair = |kind, a: &str, b: &str| {
+            let a = define(kind, &format!("kvroute.worker.{seg}.{a}"));
+            let b = define(kind, &format!("kvroute.worker.{seg}.{b}"));
+            a.zip(b)
+        };
+        WorkerIds {
+            decisions: define(c, &format!("kvroute.worker.{seg}.decisions")),
+            inflight: pair(g, "inflight_requests", "inflight_prefill_tokens"),
+            audited: pair(c, "audited_requests", "false_hits"),
+        }
+    }
+}
+
 /// A worker address as a stats name segment: `127.0.0.1:8001` → `127_0_0_1_8001`.
 pub fn worker_segment(worker: &str) -> String {
     worker.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect()
@@ -207,21 +236,7 @@ impl Metrics {
             }
         }
         for w in workers {
-            let seg = worker_segment(w);
-            if let Some(id) = define(c, &format!("kvroute.worker.{seg}.decisions")) {
-                m.decisions.insert(w.to_owned(), id);
-            }
-            let g = MetricType::Gauge;
-            let reqs = define(g, &format!("kvroute.worker.{seg}.inflight_requests"));
-            let toks = define(g, &format!("kvroute.worker.{seg}.inflight_prefill_tokens"));
-            if let (Some(r), Some(t)) = (reqs, toks) {
-                m.inflight.insert(w.to_owned(), (r, t));
-            }
-            let audited = define(c, &format!("kvroute.worker.{seg}.audited_requests"));
-            let false_hits = define(c, &format!("kvroute.worker.{seg}.false_hits"));
-            if let (Some(a), Some(f)) = (audited, false_hits) {
-                m.audited.insert(w.to_owned(), (a, f));
-            }
+            m.worker(w);
         }
         let reasons = FallbackReason::ALL.iter().map(|r| r.name());
         for r in reasons.chain(Unrouted::ALL.iter().map(|u| u.name())) {
@@ -253,9 +268,24 @@ impl Metrics {
         m
     }
 
+    /// `worker`'s metric ids, defined on first use. Past [`MAX_WORKER_METRICS`] workers (a
+    /// pool that churned through that many addresses) new ones get none.
+    fn worker(&self, worker: &str) -> WorkerIds {
+        if let Some(ids) = self.workers.borrow().get(worker) {
+            return *ids;
+        }
+        let mut workers = self.workers.borrow_mut();
+        if workers.len() >= MAX_WORKER_METRICS {
+            return WorkerIds::default();
+        }
+        let ids = WorkerIds::define(worker);
+        workers.insert(worker.to_owned(), ids);
+        ids
+    }
+
     /// One decision: its worker, prediction, and time (µs) in all and in render + tokenize.
     pub fn decision(&self, worker: &str, predicted: (u64, u64), us: u64, tokenize_us: u64) {
-        add(self.decisions.get(worker).copied(), 1);
+        add(self.worker(worker).decisions, 1);
         add(self.predicted_blocks, predicted.0);
         add(self.predicted_tokens, predicted.1);
         for (id, v) in [(self.decision_us, us), (self.tokenize_us, tokenize_us)] {
@@ -267,9 +297,9 @@ impl Metrics {
 
     /// Publishes a worker's router-tracked load (shared by all threads) as gauges.
     pub fn load(&self, worker: &str, load: &WorkerLoad) {
-        if let Some((r, t)) = self.inflight.get(worker) {
-            let _ = hostcalls::record_metric(*r, u64::from(load.inflight_requests));
-            let _ = hostcalls::record_metric(*t, load.prefill_tokens);
+        if let Some((r, t)) = self.worker(worker).inflight {
+            let _ = hostcalls::record_metric(r, u64::from(load.inflight_requests));
+            let _ = hostcalls::record_metric(t, load.prefill_tokens);
         }
     }
 
@@ -292,7 +322,7 @@ impl Metrics {
     pub fn audit(&self, worker: &str, class: AuditClass, actual_tokens: u64) {
         add(self.audit.get(class.name()).copied(), 1);
         add(self.actual_tokens, actual_tokens);
-        if let Some(&(audited, false_hits)) = self.audited.get(worker) {
+        if let Some((audited, false_hits)) = self.worker(worker).audited {
             add(Some(audited), 1);
             if class == AuditClass::FalseHit {
                 add(Some(false_hits), 1);

@@ -194,7 +194,7 @@ impl ThreadState {
         let mut shard = self.shard.borrow_mut();
         let router = self.router.borrow();
         let slack = self.config.load.reconcile_slack_ms;
-        for w in router.all_workers() {
+        for w in router.routable_workers() {
             if let Some(report) = router.reported_load(w, now_ms) {
                 let before = view.started_before(w, report.observed_at_ms.saturating_sub(slack));
                 shard.reconcile(&self.metrics, w, &report, before);

@@ -207,6 +207,11 @@ async fn dns_membership_reaches_envoy_and_the_filter() -> anyhow::Result<()> {
     }
     println!("with both records, 30 requests served by: {by_worker:?}");
     anyhow::ensure!(by_worker.len() == 2, "both workers serve: {by_worker:?}");
+    // The discovered worker has its own stats (defined on first use, not at configure).
+    let seg = wb.replace(['.', ':'], "_");
+    let decisions = format!("kvroute_worker_decisions{{kvroute_worker=\"{seg}\"}}");
+    let m = envoy.prometheus().await?;
+    anyhow::ensure!(m.get(&decisions).copied().unwrap_or(0.0) >= 1.0, "no {decisions}");
 
     // A's record goes: requests the filter still sends to A, until 20 in a row avoid it.
     let t = Instant::now();

@@ -75,6 +75,11 @@ impl Knowledge {
         self.members.get(model).map(Vec::as_slice).filter(|m| !m.is_empty())
     }
 
+    /// Every member of the updater's pools, across models (a worker may repeat).
+    pub fn all_pool_members(&self) -> impl Iterator<Item = &str> {
+        self.members.values().flatten().map(String::as_str)
+    }
+
     /// Whether the updater's snapshots list the whole pool.
     pub fn has_pool(&self) -> bool {
         self.pool.is_some()

@@ -182,6 +182,8 @@ fn the_updaters_pool_replaces_the_configured_one_while_it_names_members() {
     assert_eq!(r.pool("a").unwrap(), [W[1], W[4]]);
     assert_eq!(r.pool("b").unwrap(), [W[2]]);
     assert_eq!(r.workers("a").unwrap(), [W[0], W[1]], "the configured pool is unchanged");
+    // Stats and reconciliation cover the discovered worker 9 as well as the configured ones.
+    assert_eq!(r.routable_workers(), W.to_vec());
     // Worker 4 is identified as `a`, 9 leaves (a delta).
     let next = Snapshot {
         version: 3,
