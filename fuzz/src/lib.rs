@@ -41,6 +41,7 @@ pub const TARGETS: &[Target] = &[
     ("peer_report_decode", peer_report_decode),
     ("admission_headers", admission_headers),
     ("calib_decode", calib_decode),
+    ("kube_watch_event", kube_watch_event),
 ];
 
 /// The deadline and priority headers come straight from clients, as bytes: the first byte
@@ -322,6 +323,185 @@ pub fn calib_decode(data: &[u8]) {
         assert!(c.is_finite() && c >= 0.0);
     }
     let _ = ModelState::decode(&st.encode());
+}
+
+/// How one watch stream ended for one collection (see [`watch_stream`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct WatchRun {
+    /// `Ok`, or the error's message (`Gone`: list again; a line over the bound).
+    pub end: Result<(), String>,
+    /// The last `resourceVersion` seen.
+    pub version: Option<String>,
+    /// The workers after each event applied, in order.
+    pub after_each: Vec<Vec<kvroute_updater::config::WorkerEntry>>,
+}
+
+/// Reads the watch stream `data` as the updater's watch loop does
+/// ([`kvroute_updater::discovery::kube::take_events`]), `step` bytes at a time, applying each
+/// event to `objects` through `c`; the workers after each event are checked with
+/// [`check_workers`].
+pub fn watch_stream(
+    data: &[u8],
+    step: usize,
+    c: &kvroute_updater::discovery::kube::Collection,
+    cfg: &kvroute_updater::discovery::DiscoveryConfig,
+    port: Option<u16>,
+    objects: &mut kvroute_updater::discovery::kube::Objects,
+) -> WatchRun {
+    use kvroute_updater::discovery::kube::take_events;
+    let (mut buf, mut version, mut after_each) = (Vec::new(), None, Vec::new());
+    let mut end = Ok(());
+    for chunk in data.chunks(step.max(1)) {
+        buf.extend_from_slice(chunk);
+        end = take_events(&mut buf, c, objects, &mut version, |o| {
+            let w = o.workers(cfg);
+            check_workers(&w, cfg, port);
+            after_each.push(w);
+        })
+        .map_err(|e| e.to_string());
+        if end.is_err() {
+            break;
+        }
+        // Every complete line is taken: what is left is the start of the next one.
+        assert!(!buf.contains(&b'\n'));
+    }
+    WatchRun { end, version, after_each }
+}
+
+/// Discovered workers as [`kvroute_updater::discovery::kube::Objects::workers`] makes them:
+/// each an `ip:port` on `port` (when the collection fixes one; never port 0), in ascending
+/// order without duplicates, its KV-event and replay endpoints on the configured ports of the
+/// same address (replay only with events).
+pub fn check_workers(
+    workers: &[kvroute_updater::config::WorkerEntry],
+    cfg: &kvroute_updater::discovery::DiscoveryConfig,
+    port: Option<u16>,
+) {
+    use std::net::SocketAddr;
+    let mut prev: Option<SocketAddr> = None;
+    for w in workers {
+        let http: SocketAddr = w.http.parse().expect("a worker's HTTP address is ip:port");
+        assert_ne!(http.port(), 0, "{w:?}");
+        assert!(port.is_none_or(|p| http.port() == p), "{w:?} not on {port:?}");
+        assert!(prev.is_none_or(|p| p < http), "{w:?} out of order or twice");
+        prev = Some(http);
+        let at = |p: Option<u16>| p.map(|p| format!("tcp://{}", SocketAddr::new(http.ip(), p)));
+        assert_eq!(w.events, at(cfg.events_port), "{w:?}");
+        assert_eq!(w.replay, at(cfg.events_port.and(cfg.replay_port)), "{w:?}");
+    }
+}
+
+/// The Kubernetes API server's watch stream (newline-delimited `WatchEvent`s), as the
+/// updater's watch loop reads it, applied to three collections' objects: a Service's
+/// EndpointSlices by port name and by configured port, and an InferencePool's pods on its
+/// target port. Read in one piece and in chunks (the first byte picks their size) it ends the
+/// same, with the same workers after each event; every worker is a valid address on the
+/// collection's port with the configured event and replay ports; an event that is neither
+/// ADDED, MODIFIED nor DELETED changes no worker; the collections agree on how the stream ends
+/// and on the version; and a DELETED of every name seen leaves no worker.
+pub fn kube_watch_event(data: &[u8]) {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use kvroute_updater::discovery::kube::{
+        take_events, Api, Collection, Objects, PoolTarget, WatchEvent,
+    };
+    use kvroute_updater::discovery::{DiscoveryConfig, Source};
+    let api = Api {
+        base: "https://127.0.0.1:6443".into(),
+        token_file: None,
+        namespace: "ns".into(),
+        service: "vllm".into(),
+    };
+    let kube = Source::Kube { namespace: "ns".into(), service: "vllm".into() };
+    // The port named `http` wins over `http_port`; events and replay on fixed ports.
+    let by_name = DiscoveryConfig {
+        source: kube.clone(),
+        port_name: Some("http".into()),
+        http_port: Some(9000),
+        events_port: Some(5557),
+        replay_port: Some(5558),
+        ..Default::default()
+    };
+    let by_port = DiscoveryConfig {
+        source: kube,
+        http_port: Some(8000),
+        events_port: Some(5557),
+        ..Default::default()
+    };
+    let pool = DiscoveryConfig {
+        source: Source::KubePool { namespace: "ns".into(), pool: "vllm".into() },
+        events_port: Some(5557),
+        replay_port: Some(5558),
+        ..Default::default()
+    };
+    let target = PoolTarget { labels: BTreeMap::from([("app".into(), "vllm".into())]), port: 8000 };
+    let collections = [
+        (Collection::endpoint_slices(&api, &by_name), &by_name, None),
+        (Collection::endpoint_slices(&api, &by_port), &by_port, Some(8000)),
+        (Collection::pool_pods(&api, &target), &pool, Some(target.port)),
+    ];
+
+    // The events the loop applies, by the rule it follows: complete lines, blank ones
+    // skipped, up to the first that is not a watch event or is an ERROR.
+    let complete = data.iter().rposition(|b| *b == b'\n').map_or(&[][..], |end| &data[..end]);
+    let mut kinds = Vec::new();
+    let mut relist = false;
+    let mut names = BTreeSet::new();
+    for line in complete.split(|b| *b == b'\n') {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match serde_json::from_slice::<WatchEvent>(line) {
+            Ok(ev) if ev.kind != "ERROR" => {
+                if let Some(n) = ev.object["metadata"]["name"].as_str() {
+                    names.insert(n.to_owned());
+                }
+                kinds.push(ev.kind);
+            }
+            _ => {
+                relist = true;
+                break;
+            }
+        }
+    }
+
+    let step = data.first().map_or(1, |b| usize::from(*b % 64) + 1);
+    let mut first: Option<WatchRun> = None;
+    for (c, cfg, port) in &collections {
+        let mut objects = Objects::default();
+        let whole = watch_stream(data, data.len(), c, cfg, *port, &mut objects);
+        let chunked = watch_stream(data, step, c, cfg, *port, &mut Objects::default());
+        assert_eq!(whole, chunked);
+        assert_eq!(whole.end.is_err(), relist, "{:?}", whole.end);
+        assert_eq!(whole.after_each.len(), kinds.len());
+        let mut before: &[_] = &[];
+        for (kind, after) in kinds.iter().zip(&whole.after_each) {
+            if !matches!(kind.as_str(), "ADDED" | "MODIFIED" | "DELETED") {
+                assert_eq!(before, &after[..], "a {kind} event changed the workers");
+            }
+            before = after;
+        }
+        // Which objects were seen depends on the collection; how the stream ends does not.
+        if let Some(f) = &first {
+            assert_eq!(
+                (&f.end, &f.version, f.after_each.len()),
+                (&whole.end, &whole.version, whole.after_each.len())
+            );
+        }
+        // Every name seen, deleted (through the same loop): nothing is left.
+        let mut deletes = Vec::new();
+        for n in &names {
+            let ev = serde_json::json!({"type": "DELETED", "object": {"metadata": {"name": n}}});
+            deletes.extend(serde_json::to_vec(&ev).unwrap());
+            deletes.push(b'\n');
+        }
+        let mut version = whole.version.clone();
+        assert!(take_events(&mut deletes, c, &mut objects, &mut version, |_| {}).is_ok());
+        assert!(deletes.is_empty());
+        assert_eq!(version, whole.version);
+        assert!(objects.workers(cfg).is_empty(), "workers left after deleting {names:?}");
+        first.get_or_insert(whole);
+    }
 }
 
 #[cfg(test)]

@@ -835,6 +835,142 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("admission_headers", admission_headers()),
         ("peer_report_decode", peer_report_decode()),
         ("calib_decode", calib_decode()),
+        ("kube_watch_event", kube_watch_event()),
+    ]
+}
+
+/// A watch stream: one `metav1.WatchEvent` a line, as the API server writes it.
+fn watch_lines(events: &[(&str, serde_json::Value)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (kind, object) in events {
+        out.extend(json_bytes(json!({"type": kind, "object": object})));
+        out.push(b'\n');
+    }
+    out
+}
+
+/// Watch streams of EndpointSlices and Pods as the API server sends them (k8s.io/api
+/// `discovery/v1`, `core/v1`): ADDED, MODIFIED, DELETED, BOOKMARK, ERROR 410; ready, not ready,
+/// unknown and terminating endpoints, pods being deleted, IPv6 and FQDN slices, odd ports;
+/// then a truncated stream, a line that is not JSON, a deeply nested object.
+fn kube_watch_event() -> Seeds {
+    let slice = |name: &str, rv: &str, ty: &str, endpoints: serde_json::Value, ports| {
+        json!({
+            "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv,
+                         "labels": {"kubernetes.io/service-name": "vllm"}},
+            "addressType": ty, "endpoints": endpoints, "ports": ports
+        })
+    };
+    let ep = |addr: &str, ready: serde_json::Value| {
+        json!({"addresses": [addr], "conditions": {"ready": ready, "serving": ready,
+               "terminating": ready == json!(false)}, "nodeName": "n1"})
+    };
+    let http_ports = json!([{"name": "http", "port": 8000, "protocol": "TCP"},
+                            {"name": "kv-events", "port": 5557, "protocol": "TCP"}]);
+    let v4 = |rv, second_ready| {
+        slice(
+            "vllm-abc12",
+            rv,
+            "IPv4",
+            json!([ep("10.0.0.1", json!(true)), ep("10.0.0.2", second_ready),
+                   {"addresses": ["10.0.0.3"], "conditions": {}}]),
+            http_ports.clone(),
+        )
+    };
+    let v6 = slice(
+        "vllm-v6xyz",
+        "21",
+        "IPv6",
+        json!([ep("fd00::1", json!(true)), ep("fd00::2", json!(null))]),
+        http_ports.clone(),
+    );
+    let fqdn =
+        slice("vllm-fqdn", "22", "FQDN", json!([ep("vllm-0.example", json!(true))]), json!([]));
+    let odd_ports = |name, port: serde_json::Value| {
+        slice(
+            name,
+            "30",
+            "IPv4",
+            json!([ep("10.0.1.1", json!(true))]),
+            json!([{"name": "http", "port": port}, {"port": 8000}]),
+        )
+    };
+    let pod = |name: &str, rv: &str, ip: &str, ready: &str, deleting: bool| {
+        let mut meta = json!({"name": name, "namespace": "ns", "resourceVersion": rv,
+                              "labels": {"app": "vllm"}});
+        if deleting {
+            meta["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        json!({"kind": "Pod", "apiVersion": "v1", "metadata": meta,
+               "spec": {"containers": [{"name": "vllm", "ports": [{"containerPort": 8000}]}]},
+               "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                          "conditions": [{"type": "PodScheduled", "status": "True"},
+                                         {"type": "Ready", "status": ready}]}})
+    };
+    let bookmark = |rv| {
+        json!({"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+               "metadata": {"resourceVersion": rv,
+                            "annotations": {"k8s.io/initial-events-end": "true"}}})
+    };
+    let gone = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                      "message": "too old resource version: 7 (12)", "reason": "Expired",
+                      "code": 410});
+    let slices = watch_lines(&[
+        ("ADDED", v4("7", json!(false))),
+        ("MODIFIED", v4("8", json!(true))),
+        ("DELETED", v4("9", json!(true))),
+    ]);
+    let pods = watch_lines(&[
+        ("ADDED", pod("vllm-0", "40", "10.0.2.1", "True", false)),
+        ("ADDED", pod("vllm-1", "41", "10.0.2.2", "False", false)),
+        ("MODIFIED", pod("vllm-1", "42", "10.0.2.2", "True", false)),
+        ("MODIFIED", pod("vllm-0", "43", "10.0.2.1", "True", true)),
+        ("DELETED", pod("vllm-0", "44", "10.0.2.1", "True", true)),
+    ]);
+    // Starts with a blank line (the first byte picks the read size), and has one in between.
+    let mut multi = b"\n".to_vec();
+    multi.extend(watch_lines(&[
+        ("ADDED", v4("7", json!(true))),
+        ("ADDED", v6),
+        ("ADDED", fqdn),
+        ("BOOKMARK", bookmark("23")),
+        ("ADDED", pod("vllm-0", "24", "10.0.2.1", "True", false)),
+    ]));
+    multi.extend(b" \r\n");
+    multi.extend(watch_lines(&[
+        ("MODIFIED", v4("25", json!(false))),
+        ("DELETED", v4("26", json!(false))),
+    ]));
+    let mut not_json = watch_lines(&[("ADDED", v4("7", json!(true)))]);
+    not_json.extend(b"{\"type\": \"ADDED\", \"object\": nope}\n");
+    let mut deep = deep_json(r#"{"type":"ADDED","object":"#, 600);
+    deep.push(b'\n');
+    vec![
+        ("endpointslice-added-modified-deleted.jsonl", slices),
+        ("bookmark.jsonl", watch_lines(&[("BOOKMARK", bookmark("12"))])),
+        (
+            "error-410.jsonl",
+            watch_lines(&[
+                ("ADDED", v4("7", json!(true))),
+                ("ERROR", gone),
+                ("ADDED", v4("13", json!(true))),
+            ]),
+        ),
+        ("pods.jsonl", pods),
+        (
+            "odd-ports.jsonl",
+            watch_lines(&[
+                ("ADDED", odd_ports("port-zero", json!(0))),
+                ("ADDED", odd_ports("port-over-u16", json!(70_000))),
+                ("ADDED", odd_ports("port-negative", json!(-1))),
+                ("ADDED", odd_ports("port-not-a-number", json!("8000"))),
+            ]),
+        ),
+        ("multi-event.jsonl", multi.clone()),
+        ("truncated.jsonl", truncated(&multi)),
+        ("not-json.jsonl", not_json),
+        ("deep-nesting.jsonl", deep),
     ]
 }
 

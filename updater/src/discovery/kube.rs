@@ -509,23 +509,38 @@ async fn watch_from(
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| KubeError::Http(format!("watch: {e}")))?;
         buf.extend_from_slice(&chunk);
-        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=end).collect();
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let Ok(ev) = serde_json::from_slice::<WatchEvent>(&line) else {
-                log_line("watch: an event that is not JSON; listing again");
-                return Err(KubeError::Gone);
-            };
-            if apply_event(c, objects, version, ev) == Step::Relist {
-                return Err(KubeError::Gone);
-            }
-            send(tx, objects.workers(cfg));
+        take_events(&mut buf, c, objects, version, |o| send(tx, o.workers(cfg)))?;
+    }
+    Ok(())
+}
+
+/// The watch stream's bytes received so far, `buf`: applies each complete line (one
+/// [`WatchEvent`]; blank lines skipped) to `objects` and removes it, calling `applied` after
+/// each event. What is left is the start of the next line. `Err(Gone)`: a line that is not a
+/// watch event, or an ERROR event (list again); `Err(Http)`: more than 16 MiB without a newline.
+pub fn take_events(
+    buf: &mut Vec<u8>,
+    c: &Collection,
+    objects: &mut Objects,
+    version: &mut Option<String>,
+    mut applied: impl FnMut(&Objects),
+) -> Result<(), KubeError> {
+    while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+        let line: Vec<u8> = buf.drain(..=end).collect();
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
         }
-        if buf.len() > MAX_EVENT_BYTES {
-            return Err(KubeError::Http("watch: an event longer than 16 MiB".into()));
+        let Ok(ev) = serde_json::from_slice::<WatchEvent>(&line) else {
+            log_line("watch: an event that is not JSON; listing again");
+            return Err(KubeError::Gone);
+        };
+        if apply_event(c, objects, version, ev) == Step::Relist {
+            return Err(KubeError::Gone);
         }
+        applied(objects);
+    }
+    if buf.len() > MAX_EVENT_BYTES {
+        return Err(KubeError::Http("watch: an event longer than 16 MiB".into()));
     }
     Ok(())
 }
