@@ -51,3 +51,77 @@ async fn bad_filter_config_is_rejected_with_a_reason() {
         assert!(out.contains(reason), "reason '{reason}' missing:\n{out}");
     }
 }
+
+/// `deploy/updater.example.toml` with its commented `[discovery]` table enabled (every key in
+/// it uncommented, the `[[workers]]` list removed, the token and the model directory local):
+/// `kvroute-updater --check` accepts it and resolves every key of the table as written.
+#[test]
+fn the_example_updater_config_with_discovery_checks() {
+    let root = paths::repo_root();
+    let text = std::fs::read_to_string(root.join("deploy/updater.example.toml")).unwrap();
+    // The commented table: from `# [discovery]` on, each `# KEY = VALUE` line (a `# # ` line is
+    // its documentation).
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.iter().position(|l| l.trim() == "# [discovery]").expect("no # [discovery]");
+    let mut table = String::from("[discovery]\n");
+    for l in &lines[start + 1..] {
+        let Some(kv) = l.strip_prefix("# ") else { break };
+        if kv.starts_with('#') {
+            continue;
+        }
+        table.push_str(kv);
+        table.push('\n');
+    }
+    let discovery: toml::Value = toml::from_str(&table).unwrap();
+    let discovery = discovery["discovery"].as_table().unwrap().clone();
+    let keys = [
+        "source",
+        "dns_server",
+        "http_port",
+        "events_port",
+        "replay_port",
+        "port_name",
+        "min_ttl_ms",
+        "max_ttl_ms",
+        "kube_api",
+        "kube_token_file",
+        "kube_ca_file",
+    ];
+    let mut shown: Vec<&str> = discovery.keys().map(String::as_str).collect();
+    shown.sort_unstable();
+    let mut want = keys.to_vec();
+    want.sort_unstable();
+    assert_eq!(shown, want, "the example's [discovery] table does not show every key");
+
+    let mut cfg: toml::Table = toml::from_str(&text).unwrap();
+    assert!(cfg.remove("workers").is_some(), "the example lists workers");
+    assert!(!cfg.contains_key("discovery"), "the example's [discovery] is enabled");
+    let dir = paths::scratch_dir("example-discovery").unwrap();
+    std::fs::write(dir.join("token"), "example-config-test-token-0123456789").unwrap();
+    cfg.insert("token_file".into(), "token".into());
+    let demo = root.join("assets/demo-model").display().to_string();
+    for m in cfg["models"].as_array_mut().unwrap() {
+        if let Some(t) = m.as_table_mut().filter(|t| t.contains_key("dir")) {
+            t.insert("dir".into(), demo.clone().into());
+        }
+    }
+    cfg.insert("discovery".into(), toml::Value::Table(discovery.clone()));
+    let path = dir.join("updater.toml");
+    std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
+
+    let bin = paths::updater_bin().expect("kvroute-updater (./dev build)");
+    let out =
+        std::process::Command::new(bin).arg("--config").arg(&path).arg("--check").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "--check refused the example with discovery:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resolved: toml::Table = toml::from_str(&stdout).unwrap();
+    let got = resolved["discovery"].as_table().expect("no [discovery] resolved");
+    assert_eq!(got, &discovery, "--check resolved another [discovery]");
+    let workers = resolved.get("workers").and_then(toml::Value::as_array);
+    assert!(workers.is_none_or(|w| w.is_empty()), "the resolved configuration lists workers");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,16 +1,19 @@
 //! The Kubernetes examples under `deploy/k8s/` (Istio, Envoy Gateway, the updater, the OCI
 //! image of the module): every manifest parses; the fields that must agree do (ports, routing
-//! header, token Secret, cluster names, worker lists, images, vm_ids, updater flags against
-//! `kvroute-updater --help`); every embedded filter config passes kvroute-core's parser and
-//! `validate()`. Then what each control plane gives the gateway's Envoy for them: fixtures of
-//! istiod's and Envoy Gateway's output for these objects (derived from their sources at a
-//! pinned release, cited in each file), checked against the manifests, with the EnvoyFilter and
-//! EnvoyPatchPolicy applied the way the control planes apply them; and real Envoy running that
-//! configuration with the built module, simulated workers and kvroute-updater. No cluster runs
-//! here: the fixtures are the assumption, stated and cited.
+//! header, token Secret, cluster names, worker ports, images, vm_ids, updater flags against
+//! `kvroute-updater --help`, the updater's discovery with its RBAC and NetworkPolicy, and
+//! `kvroute-updater --check` on its flags); every embedded filter config passes kvroute-core's
+//! parser and `validate()`. Then what each control plane gives the gateway's Envoy for them:
+//! fixtures of istiod's and Envoy Gateway's output for these objects (derived from their
+//! sources at a pinned release, cited in each file), checked against the manifests, with the
+//! EnvoyFilter and EnvoyPatchPolicy applied the way the control planes apply them; and real
+//! Envoy running that configuration with the built module, simulated workers and
+//! kvroute-updater. No cluster runs here: the fixtures are the assumption, stated and cited.
 
 #[path = "deploy_k8s/checks.rs"]
 mod checks;
+#[path = "deploy_k8s/discovery.rs"]
+mod discovery;
 #[path = "deploy_k8s/jsonpatch.rs"]
 mod jsonpatch;
 #[path = "deploy_k8s/live.rs"]
@@ -162,8 +165,8 @@ fn a_disagreeing_field_is_caught() {
         ),
         ("Istio filter header", filter_cfg(|c| c["destination_header"] = json!("x-other"))),
         (
-            "Istio filter workers",
-            filter_cfg(|c| c["models"][0]["workers"][0] = json!("10.9.9.9:8000")),
+            "Istio filter worker port",
+            filter_cfg(|c| c["models"][0]["workers"][0] = json!("10.0.1.11:8001")),
         ),
         (
             "Istio fail policy",

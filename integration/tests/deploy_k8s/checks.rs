@@ -1,8 +1,6 @@
 //! The cross-checks over the parsed manifests: each returns an error naming the first field that
 //! disagrees with another manifest or with the code's defaults.
 
-use std::collections::BTreeSet;
-
 use anyhow::{anyhow, ensure, Context};
 use kvroute_core::config::FilterConfig;
 use serde_json::Value;
@@ -18,10 +16,13 @@ pub const TOKEN_ENV: &str = "KVROUTE_UPDATER_TOKEN";
 pub const TEST_TOKEN: &str = "deploy-k8s-test-token-0123456789";
 
 /// Every kind a manifest may have; a new kind needs its checks here first.
-const KINDS: [&str; 15] = [
+const KINDS: [&str; 18] = [
     "Namespace",
     "Deployment",
     "Service",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
     "NetworkPolicy",
     "ConfigMap",
     "EnvoyFilter",
@@ -54,7 +55,7 @@ pub fn check_all(docs: &[Doc], help_flags: &[String], server_rs: &str) -> anyhow
     routing_header(docs, header)?;
     fail_open(docs)?;
     updater_flags(docs, help_flags)?;
-    workers(docs, &cfgs)?;
+    crate::discovery::check(docs, &cfgs)?;
     updater_port(docs)?;
     token(docs)?;
     hardening(docs, server_rs)?;
@@ -197,14 +198,14 @@ pub fn updater_container(docs: &[Doc]) -> anyhow::Result<(&Doc, &Value)> {
     Ok((d, c))
 }
 
-fn updater_args(docs: &[Doc]) -> anyhow::Result<Vec<(String, Option<String>)>> {
+pub fn updater_args(docs: &[Doc]) -> anyhow::Result<Vec<(String, Option<String>)>> {
     let (_, c) = updater_container(docs)?;
     let args: Vec<String> =
         serde_json::from_value(c.get("args").cloned().context("updater: no args")?)?;
     flags(&args)
 }
 
-fn flag_values(args: &[(String, Option<String>)], name: &str) -> Vec<String> {
+pub fn flag_values(args: &[(String, Option<String>)], name: &str) -> Vec<String> {
     args.iter().filter(|(k, _)| k == name).filter_map(|(_, v)| v.clone()).collect()
 }
 
@@ -215,35 +216,6 @@ fn updater_flags(docs: &[Doc], help_flags: &[String]) -> anyhow::Result<()> {
     for (k, _) in updater_args(docs)? {
         ensure!(help_flags.contains(&k), "updater flag --{k} is not in `kvroute-updater --help`");
     }
-    Ok(())
-}
-
-/// The filters' worker lists are the updater's workers; the NetworkPolicy opens their ports.
-fn workers(docs: &[Doc], cfgs: &[(String, FilterConfig)]) -> anyhow::Result<()> {
-    let specs = flag_values(&updater_args(docs)?, "worker");
-    ensure!(!specs.is_empty(), "the updater follows no --worker");
-    let mut http = BTreeSet::new();
-    let mut ports = BTreeSet::new();
-    for s in &specs {
-        for (i, part) in s.split(',').enumerate() {
-            ports.insert(port_of(part)?);
-            if i == 0 {
-                http.insert(part.to_owned());
-            }
-        }
-    }
-    for (what, c) in cfgs {
-        let listed: BTreeSet<String> = c.models.iter().flat_map(|m| m.workers.clone()).collect();
-        ensure!(listed == http, "{what}: workers {listed:?} are not the updater's {http:?}");
-    }
-    let np = find(docs, "NetworkPolicy", "kvroute-updater")?;
-    let mut open = BTreeSet::new();
-    for rule in at(np, "/spec/egress")?.as_array().into_iter().flatten() {
-        for p in rule.get("ports").and_then(Value::as_array).into_iter().flatten() {
-            open.insert(p.get("port").and_then(Value::as_u64).context("egress port")? as u16);
-        }
-    }
-    ensure!(open == ports, "NetworkPolicy egress ports {open:?} are not the workers' {ports:?}");
     Ok(())
 }
 
@@ -394,7 +366,7 @@ fn selectors(docs: &[Doc]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn subset(sel: &Value, labels: &Value) -> anyhow::Result<()> {
+pub fn subset(sel: &Value, labels: &Value) -> anyhow::Result<()> {
     for (k, v) in sel.as_object().context("selector is not a map")? {
         ensure!(labels.get(k) == Some(v), "label {k}={v} not on the pods");
     }
