@@ -106,10 +106,81 @@ pub struct EngineConfig {
 pub enum TokenEvent {
     /// One output token; the first one marks the end of prefill.
     Token { index: usize, id: u32 },
-    /// Generation finished.
-    Done { prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize },
+    /// Generation finished, for `finish`. `created_cache_tokens`: prompt tokens this request
+    /// computed into cached blocks (vLLM's `created_cache_tokens`: the prompt's full blocks
+    /// less the reused ones).
+    Done {
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        cached_tokens: usize,
+        created_cache_tokens: usize,
+        finish: Finish,
+    },
     /// The request can never fit in the KV cache.
     Rejected { needed_blocks: usize },
+}
+
+/// Why a request's generation ended (vLLM's `finish_reason` and `stop_reason`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// `max_tokens` reached (`"length"`).
+    Length,
+    /// A stop condition (`"stop"`): the stop token id, the stop string, or `None` for EOS.
+    Stop(Option<StopReason>),
+}
+
+/// What matched a stop condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    Token(u32),
+    Text(String),
+}
+
+/// Looks for a stop string in the output: given the generated token ids, the stop string that
+/// the text of the last token completes, if any (vLLM checks stop strings on new text only).
+pub type StopText = Arc<dyn Fn(&[u32]) -> Option<String> + Send + Sync>;
+
+/// A request's stop conditions, checked after each sampled token as vLLM's scheduler and output
+/// processor do: none before `min_tokens` tokens; then EOS (unless the request ignores it), a
+/// token of `token_ids`, or a stop string ends the request with [`Finish::Stop`] even on its
+/// last allowed token; otherwise `max_tokens` ends it with [`Finish::Length`]. The default has
+/// none: every request runs to `max_tokens`.
+#[derive(Clone, Default)]
+pub struct StopRule {
+    pub min_tokens: usize,
+    /// The end-of-sequence token; `None` when the request sets `ignore_eos`.
+    pub eos: Option<u32>,
+    pub token_ids: Vec<u32>,
+    pub text: Option<StopText>,
+}
+
+impl std::fmt::Debug for StopRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StopRule")
+            .field("min_tokens", &self.min_tokens)
+            .field("eos", &self.eos)
+            .field("token_ids", &self.token_ids)
+            .field("text", &self.text.is_some())
+            .finish()
+    }
+}
+
+impl StopRule {
+    /// The stop condition the last of `generated` meets, if any.
+    pub fn check(&self, generated: &[u32]) -> Option<Finish> {
+        let (&last, _) = generated.split_last()?;
+        if generated.len() < self.min_tokens {
+            return None;
+        }
+        if self.eos == Some(last) {
+            return Some(Finish::Stop(None));
+        }
+        if self.token_ids.contains(&last) {
+            return Some(Finish::Stop(Some(StopReason::Token(last))));
+        }
+        let text = self.text.as_ref().and_then(|f| f(generated))?;
+        Some(Finish::Stop(Some(StopReason::Text(text))))
+    }
 }
 
 /// A request handed to the engine.
@@ -121,6 +192,8 @@ pub struct Submit {
     pub max_tokens: usize,
     /// Seeds the generated token ids.
     pub seed: u64,
+    /// When generation ends before `max_tokens`.
+    pub stop: StopRule,
     pub events: mpsc::UnboundedSender<TokenEvent>,
 }
 
@@ -295,6 +368,9 @@ struct Seq {
     generated: usize,
     preemptions: u32,
     seed: u64,
+    stop: StopRule,
+    /// Set when a stop condition is met.
+    stopped: Option<Finish>,
     arrived: Instant,
     events: Sink,
 }
@@ -499,6 +575,7 @@ impl Core {
             lora: q.lora,
             max_tokens: q.max_tokens,
             seed: 0,
+            stop: StopRule::default(),
             events: tx,
         });
         self.waiting.push_back(seq);
@@ -561,6 +638,8 @@ impl Core {
             generated: 0,
             preemptions: 0,
             seed: s.seed,
+            stop: s.stop,
+            stopped: None,
             arrived: Instant::now(),
             events: Sink::Client(s.events),
         }
@@ -699,8 +778,8 @@ impl Core {
 
     /// Applies a planned step's effects at `now` (shared by the engine loop and the what-if):
     /// computes the chunks, caches every block that became full, emits a token from each
-    /// sequence whose work is done, and finishes sequences at `max_tokens` (or whose client is
-    /// gone), releasing their blocks.
+    /// sequence whose work is done, and finishes sequences at `max_tokens`, on a stop condition
+    /// ([`StopRule`]) or when the client is gone, releasing their blocks.
     fn apply(&mut self, chunks: &[usize], now: Instant) {
         let bs = self.cfg.block_size;
         let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -722,19 +801,24 @@ impl Core {
                 s.events.send(TokenEvent::Token { index: s.generated, id });
                 s.generated += 1;
                 st.generation_tokens_total += 1;
+                s.stopped = s.stop.check(&s.tokens[s.prompt_len..]);
             }
         }
         let mut i = 0;
         while i < self.running.len() {
             let closed = self.running[i].events.is_closed();
-            if self.running[i].generated >= self.running[i].max_tokens || closed {
+            let r = &self.running[i];
+            if r.generated >= r.max_tokens || r.stopped.is_some() || closed {
                 let mut s = self.running.remove(i);
                 release(&mut self.cache, &mut s);
                 if !closed {
+                    let cached = s.cached_tokens.unwrap_or(0);
                     s.events.send(TokenEvent::Done {
                         prompt_tokens: s.prompt_len,
                         completion_tokens: s.generated,
-                        cached_tokens: s.cached_tokens.unwrap_or(0),
+                        cached_tokens: cached,
+                        created_cache_tokens: (s.prompt_len / bs * bs).saturating_sub(cached),
+                        finish: s.stopped.take().unwrap_or(Finish::Length),
                     });
                 }
                 st.requests_finished += 1;
@@ -884,6 +968,8 @@ fn placeholder() -> Seq {
         generated: 0,
         preemptions: 0,
         seed: 0,
+        stop: StopRule::default(),
+        stopped: None,
         arrived: Instant::now(),
         events: Sink::Detached { closed: true },
     }

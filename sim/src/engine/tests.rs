@@ -53,6 +53,7 @@ async fn submit_lora(
         lora: lora.map(str::to_owned),
         max_tokens,
         seed: 1,
+        stop: Default::default(),
         events: tx,
     }))
     .await;

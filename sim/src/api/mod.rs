@@ -26,8 +26,14 @@ use kvroute_core::request::{self, Endpoint, ParsedRequest, Prompt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::engine::{Command, Engine, Submit, TokenEvent, WhatIfAnswer};
+use crate::engine::{Command, Engine, Finish, Submit, TokenEvent, WhatIfAnswer};
 use crate::metrics;
+
+mod messages;
+mod responses;
+pub mod stop;
+
+use stop::{Stops, TextOut};
 
 /// Response header naming the worker that served a request (`ip:port`).
 pub const WORKER_HEADER: &str = "x-worker-id";
@@ -72,6 +78,8 @@ pub fn router(w: Arc<Worker>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses_route))
+        .route("/v1/messages", post(messages_route))
         .route("/v1/models", get(models))
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
@@ -126,6 +134,14 @@ async fn completions(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
     generate(w, Endpoint::Completions, &body).await
 }
 
+async fn responses_route(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
+    generate(w, Endpoint::Responses, &body).await
+}
+
+async fn messages_route(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
+    generate(w, Endpoint::Messages, &body).await
+}
+
 fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -138,17 +154,56 @@ struct Prepared {
     max_tokens: usize,
 }
 
+/// An error as `endpoint` answers it: Anthropic's shape (`{"type": "error", "error": {"type",
+/// "message"}}`, the type from the status as vLLM picks it) on `/v1/messages`, OpenAI's
+/// elsewhere.
+fn refuse(endpoint: Endpoint, e: ApiError) -> Response {
+    if endpoint != Endpoint::Messages {
+        return error(e);
+    }
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+    let kind = anthropic_error_type(e.status);
+    let body = json!({"type": "error", "error": {"type": kind, "message": e.message}});
+    (status, axum::Json(body)).into_response()
+}
+
+/// Anthropic's `error.type` for an HTTP status, as vLLM translates it.
+fn anthropic_error_type(status: u16) -> &'static str {
+    match status {
+        400 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 => "overloaded_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
 /// Parses, resolves the model and renders and tokenizes a request exactly as `endpoint` does;
 /// the error response is the endpoint's own.
 fn prepare(w: &Worker, endpoint: Endpoint, body: &[u8]) -> Result<Prepared, Box<Response>> {
-    let req = request::parse(endpoint, body).map_err(|e| Box::new(error(e.into())))?;
+    let req = request::parse(endpoint, body).map_err(|e| Box::new(refuse(endpoint, e.into())))?;
     let Some(lora) = resolve(w, &req.model) else {
+        if endpoint == Endpoint::Messages {
+            let msg = format!("The model `{}` does not exist.", req.model);
+            let e = ApiError {
+                status: 404,
+                kind: "NotFoundError",
+                code: "model_not_found",
+                param: Some("model"),
+                message: msg,
+            };
+            return Err(Box::new(refuse(endpoint, e)));
+        }
         return Err(Box::new(model_not_found(&req.model)));
     };
     // Media parts and batch prompts are simulated by their text alone (joined for a batch):
     // the prefill work is of the right order, the media encoder is not modelled.
     let tokens = w.bundle.prompt_tokens(&req.prompt).map_err(|e| {
-        Box::new(error(ApiError::bad_request("invalid_value", None, e.to_string())))
+        Box::new(refuse(endpoint, ApiError::bad_request("invalid_value", None, e.to_string())))
     })?;
     let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) as usize;
     if tokens.len() + max_tokens > w.max_model_len {
@@ -159,28 +214,36 @@ fn prepare(w: &Worker, endpoint: Endpoint, body: &[u8]) -> Result<Prepared, Box<
             tokens.len()
         );
         let e = ApiError::bad_request("context_length_exceeded", Some("messages"), msg);
-        return Err(Box::new(error(e)));
+        return Err(Box::new(refuse(endpoint, e)));
     }
     Ok(Prepared { req, tokens, lora, max_tokens })
 }
 
-fn engine_stopped() -> Response {
-    error(ApiError {
+fn engine_stopped_error() -> ApiError {
+    ApiError {
         status: 503,
         kind: "server_error",
         code: "engine_stopped",
         param: None,
         message: "engine stopped".into(),
-    })
+    }
+}
+
+fn engine_stopped() -> Response {
+    error(engine_stopped_error())
+}
+
+fn too_big_error(needed_blocks: usize) -> ApiError {
+    ApiError::bad_request(
+        "context_length_exceeded",
+        None,
+        format!("request needs {needed_blocks} KV blocks, more than the cache holds"),
+    )
 }
 
 /// The engine's refusal of a request that can never fit in the KV cache.
 fn too_big(needed_blocks: usize) -> Response {
-    error(ApiError::bad_request(
-        "context_length_exceeded",
-        None,
-        format!("request needs {needed_blocks} KV blocks, more than the cache holds"),
-    ))
+    error(too_big_error(needed_blocks))
 }
 
 async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
@@ -188,43 +251,76 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
         Ok(p) => p,
         Err(resp) => return *resp,
     };
+    let stops = match Stops::parse(endpoint, body) {
+        Ok(s) => s,
+        Err(msg) => {
+            return refuse(endpoint, ApiError::bad_request("invalid_value", Some("stop"), msg))
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let seed = xxhash_rust::xxh3::xxh3_64(body);
+    let prompt_tokens = tokens.len();
     if !w.engine.submit(Submit {
         tokens,
         salt: req.cache_salt.clone(),
         lora,
         max_tokens,
         seed,
+        stop: stops.rule(&w.bundle),
         events: tx,
     }) {
-        return engine_stopped();
+        return refuse(endpoint, engine_stopped_error());
     }
-    let id =
-        format!("{}-{seed:016x}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" });
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completions => "cmpl",
+        Endpoint::Responses => "resp",
+        // vLLM's Messages answer carries the id of the chat completion it ran.
+        Endpoint::Messages => "chatcmpl",
+    };
+    let sep = if endpoint == Endpoint::Responses { "_" } else { "-" };
     let out = Output {
         endpoint,
-        id,
+        id: format!("{prefix}{sep}{seed:016x}"),
         model: req.model.clone(),
         created: now_s(),
         include_usage: req.include_usage,
         bundle: w.bundle.clone(),
+        prompt_tokens,
+        max_tokens,
+        text: TextOut::new(stops),
+        body: serde_json::from_slice(body).unwrap_or(Value::Null),
     };
-    let mut resp =
-        if req.stream { stream_response(out, rx) } else { full_response(out, rx, &req).await };
+    let mut resp = match (endpoint, req.stream) {
+        (_, true) => stream_response(out, rx),
+        (_, false) => full_response(out, rx).await,
+    };
     if let Ok(v) = HeaderValue::from_str(&w.id) {
         resp.headers_mut().insert(WORKER_HEADER, v);
     }
     resp
 }
 
-struct Output {
-    endpoint: Endpoint,
-    id: String,
-    model: String,
-    created: u64,
-    include_usage: bool,
-    bundle: ModelBundle,
+/// What a finished request reports.
+pub(crate) struct Usage {
+    pub prompt: usize,
+    pub completion: usize,
+    pub cached: usize,
+    pub created: usize,
+}
+
+pub(crate) struct Output {
+    pub endpoint: Endpoint,
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+    pub include_usage: bool,
+    pub bundle: ModelBundle,
+    pub prompt_tokens: usize,
+    pub max_tokens: usize,
+    pub text: TextOut,
+    /// The request body as JSON (the Responses answer echoes some of its fields).
+    pub body: Value,
 }
 
 impl Output {
@@ -232,10 +328,11 @@ impl Output {
         self.bundle.decode(&[id]).unwrap_or_default()
     }
 
-    fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
-        json!({"prompt_tokens": prompt, "completion_tokens": completion,
-               "total_tokens": prompt + completion,
-               "prompt_tokens_details": {"cached_tokens": cached}})
+    fn usage(u: &Usage) -> Value {
+        json!({"prompt_tokens": u.prompt, "completion_tokens": u.completion,
+               "total_tokens": u.prompt + u.completion,
+               "prompt_tokens_details": {"cached_tokens": u.cached,
+                                         "created_cache_tokens": u.created}})
     }
 
     fn chunk(&self, choices: Value, usage: Option<Value>) -> Value {
@@ -251,16 +348,25 @@ impl Output {
         v
     }
 
-    fn token_choice(&self, text: &str, first: bool, finish: Option<&str>) -> Value {
+    fn token_choice(&self, text: &str, first: bool, finish: Option<&Finish>) -> Value {
+        let (reason, stop_reason) = match finish {
+            Some(f) => {
+                let (r, s) = stop::openai_reasons(f);
+                (Value::from(r), s)
+            }
+            None => (Value::Null, Value::Null),
+        };
         match self.endpoint {
             e if e.is_chat() => {
                 let mut delta = json!({"content": text});
                 if first {
                     delta["role"] = json!("assistant");
                 }
-                json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}])
+                json!([{"index": 0, "delta": delta, "logprobs": null,
+                        "finish_reason": reason, "stop_reason": stop_reason}])
             }
-            _ => json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]),
+            _ => json!([{"index": 0, "text": text, "logprobs": null,
+                         "finish_reason": reason, "stop_reason": stop_reason}]),
         }
     }
 }
@@ -269,37 +375,94 @@ fn sse(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
-fn stream_response(out: Output, rx: mpsc::UnboundedReceiver<TokenEvent>) -> Response {
-    let state = (out, rx, false);
-    let stream = futures::stream::unfold(state, |(out, mut rx, done)| async move {
-        if done {
-            return None;
+/// How one endpoint writes a stream: its opening events, a piece of text, the end.
+pub(crate) trait StreamShape: Send {
+    /// Sent before the first token (nothing for chat and completions).
+    fn open(&mut self, _out: &Output) -> Vec<u8> {
+        Vec::new()
+    }
+    fn text(&mut self, out: &Output, text: &str) -> Vec<u8>;
+    fn done(&mut self, out: &Output, rest: &str, finish: &Finish, usage: &Usage) -> Vec<u8>;
+    fn error(&mut self, out: &Output, e: ApiError) -> Vec<u8>;
+}
+
+/// Chat and completions chunks (`data: {...}`, then `data: [DONE]`).
+struct OpenAiChunks {
+    first: bool,
+}
+
+impl StreamShape for OpenAiChunks {
+    fn text(&mut self, out: &Output, text: &str) -> Vec<u8> {
+        if text.is_empty() {
+            return Vec::new();
         }
-        let bytes = match rx.recv().await {
-            Some(TokenEvent::Token { index, id }) => {
-                sse(&out.chunk(out.token_choice(&out.piece(id), index == 0, None), None))
+        let first = std::mem::take(&mut self.first);
+        sse(&out.chunk(out.token_choice(text, first, None), None)).to_vec()
+    }
+
+    fn done(&mut self, out: &Output, rest: &str, finish: &Finish, usage: &Usage) -> Vec<u8> {
+        let first = std::mem::take(&mut self.first);
+        let mut b = sse(&out.chunk(out.token_choice(rest, first, Some(finish)), None)).to_vec();
+        if out.include_usage {
+            b.extend_from_slice(&sse(&out.chunk(json!([]), Some(Output::usage(usage)))));
+        }
+        b.extend_from_slice(b"data: [DONE]\n\n");
+        b
+    }
+
+    fn error(&mut self, _out: &Output, e: ApiError) -> Vec<u8> {
+        let e = json!({"error": {"message": e.message, "type": e.kind, "code": e.code}});
+        format!("data: {e}\n\ndata: [DONE]\n\n").into_bytes()
+    }
+}
+
+fn stream_response(out: Output, rx: mpsc::UnboundedReceiver<TokenEvent>) -> Response {
+    let shape: Box<dyn StreamShape> = match out.endpoint {
+        Endpoint::Responses => Box::new(responses::Stream::default()),
+        Endpoint::Messages => Box::new(messages::Stream::default()),
+        _ => Box::new(OpenAiChunks { first: true }),
+    };
+    let state = (out, rx, shape, false, true);
+    let stream =
+        futures::stream::unfold(state, |(mut out, mut rx, mut shape, done, opening)| async move {
+            if done {
+                return None;
             }
-            Some(TokenEvent::Done { prompt_tokens, completion_tokens, cached_tokens }) => {
-                let mut b =
-                    sse(&out.chunk(out.token_choice("", false, Some("length")), None)).to_vec();
-                if out.include_usage {
-                    let u = Output::usage(prompt_tokens, completion_tokens, cached_tokens);
-                    b.extend_from_slice(&sse(&out.chunk(json!([]), Some(u))));
+            if opening {
+                let b = shape.open(&out);
+                if !b.is_empty() {
+                    return Some((Ok(Bytes::from(b)), (out, rx, shape, false, false)));
                 }
-                b.extend_from_slice(b"data: [DONE]\n\n");
-                return Some((Ok::<Bytes, std::io::Error>(Bytes::from(b)), (out, rx, true)));
             }
-            Some(TokenEvent::Rejected { needed_blocks }) => {
-                let e = json!({"error": {"message": format!("request needs {needed_blocks} KV blocks, more than the cache holds"), "type": "invalid_request_error", "code": "context_length_exceeded"}});
-                return Some((
-                    Ok(Bytes::from(format!("data: {e}\n\ndata: [DONE]\n\n"))),
-                    (out, rx, true),
-                ));
-            }
-            None => return None,
-        };
-        Some((Ok(bytes), (out, rx, false)))
-    });
+            let (bytes, done) = match rx.recv().await {
+                Some(TokenEvent::Token { id, .. }) => {
+                    let piece = out.piece(id);
+                    let text = out.text.push(&piece);
+                    (shape.text(&out, &text), false)
+                }
+                Some(TokenEvent::Done {
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                    created_cache_tokens,
+                    finish,
+                }) => {
+                    let rest = out.text.finish(&finish);
+                    let usage = Usage {
+                        prompt: prompt_tokens,
+                        completion: completion_tokens,
+                        cached: cached_tokens,
+                        created: created_cache_tokens,
+                    };
+                    (shape.done(&out, &rest, &finish, &usage), true)
+                }
+                Some(TokenEvent::Rejected { needed_blocks }) => {
+                    (shape.error(&out, too_big_error(needed_blocks)), true)
+                }
+                None => (shape.error(&out, engine_stopped_error()), true),
+            };
+            Some((Ok::<Bytes, std::io::Error>(Bytes::from(bytes)), (out, rx, shape, done, false)))
+        });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
@@ -307,34 +470,56 @@ fn stream_response(out: Output, rx: mpsc::UnboundedReceiver<TokenEvent>) -> Resp
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
-async fn full_response(
-    out: Output,
-    mut rx: mpsc::UnboundedReceiver<TokenEvent>,
-    req: &ParsedRequest,
-) -> Response {
-    let mut text = String::new();
+async fn full_response(mut out: Output, mut rx: mpsc::UnboundedReceiver<TokenEvent>) -> Response {
     while let Some(ev) = rx.recv().await {
         match ev {
-            TokenEvent::Token { id, .. } => text.push_str(&out.piece(id)),
-            TokenEvent::Done { prompt_tokens, completion_tokens, cached_tokens } => {
-                let choice = match req.endpoint {
-                    e if e.is_chat() => {
-                        json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"})
-                    }
-                    _ => {
-                        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"})
-                    }
+            TokenEvent::Token { id, .. } => {
+                let piece = out.piece(id);
+                out.text.push(&piece);
+            }
+            TokenEvent::Done {
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+                created_cache_tokens,
+                finish,
+            } => {
+                out.text.finish(&finish);
+                let usage = Usage {
+                    prompt: prompt_tokens,
+                    completion: completion_tokens,
+                    cached: cached_tokens,
+                    created: created_cache_tokens,
                 };
-                let object =
-                    if req.endpoint.is_chat() { "chat.completion" } else { "text_completion" };
-                let body = json!({"id": out.id, "object": object, "created": out.created, "model": out.model,
-                    "choices": [choice], "usage": Output::usage(prompt_tokens, completion_tokens, cached_tokens)});
+                let body = match out.endpoint {
+                    Endpoint::Responses => responses::full(&out, &finish, &usage),
+                    Endpoint::Messages => messages::full(&out, &finish, &usage),
+                    _ => openai_full(&out, &finish, &usage),
+                };
                 return axum::Json(body).into_response();
             }
-            TokenEvent::Rejected { needed_blocks } => return too_big(needed_blocks),
+            TokenEvent::Rejected { needed_blocks } => {
+                return refuse(out.endpoint, too_big_error(needed_blocks))
+            }
         }
     }
-    engine_stopped()
+    refuse(out.endpoint, engine_stopped_error())
+}
+
+/// A chat completion or a text completion, whole.
+fn openai_full(out: &Output, finish: &Finish, usage: &Usage) -> Value {
+    let text = out.text.sent_text();
+    let (reason, stop_reason) = stop::openai_reasons(finish);
+    let choice = if out.endpoint.is_chat() {
+        json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null,
+               "finish_reason": reason, "stop_reason": stop_reason})
+    } else {
+        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason,
+               "stop_reason": stop_reason})
+    };
+    let object = if out.endpoint.is_chat() { "chat.completion" } else { "text_completion" };
+    json!({"id": out.id, "object": object, "created": out.created, "model": out.model,
+           "choices": [choice], "usage": Output::usage(usage)})
 }
 
 /// `POST /reset_prefix_cache`, vLLM's dev-mode endpoint: asks the engine to drop its prefix
