@@ -198,11 +198,34 @@ impl Default for TieBand {
     }
 }
 
-/// Scores every candidate for a prompt of `prompt_tokens` tokens.
+/// The most leading blocks an engine reuses for a prompt of `prompt_tokens` tokens.
+///
+/// The engine must compute at least the prompt's last token to get its logits, so its cache
+/// lookup stops at `prompt_tokens - 1` tokens, rounded down to whole blocks: at most
+/// `floor((n - 1) / block)` blocks. A prompt that is an exact multiple of the block size
+/// reuses one block less than it holds (64 tokens at block 16: 48 cached), and a prompt of one
+/// block or less reuses nothing. vLLM (its prefix-cache lookup bound) and SGLang (its radix
+/// match bound, page-aligned) apply the same rule, so it needs no per-engine choice.
+pub fn reusable_blocks(prompt_tokens: u64, block_size: u32) -> u64 {
+    match u64::from(block_size) {
+        0 => 0,
+        bs => prompt_tokens.saturating_sub(1) / bs,
+    }
+}
+
+/// [`reusable_blocks`] in tokens: the most cached tokens an engine reports for the prompt.
+pub fn reusable_tokens(prompt_tokens: u64, block_size: u32) -> u64 {
+    reusable_blocks(prompt_tokens, block_size) * u64::from(block_size)
+}
+
+/// Scores every candidate for a prompt of `prompt_tokens` tokens. Only the blocks the engine
+/// will reuse ([`reusable_blocks`]) are credited, whatever the worker holds.
 pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u32) -> Score {
-    let cached = (c.cached_blocks as u64 * u64::from(block_size)).min(prompt_tokens);
+    let reusable = reusable_blocks(prompt_tokens, block_size);
+    let blocks = (c.cached_blocks as u64).min(reusable);
+    let cached = blocks * u64::from(block_size);
     let uncached = prompt_tokens - cached;
-    let transferred = (c.offloaded_blocks as u64 * u64::from(block_size)).min(cached);
+    let transferred = ((c.offloaded_blocks as u64).min(blocks)) * u64::from(block_size);
     let deviation = if c.deviation.is_finite() && c.deviation > 0.0 { c.deviation } else { 1.0 };
     let load = profile.remaining(&c.load, deviation);
     let wait_ms = profile.wait_ms(&load) * deviation;
@@ -430,6 +453,37 @@ mod tests {
     }
 
     #[test]
+    fn the_engine_recomputes_the_last_token_so_an_exact_multiple_reuses_one_block_less() {
+        assert_eq!(reusable_tokens(64, 16), 48);
+        assert_eq!(reusable_tokens(65, 16), 64);
+        assert_eq!(reusable_tokens(63, 16), 48);
+        assert_eq!(reusable_tokens(17, 16), 16);
+        assert_eq!(reusable_tokens(16, 16), 0);
+        assert_eq!(reusable_tokens(5, 16), 0);
+        assert_eq!(reusable_tokens(0, 16), 0);
+        assert_eq!(reusable_tokens(100, 0), 0);
+        // Page size 1 (SGLang's default): everything but the last token.
+        assert_eq!(reusable_tokens(100, 1), 99);
+        let p = Profile::default();
+        for blocks in 1..8u64 {
+            let prompt = blocks * u64::from(BS);
+            let c = Candidate {
+                worker: "w".into(),
+                cached_blocks: blocks as usize,
+                offloaded_blocks: blocks as usize,
+                load: load(0, 0, 0),
+                adapter_missing: false,
+                deviation: 1.0,
+            };
+            let s = score(&p, &c, prompt, BS);
+            assert_eq!(s.cached_tokens, prompt - u64::from(BS), "{prompt}");
+            assert_eq!(s.uncached_tokens, u64::from(BS));
+            let want = (prompt - u64::from(BS)) as f64 * p.transfer_ms_per_token;
+            assert!((s.transfer_ms - want).abs() < 1e-9);
+        }
+    }
+
+    #[test]
     fn invalid_profiles_are_rejected() {
         assert!(profile(-1.0, 0.0).validate().is_err());
         assert!(profile(f64::NAN, 0.0).validate().is_err());
@@ -456,6 +510,15 @@ mod tests {
             let p = Profile::default();
             let more = Candidate { cached_blocks: c.cached_blocks + extra, ..c.clone() };
             prop_assert!(score(&p, &more, prompt, BS).ttft_ms <= score(&p, &c, prompt, BS).ttft_ms);
+        }
+
+        #[test]
+        fn credit_never_exceeds_what_the_engine_reuses(c in arb_candidate(), prompt in 0u64..8192, bs in 1u32..64) {
+            let s = score(&Profile::default(), &c, prompt, bs);
+            prop_assert!(s.cached_tokens <= reusable_tokens(prompt, bs));
+            prop_assert!(s.cached_tokens < prompt || prompt == 0);
+            prop_assert_eq!(s.cached_tokens % u64::from(bs), 0);
+            prop_assert_eq!(s.cached_tokens + s.uncached_tokens, prompt);
         }
 
         #[test]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::audit::{classify, AuditClass};
+use crate::audit::{classify, prediction_error, AuditClass};
 use crate::cost::Score;
 use crate::load::WorkerLoad;
 use crate::snapshot::ReportedLoad;
@@ -108,6 +108,16 @@ impl Decision {
     /// Classifies what the worker reported against this decision's prediction.
     pub fn audit(&self, actual_cached: u64) -> AuditClass {
         classify(self.predicted_cached_tokens(), actual_cached, self.prompt_tokens, self.block_size)
+    }
+
+    /// Reported minus predicted cached tokens (see [`prediction_error`]).
+    pub fn prediction_error(&self, actual_cached: u64) -> i64 {
+        prediction_error(
+            self.predicted_cached_tokens(),
+            actual_cached,
+            self.prompt_tokens,
+            self.block_size,
+        )
     }
 }
 

@@ -5,6 +5,7 @@ mod lookahead;
 mod pools;
 
 use super::*;
+use crate::audit::AuditClass;
 use crate::request::{parse, Endpoint};
 use serde_json::json;
 
@@ -63,6 +64,30 @@ fn credited_worker_wins_and_unknown_model_is_404() {
     let mut other = q.clone();
     other.model = "nope".into();
     assert_eq!(r.decide(&other, 0, &idle, 0, 0).unwrap_err().status, 404);
+}
+
+/// vLLM recomputes the last prompt token, so a worker holding every block of a prompt that is
+/// an exact multiple of the block size reuses one block less: the prediction says so, and the
+/// audit finds no error (the simulator reports the same, see sim's engine tests).
+#[test]
+fn exact_multiples_of_the_block_size_are_predicted_as_the_engine_reuses_them() {
+    let mut r = router();
+    let idle = |_: &str| WorkerLoad::default();
+    for n in [16u32, 17, 32, 63, 64, 65, 160, 1024] {
+        let ids: Vec<u32> = (0..n).map(|i| 1000 + i).collect();
+        let body = json!({"model":"m","prompt":ids});
+        let q = parse(Endpoint::Completions, body.to_string().as_bytes()).unwrap();
+        let d = r.decide(&q, 0, &idle, 0, 0).unwrap();
+        assert_eq!(d.block_hashes.len() as u32, n / 16);
+        r.observe("127.0.0.1:2", &d.block_hashes, Source::Routed, 0);
+        let d2 = r.decide(&q, 0, &idle, 10, 0).unwrap();
+        let reused = u64::from((n - 1) / 16 * 16);
+        assert_eq!(d2.predicted_cached_tokens(), reused, "{n}");
+        assert_eq!(d2.uncached_tokens(), u64::from(n) - reused);
+        assert_eq!(d2.prediction_error(reused), 0, "{n}");
+        let want = if reused == 0 { AuditClass::OrdinaryMiss } else { AuditClass::HitAsPredicted };
+        assert_eq!(d2.audit(reused), want, "{n}");
+    }
 }
 
 #[test]
