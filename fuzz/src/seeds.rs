@@ -781,8 +781,99 @@ fn event_decode() -> Seeds {
     }
     assert!(matches!(
         &decode_batch(&array_form).unwrap().events[0],
-        EngineEvent::Stored { salt: Some(s), .. } if s == "tenant-a"
+        EngineEvent::Stored(s) if s.salt.as_deref() == Some("tenant-a")
     ));
+    // vLLM 0.33: per-group stores with their kind, an offloading placeholder (no token ids,
+    // block size 0), a remote block, lookahead tokens, an unknown medium, a reset.
+    let vllm_033 = batch(
+        Value::F64(2.0),
+        vec![
+            map(vec![
+                ("type", "BlockStored".into()),
+                ("block_hashes", ints([21, 22])),
+                ("parent_block_hash", Value::Nil),
+                ("token_ids", ints(0..32)),
+                ("block_size", 16.into()),
+                ("lora_id", Value::Nil),
+                ("medium", "GPU".into()),
+                ("lora_name", Value::Nil),
+                ("group_idx", 0.into()),
+                ("kv_cache_spec_kind", "full_attention".into()),
+                ("lookahead_token_ids", Value::Array(vec![ints([16]), ints([32])])),
+            ]),
+            map(vec![
+                ("type", "BlockStored".into()),
+                ("block_hashes", ints([21, 22])),
+                ("parent_block_hash", Value::Nil),
+                ("token_ids", ints(0..32)),
+                ("block_size", 16.into()),
+                ("group_idx", 1.into()),
+                ("kv_cache_spec_kind", "sliding_window".into()),
+                ("kv_cache_spec_sliding_window", 128.into()),
+            ]),
+            map(vec![
+                ("type", "BlockStored".into()),
+                ("block_hashes", ints([22])),
+                ("parent_block_hash", Value::Nil),
+                ("token_ids", ints(std::iter::empty())),
+                ("block_size", 0.into()),
+                ("medium", "CPU".into()),
+                ("group_idx", 0.into()),
+            ]),
+            map(vec![
+                ("type", "BlockStored".into()),
+                ("block_hashes", ints([23])),
+                ("parent_block_hash", 22.into()),
+                ("token_ids", ints(32..48)),
+                ("block_size", 16.into()),
+                ("medium", "CPU".into()),
+                ("locality", "REMOTE".into()),
+            ]),
+            map(vec![
+                ("type", "BlockRemoved".into()),
+                ("block_hashes", ints([21])),
+                ("medium", "LocalDiskBackend".into()),
+                ("group_idx", 1.into()),
+            ]),
+            map(vec![("type", "AllBlocksCleared".into())]),
+        ],
+        0.into(),
+    );
+    // SGLang 0.5.23: page size 1 (a node's pages in one event), EAGLE's token pairs, the
+    // HiCache host tier, a bad event among good ones.
+    let pair = |a: u64| ints([a, a + 1]);
+    let sglang_0523 = batch(
+        Value::F64(3.0),
+        vec![
+            map(vec![
+                ("type", "BlockStored".into()),
+                ("block_hashes", ints(1..=5)),
+                ("parent_block_hash", Value::Nil),
+                ("token_ids", ints(100..105)),
+                ("block_size", 1.into()),
+                ("medium", "GPU".into()),
+            ]),
+            map(vec![
+                ("type", "BlockStored".into()),
+                ("block_hashes", ints([6, 7])),
+                ("parent_block_hash", 5.into()),
+                ("token_ids", Value::Array(vec![pair(105), pair(106)])),
+                ("block_size", 1.into()),
+                ("medium", "CPU_PINNED".into()),
+                ("cache_salt", "tenant-d".into()),
+            ]),
+            map(vec![("type", "BlockStored".into()), ("block_hashes", ints([8]))]),
+            map(vec![
+                ("type", "BlockRemoved".into()),
+                ("block_hashes", ints([7, 6])),
+                ("medium", "CPU_PINNED".into()),
+            ]),
+        ],
+        Value::Nil,
+    );
+    for (b, n) in [(&vllm_033, 6), (&sglang_0523, 4)] {
+        assert_eq!(decode_batch(b).unwrap().events.len(), n);
+    }
     let big_token = batch(
         Value::F64(0.0),
         vec![stored(ints([1]), Value::Nil, 0, "GPU", Value::Nil, Value::Nil)]
@@ -809,6 +900,8 @@ fn event_decode() -> Seeds {
         ("vllm-array-salt-lora-cpu.msgpack", array_form.clone()),
         ("vllm-map-form.msgpack", map_form),
         ("sglang-variants.msgpack", sglang),
+        ("vllm-033-groups-offload.msgpack", vllm_033),
+        ("sglang-0523-pages-pairs.msgpack", sglang_0523),
         ("token-id-over-u32.msgpack", big_token),
         ("truncated.msgpack", truncated(&array_form)),
         ("tag-not-utf8.msgpack", not_utf8_tag),

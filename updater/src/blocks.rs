@@ -1,8 +1,21 @@
-//! One worker's block index, bounded: per tier, the engine's block hashes mapped to canonical
-//! hashes in the order they became known, and the canonical blocks with how many engine hashes
-//! name each.
+//! One worker's block index, bounded and reference-counted.
 //!
-//! When a bound is reached the index forgets its *oldest-known* entries rather than refusing
+//! Engines announce blocks by their own hash, per memory tier and (vLLM) per KV cache group,
+//! and may announce one hash several times: vLLM caches duplicate blocks of one prefix under
+//! one hash, its offloading connector re-announces chunks that overlap, SGLang publishes the
+//! same hash for a prefix stored in several `extra_key` namespaces. So a *hold* is kept per
+//! (engine hash, tier, group) with a count: each store adds one, each removal takes one, and
+//! the hold goes when its count reaches zero. A hold names the canonical (kvroute-size) blocks
+//! that the engine block completes (none, one, or several when the engine's pages are smaller
+//! or larger than kvroute's blocks); a tier holds a canonical block while any hold that gives
+//! prefix credit names it.
+//!
+//! Each engine hash also records where the chain stands after it (the last canonical block
+//! and the tokens since, fewer than a block): an engine hash fingerprints a whole prefix, so
+//! this does not depend on the tier or group that announced it, and a later store whose
+//! parent it is continues from there.
+//!
+//! When a bound is reached the index forgets its *oldest-known* holds rather than refusing
 //! new ones. With caps above the engine's real capacity, a cap is only reached when removals
 //! were missed (or a peer misbehaves); the blocks whose removal was missed were, by
 //! definition, stored before it, so the oldest-known are the likeliest to be gone already,
@@ -30,33 +43,53 @@ fn slot(t: Tier) -> usize {
     }
 }
 
+/// Where a chain stands after an engine block: the canonical hash of its last full
+/// kvroute-size block (the domain seed before the first) and the tokens after that block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainEnd {
+    pub canonical: u64,
+    pub pending: Box<[u32]>,
+}
+
+#[derive(Debug)]
+struct Hold {
+    refs: u32,
+    /// The canonical blocks this engine block completes.
+    blocks: Box<[u64]>,
+}
+
 #[derive(Debug, Default)]
 struct TierIndex {
-    /// Engine hash -> canonical hash, oldest-known first.
-    by_engine: LinkedHashMap<EngineKey, u64>,
-    /// Canonical hash -> how many engine hashes name it.
+    /// (engine hash, group) -> hold, oldest-known first.
+    holds: LinkedHashMap<(EngineKey, u32), Hold>,
+    /// Canonical hash -> how many holds name it.
     canonical: HashMap<u64, u32>,
 }
 
 impl TierIndex {
-    fn release(&mut self, canonical: u64) {
-        if let Some(n) = self.canonical.get_mut(&canonical) {
-            *n -= 1;
-            if *n == 0 {
-                self.canonical.remove(&canonical);
-            }
+    fn add(&mut self, blocks: &[u64]) {
+        for c in blocks {
+            *self.canonical.entry(*c).or_insert(0) += 1;
         }
     }
 
-    fn evict_oldest(&mut self) -> bool {
-        match self.by_engine.pop_front() {
-            Some((_, c)) => {
-                self.release(c);
-                true
+    fn release(&mut self, blocks: &[u64]) {
+        for c in blocks {
+            if let Some(n) = self.canonical.get_mut(c) {
+                *n -= 1;
+                if *n == 0 {
+                    self.canonical.remove(c);
+                }
             }
-            None => false,
         }
     }
+}
+
+#[derive(Debug)]
+struct Chain {
+    end: ChainEnd,
+    /// The (tier slot, group) holds of this engine hash.
+    at: Vec<(usize, u32)>,
 }
 
 /// A worker's blocks on every tier, within [`BlockLimits`].
@@ -64,20 +97,21 @@ impl TierIndex {
 pub struct BlockIndex {
     limits: BlockLimits,
     tiers: [TierIndex; 3],
+    chains: HashMap<EngineKey, Chain>,
 }
 
 impl BlockIndex {
     pub fn new(limits: BlockLimits) -> BlockIndex {
-        BlockIndex { limits, tiers: Default::default() }
+        BlockIndex { limits, ..Default::default() }
     }
 
     pub fn limits(&self) -> BlockLimits {
         self.limits
     }
 
-    /// Engine hashes known, all tiers together.
+    /// Holds known (engine hash, tier, group), all tiers together.
     pub fn engine_keys(&self) -> usize {
-        self.tiers.iter().map(|t| t.by_engine.len()).sum()
+        self.tiers.iter().map(|t| t.holds.len()).sum()
     }
 
     pub fn len(&self, tier: Tier) -> usize {
@@ -85,7 +119,7 @@ impl BlockIndex {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tiers.iter().all(|t| t.by_engine.is_empty())
+        self.tiers.iter().all(|t| t.holds.is_empty())
     }
 
     pub fn blocks(&self, tier: Tier) -> Vec<u64> {
@@ -101,104 +135,127 @@ impl BlockIndex {
 
     pub fn clear(&mut self) {
         self.tiers = Default::default();
+        self.chains.clear();
     }
 
-    /// The canonical hash of parent `key`, looked up on `tier` first, then on any tier (an
-    /// offloaded chain may continue a GPU block). A parent found is refreshed: it was just used.
-    pub fn parent(&mut self, key: EngineKey, tier: Tier) -> Option<u64> {
-        let order = std::iter::once(tier).chain(TIERS.into_iter().filter(move |&t| t != tier));
-        for t in order {
-            if let Some(c) = self.tiers[slot(t)].by_engine.to_back(&key) {
-                return Some(*c);
+    /// Forgets every hold on `tier` (a reset of that pool).
+    pub fn clear_tier(&mut self, tier: Tier) {
+        let s = slot(tier);
+        let holds = std::mem::take(&mut self.tiers[s]);
+        for ((key, group), _) in holds.holds {
+            self.unlink(key, s, group);
+        }
+    }
+
+    /// Forgets every hold of `group` (it turned out to give no prefix credit).
+    pub fn clear_group(&mut self, group: u32) {
+        for s in 0..TIERS.len() {
+            let keys: Vec<EngineKey> =
+                self.tiers[s].holds.keys().filter(|(_, g)| *g == group).map(|(k, _)| *k).collect();
+            for k in keys {
+                self.drop_hold(k, s, group);
             }
         }
-        None
     }
 
-    /// Records that `key` names `canonical` on `tier`, forgetting the oldest-known entries
-    /// when a bound would be exceeded (each one counted in `caps`).
-    pub fn insert(&mut self, key: EngineKey, tier: Tier, canonical: u64, caps: &mut CapsHit) {
+    fn unlink(&mut self, key: EngineKey, s: usize, group: u32) {
+        if let Some(c) = self.chains.get_mut(&key) {
+            c.at.retain(|&a| a != (s, group));
+            if c.at.is_empty() {
+                self.chains.remove(&key);
+            }
+        }
+    }
+
+    fn drop_hold(&mut self, key: EngineKey, s: usize, group: u32) {
+        if let Some(h) = self.tiers[s].holds.remove(&(key, group)) {
+            self.tiers[s].release(&h.blocks);
+            self.unlink(key, s, group);
+        }
+    }
+
+    fn evict_oldest(&mut self, s: usize) -> bool {
+        match self.tiers[s].holds.pop_front() {
+            Some(((key, group), h)) => {
+                self.tiers[s].release(&h.blocks);
+                self.unlink(key, s, group);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Where the chain stands after engine block `key`, if it is held anywhere; its holds are
+    /// refreshed (it was just used).
+    pub fn chain_end(&mut self, key: EngineKey) -> Option<ChainEnd> {
+        let c = self.chains.get(&key)?;
+        for &(s, g) in &c.at {
+            self.tiers[s].holds.to_back(&(key, g));
+        }
+        Some(c.end.clone())
+    }
+
+    /// What a hold of `key` names, preferring one of `group`: the chain end and the canonical
+    /// blocks (for a store that carries only the engine hash).
+    pub fn known(&self, key: EngineKey, group: u32) -> Option<(ChainEnd, Box<[u64]>)> {
+        let c = self.chains.get(&key)?;
+        let &(s, g) = c.at.iter().find(|(_, g)| *g == group).or_else(|| c.at.first())?;
+        let h = self.tiers[s].holds.get(&(key, g))?;
+        Some((c.end.clone(), h.blocks.clone()))
+    }
+
+    /// One more store of engine block `key` on `tier` in `group`, ending the chain at `end`
+    /// and completing canonical `blocks`. A hold already there only counts one more; otherwise
+    /// the oldest-known holds are forgotten when a bound would be exceeded (each one counted
+    /// in `caps`).
+    pub fn store(
+        &mut self,
+        key: EngineKey,
+        tier: Tier,
+        group: u32,
+        end: ChainEnd,
+        blocks: Box<[u64]>,
+        caps: &mut CapsHit,
+    ) {
         let s = slot(tier);
-        if let Some(old) = self.tiers[s].by_engine.remove(&key) {
-            self.tiers[s].release(old);
+        if let Some(h) = self.tiers[s].holds.to_back(&(key, group)) {
+            h.refs = h.refs.saturating_add(1);
+            return;
         }
         while self.engine_keys() >= self.limits.max_engine_keys.max(1) {
             // The largest tier gives way.
-            let Some(big) = (0..3).max_by_key(|&i| self.tiers[i].by_engine.len()) else { break };
-            if !self.tiers[big].evict_oldest() {
+            let Some(big) = (0..3).max_by_key(|&i| self.tiers[i].holds.len()) else { break };
+            if !self.evict_oldest(big) {
                 break;
             }
             caps.hit(Cap::EngineKeys);
         }
-        let t = &mut self.tiers[s];
-        if !t.canonical.contains_key(&canonical) {
-            while t.canonical.len() >= self.limits.max_blocks_per_tier.max(1) {
-                if !t.evict_oldest() {
+        let new = blocks.iter().filter(|c| !self.tiers[s].canonical.contains_key(c)).count();
+        if new > 0 {
+            let max = self.limits.max_blocks_per_tier.max(1);
+            while self.tiers[s].canonical.len() + new > max {
+                if !self.evict_oldest(s) {
                     break;
                 }
                 caps.hit(Cap::BlocksPerTier);
             }
         }
-        t.by_engine.insert(key, canonical);
-        *t.canonical.entry(canonical).or_insert(0) += 1;
+        self.tiers[s].add(&blocks);
+        self.tiers[s].holds.insert((key, group), Hold { refs: 1, blocks });
+        self.chains.entry(key).or_insert_with(|| Chain { end, at: Vec::new() }).at.push((s, group));
     }
 
-    /// Forgets `key` on `tier`.
-    pub fn remove(&mut self, key: EngineKey, tier: Tier) {
-        let t = &mut self.tiers[slot(tier)];
-        if let Some(c) = t.by_engine.remove(&key) {
-            t.release(c);
+    /// One removal of `key` on `tier` in `group`; false if no such hold was known.
+    pub fn remove(&mut self, key: EngineKey, tier: Tier, group: u32) -> bool {
+        let s = slot(tier);
+        match self.tiers[s].holds.get_mut(&(key, group)) {
+            Some(h) if h.refs > 1 => h.refs -= 1,
+            Some(_) => self.drop_hold(key, s, group),
+            None => return false,
         }
+        true
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn index(blocks: usize, keys: usize) -> BlockIndex {
-        BlockIndex::new(BlockLimits { max_blocks_per_tier: blocks, max_engine_keys: keys })
-    }
-
-    #[test]
-    fn the_oldest_known_blocks_give_way() {
-        let (mut ix, mut caps) = (index(3, 100), CapsHit::default());
-        for k in 1..=3 {
-            ix.insert(k, Tier::Gpu, k * 10, &mut caps);
-        }
-        // Block 1 was used as a parent: it is now the newest.
-        assert_eq!(ix.parent(1, Tier::Gpu), Some(10));
-        ix.insert(4, Tier::Gpu, 40, &mut caps);
-        assert_eq!(ix.blocks(Tier::Gpu), vec![10, 30, 40]);
-        assert_eq!(caps.get(Cap::BlocksPerTier), 1);
-        // Other tiers have their own bound.
-        ix.insert(5, Tier::Cpu, 50, &mut caps);
-        assert_eq!((ix.len(Tier::Gpu), ix.len(Tier::Cpu)), (3, 1));
-    }
-
-    #[test]
-    fn engine_keys_are_bounded_and_shared_canonicals_counted() {
-        let (mut ix, mut caps) = (index(100, 4), CapsHit::default());
-        // Two engine hashes for one canonical block (e.g. two KV-cache groups).
-        ix.insert(1, Tier::Gpu, 7, &mut caps);
-        ix.insert(2, Tier::Gpu, 7, &mut caps);
-        ix.remove(1, Tier::Gpu);
-        assert_eq!(ix.blocks(Tier::Gpu), vec![7], "still named by engine hash 2");
-        for k in 10..20 {
-            ix.insert(k, Tier::Gpu, k, &mut caps);
-        }
-        assert_eq!(ix.engine_keys(), 4);
-        assert_eq!(caps.get(Cap::EngineKeys), 7);
-        assert!(!ix.blocks(Tier::Gpu).contains(&7));
-    }
-
-    #[test]
-    fn removal_is_per_tier() {
-        let (mut ix, mut caps) = (index(10, 10), CapsHit::default());
-        ix.insert(1, Tier::Gpu, 7, &mut caps);
-        ix.insert(1, Tier::Cpu, 7, &mut caps);
-        ix.remove(1, Tier::Gpu);
-        assert!(ix.blocks(Tier::Gpu).is_empty());
-        assert_eq!(ix.blocks(Tier::Cpu), vec![7], "the offloaded copy stays");
-    }
-}
+mod tests;

@@ -17,14 +17,6 @@ pub enum Tier {
 }
 
 impl Tier {
-    fn parse(v: Option<&Value>) -> Tier {
-        match v.and_then(Value::as_str).map(str::to_ascii_uppercase).as_deref() {
-            Some("CPU") | Some("CPU_PINNED") => Tier::Cpu,
-            Some("STORAGE") | Some("DISK") => Tier::Storage,
-            _ => Tier::Gpu,
-        }
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             Tier::Gpu => "GPU",
@@ -34,26 +26,96 @@ impl Tier {
     }
 }
 
+/// Where an event says its blocks are, from its `medium` and `locality`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// The worker's own device memory ("GPU", or no medium: older releases).
+    Gpu,
+    /// The worker's own host memory: vLLM's offloading tier ("CPU").
+    Cpu,
+    /// SGLang's HiCache host tier ("CPU_PINNED"): a cache flush clears it with the GPU tier.
+    HostPinned,
+    /// The worker's own disk / storage tier ("STORAGE", "DISK").
+    Storage,
+    /// Held elsewhere (`locality: "REMOTE"`, SGLang's "EXTERNAL" pool): not the worker's own.
+    Remote,
+    /// A medium string no engine documents (connectors such as LMCache pass their own).
+    Unknown,
+}
+
+impl Place {
+    fn parse(medium: Option<&Value>, locality: Option<&Value>) -> Place {
+        let upper = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_ascii_uppercase);
+        if upper(locality).as_deref() == Some("REMOTE") {
+            return Place::Remote;
+        }
+        match medium {
+            None => Place::Gpu,
+            Some(m) => match upper(Some(m)).as_deref() {
+                Some("GPU") => Place::Gpu,
+                Some("CPU") => Place::Cpu,
+                Some("CPU_PINNED") => Place::HostPinned,
+                Some("STORAGE") | Some("DISK") => Place::Storage,
+                Some("EXTERNAL") => Place::Remote,
+                _ => Place::Unknown,
+            },
+        }
+    }
+
+    /// The worker's own tier this place is, if it is one.
+    pub fn tier(self) -> Option<Tier> {
+        match self {
+            Place::Gpu => Some(Tier::Gpu),
+            Place::Cpu | Place::HostPinned => Some(Tier::Cpu),
+            Place::Storage => Some(Tier::Storage),
+            Place::Remote | Place::Unknown => None,
+        }
+    }
+}
+
+/// One stored event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub hashes: Vec<EngineKey>,
+    pub parent: Option<EngineKey>,
+    /// The blocks' tokens, concatenated (SGLang's speculative-decoding pairs reduced to the
+    /// tokens they start with). Empty in vLLM's offloading placeholders.
+    pub token_ids: Vec<u32>,
+    /// Tokens per engine block (page); 0 in vLLM's offloading placeholders.
+    pub block_size: usize,
+    pub place: Place,
+    pub lora_name: Option<String>,
+    /// `cache_salt` of the chain, when these blocks start it.
+    pub salt: Option<String>,
+    /// vLLM's KV cache group (`group_idx`; absent in older releases and SGLang).
+    pub group: Option<u32>,
+    /// vLLM's `kv_cache_spec_kind` of that group ("full_attention", "sliding_window", ...).
+    pub kind: Option<String>,
+    /// Each block's hash also covers tokens after it (vLLM's `lookahead_token_ids`, SGLang's
+    /// `[t_i, t_i+1]` pairs under EAGLE/MTP).
+    pub lookahead: bool,
+    /// The token ids came as SGLang's `[t_i, t_i+1]` pairs.
+    pub pairs: bool,
+}
+
 /// One decoded event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EngineEvent {
-    Stored {
-        hashes: Vec<EngineKey>,
-        parent: Option<EngineKey>,
-        token_ids: Vec<u32>,
-        block_size: usize,
-        tier: Tier,
-        lora_name: Option<String>,
-        /// `cache_salt` of the chain, when these blocks start it.
-        salt: Option<String>,
-    },
+    Stored(Stored),
     Removed {
         hashes: Vec<EngineKey>,
-        tier: Tier,
+        place: Place,
+        group: Option<u32>,
     },
-    AllCleared,
+    /// A cache reset; `place` when the event names a medium (vLLM 0.33 and SGLang send none).
+    AllCleared {
+        place: Option<Place>,
+    },
     /// A tag this decoder does not know (ignored, counted).
     Unknown(String),
+    /// An event whose fields could not be read (ignored, counted; the rest of its batch is
+    /// applied).
+    Bad(DecodeError),
 }
 
 /// One decoded batch.
@@ -64,7 +126,7 @@ pub struct Batch {
     pub rank: Option<u64>,
 }
 
-#[derive(Debug, Error, PartialEq)]
+#[derive(Debug, Clone, Error, PartialEq)]
 pub enum DecodeError {
     #[error("payload is not msgpack: {0}")]
     Msgpack(String),
@@ -157,43 +219,73 @@ fn extra_keys_salt(v: Option<&Value>, lora: Option<&str>) -> Option<String> {
     first[skip..].iter().rev().find_map(|x| x.as_str()).map(str::to_owned)
 }
 
+/// Token ids: integers, or SGLang's speculative-decoding pairs `[t_i, t_i+1]` (whose token
+/// stream is the first of each pair; the second is the next token, a lookahead). The flag says
+/// which form came.
+fn token_ids(v: Option<&Value>) -> Result<(Vec<u32>, bool), DecodeError> {
+    let bad = DecodeError::Field("token_ids");
+    let tok = |t: &Value| t.as_u64().and_then(|t| u32::try_from(t).ok());
+    let Some(Value::Array(a)) = v else {
+        return Err(bad);
+    };
+    let pairs = matches!(a.first(), Some(Value::Array(_)));
+    let ids = a
+        .iter()
+        .map(|t| match (t, pairs) {
+            (Value::Array(p), true) if p.len() == 2 => tok(&p[0]),
+            (t, false) => tok(t),
+            _ => None,
+        })
+        .collect::<Option<Vec<u32>>>()
+        .ok_or(bad)?;
+    Ok((ids, pairs))
+}
+
+fn group(v: Option<&Value>) -> Option<u32> {
+    v.and_then(Value::as_u64).and_then(|g| u32::try_from(g).ok())
+}
+
+fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
+    let (token_ids, pairs) = token_ids(f.get("token_ids", 2))?;
+    let block_size = f
+        .get("block_size", 3)
+        .and_then(Value::as_u64)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or(DecodeError::Field("block_size"))?;
+    let lora_name = f.get("lora_name", 6).and_then(Value::as_str).map(str::to_owned);
+    let salt =
+        extra_keys_salt(f.get("extra_keys", 7), lora_name.as_deref()).or_else(|| f.trailing_salt());
+    let lookahead = pairs
+        || f.get("lookahead_token_ids", 14)
+            .and_then(Value::as_array)
+            .is_some_and(|l| l.iter().any(|b| b.as_array().is_some_and(|b| !b.is_empty())));
+    Ok(Stored {
+        hashes: keys(f.get("block_hashes", 0), "block_hashes")?,
+        parent: f.get("parent_block_hash", 1).and_then(key),
+        token_ids,
+        block_size,
+        place: Place::parse(f.get("medium", 5), f.get("locality", 11)),
+        lora_name,
+        salt,
+        group: group(f.get("group_idx", 8)),
+        kind: f.get("kv_cache_spec_kind", 9).and_then(Value::as_str).map(str::to_owned),
+        lookahead,
+        pairs,
+    })
+}
+
 fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
     let f = Fields::of(v)?;
     match f.tag {
-        "BlockStored" | "BlockStoredWithMetadata" => {
-            let token_ids = match f.get("token_ids", 2) {
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .map(|t| {
-                        t.as_u64()
-                            .and_then(|t| u32::try_from(t).ok())
-                            .ok_or(DecodeError::Field("token_ids"))
-                    })
-                    .collect::<Result<Vec<u32>, _>>()?,
-                _ => return Err(DecodeError::Field("token_ids")),
-            };
-            let block_size = f
-                .get("block_size", 3)
-                .and_then(Value::as_u64)
-                .ok_or(DecodeError::Field("block_size"))? as usize;
-            let lora_name = f.get("lora_name", 6).and_then(Value::as_str).map(str::to_owned);
-            let salt = extra_keys_salt(f.get("extra_keys", 7), lora_name.as_deref())
-                .or_else(|| f.trailing_salt());
-            Ok(EngineEvent::Stored {
-                hashes: keys(f.get("block_hashes", 0), "block_hashes")?,
-                parent: f.get("parent_block_hash", 1).and_then(key),
-                token_ids,
-                block_size,
-                tier: Tier::parse(f.get("medium", 5)),
-                lora_name,
-                salt,
-            })
-        }
+        "BlockStored" | "BlockStoredWithMetadata" => stored(&f).map(EngineEvent::Stored),
         "BlockRemoved" => Ok(EngineEvent::Removed {
             hashes: keys(f.get("block_hashes", 0), "block_hashes")?,
-            tier: Tier::parse(f.get("medium", 1)),
+            place: Place::parse(f.get("medium", 1), f.get("locality", 3)),
+            group: group(f.get("group_idx", 2)),
         }),
-        "AllBlocksCleared" => Ok(EngineEvent::AllCleared),
+        "AllBlocksCleared" => Ok(EngineEvent::AllCleared {
+            place: f.get("medium", 0).map(|m| Place::parse(Some(m), None)),
+        }),
         other => Ok(EngineEvent::Unknown(other.to_owned())),
     }
 }
@@ -216,148 +308,11 @@ pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
         _ => return Err(DecodeError::Shape),
     };
     let events = a.get(1).and_then(Value::as_array).ok_or(DecodeError::Shape)?;
-    let events = events.iter().map(event).collect::<Result<Vec<_>, _>>()?;
+    // One unreadable event is counted and skipped: the rest of the batch (removals
+    // included) still applies.
+    let events = events.iter().map(|e| event(e).unwrap_or_else(EngineEvent::Bad)).collect();
     Ok(Batch { ts, events, rank: a.get(2).and_then(Value::as_u64) })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    /// The reference's 42-byte example batch (older array form).
-    #[test]
-    fn decodes_the_reference_example() {
-        let mut b = vec![0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x91, 0x9a, 0xab];
-        b.extend_from_slice(b"BlockStored");
-        b.extend_from_slice(&[0x91, 0x07, 0xc0, 0x94, 1, 2, 3, 4, 4, 0xc0, 0xa3]);
-        b.extend_from_slice(b"GPU");
-        b.extend_from_slice(&[0xc0, 0xc0, 0x00, 0x00]);
-        let batch = decode_batch(&b).unwrap();
-        assert_eq!(batch.ts, 1.5);
-        assert_eq!(batch.rank, Some(0));
-        assert_eq!(
-            batch.events,
-            vec![EngineEvent::Stored {
-                hashes: vec![7],
-                parent: None,
-                token_ids: vec![1, 2, 3, 4],
-                block_size: 4,
-                tier: Tier::Gpu,
-                lora_name: None,
-                salt: None
-            }]
-        );
-    }
-
-    fn enc(v: Value) -> Vec<u8> {
-        let mut out = Vec::new();
-        rmpv::encode::write_value(&mut out, &v).unwrap();
-        out
-    }
-
-    #[test]
-    fn decodes_map_form_sglang_variants_and_bytes_hashes() {
-        let m = |pairs: Vec<(&str, Value)>| {
-            Value::Map(pairs.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
-        };
-        let stored = m(vec![
-            ("type", "BlockStoredWithMetadata".into()),
-            ("block_hashes", Value::Binary(vec![1, 2, 3])),
-            ("token_ids", Value::Array(vec![5.into(), 6.into()])),
-            ("block_size", 2.into()),
-            ("medium", "CPU".into()),
-            ("metadata", m(vec![("cache_salt", "tenant".into())])),
-        ]);
-        let removed = m(vec![
-            ("type", "BlockRemoved".into()),
-            ("block_hashes", Value::Array(vec![9.into()])),
-        ]);
-        let batch = Value::Array(vec![
-            Value::F64(2.0),
-            Value::Array(vec![stored, removed, m(vec![("type", "Future".into())])]),
-            Value::Nil,
-        ]);
-        let b = decode_batch(&enc(batch)).unwrap();
-        match &b.events[0] {
-            EngineEvent::Stored { hashes, tier, salt, .. } => {
-                assert_eq!(hashes.len(), 1);
-                assert_eq!(*tier, Tier::Cpu);
-                assert_eq!(salt.as_deref(), Some("tenant"));
-            }
-            e => panic!("{e:?}"),
-        }
-        assert_eq!(b.events[1], EngineEvent::Removed { hashes: vec![9], tier: Tier::Gpu });
-        assert_eq!(b.events[2], EngineEvent::Unknown("Future".into()));
-    }
-
-    /// vLLM puts the adapter's name first in every block's extra keys: it is not a salt.
-    #[test]
-    fn an_adapters_extra_keys_are_not_a_salt() {
-        let stored = |extra: Value| {
-            let event = Value::Array(vec![
-                "BlockStored".into(),
-                Value::Array(vec![7.into()]),
-                Value::Nil,
-                Value::Array(vec![1.into(), 2.into()]),
-                2.into(),
-                3.into(),
-                "GPU".into(),
-                "sql".into(),
-                extra,
-            ]);
-            let batch = Value::Array(vec![Value::F64(1.0), Value::Array(vec![event]), Value::Nil]);
-            match decode_batch(&enc(batch)).unwrap().events.remove(0) {
-                EngineEvent::Stored { lora_name, salt, .. } => (lora_name, salt),
-                e => panic!("{e:?}"),
-            }
-        };
-        let keys = |k: Vec<&str>| {
-            Value::Array(vec![Value::Array(k.into_iter().map(Value::from).collect())])
-        };
-        assert_eq!(stored(keys(vec!["sql"])), (Some("sql".into()), None));
-        assert_eq!(
-            stored(keys(vec!["sql", "tenant"])),
-            (Some("sql".into()), Some("tenant".into()))
-        );
-        // Older releases keyed adapters by their integer id.
-        let int_key = Value::Array(vec![Value::Array(vec![3.into(), "tenant".into()])]);
-        assert_eq!(stored(int_key).1.as_deref(), Some("tenant"));
-    }
-
-    #[test]
-    fn bad_payloads_are_errors() {
-        assert!(decode_batch(&[0xc1]).is_err());
-        assert_eq!(decode_batch(&enc(Value::from(3))), Err(DecodeError::Shape));
-        let no_tokens = Value::Array(vec![
-            Value::F64(0.0),
-            Value::Array(vec![Value::Array(vec![
-                "BlockStored".into(),
-                Value::Array(vec![1.into()]),
-            ])]),
-            Value::Nil,
-        ]);
-        assert_eq!(decode_batch(&enc(no_tokens)), Err(DecodeError::Field("token_ids")));
-    }
-
-    #[test]
-    fn deep_nesting_is_an_error() {
-        let mut deep = vec![0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0];
-        deep.extend(std::iter::repeat_n(0x91, 3000));
-        deep.push(0xc0);
-        let r = std::thread::Builder::new()
-            .stack_size(1024 * 1024)
-            .spawn(move || decode_batch(&deep))
-            .unwrap()
-            .join()
-            .unwrap();
-        assert!(matches!(r, Err(DecodeError::Msgpack(_))), "{r:?}");
-    }
-
-    proptest! {
-        #[test]
-        fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode_batch(&bytes);
-        }
-    }
-}
+mod tests;

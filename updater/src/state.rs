@@ -315,7 +315,7 @@ impl State {
                 Some(m) => {
                     let want = m.block_size.or_else(|| inner.learned.get(&m.name).copied());
                     let block_size = match (outcome.announced_block_size, want) {
-                        (Some(a), Some(w)) if a != w => {
+                        (Some(a), Some(w)) if !pages_fit(a, w) => {
                             if verdict == Verdict::Compatible {
                                 verdict = Verdict::Incompatible(format!(
                                     "announced block size {a}, model '{}' uses {w}",
@@ -324,12 +324,14 @@ impl State {
                             }
                             w
                         }
+                        (Some(_), Some(w)) => w,
                         (Some(a), None) if verdict == Verdict::Compatible => {
+                            let a = block_size_for_pages(a);
                             inner.learned.insert(m.name.clone(), a);
                             inner.models_dirty = true;
                             a
                         }
-                        (Some(a), _) => a,
+                        (Some(a), None) => block_size_for_pages(a),
                         (None, w) => w.unwrap_or(DEFAULT_BLOCK_SIZE),
                     };
                     e.set_domain(Some(DomainBase {
@@ -341,7 +343,7 @@ impl State {
                 }
             }
         } else if let (Some(d), Some(a)) = (&self.fixed, outcome.announced_block_size) {
-            if a != d.block_size && verdict == Verdict::Compatible {
+            if !pages_fit(a, d.block_size) && verdict == Verdict::Compatible {
                 verdict = Verdict::Incompatible(format!(
                     "announced block size {a}, kvroute uses {}",
                     d.block_size
@@ -514,6 +516,7 @@ impl State {
                         "next_seq": k.next_seq,
                         "blocks": k.counts(),
                         "engine_keys": k.engine_keys(),
+                        "kv_cache_groups": k.group_kinds(),
                         "last_event_age_ms": age,
                         "stats": k.stats,
                     }),
@@ -545,6 +548,23 @@ impl State {
             "workers": workers,
             "peers": inner.peers.status(),
         })
+    }
+}
+
+/// Whether a worker's engine pages of `page` tokens can be re-chunked into kvroute blocks of
+/// `block` tokens (one divides the other; see `ingest`).
+pub fn pages_fit(page: u32, block: u32) -> bool {
+    page > 0 && block > 0 && (block % page == 0 || page % block == 0)
+}
+
+/// The block size kvroute learns from a worker announcing `page`: SGLang's default page of 1
+/// (or any page dividing vLLM's default block) would make every prompt's block list as long as
+/// the prompt, so such pages are grouped into blocks of [`DEFAULT_BLOCK_SIZE`].
+pub fn block_size_for_pages(page: u32) -> u32 {
+    if page > 0 && page < DEFAULT_BLOCK_SIZE && DEFAULT_BLOCK_SIZE % page == 0 {
+        DEFAULT_BLOCK_SIZE
+    } else {
+        page
     }
 }
 
@@ -611,9 +631,16 @@ mod tests {
         let w = snap.workers.iter().find(|w| w.worker == "w").unwrap();
         assert!(w.compatible);
         assert_eq!((w.model.as_str(), w.adapters.clone()), ("a", vec!["l".to_string()]));
-        // Another worker of "a" announcing 64 is incompatible; one of "b" must announce 32.
-        s.apply_check("v", outcome(Verdict::Compatible, "a", Some(64)));
+        // Another worker of "a" announcing 24 is incompatible (its pages cannot be re-chunked
+        // into blocks of 16); 64 and 1 can, and its events are hashed in blocks of 16.
+        s.apply_check("v", outcome(Verdict::Compatible, "a", Some(24)));
         assert!(!entry(&s, "v", |e| e.compatible));
+        for page in [64, 1] {
+            s.apply_check("v", outcome(Verdict::Compatible, "a", Some(page)));
+            assert!(entry(&s, "v", |e| e.compatible), "page {page}");
+            assert_eq!(s.domain_of("v").unwrap().block_size, 16);
+        }
+        // one of "b" must announce a size that fits 32.
         s.apply_check("v", outcome(Verdict::Compatible, "b", Some(32)));
         assert!(entry(&s, "v", |e| e.compatible));
         assert_eq!(s.domain_of("v").unwrap().block_size, 32);
@@ -631,6 +658,23 @@ mod tests {
             },
         );
         assert!(entry(&s, "w", |e| e.compatible) && s.domain_of("w").is_some());
+    }
+
+    /// SGLang announces its page size (1 by default): kvroute learns blocks of 16, not 1, and
+    /// a vLLM worker of the same model with 16 fits.
+    #[test]
+    fn a_page_size_of_one_is_learned_as_blocks_of_sixteen() {
+        let s = State::for_models(models(), ["g".to_string(), "v".to_string()], Limits::default());
+        s.apply_check("g", outcome(Verdict::Compatible, "a", Some(1)));
+        assert!(entry(&s, "g", |e| e.compatible));
+        assert_eq!(s.domain_of("g").unwrap().block_size, 16);
+        assert_eq!(s.snapshot().models[0].block_size, 16);
+        s.apply_check("v", outcome(Verdict::Compatible, "a", Some(16)));
+        assert!(entry(&s, "v", |e| e.compatible));
+        assert_eq!(
+            (1..=64).filter(|&p| pages_fit(p, 16)).collect::<Vec<_>>(),
+            [1, 2, 4, 8, 16, 32, 48, 64]
+        );
     }
 
     #[test]

@@ -168,24 +168,41 @@ async fn adapters_are_learned_per_worker_and_hashed_in_their_own_domain() {
 async fn a_worker_announcing_another_block_size_than_the_learned_one_is_incompatible() {
     let demo = ModelBundle::demo().unwrap();
     let a = sim_worker("kvroute-demo", demo.clone(), 16, LoraSpec::default());
-    let b = sim_worker("kvroute-demo", demo.clone(), 32, LoraSpec::default());
-    let sims = [start_sim(&a).await, start_sim(&b).await];
+    let b = sim_worker("kvroute-demo", demo.clone(), 24, LoraSpec::default());
+    let c = sim_worker("kvroute-demo", demo.clone(), 32, LoraSpec::default());
+    let sims = [start_sim(&a).await, start_sim(&b).await, start_sim(&c).await];
     let models = Models::load(&["kvroute-demo".parse().unwrap()], &[]).unwrap();
     let (state, _tasks) = updater(models, &sims, false);
-    let (an, bn) = (&sims[0].0, &sims[1].0);
-    assert!(until(20, || checked(&state, an) && checked(&state, bn)).await);
+    let (an, bn, cn) = (&sims[0].0, &sims[1].0, &sims[2].0);
+    assert!(until(20, || [an, bn, cn].iter().all(|w| checked(&state, w))).await);
     assert_eq!(worker_status(&state, an)["compatible"], true);
     let bs = worker_status(&state, bn);
     assert_eq!(bs["compatible"], false);
-    assert!(bs["alignment"].as_str().unwrap().contains("announced block size 32"), "{bs}");
+    assert!(bs["alignment"].as_str().unwrap().contains("announced block size 24"), "{bs}");
     assert_eq!(state.snapshot().models[0].block_size, 16);
+    // Pages of 32 are a multiple of the learned 16: re-chunked, the worker is credited in
+    // blocks of 16 (the whole pages its prompt filled).
+    assert_eq!(worker_status(&state, cn)["compatible"], true);
+    let msgs = long_chat(21);
+    let tokens = demo.prompt_tokens(&Prompt::messages(msgs.clone())).unwrap();
+    chat(cn, "kvroute-demo", &msgs).await;
+    let full_pages = &tokens[..(tokens.len() - 1) / 32 * 32];
+    assert!(
+        until(10, || holds(&state, cn, full_pages, None)).await,
+        "{}",
+        worker_status(&state, cn)
+    );
+    let cs = worker_status(&state, cn);
+    assert_eq!(cs["stats"]["block_size_mismatches"], 0, "{cs}");
+    assert!(cs["stats"]["rechunked_stores"].as_u64().unwrap() > 0, "{cs}");
 
-    // Configured, the block size is checked, never learned.
+    // Configured, the block size is checked, never learned: 16 and 32 fit 32, 24 does not.
     let models =
         Models::load(&["kvroute-demo".parse().unwrap()], &[("kvroute-demo".into(), 32)]).unwrap();
     let (state, _tasks) = updater(models, &sims, false);
-    assert!(until(20, || checked(&state, an) && checked(&state, bn)).await);
-    assert_eq!(worker_status(&state, an)["compatible"], false);
-    assert_eq!(worker_status(&state, bn)["compatible"], true);
+    assert!(until(20, || [an, bn, cn].iter().all(|w| checked(&state, w))).await);
+    assert_eq!(worker_status(&state, an)["compatible"], true);
+    assert_eq!(worker_status(&state, bn)["compatible"], false);
+    assert_eq!(worker_status(&state, cn)["compatible"], true);
     assert_eq!(state.snapshot().models[0].block_size, 32);
 }
