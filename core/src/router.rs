@@ -186,6 +186,8 @@ impl Router {
             |hashes, tokens, fallback| self.rank(&t, hashes, tokens, load, now_ms, pick, fallback);
         let load_only = match req.load_only {
             Some(LoadOnly::Batch) => Some(FallbackReason::Batch),
+            // Too deep to render as the engine would: too large to analyse.
+            Some(LoadOnly::TooDeep) => Some(FallbackReason::TooLong),
             None if body_len > self.plan.max_prompt_bytes => Some(FallbackReason::TooLong),
             None => None,
         };

@@ -12,10 +12,14 @@
 
 mod python;
 
-use minijinja::value::{Kwargs, Rest};
+use std::sync::Arc;
+
+use minijinja::value::{Kwargs, Object, Rest};
 use minijinja::{Environment, Error, ErrorKind, State, Value};
 use serde_json::{Map, Value as Json};
 use thiserror::Error as ThisError;
+
+use crate::request::pyjson::special_number;
 
 pub use python::{py_float_repr, py_json_dumps, strip as py_strip, JsonOptions};
 
@@ -73,8 +77,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| python::strftime_now(&fmt));
         env.add_template_owned(NAME, source.to_owned())
             .map_err(|e| TemplateError::Compile(e.to_string()))?;
-        let special =
-            special_tokens.iter().map(|(k, v)| (k.clone(), Value::from_serialize(v))).collect();
+        let special = special_tokens.iter().map(|(k, v)| (k.clone(), jinja_value(v))).collect();
         Ok(ChatTemplate { env, special, special_json: special_tokens.clone() })
     }
 
@@ -87,10 +90,13 @@ impl ChatTemplate {
     pub fn render(&self, input: &RenderInput<'_>) -> Result<String, TemplateError> {
         let tmpl = self.env.get_template(NAME).map_err(|e| TemplateError::Render(e.to_string()))?;
         let mut ctx: Vec<(String, Value)> = self.special.clone();
-        ctx.extend(input.kwargs.iter().map(|(k, v)| (k.clone(), Value::from_serialize(v))));
-        ctx.push(("messages".into(), Value::from_serialize(input.messages)));
-        ctx.push(("tools".into(), Value::from_serialize(input.tools)));
-        ctx.push(("documents".into(), Value::from_serialize(input.documents)));
+        ctx.extend(input.kwargs.iter().map(|(k, v)| (k.clone(), jinja_value(v))));
+        ctx.push(("messages".into(), input.messages.iter().map(jinja_value).collect()));
+        ctx.push((
+            "tools".into(),
+            input.tools.map_or(Value::from(()), |t| t.iter().map(jinja_value).collect()),
+        ));
+        ctx.push(("documents".into(), input.documents.map_or(Value::from(()), jinja_value)));
         ctx.push(("add_generation_prompt".into(), Value::from(input.add_generation_prompt)));
         // Later entries win, as keyword arguments do in transformers.
         let ctx: Value = ctx.into_iter().collect();
@@ -100,7 +106,51 @@ impl ChatTemplate {
 
 /// Python's `str()` of a JSON value (`{'a': [1, None]}`), as vLLM's converters write it.
 pub fn py_str_json(v: &Json) -> String {
-    python::py_str(&Value::from_serialize(v))
+    python::py_str(&jinja_value(v))
+}
+
+/// A JSON value of a request as the template sees it: what Python's `json` made of it (see
+/// [`crate::request::pyjson`]): integers beyond 64 bits stay integers, NaN and the infinities
+/// are floats, and each prints as Python prints it.
+pub fn jinja_value(v: &Json) -> Value {
+    match v {
+        Json::Null => Value::from(()),
+        Json::Bool(b) => Value::from(*b),
+        Json::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Json::String(s) => Value::from(s.as_str()),
+        Json::Array(items) => items.iter().map(jinja_value).collect(),
+        Json::Object(m) => match special_number(v) {
+            Some(spelling) => python_number(spelling),
+            None => m.iter().map(|(k, v)| (k.as_str(), jinja_value(v))).collect(),
+        },
+    }
+}
+
+/// A number Python spells `spelling` in JSON: `NaN`, `Infinity`, `-Infinity` or an integer.
+fn python_number(spelling: &str) -> Value {
+    match spelling {
+        "NaN" => Value::from(f64::NAN),
+        "Infinity" => Value::from(f64::INFINITY),
+        "-Infinity" => Value::from(f64::NEG_INFINITY),
+        digits => match digits.parse::<i128>() {
+            Ok(i) => Value::from(i),
+            Err(_) => Value::from_object(BigInt(Arc::from(digits))),
+        },
+    }
+}
+
+/// A Python integer beyond 128 bits (its digits): it prints, and `tojson` writes it, as is.
+#[derive(Debug)]
+pub(crate) struct BigInt(pub(crate) Arc<str>);
+
+impl Object for BigInt {
+    fn render(self: &Arc<Self>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`,

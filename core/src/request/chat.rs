@@ -10,7 +10,8 @@
 //!   the chat protocol's "before" validator renames it), for a tool `tool_call_id`, and `name`
 //!   or `task` when strings;
 //! - tool calls (`_postprocess_messages`): an empty list is dropped; string arguments are
-//!   parsed as JSON (an invalid or empty string becomes `{}`), other non-containers become `{}`;
+//!   parsed with Python's `json.loads` and kept when they give an object, object arguments
+//!   are kept, everything else becomes `{}`;
 //! - tools (`ChatCompletionToolsParam.model_dump()`): `{"type": "function", "function":
 //!   {"name", "description", "parameters", "strict"?, "defer_loading"?}, "defer_loading"?}`,
 //!   description and parameters null when absent, strict and defer_loading only when set;
@@ -22,7 +23,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{opt_bool, RequestError};
+use super::{opt_bool, pyjson, RequestError};
 
 /// A conversation for the chat template, with everything else the template sees.
 #[derive(Debug, Clone, PartialEq)]
@@ -154,7 +155,7 @@ fn tool(t: &Value) -> Result<Value, RequestError> {
     let mut function = Map::new();
     function.insert("name".into(), name.clone());
     function.insert("description".into(), nullable("description", Value::is_string)?);
-    function.insert("parameters".into(), nullable("parameters", Value::is_object)?);
+    function.insert("parameters".into(), nullable("parameters", is_dict)?);
     let strict = nullable("strict", Value::is_boolean)?;
     if !strict.is_null() {
         function.insert("strict".into(), strict);
@@ -307,20 +308,28 @@ pub(super) fn conversation(raw: &[Value]) -> Result<(Vec<Value>, Option<MediaCut
     Ok((out, first_media.map(|message| MediaCut { message, items })))
 }
 
-/// A tool call with its arguments as the template sees them: a JSON string parsed (`{}` when
-/// it is not valid JSON), an object or array kept, anything else `{}`.
+/// Whether `v` is a Python dict (not a number `pyjson` holds as an object).
+fn is_dict(v: &Value) -> bool {
+    v.is_object() && pyjson::special_number(v).is_none()
+}
+
+/// A tool call with its arguments as the template sees them (vLLM 0.33
+/// `_postprocess_messages`): an object kept; a string parsed with Python's `json.loads` and
+/// kept when it gives an object; anything else (an invalid or empty string, an array, a
+/// number, `NaN`, null) `{}`.
 fn tool_call(call: &Value) -> Result<Value, RequestError> {
     let mut call = call.as_object().cloned().ok_or(RequestError::InvalidMessages)?;
     let Some(Value::Object(function)) = call.get_mut("function") else {
         return Err(RequestError::InvalidMessages);
     };
     let args = match function.get("arguments") {
-        Some(Value::String(s)) => {
-            serde_json::from_str(s).unwrap_or_else(|_| Value::Object(Map::new()))
-        }
-        Some(v @ (Value::Object(_) | Value::Array(_))) => v.clone(),
-        _ => Value::Object(Map::new()),
+        // Arguments nested deeper than kvroute keeps render with `null` there (a misprediction
+        // at worst, never an error).
+        Some(Value::String(s)) => pyjson::from_str(s).ok().map(|p| p.value).filter(is_dict),
+        Some(v) if is_dict(v) => Some(v.clone()),
+        _ => None,
     };
+    let args = args.unwrap_or_else(|| Value::Object(Map::new()));
     function.insert("arguments".into(), args);
     Ok(Value::Object(call))
 }

@@ -14,8 +14,19 @@ use super::{EarlyPrompt, LoadOnly, Prompt, RequestError};
 /// value per number first. `None` when the body is not a JSON object (or not JSON): the
 /// caller's general parse then gives the error. The result equals the general parse
 /// (`tests::early_prompt`).
+///
+/// `serde_json` reads every body this path accepts as Python's `json` does (see `pyjson`),
+/// except for numbers that Python keeps as integers (`-0`, integers beyond 64 bits): a body
+/// with a float that may have been one of those also goes to the general parse.
 pub(super) fn split_prompt(body: &[u8]) -> Option<(Map<String, Value>, EarlyPrompt)> {
     let top: Top = serde_json::from_slice(body).ok()?;
+    let other = match &top.prompt {
+        Some(PromptField::Other(v)) => Some(v),
+        _ => None,
+    };
+    if top.obj.values().chain(other).any(maybe_python_int) {
+        return None;
+    }
     let early = match top.prompt {
         None => parse_prompt(None),
         Some(PromptField::Ids(ids)) if ids.is_empty() => Err(RequestError::InvalidPrompt),
@@ -122,6 +133,26 @@ impl<'de> Deserialize<'de> for PromptField {
         }
         d.deserialize_any(PromptVisitor)
     }
+}
+
+/// Whether `v` holds a float that Python may have read as an integer: -0.0 (from `-0`) or an
+/// integral float of at least 2^63 in size (from an integer beyond 64 bits).
+fn maybe_python_int(v: &Value) -> bool {
+    let mut todo = vec![v];
+    while let Some(v) = todo.pop() {
+        match v {
+            Value::Number(n) if n.is_f64() => {
+                let f = n.as_f64().unwrap_or(0.0);
+                if (f == 0.0 && f.is_sign_negative()) || (f.fract() == 0.0 && f.abs() >= 9.2e18) {
+                    return true;
+                }
+            }
+            Value::Array(items) => todo.extend(items),
+            Value::Object(m) => todo.extend(m.values()),
+            _ => {}
+        }
+    }
+    false
 }
 
 fn token_ids(items: &[Value]) -> Option<Vec<u32>> {

@@ -10,6 +10,7 @@
 mod anthropic;
 mod chat;
 mod completions;
+pub mod pyjson;
 mod responses;
 #[cfg(test)]
 mod tests;
@@ -81,6 +82,9 @@ impl Prompt {
 pub enum LoadOnly {
     /// A completion with several prompts: the engine caches each one on its own.
     Batch,
+    /// A body nested deeper than kvroute keeps (`pyjson::MAX_DEPTH`): what the engine renders
+    /// from it is not known, so the engine is left to serve or refuse it.
+    TooDeep,
 }
 
 /// The routing-relevant view of one request.
@@ -140,9 +144,13 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, RequestEr
             return parse_object(endpoint, &obj, Some(prompt));
         }
     }
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| RequestError::InvalidJson(e.to_string()))?;
-    parse_value(endpoint, &value)
+    // vLLM reads the body with Python's `json` (see `pyjson`), not a strict JSON parser.
+    let parsed = pyjson::from_body(body).map_err(|e| RequestError::InvalidJson(e.to_string()))?;
+    let mut req = parse_value(endpoint, &parsed.value)?;
+    if parsed.truncated && req.load_only.is_none() {
+        req.load_only = Some(LoadOnly::TooDeep);
+    }
+    Ok(req)
 }
 
 /// [`parse`] for a body already parsed as JSON (the general path: the one-pass reading of a

@@ -324,9 +324,10 @@ fn responses_conversion_details() {
 
 /// The general path for a completions body: the whole body as one JSON value.
 fn general_completions(body: &[u8]) -> Result<ParsedRequest, RequestError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| RequestError::InvalidJson(e.to_string()))?;
-    parse_value(Endpoint::Completions, &value)
+    let parsed =
+        super::pyjson::from_body(body).map_err(|e| RequestError::InvalidJson(e.to_string()))?;
+    assert!(!parsed.truncated);
+    parse_value(Endpoint::Completions, &parsed.value)
 }
 
 mod early_prompt {
@@ -391,6 +392,25 @@ mod early_prompt {
     fn bodies_that_are_not_objects_get_the_general_errors() {
         for body in [&b"[1,2]"[..], b"{\"prompt\": [1,", b"", b"\xff", b"null"] {
             assert_eq!(parse(Endpoint::Completions, body), general_completions(body));
+        }
+        // Numbers Python reads as ints where serde_json reads floats, and what only Python
+        // reads: both paths agree with Python.
+        for (body, want) in [
+            (r#"{"model":"m","prompt":[-0, 5]}"#, Ok(Prompt::Tokens(vec![0, 5]))),
+            (r#"{"model":"m","prompt":[1],"max_tokens":-0}"#, Ok(Prompt::Tokens(vec![1]))),
+            (
+                r#"{"model":"m","prompt":"x","seed":123456789012345678901}"#,
+                Ok(Prompt::Text("x".into())),
+            ),
+            (r#"{"model":"m","prompt":"x","temperature":NaN}"#, Ok(Prompt::Text("x".into()))),
+            (r#"{"model":"m","prompt":"x","top_p":1e400}"#, Ok(Prompt::Text("x".into()))),
+            ("\u{feff}{\"model\":\"m\",\"prompt\":[3]}", Ok(Prompt::Tokens(vec![3]))),
+            (r#"{"model":"m","prompt":[123456789012345678901]}"#, Err(RequestError::InvalidPrompt)),
+            (r#"{"model":"m","prompt":[-0.0]}"#, Err(RequestError::InvalidPrompt)),
+        ] {
+            let fast = parse(Endpoint::Completions, body.as_bytes());
+            assert_eq!(fast, general_completions(body.as_bytes()), "{body}");
+            assert_eq!(fast.map(|r| r.prompt), want, "{body}");
         }
         let ids: Vec<u32> = (0..20_000).collect();
         let body = json!({"model": "m", "prompt": ids}).to_string();

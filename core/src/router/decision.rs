@@ -17,7 +17,8 @@ pub enum FallbackReason {
     Render,
     /// The tokenizer failed on this request.
     Tokenize,
-    /// The prompt is longer than `max_prompt_tokens` or its body than `max_prompt_bytes`.
+    /// The prompt is longer than `max_prompt_tokens` or its body than `max_prompt_bytes`, or
+    /// the body is nested deeper than kvroute keeps (`request::pyjson::MAX_DEPTH`).
     TooLong,
     /// Event knowledge exists but the updater has not confirmed it within its age limit:
     /// decided on routing history and feedback only.

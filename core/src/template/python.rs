@@ -307,6 +307,7 @@ impl Encoder<'_> {
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
             ValueKind::Number if v.is_integer() => out.push_str(&v.to_string()),
             ValueKind::Number => out.push_str(&json_float(as_f64(v))),
+            _ if v.downcast_object_ref::<super::BigInt>().is_some() => out.push_str(&v.to_string()),
             ValueKind::String => self.string(v.as_str().unwrap_or_default(), out),
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = v.try_iter()?.collect();
