@@ -8,7 +8,8 @@ Run from the repository root (nothing here is needed by the tests, which read th
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .cache/oracle-venv/bin/python oracle/golden.py
 
 It writes
-  oracle/corpus.jsonl         one request per line: {"id", "endpoint", "body"}
+  oracle/corpus.jsonl         one request per line: {"id", "endpoint", "body"}, or "raw" (the
+                              body's exact text) instead of "body" where the spelling matters
   core/tests/golden/qwen3.jsonl  one line per case: {"id", "count", "ids"} or {"id", "error"}
   core/tests/golden/demo.jsonl   the same for the demo bundle (assets/demo-model/)
 
@@ -394,7 +395,71 @@ def corpus():
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a1"}]},
             {"role": "user", "content": "q2"},
         ]}})
+    cases.extend(python_json_cases())
     return cases
+
+
+def raw_chat(id_, text):
+    """A chat case whose body is given as the exact text a client sends (numbers spelled as
+    Python's json.dumps would not write them, a BOM): `raw` instead of `body`."""
+    return {"id": id_, "endpoint": CHAT, "raw": text}
+
+
+def python_json_cases():
+    """Bodies vLLM reads with Python's json (Starlette's request.json(): json.loads(bytes)),
+    where a strict JSON parser reads them differently or refuses them."""
+    tool = ('{"type": "function", "function": {"name": "tune", "description": "Set limits.", '
+            '"parameters": {"type": "object", "properties": {"x": %s}}}}')
+    def body(schema, args, extra=""):
+        return ('{"model": "m", "messages": [{"role": "user", "content": "Tune it."}, '
+                '{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", '
+                '"function": {"name": "tune", "arguments": %s}}]}, '
+                '{"role": "tool", "tool_call_id": "c1", "content": "done"}], "tools": [%s]%s}'
+                % (json.dumps(args), tool % schema, extra))
+    out = []
+    add = out.append
+    # Integers beyond 64 bits (and beyond 128) stay Python ints.
+    add(raw_chat("pyjson_big_ints", body(
+        '{"type": "integer", "minimum": -98765432109876543210, "maximum": 18446744073709551616, '
+        '"default": 123456789012345678901234567890123456789012345, "enum": [9223372036854775808]}',
+        '{"x": 340282366920938463463374607431768211457, "y": -170141183460469231731687303715884105729}')))
+    # -0 is the int 0; -0.0 the float -0.0.
+    add(raw_chat("pyjson_negative_zero", body(
+        '{"type": "number", "minimum": -0, "maximum": -0.0, "examples": [-0, -0.0, 0, 0.0, -0e0, -0E+3]}',
+        '{"x": -0, "y": -0.0, "z": [-0]}', ', "max_tokens": 16, "seed": -0')))
+    # NaN and the infinities are Python floats; json.dumps writes them back as NaN/Infinity.
+    add(raw_chat("pyjson_nan_infinity", body(
+        '{"type": "number", "minimum": -Infinity, "maximum": Infinity, "default": NaN, '
+        '"examples": [NaN, Infinity, -Infinity]}',
+        '{"x": NaN, "y": [Infinity, -Infinity]}', ', "temperature": 0.5')))
+    # A float too large for a double is infinite; one too small is 0.0.
+    add(raw_chat("pyjson_float_overflow", body(
+        '{"type": "number", "minimum": -1e400, "maximum": 1e400, "default": 1e-400, "examples": [1E999, -2.5e+1000]}',
+        '{"x": 1e400, "y": -1e400, "z": 1e-400}')))
+    # Float spellings: what Python prints is the value's repr, not the text sent.
+    add(raw_chat("pyjson_float_forms", body(
+        '{"type": "number", "examples": [1E5, 1.0e+2, 2.5E-3, 0.1, 1e16, 1e-5, 1e-4, 123456789012345678.0, '
+        '5e-324, 1.7976931348623157e308, 100.0, 1e22, 0.30000000000000004, 3.0e0, 1.5e15, 1.5e16]}',
+        '{"x": 1E5, "y": [1.0e+2, 2.5E-3, 1e16, 1e-5, 100.0]}')))
+    # Arguments that decode to something other than an object become {} (vLLM 0.33
+    # _postprocess_messages), here NaN and an array; a NaN inside an object is kept.
+    add(raw_chat("pyjson_args_not_object",
+        '{"model": "m", "messages": [{"role": "user", "content": "Go."}, {"role": "assistant", "content": "", '
+        '"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "tune", "arguments": "NaN"}}, '
+        '{"id": "c2", "type": "function", "function": {"name": "tune", "arguments": "[1, 2]"}}, '
+        '{"id": "c3", "type": "function", "function": {"name": "tune", "arguments": "{\\"a\\": NaN}"}}, '
+        '{"id": "c4", "type": "function", "function": {"name": "tune", "arguments": "7"}}]}, '
+        '{"role": "tool", "tool_call_id": "c1", "content": "ok"}], '
+        '"tools": [%s]}' % (tool % '{"type": "number"}')))
+    # A UTF-8 byte-order mark before the body: json.loads(bytes) decodes it as utf-8-sig.
+    add(raw_chat("pyjson_bom", "\ufeff" + body('{"type": "integer"}', '{"x": 1}')))
+    # Nesting deeper than serde_json's 128 (vLLM's bound is Python's recursion limit).
+    deep_schema = '{"type": "object", "properties": {"x": ' * 100 + '{"type": "integer"}' + '}}' * 100
+    deep_args = '{"x": [' * 90 + '1' + ']}' * 90
+    add(raw_chat("pyjson_deep_nesting", body(deep_schema, deep_args)))
+    # An integer of more than 4300 digits: int() raises, the server answers 400.
+    add(raw_chat("pyjson_int_too_long", body('{"type": "integer", "maximum": %s}' % ("7" * 4301), '{}')))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,8 +499,9 @@ def conversation(messages):
       The new message holds only role and content, then: for assistants `tool_calls` (when not
       None) and both `reasoning` and `reasoning_content` (when reasoning is not None); for tools
       `tool_call_id`; `name` when a string.
-    - `_postprocess_messages`: an empty tool_calls list is dropped; string arguments are parsed
-      with json.loads ({} when invalid or empty), None arguments become {}.
+    - `_postprocess_messages` (vLLM 0.33): an empty tool_calls list is dropped; a dict is kept;
+      a non-empty string is parsed with json.loads and kept when it gives a dict; everything
+      else (invalid JSON, empty or falsy arguments, a list, a number, NaN) becomes {}.
     """
     out = []
     for raw in messages:
@@ -473,13 +539,16 @@ def conversation(messages):
             continue
         for tc in conv["tool_calls"]:
             args = tc["function"].get("arguments")
-            if isinstance(args, str):
+            if not args:
+                parsed = {}
+            elif isinstance(args, str):
                 try:
-                    tc["function"]["arguments"] = json.loads(args)
+                    parsed = json.loads(args)
                 except json.JSONDecodeError:
-                    tc["function"]["arguments"] = {}
-            elif not isinstance(args, (dict, list)):
-                tc["function"]["arguments"] = {}
+                    parsed = {}
+            else:
+                parsed = args
+            tc["function"]["arguments"] = parsed if isinstance(parsed, dict) else {}
     return out
 
 
@@ -683,8 +752,19 @@ def render_chat(tok, body):
     return tok.encode(text, add_special_tokens=False)
 
 
+def request_body(case):
+    """The body as vLLM's server reads it: FastAPI/Starlette `json.loads(body_bytes)` (a UTF-8
+    BOM is dropped; NaN, Infinity, big ints accepted). What it cannot read is a 400."""
+    if "body" in case:
+        return case["body"]
+    try:
+        return json.loads(case["raw"].encode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise RenderError(f"invalid_json: {type(e).__name__}") from e
+
+
 def golden_ids(tok, case):
-    body = case["body"]
+    body = request_body(case)
     ep = case["endpoint"]
     if ep == CHAT:
         return render_chat(tok, body)

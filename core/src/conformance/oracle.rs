@@ -41,7 +41,11 @@ fn kvroute_ids(bundle: &ModelBundle, case: &Value) -> Result<Vec<u32>, String> {
     let path = case["endpoint"].as_str().unwrap_or_default();
     let endpoint = Endpoint::from_path(path.as_bytes())
         .unwrap_or_else(|| panic!("{}: unknown endpoint {path:?}", case["id"]));
-    let body = case["body"].to_string();
+    // `raw`: the body's exact text (numbers spelled as a client may, a BOM), else `body`.
+    let body = match case.get("raw") {
+        Some(raw) => raw.as_str().unwrap_or_default().to_owned(),
+        None => case["body"].to_string(),
+    };
     let parsed = request::parse(endpoint, body.as_bytes()).map_err(|e| format!("parse: {e}"))?;
     let full = bundle.prompt_tokens(&parsed.prompt);
     let routed = bundle.routing_tokens(&parsed.prompt);
