@@ -1,5 +1,8 @@
-//! The OpenAI-compatible HTTP surface of one simulated worker (vLLM's routes and shapes),
-//! with vLLM's LoRA adapter API: `/v1/models` lists the base model (`parent: null`) and each
+//! The OpenAI-compatible HTTP surface of one simulated worker (vLLM's routes and shapes):
+//! `/v1/chat/completions`, `/v1/completions`, `/v1/responses` ([`responses`]) and
+//! Anthropic-style `/v1/messages` ([`messages`]), each streamed or not, each reporting cached
+//! prompt tokens in its own usage fields and ending on its stop conditions ([`stop`]); and
+//! vLLM's LoRA adapter API: `/v1/models` lists the base model (`parent: null`) and each
 //! loaded adapter (`parent` = the base, `root` = its path); `POST /v1/load_lora_adapter`
 //! `{"lora_name", "lora_path"}` and `POST /v1/unload_lora_adapter` `{"lora_name"}` answer as
 //! vLLM does (plain-text success, `{"error": {...}}` with vLLM's types and codes otherwise); a
@@ -291,10 +294,7 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
         text: TextOut::new(stops),
         body: serde_json::from_slice(body).unwrap_or(Value::Null),
     };
-    let mut resp = match (endpoint, req.stream) {
-        (_, true) => stream_response(out, rx),
-        (_, false) => full_response(out, rx).await,
-    };
+    let mut resp = if req.stream { stream_response(out, rx) } else { full_response(out, rx).await };
     if let Ok(v) = HeaderValue::from_str(&w.id) {
         resp.headers_mut().insert(WORKER_HEADER, v);
     }

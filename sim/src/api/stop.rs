@@ -16,7 +16,7 @@ use kvroute_core::model::ModelBundle;
 use kvroute_core::request::Endpoint;
 use serde::Deserialize;
 
-use crate::engine::{Finish, StopReason, StopRule};
+use crate::engine::{Finish, StopReason, StopRule, StopText};
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -91,15 +91,14 @@ impl Stops {
             let bundle = bundle.clone();
             // Every output token decodes to at least one byte: this many cover any match.
             let window = self.longest() + 1;
-            let f: crate::engine::StopText = Arc::new(move |ids: &[u32]| {
+            Arc::new(move |ids: &[u32]| {
                 let tail = &ids[ids.len().saturating_sub(window)..];
                 let pieces: Vec<String> =
                     tail.iter().map(|id| bundle.decode(&[*id]).unwrap_or_default()).collect();
                 let last = pieces.last().map_or(0, String::len);
                 let text = pieces.concat();
                 first_match(&strings, &text, text.len() - last).map(|(_, s)| s.to_owned())
-            });
-            f
+            }) as StopText
         });
         StopRule { min_tokens: self.min_tokens, eos: None, token_ids: self.token_ids.clone(), text }
     }
