@@ -14,7 +14,7 @@ mod python;
 
 use std::sync::Arc;
 
-use minijinja::value::{Kwargs, Object, Rest};
+use minijinja::value::{Kwargs, Object, ObjectRepr, Rest};
 use minijinja::{Environment, Error, ErrorKind, State, Value};
 use serde_json::{Map, Value as Json};
 use thiserror::Error as ThisError;
@@ -148,6 +148,10 @@ fn python_number(spelling: &str) -> Value {
 pub(crate) struct BigInt(pub(crate) Arc<str>);
 
 impl Object for BigInt {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Plain
+    }
+
     fn render(self: &Arc<Self>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }

@@ -92,6 +92,61 @@ fn tojson_is_pythons_json_dumps() {
     );
 }
 
+/// Numbers as Python's `json` read them from the request (`request::pyjson`) print as Python
+/// prints them, with `tojson` and as `str()`.
+#[test]
+fn python_numbers_from_the_request_print_as_python_prints_them() {
+    let body = br#"{"a": [12345678901234567890123, -98765432109876543210, 9223372036854775808,
+        123456789012345678901234567890123456789012345, -0, -0.0, NaN, Infinity, -Infinity,
+        1e400, -1e400, 1e-400, 1E5, 2.5E-3, 1e16]}"#;
+    let v = crate::request::pyjson::from_body(body).unwrap().value;
+    let t = ChatTemplate::new("{{ messages[0] | tojson }}|{{ messages[0] }}", &specials()).unwrap();
+    let out = t
+        .render(&RenderInput {
+            messages: std::slice::from_ref(&v),
+            tools: None,
+            documents: None,
+            add_generation_prompt: false,
+            kwargs: &Map::new(),
+        })
+        .unwrap();
+    let nums = "12345678901234567890123, -98765432109876543210, 9223372036854775808, \
+        123456789012345678901234567890123456789012345, 0, -0.0";
+    assert_eq!(
+        out,
+        format!(
+            "{{\"a\": [{nums}, NaN, Infinity, -Infinity, Infinity, -Infinity, 0.0, 100000.0, 0.0025, 1e+16]}}|\
+             {{'a': [{nums}, nan, inf, -inf, inf, -inf, 0.0, 100000.0, 0.0025, 1e+16]}}"
+        )
+    );
+}
+
+/// The deepest body kvroute keeps renders without exhausting the stack (the wasm filter's is
+/// small; `core/wasm-tests` runs the golden checks there).
+#[test]
+fn the_deepest_kept_body_renders() {
+    use crate::request::pyjson::{from_body, MAX_DEPTH};
+    let n = MAX_DEPTH - 1;
+    let text = format!("[{}1{}]", "{\"x\": [".repeat(n / 2), "]}".repeat(n / 2));
+    let p = from_body(text.as_bytes()).unwrap();
+    assert!(!p.truncated);
+    let t = ChatTemplate::new("{{ messages | tojson }}{{ messages }}", &specials()).unwrap();
+    let msgs = p.value.as_array().cloned().unwrap_or_default();
+    let render = move || {
+        t.render(&RenderInput {
+            messages: &msgs,
+            tools: None,
+            documents: None,
+            add_generation_prompt: false,
+            kwargs: &Map::new(),
+        })
+        .map(|s| s.len())
+    };
+    // Half the wasm filter's 1 MiB stack, in a debug build (larger frames than the release wasm).
+    let len = std::thread::Builder::new().stack_size(512 << 10).spawn(render).unwrap().join();
+    assert!(len.unwrap().unwrap() > 4 * n);
+}
+
 #[test]
 fn tojson_options() {
     assert_eq!(
