@@ -85,10 +85,221 @@ fn opt_u64(v: Option<u64>) -> Value {
     v.map_or(Value::Nil, Value::from)
 }
 
+/// Engine shapes the simulator can publish beyond its default (vLLM, one full-attention
+/// group, one store per block): the default publishes exactly as before. Set on a running
+/// worker's [`EventLog`], or for every worker of a process with `KVROUTE_SIM_EVENT_SHAPE`
+/// (see [`EventShape::parse`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventShape {
+    /// vLLM KV cache groups (hybrid and sliding-window models): every store and removal is
+    /// published once per group, with `group_idx` i and, on stores, `kv_cache_spec_kind`
+    /// `groups[i]` ("full_attention", "sliding_window", ...).
+    pub groups: Vec<String>,
+    /// vLLM's OffloadingConnector (default, not self-describing): each GPU store is followed
+    /// by one CPU store per block carrying only its hash (`token_ids=[]`, `block_size=0`).
+    pub offload_placeholders: bool,
+    /// Every store and removal is published twice (duplicate blocks of one prefix, as vLLM
+    /// caches them): a consumer must count them.
+    pub repeat: bool,
+    /// SGLang's pages of this many tokens (dividing the block size): each block is published
+    /// as its pages, one hash each (the last page keeps the block's hash), and removed so.
+    pub page_size: Option<usize>,
+    /// SGLang under EAGLE/EAGLE3/MTP: token ids as `[t_i, t_i+1]` pairs.
+    pub token_pairs: bool,
+}
+
+impl EventShape {
+    /// `groups=full_attention,sliding_window;offload;repeat;page=1;pairs` (any subset, in any
+    /// order; empty: the default).
+    pub fn parse(s: &str) -> Result<EventShape, String> {
+        let mut shape = EventShape::default();
+        for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            match part.split_once('=') {
+                Some(("groups", g)) => {
+                    shape.groups = g.split(',').map(|k| k.trim().to_owned()).collect();
+                }
+                Some(("page", n)) => {
+                    let n: usize = n.parse().map_err(|_| format!("page size '{n}'"))?;
+                    shape.page_size = Some(n.max(1));
+                }
+                None if part == "offload" => shape.offload_placeholders = true,
+                None if part == "repeat" => shape.repeat = true,
+                None if part == "pairs" => shape.token_pairs = true,
+                _ => return Err(format!("unknown event shape option '{part}'")),
+            }
+        }
+        Ok(shape)
+    }
+
+    /// From `KVROUTE_SIM_EVENT_SHAPE` (the default when unset or invalid).
+    pub fn from_env() -> EventShape {
+        match std::env::var("KVROUTE_SIM_EVENT_SHAPE") {
+            Ok(s) => EventShape::parse(&s).unwrap_or_else(|e| {
+                eprintln!("KVROUTE_SIM_EVENT_SHAPE ignored: {e}");
+                EventShape::default()
+            }),
+            Err(_) => EventShape::default(),
+        }
+    }
+}
+
+/// The hash of page `j` of a block hashed `h` (the last page keeps `h`).
+fn page_hash(h: EngineHash, j: usize, last: bool) -> EngineHash {
+    if last {
+        return h;
+    }
+    let mut x = h ^ (j as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// What one event becomes on the wire under a shape: the event, its group and kind.
+#[derive(Debug, Clone)]
+struct Shaped {
+    event: KvEvent,
+    group: Option<(u64, Option<String>)>,
+    pairs: bool,
+}
+
+/// `e` as pages of `page` tokens, for blocks of `block_size` (known from the stores).
+fn paged(e: KvEvent, page: usize, block_size: usize) -> KvEvent {
+    if page == 0 || page >= block_size || block_size % page != 0 {
+        return e;
+    }
+    let per = block_size / page;
+    let pages = |hashes: &[EngineHash]| -> Vec<EngineHash> {
+        hashes.iter().flat_map(|&h| (0..per).map(move |j| page_hash(h, j, j + 1 == per))).collect()
+    };
+    match e {
+        KvEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            medium,
+            lora_name,
+            salt,
+            ..
+        } => KvEvent::BlockStored {
+            block_hashes: pages(&block_hashes),
+            parent_block_hash,
+            token_ids,
+            block_size: page,
+            medium,
+            lora_name,
+            salt,
+        },
+        KvEvent::BlockRemoved { block_hashes, medium } => {
+            KvEvent::BlockRemoved { block_hashes: pages(&block_hashes), medium }
+        }
+        other => other,
+    }
+}
+
+/// The events of one batch as `shape` publishes them; `block_size` is the engine's (pages
+/// are cut from it).
+fn shape_events(events: &[KvEvent], shape: &EventShape, block_size: usize) -> Vec<Shaped> {
+    let mut out = Vec::new();
+    let groups: Vec<Option<(u64, Option<String>)>> = if shape.groups.is_empty() {
+        vec![None]
+    } else {
+        shape.groups.iter().enumerate().map(|(i, k)| Some((i as u64, Some(k.clone())))).collect()
+    };
+    let copies = if shape.repeat { 2 } else { 1 };
+    for e in events {
+        if matches!(e, KvEvent::AllBlocksCleared) {
+            out.push(Shaped { event: e.clone(), group: None, pairs: false });
+            continue;
+        }
+        let e = match shape.page_size {
+            Some(p) => paged(e.clone(), p, block_size),
+            None => e.clone(),
+        };
+        for g in &groups {
+            let group = match (&e, g) {
+                // Removals name only the group.
+                (KvEvent::BlockRemoved { .. }, Some((i, _))) => Some((*i, None)),
+                (_, g) => g.clone(),
+            };
+            for _ in 0..copies {
+                out.push(Shaped {
+                    event: e.clone(),
+                    group: group.clone(),
+                    pairs: shape.token_pairs,
+                });
+            }
+            let KvEvent::BlockStored { block_hashes, medium: "GPU", .. } = &e else {
+                continue;
+            };
+            if !shape.offload_placeholders {
+                continue;
+            }
+            for &h in block_hashes {
+                let placeholder = KvEvent::BlockStored {
+                    block_hashes: vec![h],
+                    parent_block_hash: None,
+                    token_ids: Vec::new(),
+                    block_size: 0,
+                    medium: "CPU",
+                    lora_name: None,
+                    salt: None,
+                };
+                let group = Some((g.as_ref().map_or(0, |(i, _)| *i), None));
+                out.push(Shaped { event: placeholder, group, pairs: false });
+            }
+        }
+    }
+    out
+}
+
+/// Encodes one batch as `shape` publishes it (see [`EventShape`]); `block_size` is the
+/// engine's.
+pub fn encode_batch_shaped(
+    ts: f64,
+    events: &[KvEvent],
+    dp_rank: Option<u64>,
+    enc: EventEncoding,
+    shape: &EventShape,
+    block_size: usize,
+) -> Vec<u8> {
+    if *shape == EventShape::default() {
+        return encode_batch(ts, events, dp_rank, enc);
+    }
+    let batch = Value::Array(vec![
+        Value::F64(ts),
+        Value::Array(
+            shape_events(events, shape, block_size).iter().map(|e| e.to_value(enc)).collect(),
+        ),
+        opt_u64(dp_rank),
+    ]);
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail.
+    let _ = rmpv::encode::write_value(&mut out, &batch);
+    out
+}
+
 impl KvEvent {
     fn to_value(&self, enc: EventEncoding) -> Value {
+        Shaped { event: self.clone(), group: None, pairs: false }.to_value(enc)
+    }
+}
+
+impl Shaped {
+    fn to_value(&self, enc: EventEncoding) -> Value {
+        let group_idx = self.group.as_ref().map_or(0, |(g, _)| *g);
+        let kind = self.group.as_ref().and_then(|(_, k)| k.clone());
+        let tokens = |t: &[u32]| -> Value {
+            if !self.pairs {
+                return uints(t.iter().map(|&t| u64::from(t)));
+            }
+            Value::Array(
+                (0..t.len())
+                    .map(|i| uints([t[i], t[(i + 1).min(t.len() - 1)]].map(u64::from)))
+                    .collect(),
+            )
+        };
         // (name, value, defaulted): positional order follows vLLM's field order.
-        let (tag, fields): (&str, Vec<(&str, Value, bool)>) = match self {
+        let (tag, mut fields): (&str, Vec<(&str, Value, bool)>) = match &self.event {
             KvEvent::BlockStored {
                 block_hashes,
                 parent_block_hash,
@@ -102,7 +313,7 @@ impl KvEvent {
                 vec![
                     ("block_hashes", uints(block_hashes.iter().copied()), false),
                     ("parent_block_hash", opt_u64(*parent_block_hash), parent_block_hash.is_none()),
-                    ("token_ids", uints(token_ids.iter().map(|&t| u64::from(t))), false),
+                    ("token_ids", tokens(token_ids), false),
                     ("block_size", Value::from(*block_size as u64), false),
                     ("lora_id", Value::Nil, true),
                     ("medium", Value::from(*medium), false),
@@ -116,7 +327,7 @@ impl KvEvent {
                         extra_keys(block_hashes.len(), lora_name.as_deref(), salt.as_deref()),
                         lora_name.is_none() && salt.is_none(),
                     ),
-                    ("group_idx", Value::from(0u64), true),
+                    ("group_idx", Value::from(group_idx), self.group.is_none()),
                 ],
             ),
             KvEvent::BlockRemoved { block_hashes, medium } => (
@@ -124,11 +335,14 @@ impl KvEvent {
                 vec![
                     ("block_hashes", uints(block_hashes.iter().copied()), false),
                     ("medium", Value::from(*medium), false),
-                    ("group_idx", Value::from(0u64), true),
+                    ("group_idx", Value::from(group_idx), self.group.is_none()),
                 ],
             ),
             KvEvent::AllBlocksCleared => ("AllBlocksCleared", vec![]),
         };
+        if let (Some(kind), "BlockStored") = (kind, tag) {
+            fields.push(("kv_cache_spec_kind", Value::from(kind), false));
+        }
         match enc {
             EventEncoding::Array => {
                 let mut items = vec![Value::from(tag)];
@@ -175,18 +389,41 @@ pub struct EventConfig {
 }
 
 /// State shared by the publisher, the replay server and the fault endpoint.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EventLog {
     /// `(seq, payload)` of the most recent batches.
     buffer: Mutex<VecDeque<(u64, Bytes)>>,
     next_seq: AtomicU64,
     /// Batches still to be dropped on the PUB socket (they stay in the replay buffer).
     pub drop_remaining: AtomicU64,
+    /// The shape batches are published in (default: as vLLM with one full-attention group;
+    /// `KVROUTE_SIM_EVENT_SHAPE` sets it for every worker of the process).
+    shape: Mutex<EventShape>,
+}
+
+impl Default for EventLog {
+    fn default() -> EventLog {
+        EventLog {
+            buffer: Mutex::default(),
+            next_seq: AtomicU64::new(0),
+            drop_remaining: AtomicU64::new(0),
+            shape: Mutex::new(EventShape::from_env()),
+        }
+    }
 }
 
 impl EventLog {
     pub fn next_seq(&self) -> u64 {
         self.next_seq.load(Ordering::SeqCst)
+    }
+
+    /// Publishes the following batches in `shape`.
+    pub fn set_shape(&self, shape: EventShape) {
+        *self.shape.lock().unwrap_or_else(|e| e.into_inner()) = shape;
+    }
+
+    pub fn shape(&self) -> EventShape {
+        self.shape.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn replay_from(&self, start: u64) -> Vec<(u64, Bytes)> {
@@ -210,8 +447,23 @@ pub async fn run_publisher(
     log: Arc<EventLog>,
     mut batches: mpsc::UnboundedReceiver<(f64, Vec<KvEvent>)>,
 ) {
+    // The engine's block size, from its stores: pages are cut from it.
+    let mut block_size = 0;
     while let Some((ts, events)) = batches.recv().await {
-        let payload = Bytes::from(encode_batch(ts, &events, Some(0), cfg.encoding));
+        for e in &events {
+            if let KvEvent::BlockStored { block_size: b, .. } = e {
+                block_size = *b;
+            }
+        }
+        let shape = log.shape();
+        let payload = Bytes::from(encode_batch_shaped(
+            ts,
+            &events,
+            Some(0),
+            cfg.encoding,
+            &shape,
+            block_size,
+        ));
         let seq = log.next_seq.fetch_add(1, Ordering::SeqCst);
         {
             let mut buf = log.buffer.lock().unwrap_or_else(|e| e.into_inner());

@@ -7,9 +7,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvroute_core::model::ModelBundle;
-use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape, END_SEQ};
+use kvroute_sim::events::{
+    encode_batch, encode_batch_shaped, EventConfig, EventEncoding, EventShape, KvEvent, ReplyShape,
+    END_SEQ,
+};
 use kvroute_sim::profile::Profile;
 use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
+use rmpv::Value as Msgpack;
 use serde_json::{json, Value};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -203,4 +207,99 @@ async fn a_misconfigured_template_shows_on_tokenize() {
     w.start().await.unwrap();
     let after = tokenize(p.http).await;
     assert_ne!(before, after);
+}
+
+// The engines' event shapes (vLLM 0.33's groups, offloading placeholders, duplicate stores;
+// SGLang's pages and EAGLE pairs), as the simulator publishes them on request.
+
+fn stored() -> KvEvent {
+    KvEvent::BlockStored {
+        block_hashes: vec![7],
+        parent_block_hash: None,
+        token_ids: vec![1, 2, 3, 4],
+        block_size: 4,
+        medium: "GPU",
+        lora_name: None,
+        salt: None,
+    }
+}
+
+fn decoded(shape: &str, events: &[KvEvent], block_size: usize) -> Vec<Msgpack> {
+    let shape = EventShape::parse(shape).unwrap();
+    let b = encode_batch_shaped(1.0, events, None, EventEncoding::Map, &shape, block_size);
+    let v = rmpv::decode::read_value(&mut &b[..]).unwrap();
+    v.as_array().unwrap()[1].as_array().unwrap().clone()
+}
+
+/// (type, group_idx, kv_cache_spec_kind, medium) of one event.
+type Tagged<'a> = (&'a str, Option<u64>, Option<&'a str>, Option<&'a str>);
+
+fn field<'a>(e: &'a Msgpack, k: &str) -> Option<&'a Msgpack> {
+    e.as_map().unwrap().iter().find(|(n, _)| n.as_str() == Some(k)).map(|(_, v)| v)
+}
+
+#[test]
+fn the_default_shape_publishes_as_before() {
+    let events = [stored(), KvEvent::AllBlocksCleared];
+    let plain = encode_batch(1.5, &events, Some(0), EventEncoding::Array);
+    let shape = EventShape::parse("").unwrap();
+    assert_eq!(encode_batch_shaped(1.5, &events, Some(0), EventEncoding::Array, &shape, 4), plain);
+    assert!(EventShape::parse("pages=3").is_err());
+}
+
+#[test]
+fn vllm_shapes_groups_placeholders_and_repeats() {
+    let removed = KvEvent::BlockRemoved { block_hashes: vec![7], medium: "GPU" };
+    let events = [stored(), removed, KvEvent::AllBlocksCleared];
+    let got = decoded("groups=full_attention,sliding_window;offload;repeat", &events, 4);
+    // Per group: the store twice, then its placeholder; the removal twice per group;
+    // one reset.
+    let tags: Vec<Tagged<'_>> = got
+        .iter()
+        .map(|e| {
+            (
+                field(e, "type").and_then(Msgpack::as_str).unwrap(),
+                field(e, "group_idx").and_then(Msgpack::as_u64),
+                field(e, "kv_cache_spec_kind").and_then(Msgpack::as_str),
+                field(e, "medium").and_then(Msgpack::as_str),
+            )
+        })
+        .collect();
+    let s = |g, k| ("BlockStored", Some(g), Some(k), Some("GPU"));
+    let p = |g| ("BlockStored", Some(g), None, Some("CPU"));
+    let r = |g| ("BlockRemoved", Some(g), None, Some("GPU"));
+    assert_eq!(
+        tags,
+        vec![
+            s(0, "full_attention"),
+            s(0, "full_attention"),
+            p(0),
+            s(1, "sliding_window"),
+            s(1, "sliding_window"),
+            p(1),
+            r(0),
+            r(0),
+            r(1),
+            r(1),
+            ("AllBlocksCleared", None, None, None),
+        ]
+    );
+    let placeholder = &got[2];
+    assert_eq!(field(placeholder, "block_size").and_then(Msgpack::as_u64), Some(0));
+    assert_eq!(field(placeholder, "token_ids").and_then(Msgpack::as_array).map(Vec::len), Some(0));
+}
+
+#[test]
+fn sglang_shapes_pages_and_pairs() {
+    let removed = KvEvent::BlockRemoved { block_hashes: vec![7], medium: "GPU" };
+    let got = decoded("page=1;pairs", &[stored(), removed], 4);
+    let hashes = |e: &Msgpack| field(e, "block_hashes").unwrap().as_array().unwrap().clone();
+    let stored_hashes = hashes(&got[0]);
+    assert_eq!(stored_hashes.len(), 4);
+    assert_eq!(stored_hashes[3], Msgpack::from(7u64), "the last page keeps the block's hash");
+    assert_eq!(hashes(&got[1]), stored_hashes, "a removal names every page");
+    assert_eq!(field(&got[0], "block_size").and_then(Msgpack::as_u64), Some(1));
+    let pairs = field(&got[0], "token_ids").unwrap().as_array().unwrap();
+    let pair = |a: u64, b: u64| Msgpack::Array(vec![a.into(), b.into()]);
+    assert_eq!(pairs, &vec![pair(1, 2), pair(2, 3), pair(3, 4), pair(4, 4)]);
 }
