@@ -286,8 +286,9 @@ impl WorkerKnowledge {
             self.stats.no_credit_group_stores += 1;
             return true;
         }
-        if s.block_size == 0 && s.token_ids.is_empty() {
-            // vLLM's offloading placeholder: only the engine hash.
+        if s.token_ids.is_empty() {
+            // vLLM's offloading placeholder (`block_size` 0), or a connector's store without
+            // tokens (Mooncake's): only the engine hash.
             for k in &s.hashes {
                 match self.index.known(*k, group) {
                     Some((end, blocks)) => {
