@@ -1,6 +1,8 @@
 //! Decoding engines' KV-event batches (vLLM, SGLang, TensorRT-LLM share the format): msgpack
 //! `[ts, [event...], rank]` with events as positional arrays or maps with `"type"`. Untrusted
-//! bytes: the decoder returns an error, never panics (fuzz target `event_decode`).
+//! bytes: the decoder returns an error, never panics (fuzz target `event_decode`). A batch that
+//! decodes is taken event by event: an unreadable event becomes [`EngineEvent::Bad`] and the
+//! rest of the batch still applies.
 
 use rmpv::Value;
 use thiserror::Error;

@@ -12,7 +12,13 @@
 //! - vLLM KV cache groups: only full-attention kinds (`full_attention`, `mla_attention`,
 //!   `sink_full_attention`, or no kind announced) give prefix credit. Sliding-window,
 //!   chunked-local, Mamba and other groups give none (a window only keeps the tail, so the
-//!   honest simple choice is no credit at all); their events are counted, not indexed.
+//!   honest simple choice is no credit at all); their events are counted, not indexed. The
+//!   full-attention credit is not capped by what those groups still hold, although the
+//!   engine's hit needs them too: hybrid models can be over-credited.
+//! - `extra_key` (SGLang): in the default event format a namespaced node publishes the same
+//!   hashes and fields as a plain one, so the updater cannot keep them apart; counting each
+//!   store keeps one copy's eviction from dropping the other, but a plain request can still
+//!   be credited with blocks only that namespace hits.
 //! - vLLM's offloading placeholders (`token_ids=[]`, `block_size=0`) are matched by engine
 //!   hash to a block already known, whose blocks the lower tier then holds too; unmatched
 //!   ones are counted and ignored. (A chunk of several blocks is credited with the blocks of

@@ -96,3 +96,79 @@ fn a_group_can_be_forgotten_alone() {
     assert!(ix.blocks(Tier::Cpu).is_empty());
     assert!(ix.chain_end(2).is_none());
 }
+
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Store(u64, usize, u32),
+        Remove(u64, usize, u32),
+        ClearTier(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..6u64, 0..3usize, 0..2u32).prop_map(|(k, t, g)| Op::Store(k, t, g)),
+            4 => (0..6u64, 0..3usize, 0..2u32).prop_map(|(k, t, g)| Op::Remove(k, t, g)),
+            1 => (0..3usize).prop_map(Op::ClearTier),
+        ]
+    }
+
+    /// Engine hash `k` names canonical blocks `k / 2` (two hashes share one block, as
+    /// lookahead variants do) and, for odd hashes, also `100 + k` (a page of two blocks).
+    fn blocks_of(k: u64) -> Vec<u64> {
+        if k % 2 == 1 {
+            vec![k / 2, 100 + k]
+        } else {
+            vec![k / 2]
+        }
+    }
+
+    proptest! {
+        /// Against a plain count per (hash, tier, group): a tier holds exactly the blocks of
+        /// the holds whose stores outnumber their removals since the tier's last reset.
+        #[test]
+        fn holds_are_counted_like_a_plain_model(ops in proptest::collection::vec(op(), 0..60)) {
+            let (mut ix, mut caps) = (index(1000, 1000), CapsHit::default());
+            let mut refs: BTreeMap<(u64, usize, u32), u32> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Store(k, t, g) => {
+                        let b = blocks_of(k);
+                        ix.store(k, TIERS[t], g, end(k), b.into_boxed_slice(), &mut caps);
+                        *refs.entry((k, t, g)).or_insert(0) += 1;
+                    }
+                    Op::Remove(k, t, g) => {
+                        let known = refs.get(&(k, t, g)).copied().unwrap_or(0) > 0;
+                        prop_assert_eq!(ix.remove(k, TIERS[t], g), known);
+                        if known {
+                            *refs.entry((k, t, g)).or_insert(0) -= 1;
+                        }
+                    }
+                    Op::ClearTier(t) => {
+                        ix.clear_tier(TIERS[t]);
+                        refs.retain(|(_, tt, _), _| *tt != t);
+                    }
+                }
+                refs.retain(|_, n| *n > 0);
+                for (t, tier) in TIERS.iter().enumerate() {
+                    let want: BTreeSet<u64> = refs
+                        .keys()
+                        .filter(|(_, tt, _)| *tt == t)
+                        .flat_map(|(k, _, _)| blocks_of(*k))
+                        .collect();
+                    let got: BTreeSet<u64> = ix.blocks(*tier).into_iter().collect();
+                    prop_assert_eq!(got, want);
+                }
+                for k in 0..6u64 {
+                    let held = refs.keys().any(|(kk, _, _)| *kk == k);
+                    prop_assert_eq!(ix.chain_end(k).is_some(), held);
+                }
+                prop_assert_eq!(ix.engine_keys(), refs.len());
+            }
+        }
+    }
+}
