@@ -12,7 +12,7 @@ use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::delta::Delta;
 use kvroute_core::journal::JournalEntry;
 use kvroute_core::model::ModelBundle;
-use kvroute_core::request::{parse, Endpoint};
+use kvroute_core::request::{parse, pyjson, Endpoint};
 use kvroute_core::shared::knowledge::Head;
 use kvroute_core::shared::load::{decode_registry, encode_registry, ShardData};
 use kvroute_core::snapshot::Snapshot;
@@ -78,11 +78,26 @@ pub fn request_parse(data: &[u8]) {
     // Loading the demo bundle costs far more than one input; it is the same every time.
     static BUNDLE: OnceLock<Option<ModelBundle>> = OnceLock::new();
     let bundle = BUNDLE.get_or_init(|| ModelBundle::demo().ok());
-    // A completions body is read in one pass with its token ids straight into u32s: it must
-    // parse exactly as the general path (the whole body as one JSON value) does.
-    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
-        let general = kvroute_core::request::parse_value(Endpoint::Completions, &value);
-        assert_eq!(parse(Endpoint::Completions, data), general);
+    // Bodies are read as Python's json reads them (`request::pyjson`), with an explicit stack.
+    let python = pyjson::from_body(data);
+    if let Ok(p) = &python {
+        // A completions body is read in one pass with its token ids straight into u32s: it
+        // must parse exactly as the general path (the whole body as one JSON value) does.
+        if !p.truncated {
+            let general = kvroute_core::request::parse_value(Endpoint::Completions, &p.value);
+            assert_eq!(parse(Endpoint::Completions, data), general);
+        }
+        // What it keeps prints back (serde_json) as JSON it reads again the same way.
+        if let Ok(text) = serde_json::to_vec(&p.value) {
+            assert_eq!(pyjson::from_body(&text).map(|q| q.value), Ok(p.value.clone()));
+        }
+    }
+    // Where a strict parser reads the body too and it holds no float (floats are where Python
+    // may differ: -0, integers beyond 64 bits), both read the same value.
+    if let Ok(strict) = serde_json::from_slice::<serde_json::Value>(data) {
+        if !has_float(&strict) {
+            assert_eq!(python.map(|p| p.value), Ok(strict));
+        }
     }
     for ep in [Endpoint::Chat, Endpoint::Completions, Endpoint::Messages, Endpoint::Responses] {
         if let (Ok(req), Some(b)) = (parse(ep, data), bundle.as_ref()) {
@@ -90,6 +105,20 @@ pub fn request_parse(data: &[u8]) {
             let _ = b.routing_tokens(&req.prompt);
         }
     }
+}
+
+/// Whether `v` holds a float anywhere.
+fn has_float(v: &serde_json::Value) -> bool {
+    let mut todo = vec![v];
+    while let Some(v) = todo.pop() {
+        match v {
+            serde_json::Value::Number(n) if n.is_f64() => return true,
+            serde_json::Value::Array(items) => todo.extend(items),
+            serde_json::Value::Object(m) => todo.extend(m.values()),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Shared-data journal entries: the decoder never panics, and an accepted entry round-trips.

@@ -140,6 +140,22 @@ fn request_parse() -> Seeds {
         parse(Endpoint::Completions, body).unwrap();
     }
     parse(Endpoint::Chat, &unicode).unwrap();
+    let python_numbers = br#"{"model":"demo","messages":[{"role":"user","content":"Tune."},
+        {"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":
+        {"name":"tune","arguments":"{\"x\": NaN, \"y\": -0, \"z\": 1e400}"}},{"id":"c2",
+        "type":"function","function":{"name":"tune","arguments":"[Infinity]"}}]}],
+        "tools":[{"type":"function","function":{"name":"tune","parameters":{"type":"object",
+        "properties":{"x":{"minimum":-Infinity,"maximum":123456789012345678901234567890123456789012,
+        "default":-0.0,"examples":[NaN,-0,1E5,2.5e-3,-1e400]}}}}}],"temperature":NaN}"#
+        .to_vec();
+    parse(Endpoint::Chat, &python_numbers).unwrap();
+    let deep_tool = format!(
+        r#"{{"model":"demo","messages":[{{"role":"user","content":"x"}}],"tools":[{{"type":"function","function":{{"name":"f","parameters":{}1{}}}}}]}}"#,
+        r#"{"a":["#.repeat(200),
+        "]}".repeat(200)
+    )
+    .into_bytes();
+    parse(Endpoint::Chat, &deep_tool).unwrap();
     let mut not_utf8 = br#"{"model":"demo","messages":[{"role":"user","content":"caf"#.to_vec();
     not_utf8.extend_from_slice(b"\xc3\x28 \xff\xfe");
     not_utf8.extend_from_slice(br#""}]}"#);
@@ -167,6 +183,13 @@ fn request_parse() -> Seeds {
         ("truncated.json", truncated(&chat)),
         ("deep-nesting.json", deep_json(r#"{"model":"demo","messages":"#, 600)),
         ("not-utf8.json", not_utf8),
+        // Read as Python's json reads them (`request::pyjson`): numbers a strict parser reads
+        // differently or refuses, a BOM, nesting deeper than serde_json reads (past what is
+        // kept: `deep-nesting.json`).
+        ("python-numbers.json", python_numbers),
+        ("python-bom.json", [&b"\xef\xbb\xbf"[..], &chat].concat()),
+        ("python-deep-tool-schema.json", deep_tool),
+        ("completions-python-ids.json", br#"{"model":"m","prompt":[-0,1,123456789012345678901],"max_tokens":-0}"#.to_vec()),
     ]
 }
 

@@ -570,6 +570,43 @@ mod tests {
         assert_eq!(super::from_str(&"[".repeat(1_000_000)), Err(PyJsonError::TooDeep));
     }
 
+    fn has_float(v: &Value) -> bool {
+        match v {
+            Value::Number(n) => n.is_f64(),
+            Value::Array(items) => items.iter().any(has_float),
+            Value::Object(m) => m.values().any(has_float),
+            _ => false,
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text of JSON-ish pieces: never a panic; what serde_json reads without floats
+        /// reads the same; what is kept prints back (serde_json) to the same value.
+        #[test]
+        fn any_text_parses_or_fails_cleanly(pieces in proptest::collection::vec(proptest::prop_oneof![
+            proptest::strategy::Just("{"), proptest::strategy::Just("}"), proptest::strategy::Just("["),
+            proptest::strategy::Just("]"), proptest::strategy::Just(","), proptest::strategy::Just(":"),
+            proptest::strategy::Just("\"a\""), proptest::strategy::Just("\"\\u00e9\\ud83d\\ude00\""),
+            proptest::strategy::Just("-0"), proptest::strategy::Just("1e400"), proptest::strategy::Just("NaN"),
+            proptest::strategy::Just("-Infinity"), proptest::strategy::Just("12345678901234567890123"),
+            proptest::strategy::Just("0.5"), proptest::strategy::Just("7"), proptest::strategy::Just("null"),
+            proptest::strategy::Just(" "), proptest::strategy::Just("\u{feff}"), proptest::strategy::Just("1."),
+            proptest::strategy::Just("\"\\"), proptest::strategy::Just("tru"), proptest::strategy::Just("e5"),
+        ], 0..40)) {
+            let text: String = pieces.concat();
+            let python = super::from_str(&text);
+            if let Ok(strict) = serde_json::from_str::<Value>(&text) {
+                if !has_float(&strict) {
+                    proptest::prop_assert_eq!(python.clone().map(|p| p.value), Ok(strict));
+                }
+            }
+            if let Ok(p) = python {
+                let again = serde_json::to_string(&p.value).unwrap();
+                proptest::prop_assert_eq!(super::from_str(&again).map(|q| q.value), Ok(p.value));
+            }
+        }
+    }
+
     #[test]
     fn floats_keep_their_value() {
         let v = from_str("[1.0, 1e16, 0.1, 5e-324, 1.7976931348623157e308]").unwrap();
