@@ -83,6 +83,27 @@ def loopback_bind(port):
     return f"tcp://[::ffff:127.0.0.1]:{port}"
 
 
+def wait_free(ports, timeout=10.0):
+    """Waits until every port can be bound on 127.0.0.1 again (as ZMQ binds: SO_REUSEADDR),
+    e.g. after a publisher's shutdown closed its sockets."""
+    import socket
+
+    deadline = time.time() + timeout
+    for port in ports:
+        while True:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.05)
+            finally:
+                s.close()
+
+
 def ready():
     print("READY", flush=True)
 

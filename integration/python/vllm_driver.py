@@ -308,11 +308,22 @@ def main():
     kve, kcu, hash_fn = load(a.engines)
 
     def new_publisher():
-        return kve.ZmqEventPublisher(
-            data_parallel_rank=0,
-            endpoint=S.loopback_bind(a.events),
-            replay_endpoint=f"tcp://127.0.0.1:{a.replay}",
-        )
+        # After a shutdown ZMQ releases the ports asynchronously: a restarted engine binds
+        # them again once they are free.
+        S.wait_free([a.events, a.replay])
+        deadline = time.time() + 10
+        while True:
+            try:
+                return kve.ZmqEventPublisher(
+                    data_parallel_rank=0,
+                    endpoint=S.loopback_bind(a.events),
+                    replay_endpoint=f"tcp://127.0.0.1:{a.replay}",
+                )
+            except Exception as e:  # zmq.ZMQError: address in use
+                if time.time() > deadline:
+                    raise
+                print(f"binding again: {e}", file=sys.stderr)
+                time.sleep(0.2)
 
     pub = new_publisher()
     if a.scenario == "replay":

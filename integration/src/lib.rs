@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod dashboard;
+pub mod engines;
 pub mod envoy;
 pub mod help;
 pub mod paths;
