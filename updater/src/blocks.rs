@@ -55,7 +55,30 @@ pub struct ChainEnd {
 struct Hold {
     refs: u32,
     /// The canonical blocks this engine block completes.
-    blocks: Box<[u64]>,
+    blocks: Named,
+}
+
+/// Canonical blocks, the common single one inline (no allocation per hold).
+#[derive(Debug)]
+enum Named {
+    One(u64),
+    Many(Box<[u64]>),
+}
+
+impl Named {
+    fn of(blocks: &[u64]) -> Named {
+        match blocks {
+            [one] => Named::One(*one),
+            many => Named::Many(many.into()),
+        }
+    }
+
+    fn as_slice(&self) -> &[u64] {
+        match self {
+            Named::One(c) => std::slice::from_ref(c),
+            Named::Many(b) => b,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -88,8 +111,28 @@ impl TierIndex {
 #[derive(Debug)]
 struct Chain {
     end: ChainEnd,
-    /// The (tier slot, group) holds of this engine hash.
-    at: Vec<(usize, u32)>,
+    /// The (tier slot, group) holds of this engine hash: the first inline, usually the only.
+    first: (usize, u32),
+    more: Vec<(usize, u32)>,
+}
+
+impl Chain {
+    fn at(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        std::iter::once(self.first).chain(self.more.iter().copied())
+    }
+
+    /// Forgets hold `a`; true when none is left.
+    fn unlink(&mut self, a: (usize, u32)) -> bool {
+        if self.first == a {
+            match self.more.pop() {
+                Some(next) => self.first = next,
+                None => return true,
+            }
+        } else {
+            self.more.retain(|&m| m != a);
+        }
+        false
+    }
 }
 
 /// A worker's blocks on every tier, within [`BlockLimits`].
@@ -159,17 +202,14 @@ impl BlockIndex {
     }
 
     fn unlink(&mut self, key: EngineKey, s: usize, group: u32) {
-        if let Some(c) = self.chains.get_mut(&key) {
-            c.at.retain(|&a| a != (s, group));
-            if c.at.is_empty() {
-                self.chains.remove(&key);
-            }
+        if self.chains.get_mut(&key).is_some_and(|c| c.unlink((s, group))) {
+            self.chains.remove(&key);
         }
     }
 
     fn drop_hold(&mut self, key: EngineKey, s: usize, group: u32) {
         if let Some(h) = self.tiers[s].holds.remove(&(key, group)) {
-            self.tiers[s].release(&h.blocks);
+            self.tiers[s].release(h.blocks.as_slice());
             self.unlink(key, s, group);
         }
     }
@@ -177,7 +217,7 @@ impl BlockIndex {
     fn evict_oldest(&mut self, s: usize) -> bool {
         match self.tiers[s].holds.pop_front() {
             Some(((key, group), h)) => {
-                self.tiers[s].release(&h.blocks);
+                self.tiers[s].release(h.blocks.as_slice());
                 self.unlink(key, s, group);
                 true
             }
@@ -189,7 +229,7 @@ impl BlockIndex {
     /// refreshed (it was just used).
     pub fn chain_end(&mut self, key: EngineKey) -> Option<ChainEnd> {
         let c = self.chains.get(&key)?;
-        for &(s, g) in &c.at {
+        for (s, g) in c.at() {
             self.tiers[s].holds.to_back(&(key, g));
         }
         Some(c.end.clone())
@@ -197,11 +237,11 @@ impl BlockIndex {
 
     /// What a hold of `key` names, preferring one of `group`: the chain end and the canonical
     /// blocks (for a store that carries only the engine hash).
-    pub fn known(&self, key: EngineKey, group: u32) -> Option<(ChainEnd, Box<[u64]>)> {
+    pub fn known(&self, key: EngineKey, group: u32) -> Option<(ChainEnd, Vec<u64>)> {
         let c = self.chains.get(&key)?;
-        let &(s, g) = c.at.iter().find(|(_, g)| *g == group).or_else(|| c.at.first())?;
+        let (s, g) = c.at().find(|(_, g)| *g == group).unwrap_or(c.first);
         let h = self.tiers[s].holds.get(&(key, g))?;
-        Some((c.end.clone(), h.blocks.clone()))
+        Some((c.end.clone(), h.blocks.as_slice().to_vec()))
     }
 
     /// One more store of engine block `key` on `tier` in `group`, ending the chain at `end`
@@ -214,7 +254,7 @@ impl BlockIndex {
         tier: Tier,
         group: u32,
         end: ChainEnd,
-        blocks: Box<[u64]>,
+        blocks: &[u64],
         caps: &mut CapsHit,
     ) {
         let s = slot(tier);
@@ -240,9 +280,15 @@ impl BlockIndex {
                 caps.hit(Cap::BlocksPerTier);
             }
         }
-        self.tiers[s].add(&blocks);
+        self.tiers[s].add(blocks);
+        let blocks = Named::of(blocks);
         self.tiers[s].holds.insert((key, group), Hold { refs: 1, blocks });
-        self.chains.entry(key).or_insert_with(|| Chain { end, at: Vec::new() }).at.push((s, group));
+        match self.chains.get_mut(&key) {
+            Some(c) => c.more.push((s, group)),
+            None => {
+                self.chains.insert(key, Chain { end, first: (s, group), more: Vec::new() });
+            }
+        }
     }
 
     /// One removal of `key` on `tier` in `group`; false if no such hold was known.

@@ -299,7 +299,8 @@ impl WorkerKnowledge {
                 match self.index.known(*k, group) {
                     Some((end, blocks)) => {
                         self.stats.offload_stores_matched += 1;
-                        self.index.store(*k, tier, group, end, blocks, &mut self.stats.caps_hit);
+                        let caps = &mut self.stats.caps_hit;
+                        self.index.store(*k, tier, group, end, &blocks, caps);
                     }
                     None => self.stats.offload_stores_unmatched += 1,
                 }
@@ -346,12 +347,12 @@ impl WorkerKnowledge {
                 }
                 pending.drain(..pending.len() - pending.len() % block);
                 let end = ChainEnd { canonical, pending: pending.clone().into_boxed_slice() };
-                (*k, end, blocks.into_boxed_slice())
+                (*k, end, blocks)
             })
             .collect();
         // Tail first, so that under a cap a prefix's head outlives its tail (see `blocks`).
         for (k, end, blocks) in chain.into_iter().rev() {
-            self.index.store(k, tier, group, end, blocks, &mut self.stats.caps_hit);
+            self.index.store(k, tier, group, end, &blocks, &mut self.stats.caps_hit);
         }
         true
     }

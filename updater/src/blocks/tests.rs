@@ -9,7 +9,7 @@ fn end(c: u64) -> ChainEnd {
 }
 
 fn put(ix: &mut BlockIndex, key: u64, tier: Tier, group: u32, c: u64, caps: &mut CapsHit) {
-    ix.store(key, tier, group, end(c), Box::new([c]), caps);
+    ix.store(key, tier, group, end(c), &[c], caps);
 }
 
 #[test]
@@ -76,11 +76,11 @@ fn stores_and_removals_are_counted_per_hash_tier_and_group() {
 #[test]
 fn a_hold_may_name_several_blocks_or_none() {
     let (mut ix, mut caps) = (index(10, 10), CapsHit::default());
-    ix.store(1, Tier::Gpu, 0, end(3), Box::new([2, 3]), &mut caps);
+    ix.store(1, Tier::Gpu, 0, end(3), &[2, 3], &mut caps);
     let partial = ChainEnd { canonical: 3, pending: Box::new([9, 9]) };
-    ix.store(2, Tier::Gpu, 0, partial.clone(), Box::new([]), &mut caps);
+    ix.store(2, Tier::Gpu, 0, partial.clone(), &[], &mut caps);
     assert_eq!(ix.blocks(Tier::Gpu), vec![2, 3]);
-    assert_eq!(ix.known(2, 5), Some((partial, Box::from([]))));
+    assert_eq!(ix.known(2, 5), Some((partial, vec![])));
     ix.clear_tier(Tier::Gpu);
     assert!(ix.is_empty() && ix.chain_end(1).is_none());
 }
@@ -138,7 +138,7 @@ mod model {
                 match op {
                     Op::Store(k, t, g) => {
                         let b = blocks_of(k);
-                        ix.store(k, TIERS[t], g, end(k), b.into_boxed_slice(), &mut caps);
+                        ix.store(k, TIERS[t], g, end(k), &b, &mut caps);
                         *refs.entry((k, t, g)).or_insert(0) += 1;
                     }
                     Op::Remove(k, t, g) => {
