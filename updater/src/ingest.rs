@@ -32,7 +32,9 @@
 //!   documents are counted and ignored, never taken as the worker's own GPU.
 //! - `AllBlocksCleared` clears the GPU tier (vLLM keeps its offloaded CPU tier); SGLang's
 //!   flush also clears its HiCache host tier ("CPU_PINNED"), which is cleared when that tier
-//!   was seen; a medium named in the event clears that tier.
+//!   was seen; a medium named in the event clears that tier. (vLLM's reset with
+//!   `reset_connector` also empties the offloading tier without a single event: those CPU
+//!   blocks stay known until the caps forget them.)
 
 use std::collections::BTreeMap;
 
