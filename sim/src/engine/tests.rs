@@ -432,6 +432,7 @@ async fn a_cached_prefix_lowers_the_answer() {
         lora: None,
         max_tokens: 1,
         seed: 1,
+        stop: Default::default(),
         events: tx,
     });
     while rx.recv().await.is_some() {}
@@ -488,6 +489,7 @@ async fn the_what_if_predicts_the_real_ttft() {
                 lora: lora(&mut rng),
                 max_tokens: rng.random_range(1..200),
                 seed: rng.random(),
+                stop: Default::default(),
                 events: tx,
             };
             e.submit(s);
@@ -508,7 +510,15 @@ async fn the_what_if_predicts_the_real_ttft() {
         };
         assert!(e.command(Command::WhatIf(q)));
         let (tx, mut rx) = mpsc::unbounded_channel();
-        e.submit(Submit { tokens: toks, salt: None, lora: l, max_tokens, seed: 7, events: tx });
+        e.submit(Submit {
+            tokens: toks,
+            salt: None,
+            lora: l,
+            max_tokens,
+            seed: 7,
+            stop: Default::default(),
+            events: tx,
+        });
         let mut real = None;
         let mut cached = None;
         while let Some(ev) = rx.recv().await {
