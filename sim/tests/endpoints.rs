@@ -295,3 +295,27 @@ fn stop_rule_order_matches_vllm() {
     assert_eq!(eos.check(&[2]), Some(Finish::Stop(None)));
     assert_eq!(StopRule::default().check(&[1, 2, 3]), None);
 }
+
+#[tokio::test]
+async fn what_if_takes_responses_and_messages_requests() {
+    let (_w, port) = start().await;
+    let user = text(60, 9);
+    let chat = json!({"model": common::MODEL, "max_tokens": 1,
+        "messages": [{"role": "user", "content": user}]});
+    let (_, c) = post(port, "/v1/chat/completions", &chat).await;
+    let prompt = c["usage"]["prompt_tokens"].clone();
+    for (endpoint, request) in [
+        ("/v1/responses", json!({"model": common::MODEL, "input": user})),
+        (
+            "/v1/messages",
+            json!({"model": common::MODEL, "max_tokens": 1,
+            "messages": [{"role": "user", "content": user}]}),
+        ),
+    ] {
+        let (s, a) =
+            post(port, "/sim/what_if", &json!({"endpoint": endpoint, "request": request})).await;
+        assert_eq!(s, 200, "{endpoint}: {a}");
+        assert_eq!(a["prompt_tokens"], prompt, "{endpoint}: {a}");
+        assert!(a["cached_tokens"].as_u64().unwrap() > 0, "{endpoint}: {a}");
+    }
+}

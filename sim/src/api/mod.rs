@@ -544,8 +544,8 @@ struct WhatIfBody {
     request: Value,
 }
 
-/// `POST /sim/what_if` `{"endpoint": "/v1/chat/completions" | "/v1/completions", "request":
-/// <the body a client would send there>}`: renders and tokenizes the request as that endpoint
+/// `POST /sim/what_if` `{"endpoint": "/v1/chat/completions" | "/v1/completions" |
+/// "/v1/responses" | "/v1/messages", "request": <the body a client would send there>}`: renders and tokenizes the request as that endpoint
 /// does, without running it, and answers `{"ttft_ms", "cached_tokens", "prompt_tokens",
 /// "running", "waiting"}` (`ttft_ms` in engine time, not divided by `--speedup`). A request the
 /// endpoint would refuse gets the endpoint's error; a stopped engine, or no first token within
@@ -558,14 +558,13 @@ async fn what_if(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
             return error(ApiError::bad_request("invalid_json", None, msg));
         }
     };
-    let endpoint = match q.endpoint.as_str() {
-        "/v1/chat/completions" => Endpoint::Chat,
-        "/v1/completions" => Endpoint::Completions,
-        other => {
-            let msg =
-                format!("endpoint must be /v1/chat/completions or /v1/completions, not {other:?}");
-            return error(ApiError::bad_request("invalid_value", Some("endpoint"), msg));
-        }
+    let Some(endpoint) = Endpoint::from_path(q.endpoint.as_bytes()) else {
+        let msg = format!(
+            "endpoint must be /v1/chat/completions, /v1/completions, /v1/responses or \
+             /v1/messages, not {:?}",
+            q.endpoint
+        );
+        return error(ApiError::bad_request("invalid_value", Some("endpoint"), msg));
     };
     let raw = q.request.to_string();
     let p = match prepare(&w, endpoint, raw.as_bytes()) {
