@@ -15,6 +15,7 @@ pub mod paths;
 pub mod process;
 pub mod rawhttp;
 pub mod replicas;
+pub mod sglang_face;
 pub mod sim;
 pub mod stack;
 pub mod workload;

@@ -5,7 +5,14 @@
 //! it holds per tier must be the radix cache's, in kvroute's blocks. Skipped (with a message)
 //! when `./dev setup` has not unpacked the engine, except in CI.
 
+use std::time::Duration;
+
 use kvroute_integration::engines::{run, Scenario};
+use kvroute_integration::sglang_face::SglangFace;
+use kvroute_integration::sim::SimWorker;
+use kvroute_integration::stack::Updater;
+use kvroute_integration::{eventually, paths};
+use serde_json::Value;
 
 /// kvroute's block size for the model in these tests.
 const BLOCK: u32 = 16;
@@ -99,4 +106,73 @@ async fn dropped_batch_replayed() {
 #[tokio::test]
 async fn flush_cache() {
     scenario("flush", 16, true).await;
+}
+
+/// Starts the updater following an SGLang HTTP surface (`face`) and waits until its `/status`
+/// entry for the worker satisfies `done`; returns that entry. Needs no engine sources.
+async fn follow_face(tag: &str, face: SglangFace, done: impl Fn(&Value) -> bool) -> Value {
+    let dir = paths::scratch_dir(tag).unwrap();
+    let sim = SimWorker::start(0, &[], &dir).await.unwrap();
+    let addr = face.serve(sim.addr.clone()).await.unwrap();
+    let (events, replay) = (paths::free_port().unwrap(), paths::free_port().unwrap());
+    let endpoint = format!("{addr},tcp://127.0.0.1:{events},tcp://127.0.0.1:{replay}");
+    let extra = ["--scrape-interval-ms".to_string(), "200".to_string()];
+    let updater =
+        Updater::start_with_args(paths::free_port().unwrap(), None, &[endpoint], &extra, &dir)
+            .await
+            .unwrap();
+    let last = std::sync::Mutex::new(Value::Null);
+    let found =
+        eventually("the worker's announcements in /status", Duration::from_secs(30), || async {
+            let w = updater.status().await.ok()?["workers"][&addr].clone();
+            *last.lock().ok()? = w.clone();
+            done(&w).then_some(w)
+        })
+        .await;
+    match found {
+        Ok(w) => w,
+        Err(e) => panic!("{e}: last status {}; logs in {}", last.lock().unwrap(), dir.display()),
+    }
+}
+
+/// SGLang announces its events' width in /server_info (page size 16 x DCP size 4) and its
+/// load with a `priority=""` total plus per-priority samples, from every TP rank: the model's
+/// block size is 64 and the load is counted once.
+#[tokio::test]
+async fn sglang_announcements_block_size_and_load() {
+    let face = SglangFace {
+        page_size: 16,
+        dcp_size: 4,
+        builtin_template: false,
+        running: 6,
+        waiting: 4,
+        token_usage: 0.25,
+    };
+    let w = follow_face("sglang-face", face, |w| {
+        w["compatible"] == Value::Bool(true) && w["reported_load"].is_object()
+    })
+    .await;
+    assert_eq!(w["block_size"], 64, "{w}");
+    let load = &w["reported_load"];
+    assert_eq!((load["running"].as_f64(), load["waiting"].as_f64()), (Some(6.0), Some(4.0)), "{w}");
+    assert_eq!(load["kv_usage"].as_f64(), Some(0.25), "{w}");
+}
+
+/// A worker whose chat template is built in (not Jinja) answers /tokenize with 400: /status
+/// says so, not that the canary tokens differ.
+#[tokio::test]
+async fn sglang_non_jinja_template_is_named() {
+    let face = SglangFace {
+        page_size: 1,
+        dcp_size: 1,
+        builtin_template: true,
+        running: 0,
+        waiting: 0,
+        token_usage: 0.0,
+    };
+    let w = follow_face("sglang-face-jinja", face, |w| w["alignment"].is_string()).await;
+    let why = w["alignment"].as_str().unwrap_or_default();
+    assert!(why.contains("HTTP 400") && why.contains("Jinja"), "{w}");
+    assert!(!why.contains("canary tokens differ"), "{w}");
+    assert_eq!(w["compatible"], Value::Bool(false), "{w}");
 }

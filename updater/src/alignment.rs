@@ -1,9 +1,12 @@
 //! The config alignment check: does a worker serve what kvroute hashes for? Its base model
 //! (`/v1/models`, the entry without `parent`) must be a configured model; a canary chat is
 //! tokenized by the worker (`/tokenize`) and by that model's template + tokenizer; the block
-//! size it announces (`vllm:cache_config_info`) must be the model's (configured, or learned
-//! from the first compatible worker: see [`crate::state::State::apply_check`]). Any mismatch
-//! makes the worker cache-incompatible: no cache credit, load only.
+//! size it announces must be the model's (configured, or learned from the first compatible
+//! worker: see [`crate::state::State::apply_check`]). vLLM announces it in
+//! `vllm:cache_config_info`; SGLang as `kv_events.block_size` in `/server_info` (its page size
+//! times the decode-context-parallel size, the width its KV events use) and as
+//! `sglang:page_size` in `/metrics` (the page size alone). Any mismatch makes the worker
+//! cache-incompatible: no cache credit, load only.
 
 use std::time::Duration;
 
@@ -95,11 +98,67 @@ pub fn canary() -> Vec<Value> {
     ]
 }
 
-/// The block size in a `vllm:cache_config_info` line of a Prometheus scrape.
+/// The block size a Prometheus scrape announces: vLLM's `vllm:cache_config_info` label, else
+/// SGLang's `sglang:page_size` gauge (the page size alone: under decode context parallelism
+/// the events' width is larger, see [`sglang_block_size`]).
 pub fn announced_block_size(metrics: &str) -> Option<u32> {
+    vllm_block_size(metrics).or_else(|| sglang_page_size(metrics))
+}
+
+fn vllm_block_size(metrics: &str) -> Option<u32> {
     let line = metrics.lines().find(|l| l.starts_with("vllm:cache_config_info{"))?;
     let rest = line.split("block_size=\"").nth(1)?;
     rest.split('"').next()?.parse().ok()
+}
+
+/// `sglang:page_size` (a gauge, one sample per scheduler; all equal).
+pub fn sglang_page_size(metrics: &str) -> Option<u32> {
+    metrics.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let rest = l.strip_prefix("sglang:page_size")?;
+        let values = match rest.strip_prefix('{') {
+            Some(labelled) => labelled.rsplit_once('}')?.1,
+            None if rest.starts_with(' ') => rest,
+            None => return None,
+        };
+        let v: f64 = values.split_whitespace().next()?.parse().ok()?;
+        (v >= 1.0 && v.fract() == 0.0 && v <= f64::from(u32::MAX)).then_some(v as u32)
+    })
+}
+
+/// The block size SGLang's `/server_info` announces: `kv_events.block_size` (page size times
+/// the decode-context-parallel size, what its KV events and subscribers use), else
+/// `page_size` times `dcp_size` from its server arguments (when KV events are off,
+/// `kv_events` is null).
+pub fn sglang_block_size(server_info: &Value) -> Option<u32> {
+    let positive = |v: &Value| v.as_u64().filter(|n| *n > 0).and_then(|n| u32::try_from(n).ok());
+    if let Some(b) =
+        server_info.get("kv_events").and_then(|k| k.get("block_size")).and_then(positive)
+    {
+        return Some(b);
+    }
+    let page = server_info.get("page_size").and_then(positive)?;
+    let dcp = server_info.get("dcp_size").and_then(positive).unwrap_or(1);
+    page.checked_mul(dcp)
+}
+
+/// A `/tokenize` that refused the canary: what the worker said, in a verdict. SGLang answers
+/// 400 "add_generation_prompt is supported only with a Jinja chat template." when its chat
+/// template is a built-in one rather than Jinja.
+pub fn tokenize_refused(status: u16, body: &str) -> String {
+    let message = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            let m = v.get("message").or_else(|| v.get("error").and_then(|e| e.get("message")));
+            m.or(v.get("detail")).or(v.get("error")).and_then(Value::as_str).map(str::to_owned)
+        })
+        .unwrap_or_else(|| body.trim().to_owned());
+    let message: String = message.chars().take(200).collect();
+    let why = if message.to_ascii_lowercase().contains("jinja") {
+        "the worker's chat template is not a Jinja template, so its rendering cannot be compared"
+    } else {
+        "the worker would not tokenize the canary chat"
+    };
+    format!("/tokenize answered HTTP {status}: {why} ({message})")
 }
 
 /// How an over-long answer shows in a verdict.
@@ -176,11 +235,13 @@ async fn check_model(
     let base = format!("http://{worker}");
     let timeout = Duration::from_secs(3);
     let body = json!({"model": model, "messages": canary(), "add_generation_prompt": true});
-    let tok = capped_json(
-        http.post(format!("{base}/tokenize")).json(&body).timeout(timeout).send().await?,
-        max_body,
-    )
-    .await?;
+    let resp = http.post(format!("{base}/tokenize")).json(&body).timeout(timeout).send().await?;
+    let status = resp.status();
+    if matches!(status.as_u16(), 400 | 422) {
+        let text = capped_text(resp, max_body).await.unwrap_or_default();
+        return Ok((Verdict::Incompatible(tokenize_refused(status.as_u16(), &text)), None));
+    }
+    let tok = capped_json(resp, max_body).await?;
     let theirs: Vec<u64> = tok["tokens"]
         .as_array()
         .map(|a| a.iter().filter_map(Value::as_u64).collect())
@@ -205,7 +266,18 @@ async fn check_model(
     let metrics =
         capped_text(http.get(format!("{base}/metrics")).timeout(timeout).send().await?, max_body)
             .await?;
-    Ok((Verdict::Compatible, announced_block_size(&metrics)))
+    if let Some(b) = vllm_block_size(&metrics) {
+        return Ok((Verdict::Compatible, Some(b)));
+    }
+    // SGLang: /server_info has the events' width (page size x DCP size); /metrics the page
+    // size alone, used when /server_info does not answer.
+    let info = match http.get(format!("{base}/server_info")).timeout(timeout).send().await {
+        Ok(r) if r.status().is_success() => capped_json(r, max_body).await.ok(),
+        _ => None,
+    };
+    let announced =
+        info.as_ref().and_then(sglang_block_size).or_else(|| sglang_page_size(&metrics));
+    Ok((Verdict::Compatible, announced))
 }
 
 /// Counts the caps a reading of `/v1/models` hit.
@@ -271,6 +343,37 @@ mod tests {
         let m = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"32\",engine=\"0\"} 1.0\n";
         assert_eq!(announced_block_size(m), Some(32));
         assert_eq!(announced_block_size("nothing"), None);
+    }
+
+    /// SGLang 0.5.23: `sglang:page_size` (observability/metrics_collector.py) and
+    /// `/server_info`'s `kv_events.block_size` = page size x dcp size
+    /// (runtime_context.py `describe_kv_events_publisher`).
+    #[test]
+    fn reads_sglangs_page_size_and_server_info() {
+        let m = "# HELP sglang:page_size KV cache page size in tokens.\n# TYPE sglang:page_size gauge\nsglang:page_size{engine_type=\"unified\",model_name=\"m\",moe_ep_rank=\"0\",pp_rank=\"0\",tp_rank=\"0\"} 64.0\n";
+        assert_eq!(announced_block_size(m), Some(64));
+        assert_eq!(sglang_page_size("sglang:page_size 1.0\n"), Some(1));
+        assert_eq!(sglang_page_size("sglang:page_size_other 8\nsglang:page_size 0\n"), None);
+        let vllm_first = format!("vllm:cache_config_info{{block_size=\"16\"}} 1\n{m}");
+        assert_eq!(announced_block_size(&vllm_first), Some(16));
+        let info = json!({"page_size": 16, "dcp_size": 4, "kv_events": {"publisher": "zmq", "block_size": 64, "dp_size": 1}});
+        assert_eq!(sglang_block_size(&info), Some(64));
+        // Events off: kv_events is null; the page size times the DCP size.
+        let off = json!({"page_size": 16, "dcp_size": 2, "kv_events": null});
+        assert_eq!(sglang_block_size(&off), Some(32));
+        assert_eq!(sglang_block_size(&json!({"page_size": 1})), Some(1));
+        assert_eq!(sglang_block_size(&json!({"kv_events": {"block_size": 0}})), None);
+    }
+
+    /// SGLang's 400 for a built-in (non-Jinja) chat template is named as such.
+    #[test]
+    fn a_refused_canary_says_why() {
+        let body = r#"{"object":"error","message":"add_generation_prompt is supported only with a Jinja chat template.","type":"BadRequestError","param":null,"code":400}"#;
+        let v = tokenize_refused(400, body);
+        assert!(v.contains("HTTP 400") && v.contains("not a Jinja template"), "{v}");
+        assert!(!v.contains("canary tokens differ"));
+        let other = tokenize_refused(404, "Not Found");
+        assert!(other.contains("HTTP 404") && other.contains("Not Found"), "{other}");
     }
 
     #[test]
