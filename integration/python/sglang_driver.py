@@ -1,16 +1,21 @@
-"""Plays a named scenario through SGLang's own KV-event code of the pinned sglang 0.5.23 wheel,
-unmodified: the publisher (sglang/srt/disaggregation/kv_events.py: ZmqEventPublisher,
-BlockStored, BlockRemoved, AllBlocksCleared, KVEventBatch) and the radix cache's event recorder
-(sglang/srt/mem_cache/events.py: KVCacheEventRecorder, which turns radix-tree nodes into
-events exactly as RadixCache/HiRadixCache call it: record_store on insert, with
-medium=CPU_PINNED on host write-back, record_remove on eviction, record_all_cleared on reset).
+"""Plays a named scenario through SGLang's own KV-cache code of the pinned sglang 0.5.23 wheel,
+unmodified: its RadixCache (sglang/srt/mem_cache/radix_cache.py, built with its own
+`create_simulated`, driven by insert / evict / reset, EAGLE's bigram keys, extra_key
+namespaces), whose event recorder (mem_cache/events.py) makes the events, published by its
+ZmqEventPublisher (sglang/srt/disaggregation/kv_events.py) in KVEventBatch batches.
 For the conformance test integration/tests/engine_sglang.rs.
 
-Stand-ins, and why: RadixCache itself needs torch (tensor values, devices), so the tree here is
-a small one of plain nodes carrying what the recorder reads (key token ids, extra_key,
-cache_salt, bigram flag, parent, hash values), split the way RadixCache splits (a split node
-keeps the page hashes of its part). The page hash (a C++ extension in the wheel, not shipped as
-Python) is a SHA-256 page chain written here; consumers must not depend on its values.
+Stand-ins, and why:
+- torch: RadixCache keeps KV indices in tensors; a list-backed `Tensor` with the few operations
+  it uses (tensor, cat, empty, slicing, to) stands in, values are the token ids (RadixCache's
+  own fallback when no KV indices are given);
+- the page hash: a C++ extension in the wheel (not shipped as Python); a SHA-256 page chain
+  written here stands in (consumers must not depend on engine hash values);
+- metrics collector, allocator and memory-pool modules, runtime context, kernels: not used by
+  a simulated cache with events on; the allocator is a no-op object;
+- HiCache's host tier: HiRadixCache needs a cache controller and host memory pool; the
+  host write-back is played through the same recorder call HiRadixCache makes
+  (record_store(node, medium=StorageMedium.CPU)) on a node of the real RadixCache.
 
     sglang_driver.py --engines .cache/engines/sglang --events PORT --replay PORT
                      --scenario NAME --go FILE --expect FILE --page-size P --block-size K
@@ -30,192 +35,217 @@ sys.path.insert(0, HERE)
 import engine_stubs as S  # noqa: E402
 
 
-def page_hashes(key, prior_hex, page_size):
-    """Stand-in for SGLang's native page hash: SHA-256 over each page's token ids chained on
-    the previous page's digest; one hex string per page (as the recorder expects)."""
-    raw = key.token_ids if hasattr(key, "token_ids") else list(key)
+class Tensor:
+    """List-backed stand-in for the torch tensors RadixCache keeps its values in."""
+
+    def __init__(self, data):
+        self.data = list(data)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return Tensor(self.data[i]) if isinstance(i, slice) else self.data[i]
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def to(self, *a, **k):
+        return Tensor(self.data)
+
+    def clone(self):
+        return Tensor(self.data)
+
+    def tolist(self):
+        return list(self.data)
+
+    def numel(self):
+        return len(self.data)
+
+
+def native_hash(key, prior_digest, page_size):
+    """Stand-in for the wheel's native page hash (see the module doc): one hex digest per
+    page of `key` (a RadixKey, bigram pages include their boundary token), chained."""
+    raw = list(getattr(key, "token_ids", key))
     n = len(key)
-    out, prior = [], bytes.fromhex(prior_hex) if prior_hex else b""
+    bigram = getattr(key, "is_bigram", False)
+    out, prior = [], prior_digest or b""
     for start in range(0, n, page_size):
-        page = raw[start : min(start + page_size, n) + (1 if getattr(key, "is_bigram", False) else 0)]
-        h = hashlib.sha256(prior + b"".join(int(t).to_bytes(8, "little") for t in page))
+        page = raw[start : min(start + page_size, n) + (1 if bigram else 0)]
+        h = hashlib.sha256(prior + b"".join(int(t).to_bytes(8, "little", signed=True) for t in page))
         prior = h.digest()
         out.append(h.hexdigest())
     return out
 
 
-def int64_of_hex(h):
-    v = int(h[:16], 16)
-    return v - (1 << 64) if v >= (1 << 63) else v
+class Allocator:
+    """A simulated cache's allocator: frees nothing (there is no memory pool)."""
+
+    device = "cpu"
+
+    def free(self, *a, **k):
+        pass
+
+    def free_segment(self, *a, **k):
+        pass
 
 
 def load(root):
-    S.package(root, "sglang")
-    S.package(root, "sglang.srt")
-    S.package(root, "sglang.srt.disaggregation")
-    S.package(root, "sglang.srt.mem_cache")
-    # Parallel layout and address parsing: only for rank selection and advertising endpoints.
-    S.stub("sglang.srt.runtime_context", get_parallel=lambda: S.Anything())
-    S.package(root, "sglang.srt.utils")
-    S.stub("sglang.srt.utils.network")
-
-    def node_hashes(node, page_size):
-        parent = None
-        if node.parent is not None and node.parent.hash_value:
-            parent = node.parent.hash_value[-1]
-        return page_hashes(node.key, parent, page_size)
-
-    def event_hashes(node, page_size):
-        # Namespaced keys (extra_key, cache_salt) are hashed from their tokens alone in the
-        # default format: the same values as an unnamespaced chain.
-        if node.event_hash_value is None:
-            parent = node.parent.event_hash_value[-1] if node.parent and node.parent.event_hash_value else None
-            node.event_hash_value = page_hashes(node.key, parent, page_size)
-        return node.event_hash_value
+    import types
 
     S.stub(
-        "sglang.srt.mem_cache.utils",
-        compute_node_hash_values=node_hashes,
-        compute_node_event_hash_values=event_hashes,
-        hash_str_to_int64=int64_of_hex,
+        "torch",
+        Tensor=Tensor,
+        int64="int64",
+        int32="int32",
+        tensor=lambda d, **k: Tensor(d),
+        cat=lambda ts, **k: Tensor([x for t in ts for x in t]),
+        empty=lambda shape, **k: Tensor([0] * (shape[0] if isinstance(shape, tuple) else shape)),
+        device=lambda d: d,
+        iinfo=lambda dt: types.SimpleNamespace(max=2**63 - 1),
     )
+    for name in [
+        "sglang",
+        "sglang.srt",
+        "sglang.srt.disaggregation",
+        "sglang.srt.mem_cache",
+        "sglang.srt.mem_cache.cpp_utils",
+        "sglang.srt.utils",
+        "sglang.srt.observability",
+    ]:
+        S.package(root, name)
+    # Parallel layout, observability, address parsing: rank selection and metrics only.
+    S.stub(
+        "sglang.srt.runtime_context",
+        get_parallel=lambda: S.Anything(),
+        get_observability=lambda: S.Anything(),
+    )
+    S.stub("sglang.srt.utils.network")
+    S.stub("sglang.srt.utils.common", ceil_align=lambda x, a: (x + a - 1) // a * a)
+    S.stub("sglang.srt.observability.metrics_collector")
+    S.stub("sglang.srt.environ", envs=S.Anything())
+    for name in [
+        "sglang.srt.mem_cache.allocator",
+        "sglang.srt.mem_cache.memory_pool",
+        "sglang.srt.mem_cache.unified_cache",
+        "sglang.srt.mem_cache.unified_cache.component_type",
+        "sglang.kernels",
+        "sglang.kernels.ops",
+        "sglang.kernels.ops.kvcache",
+        "sglang.kernels.ops.kvcache.mla_buffer",
+    ]:
+        S.stub(name)
+    S.stub("sglang.srt.mem_cache.cpp_utils.native_hash", get_native_hash=native_hash)
     import sglang.srt.disaggregation.kv_events as kve
-    import sglang.srt.mem_cache.events as ev
+    import sglang.srt.mem_cache.base_prefix_cache as bpc
+    import sglang.srt.mem_cache.radix_cache as rc
 
-    return kve, ev
-
-
-class Key:
-    """What the recorder reads of a RadixKey."""
-
-    def __init__(self, tokens, extra_key=None, cache_salt=None, bigram=False):
-        self.token_ids = list(tokens)
-        self.extra_key, self.cache_salt, self.is_bigram = extra_key, cache_salt, bigram
-
-    def __len__(self):
-        # A bigram view over n+1 raw tokens has n logical entries.
-        return len(self.token_ids) - 1 if self.is_bigram else len(self.token_ids)
-
-
-class Node:
-    def __init__(self, key, parent):
-        self.key, self.parent = key, parent
-        self.hash_value = None
-        self.event_hash_value = None
-
-
-class Tree:
-    """The radix tree's shape as RadixCache builds it: insert below a node, split a node."""
-
-    def __init__(self, rec, page_size):
-        self.rec, self.page = rec, page_size
-        self.root = Node(Key([]), None)
-        self.root.hash_value = []
-        self.root.event_hash_value = []
-
-    def insert(self, parent, tokens, medium=None, **key):
-        n = Node(Key(tokens, **key), parent)
-        self.rec.record_store(n, medium=medium)
-        return n
-
-    def split(self, node, at):
-        """Splits `node` after `at` logical tokens (page aligned): the new parent keeps the
-        first pages' hashes (as RadixCache's _split_node does); no event."""
-        k = node.key
-        pages = at // self.page
-        head = Node(Key(k.token_ids[:at], k.extra_key, k.cache_salt, k.is_bigram), node.parent)
-        if k.is_bigram:
-            head.key.token_ids = k.token_ids[: at + 1]
-        for attr in ("hash_value", "event_hash_value"):
-            v = getattr(node, attr)
-            if v is not None:
-                setattr(head, attr, v[:pages])
-                setattr(node, attr, v[pages:])
-        node.key = Key(k.token_ids[at:], k.extra_key, k.cache_salt, k.is_bigram)
-        node.parent = head
-        return head
+    return kve, rc, bpc
 
 
 def toks(seed, n):
     return [(seed * 7919 + i * 31) % 50000 + 1 for i in range(n)]
 
 
-def flush(rec, kve, pub):
-    events = rec.take()
-    if events:
-        pub.publish(kve.KVEventBatch(ts=time.time(), events=events))
+class Engine:
+    """SGLang's radix cache with events on, and its publisher."""
+
+    def __init__(self, kve, rc, bpc, pub, page_size, eagle=False):
+        self.kve, self.rc, self.bpc, self.pub = kve, rc, bpc, pub
+        self.cache = rc.RadixCache.create_simulated(
+            mock_allocator=Allocator(), page_size=page_size, enable_kv_cache_events=True
+        )
+        self.cache.is_eagle = eagle
+        self.page = page_size
+
+    def key(self, tokens, **kw):
+        from array import array
+
+        return self.rc.RadixKey(array("q", tokens), **kw)
+
+    def insert(self, tokens, **kw):
+        r = self.cache.insert(self.bpc.InsertParams(key=self.key(tokens, **kw)))
+        time.sleep(0.01)  # distinct access times for the LRU
+        return r
+
+    def evict(self, n_tokens):
+        return self.cache.evict(self.bpc.EvictParams(num_tokens=n_tokens))
+
+    def flush(self):
+        """What the scheduler does each step: publish what the cache recorded."""
+        events = self.cache.kv_events.take()
+        if events:
+            self.pub.publish(self.kve.KVEventBatch(ts=time.time(), events=events))
 
 
-def sc_pages(t, rec, kve, pub, K):
-    P = t.page
-    a = toks(1, 4 * max(P, K))
-    na = t.insert(t.root, a)
-    flush(rec, kve, pub)
-    # A second request shares a's first pages: RadixCache splits a's node there and inserts
-    # the rest below the split.
-    share = 2 * max(P, K)
-    b = a[:share] + toks(2, 2 * max(P, K))
-    head = t.split(na, share)
-    t.insert(head, b[share:])
-    flush(rec, kve, pub)
-    # a's tail node is evicted.
-    rec.record_remove(na)
-    flush(rec, kve, pub)
-    return {"GPU": S.prefixes(a[:share], K) + S.prefixes(b, K)[share // K :]}
+def sc_pages(e, K):
+    unit = max(e.page, K)
+    a = toks(1, 4 * unit)
+    e.insert(a)
+    e.flush()
+    # A second request shares a's first half: the tree splits a's node there.
+    share = 2 * unit
+    b = a[:share] + toks(2, 2 * unit)
+    e.insert(b)
+    e.flush()
+    # Memory pressure: the least recently used leaf (a's tail) is evicted.
+    e.evict(2 * unit)
+    e.flush()
+    return {"GPU": S.prefixes(b, K), "gone": S.prefixes(a, K)[share // K :]}
 
 
-def sc_bigram(t, rec, kve, pub, K):
-    # EAGLE: the tree is keyed by token pairs (t_i, t_i+1) over n+1 raw tokens.
+def sc_bigram(e, K):
+    # EAGLE: the tree is keyed by token pairs (t_i, t_i+1) over the raw tokens.
     raw = toks(3, 3 * K + 1)
-    t.insert(t.root, raw, bigram=True)
-    flush(rec, kve, pub)
+    e.insert(raw)
+    e.flush()
     return {"GPU": S.prefixes(raw[: 3 * K], K)}
 
 
-def sc_extra_key(t, rec, kve, pub, K):
+def sc_extra_key(e, K):
     # Two namespaces (extra_key) with the same tokens: apart in the tree, one hash in events.
     a = toks(4, 2 * K)
-    n1 = t.insert(t.root, a, extra_key="ns-one")
-    t.insert(t.root, a, extra_key="ns-two")
-    flush(rec, kve, pub)
-    rec.record_remove(n1)
-    flush(rec, kve, pub)
+    e.insert(a, extra_key="ns-one")
+    e.insert(a, extra_key="ns-two")
+    e.flush()
+    # The older namespace's leaf is evicted; the other still holds the blocks.
+    e.evict(len(a))
+    e.flush()
     return {"GPU": S.prefixes(a, K)}
 
 
-def sc_hicache(t, rec, kve, pub, K):
+def sc_hicache(e, K):
     a = toks(5, 3 * K)
-    n = t.insert(t.root, a)
-    flush(rec, kve, pub)
-    # HiCache writes the node back to host memory, then the device copy is evicted.
-    rec.record_store(n, medium=kve.StorageMedium.CPU)
-    flush(rec, kve, pub)
-    rec.record_remove(n)
-    flush(rec, kve, pub)
+    e.insert(a)
+    e.flush()
+    node = e.cache.match_prefix(e.bpc.MatchPrefixParams(key=e.key(a))).last_device_node
+    # HiCache writes the node back to host memory (HiRadixCache's recorder call), then the
+    # device copy is evicted.
+    e.cache.kv_events.record_store(node, medium=e.kve.StorageMedium.CPU)
+    e.flush()
+    e.evict(len(a))
+    e.flush()
     return {"CPU": S.prefixes(a, K)}
 
 
-def sc_flush(t, rec, kve, pub, K):
-    t.insert(t.root, toks(6, 2 * K))
-    flush(rec, kve, pub)
+def sc_flush(e, K):
+    e.insert(toks(6, 2 * K))
+    e.flush()
     # /flush_cache resets the tree.
-    rec.record_all_cleared()
-    flush(rec, kve, pub)
-    t.root = Tree(rec, t.page).root
+    e.cache.reset()
+    e.flush()
     b = toks(7, 2 * K)
-    t.insert(t.root, b)
-    flush(rec, kve, pub)
+    e.insert(b)
+    e.flush()
     return {"GPU": S.prefixes(b, K)}
 
 
-def sc_replay(t, rec, kve, pub, K):
-    P = t.page
-    a = toks(8, 3 * max(P, K))
-    parent = t.root
+def sc_replay(e, K):
+    unit = max(e.page, K)
+    a = toks(8, 3 * unit)
     for i in range(3):
-        chunk = a[i * max(P, K) : (i + 1) * max(P, K)]
-        parent = t.insert(parent, chunk)
-        flush(rec, kve, pub)  # the second batch is dropped on PUB
+        e.insert(a[: (i + 1) * unit])
+        e.flush()  # the second batch is dropped on PUB
     return {"GPU": S.prefixes(a, K)}
 
 
@@ -256,7 +286,7 @@ def main():
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--block-size", type=int, default=16)
     a = p.parse_args()
-    kve, ev = load(a.engines)
+    kve, rc, bpc = load(a.engines)
     # SGLang's own switch for binding a concrete (loopback) address.
     pub = kve.ZmqEventPublisher(
         attn_dp_rank=0,
@@ -266,11 +296,12 @@ def main():
     )
     if a.scenario == "replay":
         pub._pub = DropOnce(pub._pub, 1)
-    rec = ev.KVCacheEventRecorder(enabled=True, page_size=a.page_size)
-    tree = Tree(rec, a.page_size)
+    eng = Engine(kve, rc, bpc, pub, a.page_size, eagle=a.scenario == "bigram")
     S.ready()
     S.wait_go(a.go)
-    tiers = SCENARIOS[a.scenario](tree, rec, kve, pub, a.block_size)
+    # The cache's construction recorded a reset (AllBlocksCleared): published first.
+    eng.flush()
+    tiers = SCENARIOS[a.scenario](eng, a.block_size)
     deadline = time.time() + 10
     while not pub._event_queue.empty() and time.time() < deadline:
         time.sleep(0.05)

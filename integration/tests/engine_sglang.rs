@@ -1,9 +1,11 @@
-//! Conformance with SGLang's own KV-event code (the pinned sglang 0.5.23 wheel, unmodified:
-//! its ZMQ publisher and the radix cache's event recorder, driven by
-//! integration/python/sglang_driver.py over a radix tree of plain nodes; see that file for the
-//! stand-ins): each scenario's events go through the real `kvroute-updater`, and the knowledge
-//! it holds per tier must be the radix cache's, in kvroute's blocks. Skipped (with a message)
-//! when `./dev setup` has not unpacked the engine, except in CI.
+//! Conformance with SGLang's own KV-cache code (the pinned sglang 0.5.23 wheel, unmodified: its
+//! RadixCache driven by inserts, evictions and resets, its event recorder and its ZMQ
+//! publisher, run by integration/python/sglang_driver.py with a list-backed torch stand-in; see
+//! that file for every stand-in): each scenario's events go through the real `kvroute-updater`,
+//! and the knowledge it holds per tier must be the radix cache's, in kvroute's blocks. Skipped
+//! (with a message) when `./dev setup` has not unpacked the engine, except in CI. The last two
+//! tests read SGLang's announcements (block size, load, a non-Jinja template) from an
+//! in-process SGLang HTTP surface and need no engine sources.
 
 use std::time::Duration;
 
