@@ -107,4 +107,34 @@ async fn official_sdks_work_end_to_end_with_cached_tokens_and_decisions() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}\n{report}");
+
+    // The filter read the cached tokens back from every answer, whatever its endpoint or
+    // streaming: each call was audited.
+    let calls = 2.0 * results.len() as f64;
+    let classes = ["hit_as_predicted", "false_hit", "false_miss", "ordinary_miss"];
+    let audited =
+        kvroute_integration::eventually("every call audited", Duration::from_secs(10), || async {
+            let m = stack.envoy.prometheus().await.ok()?;
+            let counts: Vec<(&str, f64)> = classes
+                .iter()
+                .map(|c| {
+                    (
+                        *c,
+                        m.get(&format!("kvroute_audit_requests{{kvroute_audit=\"{c}\"}}"))
+                            .copied()
+                            .unwrap_or(0.0),
+                    )
+                })
+                .collect();
+            (counts.iter().map(|(_, v)| v).sum::<f64>() >= calls).then_some(counts)
+        })
+        .await;
+    match audited {
+        Ok(counts) => eprintln!("audit of the {calls} SDK calls: {counts:?}"),
+        Err(_) => {
+            let m = stack.envoy.prometheus().await.unwrap_or_default();
+            let seen: Vec<_> = m.iter().filter(|(k, _)| k.starts_with("kvroute_audit")).collect();
+            panic!("not every one of the {calls} SDK calls was audited: {seen:?}");
+        }
+    }
 }
