@@ -128,12 +128,18 @@ impl Conformance {
         let c = Conformance { dir, sim, driver, updater, go, expect };
         let worker = c.sim.addr.clone();
         let identified = crate::eventually(
-            "the updater identified the worker's model and block size",
+            "the updater identified the worker's model and block size and subscribed",
             Duration::from_secs(30),
             || async {
                 let s = c.updater.status().await.ok()?;
                 let w = &s["workers"][&worker];
-                (w["block_size"].as_u64().is_some() && w["compatible"] == Value::Bool(true))
+                // Subscribed, and past its first catch-up from replay (which it makes once its
+                // subscription had time to reach the publisher): live batches now arrive live.
+                let subscribed = w["connected"] == Value::Bool(true)
+                    && w["stats"]["replays"].as_u64().is_some_and(|n| n >= 1);
+                (w["block_size"].as_u64().is_some()
+                    && w["compatible"] == Value::Bool(true)
+                    && subscribed)
                     .then_some(())
             },
         )
@@ -305,9 +311,19 @@ impl Conformance {
     }
 }
 
+/// What a scenario came to: the expectation met and the updater's `/status` entry for the
+/// worker then (its counters say how it got there: gaps, replays, resyncs...).
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub expected: Expected,
+    pub worker: Value,
+}
+
 /// Runs one scenario to convergence, or says why it was skipped (`Ok(None)`).
-pub async fn run(s: Scenario<'_>) -> anyhow::Result<Option<Expected>> {
+pub async fn run(s: Scenario<'_>) -> anyhow::Result<Option<Outcome>> {
     let Some(engines) = engine_dir(s.engine)? else { return Ok(None) };
     let c = Conformance::start(&engines, s).await?;
-    c.converges().await.map(Some)
+    let expected = c.converges().await?;
+    let status = c.updater.status().await?;
+    Ok(Some(Outcome { expected, worker: status["workers"][&c.sim.addr].clone() }))
 }

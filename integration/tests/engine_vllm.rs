@@ -4,9 +4,9 @@
 //! knowledge it holds per tier must be what the engine's cache holds. Skipped (with a message)
 //! when `./dev setup` has not unpacked the engine, except in CI.
 
-use kvroute_integration::engines::{run, Scenario};
+use kvroute_integration::engines::{run, Outcome, Scenario};
 
-async fn scenario(name: &str) {
+async fn scenario(name: &str) -> Option<Outcome> {
     let s = Scenario {
         engine: "vllm",
         driver: "vllm_driver.py",
@@ -15,8 +15,9 @@ async fn scenario(name: &str) {
         sim_args: vec!["--block-size".into(), "16".into()],
         updater_args: Vec::new(),
     };
-    if let Err(e) = run(s).await {
-        panic!("vLLM scenario '{name}': {e:#}");
+    match run(s).await {
+        Ok(o) => o,
+        Err(e) => panic!("vLLM scenario '{name}': {e:#}"),
     }
 }
 
@@ -77,5 +78,9 @@ async fn publisher_restart() {
 /// A batch dropped on the PUB socket is fetched from the publisher's replay socket.
 #[tokio::test]
 async fn dropped_batch_replayed() {
-    scenario("replay").await;
+    if let Some(o) = scenario("replay").await {
+        let stats = &o.worker["stats"];
+        assert!(stats["gaps"].as_u64() >= Some(1), "the dropped batch was not noticed: {stats}");
+        assert!(stats["replays"].as_u64() >= Some(1), "nothing was replayed: {stats}");
+    }
 }
