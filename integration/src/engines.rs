@@ -24,10 +24,14 @@ use crate::process::Guard;
 use crate::sim::SimWorker;
 use crate::stack::{Updater, UPDATER_TOKEN};
 
-/// Where `./dev setup` unpacked `engine`'s sources, or `None` when it did not (then the tests
-/// skip, except in CI: there a missing engine is an error, returned as `Err`).
+/// Where `./dev setup` unpacked `engine`'s sources (`.cache/engines/<engine>`, or under
+/// `$KVROUTE_ENGINES`), or `None` when it did not (then the tests skip, except in CI: with `CI`
+/// set a missing engine is an error, returned as `Err`).
 pub fn engine_dir(engine: &str) -> anyhow::Result<Option<PathBuf>> {
-    let dir = repo_root().join(".cache/engines").join(engine);
+    let base = std::env::var_os("KVROUTE_ENGINES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".cache/engines"));
+    let dir = base.join(engine);
     let python = python();
     let have = dir.join(engine).is_dir() && python.exists();
     if have {
