@@ -7,8 +7,9 @@
 //! holds: `/status` block counts per tier and the snapshot's canonical hashes.
 //!
 //! The worker's HTTP side (`/v1/models`, `/tokenize`, `/metrics`) is a simulated worker, so the
-//! updater identifies the model and its block size as usual; only the event endpoints are the
-//! engine's publisher. Every process is killed when [`Conformance`] drops, also on failure.
+//! updater identifies the model and its block size as usual, or, for SGLang, an SGLang HTTP
+//! surface in front of it ([`crate::sglang_face`]) that announces the page size as SGLang does;
+//! only the event endpoints are the engine's publisher. Every process is killed when [`Conformance`] drops, also on failure.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ use serde_json::Value;
 
 use crate::paths::{self, free_port, repo_root};
 use crate::process::Guard;
+use crate::sglang_face::SglangFace;
 use crate::sim::SimWorker;
 use crate::stack::{Updater, UPDATER_TOKEN};
 
@@ -77,6 +79,9 @@ pub struct Expected {
 pub struct Conformance {
     pub dir: PathBuf,
     pub sim: SimWorker,
+    /// The worker's HTTP `ip:port` as the updater knows it: the simulated worker's, or the
+    /// SGLang surface's in front of it.
+    pub worker: String,
     pub driver: Guard,
     pub updater: Updater,
     go: PathBuf,
@@ -96,6 +101,9 @@ pub struct Scenario<'a> {
     pub sim_args: Vec<String>,
     /// Extra updater flags (e.g. `--block-size 16`).
     pub updater_args: Vec<String>,
+    /// Announce the worker as SGLang does (`/server_info`, `sglang:page_size`) in front of the
+    /// simulated worker, instead of the simulated worker's vLLM-style announcement.
+    pub sglang_face: Option<SglangFace>,
 }
 
 impl Conformance {
@@ -105,6 +113,10 @@ impl Conformance {
     pub async fn start(engines: &Path, s: Scenario<'_>) -> anyhow::Result<Conformance> {
         let dir = paths::scratch_dir(&format!("{}-{}", s.engine, s.scenario))?;
         let sim = SimWorker::start(0, &s.sim_args, &dir).await?;
+        let worker = match s.sglang_face.clone() {
+            Some(face) => face.serve(sim.addr.clone()).await?,
+            None => sim.addr.clone(),
+        };
         let (events, replay) = (free_port()?, free_port()?);
         let (go, expect) = (dir.join("go"), dir.join("expect.json"));
         let script = repo_root().join("integration/python").join(s.driver);
@@ -125,12 +137,11 @@ impl Conformance {
             let log = std::fs::read_to_string(dir.join("driver.log")).unwrap_or_default();
             anyhow::bail!("{e}\ndriver log:\n{log}");
         }
-        let endpoint = format!("{},tcp://127.0.0.1:{events},tcp://127.0.0.1:{replay}", sim.addr);
+        let endpoint = format!("{worker},tcp://127.0.0.1:{events},tcp://127.0.0.1:{replay}");
         let updater =
             Updater::start_with_args(free_port()?, None, &[endpoint], &s.updater_args, &dir)
                 .await?;
-        let c = Conformance { dir, sim, driver, updater, go, expect };
-        let worker = c.sim.addr.clone();
+        let c = Conformance { dir, sim, worker: worker.clone(), driver, updater, go, expect };
         let identified = crate::eventually(
             "the updater identified the worker's model and block size and subscribed",
             Duration::from_secs(30),
@@ -187,7 +198,7 @@ impl Conformance {
     /// nothing does.
     pub async fn mismatch(&self, want: &Expected) -> anyhow::Result<Option<String>> {
         let status = self.updater.status().await?;
-        let w = &status["workers"][&self.sim.addr];
+        let w = &status["workers"][&self.worker];
         let snap = self.snapshot().await?;
         let model = w["model"].as_str().unwrap_or_default();
         let info = snap
@@ -219,7 +230,7 @@ impl Conformance {
         let (gpu, cpu, storage) = (tier("GPU"), tier("CPU"), tier("STORAGE"));
         let not_gpu = hash(&want.not_gpu);
         let gone = hash(&want.gone);
-        let Some(mine) = snap.workers.iter().find(|k| k.worker == self.sim.addr) else {
+        let Some(mine) = snap.workers.iter().find(|k| k.worker == self.worker) else {
             return Ok(Some("the worker is not in the snapshot".into()));
         };
         let have_gpu: BTreeSet<u64> = mine.gpu.iter().copied().collect();
@@ -295,7 +306,7 @@ impl Conformance {
     /// The updater's status for the worker and where the logs are.
     pub async fn diagnostics(&self) -> String {
         let status = match self.updater.status().await {
-            Ok(s) => s["workers"][&self.sim.addr].to_string(),
+            Ok(s) => s["workers"][&self.worker].to_string(),
             Err(e) => e.to_string(),
         };
         let driver = std::fs::read_to_string(self.dir.join("driver.log")).unwrap_or_default();
@@ -329,5 +340,5 @@ pub async fn run(s: Scenario<'_>) -> anyhow::Result<Option<Outcome>> {
     let c = Conformance::start(&engines, s).await?;
     let expected = c.converges().await?;
     let status = c.updater.status().await?;
-    Ok(Some(Outcome { expected, worker: status["workers"][&c.sim.addr].clone() }))
+    Ok(Some(Outcome { expected, worker: status["workers"][&c.worker].clone() }))
 }

@@ -16,16 +16,19 @@ use kvroute_integration::stack::Updater;
 use kvroute_integration::{eventually, paths};
 use serde_json::Value;
 
-/// kvroute's block size for the model in these tests.
+/// kvroute's block size for the model when configured (`--block-size`).
 const BLOCK: u32 = 16;
 
-/// Runs `name` with SGLang page size `page`; `explicit`: the updater is told the block size
-/// (`--block-size`), else it learns it from the worker's announcement.
+/// Runs `name` with SGLang page size `page`. `explicit`: the updater is told the block size
+/// (`--block-size 16`); else it learns it from what the worker announces as SGLang does
+/// (`/server_info` `kv_events.block_size`, `sglang:page_size`): the page size, or blocks of 16
+/// for pages dividing 16.
 async fn scenario(name: &str, page: u32, explicit: bool) -> Option<Outcome> {
-    let mut updater_args = Vec::new();
-    if explicit {
-        updater_args = vec!["--block-size".to_string(), BLOCK.to_string()];
-    }
+    let (block, updater_args) = if explicit {
+        (BLOCK, vec!["--block-size".to_string(), BLOCK.to_string()])
+    } else {
+        (if BLOCK % page == 0 { BLOCK } else { page }, Vec::new())
+    };
     let s = Scenario {
         engine: "sglang",
         driver: "sglang_driver.py",
@@ -34,10 +37,18 @@ async fn scenario(name: &str, page: u32, explicit: bool) -> Option<Outcome> {
             "--page-size".into(),
             page.to_string(),
             "--block-size".into(),
-            BLOCK.to_string(),
+            block.to_string(),
         ],
-        sim_args: vec!["--block-size".into(), BLOCK.to_string()],
+        sim_args: Vec::new(),
         updater_args,
+        sglang_face: Some(SglangFace {
+            page_size: page,
+            dcp_size: 1,
+            builtin_template: false,
+            running: 0,
+            waiting: 0,
+            token_usage: 0.0,
+        }),
     };
     match run(s).await {
         Ok(o) => o,
@@ -118,12 +129,23 @@ async fn flush_cache() {
 /// Starts the updater following an SGLang HTTP surface (`face`) and waits until its `/status`
 /// entry for the worker satisfies `done`; returns that entry. Needs no engine sources.
 async fn follow_face(tag: &str, face: SglangFace, done: impl Fn(&Value) -> bool) -> Value {
+    follow_face_with(tag, face, &[], done).await
+}
+
+/// [`follow_face`] with `extra` updater flags.
+async fn follow_face_with(
+    tag: &str,
+    face: SglangFace,
+    extra: &[String],
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     let dir = paths::scratch_dir(tag).unwrap();
     let sim = SimWorker::start(0, &[], &dir).await.unwrap();
     let addr = face.serve(sim.addr.clone()).await.unwrap();
     let (events, replay) = (paths::free_port().unwrap(), paths::free_port().unwrap());
     let endpoint = format!("{addr},tcp://127.0.0.1:{events},tcp://127.0.0.1:{replay}");
-    let extra = ["--scrape-interval-ms".to_string(), "200".to_string()];
+    let mut extra = extra.to_vec();
+    extra.extend(["--scrape-interval-ms".to_string(), "200".to_string()]);
     let updater =
         Updater::start_with_args(paths::free_port().unwrap(), None, &[endpoint], &extra, &dir)
             .await
@@ -163,6 +185,48 @@ async fn sglang_announcements_block_size_and_load() {
     let load = &w["reported_load"];
     assert_eq!((load["running"].as_f64(), load["waiting"].as_f64()), (Some(6.0), Some(4.0)), "{w}");
     assert_eq!(load["kv_usage"].as_f64(), Some(0.25), "{w}");
+}
+
+/// SGLang's default page size 1 with kvroute's block size 16 configured: the updater re-chunks
+/// pages into blocks, so a page size that divides the block size is no mismatch (and the model
+/// keeps its block size of 16).
+#[tokio::test]
+async fn sglang_page_size_1_is_compatible_with_block_size_16() {
+    let face = SglangFace {
+        page_size: 1,
+        dcp_size: 1,
+        builtin_template: false,
+        running: 0,
+        waiting: 0,
+        token_usage: 0.0,
+    };
+    let extra = ["--block-size".to_string(), "16".to_string()];
+    let w = follow_face_with("sglang-face-page1", face, &extra, |w| {
+        w["alignment"].as_str().is_some_and(|a| a.contains("block size"))
+            || w["compatible"] == Value::Bool(true)
+    })
+    .await;
+    assert_eq!(w["compatible"], Value::Bool(true), "{w}");
+    assert_eq!(w["block_size"], 16, "{w}");
+}
+
+/// Without a configured block size, a page size of 1 is not learned as the model's block size
+/// (every prompt would be one block per token): pages are grouped into blocks of 16.
+#[tokio::test]
+async fn sglang_page_size_1_learned_as_blocks_of_16() {
+    let face = SglangFace {
+        page_size: 1,
+        dcp_size: 1,
+        builtin_template: false,
+        running: 0,
+        waiting: 0,
+        token_usage: 0.0,
+    };
+    let w = follow_face("sglang-face-page1-learned", face, |w| {
+        w["compatible"] == Value::Bool(true) && w["block_size"].is_u64()
+    })
+    .await;
+    assert_eq!(w["block_size"], 16, "{w}");
 }
 
 /// A worker whose chat template is built in (not Jinja) answers /tokenize with 400: /status

@@ -14,6 +14,7 @@ async fn scenario(name: &str) -> Option<Outcome> {
         driver_args: Vec::new(),
         sim_args: vec!["--block-size".into(), "16".into()],
         updater_args: Vec::new(),
+        sglang_face: None,
     };
     match run(s).await {
         Ok(o) => o,
