@@ -1,7 +1,11 @@
 """Plays a named scenario through vLLM's own KV-event publisher (vllm/distributed/kv_events.py
 of the pinned wheel, unmodified) with vLLM's own block hashing (hash_block_tokens over the
-default sha256, NONE_HASH from init_none_hash), for the conformance test
-integration/tests/engine_vllm.rs.
+default sha256, NONE_HASH from init_none_hash) and, for CPU offloading, the offloading
+connector's own event translation (OffloadingEventsTracker, kv_connector/v1/offloading/
+events.py, with its default of self-describing events off), for the conformance test
+integration/tests/engine_vllm.rs. Stores, removals and resets are built as vLLM's block pool
+builds them (BlockStored of the newly cached blocks with the last cached block as parent,
+BlockRemoved per reallocated block, AllBlocksCleared on reset_prefix_cache).
 
     vllm_driver.py --engines .cache/engines/vllm --events PORT --replay PORT
                    --scenario NAME --go FILE --expect FILE
@@ -71,12 +75,38 @@ def load(root):
     return kve, kcu, sha256
 
 
+def load_offloading(root):
+    """The offloading connector's event translation (kv_connector/v1/offloading/events.py) and
+    its keys (v1/kv_offload/base.py); tensors, hints, offloading config and metrics stand in."""
+    for name in ["torch", "numpy", "vllm.v1.kv_hints", "vllm.v1.kv_offload.config"]:
+        S.stub(name)
+    S.stub("vllm.v1.metrics")
+    S.stub("vllm.v1.metrics.cache_hit_source")
+    S.package(root, "vllm.v1.kv_offload")
+    for name in [
+        "vllm.distributed.kv_transfer",
+        "vllm.distributed.kv_transfer.kv_connector",
+        "vllm.distributed.kv_transfer.kv_connector.v1",
+        "vllm.distributed.kv_transfer.kv_connector.v1.offloading",
+    ]:
+        S.package(root, name)
+    import vllm.distributed.kv_transfer.kv_connector.v1.offloading.events as oev
+    import vllm.v1.kv_offload.base as base
+
+    # The default: KV events on, self-describing offload events off.
+    config = base.OffloadingKVEventsConfig(
+        enable_kv_cache_events=True, self_describing_kv_events=False
+    )
+    return oev.OffloadingEventsTracker(config), base
+
+
 class Engine:
     """What vLLM's block pool sends for the story a scenario tells: chains of full blocks
     hashed as vLLM hashes them, stored once, removed tail first."""
 
-    def __init__(self, kve, kcu, hash_fn):
+    def __init__(self, kve, kcu, hash_fn, tracker, base):
         self.kve, self.kcu, self.hash_fn = kve, kcu, hash_fn
+        self.tracker, self.base = tracker, base
 
     def hashes(self, tokens, extra=None):
         """vLLM's raw hash of every full block of `tokens` (extra keys per block)."""
@@ -108,23 +138,14 @@ class Engine:
             **kw,
         )
 
-    def placeholder(self, tokens, block, medium="CPU", group=0):
-        """The offloading connector's store without self-describing events (the default):
-        the offload key's block hash only, no tokens, block size 0."""
-        return self.kve.BlockStored(
-            block_hashes=[self.ext(self.hashes(tokens)[block])],
-            parent_block_hash=None,
-            token_ids=[],
-            lora_id=None,
-            block_size=0,
-            medium=medium,
-            lora_name=None,
-            group_idx=group,
-            kv_cache_spec_kind=None,
-            kv_cache_spec_sliding_window=None,
-            locality=None,
-            ownership=None,
-        )
+    def offloaded(self, tokens, blocks, group=0):
+        """What the offloading connector publishes when the CPU tier stores `blocks` of chain
+        `tokens` (its OffloadingEventsTracker, self-describing events off: the default), one
+        offload key per block (offloaded block size = GPU block size)."""
+        hs = self.hashes(tokens)
+        keys = [self.base.make_offload_key(hs[b], group) for b in blocks]
+        event = self.base.OffloadingEvent(keys=keys, medium=self.base.Medium.CPU, removed=False)
+        return list(self.tracker.take_events([event]))
 
     def removed(self, tokens, blocks, medium="GPU", group=0):
         hs = self.hashes(tokens)
@@ -162,7 +183,7 @@ def sc_offload(eng, pub, ctx):
     pub.publish(eng.batch([eng.stored(a, 0, 4)]))
     # The connector offloads every block to CPU (placeholders), then the GPU reallocates the
     # tail: the CPU copies stay.
-    pub.publish(eng.batch([eng.placeholder(a, i) for i in range(4)]))
+    pub.publish(eng.batch(eng.offloaded(a, range(4))))
     pub.publish(eng.batch([eng.removed(a, [3]), eng.removed(a, [2])]))
     # A self-describing CPU store (kv_connector_extra_config self_describing_kv_events) of a
     # chain the GPU never announced, continuing a's block 1 from the CPU tier.
@@ -204,7 +225,7 @@ def sc_cleared(eng, pub, ctx):
     a = chain(7, 3)
     b = chain(8, 2)
     pub.publish(eng.batch([eng.stored(a, 0, 3), eng.stored(b, 0, 2)]))
-    pub.publish(eng.batch([eng.placeholder(a, i) for i in range(3)]))
+    pub.publish(eng.batch(eng.offloaded(a, range(3))))
     # reset_prefix_cache: the GPU pool is cleared; the CPU tier is kept by default.
     pub.publish(eng.batch([eng.kve.AllBlocksCleared()]))
     c = chain(9, 2)
@@ -331,7 +352,8 @@ def main():
     ctx = {"publisher": pub, "new_publisher": new_publisher}
     S.ready()
     S.wait_go(a.go)
-    eng = Engine(kve, kcu, hash_fn)
+    tracker, base = load_offloading(a.engines)
+    eng = Engine(kve, kcu, hash_fn, tracker, base)
     tiers = SCENARIOS[a.scenario](eng, pub, ctx)
     # Let the publisher thread send what is queued before the expectation is announced.
     pub = ctx["publisher"]
