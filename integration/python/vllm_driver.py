@@ -205,11 +205,13 @@ def sc_groups(eng, pub, ctx):
             ]
         )
     )
-    # The sliding-window group frees its old blocks early: the full group still holds them.
+    # The sliding-window group frees its old blocks early: the full-attention group still
+    # holds them, and a prefix hit needs the full-attention group's blocks: still known.
     pub.publish(eng.batch([eng.removed(a, [0, 1], group=1)]))
-    # Then the full group evicts the tail; block 2 is gone only once both groups dropped it.
+    # Then the full-attention group evicts the tail: the sliding-window group alone cannot serve
+    # that block as a prefix, so it is no longer known.
     pub.publish(eng.batch([eng.removed(a, [2], group=0)]))
-    return {"GPU": S.prefixes(a, BS)[:2] + [], "gone": S.prefixes(a, BS)[2:]}
+    return {"GPU": S.prefixes(a, BS)[:2], "gone": S.prefixes(a, BS)[2:]}
 
 
 def sc_refcount(eng, pub, ctx):

@@ -37,8 +37,9 @@ async fn offloading_connector_stores() {
     scenario("offload").await;
 }
 
-/// One hash in a full-attention and a sliding-window KV cache group: known while any group
-/// holds it.
+/// One hash in a full-attention and a sliding-window KV cache group: known while the
+/// full-attention group holds it, whatever the sliding-window group freed; not once only the
+/// sliding-window group holds it.
 #[tokio::test]
 async fn kv_cache_groups() {
     scenario("groups").await;
