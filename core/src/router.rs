@@ -182,8 +182,11 @@ impl Router {
     ) -> Result<Decision, ApiError> {
         let t = self.resolve(&req.model).ok_or_else(|| ApiError::model_not_found(&req.model))?;
         let estimate = (body_len / 4) as u64;
-        let ranked =
-            |hashes, tokens, fallback| self.rank(&t, hashes, tokens, load, now_ms, pick, fallback);
+        // A request the engine will not look up in its cache reuses nothing anywhere.
+        let cache_read = !req.skips_cache_read;
+        let ranked = |hashes, tokens, fallback| {
+            self.rank(&t, hashes, tokens, load, now_ms, pick, fallback, cache_read)
+        };
         let load_only = match req.load_only {
             Some(LoadOnly::Batch) => Some(FallbackReason::Batch),
             // Too deep to render as the engine would: too large to analyse.
@@ -235,6 +238,7 @@ impl Router {
         now_ms: u64,
         pick: u64,
         fallback: Option<FallbackReason>,
+        cache_read: bool,
     ) -> Decision {
         let m = &t.model;
         // Each worker's lookup, kept for the header fields of the chosen one and the look-ahead.
@@ -245,8 +249,9 @@ impl Router {
         let candidates: Vec<Candidate> = pool
             .iter()
             .map(|w| {
-                // The cache-blind ablation skips the lookup rather than discarding it.
-                let pm = if self.plan.cache_aware {
+                // The cache-blind ablation skips the lookup rather than discarding it, and so
+                // does a request the engine will not look up.
+                let pm = if self.plan.cache_aware && cache_read {
                     self.knowledge.prefix_match(w, &hashes, now_ms)
                 } else {
                     Default::default()

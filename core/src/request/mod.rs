@@ -102,6 +102,11 @@ pub struct ParsedRequest {
     pub cache_salt: Option<String>,
     pub user: Option<String>,
     pub max_tokens: Option<u64>,
+    /// The engine will not read its prefix cache for this request, so nothing is reused
+    /// whatever a worker holds: vLLM skips the lookup when prompt logprobs are asked for
+    /// (`prompt_logprobs`, or `echo` with chat's `top_logprobs` / completions' `logprobs`:
+    /// `SamplingParams.skip_reading_prefix_cache`). The blocks are still computed and stored.
+    pub skips_cache_read: bool,
 }
 
 /// Why a request body could not be used.
@@ -229,7 +234,22 @@ fn parse_object(
         cache_salt,
         user,
         max_tokens,
+        skips_cache_read: skips_cache_read(endpoint, obj),
     })
+}
+
+/// Whether vLLM will skip its prefix-cache lookup: it asks for prompt logprobs when
+/// `prompt_logprobs` is not null, or, when that is null and `echo` is true, when chat's
+/// `top_logprobs` (default 0) or completions' `logprobs` (default null) is not null.
+fn skips_cache_read(endpoint: Endpoint, obj: &Map<String, Value>) -> bool {
+    let set = |key: &str| obj.get(key).is_some_and(|v| !v.is_null());
+    let echo = obj.get("echo").is_some_and(|v| v == &Value::Bool(true));
+    let echoed = match endpoint {
+        Endpoint::Chat => obj.get("top_logprobs").is_none_or(|v| !v.is_null()),
+        Endpoint::Completions => set("logprobs"),
+        Endpoint::Messages | Endpoint::Responses => return false,
+    };
+    set("prompt_logprobs") || (echo && echoed)
 }
 
 fn opt_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, RequestError> {

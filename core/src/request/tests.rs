@@ -322,6 +322,33 @@ fn responses_conversion_details() {
     }
 }
 
+#[test]
+fn prompt_logprobs_make_the_engine_skip_its_cache() {
+    let skips = |ep: Endpoint, extra: Value| {
+        let mut body = match ep {
+            Endpoint::Completions => json!({"model": "m", "prompt": "hi"}),
+            _ => json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        };
+        for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+            body[k] = v;
+        }
+        parse(ep, body.to_string().as_bytes()).unwrap().skips_cache_read
+    };
+    use Endpoint::{Chat, Completions};
+    assert!(!skips(Chat, json!({})));
+    assert!(!skips(Chat, json!({"prompt_logprobs": null, "logprobs": true, "top_logprobs": 5})));
+    assert!(skips(Chat, json!({"prompt_logprobs": 0})));
+    // Chat's top_logprobs defaults to 0, so echo alone asks for prompt logprobs.
+    assert!(skips(Chat, json!({"echo": true})));
+    assert!(!skips(Chat, json!({"echo": true, "top_logprobs": null})));
+    assert!(!skips(Chat, json!({"echo": false, "top_logprobs": 3})));
+    assert!(!skips(Completions, json!({"echo": true})));
+    assert!(skips(Completions, json!({"echo": true, "logprobs": 0})));
+    assert!(skips(Completions, json!({"prompt_logprobs": 1})));
+    assert!(!skips(Completions, json!({"logprobs": 2})));
+    assert!(!skips(Endpoint::Messages, json!({"max_tokens": 5, "prompt_logprobs": 1})));
+}
+
 /// The general path for a completions body: the whole body as one JSON value.
 fn general_completions(body: &[u8]) -> Result<ParsedRequest, RequestError> {
     let parsed =

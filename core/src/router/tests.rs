@@ -90,6 +90,23 @@ fn exact_multiples_of_the_block_size_are_predicted_as_the_engine_reuses_them() {
     }
 }
 
+/// vLLM does not read its prefix cache for a request asking for prompt logprobs: no worker is
+/// credited, the prompt's blocks are still hashed (the engine stores them).
+#[test]
+fn a_request_the_engine_does_not_look_up_is_credited_nothing() {
+    let mut r = router();
+    let idle = |_: &str| WorkerLoad::default();
+    let q = req(None, &LONG.repeat(20));
+    let d = r.decide(&q, 0, &idle, 0, 0).unwrap();
+    r.observe("127.0.0.1:2", &d.block_hashes, Source::Routed, 0);
+    let mut logprobs = q.clone();
+    logprobs.skips_cache_read = true;
+    let d2 = r.decide(&logprobs, 0, &idle, 10, 0).unwrap();
+    assert_eq!(d2.predicted_cached_tokens(), 0);
+    assert_eq!(d2.block_hashes, d.block_hashes);
+    assert!(r.decide(&q, 0, &idle, 10, 0).unwrap().predicted_cached_tokens() > 0);
+}
+
 #[test]
 fn cache_blind_ablation_credits_nothing_but_still_ranks_on_load() {
     let cfg = FilterConfig::from_json(
