@@ -5,7 +5,10 @@
 //! Every endpoint's spelling is read: chat and completions (`prompt_tokens`,
 //! `prompt_tokens_details.cached_tokens`), Responses (`input_tokens`,
 //! `input_tokens_details.cached_tokens`, in the body or the `response.completed` event) and
-//! Anthropic-style Messages (`input_tokens`, `cache_read_input_tokens`).
+//! Anthropic-style Messages (`input_tokens`, `cache_read_input_tokens`,
+//! `cache_creation_input_tokens`). Anthropic's `input_tokens` leaves out what was read from
+//! and written to the cache (vLLM 0.33: `input_tokens = prompt_tokens - cache_read -
+//! cache_creation`), so the prompt of a Messages answer is the sum of the three.
 
 /// Carried-over bytes between chunks; longer than any `"key": value` we look for.
 const TAIL: usize = 96;
@@ -22,6 +25,9 @@ pub struct Usage {
 pub struct UsageScanner {
     tail: Vec<u8>,
     usage: Usage,
+    /// Anthropic's cache fields, when the answer has them.
+    cache_read: Option<u64>,
+    cache_creation: Option<u64>,
 }
 
 impl UsageScanner {
@@ -31,6 +37,12 @@ impl UsageScanner {
         if let Some(v) = last_of(&buf, &[b"\"cached_tokens\"", b"\"cache_read_input_tokens\""]) {
             self.usage.cached_tokens = Some(v);
         }
+        if let Some(v) = last_of(&buf, &[b"\"cache_read_input_tokens\""]) {
+            self.cache_read = Some(v);
+        }
+        if let Some(v) = last_of(&buf, &[b"\"cache_creation_input_tokens\""]) {
+            self.cache_creation = Some(v);
+        }
         if let Some(v) = last_of(&buf, &[b"\"prompt_tokens\"", b"\"input_tokens\""]) {
             self.usage.prompt_tokens = Some(v);
         }
@@ -39,7 +51,13 @@ impl UsageScanner {
     }
 
     pub fn usage(&self) -> Usage {
-        self.usage
+        let mut u = self.usage;
+        // A Messages answer: its `input_tokens` excludes the cache's reads and writes.
+        if self.cache_read.is_some() || self.cache_creation.is_some() {
+            let cache = self.cache_read.unwrap_or(0).saturating_add(self.cache_creation.unwrap_or(0));
+            u.prompt_tokens = u.prompt_tokens.map(|p| p.saturating_add(cache));
+        }
+        u
     }
 }
 
@@ -134,7 +152,7 @@ mod tests {
         let messages = concat!(
             "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":",
             "{\"input_tokens\":0,\"output_tokens\":0}}}\n\n",
-            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":1234,",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":0,",
             "\"output_tokens\":5,\"cache_creation_input_tokens\":18,\"cache_read_input_tokens\":1216}}\n\n",
             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
         );

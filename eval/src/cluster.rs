@@ -273,20 +273,10 @@ impl Cluster {
         };
         for e in &cluster.envoys {
             e.wait_healthy(healthy).await?;
-            if policy.filter() && Self::bundle_from(topo) == BundleFrom::Updater {
-                // Every thread has the model's bundle before the schedule starts, so no request
-                // is routed load-only for want of one.
-                let threads = f64::from(topo.envoy.concurrency);
-                kvroute_integration::eventually(
-                    "the model bundle in every Envoy thread",
-                    Duration::from_secs(180),
-                    || async {
-                        let m = e.prometheus().await.ok()?;
-                        (m.get("kvroute_bundles_builds").copied().unwrap_or(0.0) >= threads)
-                            .then_some(())
-                    },
-                )
-                .await?;
+            if policy.filter() {
+                // Every worker thread can route before the schedule starts: it has every
+                // model's bundle and, where the updater runs, its knowledge.
+                e.wait_threads_ready(cluster.updater.is_some(), Duration::from_secs(180)).await?;
             }
         }
         Ok(cluster)

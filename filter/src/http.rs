@@ -313,7 +313,7 @@ impl KvHttp {
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}; misdeployed={}",
+            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}; misdeployed={}; thread={}",
             f.served,
             d.predicted_cached_tokens(),
             // The estimate for the worker actually served (a fallback when the primary failed),
@@ -333,7 +333,9 @@ impl KvHttp {
             f.parse_us,
             f.catchup_us,
             d.tokenize_us,
-            self.state.watch.borrow().header_field(host::now_ms())
+            self.state.watch.borrow().header_field(host::now_ms()),
+            // The deciding thread's load shard: which of Envoy's worker threads decided.
+            self.state.shard.borrow().id()
         ))
     }
 }

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod root;
 pub mod shared;
 pub mod sync;
+pub mod thread;
 pub mod waiting;
 
 proxy_wasm::main! {{

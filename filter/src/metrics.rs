@@ -37,6 +37,9 @@ pub struct Metrics {
     shared: HashMap<Counter, u32>,
     /// This thread's bundle builds.
     pub bundles: BundleMetrics,
+    /// Gauges over this Envoy's worker threads: `kvroute.threads.bundled` (every model has its
+    /// bundle) and `kvroute.threads.ready` (that, and knowledge from the updater has arrived).
+    readiness: Readiness,
     /// Deadlines, shedding and priority classes.
     pub admission: AdmissionMetrics,
 }
@@ -119,6 +122,22 @@ pub(crate) fn record(id: Option<u32>, v: u64) {
     gauge(id, v);
 }
 
+/// The two readiness gauges, shared by every thread (each adds or takes away its own one).
+#[derive(Debug, Default)]
+struct Readiness {
+    bundled: Option<u32>,
+    ready: Option<u32>,
+}
+
+/// What a worker thread can do now (see [`Metrics::readiness`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadReadiness {
+    /// Every model of the configuration has its tokenizer bundle.
+    pub bundled: bool,
+    /// Bundled, and a knowledge snapshot from the updater has arrived.
+    pub ready: bool,
+}
+
 /// Model bundles from the updater: the singleton's fetches and what it keeps in shared data
 /// (`kvroute_bundles_*`), and the threads' builds (`kvroute_bundles_builds`,
 /// `kvroute_bundles_build_failures`, histogram `kvroute_bundle_build_ms`).
@@ -181,6 +200,20 @@ impl BundleMetrics {
     }
 }
 
+impl Metrics {
+    /// Moves this thread in or out of the readiness gauges when its readiness changed from
+    /// `was` to `now`.
+    pub fn readiness(&self, was: ThreadReadiness, now: ThreadReadiness) {
+        let step = |id: Option<u32>, before: bool, after: bool| {
+            if let (Some(id), true) = (id, before != after) {
+                let _ = hostcalls::increment_metric(id, if after { 1 } else { -1 });
+            }
+        };
+        step(self.readiness.bundled, was.bundled, now.bundled);
+        step(self.readiness.ready, was.ready, now.ready);
+    }
+}
+
 /// Most workers given their own stats per thread.
 pub const MAX_WORKER_METRICS: usize = 4096;
 
@@ -228,6 +261,10 @@ impl Metrics {
             errors: define(c, "kvroute.rejected_requests"),
             replications: define(c, "kvroute.lookahead.replications"),
             bundles: BundleMetrics::define_thread(),
+            readiness: Readiness {
+                bundled: define(MetricType::Gauge, "kvroute.threads.bundled"),
+                ready: define(MetricType::Gauge, "kvroute.threads.ready"),
+            },
             ..Default::default()
         };
         for what in Counter::ALL {

@@ -19,7 +19,7 @@ use proxy_wasm::types::ContextType;
 
 use crate::host;
 use crate::http::KvHttp;
-use crate::metrics::{count, Metrics};
+use crate::metrics::{count, Metrics, ThreadReadiness};
 use crate::shared::HostStore;
 use crate::sync::SnapshotSync;
 use crate::waiting::Waiting;
@@ -39,12 +39,15 @@ pub struct ThreadState {
     bundles: RefCell<BundleFollower>,
     /// Online calibration: pending samples and the shared state's view.
     pub calib: RefCell<crate::calib::CalibThread>,
-    /// Whether this VM has made an HTTP context. Envoy also runs the filter's root context on
-    /// its main thread, which never serves a request: that VM must not build tokenizers (for
-    /// Qwen3 about 115 MiB of wasm memory, kept for good). A worker thread builds its bundles
-    /// on the first tick after its first request; until then its few requests are routed on
-    /// load alone (`no_bundle`).
+    /// Whether this VM has made an HTTP context.
     pub serving: std::cell::Cell<bool>,
+    /// Whether this root context runs on one of Envoy's worker threads (see
+    /// [`crate::thread::Placement`]): those build their bundles on their first ticks, before
+    /// they serve; Envoy's main thread, which never serves, builds none (for Qwen3 about
+    /// 115 MiB of wasm memory, kept for good).
+    placement: crate::thread::Placement,
+    /// What this thread could do at its last tick (the readiness gauges count it).
+    readiness: std::cell::Cell<ThreadReadiness>,
     /// This Envoy's replica id (shared data), so that its own decisions relayed by the
     /// updater are not counted twice.
     replica: std::cell::Cell<u64>,
@@ -181,10 +184,33 @@ impl ThreadState {
         }
     }
 
+    /// Whether this root context is on a worker thread: it has served, or Envoy placed it
+    /// there.
+    fn on_worker_thread(&self) -> bool {
+        self.serving.get() || self.placement.worker()
+    }
+
+    /// Moves this thread in or out of the readiness gauges. Envoy's main thread never counts.
+    fn readiness_tick(&self) {
+        let now = if self.on_worker_thread() {
+            let bundled = self.bundles.borrow().complete();
+            ThreadReadiness { bundled, ready: bundled && self.follower.borrow().version() > 0 }
+        } else {
+            ThreadReadiness::default()
+        };
+        self.metrics.readiness(self.readiness.replace(now), now);
+    }
+
+    /// Takes this thread out of the readiness gauges (its VM goes away).
+    pub fn retire(&self) {
+        let gone = ThreadReadiness::default();
+        self.metrics.readiness(self.readiness.replace(gone), gone);
+    }
+
     /// Housekeeping, every `tick_ms`.
     pub fn tick(&self, root_id: u32, now_ms: u64) {
         self.misdeploy_tick(root_id, now_ms);
-        if self.serving.get() {
+        if self.on_worker_thread() {
             self.refresh_bundles(now_ms);
         }
         self.catch_up(false);
@@ -202,6 +228,8 @@ impl ThreadState {
             self.metrics.load(w, &view.load(w));
         }
         shard.tick(&HostStore, &self.metrics, now_ms);
+        drop((shard, router));
+        self.readiness_tick();
     }
 }
 
@@ -221,6 +249,13 @@ impl KvRoot {
 }
 
 impl Context for KvRoot {
+    fn on_done(&mut self) -> bool {
+        if let Some(state) = &self.state {
+            state.retire();
+        }
+        true
+    }
+
     fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, trailers: usize) {
         if let Some(s) = self.sync.as_mut() {
             s.on_http_call_response(token, headers, body, trailers);
@@ -289,6 +324,8 @@ impl RootContext for KvRoot {
                     calib: RefCell::new(crate::calib::CalibThread::new(&config)),
                     bundles: RefCell::new(bundles),
                     serving: std::cell::Cell::new(false),
+                    placement: crate::thread::Placement::detect(),
+                    readiness: std::cell::Cell::new(ThreadReadiness::default()),
                     replica: std::cell::Cell::new(0),
                     watch: RefCell::new(Watch::new(config.misdeployment, now)),
                     waiting: Waiting::default(),

@@ -114,6 +114,7 @@ impl SnapshotSync {
     }
 
     pub fn start(&self) {
+        crate::thread::mark_sync_started();
         let tick = match &self.forwarder {
             Some(f) => self.cfg.interval_ms.min(f.config().forward_ms),
             None => self.cfg.interval_ms,

@@ -162,6 +162,39 @@ impl Envoy {
         .await
     }
 
+    /// Waits until every one of Envoy's worker threads (`server.concurrency`) can route: each
+    /// has every model's bundle and, with `knowledge`, a snapshot from the updater
+    /// (`kvroute_threads_ready`; without: `kvroute_threads_bundled`). Worker threads count
+    /// themselves from their first ticks, before they serve.
+    pub async fn wait_threads_ready(
+        &self,
+        knowledge: bool,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let gauge = if knowledge { "kvroute_threads_ready" } else { "kvroute_threads_bundled" };
+        let res = crate::eventually(
+            &format!("every Envoy worker thread counted in {gauge}"),
+            timeout,
+            || async {
+                let m = self.prometheus().await.ok()?;
+                let threads = m.get("envoy_server_concurrency").copied()?;
+                (threads >= 1.0 && m.get(gauge).copied().unwrap_or(0.0) >= threads).then_some(())
+            },
+        )
+        .await;
+        if let Err(e) = res {
+            let m = self.prometheus().await.unwrap_or_default();
+            let show = |k: &str| m.get(k).map_or("absent".to_string(), |v| v.to_string());
+            anyhow::bail!(
+                "{e}: server_concurrency {}, kvroute_threads_bundled {}, kvroute_threads_ready {}",
+                show("envoy_server_concurrency"),
+                show("kvroute_threads_bundled"),
+                show("kvroute_threads_ready")
+            );
+        }
+        Ok(())
+    }
+
     /// Prometheus samples from `/stats/prometheus`: `name{label="v",...}` → value.
     pub async fn prometheus(&self) -> anyhow::Result<HashMap<String, f64>> {
         let text =

@@ -201,3 +201,75 @@ async fn the_plugin_config_stays_small_with_qwen3() {
     let inline = pools_filter_config(&inline, &addrs[1..], &StackOptions::default()).unwrap();
     assert!(inline.to_string().len() > 1_500_000);
 }
+
+/// Envoy hands each new connection to the worker thread with the fewest: one connection per
+/// thread, opened one after the other, pins one client to each thread.
+fn one_connection_per_thread() -> (String, String) {
+    let at = "    per_connection_buffer_limit_bytes: 8388608\n";
+    (at.into(), format!("{at}    connection_balance_config: {{ exact_balance: {{}} }}\n"))
+}
+
+/// Sends one chat request on each pinned client; returns the deciding threads. None of them
+/// may route without the bundle.
+async fn one_on_each(stack: &Stack, clients: &[reqwest::Client], round: usize) -> BTreeSet<String> {
+    let mut threads = BTreeSet::new();
+    for (i, http) in clients.iter().enumerate() {
+        let body = json!({"model": MODEL, "max_tokens": 1,
+            "messages": [{"role": "user", "content": format!("round {round} client {i}")}]});
+        let r = client::chat(http, &stack.base_url(), &body).await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        let fallback = r.decision_field("fallback").unwrap_or_default();
+        assert_ne!(fallback, "no_bundle", "client {i}, round {round}: {}", stats(stack).await);
+        threads.insert(r.decision_field("thread").unwrap_or_default());
+    }
+    threads
+}
+
+#[tokio::test]
+async fn from_ready_on_every_thread_routes_with_its_bundle_also_across_a_bundle_change() {
+    let tmp = paths::scratch_dir("ready").unwrap();
+    let (v1, v2) = (demo_bundle(&tmp, "v1"), demo_bundle(&tmp, "v2"));
+    let pool = Pool { dir: Some(v1), ..Pool::demo(2) };
+    let threads = 3;
+    let opts = StackOptions {
+        pools: vec![pool.clone()],
+        updater: true,
+        envoy_concurrency: threads,
+        envoy_edits: vec![one_connection_per_thread()],
+        ..Default::default()
+    };
+    let mut stack = Stack::start(opts).await.unwrap();
+    // "ready": every worker thread counts itself, before any request was sent.
+    stack.envoy.wait_threads_ready(true, Duration::from_secs(120)).await.unwrap();
+    assert_eq!(metric(&stack, "kvroute_threads_ready").await, f64::from(threads));
+    let before = updater_bundles(&stack).await;
+    let built = builders(&stack, &before[0].1);
+    assert_eq!(built.len(), threads as usize, "built before serving by {built:?}");
+    let clients: Vec<reqwest::Client> = (0..threads)
+        .map(|_| reqwest::Client::builder().http1_only().pool_max_idle_per_host(1).build().unwrap())
+        .collect();
+    let seen = one_on_each(&stack, &clients, 0).await;
+    assert_eq!(seen.len(), threads as usize, "one client per thread: {seen:?}");
+
+    // The updater comes back with another bundle: every thread swaps without a gap.
+    let next = Pool { dir: Some(v2), ..pool };
+    let u = stack.updater.as_mut().unwrap();
+    u.restart_with_models(&[next.updater_model()]).await.unwrap();
+    let after = updater_bundles(&stack).await;
+    assert_ne!(before[0].1, after[0].1);
+    let mut round = 1;
+    let swapped = eventually("every thread built the new bundle", Duration::from_secs(60), || {
+        round += 1;
+        let (stack, clients, fp) = (&stack, &clients, after[0].1.clone());
+        async move {
+            assert_eq!(one_on_each(stack, clients, round).await.len(), threads as usize);
+            (builders(stack, &fp).len() >= threads as usize).then_some(())
+        }
+    })
+    .await;
+    swapped.unwrap_or_else(|e| panic!("{e}"));
+    one_on_each(&stack, &clients, 999).await;
+    let no_bundle = "kvroute_fallback_requests{kvroute_fallback=\"no_bundle\"}";
+    assert_eq!(metric(&stack, no_bundle).await, 0.0, "{}", stats(&stack).await);
+    assert_eq!(metric(&stack, "kvroute_threads_ready").await, f64::from(threads));
+}

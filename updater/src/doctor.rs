@@ -238,12 +238,41 @@ fn check_stats(stats: &str, out: &mut Vec<Finding>) {
              (look for 'kvroute: rejecting plugin configuration' in Envoy's log) or is an older build",
         ));
     }
+    check_threads(stats, out);
     match stat(stats, "wasmcustom.kvroute.sync.snapshot_version") {
         Some(v) if v > 0 => out.push(ok(format!("knowledge snapshot version {v} in shared data"))),
         Some(_) => out.push(problem(
             "the singleton has no snapshot yet: the updater is unreachable or refuses its token",
         )),
         None => {}
+    }
+}
+
+/// Whether every worker thread can route with knowledge: each counts itself in
+/// `kvroute.threads.*` from its first ticks (Envoy's main thread never does).
+fn check_threads(stats: &str, out: &mut Vec<Finding>) {
+    let Some(n) = stat(stats, "server.concurrency").filter(|n| *n > 0) else { return };
+    let (Some(ready), Some(bundled)) = (
+        stat(stats, "wasmcustom.kvroute.threads.ready"),
+        stat(stats, "wasmcustom.kvroute.threads.bundled"),
+    ) else {
+        return;
+    };
+    if ready >= n {
+        out.push(ok(format!(
+            "ready: all {n} worker threads route with their bundles and the updater's knowledge"
+        )));
+    } else if bundled < n {
+        out.push(problem(format!(
+            "not ready: {bundled} of {n} worker threads have every model's bundle; the others \
+             route on load alone (fallback no_bundle) until theirs is built (see \
+             kvroute_bundles_build_failures and 'does not build here' in Envoy's log)"
+        )));
+    } else {
+        out.push(problem(format!(
+            "not ready: {ready} of {n} worker threads have the updater's knowledge; the others \
+             route on their own history until a snapshot arrives"
+        )));
     }
 }
 

@@ -805,6 +805,11 @@ impl BundleFollower {
         self.using.len()
     }
 
+    /// Whether every followed model has a bundle (true when none is followed).
+    pub fn complete(&self) -> bool {
+        self.models.iter().all(|(name, _)| self.using.contains_key(name))
+    }
+
     /// Reads the manifest, builds at most one missing bundle, and says which models changed
     /// bundle.
     pub fn tick<S: SharedStore + ?Sized>(&mut self, store: &S, now_ms: u64) -> BundleTick {

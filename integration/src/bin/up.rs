@@ -156,6 +156,10 @@ async fn start(args: &Args, c: &mut Children) -> anyhow::Result<Up> {
         }
         Err(e) => return Err(e),
     }
+    // "ready" means every worker thread routes with its bundle and the updater's knowledge.
+    if let Some(envoy) = &c.envoy {
+        envoy.wait_threads_ready(true, Duration::from_secs(180)).await?;
+    }
     Ok(Up { ports, model: pool.model, dir })
 }
 

@@ -43,7 +43,10 @@ fn dump(stop_iteration: bool, singleton_vm: &str, override_header: &str) -> Valu
 const STATS: &str = "wasmcustom.kvroute.misdeployed.body_not_delivered.present: 0\n\
                      wasmcustom.kvroute.misdeployed.no_knowledge.present: 0\n\
                      wasmcustom.kvroute.misdeployed.override_ignored.present: 0\n\
-                     wasmcustom.kvroute.sync.snapshot_version: 42\n";
+                     wasmcustom.kvroute.sync.snapshot_version: 42\n\
+                     server.concurrency: 2\n\
+                     wasmcustom.kvroute.threads.bundled: 2\n\
+                     wasmcustom.kvroute.threads.ready: 2\n";
 
 fn inputs(dump: Value, stats: &str) -> Inputs {
     Inputs {
@@ -65,6 +68,24 @@ fn a_complete_deployment_has_no_problem() {
     let f = diagnose(&inputs(dump(true, "kvroute", DEFAULT_HEADER), STATS));
     assert!(problems(&f).is_empty(), "{f:#?}");
     assert!(f.iter().any(|f| f.text.contains("snapshot version 42")));
+    assert!(f.iter().any(|f| f.ok && f.text.contains("ready: all 2 worker threads")));
+}
+
+#[test]
+fn threads_without_bundle_or_knowledge_are_not_ready() {
+    let with = |bundled: u32, ready: u32| {
+        let stats = STATS
+            .replace("threads.bundled: 2", &format!("threads.bundled: {bundled}"))
+            .replace("threads.ready: 2", &format!("threads.ready: {ready}"));
+        let f = diagnose(&inputs(dump(true, "kvroute", DEFAULT_HEADER), &stats));
+        problems(&f).into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let p = with(1, 1);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(p[0].contains("1 of 2 worker threads have every model's bundle"), "{p:#?}");
+    let p = with(2, 0);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(p[0].contains("0 of 2 worker threads have the updater's knowledge"), "{p:#?}");
 }
 
 #[test]
