@@ -228,6 +228,16 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
         "rollovers",
         "replays_cut",
         "bad_batches",
+        "bad_events",
+        "refused_batches",
+        "rechunked_stores",
+        "offload_stores_matched",
+        "offload_stores_unmatched",
+        "no_credit_group_stores",
+        "lookahead_stores",
+        "remote_events",
+        "unknown_medium_events",
+        "unknown_removals",
     ] {
         let _ = writeln!(o, "# TYPE kvroute_updater_{name}_total counter");
         for (w, v) in workers {
