@@ -13,7 +13,7 @@
 //!   content is dropped;
 //! - `tools` become chat tools with `input_schema` as parameters (`"type": "object"` added at
 //!   its end when missing); `output_config.effort` becomes `reasoning_effort`;
-//!   `chat_template_kwargs` passes through. There is no cache salt on this endpoint.
+//!   `chat_template_kwargs` and `cache_salt` pass through to that chat request.
 
 use serde_json::{json, Map, Value};
 

@@ -208,10 +208,11 @@ fn parse_object(
                 };
                 (p, l, stream_usage, salt()?, &["max_completion_tokens", "max_tokens"])
             }
-            // vLLM's Messages endpoint streams usage in its last event, and has no cache salt.
+            // vLLM's Messages endpoint streams usage in its last event; it passes `cache_salt`
+            // on to the chat request it builds (vLLM 0.33).
             Endpoint::Messages => {
                 let chat = anthropic::parse_messages(obj)?;
-                (Prompt::Chat(chat), None, true, None, &["max_tokens"])
+                (Prompt::Chat(chat), None, true, salt()?, &["max_tokens"])
             }
             // A Responses stream always ends with `response.completed`, which has the usage.
             Endpoint::Responses => {
