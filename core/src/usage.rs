@@ -54,7 +54,8 @@ impl UsageScanner {
         let mut u = self.usage;
         // A Messages answer: its `input_tokens` excludes the cache's reads and writes.
         if self.cache_read.is_some() || self.cache_creation.is_some() {
-            let cache = self.cache_read.unwrap_or(0).saturating_add(self.cache_creation.unwrap_or(0));
+            let cache =
+                self.cache_read.unwrap_or(0).saturating_add(self.cache_creation.unwrap_or(0));
             u.prompt_tokens = u.prompt_tokens.map(|p| p.saturating_add(cache));
         }
         u
