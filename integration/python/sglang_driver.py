@@ -3,7 +3,7 @@ unmodified: its RadixCache (sglang/srt/mem_cache/radix_cache.py, built with its 
 `create_simulated`, driven by insert / evict / reset, EAGLE's bigram keys, extra_key
 namespaces), whose event recorder (mem_cache/events.py) makes the events, published by its
 ZmqEventPublisher (sglang/srt/disaggregation/kv_events.py) in KVEventBatch batches.
-For the conformance test integration/tests/engine_sglang.rs.
+For the conformance test integration/tests/suite/engine_sglang.rs.
 
 Stand-ins, and why:
 - torch: RadixCache keeps KV indices in tensors; a list-backed `Tensor` with the few operations

@@ -3,7 +3,7 @@ of the pinned wheel, unmodified) with vLLM's own block hashing (hash_block_token
 default sha256, NONE_HASH from init_none_hash) and, for CPU offloading, the offloading
 connector's own event translation (OffloadingEventsTracker, kv_connector/v1/offloading/
 events.py, with its default of self-describing events off), for the conformance test
-integration/tests/engine_vllm.rs. Stores, removals and resets are built as vLLM's block pool
+integration/tests/suite/engine_vllm.rs. Stores, removals and resets are built as vLLM's block pool
 builds them (BlockStored of the newly cached blocks with the last cached block as parent,
 BlockRemoved per reallocated block, AllBlocksCleared on reset_prefix_cache).
 

@@ -5,8 +5,8 @@ use anyhow::{anyhow, ensure, Context};
 use kvroute_core::config::SnapshotSyncConfig;
 use serde_json::Value;
 
-use crate::checks::{istio_wasm_filter, proxies, secret_env, str_or, TEST_TOKEN, TOKEN_ENV};
-use crate::manifests::{at, by_field, find, only, str_at, Doc};
+use crate::deploy_k8s::checks::{istio_wasm_filter, proxies, secret_env, str_or, TEST_TOKEN, TOKEN_ENV};
+use crate::deploy_k8s::manifests::{at, by_field, find, only, str_at, Doc};
 
 /// Each Envoy side's bootstrap addition, the vm_id its filter VM gets, and its proxy container.
 pub fn singletons(docs: &[Doc]) -> anyhow::Result<Vec<(Value, String, Value)>> {
@@ -33,7 +33,7 @@ pub fn singletons(docs: &[Doc]) -> anyhow::Result<Vec<(Value, String, Value)>> {
     let eg = serde_json::to_value(y)?;
     let eep = only(docs, "EnvoyExtensionPolicy")?;
     // Envoy Gateway names a policy's wasm VM envoyextensionpolicy/<ns>/<name>/wasm/<index>.
-    let eg_vm = crate::xds::eg_wasm_name(eep, 0);
+    let eg_vm = crate::deploy_k8s::xds::eg_wasm_name(eep, 0);
     Ok(vec![(istio, istio_vm, proxies[0].1.clone()), (eg, eg_vm, proxies[1].1.clone())])
 }
 

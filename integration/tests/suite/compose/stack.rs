@@ -9,8 +9,8 @@ use kvroute_integration::paths;
 use kvroute_integration::process::Guard;
 use serde_yaml_ng::Value;
 
-use crate::file::{command, flag_pairs, read, script, value, Compose};
-use crate::flags::{binary, help_flags};
+use crate::compose::file::{command, flag_pairs, read, script, value, Compose};
+use crate::compose::flags::{binary, help_flags};
 
 /// One simulated worker service.
 pub struct Worker {

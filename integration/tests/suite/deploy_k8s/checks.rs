@@ -5,10 +5,10 @@ use anyhow::{anyhow, ensure, Context};
 use kvroute_core::config::FilterConfig;
 use serde_json::Value;
 
-use crate::manifests::{
+use crate::deploy_k8s::manifests::{
     at, by_field, find, flags, only, port_of, quantity_bytes, str_at, u64_at, Doc,
 };
-use crate::singleton::{singleton, singletons};
+use crate::deploy_k8s::singleton::{singleton, singletons};
 
 /// The environment variable the Envoy side reads the token from.
 pub const TOKEN_ENV: &str = "KVROUTE_UPDATER_TOKEN";
@@ -55,7 +55,7 @@ pub fn check_all(docs: &[Doc], help_flags: &[String], server_rs: &str) -> anyhow
     routing_header(docs, header)?;
     fail_open(docs)?;
     updater_flags(docs, help_flags)?;
-    crate::discovery::check(docs, &cfgs)?;
+    crate::deploy_k8s::discovery::check(docs, &cfgs)?;
     updater_port(docs)?;
     token(docs)?;
     hardening(docs, server_rs)?;

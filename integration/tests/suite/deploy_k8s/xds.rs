@@ -16,8 +16,8 @@ use kvroute_core::config::FilterConfig;
 use kvroute_integration::paths;
 use serde_json::Value;
 
-use crate::jsonpatch::{apply_operation, merge};
-use crate::manifests::{at, by_field, find, only, quantity_bytes, str_at, Doc};
+use crate::deploy_k8s::jsonpatch::{apply_operation, merge};
+use crate::deploy_k8s::manifests::{at, by_field, find, only, quantity_bytes, str_at, Doc};
 
 /// What one gateway's Envoy runs: its bootstrap (`-c`), the bootstrap addition Envoy merges
 /// (`--config-yaml`), and the xDS resources for the kvroute route.
@@ -32,7 +32,7 @@ pub struct Xds {
 }
 
 fn fixture(path: &str) -> anyhow::Result<Value> {
-    let p: PathBuf = paths::repo_root().join("integration/tests/deploy_k8s/fixtures").join(path);
+    let p: PathBuf = paths::repo_root().join("integration/tests/suite/deploy_k8s/fixtures").join(path);
     let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
     let y: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not YAML", p.display()))?;

@@ -21,7 +21,7 @@ use kvroute_integration::workload::Conversation;
 use kvroute_integration::{eventually, paths};
 use serde_json::{json, Value};
 
-use crate::xds::{filter_config_json, hcm_mut, Xds};
+use crate::deploy_k8s::xds::{filter_config_json, hcm_mut, Xds};
 
 /// Where the local stand-ins listen.
 pub struct Local {
@@ -257,7 +257,7 @@ pub async fn run_without_stop_iteration(x: &Xds) -> anyhow::Result<()> {
 
 async fn run_with(x: &Xds, unrouted: bool) -> anyhow::Result<()> {
     let dir = paths::scratch_dir(&format!("deploy-k8s-{}", x.name))?;
-    let f = crate::xds::wasm_filter(&x.listener)?;
+    let f = crate::deploy_k8s::xds::wasm_filter(&x.listener)?;
     let cfg = filter_config_json(f)?;
     let model = cfg.pointer("/models/0/name").and_then(Value::as_str).context("model")?.to_owned();
     let mut sims = Vec::new();

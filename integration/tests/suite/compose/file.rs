@@ -136,7 +136,7 @@ pub fn script(service: &Value) -> Option<String> {
 
 /// The flags of `args` (the binary's name not included) as (name, value) pairs, for flags
 /// named in `takes_value`'s keys; `--name=value` and `--name value` alike. Panics on anything
-/// else: the command-line check ([`crate::flags`]) has already refused it.
+/// else: the command-line check ([`crate::compose::flags`]) has already refused it.
 pub fn flag_pairs(args: &[String], takes_value: &BTreeMap<String, bool>) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut it = args.iter();

@@ -1,6 +1,6 @@
 //! The plugin configurations' JSON Schemas (`deploy/schema/`, generated from kvroute-core's
 //! types with its `schema` feature): the committed files are exactly what the types generate
-//! (`KVROUTE_WRITE_SCHEMA=1 cargo test -p kvroute-integration --test schema` rewrites them),
+//! (`KVROUTE_WRITE_SCHEMA=1 cargo test -p kvroute-integration --test suite schema::` rewrites them),
 //! every plugin configuration shipped in the repository validates against them, the schema
 //! accepts whatever the parser accepts, and the README's configuration tables document every
 //! field with the schema's default.
@@ -78,7 +78,7 @@ fn committed_schemas_are_what_the_types_generate() {
     assert!(
         stale.is_empty(),
         "{}\nthe configuration types changed: regenerate with \
-         KVROUTE_WRITE_SCHEMA=1 cargo test -p kvroute-integration --test schema, review the \
+         KVROUTE_WRITE_SCHEMA=1 cargo test -p kvroute-integration --test suite schema::, review the \
          diff and commit it",
         stale.join("\n")
     );

@@ -13,8 +13,8 @@ use kvroute_core::config::FilterConfig;
 use kvroute_integration::paths;
 use serde_json::{json, Value};
 
-use crate::checks::{flag_values, updater_args, updater_container};
-use crate::manifests::{at, find, Doc};
+use crate::deploy_k8s::checks::{flag_values, updater_args, updater_container};
+use crate::deploy_k8s::manifests::{at, find, Doc};
 
 /// The API server's ports the NetworkPolicy opens: the `kubernetes` Service's, and the one it
 /// is usually translated to before egress rules apply.
@@ -317,7 +317,7 @@ fn local_args(docs: &[Doc], dir: &std::path::Path) -> anyhow::Result<Vec<String>
     for a in args {
         if let Some(path) = a.strip_prefix("--token-file=") {
             let local = dir.join("token");
-            std::fs::write(&local, crate::checks::TEST_TOKEN)?;
+            std::fs::write(&local, crate::deploy_k8s::checks::TEST_TOKEN)?;
             ensure!(path.starts_with('/'), "--token-file={path}: not an absolute path");
             out.push(format!("--token-file={}", local.display()));
         } else if let Some(spec) = a.strip_prefix("--model=") {
@@ -351,7 +351,7 @@ fn local_args(docs: &[Doc], dir: &std::path::Path) -> anyhow::Result<Vec<String>
 /// is the source and ports the manifests agree on.
 #[test]
 fn the_built_updater_accepts_the_manifest_flags() {
-    let docs = crate::docs();
+    let docs = crate::deploy_k8s::docs();
     let d = discovery(&docs).unwrap();
     let dir = paths::scratch_dir("deploy-k8s-check").unwrap();
     let args = local_args(&docs, &dir).unwrap();
@@ -382,11 +382,11 @@ fn the_built_updater_accepts_the_manifest_flags() {
 /// Each change breaks one discovery agreement; the checks must fail, naming it.
 #[test]
 fn a_wrong_discovery_or_rbac_field_is_caught() {
-    use crate::{doc_mut, set};
-    let help = crate::updater_help_flags();
-    let server = crate::server_rs();
-    let base = crate::docs();
-    crate::checks::check_all(&base, &help, &server).expect("the committed manifests agree");
+    use crate::deploy_k8s::{doc_mut, set};
+    let help = crate::deploy_k8s::updater_help_flags();
+    let server = crate::deploy_k8s::server_rs();
+    let base = crate::deploy_k8s::docs();
+    crate::deploy_k8s::checks::check_all(&base, &help, &server).expect("the committed manifests agree");
     const ARGS: &str = "/spec/template/spec/containers/0/args";
     type Mutate = Box<dyn Fn(&mut Vec<Doc>)>;
     let arg = |from: &'static str, to: Option<&'static str>| -> Mutate {
@@ -531,7 +531,7 @@ fn a_wrong_discovery_or_rbac_field_is_caught() {
     for (what, named, mutate) in mutations {
         let mut docs = base.clone();
         mutate(&mut docs);
-        let r = crate::checks::check_all(&docs, &help, &server);
+        let r = crate::deploy_k8s::checks::check_all(&docs, &help, &server);
         let e = format!("{:#}", r.expect_err(what));
         assert!(e.contains(named), "{what}: caught, but not by name ('{named}'): {e}");
         eprintln!("{what}: {e}");

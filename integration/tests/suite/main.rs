@@ -1,0 +1,28 @@
+//! Every integration test in one binary (one link instead of one per file: the suite's debug
+//! binaries are large, and CI builds them on 2 cores). Each module is one concern; run one with
+//! `cargo test -p kvroute-integration --test suite <module>::`. They run with
+//! `--test-threads=1` in `./dev test`: each starts its own Envoy, updater and workers.
+
+mod bad_input;
+mod bundles;
+mod calibration;
+mod compose;
+mod configs;
+mod dashboard;
+mod deploy_k8s;
+mod discovery;
+mod engine_sglang;
+mod engine_vllm;
+mod failsafe;
+mod knowledge;
+mod last_token;
+mod lora;
+mod misdeploy;
+mod models;
+mod replicas;
+mod robustness;
+mod routing;
+mod schema;
+mod sdk;
+mod shedding;
+mod up;
