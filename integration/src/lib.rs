@@ -16,6 +16,7 @@ pub mod process;
 pub mod rawhttp;
 pub mod replicas;
 pub mod sglang_face;
+pub mod siege;
 pub mod sim;
 pub mod stack;
 pub mod workload;
