@@ -60,6 +60,9 @@ pub struct KvHttp {
     /// The deadline and priority header values as sent (bytes; resolved after the decision,
     /// which names the model whose default deadline applies).
     admission_headers: (Option<Vec<u8>>, Option<Vec<u8>>),
+    /// The request body buffered so far (bytes): a request that ends with trailers is decided
+    /// on it when they arrive.
+    buffered: usize,
 }
 
 impl KvHttp {
@@ -71,6 +74,7 @@ impl KvHttp {
             endpoint: None,
             inflight: None,
             admission_headers: (None, None),
+            buffered: 0,
         }
     }
 
@@ -199,6 +203,21 @@ impl KvHttp {
             first_byte_is_ttft,
         });
         Action::Continue
+    }
+
+    /// The whole request is in (its body ended the stream, or its trailers did): decide on it.
+    fn request_complete(&mut self, endpoint: Endpoint) -> Action {
+        self.state.waiting.done(self.id);
+        if self.buffered == 0 {
+            self.endpoint = None;
+            return self.reject(&ApiError::bad_request(
+                "invalid_json",
+                None,
+                "request body is empty".into(),
+            ));
+        }
+        let body = host::request_body(self.buffered).unwrap_or_default();
+        self.route(endpoint, &body)
     }
 
     /// Whether the tick passed this request on; its body (buffered meanwhile) then goes
@@ -369,11 +388,7 @@ impl HttpContext for KvHttp {
         self.endpoint = Endpoint::from_path(&path).filter(|_| method == b"POST");
         match self.endpoint {
             None => Action::Continue,
-            Some(_) if end_of_stream => self.reject(&ApiError::bad_request(
-                "invalid_json",
-                None,
-                "request body is empty".into(),
-            )),
+            Some(endpoint) if end_of_stream => self.request_complete(endpoint),
             Some(_) => self.wait_for_body(),
         }
     }
@@ -390,12 +405,22 @@ impl HttpContext for KvHttp {
             self.endpoint = None;
             return self.reject(&ApiError::too_large(limit));
         }
+        self.buffered = body_size;
         if !end_of_stream {
             return Action::Pause;
         }
-        self.state.waiting.done(self.id);
-        let body = host::request_body(body_size).unwrap_or_default();
-        self.route(endpoint, &body)
+        self.request_complete(endpoint)
+    }
+
+    /// A request whose stream ends with trailers (HTTP/2, or HTTP/1.1 chunked) never sees a body
+    /// callback with `end_of_stream`: the trailers end it, and it is decided here on the body
+    /// buffered so far, exactly as if its last data frame had ended the stream.
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.check_passed_on();
+        match self.endpoint {
+            Some(endpoint) => self.request_complete(endpoint),
+            None => Action::Continue,
+        }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
@@ -424,6 +449,12 @@ impl HttpContext for KvHttp {
         if end_of_stream {
             self.finish();
         }
+        Action::Continue
+    }
+
+    /// A response that ends with trailers: its body callbacks never saw the end of the stream.
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.finish();
         Action::Continue
     }
 
