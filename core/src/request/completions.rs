@@ -7,7 +7,7 @@ use std::fmt;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use super::{EarlyPrompt, LoadOnly, Prompt, RequestError};
+use super::{pyint, EarlyPrompt, LoadOnly, Prompt, RequestError};
 
 /// The body's top level in one pass, with `prompt` read on its own: token ids (tens of
 /// thousands of numbers in a long prompt) go straight into `u32`s instead of into one JSON
@@ -155,8 +155,21 @@ fn maybe_python_int(v: &Value) -> bool {
     false
 }
 
-fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
-    items.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
+/// The items as token ids: with `lax`, as pydantic's lax `int` reads each (`1.0`, `"2"`,
+/// `true`); without, Python `int`s only (its strict mode).
+fn token_ids(items: &[Value], lax: bool) -> Option<Vec<u32>> {
+    let id = |t: &Value| {
+        if !lax && !pyint::is_strict_int(t) {
+            return None;
+        }
+        pyint::lax_int(t).and_then(|n| u32::try_from(n).ok())
+    };
+    items.iter().map(id).collect()
+}
+
+/// The items as a batch of token-id lists (see [`token_ids`]).
+fn token_lists(items: &[Value], lax: bool) -> Option<Vec<Vec<u32>>> {
+    items.iter().map(|i| i.as_array().and_then(|l| token_ids(l, lax))).collect()
 }
 
 /// A completion prompt: a string, token ids, or a batch (several strings or token-id lists),
@@ -172,14 +185,22 @@ pub(super) fn parse_prompt(
     if let [Value::String(s)] = items.as_slice() {
         return Ok((Prompt::Text(s.clone()), None));
     }
-    if let Some(ids) = token_ids(items) {
+    // vLLM's `prompt: list[int] | list[list[int]] | str | list[str]` is a pydantic smart
+    // union: an exact (strict) match of any member wins, then the first lax one (`["1"]` is a
+    // string, `[1, "2"]` and `[1.0]` token ids, `[["1"]]` a batch of token ids).
+    if let Some(ids) = token_ids(items, false) {
         return Ok((Prompt::Tokens(ids), None));
     }
     let batch = Some(LoadOnly::Batch);
     if let Some(texts) = items.iter().map(Value::as_str).collect::<Option<Vec<&str>>>() {
         return Ok((Prompt::Text(texts.join("\n")), batch));
     }
-    let lists = items.iter().map(|i| i.as_array().and_then(|l| token_ids(l)));
-    let ids = lists.collect::<Option<Vec<Vec<u32>>>>().ok_or(RequestError::InvalidPrompt)?;
-    Ok((Prompt::Tokens(ids.concat()), batch))
+    if let Some(lists) = token_lists(items, false) {
+        return Ok((Prompt::Tokens(lists.concat()), batch));
+    }
+    if let Some(ids) = token_ids(items, true) {
+        return Ok((Prompt::Tokens(ids), None));
+    }
+    let lists = token_lists(items, true).ok_or(RequestError::InvalidPrompt)?;
+    Ok((Prompt::Tokens(lists.concat()), batch))
 }

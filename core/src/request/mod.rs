@@ -10,6 +10,7 @@
 mod anthropic;
 mod chat;
 mod completions;
+pub mod pyint;
 pub mod pyjson;
 mod responses;
 #[cfg(test)]
@@ -223,7 +224,7 @@ fn parse_object(
     let user = opt_string(obj, "user")?;
     let max_tokens = match max_keys.iter().find_map(|k| obj.get(*k).filter(|v| !v.is_null())) {
         None => None,
-        Some(v) => Some(v.as_u64().ok_or(RequestError::InvalidField("max_tokens"))?),
+        Some(v) => Some(max_tokens_value(v)?),
     };
     Ok(ParsedRequest {
         endpoint,
@@ -251,6 +252,18 @@ fn skips_cache_read(endpoint: Endpoint, obj: &Map<String, Value>) -> bool {
         Endpoint::Messages | Endpoint::Responses => return false,
     };
     set("prompt_logprobs") || (echo && echoed)
+}
+
+/// A `max_tokens`-like field as vLLM's `int` field reads it ([`pyint::lax_int`]: `2.0`, `"2"`
+/// and `true` are integers, `2.5` is not). A negative value, which vLLM refuses too (its
+/// sampling parameters want at least 1), is refused here; one beyond 64 bits is kept as
+/// `u64::MAX`, which is past any context length and so refused by the engine as vLLM does.
+fn max_tokens_value(v: &Value) -> Result<u64, RequestError> {
+    let n = pyint::lax_int(v).ok_or(RequestError::InvalidField("max_tokens"))?;
+    if n < 0 {
+        return Err(RequestError::InvalidField("max_tokens"));
+    }
+    Ok(u64::try_from(n).unwrap_or(u64::MAX))
 }
 
 fn opt_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, RequestError> {

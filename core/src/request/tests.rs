@@ -434,7 +434,8 @@ mod early_prompt {
             (r#"{"model":"m","prompt":"x","top_p":1e400}"#, Ok(Prompt::Text("x".into()))),
             ("\u{feff}{\"model\":\"m\",\"prompt\":[3]}", Ok(Prompt::Tokens(vec![3]))),
             (r#"{"model":"m","prompt":[123456789012345678901]}"#, Err(RequestError::InvalidPrompt)),
-            (r#"{"model":"m","prompt":[-0.0]}"#, Err(RequestError::InvalidPrompt)),
+            // pydantic's lax `int` reads an integral float as the integer.
+            (r#"{"model":"m","prompt":[-0.0]}"#, Ok(Prompt::Tokens(vec![0]))),
         ] {
             let fast = parse(Endpoint::Completions, body.as_bytes());
             assert_eq!(fast, general_completions(body.as_bytes()), "{body}");
@@ -444,5 +445,96 @@ mod early_prompt {
         let body = json!({"model": "m", "prompt": ids}).to_string();
         let got = parse(Endpoint::Completions, body.as_bytes()).unwrap();
         assert_eq!(got.prompt, Prompt::Tokens(ids));
+    }
+}
+
+/// Integer fields as vLLM's pydantic models read them (each row run through pydantic 2.14 on
+/// vLLM 0.33's field types): `max_tokens` on every endpoint, and completion token ids, where
+/// the prompt's union picks an exact match first (`["1"]` is text) and a lax one after.
+#[test]
+fn integer_fields_accept_what_pydantic_accepts() {
+    let max = |endpoint: Endpoint, field: &str, v: &str| {
+        let body = match endpoint {
+            Endpoint::Completions => format!(r#"{{"model":"m","prompt":"x","{field}":{v}}}"#),
+            Endpoint::Responses => format!(r#"{{"model":"m","input":"x","{field}":{v}}}"#),
+            _ => format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],"{field}":{v}}}"#
+            ),
+        };
+        parse(endpoint, body.as_bytes()).map(|r| r.max_tokens)
+    };
+    let bad = Err(RequestError::InvalidField("max_tokens"));
+    let rows: &[(&str, Result<Option<u64>, RequestError>)] = &[
+        ("2", Ok(Some(2))),
+        ("2.0", Ok(Some(2))),
+        ("1e3", Ok(Some(1000))),
+        ("true", Ok(Some(1))),
+        ("false", Ok(Some(0))),
+        (r#""16""#, Ok(Some(16))),
+        (r#"" 1_000 ""#, Ok(Some(1000))),
+        (r#""2.00""#, Ok(Some(2))),
+        ("-0.0", Ok(Some(0))),
+        ("null", Ok(None)),
+        ("18446744073709551615", Ok(Some(u64::MAX))),
+        // Beyond 64 bits: still an int to Python, past any context length.
+        ("123456789012345678901234567890", Ok(Some(u64::MAX))),
+        ("2.5", bad.clone()),
+        ("1e-3", bad.clone()),
+        ("1e20", bad.clone()),
+        ("NaN", bad.clone()),
+        ("Infinity", bad.clone()),
+        (r#""1e3""#, bad.clone()),
+        (r#""2.5""#, bad.clone()),
+        (r#""""#, bad.clone()),
+        ("[]", bad.clone()),
+        ("{}", bad.clone()),
+        ("-1", bad.clone()),
+        ("-2.0", bad.clone()),
+    ];
+    let fields: &[(Endpoint, &str)] = &[
+        (Endpoint::Chat, "max_tokens"),
+        (Endpoint::Chat, "max_completion_tokens"),
+        (Endpoint::Completions, "max_tokens"),
+        (Endpoint::Messages, "max_tokens"),
+        (Endpoint::Responses, "max_output_tokens"),
+    ];
+    for &(endpoint, field) in fields {
+        for (v, want) in rows {
+            assert_eq!(&max(endpoint, field, v), want, "{endpoint:?} {field}: {v}");
+        }
+    }
+
+    let prompt = |v: &str| {
+        let body = format!(r#"{{"model":"m","prompt":{v}}}"#);
+        let fast = parse(Endpoint::Completions, body.as_bytes());
+        let general = pyjson::from_body(body.as_bytes())
+            .map_err(|e| RequestError::InvalidJson(e.to_string()))
+            .and_then(|p| parse_value(Endpoint::Completions, &p.value));
+        assert_eq!(fast, general, "{v}");
+        fast.map(|r| (r.prompt, r.load_only))
+    };
+    let tokens = |ids: &[u32]| Ok((Prompt::Tokens(ids.to_vec()), None));
+    let batch = |ids: &[u32]| Ok((Prompt::Tokens(ids.to_vec()), Some(LoadOnly::Batch)));
+    let rows: &[(&str, Result<(Prompt, Option<LoadOnly>), RequestError>)] = &[
+        ("[1.0, 2.0]", tokens(&[1, 2])),
+        ("[1, -0.0]", tokens(&[1, 0])),
+        (r#"[1, "2"]"#, tokens(&[1, 2])),
+        (r#"["1", 2]"#, tokens(&[1, 2])),
+        ("[true, 1]", tokens(&[1, 1])),
+        (r#"["1"]"#, Ok((Prompt::Text("1".into()), None))),
+        (r#"["a", "1"]"#, Ok((Prompt::Text("a\n1".into()), Some(LoadOnly::Batch)))),
+        ("[[1.0]]", batch(&[1])),
+        (r#"[["1"]]"#, batch(&[1])),
+        (r#"[[1], ["2"]]"#, batch(&[1, 2])),
+        ("[[true]]", batch(&[1])),
+        ("[[]]", batch(&[])),
+        ("[1.5]", Err(RequestError::InvalidPrompt)),
+        (r#"[1.0, "a"]"#, Err(RequestError::InvalidPrompt)),
+        ("[-1]", Err(RequestError::InvalidPrompt)),
+        ("[[-1]]", Err(RequestError::InvalidPrompt)),
+        (r#"[[1, "a"]]"#, Err(RequestError::InvalidPrompt)),
+    ];
+    for (v, want) in rows {
+        assert_eq!(&prompt(v), want, "{v}");
     }
 }
