@@ -10,6 +10,7 @@
 mod anthropic;
 mod chat;
 mod completions;
+pub mod path;
 pub mod pyint;
 pub mod pyjson;
 mod responses;
@@ -36,15 +37,14 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Maps a request path, as the raw bytes Envoy holds (HTTP/2 lets any byte through), to an
-    /// endpoint kvroute routes. The query string is ignored whatever its bytes; a path that is
-    /// not exactly one of the endpoints (including one with non-UTF-8 bytes) is not ours.
-    pub fn from_path(path: &[u8]) -> Option<Endpoint> {
-        let path = path.split(|b| *b == b'?').next().unwrap_or(path);
-        let mut end = path.len();
-        while end > 1 && path[end - 1] == b'/' {
-            end -= 1;
-        }
-        match &path[..end] {
+    /// endpoint kvroute routes: every path vLLM's server would serve as that endpoint (see
+    /// [`path`]: the query and fragment ignored whatever their bytes, percent-escapes decoded
+    /// once as uvicorn decodes them, `/v1/chat/%63ompletions` included, trailing slashes
+    /// dropped as Starlette's redirect drops them). Anything else, a path with non-UTF-8 bytes
+    /// or `//v1/...` (which vLLM answers 404) included, is not ours.
+    pub fn from_path(target: &[u8]) -> Option<Endpoint> {
+        let decoded = path::server_path(target);
+        match path::route_path(&decoded) {
             b"/v1/chat/completions" => Some(Endpoint::Chat),
             b"/v1/completions" => Some(Endpoint::Completions),
             b"/v1/messages" => Some(Endpoint::Messages),

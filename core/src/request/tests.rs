@@ -36,6 +36,33 @@ fn endpoints_from_paths() {
 }
 
 #[test]
+fn percent_encoded_paths_are_the_endpoints_vllm_serves() {
+    // Every row: what vLLM 0.33's server (uvicorn + Starlette) routes the target to.
+    let rows: &[(&[u8], Option<Endpoint>)] = &[
+        (b"/v1/chat/%63ompletions", Some(Endpoint::Chat)),
+        (b"/v1/chat/%63ompletions/", Some(Endpoint::Chat)),
+        (b"/%76%31/%63%68%61%74/%63%6f%6d%70%6c%65%74%69%6f%6e%73", Some(Endpoint::Chat)),
+        (b"/v1%2Fchat%2Fcompletions", Some(Endpoint::Chat)),
+        (b"/v1/%63ompletions?stream=%74rue", Some(Endpoint::Completions)),
+        (b"/v1/%6Dessages", Some(Endpoint::Messages)),
+        (b"/v1/respon%73es", Some(Endpoint::Responses)),
+        (b"/v1/chat/completions#x", Some(Endpoint::Chat)),
+        (b"/v1/chat/%2563ompletions", None),
+        (b"/v1/chat/completions%3F", None),
+        (b"/v1/chat/completions%00", None),
+        (b"/V1/chat/completions", None),
+        (b"//v1/chat/completions", None),
+        (b"/v1//chat/completions", None),
+        (b"/v1/./chat/completions", None),
+        (b"/v1/x/../chat/completions", None),
+        (b"/v1/chat/completions%ff", None),
+    ];
+    for (path, want) in rows {
+        assert_eq!(Endpoint::from_path(path), *want, "{}", String::from_utf8_lossy(path));
+    }
+}
+
+#[test]
 fn parses_chat_with_all_fields() {
     let r = chat(json!({"model":"m","messages":[{"role":"user","content":"hi"}],
         "stream":true,"stream_options":{"include_usage":true},"cache_salt":"t1","user":"u",
