@@ -542,7 +542,8 @@ fn integer_fields_accept_what_pydantic_accepts() {
     };
     let tokens = |ids: &[u32]| Ok((Prompt::Tokens(ids.to_vec()), None));
     let batch = |ids: &[u32]| Ok((Prompt::Tokens(ids.to_vec()), Some(LoadOnly::Batch)));
-    let rows: &[(&str, Result<(Prompt, Option<LoadOnly>), RequestError>)] = &[
+    type Want = Result<(Prompt, Option<LoadOnly>), RequestError>;
+    let rows: &[(&str, Want)] = &[
         ("[1.0, 2.0]", tokens(&[1, 2])),
         ("[1, -0.0]", tokens(&[1, 0])),
         (r#"[1, "2"]"#, tokens(&[1, 2])),
