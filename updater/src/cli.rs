@@ -94,9 +94,29 @@ pub struct Args {
     /// Most frames in one ZMQ message from a worker.
     #[arg(long, default_value_t = defaults::MAX_MESSAGE_FRAMES)]
     pub max_message_frames: usize,
+    /// Most bytes of all frames of one ZMQ message together (at least --max-frame-bytes);
+    /// frames past it are refused before the ZMQ codec holds them.
+    #[arg(long, default_value_t = defaults::MAX_MESSAGE_BYTES)]
+    pub max_message_bytes: usize,
+    /// Most msgpack elements in one event batch; a batch with more, or declaring more than its
+    /// bytes can hold, is refused before it is decoded.
+    #[arg(long, default_value_t = defaults::MAX_BATCH_ELEMENTS)]
+    pub max_batch_elements: usize,
     /// Largest HTTP answer read from a worker (`/metrics`, `/tokenize`, `/v1/models`).
     #[arg(long, default_value_t = defaults::MAX_HTTP_BODY_BYTES)]
     pub max_http_body_bytes: usize,
+    /// Most open connections to the HTTP surface; lowered to fit the open-files limit. Past
+    /// it, the oldest idle connection that never sent the token is closed first.
+    #[arg(long, default_value_t = defaults::MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// A connection must complete a request's head this long after it opened or after the
+    /// first byte of a request (ms).
+    #[arg(long, default_value_t = defaults::HEADER_READ_TIMEOUT_MS)]
+    pub header_read_timeout_ms: u64,
+    /// A kept-alive connection with no request in flight is closed after this long (ms); a
+    /// long poll is a request in flight.
+    #[arg(long, default_value_t = defaults::IDLE_TIMEOUT_MS)]
+    pub idle_timeout_ms: u64,
     /// How long another Envoy replica's routing credit is kept and published (ms).
     #[arg(long, default_value_t = defaults::PEER_TTL_MS)]
     pub peer_ttl_ms: u64,
@@ -223,7 +243,12 @@ pub fn resolve(args: &Args, m: &ArgMatches) -> Result<Resolved, ConfigError> {
         replay_retry_ms,
         max_frame_bytes,
         max_message_frames,
+        max_message_bytes,
+        max_batch_elements,
         max_http_body_bytes,
+        max_connections,
+        header_read_timeout_ms,
+        idle_timeout_ms,
         peer_ttl_ms,
         peer_load_ttl_ms,
         max_peer_replicas,

@@ -44,6 +44,15 @@ pub mod defaults {
     pub const REPLAY_RETRY_MS: u64 = 5_000;
     pub const MAX_FRAME_BYTES: usize = 64 << 20;
     pub const MAX_MESSAGE_FRAMES: usize = 16;
+    /// One message's frames together: one maximal frame, never sixteen.
+    pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+    pub const MAX_BATCH_ELEMENTS: usize = crate::decode::DEFAULT_MAX_ELEMENTS;
+    /// Open HTTP connections (lowered to what the open-files limit leaves, see
+    /// [`crate::conns::ConnLimits::clamped`]).
+    pub const MAX_CONNECTIONS: usize = 4096;
+    pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+    /// Longer than a long poll's longest wait: a connection in a long poll is never idle.
+    pub const IDLE_TIMEOUT_MS: u64 = 60_000;
     pub const MAX_HTTP_BODY_BYTES: usize = 4 << 20;
     pub const PEER_TTL_MS: u64 = 10_000;
     pub const PEER_LOAD_TTL_MS: u64 = 3_000;
@@ -96,6 +105,10 @@ pub enum ConfigError {
     ShortToken(String),
     #[error("discovery: {0}")]
     Discovery(#[from] DiscoveryConfigError),
+    #[error("max_frame_bytes ({frame}) must not exceed max_message_bytes ({message})")]
+    FrameOverMessage { frame: usize, message: usize },
+    #[error("{0} must be > 0")]
+    Zero(&'static str),
 }
 
 /// One model: `[[models]]` in the file, `--model NAME[=DIR]` on the command line.
@@ -177,7 +190,12 @@ pub struct UpdaterConfig {
     pub replay_retry_ms: u64,
     pub max_frame_bytes: usize,
     pub max_message_frames: usize,
+    pub max_message_bytes: usize,
+    pub max_batch_elements: usize,
     pub max_http_body_bytes: usize,
+    pub max_connections: usize,
+    pub header_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
     pub peer_ttl_ms: u64,
     pub peer_load_ttl_ms: u64,
     pub max_peer_replicas: usize,
@@ -211,7 +229,12 @@ impl Default for UpdaterConfig {
             replay_retry_ms: d::REPLAY_RETRY_MS,
             max_frame_bytes: d::MAX_FRAME_BYTES,
             max_message_frames: d::MAX_MESSAGE_FRAMES,
+            max_message_bytes: d::MAX_MESSAGE_BYTES,
+            max_batch_elements: d::MAX_BATCH_ELEMENTS,
             max_http_body_bytes: d::MAX_HTTP_BODY_BYTES,
+            max_connections: d::MAX_CONNECTIONS,
+            header_read_timeout_ms: d::HEADER_READ_TIMEOUT_MS,
+            idle_timeout_ms: d::IDLE_TIMEOUT_MS,
             peer_ttl_ms: d::PEER_TTL_MS,
             peer_load_ttl_ms: d::PEER_LOAD_TTL_MS,
             max_peer_replicas: d::MAX_PEER_REPLICAS,
@@ -254,8 +277,10 @@ impl UpdaterConfig {
     }
 
     /// Checks everything serde does not: workers (addresses, endpoints, duplicates), models
-    /// (names, duplicates, block sizes), the Envoy admin URL and cluster.
+    /// (names, duplicates, block sizes), the Envoy admin URL and cluster, the wire and
+    /// connection bounds.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_bounds()?;
         let discovery = self.discovery();
         discovery.validate(self.workers.len())?;
         if self.workers.is_empty() && !discovery.is_dynamic() {
@@ -302,6 +327,37 @@ impl UpdaterConfig {
             return Err(ConfigError::EnvoyCluster);
         }
         Ok(())
+    }
+
+    /// The bounds that have no floor to raise them to: zero is refused, and a frame may not be
+    /// larger than the message that holds it.
+    fn validate_bounds(&self) -> Result<(), ConfigError> {
+        let zero = [
+            ("max_message_bytes", self.max_message_bytes as u64),
+            ("max_batch_elements", self.max_batch_elements as u64),
+            ("max_connections", self.max_connections as u64),
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+        ];
+        if let Some((name, _)) = zero.iter().find(|(_, v)| *v == 0) {
+            return Err(ConfigError::Zero(name));
+        }
+        if self.max_frame_bytes > self.max_message_bytes {
+            return Err(ConfigError::FrameOverMessage {
+                frame: self.max_frame_bytes,
+                message: self.max_message_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// The HTTP server's connection bounds, before the open-files limit clamps them.
+    pub fn conn_limits(&self) -> crate::conns::ConnLimits {
+        crate::conns::ConnLimits {
+            max_connections: self.max_connections,
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms.max(100)),
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(100)),
+        }
     }
 
     /// The discovery settings (the static list when none are given).
@@ -356,6 +412,8 @@ impl UpdaterConfig {
             wire: WireLimits {
                 max_frame_bytes: self.max_frame_bytes.max(1024),
                 max_message_frames: self.max_message_frames.max(4),
+                max_message_bytes: self.max_message_bytes.max(1024),
+                max_batch_elements: self.max_batch_elements.max(1),
             },
             max_http_body_bytes: self.max_http_body_bytes.max(64 << 10),
             adapters: AdapterLimits {

@@ -2,7 +2,14 @@
 //! `[ts, [event...], rank]` with events as positional arrays or maps with `"type"`. Untrusted
 //! bytes: the decoder returns an error, never panics (fuzz target `event_decode`). A batch that
 //! decodes is taken event by event: an unreadable event becomes [`EngineEvent::Bad`] and the
-//! rest of the batch still applies.
+//! rest of the batch still applies. Before anything is decoded, a pre-pass over the bytes
+//! ([`bounds`]) refuses a payload whose declared sizes its bytes cannot hold, or that holds more
+//! elements or nesting than [`Bounds`] allow, so what decoding allocates is bounded by the
+//! payload's length and the caps.
+
+mod bounds;
+
+pub use bounds::{check, BoundError, Bounds, Shape, DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS};
 
 use rmpv::Value;
 use thiserror::Error;
@@ -136,6 +143,8 @@ pub enum DecodeError {
     Shape,
     #[error("event field '{0}' is missing or has the wrong type")]
     Field(&'static str),
+    #[error("refused before decoding: {0}")]
+    Bounds(#[from] BoundError),
 }
 
 fn key(v: &Value) -> Option<EngineKey> {
@@ -298,8 +307,15 @@ fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
 /// build overflows a 2 MiB thread stack (fuzz seed `event_decode/deep-nesting.msgpack`).
 const MAX_DEPTH: usize = 64;
 
-/// Decodes one batch payload.
+/// Decodes one batch payload within the default [`Bounds`].
 pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
+    decode_batch_with(payload, &Bounds::default())
+}
+
+/// Decodes one batch payload; refused before anything is allocated for it when its structure
+/// exceeds what its bytes can hold or `bounds` ([`check`]).
+pub fn decode_batch_with(payload: &[u8], bounds: &Bounds) -> Result<Batch, DecodeError> {
+    check(payload, bounds)?;
     let v = rmpv::decode::read_value_with_max_depth(&mut &payload[..], MAX_DEPTH)
         .map_err(|e| DecodeError::Msgpack(e.to_string()))?;
     let a = v.as_array().ok_or(DecodeError::Shape)?;

@@ -11,6 +11,8 @@
 //! - passes a message frame longer than the cap on as an *empty* frame (same flags) while it
 //!   discards the body as it streams in, so the message keeps its shape, the batch is refused
 //!   (counted) and the stream goes on;
+//! - does the same with every frame that would take the message's frames, together, past the
+//!   message cap (the codec holds a whole message before the updater sees it);
 //! - drops the middle frames of a message beyond the frame-count cap (the codec would buffer
 //!   every frame of a message);
 //! - closes the connection on a command frame longer than the cap (no command is that large).
@@ -58,11 +60,22 @@ pub struct Framer {
     header: [u8; 9],
     /// Message frames so far in the current message.
     frames: usize,
+    /// Bytes of the current message's frames passed on so far.
+    message_bytes: u64,
+    /// The current message already hit the message-bytes cap (counted once).
+    message_capped: bool,
 }
 
 impl Framer {
     pub fn new(limits: WireLimits) -> Framer {
-        Framer { limits, step: Step::Greeting(0), header: [0; 9], frames: 0 }
+        Framer {
+            limits,
+            step: Step::Greeting(0),
+            header: [0; 9],
+            frames: 0,
+            message_bytes: 0,
+            message_capped: false,
+        }
     }
 
     /// Consumes `input`, appending what may pass to `out` and each cap hit to `hits`.
@@ -137,22 +150,32 @@ impl Framer {
         self.frames += 1;
         let last = flags & MORE == 0;
         let counted = self.frames;
-        if last {
-            self.frames = 0;
-        }
-        if !last && counted > self.limits.max_message_frames {
+        let over_total =
+            self.message_bytes.saturating_add(len) > self.limits.max_message_bytes as u64;
+        let step = if !last && counted > self.limits.max_message_frames {
             if counted == self.limits.max_message_frames + 1 {
                 hits.push(Cap::MessageFrames);
             }
-            return Ok(body(len, false));
-        }
-        if too_long {
-            hits.push(Cap::FrameBytes);
+            body(len, false)
+        } else if too_long || over_total {
+            if too_long {
+                hits.push(Cap::FrameBytes);
+            } else if !std::mem::replace(&mut self.message_capped, true) {
+                hits.push(Cap::MessageBytes);
+            }
             out.extend_from_slice(&[flags & !LONG, 0]);
-            return Ok(body(len, false));
+            body(len, false)
+        } else {
+            self.message_bytes += len;
+            out.extend_from_slice(&self.header[..1 + len_bytes]);
+            body(len, true)
+        };
+        if last {
+            self.frames = 0;
+            self.message_bytes = 0;
+            self.message_capped = false;
         }
-        out.extend_from_slice(&self.header[..1 + len_bytes]);
-        Ok(body(len, true))
+        Ok(step)
     }
 }
 
@@ -254,7 +277,12 @@ mod tests {
     use super::*;
 
     fn framer(max_frame: usize, max_frames: usize) -> Framer {
-        Framer::new(WireLimits { max_frame_bytes: max_frame, max_message_frames: max_frames })
+        Framer::new(WireLimits {
+            max_frame_bytes: max_frame,
+            max_message_frames: max_frames,
+            max_message_bytes: 4 * max_frame,
+            ..WireLimits::default()
+        })
     }
 
     fn frame(flags: u8, body: &[u8]) -> Vec<u8> {
@@ -342,5 +370,33 @@ mod tests {
         let (_, hits, ok) = run(&mut framer(1000, 3), &input, 5000);
         assert!(!ok);
         assert_eq!(hits, vec![Cap::FrameBytes]);
+    }
+
+    #[test]
+    fn frames_past_the_message_cap_are_emptied() {
+        // Frames of 600 bytes under a 1000-byte frame cap, 4000 bytes per message: each
+        // message passes six whole frames, the rest go on empty, and the next message starts
+        // afresh.
+        let mut input = vec![0xFF; GREETING];
+        for _ in 0..2 {
+            for _ in 0..9 {
+                input.extend(frame(MORE, &[5; 600]));
+            }
+            input.extend(frame(0, &[6; 600]));
+        }
+        let (out, hits, ok) = run(&mut framer(1000, 16), &input, 333);
+        assert!(ok);
+        assert_eq!(hits, vec![Cap::MessageBytes, Cap::MessageBytes]);
+        let mut want = vec![0xFF; GREETING];
+        for _ in 0..2 {
+            for _ in 0..6 {
+                want.extend(frame(MORE, &[5; 600]));
+            }
+            for _ in 0..3 {
+                want.extend([MORE, 0]);
+            }
+            want.extend([0, 0]);
+        }
+        assert_eq!(out, want);
     }
 }

@@ -99,8 +99,11 @@ pub struct WorkerStats {
     pub rollovers: u64,
     /// Replays cut short by a replay cap.
     pub replays_cut: u64,
-    /// Batches refused or undecodable (oversized, not msgpack, wrong shape).
+    /// Batches refused or undecodable (oversized, over a decoding cap, not msgpack, wrong
+    /// shape).
     pub bad_batches: u64,
+    /// ZMQ messages that are not a batch at all: no 8-byte sequence frame or no payload frame.
+    pub malformed_messages: u64,
     /// Events whose fields could not be read: skipped, the rest of their batch applied.
     pub bad_events: u64,
     /// Batches all of whose events were refused (bad, orphaned, block size): they do not move

@@ -9,7 +9,8 @@
 //! [`state::State`] holds all workers, the models they serve ([`models`]: bundles, block
 //! sizes) and the snapshot version; [`alignment`] identifies each worker's model and checks its
 //! announced config; [`peers`] keeps other Envoy replicas' recent decisions; [`server`] is
-//! the HTTP surface (snapshots with long polls, peer reports, bundles); [`config`] and [`cli`]
+//! the HTTP surface (snapshots with long polls, peer reports, bundles), served by [`conns`]
+//! within connection bounds (header and idle timeouts, a cap under the open-files limit); [`config`] and [`cli`]
 //! resolve the settings from a TOML file and the flags; [`discovery`] keeps the worker set (a
 //! static list, DNS, or a Kubernetes Service's EndpointSlices) and each worker's tasks.
 
@@ -17,6 +18,7 @@ pub mod alignment;
 pub mod blocks;
 pub mod cli;
 pub mod config;
+pub mod conns;
 pub mod decode;
 pub mod discovery;
 pub mod doctor;
@@ -27,6 +29,7 @@ pub mod limits;
 pub mod models;
 pub mod peers;
 pub mod publish;
+pub mod ratelog;
 pub mod replay;
 pub mod scrape;
 pub mod server;

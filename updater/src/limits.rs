@@ -23,6 +23,16 @@ pub enum Cap {
     MessageFrames,
     /// A batch payload larger than the payload cap (refused before msgpack decoding).
     PayloadBytes,
+    /// One ZMQ message whose frames together exceed the message cap (the frames past it are
+    /// emptied before the ZMQ codec sees them).
+    MessageBytes,
+    /// A batch holding more msgpack elements than the element cap (refused before decoding).
+    BatchElements,
+    /// A batch declaring a container, string or binary larger than its bytes can hold
+    /// (refused before decoding: the shape of a msgpack bomb).
+    DeclaredLength,
+    /// A batch nesting containers deeper than a batch needs (refused before decoding).
+    DecodeDepth,
     /// An HTTP answer from the worker (`/metrics`, `/tokenize`, `/v1/models`) too large.
     HttpBody,
     /// A worker listed more LoRA adapters than kept (the rest are not published).
@@ -32,7 +42,7 @@ pub enum Cap {
 }
 
 impl Cap {
-    pub const ALL: [Cap; 11] = [
+    pub const ALL: [Cap; 15] = [
         Cap::BlocksPerTier,
         Cap::EngineKeys,
         Cap::ReplayBatches,
@@ -41,6 +51,10 @@ impl Cap {
         Cap::FrameBytes,
         Cap::MessageFrames,
         Cap::PayloadBytes,
+        Cap::MessageBytes,
+        Cap::BatchElements,
+        Cap::DeclaredLength,
+        Cap::DecodeDepth,
         Cap::HttpBody,
         Cap::Adapters,
         Cap::AdapterName,
@@ -56,6 +70,10 @@ impl Cap {
             Cap::FrameBytes => "frame_bytes",
             Cap::MessageFrames => "message_frames",
             Cap::PayloadBytes => "payload_bytes",
+            Cap::MessageBytes => "message_bytes",
+            Cap::BatchElements => "batch_elements",
+            Cap::DeclaredLength => "declared_length",
+            Cap::DecodeDepth => "decode_depth",
             Cap::HttpBody => "http_body",
             Cap::Adapters => "adapters",
             Cap::AdapterName => "adapter_name",
@@ -139,11 +157,28 @@ pub struct WireLimits {
     pub max_frame_bytes: usize,
     /// Most frames in one message (PUB sends 3, a replay reply at most 5 with its envelope).
     pub max_message_frames: usize,
+    /// Most bytes of all frames of one message together: the ZMQ codec holds a whole message
+    /// before the updater sees it, so this bounds what one message costs.
+    pub max_message_bytes: usize,
+    /// Most msgpack elements in one batch (see [`crate::decode::Bounds`]).
+    pub max_batch_elements: usize,
+}
+
+impl WireLimits {
+    /// The pre-decoding bounds of one batch.
+    pub fn decode_bounds(&self) -> crate::decode::Bounds {
+        crate::decode::Bounds { max_elements: self.max_batch_elements, ..Default::default() }
+    }
 }
 
 impl Default for WireLimits {
     fn default() -> Self {
-        WireLimits { max_frame_bytes: 64 << 20, max_message_frames: 16 }
+        WireLimits {
+            max_frame_bytes: 64 << 20,
+            max_message_frames: 16,
+            max_message_bytes: 64 << 20,
+            max_batch_elements: crate::decode::DEFAULT_MAX_ELEMENTS,
+        }
     }
 }
 

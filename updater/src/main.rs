@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 use kvroute_updater::cli::{resolve, Args, Resolved};
+use kvroute_updater::conns;
 use kvroute_updater::discovery::{self, Intervals};
 use kvroute_updater::models::Models;
 use kvroute_updater::state::State;
@@ -41,8 +42,17 @@ async fn main() -> anyhow::Result<()> {
     }
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.context("binding the listen address")?;
-    println!("kvroute-updater listening on {}", listener.local_addr()?);
-    let serve = axum::serve(listener, kvroute_updater::server::router(state, token.expose()));
+    let nofile = conns::nofile_limit();
+    let limits = config.conn_limits().clamped(nofile);
+    let stats = Arc::new(conns::ConnStats::new(&limits, nofile));
+    println!(
+        "kvroute-updater listening on {} (at most {} connections, open files limit {})",
+        listener.local_addr()?,
+        limits.max_connections,
+        nofile.map_or_else(|| "unknown".to_owned(), |n| n.to_string())
+    );
+    let app = kvroute_updater::server::router_with(state, token.expose(), Some(Arc::clone(&stats)));
+    let serve = conns::serve(listener, app, token.expose(), limits, stats);
     tokio::select! {
         r = serve => r?,
         r = discovered => r.context("discovery stopped")?.context("discovery")?,

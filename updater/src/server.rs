@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
+use crate::conns::ConnStats;
 use crate::publish::Answer;
 use crate::state::State;
 
@@ -34,9 +35,16 @@ pub const BUNDLE_PARTS_HEADER: &str = "x-kvroute-bundle-parts";
 struct Ctx {
     state: Arc<State>,
     token: Arc<str>,
+    /// The connection counters, when served by [`crate::conns::serve`].
+    conns: Option<Arc<ConnStats>>,
 }
 
 pub fn router(state: Arc<State>, token: &str) -> Router {
+    router_with(state, token, None)
+}
+
+/// [`router`] whose `/status` (`http`) and `/metrics` also show the connection counters.
+pub fn router_with(state: Arc<State>, token: &str, conns: Option<Arc<ConnStats>>) -> Router {
     Router::new()
         .route("/status", get(status))
         .route("/metrics", get(metrics))
@@ -44,15 +52,19 @@ pub fn router(state: Arc<State>, token: &str) -> Router {
         .route("/v1/peers", post(peers))
         .route("/v1/bundles", get(bundles))
         .route("/v1/bundles/{fingerprint}/{part}", get(bundle_part))
-        .with_state(Ctx { state, token: token.into() })
+        .with_state(Ctx { state, token: token.into(), conns })
 }
 
 async fn status(AxState(c): AxState<Ctx>) -> Response {
-    Json(c.state.status()).into_response()
+    let mut status = c.state.status();
+    if let (Some(conns), Some(o)) = (&c.conns, status.as_object_mut()) {
+        o.insert("http".into(), conns.status());
+    }
+    Json(status).into_response()
 }
 
 /// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -228,6 +240,7 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
         "rollovers",
         "replays_cut",
         "bad_batches",
+        "malformed_messages",
         "bad_events",
         "refused_batches",
         "rechunked_stores",
@@ -300,6 +313,9 @@ async fn metrics(AxState(c): AxState<Ctx>) -> Response {
             o,
             "# TYPE kvroute_updater_peer_{name}_total counter\nkvroute_updater_peer_{name}_total {n}"
         );
+    }
+    if let Some(conns) = &c.conns {
+        conns.write_metrics(&mut o);
     }
     let replicas = peers["replicas"].as_object().map_or(0, |r| r.len());
     let hashes = peers["hashes"].as_u64().unwrap_or(0);

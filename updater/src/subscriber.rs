@@ -7,6 +7,10 @@
 //! first batch is the last one applied but with different bytes, is a restart: the worker's
 //! blocks are gone and are rebuilt from replay. No resync moves the last-event time forward:
 //! only batches do, replayed ones with the time the engine published them.
+//!
+//! Every message that is not a batch (no 8-byte sequence frame, no payload frame) is counted
+//! (`malformed_messages`); every refused batch is counted (`bad_batches`, and the cap that
+//! refused it). Log lines are rate-limited per worker and kind ([`RateLog`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,10 +20,11 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use zeromq::{Socket, SocketRecv};
 
-use crate::decode::decode_batch;
+use crate::decode::{decode_batch_with, BoundError, DecodeError};
 use crate::frameguard::{FrameGuard, OnCap};
 use crate::ingest::SeqCheck;
 use crate::limits::{Cap, Limits};
+use crate::ratelog::RateLog;
 use crate::replay::{self, seq_of, End};
 use crate::state::{now_ms, State};
 
@@ -41,6 +46,16 @@ fn log_line(worker: &str, msg: &str) {
         "{{\"component\":\"kvroute-updater\",\"worker\":\"{worker}\",\"msg\":{}}}",
         serde_json::Value::from(msg)
     );
+}
+
+/// The cap a refused batch hit, if a cap refused it.
+fn cap_of(e: &DecodeError) -> Option<Cap> {
+    match e {
+        DecodeError::Bounds(BoundError::Elements(_)) => Some(Cap::BatchElements),
+        DecodeError::Bounds(BoundError::Declared { .. }) => Some(Cap::DeclaredLength),
+        DecodeError::Bounds(BoundError::Depth(_)) => Some(Cap::DecodeDepth),
+        _ => None,
+    }
 }
 
 fn digest(payload: &[u8]) -> u64 {
@@ -73,15 +88,35 @@ struct Follower {
     replay: Option<FrameGuard>,
     /// No replay before this instant (a replay was cut recently).
     replay_after: Option<Instant>,
+    log: RateLog,
 }
 
 impl Follower {
-    fn apply(&self, seq: u64, payload: &[u8], via: Via) {
+    /// Writes `msg` unless a line of `kind` was written for this worker in the last interval.
+    fn log(&mut self, kind: &'static str, msg: &str) {
+        if let Some(line) = self.log.line(kind, msg) {
+            log_line(&self.worker, &line);
+        }
+    }
+
+    /// Counts a message that is not a batch.
+    fn malformed(&mut self, frames: usize) {
+        self.state.update(&self.worker, |e| e.knowledge.stats.malformed_messages += 1);
+        let msg = format!("message of {frames} frames without an 8-byte sequence and a payload");
+        self.log("malformed_message", &msg);
+    }
+
+    fn apply(&mut self, seq: u64, payload: &[u8], via: Via) {
         let decoded = if payload.len() > self.limits.wire.max_frame_bytes {
             self.state.cap_hit(&self.worker, Cap::PayloadBytes);
             Err(format!("payload of {} bytes over the cap", payload.len()))
         } else {
-            decode_batch(payload).map_err(|e| e.to_string())
+            decode_batch_with(payload, &self.limits.wire.decode_bounds()).map_err(|e| {
+                if let Some(cap) = cap_of(&e) {
+                    self.state.cap_hit(&self.worker, cap);
+                }
+                e.to_string()
+            })
         };
         let now = now_ms();
         let d = digest(payload);
@@ -107,7 +142,7 @@ impl Follower {
             }
         });
         if let Err(msg) = decoded {
-            log_line(&self.worker, &format!("batch {seq} refused: {msg}"));
+            self.log("bad_batch", &format!("batch {seq} refused: {msg}"));
         }
     }
 
@@ -150,7 +185,7 @@ impl Follower {
         let got = match replay::fetch(&endpoint, ask, &self.limits.replay).await {
             Ok(r) => r,
             Err(e) => {
-                log_line(&self.worker, &format!("replay from {ask} failed: {e}"));
+                self.log("replay_failed", &format!("replay from {ask} failed: {e}"));
                 return Caught::Nothing;
             }
         };
@@ -158,7 +193,7 @@ impl Follower {
         match &got.end {
             End::Complete => {}
             End::Cut(cap) => {
-                log_line(&self.worker, &format!("replay from {ask} cut by {}", cap.name()));
+                self.log("replay_cut", &format!("replay from {ask} cut by {}", cap.name()));
                 let cap = *cap;
                 self.state.update(&self.worker, |e| {
                     e.knowledge.stats.replays_cut += 1;
@@ -166,7 +201,7 @@ impl Follower {
                 });
                 self.replay_after = Some(Instant::now() + self.limits.replay.retry_after);
             }
-            End::Broken(why) => log_line(&self.worker, &format!("replay from {ask}: {why}")),
+            End::Broken(why) => self.log("replay_broken", &format!("replay from {ask}: {why}")),
         }
         let holds_any = got.batches.iter().any(|(s, _)| *s >= ask);
         let mut batches = got
@@ -196,7 +231,7 @@ impl Follower {
         if next.is_some_and(|n| first > n) {
             // The engine's buffer no longer reaches back to what was asked: what it holds is
             // applied on top of what was known.
-            log_line(&self.worker, &format!("replay starts at {first}, not {ask}: rolled over"));
+            self.log("rolled_over", &format!("replay starts at {first}, not {ask}: rolled over"));
             self.resynced(true);
         }
         let mut expected = first;
@@ -214,7 +249,7 @@ impl Follower {
     async fn catch_up_or_rebuild(&mut self, upto: Option<u64>) -> Caught {
         match self.catch_up(upto).await {
             Caught::Restarted => {
-                log_line(&self.worker, "publisher restarted: full resync");
+                self.log("restarted", "publisher restarted: full resync");
                 self.restarted();
                 self.catch_up(upto).await
             }
@@ -226,7 +261,7 @@ impl Follower {
     /// skipped, keeping what is known.
     async fn fill(&mut self, from: u64, to: u64) {
         self.state.update(&self.worker, |e| e.knowledge.stats.gaps += 1);
-        log_line(&self.worker, &format!("gap: batches {from}..{to} missed, replaying"));
+        self.log("gap", &format!("gap: batches {from}..{to} missed, replaying"));
         self.catch_up_or_rebuild(Some(to)).await;
         let (next, known) = self
             .state
@@ -273,6 +308,7 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
         limits,
         replay,
         replay_after: None,
+        log: RateLog::default(),
     };
     loop {
         let mut sub = zeromq::SubSocket::new();
@@ -331,6 +367,7 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
             let frames = msg.into_vec();
             let (Some(seq), Some(payload)) = (frames.get(1).and_then(|f| seq_of(f)), frames.get(2))
             else {
+                f.malformed(frames.len());
                 continue;
             };
             if let Some(floor) = dup_floor {
@@ -342,12 +379,12 @@ pub async fn follow(state: Arc<State>, ep: Endpoints) {
             live(&mut f, seq, payload).await;
         }
         if resubscribe {
-            log_line(&ep.worker, "live stream silent while replay had new batches: resubscribing");
+            f.log("resubscribe", "live stream silent while replay had new batches: resubscribing");
             state.update(&ep.worker, |e| e.knowledge.stats.resubscribes += 1);
             continue;
         }
         // The blocks stay: on reconnecting, the replay tells whether the history continues.
-        log_line(&ep.worker, "event stream lost: reconnecting");
+        f.log("stream_lost", "event stream lost: reconnecting");
         state.update(&ep.worker, |e| e.connected = false);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -360,7 +397,7 @@ async fn live(f: &mut Follower, seq: u64, payload: &Bytes) {
         SeqCheck::InOrder => {}
         SeqCheck::Gap { from, to } => f.fill(from, to).await,
         SeqCheck::Restart => {
-            log_line(&f.worker, "publisher restarted (sequence went back): full resync");
+            f.log("restarted", "publisher restarted (sequence went back): full resync");
             f.restarted();
             if seq > 0 {
                 f.catch_up(Some(seq)).await;

@@ -124,7 +124,65 @@ async fn a_replay_that_does_not_end_is_cut_by_time() {
 }
 
 fn with_wire(max_frame_bytes: usize, max_message_frames: usize) -> Limits {
-    Limits { wire: WireLimits { max_frame_bytes, max_message_frames }, ..Limits::default() }
+    let wire = WireLimits { max_frame_bytes, max_message_frames, ..WireLimits::default() };
+    Limits { wire, ..Limits::default() }
+}
+
+/// `[ts, [nil; n]]`: an events array of `n` nils, 1 byte each.
+fn nils(n: usize) -> Bytes {
+    let mut b = vec![0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd];
+    b.extend_from_slice(&(n as u32).to_be_bytes());
+    b.extend(std::iter::repeat_n(0xc0, n));
+    Bytes::from(b)
+}
+
+#[tokio::test]
+async fn msgpack_bombs_and_malformed_messages_are_counted_and_the_stream_goes_on() {
+    let mut fake = Fake::start(ReplayMode::Normal).await;
+    let mut limits = with_wire(8 << 20, 8);
+    limits.wire.max_batch_elements = 100_000;
+    let (state, _follow) = follow_fake(&fake, limits);
+    fake.publish(0, batch(&[stored(100, 1, "GPU")]), &[]).await;
+    assert!(until(10, || stat(&state, "batches") == 1).await, "{}", status(&state));
+    // 1 Mi real nils; an array declaring 2^32 - 1 elements; a string declaring 4 GiB; a map
+    // declaring 2^32 - 1 entries inside the events array.
+    fake.publish(1, nils(1 << 20), &[]).await;
+    let mut huge = vec![0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff];
+    huge.extend([0xc0; 16]);
+    fake.publish(2, Bytes::from(huge), &[]).await;
+    fake.publish(3, Bytes::from_static(&[0x92, 0xdb, 0xff, 0xff, 0xff, 0xff, b'a']), &[]).await;
+    let map = [0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0xdf, 0xff, 0xff, 0xff, 0xff, 0xc0];
+    fake.publish(4, Bytes::copy_from_slice(&map), &[]).await;
+    // Messages that are not batches: no sequence frame, a 3-byte one, a topic alone.
+    let seq = |s: &'static [u8]| Bytes::from_static(s);
+    fake.publish_raw(vec![Bytes::new()]).await;
+    fake.publish_raw(vec![Bytes::new(), seq(b"abc"), batch(&[])]).await;
+    fake.publish_raw(vec![Bytes::new(), seq(&[0; 8])]).await;
+    fake.publish(5, batch(&[stored(500, 1, "GPU")]), &[]).await;
+    assert!(until(10, || status(&state)["next_seq"] == 6).await, "{}", status(&state));
+    assert!(until(5, || stat(&state, "malformed_messages") == 3).await, "{}", status(&state));
+    assert_eq!(stat(&state, "bad_batches"), 4, "{}", status(&state));
+    assert_eq!(cap(&state, "batch_elements"), 1);
+    assert_eq!(cap(&state, "declared_length"), 3);
+    assert_eq!(blocks(&state, "GPU"), 2, "the batches around the bombs are applied");
+    assert_eq!(stat(&state, "resyncs"), 0);
+}
+
+#[tokio::test]
+async fn a_message_over_the_byte_cap_is_emptied_past_it() {
+    let mut fake = Fake::start(ReplayMode::Normal).await;
+    let mut limits = with_wire(1 << 20, 16);
+    limits.wire.max_message_bytes = 2 << 20;
+    let (state, _follow) = follow_fake(&fake, limits);
+    fake.publish(0, batch(&[stored(100, 1, "GPU")]), &[]).await;
+    assert!(until(10, || stat(&state, "batches") == 1).await, "{}", status(&state));
+    // 12 frames of 900 KiB after the batch: the message is 10.5 MiB, the cap 2 MiB.
+    let extra: Vec<Bytes> = (0..12).map(|_| Bytes::from(vec![7u8; 900 << 10])).collect();
+    fake.publish(1, batch(&[stored(200, 1, "GPU")]), &extra).await;
+    fake.publish(2, batch(&[stored(300, 1, "GPU")]), &[]).await;
+    assert!(until(10, || status(&state)["next_seq"] == 3).await, "{}", status(&state));
+    assert_eq!(cap(&state, "message_bytes"), 1);
+    assert_eq!(blocks(&state, "GPU"), 3, "the batch in the capped message still applies");
 }
 
 #[tokio::test]

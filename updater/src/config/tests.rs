@@ -265,6 +265,18 @@ fn validation_errors_are_specific() {
     check(&|c| c.block_size = Some(0), "must be > 0");
     check(&|c| c.envoy_admin = Some("127.0.0.1:9901".into()), "http:// URL");
     check(&|c| c.envoy_cluster.clear(), "envoy_cluster");
+    check(&|c| c.max_message_bytes = c.max_frame_bytes - 1, "must not exceed max_message_bytes");
+    check(&|c| c.max_message_bytes = 0, "max_message_bytes must be > 0");
+    check(&|c| c.max_batch_elements = 0, "max_batch_elements must be > 0");
+    check(&|c| c.max_connections = 0, "max_connections must be > 0");
+    check(&|c| c.header_read_timeout_ms = 0, "header_read_timeout_ms must be > 0");
+    check(&|c| c.idle_timeout_ms = 0, "idle_timeout_ms must be > 0");
+    let wire = base().limits().wire;
+    assert_eq!((wire.max_message_bytes, wire.max_batch_elements), (64 << 20, 1 << 21));
+    assert!(wire.max_message_bytes < wire.max_frame_bytes * wire.max_message_frames);
+    let conns = base().conn_limits();
+    assert_eq!(conns.max_connections, 4096);
+    assert!(conns.idle_timeout.as_millis() > u128::from(crate::server::MAX_WAIT_MS));
     assert!("".parse::<WorkerEntry>().is_err());
     assert!("a,b,c,d".parse::<WorkerEntry>().is_err());
 }

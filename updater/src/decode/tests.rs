@@ -129,7 +129,31 @@ fn deep_nesting_is_an_error() {
         .unwrap()
         .join()
         .unwrap();
-    assert!(matches!(r, Err(DecodeError::Msgpack(_))), "{r:?}");
+    assert_eq!(r, Err(DecodeError::Bounds(BoundError::Depth(DEFAULT_MAX_DEPTH))));
+}
+
+#[test]
+fn bombs_are_refused_before_decoding() {
+    // 4 MiB of nils in the events array: 4 Mi real elements, over the element cap.
+    let n = 4usize << 20;
+    let mut nils = vec![0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd];
+    nils.extend_from_slice(&(n as u32).to_be_bytes());
+    nils.extend(std::iter::repeat_n(0xc0, n));
+    nils.push(0xc0);
+    assert_eq!(
+        decode_batch(&nils),
+        Err(DecodeError::Bounds(BoundError::Elements(DEFAULT_MAX_ELEMENTS)))
+    );
+    let small = Bounds { max_elements: 64, ..Bounds::default() };
+    let ok = enc(Value::Array(vec![Value::F64(1.0), Value::Array(vec![]), Value::Nil]));
+    assert!(decode_batch_with(&ok, &small).is_ok());
+    // A map declaring 2^32 - 1 entries in 20 bytes.
+    let mut map = vec![0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0xdf, 0xff, 0xff, 0xff, 0xff];
+    map.extend([0xc0; 4]);
+    assert!(matches!(
+        decode_batch(&map),
+        Err(DecodeError::Bounds(BoundError::Declared { what: "elements", .. }))
+    ));
 }
 
 fn map(pairs: Vec<(&str, Value)>) -> Value {

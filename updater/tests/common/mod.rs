@@ -111,6 +111,11 @@ impl Fake {
         self.pub_socket.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
     }
 
+    /// Publishes `frames` as one message as they are: not kept for replay.
+    pub async fn publish_raw(&mut self, frames: Vec<Bytes>) {
+        self.pub_socket.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+    }
+
     /// Keeps a batch for replay only (as if the PUB socket dropped it).
     pub fn buffer_only(&self, seq: u64, payload: Bytes) {
         self.buffer.lock().unwrap().push((seq, payload));
