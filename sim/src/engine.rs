@@ -860,7 +860,7 @@ impl Core {
                     continue;
                 }
             }
-            let total_blocks = (s.prompt_len + s.max_tokens).div_ceil(bs);
+            let total_blocks = s.prompt_len.saturating_add(s.max_tokens).div_ceil(bs);
             if total_blocks > self.cache.capacity() {
                 if let Some(s) = self.waiting.remove(i) {
                     s.events.send(TokenEvent::Rejected { needed_blocks: total_blocks });

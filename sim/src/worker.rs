@@ -115,14 +115,47 @@ impl Drop for Running {
 /// Serves `app` on `listener`; every connection task lives in a set owned by this future, so
 /// aborting it closes the listener and all open connections at once, like a crashed process.
 async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
+    use hyper::service::Service as _;
     let mut conns = tokio::task::JoinSet::new();
     while let Ok(stream) = accept(&listener).await {
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let inner = hyper_util::service::TowerToHyperService::new(app.clone());
+        let svc = hyper::service::service_fn(move |mut req| {
+            decode_path(&mut req);
+            inner.call(req)
+        });
         conns.spawn(async move {
             let io = hyper_util::rt::TokioIo::new(stream);
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
         });
         while conns.try_join_next().is_some() {}
+    }
+}
+
+/// Routes a request on its percent-decoded path, as vLLM's server does (uvicorn decodes the
+/// path before Starlette matches it, so `/v1/chat/%63ompletions` is a chat completion; see
+/// `kvroute_core::request::path`). A decoded path that is not a plain URI path (it would hold
+/// `?`, `#`, `%`, a space, a control or a non-ASCII byte) matches none of the routes anyway
+/// and is left as sent.
+fn decode_path<B>(req: &mut hyper::Request<B>) {
+    let uri = req.uri();
+    if !uri.path().contains('%') {
+        return;
+    }
+    let decoded = kvroute_core::request::path::server_path(uri.path().as_bytes());
+    if !decoded.iter().all(|b| b.is_ascii_graphic() && !matches!(b, b'?' | b'#' | b'%')) {
+        return;
+    }
+    let mut target = String::from_utf8_lossy(&decoded).into_owned();
+    if let Some(q) = uri.query() {
+        target.push('?');
+        target.push_str(q);
+    }
+    let mut parts = uri.clone().into_parts();
+    if let Ok(pq) = target.parse() {
+        parts.path_and_query = Some(pq);
+        if let Ok(new) = hyper::Uri::from_parts(parts) {
+            *req.uri_mut() = new;
+        }
     }
 }
 

@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use crate::engine::{Command, Engine, Finish, Submit, TokenEvent, WhatIfAnswer};
 use crate::metrics;
 
+mod limits;
 mod messages;
 mod responses;
 pub mod stop;
@@ -185,9 +186,15 @@ fn anthropic_error_type(status: u16) -> &'static str {
     }
 }
 
-/// Parses, resolves the model and renders and tokenizes a request exactly as `endpoint` does;
-/// the error response is the endpoint's own.
-fn prepare(w: &Worker, endpoint: Endpoint, body: &[u8]) -> Result<Prepared, Box<Response>> {
+/// Parses, resolves the model and renders and tokenizes a request exactly as `endpoint` does,
+/// and sets its output budget ([`limits`]); the error response is the endpoint's own.
+/// `streamable`: a streamed request refused by the engine gets its error in a stream.
+fn prepare(
+    w: &Worker,
+    endpoint: Endpoint,
+    body: &[u8],
+    streamable: bool,
+) -> Result<Prepared, Box<Response>> {
     let req = request::parse(endpoint, body).map_err(|e| Box::new(refuse(endpoint, e.into())))?;
     let Some(lora) = resolve(w, &req.model) else {
         if endpoint == Endpoint::Messages {
@@ -208,17 +215,33 @@ fn prepare(w: &Worker, endpoint: Endpoint, body: &[u8]) -> Result<Prepared, Box<
     let tokens = w.bundle.prompt_tokens(&req.prompt).map_err(|e| {
         Box::new(refuse(endpoint, ApiError::bad_request("invalid_value", None, e.to_string())))
     })?;
-    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) as usize;
-    if tokens.len() + max_tokens > w.max_model_len {
-        let msg = format!(
-            "This model's maximum context length is {} tokens; the request has {} prompt tokens \
-             and {max_tokens} output tokens.",
-            w.max_model_len,
-            tokens.len()
-        );
-        let e = ApiError::bad_request("context_length_exceeded", Some("messages"), msg);
-        return Err(Box::new(refuse(endpoint, e)));
-    }
+    let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let ask = limits::Ask {
+        endpoint,
+        req: &req,
+        body: &body,
+        prompt_tokens: tokens.len(),
+        default_max_tokens: DEFAULT_MAX_TOKENS,
+        max_model_len: w.max_model_len,
+    };
+    let max_tokens = match limits::budget(&ask) {
+        Ok(n) => n,
+        Err(Some(refusal)) => {
+            let stream = streamable && req.stream;
+            return Err(Box::new(refusal.response(endpoint, stream)));
+        }
+        Err(None) => {
+            let msg = format!(
+                "This model's maximum context length is {} tokens. However, your prompt \
+                 contains {} input tokens, which exceeds this limit even without any output \
+                 tokens. Please reduce the length of the input prompt.",
+                w.max_model_len,
+                tokens.len()
+            );
+            let e = ApiError::bad_request("context_length_exceeded", Some("messages"), msg);
+            return Err(Box::new(refuse(endpoint, e)));
+        }
+    };
     Ok(Prepared { req, tokens, lora, max_tokens })
 }
 
@@ -250,7 +273,7 @@ fn too_big(needed_blocks: usize) -> Response {
 }
 
 async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
-    let Prepared { req, tokens, lora, max_tokens } = match prepare(&w, endpoint, body) {
+    let Prepared { req, tokens, lora, max_tokens } = match prepare(&w, endpoint, body, true) {
         Ok(p) => p,
         Err(resp) => return *resp,
     };
@@ -567,7 +590,7 @@ async fn what_if(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
         return error(ApiError::bad_request("invalid_value", Some("endpoint"), msg));
     };
     let raw = q.request.to_string();
-    let p = match prepare(&w, endpoint, raw.as_bytes()) {
+    let p = match prepare(&w, endpoint, raw.as_bytes(), false) {
         Ok(p) => p,
         Err(resp) => return *resp,
     };
