@@ -146,7 +146,7 @@ fn addresses_ports_header_and_token_agree() {
     // The routing header: the filter writes it, override_host reads it, clients' copies go.
     assert_eq!(boot.override_host_header("workers"), filter.destination_header);
     assert!(boot.stripped_headers().contains(&filter.destination_header));
-    assert_eq!(boot.wasm_failure_policy(), "FAIL_OPEN");
+    assert_eq!(boot.wasm_failure_policy(), "FAIL_RELOAD");
 
     // The updater follows exactly these workers, serves where the bootstrap's cluster points,
     // and follows this Envoy's admin and cluster.

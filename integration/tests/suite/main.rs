@@ -25,4 +25,5 @@ mod routing;
 mod schema;
 mod sdk;
 mod shedding;
+mod siege_envoy;
 mod up;
