@@ -41,6 +41,8 @@ pub struct RawRequest {
     pub path: Vec<u8>,
     pub headers: Vec<(Vec<u8>, Vec<u8>)>,
     pub body: Vec<u8>,
+    /// HTTP/2 only: trailers sent after the body, in a HEADERS frame that ends the stream.
+    pub trailers: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl RawRequest {
@@ -51,12 +53,25 @@ impl RawRequest {
             path: path.into(),
             headers: vec![(b"content-type".to_vec(), b"application/json".to_vec())],
             body: body.into(),
+            trailers: vec![],
         }
     }
 
     /// A GET of `path`.
     pub fn get(path: impl Into<Vec<u8>>) -> RawRequest {
-        RawRequest { method: b"GET".to_vec(), path: path.into(), headers: vec![], body: vec![] }
+        RawRequest {
+            method: b"GET".to_vec(),
+            path: path.into(),
+            headers: vec![],
+            body: vec![],
+            trailers: vec![],
+        }
+    }
+
+    /// Adds a trailer (HTTP/2: the stream then ends with a trailers HEADERS frame).
+    pub fn trailer(mut self, name: &str, value: impl Into<Vec<u8>>) -> RawRequest {
+        self.trailers.push((name.as_bytes().to_vec(), value.into()));
+        self
     }
 
     /// Adds a header (any bytes).
@@ -111,6 +126,7 @@ pub async fn send(
 ) -> anyhow::Result<RawResponse> {
     let exchange = async {
         match proto {
+            Proto::Http1 if !req.trailers.is_empty() => bail!("trailers are HTTP/2 only here"),
             Proto::Http1 => send_h1(addr, req).await,
             Proto::H2c => send_h2(addr, req).await,
         }
@@ -511,7 +527,9 @@ async fn send_h2(addr: SocketAddr, req: &RawRequest) -> anyhow::Result<RawRespon
     start.extend(frame(WINDOW_UPDATE, 0, 0, &(OUR_WINDOW - 65_535).to_be_bytes()));
     let block = header_block(req);
     anyhow::ensure!(block.len() <= MAX_FRAME, "header block too large for one frame");
-    let flags = END_HEADERS | if req.body.is_empty() { END_STREAM } else { 0 };
+    // With trailers, the stream ends with their HEADERS frame, not with the body.
+    let ends_with_body = req.trailers.is_empty();
+    let flags = END_HEADERS | if req.body.is_empty() && ends_with_body { END_STREAM } else { 0 };
     start.extend(frame(HEADERS, flags, STREAM, &block));
     wr.write_all(&start).await.context("writing the request head")?;
 
@@ -537,7 +555,7 @@ async fn send_h2(addr: SocketAddr, req: &RawRequest) -> anyhow::Result<RawRespon
             continue;
         }
         let n = (window as usize).min(MAX_FRAME).min(req.body.len() - sent);
-        let last = sent + n == req.body.len();
+        let last = sent + n == req.body.len() && ends_with_body;
         let data =
             frame(DATA, if last { END_STREAM } else { 0 }, STREAM, &req.body[sent..sent + n]);
         if wr.write_all(&data).await.is_err() {
@@ -546,6 +564,16 @@ async fn send_h2(addr: SocketAddr, req: &RawRequest) -> anyhow::Result<RawRespon
         sent += n;
         st.conn_window -= n as i64;
         st.stream_window -= n as i64;
+    }
+    if !ends_with_body && !st.done && st.resp.is_none() {
+        let mut block = Vec::new();
+        for (k, v) in &req.trailers {
+            hpack_literal(&mut block, k, v);
+        }
+        anyhow::ensure!(block.len() <= MAX_FRAME, "trailer block too large for one frame");
+        wr.write_all(&frame(HEADERS, END_HEADERS | END_STREAM, STREAM, &block))
+            .await
+            .context("writing the trailers")?;
     }
     while !st.done {
         if !out.is_empty() {
