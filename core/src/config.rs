@@ -72,6 +72,9 @@ pub struct FilterConfig {
     /// How long a paused request may wait for its body, and when a deployment counts as broken
     /// (`core/src/misdeploy.rs`).
     pub misdeployment: crate::misdeploy::MisdeployConfig,
+    /// Passive health: workers that fail requests are left out for a backoff; the per-try
+    /// first-byte timeout (`core/src/shared/health.rs`).
+    pub health: crate::shared::health::HealthConfig,
 }
 
 /// Deliberate faults, for proving that traffic survives them.
@@ -249,6 +252,7 @@ impl Default for FilterConfig {
             lookahead: Default::default(),
             calibration: Default::default(),
             misdeployment: Default::default(),
+            health: Default::default(),
         }
     }
 }
@@ -456,6 +460,7 @@ impl FilterConfig {
         self.calibration.validate().map_err(ConfigError::Invalid)?;
         self.lookahead.validate().map_err(ConfigError::Invalid)?;
         self.misdeployment.validate(self.tick_ms).map_err(ConfigError::Invalid)?;
+        self.health.validate().map_err(ConfigError::Invalid)?;
         let d = self.knowledge.decode_limits;
         if d.max_workers == 0 || d.max_hashes_per_worker == 0 {
             return bad("knowledge.decode_limits values must be > 0".into());

@@ -246,8 +246,12 @@ impl Router {
         // The updater's pool when it sends one (a new pod joins once identified), else the
         // configured workers.
         let pool = self.knowledge.pool_members(&m.name).unwrap_or(&m.workers);
-        let candidates: Vec<Candidate> = pool
-            .iter()
+        // Workers that failed requests are left out, as primary and as fallback, unless every
+        // worker of the pool is down: then the choice is among all of them (never a refusal).
+        let up: Vec<&String> = pool.iter().filter(|w| !self.knowledge.is_down(w)).collect();
+        let eligible = if up.is_empty() { pool.iter().collect() } else { up };
+        let candidates: Vec<Candidate> = eligible
+            .into_iter()
             .map(|w| {
                 // The cache-blind ablation skips the lookup rather than discarding it, and so
                 // does a request the engine will not look up.
@@ -349,6 +353,11 @@ impl Router {
         let chosen = ranked.remove(i);
         ranked.insert(0, chosen);
         true
+    }
+
+    /// The workers to leave out of decisions from now on (down after failed requests).
+    pub fn set_down<'a>(&mut self, down: impl IntoIterator<Item = &'a str>) {
+        self.knowledge.set_down(down);
     }
 
     /// Takes in an updater snapshot (see [`Knowledge::apply_snapshot`]).

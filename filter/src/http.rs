@@ -22,6 +22,9 @@ use crate::root::ThreadState;
 
 /// Response header with the decision summary, when the config asks for it.
 pub const DECISION_HEADER: &str = "x-kvroute-decision";
+/// Envoy's per-try timeout request header (the native header_mutation filter strips clients'
+/// copies of every `x-envoy-*` header before this filter runs).
+pub const PER_TRY_TIMEOUT_HEADER: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
 
 /// A routed request still in flight.
 struct InFlight {
@@ -144,6 +147,7 @@ impl KvHttp {
         let catchup_us = host::now_nanos().saturating_sub(caught_up) / 1000;
         let now = host::now_ms();
         state.refresh_calibration(now);
+        let health = state.refresh_health(now);
         let view = state.load_view(now);
         let load = |w: &str| view.load(w);
         let decided = state.router.borrow().decide(&parsed, body.len(), &load, now, self.pick(now));
@@ -166,6 +170,8 @@ impl KvHttp {
             // Envoy's fallback policy will pick a worker; nothing of ours to track.
             return Action::Continue;
         }
+        state.maybe_probe(&health, &primary, now);
+        self.first_byte_timeout(&decision, first_byte_is_ttft);
         let ticket = {
             let mut shard = state.shard.borrow_mut();
             shard.start(&state.metrics, &primary, decision.uncached_tokens(), now)
@@ -220,6 +226,46 @@ impl KvHttp {
         self.route(endpoint, &body)
     }
 
+    /// Asks Envoy for a per-try timeout derived from the primary's predicted TTFT when the
+    /// response headers come with the first token (see `shared::health::FirstByteTimeout`):
+    /// a hung worker's try is reset and retried on the next listed worker.
+    fn first_byte_timeout(&self, decision: &Decision, first_byte_is_ttft: bool) {
+        let fbt = &self.state.config.health.first_byte_timeout;
+        if !fbt.enabled || !first_byte_is_ttft {
+            return;
+        }
+        let Some(ttft_ms) = decision.primary().map(|s| s.ttft_ms) else { return };
+        let ms = fbt.for_ttft(ttft_ms).to_string();
+        host::set_request_header(PER_TRY_TIMEOUT_HEADER, Some(&ms));
+    }
+
+    /// Passive health from how the response began: a planned worker that did not serve
+    /// failed (Envoy moved the request on after a connect failure, reset or per-try timeout);
+    /// a local reply that blames the upstream is the served worker's failure; an answer from
+    /// the served worker says it is up.
+    fn judge_start(&self, planned: &str, served: &str) {
+        let now = host::now_ms();
+        let details = host::property(&["response", "code_details"]).unwrap_or_default();
+        if planned != served {
+            self.state.worker_failed(planned, now, "another worker served its request");
+        }
+        if details == b"via_upstream" {
+            self.state.worker_answered(served, now);
+        } else if kvroute_core::shared::health::worker_failed(&details) {
+            self.state.worker_failed(served, now, &String::from_utf8_lossy(&details));
+        }
+    }
+
+    /// Passive health at the end of the stream: a worker that reset a response it had begun
+    /// (it died mid-stream) is down.
+    fn judge_end(&self) {
+        let Some(f) = self.inflight.as_ref().filter(|f| f.status.is_some()) else { return };
+        let details = host::property(&["response", "code_details"]).unwrap_or_default();
+        if details.starts_with(b"upstream_reset_after_response_started") {
+            self.state.worker_failed(&f.served, host::now_ms(), "reset its response stream");
+        }
+    }
+
     /// Whether the tick passed this request on; its body (buffered meanwhile) then goes
     /// through untouched.
     fn check_passed_on(&mut self) {
@@ -266,6 +312,7 @@ impl KvHttp {
         let ok = status.is_some_and(|s| (200..300).contains(&s));
         let (planned, served) = (f.planned.clone(), f.served.clone());
         let hashes = f.decision.block_hashes.clone();
+        self.judge_start(&planned, &served);
         if planned != served {
             self.journal(&planned, &hashes, Source::Routed, true);
             if ok {
@@ -460,6 +507,7 @@ impl HttpContext for KvHttp {
 
     fn on_log(&mut self) {
         self.state.waiting.done(self.id);
+        self.judge_end();
         self.finish();
     }
 }

@@ -225,6 +225,9 @@ struct WorkerIds {
     decisions: Option<u32>,
     inflight: Option<(u32, u32)>,
     audited: Option<(u32, u32)>,
+    /// `kvroute.worker.<w>.down` (1 from an ejection until it answers again) and
+    /// `kvroute.worker.<w>.ejections`.
+    health: Option<(u32, u32)>,
 }
 
 impl WorkerIds {
@@ -240,6 +243,8 @@ impl WorkerIds {
             decisions: define(c, &format!("kvroute.worker.{seg}.decisions")),
             inflight: pair(g, "inflight_requests", "inflight_prefill_tokens"),
             audited: pair(c, "audited_requests", "false_hits"),
+            health: define(g, &format!("kvroute.worker.{seg}.down"))
+                .zip(define(c, &format!("kvroute.worker.{seg}.ejections"))),
         }
     }
 }
@@ -337,6 +342,21 @@ impl Metrics {
         if let Some((r, t)) = self.worker(worker).inflight {
             let _ = hostcalls::record_metric(r, u64::from(load.inflight_requests));
             let _ = hostcalls::record_metric(t, load.prefill_tokens);
+        }
+    }
+
+    /// `worker` went down after a failed request (passive health).
+    pub fn ejected(&self, worker: &str) {
+        if let Some((down, ejections)) = self.worker(worker).health {
+            gauge(Some(down), 1);
+            add(Some(ejections), 1);
+        }
+    }
+
+    /// `worker` answered again after it was down.
+    pub fn recovered(&self, worker: &str) {
+        if let Some((down, _)) = self.worker(worker).health {
+            gauge(Some(down), 0);
         }
     }
 

@@ -11,9 +11,11 @@ use kvroute_core::journal::JournalEntry;
 use kvroute_core::misdeploy::{Symptom, Watch};
 use kvroute_core::router::Router;
 use kvroute_core::shared::bundles::BundleFollower;
+use kvroute_core::shared::health::{self, Failure, Health};
 use kvroute_core::shared::journal::{self, JournalCursor};
 use kvroute_core::shared::knowledge::Follower;
 use kvroute_core::shared::load::{LoadView, Shard};
+use kvroute_core::shared::{Counter, Counters};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
@@ -92,6 +94,64 @@ impl ThreadState {
     /// Writes this thread's shard after a change.
     pub fn flush_load(&self, now_ms: u64) {
         self.shard.borrow().flush(&HostStore, &self.metrics, now_ms);
+    }
+
+    /// Leaves the workers that are down now (shared passive health) out of this thread's
+    /// decisions; returns the record read, for the probe claim after the decision.
+    pub fn refresh_health(&self, now_ms: u64) -> Health {
+        if !self.config.health.enabled {
+            return Health::default();
+        }
+        let h = Health::read(&HostStore);
+        let mut router = self.router.borrow_mut();
+        // A sign of life: the updater scraped the worker's load since it went down (without
+        // load reports for it, the backoff alone decides).
+        let seen: Vec<(String, Option<u64>)> =
+            h.tracked().map(|w| (w.to_owned(), router.knowledge().load_seen_at(w))).collect();
+        let alive_since = |w: &str, since: u64| {
+            seen.iter().find(|(x, _)| x == w).is_none_or(|(_, at)| at.is_none_or(|t| t > since))
+        };
+        let out: Vec<&str> = h.out(now_ms, alive_since).collect();
+        router.set_down(out.iter().copied());
+        drop(router);
+        h
+    }
+
+    /// `worker` failed a request: down for a backoff on every thread (counted once per
+    /// ejection, not per request in flight).
+    pub fn worker_failed(&self, worker: &str, now_ms: u64, why: &str) {
+        if !self.config.health.enabled {
+            return;
+        }
+        match health::report_failure(&HostStore, &self.config.health, worker, now_ms) {
+            Ok(Failure::Ejected { failures, backoff_ms }) => {
+                self.metrics.ejected(worker);
+                log::warn!(
+                    "kvroute: worker {worker} down for {backoff_ms} ms ({why}; failure {failures} in a row)"
+                );
+            }
+            Ok(_) => {}
+            Err(_) => Counters::count(&self.metrics, Counter::LostUpdate, 1),
+        }
+    }
+
+    /// `worker` answered a request: a half-open or probed worker is up again.
+    pub fn worker_answered(&self, worker: &str, now_ms: u64) {
+        if !self.config.health.enabled {
+            return;
+        }
+        if let Ok(true) = health::report_answer(&HostStore, worker, now_ms) {
+            self.metrics.recovered(worker);
+            log::info!("kvroute: worker {worker} answered again: up");
+        }
+    }
+
+    /// The decision picked `worker`: if its backoff ran out (`h`, read before deciding), this
+    /// request is its probe.
+    pub fn maybe_probe(&self, h: &Health, worker: &str, now_ms: u64) {
+        if h.half_open(worker, now_ms) {
+            let _ = health::claim_probe(&HostStore, &self.config.health, worker, now_ms);
+        }
     }
 
     /// Journals an observation for every thread (including this one) to apply.

@@ -47,6 +47,8 @@ pub struct Knowledge {
     pool: Option<BTreeMap<String, String>>,
     /// `pool` by base model: each model's members, sorted.
     members: HashMap<String, Vec<String>>,
+    /// Workers to leave out of decisions now (failed requests, see `shared::health`).
+    down: HashSet<String>,
 }
 
 impl Knowledge {
@@ -64,6 +66,7 @@ impl Knowledge {
             typical_uncached: std::cell::Cell::new(None),
             pool: None,
             members: HashMap::new(),
+            down: HashSet::new(),
         }
     }
 
@@ -78,6 +81,17 @@ impl Knowledge {
     /// Every member of the updater's pools, across models (a worker may repeat).
     pub fn all_pool_members(&self) -> impl Iterator<Item = &str> {
         self.members.values().flatten().map(String::as_str)
+    }
+
+    /// Replaces the workers left out of decisions (see `shared::health`).
+    pub fn set_down<'a>(&mut self, down: impl IntoIterator<Item = &'a str>) {
+        self.down.clear();
+        self.down.extend(down.into_iter().map(str::to_owned));
+    }
+
+    /// Whether `worker` is left out of decisions now.
+    pub fn is_down(&self, worker: &str) -> bool {
+        self.down.contains(worker)
     }
 
     /// Whether the updater's snapshots list the whole pool.
@@ -279,6 +293,11 @@ impl Knowledge {
     /// Other replicas' in-flight work on `worker` (see [`PeerView::load`]).
     pub fn peer_load(&self, worker: &str, now_ms: u64) -> WorkerLoad {
         self.peers.load(worker, now_ms)
+    }
+
+    /// When the updater last scraped `worker`'s load, however old (`None`: never).
+    pub fn load_seen_at(&self, worker: &str) -> Option<u64> {
+        self.reported.get(worker).map(|r| r.observed_at_ms)
     }
 
     fn set_reported(&mut self, worker: &str, load: Option<ReportedLoad>) {

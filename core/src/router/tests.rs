@@ -315,3 +315,26 @@ fn a_clock_times_rendering_and_tokenization_only_when_given() {
     r.set_clock(tick);
     assert_eq!(r.decide(&q, 0, &idle, 0, 0).unwrap().tokenize_us, 7);
 }
+
+#[test]
+fn down_workers_are_never_primary_or_fallback_unless_all_are_down() {
+    let mut r = router();
+    let idle = |_: &str| WorkerLoad::default();
+    let q = req(None, &LONG.repeat(20));
+    let d = r.decide(&q, 0, &idle, 0, 0).unwrap();
+    // The down worker holds the whole prompt and is idle: it would win on every count.
+    r.observe("127.0.0.1:2", &d.block_hashes, Source::Routed, 0);
+    r.set_down(["127.0.0.1:2"]);
+    for pick in 0..20 {
+        let d = r.decide(&q, 0, &idle, 10, pick).unwrap();
+        let named: Vec<&str> = d.ranked.iter().map(|s| s.worker.as_str()).collect();
+        assert!(!named.contains(&"127.0.0.1:2"), "{named:?}");
+        assert_eq!(d.header_value().split(',').count(), 2);
+    }
+    r.set_down(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+    let d = r.decide(&q, 0, &idle, 10, 0).unwrap();
+    assert_eq!(d.primary().unwrap().worker, "127.0.0.1:2", "all down: every worker is a choice");
+    r.set_down([]);
+    let d = r.decide(&q, 0, &idle, 10, 0).unwrap();
+    assert_eq!(d.primary().unwrap().worker, "127.0.0.1:2", "back up: its cache wins again");
+}

@@ -13,6 +13,8 @@
 //! - [`bundles`]: model bundles the singleton fetches from the updater part by part, and the
 //!   manifest from which every thread builds its tokenizers.
 //! - [`calib`]: the online calibration state per model, learned from every thread's samples.
+//! - [`health`]: workers that failed requests (down for a backoff, then probed), so every
+//!   thread leaves them out of its decisions at once.
 //! - [`peers`]: this replica's id and the singleton's forwarder of its decisions and load to
 //!   the updater (cross-replica knowledge).
 //!
@@ -21,6 +23,7 @@
 pub mod bundles;
 pub mod calib;
 pub mod fake;
+pub mod health;
 pub mod journal;
 pub mod knowledge;
 pub mod load;

@@ -28,6 +28,8 @@ const ACROSS_FIELDS: &[&str] = &[
     "min_arrivals <= max_arrivals",
     "retry_min_ms must be > 0 and <= retry_max_ms",
     "heartbeat_ms must be >= peers.forward_ms",
+    "health.max_backoff_ms must be >= health.base_backoff_ms",
+    "health.first_byte_timeout needs 0 < min_ms <= max_ms",
     "prefill must cost something per token", // prefill_ms_per_token and _sq both 0
     "give both 'tokenizer' and 'tokenizer_config'",
     "not both",                           // bundle vs inline files, token vs token_env

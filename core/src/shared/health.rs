@@ -1,0 +1,331 @@
+//! Passive health of workers, shared by every Envoy thread (`kvroute.health`): a request whose
+//! planned worker did not serve it (a connect failure retried elsewhere, a per-try timeout, a
+//! reset before any response) or whose stream the worker reset marks that worker down for a
+//! backoff that doubles with each failure in a row, up to a cap. When the backoff runs out and
+//! the worker showed a sign of life since it went down (the updater scraped its load since
+//! then; a deployment without load reports needs none), it is half-open: the first decision
+//! that picks it claims the probe (the worker stays out of other decisions meanwhile), and an
+//! answer from it clears the record; a failure sends it down again for twice as long. A dead
+//! or frozen worker that the updater cannot reach is never probed with a client's request.
+//! Decisions leave out every worker that is not up, unless none of the pool is (see
+//! `Router::set_down`).
+//!
+//! Value: `KVH1`, u16 count, then per worker (sorted): u16-length name, `failures` u32,
+//! `since_ms` u64 (the last ejection), `until_ms` u64, flags u8 (bit 1: a probe is in
+//! flight). A value that does not decode reads as empty (every worker up) and is replaced by
+//! the next write.
+
+use std::collections::BTreeMap;
+
+use super::{update, SharedStore, StoreError};
+use crate::wire::Reader;
+
+/// The shared-data key of the health record.
+pub const KEY: &str = "kvroute.health";
+const MAGIC: &[u8; 4] = b"KVH1";
+const PROBING: u8 = 1;
+/// Workers the record keeps at most (past it, new failures are not recorded).
+pub const MAX_WORKERS: usize = 4096;
+
+/// Passive health checking and the first-byte timeout (`health` in the filter config).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Whether failures mark workers down (false: every worker is always eligible).
+    pub enabled: bool,
+    /// The first backoff of a worker that failed (ms); each further failure in a row doubles it.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub base_backoff_ms: u64,
+    /// The longest backoff (ms).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub max_backoff_ms: u64,
+    /// How long a half-open worker picked by one request (the probe) stays out of other
+    /// decisions while that request has no outcome (ms).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub probe_hold_ms: u64,
+    /// The per-try first-byte timeout kvroute asks Envoy for (see [`FirstByteTimeout`]).
+    pub first_byte_timeout: FirstByteTimeout,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            enabled: true,
+            base_backoff_ms: 1_000,
+            max_backoff_ms: 30_000,
+            probe_hold_ms: 10_000,
+            first_byte_timeout: FirstByteTimeout::default(),
+        }
+    }
+}
+
+/// `x-envoy-upstream-rq-per-try-timeout-ms` for requests whose response headers come at once
+/// (streamed, or a single output token): `clamp(predicted_ttft · factor + margin, min, max)`.
+/// Envoy ignores a per-try timeout once the response started, so it bounds the wait for the
+/// response headers only; a try that times out is reset and retried on the next listed worker
+/// (the route retries on `reset`). Non-streamed requests get none: a worker answers them
+/// only when the whole generation is done, which no prompt-based estimate bounds.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(default, deny_unknown_fields)]
+pub struct FirstByteTimeout {
+    pub enabled: bool,
+    /// Multiplies the predicted TTFT of the primary.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1.0)))]
+    pub factor: f64,
+    /// Added to it (ms).
+    pub margin_ms: u64,
+    /// Bounds of the result (ms).
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub min_ms: u64,
+    pub max_ms: u64,
+}
+
+impl Default for FirstByteTimeout {
+    fn default() -> Self {
+        FirstByteTimeout {
+            enabled: true,
+            factor: 4.0,
+            margin_ms: 2_000,
+            min_ms: 5_000,
+            max_ms: 120_000,
+        }
+    }
+}
+
+impl FirstByteTimeout {
+    /// The timeout (ms) for a request whose primary's predicted TTFT is `ttft_ms`.
+    pub fn for_ttft(&self, ttft_ms: f64) -> u64 {
+        let t = if ttft_ms.is_finite() { ttft_ms.max(0.0) } else { 0.0 };
+        let ms = (t * self.factor).min(u64::MAX as f64 / 2.0) as u64;
+        ms.saturating_add(self.margin_ms).clamp(self.min_ms, self.max_ms)
+    }
+}
+
+impl HealthConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.base_backoff_ms == 0 || self.probe_hold_ms == 0 {
+            return Err("health.base_backoff_ms and health.probe_hold_ms must be > 0".into());
+        }
+        if self.max_backoff_ms < self.base_backoff_ms {
+            return Err("health.max_backoff_ms must be >= health.base_backoff_ms".into());
+        }
+        let f = &self.first_byte_timeout;
+        if !(f.factor.is_finite() && f.factor >= 1.0) {
+            return Err("health.first_byte_timeout.factor must be a number >= 1".into());
+        }
+        if f.min_ms == 0 || f.max_ms < f.min_ms {
+            return Err("health.first_byte_timeout needs 0 < min_ms <= max_ms".into());
+        }
+        Ok(())
+    }
+
+    /// The backoff after `failures` failures in a row.
+    pub fn backoff_ms(&self, failures: u32) -> u64 {
+        let shift = failures.saturating_sub(1).min(32);
+        self.base_backoff_ms.saturating_mul(1u64 << shift).min(self.max_backoff_ms)
+    }
+}
+
+/// One worker's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// Failures in a row (each one that found it up, half-open or probing).
+    pub failures: u32,
+    /// When it last went down (unix ms).
+    pub since_ms: u64,
+    /// Down until then (unix ms); half-open after it.
+    pub until_ms: u64,
+    /// A probe request is in flight.
+    pub probing: bool,
+}
+
+/// The record as read: workers with failures, by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    entries: BTreeMap<String, Entry>,
+}
+
+impl Health {
+    /// Reads the record (absent or unreadable: every worker up).
+    pub fn read<S: SharedStore + ?Sized>(store: &S) -> Health {
+        Health::decode(store.get(KEY).0.as_deref()).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: Option<&[u8]>) -> Option<Health> {
+        let Some(bytes) = bytes else { return Some(Health::default()) };
+        let mut r = Reader::new(bytes);
+        if r.take(4)? != MAGIC {
+            return None;
+        }
+        let n = r.u16()? as usize;
+        let mut entries = BTreeMap::new();
+        for _ in 0..n {
+            let len = r.u16()? as usize;
+            let name = std::str::from_utf8(r.take(len)?).ok()?.to_owned();
+            let failures = r.u32()?;
+            let since_ms = r.u64()?;
+            let until_ms = r.u64()?;
+            let probing = r.u8()? & PROBING != 0;
+            entries.insert(name, Entry { failures, since_ms, until_ms, probing });
+        }
+        (r.remaining() == 0).then_some(Health { entries })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        let n = self.entries.len().min(MAX_WORKERS);
+        out.extend_from_slice(&(n as u16).to_le_bytes());
+        for (name, e) in self.entries.iter().take(n) {
+            let name = &name.as_bytes()[..name.len().min(u16::MAX as usize)];
+            out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            out.extend_from_slice(name);
+            out.extend_from_slice(&e.failures.to_le_bytes());
+            out.extend_from_slice(&e.since_ms.to_le_bytes());
+            out.extend_from_slice(&e.until_ms.to_le_bytes());
+            out.push(if e.probing { PROBING } else { 0 });
+        }
+        out
+    }
+
+    pub fn get(&self, worker: &str) -> Option<&Entry> {
+        self.entries.get(worker)
+    }
+
+    /// Down now: in its backoff, or half-open with a probe claimed and not timed out.
+    pub fn is_down(&self, worker: &str, now_ms: u64) -> bool {
+        self.entries.get(worker).is_some_and(|e| now_ms < e.until_ms)
+    }
+
+    /// Workers down now.
+    pub fn down(&self, now_ms: u64) -> impl Iterator<Item = &str> {
+        self.entries.iter().filter(move |(_, e)| now_ms < e.until_ms).map(|(w, _)| w.as_str())
+    }
+
+    /// Workers to leave out of decisions now: down, or past their backoff with no sign of
+    /// life since they went down (`alive_since(worker, since_ms)`).
+    pub fn out<'a>(
+        &'a self,
+        now_ms: u64,
+        alive_since: impl Fn(&str, u64) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        self.entries
+            .iter()
+            .filter(move |(w, e)| now_ms < e.until_ms || !alive_since(w, e.since_ms))
+            .map(|(w, _)| w.as_str())
+    }
+
+    /// Whether a decision that picks `worker` now makes it the probe: it has a record, its
+    /// backoff ran out and no probe holds it.
+    pub fn half_open(&self, worker: &str, now_ms: u64) -> bool {
+        self.entries.get(worker).is_some_and(|e| now_ms >= e.until_ms)
+    }
+
+    /// Workers with a record (down, half-open or probing).
+    pub fn tracked(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+}
+
+/// What a reported failure did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The worker went down (from up, half-open or a failed probe) for `backoff_ms`.
+    Ejected { failures: u32, backoff_ms: u64 },
+    /// It was down already (another request that was in flight failed too): nothing changed.
+    AlreadyDown,
+    /// The record is full: not recorded.
+    Full,
+}
+
+fn rewrite<S: SharedStore + ?Sized, T>(
+    store: &S,
+    f: impl Fn(&mut Health) -> T,
+) -> Result<T, StoreError> {
+    update(store, KEY, |bytes| {
+        let mut h = Health::decode(bytes).unwrap_or_default();
+        let out = f(&mut h);
+        (h.encode(), out)
+    })
+}
+
+/// `worker` failed a request at `now_ms`.
+pub fn report_failure<S: SharedStore + ?Sized>(
+    store: &S,
+    cfg: &HealthConfig,
+    worker: &str,
+    now_ms: u64,
+) -> Result<Failure, StoreError> {
+    rewrite(store, |h| {
+        let prev = h.entries.get(worker).copied();
+        if prev.is_some_and(|e| now_ms < e.until_ms && !e.probing) {
+            return Failure::AlreadyDown;
+        }
+        if prev.is_none() && h.entries.len() >= MAX_WORKERS {
+            return Failure::Full;
+        }
+        let failures = prev.map_or(0, |e| e.failures).saturating_add(1);
+        let backoff_ms = cfg.backoff_ms(failures);
+        let until_ms = now_ms.saturating_add(backoff_ms);
+        let e = Entry { failures, since_ms: now_ms, until_ms, probing: false };
+        h.entries.insert(worker.to_owned(), e);
+        Failure::Ejected { failures, backoff_ms }
+    })
+}
+
+/// `worker` answered a request at `now_ms`: a half-open or probing worker is up again (its
+/// record goes). An answer while it is down (a request sent before it failed) changes
+/// nothing. True when the record went.
+pub fn report_answer<S: SharedStore + ?Sized>(
+    store: &S,
+    worker: &str,
+    now_ms: u64,
+) -> Result<bool, StoreError> {
+    let known = Health::read(store);
+    match known.get(worker) {
+        None => return Ok(false),
+        Some(e) if now_ms < e.until_ms && !e.probing => return Ok(false),
+        Some(_) => {}
+    }
+    rewrite(store, |h| match h.entries.get(worker) {
+        Some(e) if e.probing || now_ms >= e.until_ms => h.entries.remove(worker).is_some(),
+        _ => false,
+    })
+}
+
+/// A decision picked `worker`: if it is half-open, this request is its probe and the worker
+/// stays out of other decisions for `probe_hold_ms`. True when this call claimed the probe.
+pub fn claim_probe<S: SharedStore + ?Sized>(
+    store: &S,
+    cfg: &HealthConfig,
+    worker: &str,
+    now_ms: u64,
+) -> Result<bool, StoreError> {
+    rewrite(store, |h| match h.entries.get_mut(worker) {
+        Some(e) if now_ms >= e.until_ms => {
+            e.until_ms = now_ms.saturating_add(cfg.probe_hold_ms);
+            e.probing = true;
+            true
+        }
+        _ => false,
+    })
+}
+
+/// Which response ends say that the worker failed the request (Envoy's
+/// `response.code_details`): a reset or connect failure before any response (not a circuit
+/// breaker overflow, which is Envoy's own limit), a per-try or route timeout, or a reset of a
+/// response already streaming (the worker died mid-stream).
+pub fn worker_failed(code_details: &[u8]) -> bool {
+    let d = code_details;
+    let starts = |p: &[u8]| d.starts_with(p);
+    let overflow = d.windows(8).any(|w| w == b"overflow");
+    (starts(b"upstream_reset_before_response_started") && !overflow)
+        || starts(b"upstream_reset_after_response_started")
+        || starts(b"upstream_per_try_timeout")
+        || starts(b"upstream_per_try_idle_timeout")
+        || starts(b"upstream_response_timeout")
+}
+
+#[cfg(test)]
+mod tests;
