@@ -170,12 +170,15 @@ fn routing_header(docs: &[Doc], header: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// kvroute fails open everywhere (README "Fail-safe"), and Envoy honours the filter's pause.
+/// A failed kvroute VM never fails requests for good (README "Fail-safe"): Istio's filter is
+/// reloaded (FAIL_RELOAD, as the shipped bootstraps), Envoy Gateway's (whose policy offers only
+/// `failOpen`) fails open; and Envoy honours the filter's pause.
 fn fail_open(docs: &[Doc]) -> anyhow::Result<()> {
     let c = istio_wasm_filter(docs)?.pointer("/typed_config/config").context("wasm config")?;
     ensure!(
-        c.get("failure_policy") == Some(&Value::from("FAIL_OPEN")),
-        "EnvoyFilter kvroute: the wasm filter's failure_policy is not FAIL_OPEN"
+        c.get("failure_policy") == Some(&Value::from("FAIL_RELOAD"))
+            && c.pointer("/reload_config/backoff/base_interval").is_some(),
+        "EnvoyFilter kvroute: the wasm filter's failure_policy is not FAIL_RELOAD with a backoff"
     );
     ensure!(
         c.get("allow_on_headers_stop_iteration") == Some(&Value::Bool(true)),

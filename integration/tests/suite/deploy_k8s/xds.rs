@@ -498,9 +498,10 @@ pub fn kvroute_requirements(x: &Xds) -> anyhow::Result<()> {
         "{n}: the wasm filter lacks allow_on_headers_stop_iteration: true (requests stall)"
     );
     ensure!(
-        c.get("failure_policy") == Some(&"FAIL_OPEN".into())
+        c.get("failure_policy") == Some(&"FAIL_RELOAD".into())
+            || c.get("failure_policy") == Some(&"FAIL_OPEN".into())
             || c.get("fail_open") == Some(&Value::Bool(true)),
-        "{n}: the wasm filter does not fail open"
+        "{n}: a failed wasm VM would fail requests (neither reloaded nor failing open)"
     );
     let cfg_json = filter_config_json(f)?;
     let cfg = FilterConfig::from_json(&serde_json::to_vec(&cfg_json)?)
