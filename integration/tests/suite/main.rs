@@ -14,6 +14,7 @@ mod discovery;
 mod engine_sglang;
 mod engine_vllm;
 mod failsafe;
+mod health;
 mod knowledge;
 mod last_token;
 mod lora;
