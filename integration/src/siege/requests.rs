@@ -142,7 +142,7 @@ async fn trailers_side(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let finished = running.await.ok().and_then(Result::ok);
-    if !finished.as_ref().is_some_and(|r| r.status == 200) {
+    if finished.as_ref().is_none_or(|r| r.status != 200) {
         side.errors += 1;
     }
     let fell = crate::eventually("in-flight back to 0", Duration::from_secs(5), || async {

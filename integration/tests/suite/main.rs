@@ -26,5 +26,6 @@ mod routing;
 mod schema;
 mod sdk;
 mod shedding;
+mod siege;
 mod siege_envoy;
 mod up;
