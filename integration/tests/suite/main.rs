@@ -28,4 +28,5 @@ mod sdk;
 mod shedding;
 mod siege;
 mod siege_envoy;
+mod siege_updater;
 mod up;
