@@ -27,7 +27,7 @@ fn exact_balance() -> (String, String) {
 
 /// The shipped bootstrap's failure policy, as written there.
 const SHIPPED_POLICY: &str =
-    "failure_policy: FAIL_RELOAD\n                reload_config:\n                  backoff: { base_interval: 0.1s }\n";
+    "failure_policy: FAIL_RELOAD\n                reload_config:\n                  backoff: { base_interval: 0.01s }\n";
 
 /// A stack whose bundle and knowledge come from the updater (the hard case for a fresh VM),
 /// `THREADS` Envoy worker threads, the filter's trap path on, and `policy` in place of the
@@ -131,6 +131,7 @@ async fn measure_failure_policies() {
         "failure_policy: FAIL_OPEN",
         "failure_policy: FAIL_RELOAD",
         "failure_policy: FAIL_RELOAD\n                reload_config: { backoff: { base_interval: 0.1s } }",
+        "failure_policy: FAIL_RELOAD\n                reload_config: { backoff: { base_interval: 0.01s } }",
     ];
     let window = Duration::from_secs(8);
     for p in policies {
