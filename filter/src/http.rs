@@ -9,7 +9,7 @@ use kvroute_core::admission::{self, Verdict};
 use kvroute_core::error::ApiError;
 use kvroute_core::index::Source;
 use kvroute_core::journal::JournalEntry;
-use kvroute_core::misdeploy::Unrouted;
+use kvroute_core::misdeploy::{Symptom, Unrouted};
 use kvroute_core::request::{self, Endpoint};
 use kvroute_core::router::Decision;
 use kvroute_core::shared::load::Ticket;
@@ -246,7 +246,10 @@ impl KvHttp {
     fn judge_start(&self, planned: &str, served: &str) {
         let now = host::now_ms();
         let details = host::property(&["response", "code_details"]).unwrap_or_default();
-        if planned != served {
+        // Unless the cluster ignores the header (a misdeployment: then any worker may serve
+        // any request, and a mismatch says nothing about the planned one).
+        let ignored = self.state.watch.borrow().has(Symptom::OverrideIgnored, now);
+        if planned != served && !ignored {
             self.state.worker_failed(planned, now, "another worker served its request");
         }
         if details == b"via_upstream" {
