@@ -159,10 +159,32 @@ pub fn snapshot_decode(data: &[u8]) {
     }
 }
 
-/// KV-event payloads come from workers over ZMQ: any bytes decode or fail cleanly.
+/// KV-event payloads come from workers over ZMQ: any bytes decode or fail cleanly, and what the
+/// pre-pass lets through to decoding is bounded by the input's length (size amplification:
+/// elements and allocation per input byte).
 pub fn event_decode(data: &[u8]) {
-    let _ = kvroute_updater::decode::decode_batch(data);
+    use kvroute_updater::decode::{check, decode_batch_with, Bounds, DecodeError};
+    // Small caps, so that the fuzzer reaches them with small inputs.
+    let bounds = Bounds { max_elements: 4096, max_depth: 16 };
+    let shape = check(data, &bounds);
+    if let Ok(s) = &shape {
+        // Size amplification: every element is at least one byte, and what decoding may
+        // allocate is bounded by the input's length.
+        assert!(s.elements <= data.len() && s.elements <= bounds.max_elements);
+        assert!(s.data_bytes <= data.len() && s.depth <= bounds.max_depth);
+        assert!(s.decoded_bytes_bound() <= MAX_AMPLIFICATION * data.len());
+    }
+    match decode_batch_with(data, &bounds) {
+        Err(DecodeError::Bounds(e)) => assert_eq!(shape, Err(e)),
+        Ok(b) => assert!(shape.is_ok() && b.events.len() <= data.len()),
+        Err(_) => assert!(shape.is_ok()),
+    }
 }
+
+/// Most bytes decoding an event batch may allocate per input byte. The worst input is a batch
+/// of one-byte events (nils): each is materialised as an `rmpv::Value` (40 bytes) and then as
+/// an `EngineEvent` (56 bytes), both alive at the peak; strings and binaries are copied once.
+pub const MAX_AMPLIFICATION: usize = 128;
 
 /// Snapshot deltas arrive over HTTP from the updater and sit in shared data: any bytes decode
 /// or fail cleanly.
@@ -211,7 +233,13 @@ pub fn zmtp_frames(data: &[u8]) {
     use kvroute_updater::frameguard::Framer;
     use kvroute_updater::limits::WireLimits;
     let step = data.first().map_or(1, |b| usize::from(*b % 64) + 1);
-    let mut framer = Framer::new(WireLimits { max_frame_bytes: 256, max_message_frames: 4 });
+    let limits = WireLimits {
+        max_frame_bytes: 256,
+        max_message_frames: 4,
+        max_message_bytes: 512,
+        ..WireLimits::default()
+    };
+    let mut framer = Framer::new(limits);
     let (mut out, mut hits) = (Vec::new(), Vec::new());
     for chunk in data.chunks(step) {
         if framer.feed(chunk, &mut out, &mut hits).is_err() {

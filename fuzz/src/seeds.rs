@@ -918,6 +918,30 @@ fn event_decode() -> Seeds {
     let mut deep = vec![0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0];
     deep.extend(std::iter::repeat_n(0x91, 3000));
     deep.push(0xc0);
+    // Size-amplification shapes, small: real elements of one byte each (nils, nil map pairs),
+    // maps nested as deep as the bytes allow, and lengths far past the bytes.
+    let head = || vec![0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0];
+    let mut nils = head();
+    nils.extend([0xdd, 0, 0, 0x13, 0x88]);
+    nils.extend(std::iter::repeat_n(0xc0, 5000));
+    nils.push(0xc0);
+    let mut nested = head();
+    nested.push(0x91);
+    for _ in 0..1000 {
+        nested.extend([0x81, 0xc0]);
+    }
+    nested.extend([0xc0, 0xc0]);
+    let mut wide = head();
+    wide.extend([0x91, 0xde, 0x03, 0xe8]);
+    wide.extend(std::iter::repeat_n(0xc0, 2000));
+    wide.push(0xc0);
+    let declared = |marker: u8| {
+        let mut b = head();
+        b.push(marker);
+        b.extend([0xff; 4]);
+        b.extend([0xc0; 8]);
+        b
+    };
     vec![
         ("vllm-array-golden.msgpack", golden),
         ("vllm-array-salt-lora-cpu.msgpack", array_form.clone()),
@@ -930,6 +954,12 @@ fn event_decode() -> Seeds {
         ("tag-not-utf8.msgpack", not_utf8_tag),
         ("array-len-u32-max.msgpack", huge_len),
         ("deep-nesting.msgpack", deep),
+        ("bomb-nils-5000.msgpack", nils),
+        ("bomb-nested-maps.msgpack", nested),
+        ("bomb-wide-map.msgpack", wide),
+        ("bomb-map32-max.msgpack", declared(0xdf)),
+        ("bomb-str32-4gib.msgpack", declared(0xdb)),
+        ("bomb-bin32-4gib.msgpack", declared(0xc6)),
     ]
 }
 

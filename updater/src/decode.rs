@@ -107,10 +107,11 @@ pub struct Stored {
     pub pairs: bool,
 }
 
-/// One decoded event.
+/// One decoded event. Boxed stores keep the enum small: a batch of one-byte events (nils,
+/// empty tags) costs tens of bytes per event, not the size of a store.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EngineEvent {
-    Stored(Stored),
+    Stored(Box<Stored>),
     Removed {
         hashes: Vec<EngineKey>,
         place: Place,
@@ -125,6 +126,13 @@ pub enum EngineEvent {
     /// An event whose fields could not be read (ignored, counted; the rest of its batch is
     /// applied).
     Bad(DecodeError),
+}
+
+impl EngineEvent {
+    /// A store event.
+    pub fn stored(s: Stored) -> EngineEvent {
+        EngineEvent::Stored(Box::new(s))
+    }
 }
 
 /// One decoded batch.
@@ -288,7 +296,7 @@ fn stored(f: &Fields<'_>) -> Result<Stored, DecodeError> {
 fn event(v: &Value) -> Result<EngineEvent, DecodeError> {
     let f = Fields::of(v)?;
     match f.tag {
-        "BlockStored" | "BlockStoredWithMetadata" => stored(&f).map(EngineEvent::Stored),
+        "BlockStored" | "BlockStoredWithMetadata" => stored(&f).map(EngineEvent::stored),
         "BlockRemoved" => Ok(EngineEvent::Removed {
             hashes: keys(f.get("block_hashes", 0), "block_hashes")?,
             place: Place::parse(f.get("medium", 1), f.get("locality", 3)),

@@ -14,7 +14,7 @@ fn decodes_the_reference_example() {
     assert_eq!(batch.rank, Some(0));
     assert_eq!(
         batch.events,
-        vec![EngineEvent::Stored(Stored {
+        vec![EngineEvent::stored(Stored {
             hashes: vec![7],
             parent: None,
             token_ids: vec![1, 2, 3, 4],

@@ -28,7 +28,7 @@ fn batch(events: Vec<EngineEvent>) -> Batch {
 fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>, salt: Option<&str>) -> Batch {
     let mut s = st(hashes, parent, tokens, 4);
     s.salt = salt.map(str::to_owned);
-    batch(vec![EngineEvent::Stored(s)])
+    batch(vec![EngineEvent::stored(s)])
 }
 
 fn removed(hashes: Vec<u64>, place: Place, group: Option<u32>) -> EngineEvent {
@@ -70,7 +70,7 @@ fn orphans_and_mismatches_are_counted_not_indexed() {
     w.apply(0, &stored(vec![5], Some(77), vec![1, 2, 3, 4], None), &d, 1);
     assert_eq!(w.stats.orphans, 1);
     // A page of 6 tokens neither divides kvroute's 4 nor is a multiple of it.
-    let b = batch(vec![EngineEvent::Stored(st(vec![6], None, (1..=6).collect(), 6))]);
+    let b = batch(vec![EngineEvent::stored(st(vec![6], None, (1..=6).collect(), 6))]);
     w.apply(1, &b, &d, 2);
     assert_eq!(w.stats.block_size_mismatches, 1);
     assert!(w.blocks(Tier::Gpu).is_empty());
@@ -112,7 +112,7 @@ fn offloading_placeholders_take_the_known_blocks_to_the_cpu_tier() {
     let mut placeholder = st(vec![42, 99], None, vec![], 0);
     placeholder.place = Place::Cpu;
     placeholder.group = Some(0);
-    w.apply(1, &batch(vec![EngineEvent::Stored(placeholder)]), &d, 2);
+    w.apply(1, &batch(vec![EngineEvent::stored(placeholder)]), &d, 2);
     let blocks = want(&tokens);
     assert_eq!(w.blocks(Tier::Cpu), vec![blocks[1]]);
     assert_eq!((w.stats.offload_stores_matched, w.stats.offload_stores_unmatched), (1, 1));
@@ -137,7 +137,7 @@ fn a_reset_clears_the_gpu_tier_only_unless_the_host_tier_is_sglangs() {
         let gpu = st(vec![1], None, tokens.clone(), 4);
         let mut cpu = gpu.clone();
         cpu.place = host;
-        let events = vec![EngineEvent::Stored(gpu), EngineEvent::Stored(cpu)];
+        let events = vec![EngineEvent::stored(gpu), EngineEvent::stored(cpu)];
         w.apply(0, &batch(events), &d, 1);
         w.apply(1, &batch(vec![EngineEvent::AllCleared { place: None }]), &d, 2);
         assert!(w.blocks(Tier::Gpu).is_empty());
@@ -147,7 +147,7 @@ fn a_reset_clears_the_gpu_tier_only_unless_the_host_tier_is_sglangs() {
     let mut w = WorkerKnowledge::default();
     let mut cpu = st(vec![1], None, tokens.clone(), 4);
     cpu.place = Place::Cpu;
-    w.apply(0, &batch(vec![EngineEvent::Stored(cpu)]), &d, 1);
+    w.apply(0, &batch(vec![EngineEvent::stored(cpu)]), &d, 1);
     w.apply(1, &batch(vec![EngineEvent::AllCleared { place: Some(Place::Cpu) }]), &d, 2);
     assert!(w.is_empty());
 }
@@ -160,7 +160,7 @@ fn only_full_attention_groups_give_credit() {
     let in_group = |g: u32, kind: &str| {
         let mut s = st(vec![1, 2], None, tokens.clone(), 4);
         (s.group, s.kind) = (Some(g), Some(kind.to_owned()));
-        EngineEvent::Stored(s)
+        EngineEvent::stored(s)
     };
     let mut w = WorkerKnowledge::default();
     w.apply(0, &batch(vec![in_group(0, "full_attention"), in_group(1, "sliding_window")]), &d, 1);
@@ -180,7 +180,7 @@ fn only_full_attention_groups_give_credit() {
     let mut w = WorkerKnowledge::default();
     let mut unnamed = st(vec![1, 2], None, tokens.clone(), 4);
     unnamed.group = Some(3);
-    w.apply(0, &batch(vec![EngineEvent::Stored(unnamed)]), &d, 1);
+    w.apply(0, &batch(vec![EngineEvent::stored(unnamed)]), &d, 1);
     assert_eq!(w.blocks(Tier::Gpu).len(), 2);
     w.apply(1, &batch(vec![in_group(3, "mamba")]), &d, 2);
     assert!(w.is_empty());
@@ -197,9 +197,9 @@ fn small_pages_are_rechunked_along_the_chain() {
     // A node of 6 tokens, then a child of 8 (one hash per token).
     let node = st((0..6).collect(), None, tokens[..6].to_vec(), 1);
     let child = st((6..14).collect(), Some(5), tokens[6..].to_vec(), 1);
-    w.apply(0, &batch(vec![EngineEvent::Stored(node)]), &d, 1);
+    w.apply(0, &batch(vec![EngineEvent::stored(node)]), &d, 1);
     assert_eq!(w.blocks(Tier::Gpu), vec![want(&tokens)[0]]);
-    w.apply(1, &batch(vec![EngineEvent::Stored(child)]), &d, 2);
+    w.apply(1, &batch(vec![EngineEvent::stored(child)]), &d, 2);
     let all = want(&tokens);
     assert_eq!(all.len(), 3);
     assert_eq!(w.blocks(Tier::Gpu), sorted(all.clone()));
@@ -209,7 +209,7 @@ fn small_pages_are_rechunked_along_the_chain() {
     let mut branch = tokens[..3].to_vec();
     branch.extend([7, 7, 7, 7, 7]);
     let sibling = st((20..25).collect(), Some(2), branch[3..].to_vec(), 1);
-    w.apply(2, &batch(vec![EngineEvent::Stored(sibling)]), &d, 3);
+    w.apply(2, &batch(vec![EngineEvent::stored(sibling)]), &d, 3);
     for b in want(&branch) {
         assert!(w.blocks(Tier::Gpu).contains(&b));
     }
@@ -227,13 +227,13 @@ fn large_pages_credit_each_block_they_hold() {
     let mut w = WorkerKnowledge::default();
     w.apply(
         0,
-        &batch(vec![EngineEvent::Stored(st(vec![1], None, tokens[..8].to_vec(), 8))]),
+        &batch(vec![EngineEvent::stored(st(vec![1], None, tokens[..8].to_vec(), 8))]),
         &d,
         1,
     );
     w.apply(
         1,
-        &batch(vec![EngineEvent::Stored(st(vec![2], Some(1), tokens[8..].to_vec(), 8))]),
+        &batch(vec![EngineEvent::stored(st(vec![2], Some(1), tokens[8..].to_vec(), 8))]),
         &d,
         2,
     );
@@ -268,7 +268,7 @@ fn remote_and_unknown_media_are_not_the_workers_own() {
     for place in [Place::Remote, Place::Unknown] {
         let mut s = st(vec![1], None, vec![1, 2, 3, 4], 4);
         s.place = place;
-        w.apply(0, &batch(vec![EngineEvent::Stored(s), removed(vec![1], place, None)]), &d, 1);
+        w.apply(0, &batch(vec![EngineEvent::stored(s), removed(vec![1], place, None)]), &d, 1);
     }
     assert!(w.is_empty());
     assert_eq!((w.stats.remote_events, w.stats.unknown_medium_events), (2, 2));
@@ -283,7 +283,7 @@ fn lookahead_variants_name_one_block() {
     let variant = |k: u64| {
         let mut s = st(vec![k], None, vec![1, 2, 3, 4], 4);
         s.lookahead = true;
-        EngineEvent::Stored(s)
+        EngineEvent::stored(s)
     };
     w.apply(0, &batch(vec![variant(1), variant(2)]), &d, 1);
     assert_eq!(w.blocks(Tier::Gpu), want(&[1, 2, 3, 4]));
