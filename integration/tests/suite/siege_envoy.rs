@@ -62,10 +62,12 @@ async fn every_thread_routes(stack: &Stack, clients: &[reqwest::Client]) -> BTre
     threads
 }
 
-/// Envoy's wasm reload counters (`wasm.kvroute.vm_reload_*`), by name.
+/// Envoy's wasm reload counters (`wasm.kvroute.vm_reload_*`) and kvroute's thread gauges, by
+/// name.
 async fn reloads(stack: &Stack) -> HashMap<String, f64> {
     let m = stack.envoy.prometheus().await.unwrap_or_default();
-    m.into_iter().filter(|(k, _)| k.contains("reload")).collect()
+    let shown = |k: &str| k.contains("kvroute_vm_reload") || k.starts_with("kvroute_threads_");
+    m.into_iter().filter(|(k, _)| shown(k)).collect()
 }
 
 fn show(r: &TrapReport) -> String {
