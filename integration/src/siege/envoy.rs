@@ -329,3 +329,42 @@ pub async fn try_path(
         PathOutcome::Refused(r.status)
     }
 }
+
+/// This process's open-file limits (soft, hard), from `/proc/self/limits`.
+pub fn own_nofile() -> anyhow::Result<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/self/limits")?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .ok_or_else(|| anyhow::anyhow!("no open-file limit in /proc/self/limits"))?;
+    let nums: Vec<u64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    match nums[..] {
+        [soft, hard, ..] => Ok((soft, hard)),
+        _ => anyhow::bail!("unreadable open-file limit: {line}"),
+    }
+}
+
+/// Makes sure this process (the attacker) may hold `need` descriptors: raises its soft
+/// open-file limit to the hard one with `prlimit` when it is lower. Fails when even the hard
+/// limit is too low.
+pub fn ensure_own_nofile(need: u64) -> anyhow::Result<()> {
+    let (soft, hard) = own_nofile()?;
+    if soft >= need {
+        return Ok(());
+    }
+    anyhow::ensure!(hard >= need, "open-file hard limit {hard} is below the {need} needed");
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &std::process::id().to_string(), &format!("--nofile={hard}:{hard}")])
+        .status()?;
+    anyhow::ensure!(status.success(), "prlimit could not raise the open-file limit to {hard}");
+    Ok(())
+}
+
+/// Lowers process `pid`'s open-file limit (soft and hard) to `n` with `prlimit`.
+pub fn limit_nofile(pid: u32, n: u64) -> anyhow::Result<()> {
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={n}:{n}")])
+        .status()?;
+    anyhow::ensure!(status.success(), "prlimit --nofile={n} on pid {pid} failed");
+    Ok(())
+}

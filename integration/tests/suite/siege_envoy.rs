@@ -158,14 +158,11 @@ async fn an_idle_flood_of_twice_the_fd_limit_does_not_stop_service() {
         envoy_edits: vec![(cap.into(), format!("max_active_downstream_connections: {CAP}"))],
         ..Default::default()
     };
+    // The attacker (this process) holds 2 x NOFILE connections and still makes requests.
+    siege::ensure_own_nofile(2 * NOFILE as u64 + 512).unwrap();
     let stack = Stack::start(opts).await.unwrap();
     let pid = stack.envoy.guard.pid().expect("envoy runs");
-    let limit = format!("--nofile={NOFILE}:{NOFILE}");
-    let set = std::process::Command::new("prlimit")
-        .args(["--pid", &pid.to_string(), &limit])
-        .status()
-        .expect("prlimit runs");
-    assert!(set.success(), "prlimit {limit} on envoy");
+    siege::limit_nofile(pid, NOFILE as u64).unwrap();
     let first = siege::serve_through(
         &stack.base_url(),
         MODEL,
