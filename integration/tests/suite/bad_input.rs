@@ -108,13 +108,14 @@ fn matrix() -> Vec<Row> {
         },
         Row {
             // Not a kvroute endpoint. Specified: passed through, the sim's 404. Pinned: over
-            // HTTP/1.1 Envoy's codec answers 400 itself; over h2c it is passed through with no
-            // decision and the worker's HTTP/1.1 server refuses the raw byte (400).
+            // HTTP/1.1 Envoy's codec answers 400 itself; over h2c Envoy's path normalisation
+            // (normalize_path) percent-encodes the byte, /v1/chat/%FFcompletions, which is
+            // passed through with no decision: the worker's 404.
             name: "raw 0xff in the path",
             build: |_| vec![with_path(b"/v1/chat/\xffcompletions")],
             expect: |p| match p {
                 Proto::Http1 => Expect::Envoy { status: 400 },
-                Proto::H2c => Expect::Passed { status: 400 },
+                Proto::H2c => Expect::Passed { status: 404 },
             },
             also: Also::Nothing,
         },
