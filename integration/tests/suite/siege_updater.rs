@@ -22,6 +22,8 @@ const CEILING_KB: u64 = 512 * 1024;
 /// The address-space limit it runs under in the bomb test: the 1 GiB, under which the
 /// unbounded decoder aborted.
 const ADDRESS_SPACE: u64 = 1 << 30;
+/// The updater's default `max_batch_elements`: a batch of nils this long passes the pre-pass.
+const ELEMENT_CAP: usize = 1 << 21;
 
 async fn get_json(port: u16, path: &str) -> Option<Value> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().ok()?;
@@ -118,6 +120,16 @@ async fn msgpack_bombs_and_floods_leave_the_updater_up_under_its_ceiling() -> an
         .await?;
         peaks.push((what.clone(), peak_rss_kb(pid).unwrap_or(u64::MAX)));
     }
+    // The largest batch that passes: nils up to the element cap (2 Mi), decoded in full.
+    publisher.batch(seq, &bombs::nils(ELEMENT_CAP)).await?;
+    seq += 1;
+    let want = seq;
+    eventually("a batch at the element cap decoded", Duration::from_secs(30), || async {
+        let s = get_json(port, "/status").await?;
+        (worker(&s, &name)["next_seq"].as_u64() == Some(want)).then_some(())
+    })
+    .await?;
+    peaks.push(("2 Mi nils (at the element cap)".into(), peak_rss_kb(pid).unwrap_or(u64::MAX)));
     // 16 frames of 60 MiB nils in one message after the topic and sequence frames.
     let bomb = bombs::nils(MIB60);
     let seq_bytes = seq.to_be_bytes();
@@ -150,6 +162,11 @@ async fn msgpack_bombs_and_floods_leave_the_updater_up_under_its_ceiling() -> an
     assert!(caps["declared_length"].as_u64() >= Some(4), "{caps}");
     assert!(caps["message_bytes"].as_u64() >= Some(1), "{caps}");
     assert!(caps["message_frames"].as_u64() >= Some(1), "{caps}");
+    assert!(stats["bad_events"].as_u64() >= Some(ELEMENT_CAP as u64 - 16), "{stats}");
+    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await?.text().await?;
+    let line =
+        format!("kvroute_updater_caps_hit_total{{worker=\"{name}\",cap=\"declared_length\"}} 4");
+    assert!(metrics.contains(&line), "{line} not in /metrics");
 
     // Floods: 1 000 messages without a sequence frame, 1 000 undecodable batches.
     let started = Instant::now();
