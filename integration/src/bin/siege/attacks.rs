@@ -40,7 +40,7 @@ fn traffic(deadline: Duration) -> TrafficShape {
 
 /// `kill -9` of one worker under streaming traffic.
 pub async fn killed_worker() -> anyhow::Result<Measured> {
-    let mut stack = Stack::start(stacks::streaming()).await?;
+    let mut stack = stacks::start(stacks::streaming()).await?;
     stacks::ready(&stack).await?;
     let r = workers::kill_under_load(
         &mut stack,
@@ -69,7 +69,7 @@ pub async fn killed_worker() -> anyhow::Result<Measured> {
 
 /// `SIGSTOP` of one worker under streaming traffic for 6 s, then `SIGCONT`.
 pub async fn frozen_worker() -> anyhow::Result<Measured> {
-    let stack = Stack::start(stacks::streaming()).await?;
+    let stack = stacks::start(stacks::streaming()).await?;
     stacks::ready(&stack).await?;
     let bound = stacks::PER_TRY_MAX + Duration::from_millis(2_500);
     let r = workers::freeze_under_load(
@@ -118,7 +118,7 @@ pub async fn vm_trap() -> anyhow::Result<Measured> {
         filter: json!({"fault_injection": {"trap_path": TRAP}}),
         ..stacks::release()
     };
-    let stack = Stack::start(opts).await?;
+    let stack = stacks::start(opts).await?;
     stacks::ready(&stack).await?;
     let clients = envoy_siege::pinned_clients(TRAP_THREADS as usize)?;
     let r = envoy_siege::trap_and_measure(
@@ -150,7 +150,7 @@ pub async fn trailers() -> anyhow::Result<Measured> {
         sim_args: ["--step-floor-ms", "20"].map(String::from).to_vec(),
         ..stacks::release()
     };
-    let stack = Stack::start(opts).await?;
+    let stack = stacks::start(opts).await?;
     stacks::ready(&stack).await?;
     let r = requests::trailers(&stack, MODEL, 10, 40).await;
     let after = after(&stack).await?;
@@ -172,7 +172,7 @@ pub async fn trailers() -> anyhow::Result<Measured> {
 async fn updater_stack(
     limits: ChildLimits,
 ) -> anyhow::Result<(Stack, ZmtpPublisher, LimitedUpdater, u32)> {
-    let stack = Stack::start(StackOptions { updater: false, ..stacks::release() }).await?;
+    let stack = stacks::start(StackOptions { updater: false, ..stacks::release() }).await?;
     let publisher = ZmtpPublisher::bind().await?;
     let up = LimitedUpdater::start(&stack, Some(&publisher), limits).await?;
     let block_size = up.wait_subscribed(&publisher).await?;
@@ -297,7 +297,7 @@ pub async fn big_frames() -> anyhow::Result<Measured> {
 /// against its HTTP listener while normal traffic goes through Envoy.
 pub async fn updater_idle_flood() -> anyhow::Result<Measured> {
     const NOFILE: u64 = 256;
-    let stack = Stack::start(StackOptions { updater: false, ..stacks::release() }).await?;
+    let stack = stacks::start(StackOptions { updater: false, ..stacks::release() }).await?;
     let limits = ChildLimits { address_space: None, nofile: Some(NOFILE) };
     let mut up = LimitedUpdater::start(&stack, None, limits).await?;
     stacks::ready(&stack).await?;
@@ -343,7 +343,7 @@ pub async fn envoy_idle_flood() -> anyhow::Result<Measured> {
         envoy_edits: vec![(cap.into(), format!("max_active_downstream_connections: {CAP}"))],
         ..stacks::release()
     };
-    let stack = Stack::start(opts).await?;
+    let stack = stacks::start(opts).await?;
     stacks::ready(&stack).await?;
     let pid = stack.envoy.guard.pid().context("envoy is not running")?;
     let limit = format!("--nofile={NOFILE}:{NOFILE}");
@@ -432,7 +432,7 @@ pub async fn zmq_garbage() -> anyhow::Result<Measured> {
 
 /// Spellings of `/v1/chat/completions` over HTTP/1.1 and h2c, the shipped bootstrap.
 pub async fn encoded_paths() -> anyhow::Result<Measured> {
-    let stack = Stack::start(stacks::release()).await?;
+    let stack = stacks::start(stacks::release()).await?;
     stacks::ready(&stack).await?;
     let tries = requests::encoded_paths(&stack, MODEL).await;
     let routed = tries.iter().filter(|t| matches!(t.outcome, PathOutcome::Routed(_))).count();
@@ -451,7 +451,7 @@ pub async fn encoded_paths() -> anyhow::Result<Measured> {
 
 /// `max_tokens` 2.0, "16", 1e1, 2^64-1 and 2.5; `"prompt": [[]]` and `[[], [1, 2]]`.
 pub async fn odd_numbers() -> anyhow::Result<Measured> {
-    let stack = Stack::start(stacks::release()).await?;
+    let stack = stacks::start(stacks::release()).await?;
     stacks::ready(&stack).await?;
     let tries = requests::odd_numbers(&stack, MODEL).await;
     let slowest = tries.iter().map(|t| t.took).max().unwrap_or_default();

@@ -36,6 +36,19 @@ pub fn streaming() -> StackOptions {
 /// The per-try timeout's upper bound in [`streaming`] stacks.
 pub const PER_TRY_MAX: Duration = Duration::from_millis(3_000);
 
+/// Starts a stack, trying once more when the first start fails (the harness picks free ports
+/// by binding and releasing them, so another process on the machine can take one in between:
+/// a start-up failure, not an attack's result).
+pub async fn start(opts: StackOptions) -> anyhow::Result<Stack> {
+    match Stack::start(opts.clone()).await {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            eprintln!("    the stack did not start ({e:#}); once more");
+            Stack::start(opts).await
+        }
+    }
+}
+
 /// Peak resident memory (kB) of Envoy and of `updater` (the stack's own when `None`).
 pub fn peaks(stack: &Stack, updater: Option<&Guard>) -> (Option<u64>, Option<u64>) {
     let envoy = stack.envoy.guard.pid().and_then(peak_rss_kb);
