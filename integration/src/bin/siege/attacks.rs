@@ -302,6 +302,7 @@ pub async fn updater_idle_flood() -> anyhow::Result<Measured> {
     let mut up = LimitedUpdater::start(&stack, None, limits).await?;
     stacks::ready(&stack).await?;
     let addr = format!("127.0.0.1:{}", up.port);
+    envoy_siege::ensure_own_nofile(2 * NOFILE + 256)?;
     let partial = open_partial(&addr, 32).await;
     let idle = open_idle(&addr, 2 * NOFILE as usize).await;
     let opened = idle.len() + partial.len();
@@ -346,10 +347,9 @@ pub async fn envoy_idle_flood() -> anyhow::Result<Measured> {
     let stack = stacks::start(opts).await?;
     stacks::ready(&stack).await?;
     let pid = stack.envoy.guard.pid().context("envoy is not running")?;
-    let limit = format!("--nofile={NOFILE}:{NOFILE}");
-    let set =
-        std::process::Command::new("prlimit").args(["--pid", &pid.to_string(), &limit]).status()?;
-    anyhow::ensure!(set.success(), "prlimit {limit} on envoy failed");
+    // The attacker holds the flood, the clients and its own files.
+    envoy_siege::ensure_own_nofile(2 * NOFILE as u64 + 256)?;
+    envoy_siege::limit_nofile(pid, NOFILE as u64)?;
     let addr = stack.base_url().trim_start_matches("http://").to_owned();
     let flood = IdleFlood::open(&addr, 2 * NOFILE - 124, 124, Duration::from_secs(2)).await?;
     let served = envoy_siege::serve_through(
