@@ -20,6 +20,9 @@
 //! pool ([`Snapshot::pool`]), bit 2 a [`PeerSection`] follows, bit 4 the workers removed from
 //! the pool follow (u16 count; each u16-length name); other bits are an error. Sent only to
 //! callers that ask for the pool (`pool=1`); formats 2 and 3 are unchanged.
+//! Sections bit 8: the new list of workers down follows (u16 count; each u16-length name;
+//! after the removed workers), when it changed ([`Snapshot::down`]); sent only to callers that
+//! ask (`health=1`).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -31,6 +34,9 @@ use crate::snapshot::{
     read_names, read_sections, read_str, DecodeLimits, ModelInfo, ReportedLoad, Snapshot,
     SnapshotError, WorkerHead, WorkerKnowledge, SECTION_PEERS, SECTION_POOL,
 };
+
+/// Sections byte: the new list of workers down follows.
+const SECTION_DOWN: u8 = 8;
 use crate::wire::Reader;
 
 /// Format version of the delta encoding.
@@ -133,6 +139,8 @@ pub struct Delta {
     pub pool: bool,
     /// Workers that left the pool (sorted): a receiver forgets them (format 4).
     pub removed: Vec<String>,
+    /// The snapshot's new list of workers down, when it changed ([`Snapshot::down`]).
+    pub down: Option<Vec<String>>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -229,6 +237,7 @@ impl Delta {
             peers: PeerSection::between(old.peers.as_ref(), new.peers.as_ref()),
             pool: new.pool,
             removed,
+            down: (old.down != new.down).then(|| new.down.clone()),
         }
     }
 
@@ -330,6 +339,7 @@ impl Delta {
             peers,
             pool: deltas.last().is_some_and(|d| d.pool),
             removed: removed.into_iter().map(str::to_owned).collect(),
+            down: deltas.iter().rev().find_map(|d| d.down.clone()),
         })
     }
 
@@ -348,10 +358,11 @@ impl Delta {
             })
             .sum::<usize>()
             + self.peers.as_ref().map_or(0, PeerSection::encoded_len)
-            + self.removed.iter().map(|w| 2 + w.len()).sum::<usize>();
-        let mut out = Vec::with_capacity(35 + size);
+            + self.removed.iter().map(|w| 2 + w.len()).sum::<usize>()
+            + self.down.iter().flatten().map(|w| 2 + w.len()).sum::<usize>();
+        let mut out = Vec::with_capacity(37 + size);
         out.extend_from_slice(MAGIC);
-        let sections = self.pool || !self.removed.is_empty();
+        let sections = self.pool || !self.removed.is_empty() || self.down.is_some();
         out.push(match (sections, self.peers.is_some()) {
             (true, _) => DELTA_FORMAT_SECTIONS,
             (false, true) => DELTA_FORMAT_PEERS,
@@ -388,7 +399,8 @@ impl Delta {
             out.push(
                 if self.pool { SECTION_POOL } else { 0 }
                     | if self.peers.is_some() { SECTION_PEERS } else { 0 }
-                    | if self.removed.is_empty() { 0 } else { SECTION_REMOVED },
+                    | if self.removed.is_empty() { 0 } else { SECTION_REMOVED }
+                    | if self.down.is_some() { SECTION_DOWN } else { 0 },
             );
         }
         if let Some(p) = &self.peers {
@@ -396,6 +408,9 @@ impl Delta {
         }
         if !self.removed.is_empty() {
             put_names(&mut out, &self.removed);
+        }
+        if let Some(down) = &self.down {
+            put_names(&mut out, down);
         }
         out
     }
@@ -460,7 +475,8 @@ impl Delta {
         let sections = match format {
             DELTA_FORMAT_PEERS => SECTION_PEERS,
             DELTA_FORMAT_SECTIONS => {
-                read_sections(&mut r, SECTION_POOL | SECTION_PEERS | SECTION_REMOVED)?
+                let known = SECTION_POOL | SECTION_PEERS | SECTION_REMOVED | SECTION_DOWN;
+                read_sections(&mut r, known)?
             }
             _ => 0,
         };
@@ -471,6 +487,10 @@ impl Delta {
         let removed = match sections & SECTION_REMOVED {
             0 => Vec::new(),
             _ => read_names(&mut r, limits.max_workers)?,
+        };
+        let down = match sections & SECTION_DOWN {
+            0 => None,
+            _ => Some(read_names(&mut r, limits.max_workers)?),
         };
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing.into());
@@ -485,6 +505,7 @@ impl Delta {
             peers,
             pool,
             removed,
+            down,
         })
     }
 }
@@ -542,6 +563,9 @@ impl Snapshot {
         }
         if let Some(p) = &d.peers {
             self.peers.get_or_insert_with(PeerSection::default).merge(p, d.generated_at_ms, false);
+        }
+        if let Some(down) = &d.down {
+            self.down.clone_from(down);
         }
         self.pool = d.pool;
         self.version = d.to_version;

@@ -16,6 +16,10 @@
 //! whole pool ([`Snapshot::pool`]), bit 2 a [`PeerSection`] follows; other bits are an error.
 //! The updater sends it only to callers that ask (`pool=1`), and only when it says it has the
 //! pool (membership discovered); otherwise formats 3 and 4 are written byte for byte as before.
+//! Sections bit 4: the workers Envoy's health checking or outlier detection dropped follow
+//! (u16 count; each u16-length name; after the peer section), see [`Snapshot::down`]; sent only
+//! to callers that ask (`health=1`) and only while a worker is down, so a snapshot with no
+//! worker down is written as before.
 
 use thiserror::Error;
 
@@ -32,6 +36,8 @@ pub const SNAPSHOT_FORMAT_SECTIONS: u8 = 5;
 pub(crate) const SECTION_POOL: u8 = 1;
 /// Sections byte: a peer section follows.
 pub(crate) const SECTION_PEERS: u8 = 2;
+/// Sections byte: the list of workers down follows.
+pub(crate) const SECTION_DOWN: u8 = 4;
 const MAGIC: &[u8; 4] = b"KVRS";
 /// Bounds that keep a hostile or corrupt payload from allocating without limit.
 pub const MAX_WORKERS: usize = 4096;
@@ -128,6 +134,9 @@ pub struct Snapshot {
     /// listed is not one, and a worker's `model` says whose pool it is in. False: a partial
     /// view (the filter's configured pools stay the pools).
     pub pool: bool,
+    /// Workers Envoy's health checking or outlier detection dropped (the updater's
+    /// non-members), sorted: decisions leave them out. Their knowledge, if any, stays listed.
+    pub down: Vec<String>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -285,9 +294,11 @@ impl Snapshot {
             .sum::<usize>()
             + self.models.iter().map(|m| 14 + m.name.len()).sum::<usize>()
             + self.peers.as_ref().map_or(0, PeerSection::encoded_len);
+        let size = size + self.down.iter().map(|w| 2 + w.len()).sum::<usize>();
         let mut out = Vec::with_capacity(26 + size);
         out.extend_from_slice(MAGIC);
-        out.push(match (self.pool, self.peers.is_some()) {
+        let sections = self.pool || !self.down.is_empty();
+        out.push(match (sections, self.peers.is_some()) {
             (true, _) => SNAPSHOT_FORMAT_SECTIONS,
             (false, true) => SNAPSHOT_FORMAT_PEERS,
             (false, false) => SNAPSHOT_FORMAT,
@@ -303,11 +314,18 @@ impl Snapshot {
             put_hashes(&mut out, &w.gpu);
             put_hashes(&mut out, &w.offloaded);
         }
-        if self.pool {
-            out.push(SECTION_POOL | if self.peers.is_some() { SECTION_PEERS } else { 0 });
+        if sections {
+            out.push(
+                if self.pool { SECTION_POOL } else { 0 }
+                    | if self.peers.is_some() { SECTION_PEERS } else { 0 }
+                    | if self.down.is_empty() { 0 } else { SECTION_DOWN },
+            );
         }
         if let Some(p) = &self.peers {
             p.encode_into(&mut out);
+        }
+        if !self.down.is_empty() {
+            put_names(&mut out, &self.down);
         }
         out
     }
@@ -354,18 +372,24 @@ impl Snapshot {
         }
         let sections = match format {
             SNAPSHOT_FORMAT_PEERS => SECTION_PEERS,
-            SNAPSHOT_FORMAT_SECTIONS => read_sections(&mut r, SECTION_POOL | SECTION_PEERS)?,
+            SNAPSHOT_FORMAT_SECTIONS => {
+                read_sections(&mut r, SECTION_POOL | SECTION_PEERS | SECTION_DOWN)?
+            }
             _ => 0,
         };
         let peers = match sections & SECTION_PEERS {
             0 => None,
             _ => Some(PeerSection::decode_from(&mut r, limits)?),
         };
+        let down = match sections & SECTION_DOWN {
+            0 => Vec::new(),
+            _ => read_names(&mut r, limits.max_workers)?,
+        };
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing);
         }
         let pool = sections & SECTION_POOL != 0;
-        Ok(Snapshot { version, generated_at_ms, models, workers, peers, pool })
+        Ok(Snapshot { version, generated_at_ms, models, workers, peers, pool, down })
     }
 }
 
@@ -406,6 +430,7 @@ mod tests {
     #[test]
     fn golden_bytes_of_a_pool() {
         crate::conformance::codecs::snapshot_pool_golden();
+        crate::conformance::codecs::snapshot_down_golden();
     }
 
     #[test]
@@ -468,7 +493,7 @@ mod tests {
                        hashes in proptest::collection::vec(any::<u64>(), 0..40),
                        adapters in proptest::collection::vec("[a-z-]{0,12}", 0..3)) {
             let models = vec![ModelInfo { name: "qwen".into(), fingerprint: v, block_size: v as u32 }];
-            let s = Snapshot { version: v, generated_at_ms: v / 2, models, workers: names.into_iter().map(|w| WorkerKnowledge {
+            let s = Snapshot { version: v, generated_at_ms: v / 2, models, down: vec![], workers: names.into_iter().map(|w| WorkerKnowledge {
                 worker: w, observed_at_ms: 5, compatible: false, gpu: hashes.clone(), offloaded: hashes.clone(),
                 load: Some(ReportedLoad { running: 3, waiting: v as u32, observed_at_ms: v }),
                 model: "qwen".into(), adapters: adapters.clone() }).collect(), peers: None, pool: v % 2 == 0 };

@@ -214,8 +214,9 @@ impl SnapshotSync {
             self.replica = id;
         }
         // `pool=1`: the updater's worker list is the whole pool (it follows discovery), and
-        // deltas name the workers that left.
-        let mut path = format!("/v1/snapshot?since={}&pool=1", self.publisher.version());
+        // deltas name the workers that left; `health=1`: the workers Envoy's health checks
+        // dropped (decisions leave them out).
+        let mut path = format!("/v1/snapshot?since={}&pool=1&health=1", self.publisher.version());
         if self.cfg.long_poll_ms > 0 {
             path.push_str(&format!("&wait_ms={}", self.cfg.long_poll_ms));
         }

@@ -426,6 +426,7 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
         ],
         peers: None,
         pool: false,
+        down: vec![],
     };
     let b = Snapshot {
         version: a.version + 3,
@@ -443,6 +444,7 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
         ],
         peers: None,
         pool: false,
+        down: vec![],
     };
     (a, b)
 }
@@ -454,7 +456,10 @@ fn snapshot_decode() -> Seeds {
     // Format 5: the updater's whole pool, with and without peers.
     let pool = Snapshot { pool: true, ..b.clone() };
     let pool_peers = Snapshot { pool: true, ..with_peers.clone() };
-    for s in [&a, &b, &empty, &with_peers, &pool, &pool_peers] {
+    // Workers down (Envoy's health checks dropped them), with and without the pool flag.
+    let down = Snapshot { down: vec!["127.0.0.1:8001".into()], ..with_peers.clone() };
+    let pool_down = Snapshot { pool: true, ..down.clone() };
+    for s in [&a, &b, &empty, &with_peers, &pool, &pool_peers, &down, &pool_down] {
         assert_eq!(Snapshot::decode(&s.encode()).as_ref(), Ok(s));
     }
     let bytes = a.encode();
@@ -494,6 +499,9 @@ fn snapshot_decode() -> Seeds {
         ("pool.bin", pool.encode()),
         ("pool-with-peers.bin", pool_peers.encode()),
         ("pool-truncated.bin", truncated(&pool_peers.encode())),
+        ("workers-down.bin", down.encode()),
+        ("pool-workers-down.bin", pool_down.encode()),
+        ("workers-down-truncated.bin", truncated(&pool_down.encode())),
     ]
 }
 
@@ -553,6 +561,7 @@ fn delta_decode() -> Seeds {
         peers: None,
         pool: false,
         removed: vec![],
+        down: None,
         workers: vec![WorkerDelta {
             worker: "127.0.0.1:8002".into(),
             observed_at_ms: b.generated_at_ms + 90,
@@ -575,6 +584,7 @@ fn delta_decode() -> Seeds {
         peers: None,
         pool: false,
         removed: vec![],
+        down: None,
     };
     let with_peers = Delta { peers: Some(peer_section()), ..noop.clone() };
     // Format 4: a pool delta (a worker leaves the pool, one changes), and one with peers.
@@ -583,7 +593,10 @@ fn delta_decode() -> Seeds {
     let pool = Delta::between(&pool_a, &pool_b);
     assert_eq!(pool.removed, ["127.0.0.1:8001"]);
     let pool_peers = Delta { peers: Some(peer_section()), ..pool.clone() };
-    for x in [&d, &reset, &composed, &noop, &with_peers, &pool, &pool_peers] {
+    // The list of workers down changed: one down, then nobody.
+    let down = Delta { down: Some(vec!["127.0.0.1:8001".into()]), ..pool_peers.clone() };
+    let up = Delta { down: Some(vec![]), ..noop.clone() };
+    for x in [&d, &reset, &composed, &noop, &with_peers, &pool, &pool_peers, &down, &up] {
         assert_eq!(Delta::decode(&x.encode()).as_ref(), Ok(x));
     }
     assert!(d.models.is_some(), "the model list changed between the two snapshots");
@@ -611,6 +624,9 @@ fn delta_decode() -> Seeds {
         ("pool-removes-a-worker.bin", pool.encode()),
         ("pool-with-peers.bin", pool_peers.encode()),
         ("pool-truncated.bin", truncated(&pool_peers.encode())),
+        ("workers-down.bin", down.encode()),
+        ("nobody-down.bin", up.encode()),
+        ("workers-down-truncated.bin", truncated(&down.encode())),
     ]
 }
 

@@ -22,6 +22,22 @@ pub enum Answer {
 }
 
 impl Answer {
+    /// The answer for a caller that does not read the list of workers down (`health=1`):
+    /// without it, so that the bytes are what such a caller has always been sent.
+    pub fn without_health(self) -> Answer {
+        match self {
+            Answer::Full(mut s) => {
+                s.down.clear();
+                Answer::Full(s)
+            }
+            Answer::Delta(mut d) => {
+                d.down = None;
+                Answer::Delta(d)
+            }
+            other => other,
+        }
+    }
+
     /// The answer for a caller that does not read the pool flag or removed workers (snapshot
     /// formats 3/4, delta formats 2/3): no flag, and each removed worker as an incompatible
     /// worker that holds nothing, so that no cache credit stays with it.
@@ -123,6 +139,41 @@ impl Publisher {
         true
     }
 
+    /// Sets the workers down (Envoy's health checking dropped them; sorted): a version of its
+    /// own when the list changed. True when it did.
+    pub fn set_down(&mut self, down: Vec<String>, now_ms: u64) -> bool {
+        if self.current.down == down {
+            return false;
+        }
+        self.current.down.clone_from(&down);
+        self.current.generated_at_ms = now_ms;
+        let from = self.current.version;
+        self.current.version += 1;
+        let delta = Delta {
+            from_version: from,
+            to_version: self.current.version,
+            generated_at_ms: now_ms,
+            pool: self.current.pool,
+            down: Some(down),
+            ..Delta::default()
+        };
+        self.push(delta);
+        true
+    }
+
+    fn push(&mut self, delta: Delta) {
+        let n = hashes_in(&delta);
+        self.ring.push_back((delta, n));
+        self.ring_hashes += n;
+        while self.ring.len() > self.limits.max_deltas || self.ring_hashes > self.limits.max_hashes
+        {
+            match self.ring.pop_front() {
+                Some((_, n)) => self.ring_hashes -= n,
+                None => break,
+            }
+        }
+    }
+
     /// The current full snapshot.
     pub fn full(&self) -> &Snapshot {
         &self.current
@@ -202,17 +253,9 @@ impl Publisher {
             peers,
             pool: self.current.pool,
             removed: gone,
+            down: None,
         };
-        let n = hashes_in(&delta);
-        self.ring.push_back((delta, n));
-        self.ring_hashes += n;
-        while self.ring.len() > self.limits.max_deltas || self.ring_hashes > self.limits.max_hashes
-        {
-            match self.ring.pop_front() {
-                Some((_, n)) => self.ring_hashes -= n,
-                None => break,
-            }
-        }
+        self.push(delta);
         true
     }
 
@@ -296,6 +339,32 @@ mod tests {
         assert_eq!(d.models, Some(learned.clone()));
         let Answer::Full(s) = p.answer(None) else { panic!("expected a snapshot") };
         assert_eq!(s.models, learned);
+    }
+
+    #[test]
+    fn workers_down_are_a_version_of_their_own_and_only_for_callers_that_ask() {
+        let mut p = Publisher::new(5, RingLimits::default());
+        assert!(p.publish(vec![w("a", &[1]), w("b", &[2])], None, 6));
+        let v1 = p.version();
+        assert!(p.set_down(vec!["b".into()], 7));
+        assert!(!p.set_down(vec!["b".into()], 8), "the same list again is no change");
+        let Answer::Delta(d) = p.answer(Some(v1)) else { panic!("expected a delta") };
+        assert_eq!(d.down, Some(vec!["b".to_string()]));
+        let Answer::Delta(old) = p.answer(Some(v1)).without_health() else { panic!() };
+        assert_eq!(old.down, None);
+        assert_eq!(old.encode()[4], kvroute_core::delta::DELTA_FORMAT, "as before: format 2");
+        let Answer::Full(s) = p.answer(None) else { panic!("expected a snapshot") };
+        assert_eq!(s.down, vec!["b".to_string()]);
+        let Answer::Full(old) = p.answer(None).without_health() else { panic!() };
+        assert_eq!(old.encode()[4], kvroute_core::snapshot::SNAPSHOT_FORMAT, "as before");
+        assert!(p.set_down(vec![], 9), "b is back");
+        let Answer::Delta(d) = p.answer(Some(v1)) else { panic!("expected a delta") };
+        assert_eq!(d.down, Some(vec![]), "composed: the latest list");
+        let mut at_v1 = s.clone();
+        at_v1.version = v1;
+        at_v1.down.clear();
+        at_v1.apply_delta(&d).unwrap();
+        assert_eq!(&at_v1, p.full());
     }
 
     #[test]

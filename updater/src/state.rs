@@ -427,6 +427,11 @@ impl State {
         {
             return;
         }
+        // Envoy's health checking (membership) decides who is down; a change is published
+        // whether or not anything else changed.
+        let down: Vec<String> =
+            inner.workers.iter().filter(|(_, e)| !e.member).map(|(w, _)| w.clone()).collect();
+        inner.publisher.set_down(down, now);
         let models = std::mem::take(&mut inner.models_dirty).then(|| self.model_infos(inner));
         let dirty = std::mem::take(&mut inner.dirty);
         let removed: Vec<String> = std::mem::take(&mut inner.removed).into_iter().collect();
@@ -466,11 +471,26 @@ impl State {
     /// (snapshot format 5, delta format 4). Without it they are left out as before: a removed
     /// worker is sent as an incompatible worker that holds nothing.
     pub fn answer_with(&self, since: Option<u64>, replica: Option<u64>, pool: bool) -> Answer {
+        self.answer_health(since, replica, pool, false)
+    }
+
+    /// [`State::answer_with`]; `health`: the caller reads the list of workers down (`health=1`,
+    /// snapshot sections bit 4, delta sections bit 8).
+    pub fn answer_health(
+        &self,
+        since: Option<u64>,
+        replica: Option<u64>,
+        pool: bool,
+        health: bool,
+    ) -> Answer {
         let mut inner = self.lock();
         self.publish(&mut inner);
         let mut answer = inner.publisher.answer(since);
         if !pool {
             answer = answer.without_pool();
+        }
+        if !health {
+            answer = answer.without_health();
         }
         match (answer, replica) {
             (Answer::Full(mut s), Some(r)) => {

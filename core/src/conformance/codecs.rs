@@ -52,6 +52,7 @@ pub fn snapshot_sample() -> Snapshot {
         }],
         peers: None,
         pool: false,
+        down: vec![],
     }
 }
 
@@ -88,6 +89,7 @@ pub fn delta_golden() {
         peers: None,
         pool: false,
         removed: vec![],
+        down: None,
         from_version: 3,
         to_version: 4,
         generated_at_ms: 40,
@@ -145,6 +147,62 @@ pub fn snapshot_pool_golden() {
     assert_eq!(Snapshot::decode(&want[..want.len() - 1]), Err(SnapshotError::Truncated));
 }
 
+/// Format 5 without the pool flag: a snapshot that names a worker down (sections bit 4, after
+/// the workers); with no worker down the bytes are format 3's, as before.
+pub fn snapshot_down_golden() {
+    let down = Snapshot { down: vec!["127.0.0.1:8000".into()], ..snapshot_sample() };
+    let mut want = snapshot_sample().encode();
+    assert_eq!(want[4], 3, "nobody down: format 3");
+    want[4] = 5;
+    want.push(4); // sections: the workers down follow
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.extend_from_slice(&14u16.to_le_bytes());
+    want.extend_from_slice(b"127.0.0.1:8000");
+    assert_eq!(down.encode(), want);
+    assert_eq!(Snapshot::decode(&want), Ok(down.clone()));
+    let pool = Snapshot { pool: true, ..down };
+    let mut want_pool = want.clone();
+    want_pool[snapshot_sample().encode().len()] = 1 | 4;
+    assert_eq!(pool.encode(), want_pool);
+    assert_eq!(Snapshot::decode(&want_pool), Ok(pool));
+    assert_eq!(Snapshot::decode(&want[..want.len() - 1]), Err(SnapshotError::Truncated));
+}
+
+/// Format 4 without the pool flag: a delta whose only change is the list of workers down
+/// (sections bit 8, after the removed workers); an empty list (nobody down any more) travels
+/// too.
+pub fn delta_golden_with_workers_down() {
+    let d = Delta {
+        from_version: 8,
+        to_version: 9,
+        generated_at_ms: 90,
+        down: Some(vec!["w".into()]),
+        ..Delta::default()
+    };
+    let mut want = b"KVRD\x04".to_vec();
+    for v in [8u64, 9, 90] {
+        want.extend_from_slice(&v.to_le_bytes());
+    }
+    want.push(0); // models unchanged
+    want.extend_from_slice(&0u32.to_le_bytes()); // no worker changed
+    want.push(8); // sections: the workers down follow
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.extend_from_slice(&1u16.to_le_bytes());
+    want.push(b'w');
+    assert_eq!(d.encode(), want);
+    assert_eq!(Delta::decode(&want), Ok(d.clone()));
+    let mut s = Snapshot { version: 8, ..snapshot_sample() };
+    s.apply_delta(&d).unwrap();
+    assert_eq!(s.down, vec!["w".to_string()]);
+    let back = Delta { from_version: 9, to_version: 10, down: Some(vec![]), ..d.clone() };
+    let b = back.encode();
+    assert_eq!(&b[34..], &[8, 0, 0], "an empty list: nobody down");
+    s.apply_delta(&Delta::decode(&b).unwrap()).unwrap();
+    assert!(s.down.is_empty());
+    let none = Delta { down: None, ..d };
+    assert_eq!(none.encode()[4], 2, "no change to the list: format 2, as before");
+}
+
 /// Format 4: a pool delta that removes two workers and changes none.
 pub fn delta_golden_removing_workers() {
     let d = Delta {
@@ -183,6 +241,7 @@ pub fn delta_golden_with_models_and_a_new_worker() {
         peers: None,
         pool: false,
         removed: vec![],
+        down: None,
         from_version: 1,
         to_version: 2,
         generated_at_ms: 5,

@@ -16,7 +16,15 @@ fn worker(name: &str, gpu: Vec<u64>, observed: u64) -> WorkerKnowledge {
 
 fn snap(version: u64, workers: Vec<WorkerKnowledge>) -> Snapshot {
     let models = vec![ModelInfo { name: "m".into(), fingerprint: 1, block_size: 16 }];
-    Snapshot { version, generated_at_ms: version * 10, models, workers, peers: None, pool: false }
+    Snapshot {
+        version,
+        generated_at_ms: version * 10,
+        models,
+        workers,
+        peers: None,
+        pool: false,
+        down: vec![],
+    }
 }
 
 #[test]
@@ -27,6 +35,7 @@ fn golden_bytes() {
 #[test]
 fn golden_bytes_removing_workers() {
     crate::conformance::codecs::delta_golden_removing_workers();
+    crate::conformance::codecs::delta_golden_with_workers_down();
 }
 
 #[test]

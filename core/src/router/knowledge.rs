@@ -49,6 +49,9 @@ pub struct Knowledge {
     members: HashMap<String, Vec<String>>,
     /// Workers to leave out of decisions now (failed requests, see `shared::health`).
     down: HashSet<String>,
+    /// Workers the updater reports down (Envoy's health checking or outlier detection dropped
+    /// them: [`Snapshot::down`]).
+    updater_down: HashSet<String>,
 }
 
 impl Knowledge {
@@ -67,6 +70,7 @@ impl Knowledge {
             pool: None,
             members: HashMap::new(),
             down: HashSet::new(),
+            updater_down: HashSet::new(),
         }
     }
 
@@ -89,9 +93,10 @@ impl Knowledge {
         self.down.extend(down.into_iter().map(str::to_owned));
     }
 
-    /// Whether `worker` is left out of decisions now.
+    /// Whether `worker` is left out of decisions now: it failed requests, or Envoy's health
+    /// checking dropped it (as the updater reports).
     pub fn is_down(&self, worker: &str) -> bool {
-        self.down.contains(worker)
+        self.down.contains(worker) || self.updater_down.contains(worker)
     }
 
     /// Whether the updater's snapshots list the whole pool.
@@ -192,6 +197,7 @@ impl Knowledge {
     pub fn apply_snapshot(&mut self, snap: &Snapshot) {
         self.apply_peers(snap.peers.as_ref(), true);
         self.models.clone_from(&snap.models);
+        self.updater_down = snap.down.iter().cloned().collect();
         if snap.pool {
             // Whoever is not listed left the pool: forgotten, with its routing credit.
             let listed: HashSet<&str> = snap.workers.iter().map(|w| w.worker.as_str()).collect();
@@ -225,6 +231,9 @@ impl Knowledge {
         self.apply_peers(d.peers.as_ref(), false);
         if let Some(models) = &d.models {
             self.models.clone_from(models);
+        }
+        if let Some(down) = &d.down {
+            self.updater_down = down.iter().cloned().collect();
         }
         for w in &d.removed {
             self.forget(w);

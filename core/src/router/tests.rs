@@ -338,3 +338,29 @@ fn down_workers_are_never_primary_or_fallback_unless_all_are_down() {
     let d = r.decide(&q, 0, &idle, 10, 0).unwrap();
     assert_eq!(d.primary().unwrap().worker, "127.0.0.1:2", "back up: its cache wins again");
 }
+
+#[test]
+fn workers_the_updater_reports_down_are_left_out_until_it_lists_them_up() {
+    use crate::snapshot::Snapshot;
+    let mut r = router();
+    let idle = |_: &str| WorkerLoad::default();
+    let q = req(None, &LONG.repeat(20));
+    let s1 = Snapshot {
+        version: 1,
+        down: vec!["127.0.0.1:1".into(), "127.0.0.1:3".into()],
+        ..Default::default()
+    };
+    r.apply_snapshot(&s1);
+    for pick in 0..10 {
+        let d = r.decide(&q, 0, &idle, 0, pick).unwrap();
+        assert_eq!(d.header_value(), "127.0.0.1:2", "only the worker up is named");
+    }
+    let s2 = Snapshot { version: 2, down: vec!["127.0.0.1:1".into()], ..s1.clone() };
+    r.apply_delta(&crate::delta::Delta::between(&s1, &s2));
+    let named: Vec<String> = (0..10)
+        .flat_map(|pick| r.decide(&q, 0, &idle, 0, pick).unwrap().ranked)
+        .map(|s| s.worker)
+        .collect();
+    assert!(named.iter().any(|w| w == "127.0.0.1:3"), "3 is back");
+    assert!(!named.iter().any(|w| w == "127.0.0.1:1"), "1 is still down");
+}

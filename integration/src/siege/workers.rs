@@ -102,6 +102,25 @@ pub async fn wait_hc_healthy(stack: &Stack, worker: &str, timeout: Duration) -> 
     .await
 }
 
+/// Waits until the updater reports `worker`'s membership (from Envoy's health) as `member`.
+pub async fn wait_updater_member(
+    stack: &Stack,
+    worker: &str,
+    member: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let port = stack.updater.as_ref().context("the stack has no updater")?.port;
+    let url = format!("http://127.0.0.1:{port}/status");
+    crate::eventually(&format!("the updater reports {worker} member={member}"), timeout, || {
+        let url = url.clone();
+        async move {
+            let v: serde_json::Value = reqwest::get(&url).await.ok()?.json().await.ok()?;
+            (v["workers"][worker]["member"].as_bool()? == member).then_some(())
+        }
+    })
+    .await
+}
+
 /// One client request as the client saw it.
 #[derive(Debug, Clone)]
 pub struct Sent {

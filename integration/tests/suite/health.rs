@@ -1,7 +1,8 @@
 //! Dead and hung workers through real Envoy, the filter, the updater and three simulated
 //! workers: a killed worker gets no new request once its health check failed (plus one
 //! interval), and only its in-flight streams fail; a frozen worker holds no request sent after
-//! the freeze past the per-try first-byte timeout, and serves again once continued. The
+//! the freeze past the per-try first-byte timeout, and serves again once continued; a worker
+//! the updater reports dropped by Envoy's health check is never tried, not even once. The
 //! measuring is `kvroute_integration::siege::workers`, shared with the `kvroute-siege` bench.
 
 use std::time::Duration;
@@ -81,4 +82,26 @@ async fn a_frozen_worker_holds_no_new_request_past_the_per_try_timeout() {
     assert_eq!(r.errors_after, 0, "requests sent during the freeze failed: {r:?}");
     assert!(r.try_timeouts >= 1, "no try timed out: the freeze was never tested: {r:?}");
     assert!(r.served_again, "the continued worker never served again: {r:?}");
+}
+
+#[tokio::test]
+async fn a_worker_envoys_health_check_dropped_is_never_tried_once_the_updater_says_so() {
+    let mut stack = Stack::start(options()).await.unwrap();
+    stack.envoy.wait_threads_ready(true, Duration::from_secs(60)).await.unwrap();
+    // Killed while idle: no request of the filter's can fail on it first.
+    let victim = stack.workers[0].addr.clone();
+    stack.kill_worker(0).await;
+    workers::wait_hc_failed(&stack, &victim, Duration::from_secs(30)).await.unwrap();
+    workers::wait_updater_member(&stack, &victim, false, Duration::from_secs(30)).await.unwrap();
+    // One knowledge interval (the singleton polls every 100 ms) and a tick.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = workers::host_counters(&stack, &victim).await.unwrap();
+    let traffic = workers::Traffic::start(&stack.base_url(), &shape(Duration::from_secs(20)));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let sent = traffic.stop().await;
+    let tried = workers::host_counters(&stack, &victim).await.unwrap().since(&before);
+    eprintln!("requests {}, attempts on the dropped worker {tried:?}", sent.len());
+    assert!(sent.len() >= 20, "too little traffic to judge: {}", sent.len());
+    assert!(sent.iter().all(|s| s.ok()), "a request failed");
+    assert_eq!(tried.attempts(), 0, "the dropped worker was tried: {tried:?}");
 }
