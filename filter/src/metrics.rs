@@ -122,20 +122,12 @@ pub(crate) fn record(id: Option<u32>, v: u64) {
     gauge(id, v);
 }
 
-/// The two readiness gauges, shared by every thread (each adds or takes away its own one).
+/// The two readiness gauges, set by Envoy's main thread from every thread's mark
+/// (`kvroute_core::shared::readiness`).
 #[derive(Debug, Default)]
 struct Readiness {
     bundled: Option<u32>,
     ready: Option<u32>,
-}
-
-/// What a worker thread can do now (see [`Metrics::readiness`]).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ThreadReadiness {
-    /// Every model of the configuration has its tokenizer bundle.
-    pub bundled: bool,
-    /// Bundled, and a knowledge snapshot from the updater has arrived.
-    pub ready: bool,
 }
 
 /// Model bundles from the updater: the singleton's fetches and what it keeps in shared data
@@ -201,16 +193,11 @@ impl BundleMetrics {
 }
 
 impl Metrics {
-    /// Moves this thread in or out of the readiness gauges when its readiness changed from
-    /// `was` to `now`.
-    pub fn readiness(&self, was: ThreadReadiness, now: ThreadReadiness) {
-        let step = |id: Option<u32>, before: bool, after: bool| {
-            if let (Some(id), true) = (id, before != after) {
-                let _ = hostcalls::increment_metric(id, if after { 1 } else { -1 });
-            }
-        };
-        step(self.readiness.bundled, was.bundled, now.bundled);
-        step(self.readiness.ready, was.ready, now.ready);
+    /// Sets the readiness gauges: worker threads with every bundle, and of those, with
+    /// knowledge too.
+    pub fn threads(&self, bundled: u32, ready: u32) {
+        gauge(self.readiness.bundled, u64::from(bundled));
+        gauge(self.readiness.ready, u64::from(ready));
     }
 }
 

@@ -15,13 +15,14 @@ use kvroute_core::shared::health::{self, Failure, Health};
 use kvroute_core::shared::journal::{self, JournalCursor};
 use kvroute_core::shared::knowledge::Follower;
 use kvroute_core::shared::load::{LoadView, Shard};
+use kvroute_core::shared::readiness;
 use kvroute_core::shared::{Counter, Counters};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
 use crate::host;
 use crate::http::KvHttp;
-use crate::metrics::{count, Metrics, ThreadReadiness};
+use crate::metrics::{count, Metrics};
 use crate::shared::HostStore;
 use crate::sync::SnapshotSync;
 use crate::waiting::Waiting;
@@ -48,8 +49,6 @@ pub struct ThreadState {
     /// they serve; Envoy's main thread, which never serves, builds none (for Qwen3 about
     /// 115 MiB of wasm memory, kept for good).
     placement: crate::thread::Placement,
-    /// What this thread could do at its last tick (the readiness gauges count it).
-    readiness: std::cell::Cell<ThreadReadiness>,
     /// This Envoy's replica id (shared data), so that its own decisions relayed by the
     /// updater are not counted twice.
     replica: std::cell::Cell<u64>,
@@ -250,21 +249,26 @@ impl ThreadState {
         self.serving.get() || self.placement.worker()
     }
 
-    /// Moves this thread in or out of the readiness gauges. Envoy's main thread never counts.
-    fn readiness_tick(&self) {
-        let now = if self.on_worker_thread() {
+    /// A worker thread marks what it can do; Envoy's main thread (never counted) sets the
+    /// readiness gauges from the fresh marks, so a VM that died leaves them within a few ticks.
+    fn readiness_tick(&self, now_ms: u64) {
+        if self.on_worker_thread() {
             let bundled = self.bundles.borrow().complete();
-            ThreadReadiness { bundled, ready: bundled && self.follower.borrow().version() > 0 }
+            let ready = bundled && self.follower.borrow().version() > 0;
+            let id = self.shard.borrow().id();
+            readiness::mark(&HostStore, id, readiness::Mark { bundled, ready, at_ms: now_ms });
         } else {
-            ThreadReadiness::default()
-        };
-        self.metrics.readiness(self.readiness.replace(now), now);
+            let fresh_ms = self.config.tick_ms.saturating_mul(8).max(2_000);
+            let (bundled, ready) = readiness::count(&HostStore, now_ms, fresh_ms);
+            self.metrics.threads(bundled, ready);
+        }
     }
 
-    /// Takes this thread out of the readiness gauges (its VM goes away).
+    /// Takes this thread out of the readiness count (its VM goes away).
     pub fn retire(&self) {
-        let gone = ThreadReadiness::default();
-        self.metrics.readiness(self.readiness.replace(gone), gone);
+        if self.on_worker_thread() {
+            readiness::clear(&HostStore, self.shard.borrow().id());
+        }
     }
 
     /// Housekeeping, every `tick_ms`.
@@ -289,7 +293,7 @@ impl ThreadState {
         }
         shard.tick(&HostStore, &self.metrics, now_ms);
         drop((shard, router));
-        self.readiness_tick();
+        self.readiness_tick(now_ms);
     }
 }
 
@@ -385,7 +389,6 @@ impl RootContext for KvRoot {
                     bundles: RefCell::new(bundles),
                     serving: std::cell::Cell::new(false),
                     placement: crate::thread::Placement::detect(),
-                    readiness: std::cell::Cell::new(ThreadReadiness::default()),
                     replica: std::cell::Cell::new(0),
                     watch: RefCell::new(Watch::new(config.misdeployment, now)),
                     waiting: Waiting::default(),

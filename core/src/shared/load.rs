@@ -169,6 +169,11 @@ fn registry<S: SharedStore + ?Sized>(store: &S, counters: &dyn Counters) -> Vec<
     }
 }
 
+/// The ids of the listed shards (none when the registry is absent or unreadable).
+pub fn listed<S: SharedStore + ?Sized>(store: &S) -> Vec<u32> {
+    store.get(REGISTRY_KEY).0.as_deref().and_then(decode_registry).unwrap_or_default()
+}
+
 /// Changes the registry under compare-and-swap; a corrupt registry starts over.
 fn edit_registry<S: SharedStore + ?Sized>(
     store: &S,
@@ -475,6 +480,7 @@ fn sweep<S: SharedStore + ?Sized>(store: &S, counters: &dyn Counters, dead: &[(u
     let Ok(removed) = swept else { return };
     for (id, _) in &removed {
         let _ = store.set(&shard_key(*id), &[], None);
+        super::readiness::clear(store, *id);
     }
     let lost: usize = removed.iter().map(|(_, n)| n).sum();
     counters.count(Counter::ShardDropped, lost as u64);

@@ -15,6 +15,8 @@
 //! - [`calib`]: the online calibration state per model, learned from every thread's samples.
 //! - [`health`]: workers that failed requests (down for a backoff, then probed), so every
 //!   thread leaves them out of its decisions at once.
+//! - [`readiness`]: each thread's mark (bundled, ready, when), from which the readiness gauges
+//!   count the threads that can route; a dead VM's mark goes stale.
 //! - [`peers`]: this replica's id and the singleton's forwarder of its decisions and load to
 //!   the updater (cross-replica knowledge).
 //!
@@ -28,6 +30,7 @@ pub mod journal;
 pub mod knowledge;
 pub mod load;
 pub mod peers;
+pub mod readiness;
 
 use thiserror::Error;
 

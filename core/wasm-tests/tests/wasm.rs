@@ -28,6 +28,7 @@ fn journal_entry_codec() {
 fn snapshot_codec() {
     codecs::snapshot_golden();
     codecs::snapshot_pool_golden();
+    codecs::snapshot_down_golden();
 }
 
 #[wasm_bindgen_test]
@@ -35,6 +36,7 @@ fn delta_codec() {
     codecs::delta_golden();
     codecs::delta_golden_with_models_and_a_new_worker();
     codecs::delta_golden_removing_workers();
+    codecs::delta_golden_with_workers_down();
 }
 
 #[wasm_bindgen_test]

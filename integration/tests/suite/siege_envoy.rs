@@ -102,6 +102,11 @@ async fn trap_rounds(policy: &str, windows: &[Duration]) -> Vec<TrapReport> {
             // Envoy replaced the VM (once per trap), it did not just pass requests around it.
             let ok = counts.get("envoy_wasm_kvroute_vm_reload_success").copied();
             assert_eq!(ok, Some((t + 1) as f64), "{counts:?}");
+            // The readiness gauges count the live VMs only: the dead one's mark went stale
+            // (the measuring window is longer than its freshness), the new one's counts.
+            for g in ["kvroute_threads_bundled", "kvroute_threads_ready"] {
+                assert_eq!(counts.get(g).copied(), Some(f64::from(THREADS)), "{g}: {counts:?}");
+            }
         }
         out.push(r);
     }
