@@ -386,7 +386,8 @@ fn a_wrong_discovery_or_rbac_field_is_caught() {
     let help = crate::deploy_k8s::updater_help_flags();
     let server = crate::deploy_k8s::server_rs();
     let base = crate::deploy_k8s::docs();
-    crate::deploy_k8s::checks::check_all(&base, &help, &server).expect("the committed manifests agree");
+    crate::deploy_k8s::checks::check_all(&base, &help, &server)
+        .expect("the committed manifests agree");
     const ARGS: &str = "/spec/template/spec/containers/0/args";
     type Mutate = Box<dyn Fn(&mut Vec<Doc>)>;
     let arg = |from: &'static str, to: Option<&'static str>| -> Mutate {

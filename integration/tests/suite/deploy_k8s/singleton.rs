@@ -5,7 +5,9 @@ use anyhow::{anyhow, ensure, Context};
 use kvroute_core::config::SnapshotSyncConfig;
 use serde_json::Value;
 
-use crate::deploy_k8s::checks::{istio_wasm_filter, proxies, secret_env, str_or, TEST_TOKEN, TOKEN_ENV};
+use crate::deploy_k8s::checks::{
+    istio_wasm_filter, proxies, secret_env, str_or, TEST_TOKEN, TOKEN_ENV,
+};
 use crate::deploy_k8s::manifests::{at, by_field, find, only, str_at, Doc};
 
 /// Each Envoy side's bootstrap addition, the vm_id its filter VM gets, and its proxy container.

@@ -32,7 +32,8 @@ pub struct Xds {
 }
 
 fn fixture(path: &str) -> anyhow::Result<Value> {
-    let p: PathBuf = paths::repo_root().join("integration/tests/suite/deploy_k8s/fixtures").join(path);
+    let p: PathBuf =
+        paths::repo_root().join("integration/tests/suite/deploy_k8s/fixtures").join(path);
     let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
     let y: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not YAML", p.display()))?;
