@@ -11,10 +11,10 @@ use serde_json::json;
 
 use crate::delay::DelayRelay;
 use crate::topology::Topology;
-use kvroute_integration::envoy::Envoy;
-use kvroute_integration::paths;
-use kvroute_integration::sim::SimWorker;
-use kvroute_integration::stack::{write_config_text, BundleFrom, Ports, Updater};
+use kvroute_stack::envoy::Envoy;
+use kvroute_stack::paths;
+use kvroute_stack::sim::SimWorker;
+use kvroute_stack::stack::{write_config_text, BundleFrom, Ports, Updater};
 
 /// What makes the routing decision. Every policy goes through the same Envoy listener, and
 /// every kvroute variant gets the same updater (cluster-wide load scraped from the workers'
@@ -425,7 +425,7 @@ pub async fn reset_prefix_caches(addrs: &[String], path: &str) -> anyhow::Result
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
     for a in addrs {
         let url = format!("http://{a}{path}");
-        kvroute_integration::eventually(
+        kvroute_stack::eventually(
             &format!("POST {url} to succeed"),
             Duration::from_secs(60),
             || async { http.post(&url).send().await.ok()?.status().is_success().then_some(()) },
@@ -441,7 +441,7 @@ mod tests {
 
     #[test]
     fn a_knowledge_delay_fault_lengthens_the_poll_timeout_past_the_delay() {
-        let path = kvroute_integration::paths::repo_root().join("envoy").join("kvroute.yaml");
+        let path = kvroute_stack::paths::repo_root().join("envoy").join("kvroute.yaml");
         let text = std::fs::read_to_string(path).unwrap();
         let out = with_poll_timeout(&text, 3000).unwrap();
         let line = out.lines().find(|l| l.contains("snapshot_sync")).unwrap();

@@ -10,7 +10,7 @@ use anyhow::Context;
 use kvroute_core::model::ModelBundle;
 use serde::{Deserialize, Serialize};
 
-use kvroute_integration::stack::{BundleFrom, Pool, MODEL, QWEN3_MODEL};
+use kvroute_stack::stack::{BundleFrom, Pool, MODEL, QWEN3_MODEL};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -59,7 +59,7 @@ pub struct TraceRequest {
 /// Where the trace lies: `../shared/traces/mooncake_conversation_trace.jsonl` from the
 /// repository root.
 pub fn default_trace_path() -> PathBuf {
-    kvroute_integration::paths::repo_root()
+    kvroute_stack::paths::repo_root()
         .join("../shared/traces/mooncake_conversation_trace.jsonl")
 }
 
@@ -420,7 +420,7 @@ mod tests {
 
     #[test]
     fn load_names_the_bad_line() {
-        let dir = match kvroute_integration::paths::scratch_dir("mooncake-load") {
+        let dir = match kvroute_stack::paths::scratch_dir("mooncake-load") {
             Ok(d) => d,
             Err(e) => panic!("{e:#}"),
         };

@@ -408,7 +408,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    kvroute_integration::eventually_every(what, timeout, Duration::from_millis(10), check).await
+    kvroute_stack::eventually_every(what, timeout, Duration::from_millis(10), check).await
 }
 
 /// Whether the policy's updater follows the workers' KV events.

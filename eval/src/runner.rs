@@ -150,7 +150,7 @@ pub async fn run_policy(
     let health = health::assess(
         &opts.health,
         step_lag_p99_ms,
-        kvroute_integration::nearest_rank(&send_lags, 0.99).unwrap_or(0.0),
+        kvroute_stack::nearest_rank(&send_lags, 0.99).unwrap_or(0.0),
         cpu,
     );
     bar.finish_and_clear();

@@ -31,7 +31,7 @@ fn ms(d: Duration) -> f64 {
 
 /// A numeric field of kvroute's `x-kvroute-decision` header.
 pub fn decision_number(header: &str, key: &str) -> Option<u64> {
-    kvroute_integration::client::decision_field(header, key)?.parse().ok()
+    kvroute_stack::client::decision_field(header, key)?.parse().ok()
 }
 
 /// Whether kvroute's decision header says the look-ahead replicated the request's hot prefix
@@ -205,7 +205,7 @@ async fn exchange(
         decision.as_deref().and_then(|d| decision_number(d, "predicted_cached_tokens"));
     rec.predicted_ttft_ms = decision
         .as_deref()
-        .and_then(|d| kvroute_integration::client::decision_field(d, "predicted_ttft_ms"))
+        .and_then(|d| kvroute_stack::client::decision_field(d, "predicted_ttft_ms"))
         .and_then(|v| v.parse::<f64>().ok())
         .filter(|v| *v >= 0.0);
     rec.replicated = decision.as_deref().is_some_and(decision_replicated);

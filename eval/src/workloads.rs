@@ -12,7 +12,7 @@ use crate::model::BenchModel;
 use crate::mooncake;
 use crate::record::Slo;
 use crate::schedule::{chat_body, completions_body, Scheduled, CHAT, COMPLETIONS};
-use kvroute_integration::workload::Conversation;
+use kvroute_stack::workload::Conversation;
 
 /// The shape of a workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -6,8 +6,8 @@ use kvroute_eval::cluster::Policy;
 use kvroute_eval::runner::{run_policy, RunOptions};
 use kvroute_eval::topology::{External, Topology};
 use kvroute_eval::workloads::{PromptForm, Shape, Workload};
-use kvroute_integration::paths;
-use kvroute_integration::sim::SimWorker;
+use kvroute_stack::paths;
+use kvroute_stack::sim::SimWorker;
 
 fn workload() -> Workload {
     Workload {

@@ -39,7 +39,7 @@ fn ids(from: u32, len: usize) -> Vec<u32> {
 
 /// A completion straight to a worker (around Envoy), waited for.
 async fn direct(http: &reqwest::Client, worker: &str, prompt: &[u32], max_tokens: u64) {
-    let body = json!({"model": kvroute_integration::stack::MODEL, "prompt": prompt, "max_tokens": max_tokens});
+    let body = json!({"model": kvroute_stack::stack::MODEL, "prompt": prompt, "max_tokens": max_tokens});
     let r = http.post(format!("http://{worker}{COMPLETIONS}")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
 }
@@ -50,7 +50,7 @@ async fn the_oracle_sends_every_request_to_the_worker_whose_what_if_was_best() {
     let url = cluster.urls()[0].clone();
     let ctx = ctx(&cluster);
     let http = reqwest::Client::new();
-    let model = kvroute_integration::stack::MODEL;
+    let model = kvroute_stack::stack::MODEL;
     // Worker 0 busy with long prefills in flight (about a second of work), so the best worker
     // is not always the first.
     let load: Vec<_> = (0..4u32)
@@ -66,7 +66,7 @@ async fn the_oracle_sends_every_request_to_the_worker_whose_what_if_was_best() {
             })
         })
         .collect();
-    kvroute_integration::eventually("worker 0 busy", Duration::from_secs(10), || async {
+    kvroute_stack::eventually("worker 0 busy", Duration::from_secs(10), || async {
         let q = kvroute_eval::runner::scrape_queue(&http, &ctx.workers[0]).await?;
         (q.0 + q.1 >= 4).then_some(())
     })
@@ -81,7 +81,7 @@ async fn the_oracle_sends_every_request_to_the_worker_whose_what_if_was_best() {
         let s = scheduled(completions_body(model, &ids(100 + i * 50, 3000), 300), 300);
         let (http2, url, ctx2) = (http.clone(), url.clone(), ctx.clone());
         sends.push(tokio::spawn(async move { send(&http2, &url, i as usize, &s, &ctx2).await }));
-        kvroute_integration::eventually(
+        kvroute_stack::eventually(
             "the request running on an idle worker",
             Duration::from_secs(10),
             || async {
@@ -125,7 +125,7 @@ async fn with_every_worker_idle_the_oracle_picks_the_one_holding_the_prefix() {
     direct(&http, &ctx.workers[2], &prefix, 1).await;
     let mut prompt = prefix.clone();
     prompt.extend(ids(2000, 24));
-    let s = scheduled(completions_body(kvroute_integration::stack::MODEL, &prompt, 4), 4);
+    let s = scheduled(completions_body(kvroute_stack::stack::MODEL, &prompt, 4), 4);
     let rec = send(&http, &url, 0, &s, &ctx).await;
     assert!(rec.ok(), "{:?}", rec.error);
     assert_eq!(rec.worker.as_deref(), Some(ctx.workers[2].as_str()), "{:?}", rec.whatif_ms);
@@ -174,7 +174,7 @@ async fn other_policies_get_every_workers_what_if_for_sampled_requests_only() {
     let cluster = Cluster::start(&topo(2), Policy::LeastRequest, &[]).await.unwrap();
     let url = cluster.urls()[0].clone();
     let http = reqwest::Client::new();
-    let model = kvroute_integration::stack::MODEL;
+    let model = kvroute_stack::stack::MODEL;
     for (share, answers) in [(1.0, 2), (0.0, 0)] {
         let ctx = SendCtx { policy: Policy::LeastRequest, whatif_sample: share, ..ctx(&cluster) };
         let s = scheduled(completions_body(model, &ids(5, 300), 4), 4);

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kvroute_eval::report::Report;
-use kvroute_integration::paths;
+use kvroute_stack::paths;
 
 #[test]
 fn a_short_qwen3_bench_with_two_envoys_and_chat_prompts_completes() {

@@ -10,7 +10,7 @@ use kvroute_eval::topology::Topology;
 async fn a_small_sweep_shows_the_crossover_and_a_regret_free_oracle() {
     let mut topo = Topology::default();
     topo.workers.count = 3;
-    let dir = kvroute_integration::paths::scratch_dir("reference-test").unwrap();
+    let dir = kvroute_stack::paths::scratch_dir("reference-test").unwrap();
     let opts = ReferenceOptions::default();
     let levels = [0, 16];
     let r = reference::run(&topo, &[Policy::Oracle, Policy::LeastRequest], &levels, &dir, &opts)

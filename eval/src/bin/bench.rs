@@ -18,7 +18,7 @@ use kvroute_eval::preset::{self, Plan};
 use kvroute_eval::report::{self, Report, Scope, Setup};
 use kvroute_eval::runner::{run_policy, RunOptions};
 use kvroute_eval::{reference, repeat, schedule, workloads};
-use kvroute_integration::paths;
+use kvroute_stack::paths;
 
 #[derive(Parser, Debug)]
 #[command(about = "Compare routing policies on identical arrivals through real Envoy")]
@@ -351,4 +351,4 @@ fn rerender(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-kvroute_integration::help_test!(Args);
+kvroute_stack::help_test!(Args);

@@ -18,7 +18,7 @@ pub(super) fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
     v
 }
 
-pub use kvroute_integration::nearest_rank;
+pub use kvroute_stack::nearest_rank;
 
 /// `num / den` when `den` is positive and the result finite.
 pub(super) fn rate(num: f64, den: f64) -> Option<f64> {

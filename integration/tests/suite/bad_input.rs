@@ -3,7 +3,7 @@
 //! request, checks the outcome the filter and the hardened bootstrap (envoy/kvroute.yaml) define,
 //! then checks that a normal chat request on the same protocol still gets 200 *and is routed by
 //! kvroute* (with FAIL_OPEN a dead VM would still give 200, only without a decision header).
-//! Requests go out as raw bytes (`kvroute_integration::rawhttp`), so non-UTF-8 request targets
+//! Requests go out as raw bytes (`kvroute_stack::rawhttp`), so non-UTF-8 request targets
 //! and header values reach Envoy as they are. Slow-client rows are a test of their own
 //! (HTTP/1.1 only, bounded by deadlines).
 
@@ -11,10 +11,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kvroute_integration::client::decision_field;
-use kvroute_integration::rawhttp::{self, Proto, RawRequest, RawResponse};
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
-use kvroute_integration::workload::Conversation;
+use kvroute_stack::client::decision_field;
+use kvroute_stack::rawhttp::{self, Proto, RawRequest, RawResponse};
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::workload::Conversation;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

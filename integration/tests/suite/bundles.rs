@@ -7,13 +7,13 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kvroute_integration::client::{self, Reply};
-use kvroute_integration::stack::{
+use kvroute_stack::client::{self, Reply};
+use kvroute_stack::stack::{
     pools_filter_config, write_config, BundleFrom, Pool, Ports, Stack, StackOptions, MODEL,
     UPDATER_TOKEN,
 };
-use kvroute_integration::workload::Conversation;
-use kvroute_integration::{envoy, eventually, paths};
+use kvroute_stack::workload::Conversation;
+use kvroute_stack::{envoy, eventually, paths};
 use serde_json::{json, Value};
 
 /// A copy of the demo bundle in `dir`, its chat template marked with `mark` (a Jinja comment:

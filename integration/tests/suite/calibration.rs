@@ -9,9 +9,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kvroute_integration::client;
-use kvroute_integration::eventually;
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::client;
+use kvroute_stack::eventually;
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
 use serde_json::json;
 
 /// The workers' prefill cost per token (ms), set on the simulator's command line.

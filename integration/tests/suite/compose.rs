@@ -17,7 +17,7 @@ mod stack;
 use std::process::Command;
 
 use file::{command, read, repo_file, value, values, Compose, OUR_BINARIES};
-use kvroute_integration::{envoy, paths};
+use kvroute_stack::{envoy, paths};
 use stack::{Bootstrap, Demo};
 
 /// The compose tools on this machine: `docker compose` and/or `docker-compose`.

@@ -1,9 +1,9 @@
 //! Every Envoy config in the repo passes `envoy --mode validate`, and a bad filter
 //! configuration makes Envoy reject the filter with kvroute's reason in the log.
 
-use kvroute_integration::envoy;
-use kvroute_integration::paths;
-use kvroute_integration::stack::{filter_config, write_config, Ports, StackOptions};
+use kvroute_stack::envoy;
+use kvroute_stack::paths;
+use kvroute_stack::stack::{filter_config, write_config, Ports, StackOptions};
 use serde_json::json;
 
 const PORTS: Ports = Ports { admin: 19901, listen: 19000, updater: 19100 };

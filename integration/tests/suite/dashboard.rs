@@ -6,9 +6,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use kvroute_integration::dashboard::{self, promql};
-use kvroute_integration::eventually;
-use kvroute_integration::stack::{Stack, StackOptions};
+use kvroute_stack::dashboard::{self, promql};
+use kvroute_stack::eventually;
+use kvroute_stack::stack::{Stack, StackOptions};
 use serde_json::json;
 
 /// The calibrated model's name segment in the test stack (`kvroute-demo`).

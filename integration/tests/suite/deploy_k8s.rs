@@ -25,7 +25,7 @@ mod singleton;
 #[path = "deploy_k8s/xds.rs"]
 mod xds;
 
-use kvroute_integration::paths;
+use kvroute_stack::paths;
 use manifests::{help_flags, Doc};
 use serde_json::{json, Value};
 
@@ -70,7 +70,7 @@ fn stats_tags_match_the_reference_bootstrap() {
         .map(|k| (k, "1".to_owned()));
     let mut vars = vars.to_vec();
     vars.push(("ENDPOINTS", "[]".to_owned()));
-    let text = kvroute_integration::envoy::render(&template, &vars).unwrap();
+    let text = kvroute_stack::envoy::render(&template, &vars).unwrap();
     let reference: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
     let reference = serde_json::to_value(reference).unwrap();
     let want = reference.pointer("/stats_config/stats_tags").expect("reference stats tags");

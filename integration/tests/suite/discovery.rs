@@ -18,11 +18,11 @@ use anyhow::Context;
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{RData, Record, RecordType};
-use kvroute_integration::client::chat;
-use kvroute_integration::envoy::Envoy;
-use kvroute_integration::paths;
-use kvroute_integration::process::Guard;
-use kvroute_integration::stack::{filter_config, write_config_text, Ports, StackOptions};
+use kvroute_stack::client::chat;
+use kvroute_stack::envoy::Envoy;
+use kvroute_stack::paths;
+use kvroute_stack::process::Guard;
+use kvroute_stack::stack::{filter_config, write_config_text, Ports, StackOptions};
 use serde_json::json;
 
 const NAME: &str = "workers.kvroute.test.";
@@ -147,7 +147,7 @@ async fn dns_membership_reaches_envoy_and_the_filter() -> anyhow::Result<()> {
     };
     let mut cmd = tokio::process::Command::new(paths::updater_bin()?);
     cmd.args(["--listen", &format!("127.0.0.1:{}", p.updater)])
-        .args(["--token", kvroute_integration::stack::UPDATER_TOKEN])
+        .args(["--token", kvroute_stack::stack::UPDATER_TOKEN])
         .args(["--discover", &format!("dns:{NAME}")])
         .args(["--discover-dns-server", &dns.addr.to_string()])
         .args(["--discover-http-port", &http.to_string()])
@@ -173,7 +173,7 @@ async fn dns_membership_reaches_envoy_and_the_filter() -> anyhow::Result<()> {
         let (client, url) = (client.clone(), envoy.base_url());
         async move { chat(&client, &url, &body).await }
     };
-    let served = |r: &kvroute_integration::client::Reply| r.worker.clone().unwrap_or_default();
+    let served = |r: &kvroute_stack::client::Reply| r.worker.clone().unwrap_or_default();
 
     // Only A exists: everything goes to A.
     for _ in 0..10 {

@@ -9,11 +9,11 @@
 
 use std::time::Duration;
 
-use kvroute_integration::engines::{run, Outcome, Scenario};
-use kvroute_integration::sglang_face::SglangFace;
-use kvroute_integration::sim::SimWorker;
-use kvroute_integration::stack::Updater;
-use kvroute_integration::{eventually, paths};
+use kvroute_stack::engines::{run, Outcome, Scenario};
+use kvroute_stack::sglang_face::SglangFace;
+use kvroute_stack::sim::SimWorker;
+use kvroute_stack::stack::Updater;
+use kvroute_stack::{eventually, paths};
 use serde_json::Value;
 
 /// kvroute's block size for the model when configured (`--block-size`).

@@ -4,7 +4,7 @@
 //! knowledge it holds per tier must be what the engine's cache holds. Skipped (with a message)
 //! when `./dev setup` has not unpacked the engine, except in CI.
 
-use kvroute_integration::engines::{run, Outcome, Scenario};
+use kvroute_stack::engines::{run, Outcome, Scenario};
 
 async fn scenario(name: &str) -> Option<Outcome> {
     let s = Scenario {

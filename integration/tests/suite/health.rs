@@ -3,12 +3,12 @@
 //! interval), and only its in-flight streams fail; a frozen worker holds no request sent after
 //! the freeze past the per-try first-byte timeout, and serves again once continued; a worker
 //! the updater reports dropped by Envoy's health check is never tried, not even once. The
-//! measuring is `kvroute_integration::siege::workers`, shared with the `kvroute-siege` bench.
+//! measuring is `kvroute_stack::siege::workers`, shared with the `kvroute-siege` bench.
 
 use std::time::Duration;
 
-use kvroute_integration::siege::workers::{self, TrafficShape};
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::siege::workers::{self, TrafficShape};
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
 use serde_json::json;
 
 /// Per-try first-byte timeout of these stacks: predicted TTFT × 4 + 500 ms, within

@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kvroute_core::audit::{classify, AuditClass};
-use kvroute_integration::client::{self, Reply};
-use kvroute_integration::eventually;
-use kvroute_integration::sim::SimWorker;
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
-use kvroute_integration::workload::Conversation;
+use kvroute_stack::client::{self, Reply};
+use kvroute_stack::eventually;
+use kvroute_stack::sim::SimWorker;
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::workload::Conversation;
 use serde_json::{json, Value};
 
 /// `knowledge.event_grace_ms` of the test stacks: routing history older than a worker's last

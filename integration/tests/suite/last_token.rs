@@ -4,8 +4,8 @@
 //! what the worker reports, and the audit finds no error.
 
 use kvroute_core::audit::{classify, prediction_error, AuditClass};
-use kvroute_integration::client::{self, Reply};
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::client::{self, Reply};
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
 use serde_json::json;
 
 const BLOCK: u64 = 16;
@@ -49,7 +49,7 @@ async fn exact_multiples_of_the_block_size_are_predicted_as_the_worker_reuses_th
         audited += usize::from(reusable > 0);
     }
     // The filter's own audit agrees: every repeat a hit as predicted, no false hit.
-    let hits = kvroute_integration::eventually(
+    let hits = kvroute_stack::eventually(
         "audit metric",
         std::time::Duration::from_secs(10),
         || async {

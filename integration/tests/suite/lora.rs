@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use kvroute_integration::client::{self, Reply};
-use kvroute_integration::eventually;
-use kvroute_integration::stack::{Pool, Stack, StackOptions, MODEL};
-use kvroute_integration::workload::Conversation;
+use kvroute_stack::client::{self, Reply};
+use kvroute_stack::eventually;
+use kvroute_stack::stack::{Pool, Stack, StackOptions, MODEL};
+use kvroute_stack::workload::Conversation;
 use serde_json::json;
 
 const ADAPTER: &str = "sql-lora";

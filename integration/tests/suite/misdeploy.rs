@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kvroute_integration::client::{self, decision_field, Reply};
-use kvroute_integration::eventually;
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
-use kvroute_integration::workload::Conversation;
+use kvroute_stack::client::{self, decision_field, Reply};
+use kvroute_stack::eventually;
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::workload::Conversation;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -23,7 +23,7 @@ const BUFFER_FILTER: &str = "          - name: envoy.filters.http.buffer
 /// One Envoy thread (one watch), a short body wait and quick warnings.
 fn opts(filter: Value, edits: &[(&str, &str)]) -> StackOptions {
     let mut f = json!({"tick_ms": 100, "load": {"shard_timeout_ms": 1500}});
-    kvroute_integration::stack::merge(&mut f, &filter);
+    kvroute_stack::stack::merge(&mut f, &filter);
     StackOptions {
         filter: f,
         envoy_concurrency: 1,
@@ -205,7 +205,7 @@ async fn no_knowledge_and_an_ignored_header_are_named() {
 
 /// `kvroute-doctor` against a running stack: its exit status and what it printed.
 async fn doctor(stack: &Stack) -> (bool, String) {
-    let mut cmd = tokio::process::Command::new(kvroute_integration::paths::doctor_bin().unwrap());
+    let mut cmd = tokio::process::Command::new(kvroute_stack::paths::doctor_bin().unwrap());
     cmd.args(["--envoy-admin", &stack.envoy.admin_url()]).kill_on_drop(true);
     if stack.updater.is_some() {
         cmd.args(["--updater", &format!("http://127.0.0.1:{}", stack.updater_port)]);

@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use kvroute_core::audit::{classify, AuditClass};
-use kvroute_integration::client::{self, Reply};
-use kvroute_integration::eventually;
-use kvroute_integration::stack::{BundleFrom, Pool, Stack, StackOptions, MODEL, QWEN3_MODEL};
-use kvroute_integration::workload::Conversation;
+use kvroute_stack::client::{self, Reply};
+use kvroute_stack::eventually;
+use kvroute_stack::stack::{BundleFrom, Pool, Stack, StackOptions, MODEL, QWEN3_MODEL};
+use kvroute_stack::workload::Conversation;
 use serde_json::{json, Value};
 
 fn two_models() -> StackOptions {

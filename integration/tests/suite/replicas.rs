@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use kvroute_integration::client::{self, Reply};
-use kvroute_integration::eventually;
-use kvroute_integration::replicas::{ReplicaOptions, Replicas};
-use kvroute_integration::stack::MODEL;
+use kvroute_stack::client::{self, Reply};
+use kvroute_stack::eventually;
+use kvroute_stack::replicas::{ReplicaOptions, Replicas};
+use kvroute_stack::stack::MODEL;
 use serde_json::{json, Value};
 
 fn body(seed: u64, words: usize, max_tokens: u32) -> Value {

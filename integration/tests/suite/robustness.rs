@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use kvroute_integration::client::{self, Reply};
-use kvroute_integration::eventually;
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
-use kvroute_integration::workload::Conversation;
+use kvroute_stack::client::{self, Reply};
+use kvroute_stack::eventually;
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::workload::Conversation;
 use serde_json::{json, Value};
 
 async fn raw(stack: &Stack, body: Vec<u8>) -> Reply {

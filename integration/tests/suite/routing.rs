@@ -1,9 +1,9 @@
 //! Routing behaviour through real Envoy + the kvroute filter + simulated workers:
 //! prefix locality, spill-over under load, and client headers that try to steer.
 
-use kvroute_integration::client::{self, Reply};
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
-use kvroute_integration::workload::Conversation;
+use kvroute_stack::client::{self, Reply};
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::workload::Conversation;
 use serde_json::json;
 
 fn conversation(id: usize, turns: usize) -> Conversation {
@@ -39,7 +39,7 @@ async fn later_turns_land_on_the_worker_that_served_turn_one() {
         assert!(predicted(&r) > 0, "turn {t} predicted nothing: {r:?}");
     }
     // The audit counted predictions that the worker confirmed.
-    let hits = kvroute_integration::eventually(
+    let hits = kvroute_stack::eventually(
         "audit metric",
         std::time::Duration::from_secs(10),
         || async {

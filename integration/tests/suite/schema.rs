@@ -17,7 +17,7 @@ mod walk;
 use std::path::PathBuf;
 
 use kvroute_core::config::schema::{filter_config_schema, snapshot_sync_schema};
-use kvroute_integration::paths;
+use kvroute_stack::paths;
 use serde_json::Value;
 
 type Generator = fn() -> Value;

@@ -12,8 +12,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
-use kvroute_integration::paths;
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::paths;
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
 use serde_json::Value;
 use tokio::process::Command;
 
@@ -113,7 +113,7 @@ async fn official_sdks_work_end_to_end_with_cached_tokens_and_decisions() {
     let calls = 2.0 * results.len() as f64;
     let classes = ["hit_as_predicted", "false_hit", "false_miss", "ordinary_miss"];
     let audited =
-        kvroute_integration::eventually("every call audited", Duration::from_secs(10), || async {
+        kvroute_stack::eventually("every call audited", Duration::from_secs(10), || async {
             let m = stack.envoy.prometheus().await.ok()?;
             let counts: Vec<(&str, f64)> = classes
                 .iter()

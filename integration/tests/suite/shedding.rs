@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kvroute_integration::rawhttp::{self, Proto, RawRequest, RawResponse};
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
-use kvroute_integration::workload::Conversation;
+use kvroute_stack::rawhttp::{self, Proto, RawRequest, RawResponse};
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::workload::Conversation;
 use serde_json::json;
 
 const CHAT: &str = "/v1/chat/completions";
@@ -37,7 +37,7 @@ async fn post(stack: &Stack, proto: Proto, id: usize, headers: &[(&str, &[u8])])
 
 /// Waits until every `(metric, at least)` of `want` shows in `/stats/prometheus`.
 async fn counted(stack: &Stack, want: &[(&str, f64)]) -> HashMap<String, f64> {
-    kvroute_integration::eventually("admission counters", Duration::from_secs(10), || async {
+    kvroute_stack::eventually("admission counters", Duration::from_secs(10), || async {
         let m = stack.envoy.prometheus().await.ok()?;
         want.iter().all(|(k, v)| m.get(*k).is_some_and(|got| got >= v)).then_some(m)
     })

@@ -1,5 +1,5 @@
 //! A single client's attacks through real Envoy, the filter and simulated workers (issue 22),
-//! the request-level rows of the `kvroute-siege` bench (`kvroute_integration::siege::requests`,
+//! the request-level rows of the `kvroute-siege` bench (`kvroute_stack::siege::requests`,
 //! judged by `siege::table`'s checks): requests ending with HTTP/2 trailers are routed, shed
 //! and counted in flight like the same without; every spelling of `/v1/chat/completions`
 //! that vLLM's server would serve is routed by the filter's own matching (Envoy's path
@@ -9,11 +9,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kvroute_integration::rawhttp::Proto;
-use kvroute_integration::siege::envoy::{self, PathOutcome};
-use kvroute_integration::siege::requests::{self, PathTry};
-use kvroute_integration::siege::table::{self, Check};
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::rawhttp::Proto;
+use kvroute_stack::siege::envoy::{self, PathOutcome};
+use kvroute_stack::siege::requests::{self, PathTry};
+use kvroute_stack::siege::table::{self, Check};
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
 
 fn unmet(checks: &[Check]) -> Vec<&str> {
     checks.iter().filter(|c| !c.met).map(|c| c.what.as_str()).collect()

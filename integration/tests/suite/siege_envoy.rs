@@ -1,18 +1,18 @@
 //! Envoy under siege (issue 22): a filter VM that aborts comes back and routes with knowledge
 //! within seconds without a 503; an idle-connection flood of twice Envoy's file-descriptor
 //! limit does not stop service; odd spellings of a kvroute path are routed or refused, never
-//! passed through unrouted. The attacks are `kvroute_integration::siege::envoy`'s, shared with
+//! passed through unrouted. The attacks are `kvroute_stack::siege::envoy`'s, shared with
 //! the `kvroute-siege` bench.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use kvroute_integration::rawhttp::Proto;
-use kvroute_integration::siege::envoy::{
+use kvroute_stack::rawhttp::Proto;
+use kvroute_stack::siege::envoy::{
     self as siege, IdleFlood, Outcome, PathOutcome, TrapReport, ODD_PATHS,
 };
-use kvroute_integration::stack::{Pool, Stack, StackOptions, MODEL};
-use kvroute_integration::{client, eventually};
+use kvroute_stack::stack::{Pool, Stack, StackOptions, MODEL};
+use kvroute_stack::{client, eventually};
 use serde_json::json;
 
 const TRAP: &str = "/kvroute/trap";

@@ -6,15 +6,15 @@
 
 use std::time::{Duration, Instant};
 
-use kvroute_integration::eventually;
-use kvroute_integration::paths;
-use kvroute_integration::process::Guard;
-use kvroute_integration::siege::updater::{
+use kvroute_stack::eventually;
+use kvroute_stack::paths;
+use kvroute_stack::process::Guard;
+use kvroute_stack::siege::updater::{
     bombs, fd_count, open_idle, open_partial, peak_rss_kb, spawn_limited, ChildLimits,
     ZmtpPublisher,
 };
-use kvroute_integration::sim::SimWorker;
-use kvroute_integration::stack::UPDATER_TOKEN;
+use kvroute_stack::sim::SimWorker;
+use kvroute_stack::stack::UPDATER_TOKEN;
 use serde_json::Value;
 
 /// The updater's stated memory ceiling under every bomb (peak resident set, `VmHWM`).
@@ -267,7 +267,7 @@ async fn idle_floods_of_twice_the_fd_limit_do_not_stop_the_updater() -> anyhow::
     assert!(matches!(polled, Some(200 | 304)), "the long poll was cut: {polled:?}");
     // The partial requests are closed by the header-read timeout (10 s by default).
     let closed =
-        kvroute_integration::siege::updater::closed_by_peer(&mut partial, Duration::from_secs(15))
+        kvroute_stack::siege::updater::closed_by_peer(&mut partial, Duration::from_secs(15))
             .await;
     assert_eq!(closed, partial.len(), "partial requests kept open");
     let after = get_json(port, "/status").await.expect("/status answers");

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
-use kvroute_integration::eventually;
+use kvroute_stack::{eventually, paths};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -16,7 +16,7 @@ fn up(
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> anyhow::Result<(Child, Lines<BufReader<ChildStdout>>)> {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvroute-up"));
+    let mut cmd = Command::new(paths::up_bin()?);
     cmd.args(["--listen-port", "0", "--admin-port", "0", "--updater-port", "0"])
         .args(extra)
         .envs(env.iter().copied())

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use kvroute_integration::paths;
+use kvroute_stack::paths;
 use serde_yaml_ng::Value;
 
 /// The binaries of this repository a compose service may run.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use kvroute_integration::paths;
+use kvroute_stack::paths;
 
 /// The release binary `name` (`$KVROUTE_SIM` / `$KVROUTE_UPDATER` where the harness honours
 /// them, `$KVROUTE_BENCH` for the harness itself, else target/release/).

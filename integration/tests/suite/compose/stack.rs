@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
-use kvroute_integration::paths;
-use kvroute_integration::process::Guard;
+use kvroute_stack::paths;
+use kvroute_stack::process::Guard;
 use serde_yaml_ng::Value;
 
 use crate::compose::file::{command, flag_pairs, read, script, value, Compose};

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use anyhow::{bail, ensure, Context};
 use kvroute_core::config::FilterConfig;
-use kvroute_integration::paths;
+use kvroute_stack::paths;
 use serde_json::{json, Value};
 
 use crate::deploy_k8s::checks::{flag_values, updater_args, updater_container};

@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use kvroute_integration::client::{self, Reply};
-use kvroute_integration::envoy::Envoy;
-use kvroute_integration::process::Guard;
-use kvroute_integration::sim::SimWorker;
-use kvroute_integration::stack::{Updater, UPDATER_TOKEN};
-use kvroute_integration::workload::Conversation;
-use kvroute_integration::{eventually, paths};
+use kvroute_stack::client::{self, Reply};
+use kvroute_stack::envoy::Envoy;
+use kvroute_stack::process::Guard;
+use kvroute_stack::sim::SimWorker;
+use kvroute_stack::stack::{Updater, UPDATER_TOKEN};
+use kvroute_stack::workload::Conversation;
+use kvroute_stack::{eventually, paths};
 use serde_json::{json, Value};
 
 use crate::deploy_k8s::xds::{filter_config_json, hcm_mut, Xds};

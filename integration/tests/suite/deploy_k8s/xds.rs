@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, ensure, Context};
 use kvroute_core::config::FilterConfig;
-use kvroute_integration::paths;
+use kvroute_stack::paths;
 use serde_json::Value;
 
 use crate::deploy_k8s::jsonpatch::{apply_operation, merge};

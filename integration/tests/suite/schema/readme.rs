@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use kvroute_integration::paths;
+use kvroute_stack::paths;
 use serde_json::Value;
 
 use super::walk::{leaves, lookup, resolve};

@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use kvroute_integration::stack::{filter_config, StackOptions};
-use kvroute_integration::{envoy, paths};
+use kvroute_stack::stack::{filter_config, StackOptions};
+use kvroute_stack::{envoy, paths};
 use serde::Deserialize;
 use serde_json::Value;
 

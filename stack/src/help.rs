@@ -36,7 +36,7 @@ pub fn assert_parser_complete<P: clap::CommandFactory>() {
     assert_complete(P::command());
 }
 
-/// A binary's test that its `--help` is complete: `kvroute_integration::help_test!(Args);` at the
+/// A binary's test that its `--help` is complete: `kvroute_stack::help_test!(Args);` at the
 /// end of the binary's file, `Args` being its clap parser.
 #[macro_export]
 macro_rules! help_test {

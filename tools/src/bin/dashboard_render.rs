@@ -10,11 +10,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::Parser;
-use kvroute_integration::dashboard::prometheus::Prometheus;
-use kvroute_integration::dashboard::svg::{self, PanelData};
-use kvroute_integration::dashboard::{self as dash};
-use kvroute_integration::paths;
-use kvroute_integration::stack::{Stack, StackOptions};
+use kvroute_stack::dashboard::prometheus::Prometheus;
+use kvroute_stack::dashboard::svg::{self, PanelData};
+use kvroute_stack::dashboard::{self as dash};
+use kvroute_stack::paths;
+use kvroute_stack::stack::{Stack, StackOptions};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -106,4 +106,4 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-kvroute_integration::help_test!(Args);
+kvroute_stack::help_test!(Args);

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use kvroute_integration::envoy::Envoy;
-use kvroute_integration::paths;
-use kvroute_integration::process::Guard;
-use kvroute_integration::sim::SimWorker;
-use kvroute_integration::stack::{self, BundleFrom, Pool, Ports, StackOptions, Updater};
+use kvroute_stack::envoy::Envoy;
+use kvroute_stack::paths;
+use kvroute_stack::process::Guard;
+use kvroute_stack::sim::SimWorker;
+use kvroute_stack::stack::{self, BundleFrom, Pool, Ports, StackOptions, Updater};
 use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(Parser, Debug)]
@@ -210,4 +210,4 @@ async fn main() -> anyhow::Result<()> {
     result
 }
 
-kvroute_integration::help_test!(Args);
+kvroute_stack::help_test!(Args);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use kvroute_integration::{client, paths, process::Guard};
+use kvroute_stack::{client, paths, process::Guard};
 use serde_json::json;
 use tokio::process::Command;
 
@@ -114,4 +114,4 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-kvroute_integration::help_test!(Args);
+kvroute_stack::help_test!(Args);

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use axum::routing::{get, post};
 use clap::Parser;
-use kvroute_integration::envoy::Envoy;
-use kvroute_integration::paths;
-use kvroute_integration::stack::{write_config, BundleFrom, Pool, Ports};
+use kvroute_stack::envoy::Envoy;
+use kvroute_stack::paths;
+use kvroute_stack::stack::{write_config, BundleFrom, Pool, Ports};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
@@ -201,4 +201,4 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-kvroute_integration::help_test!(Args);
+kvroute_stack::help_test!(Args);

@@ -38,10 +38,10 @@ use kvroute_core::load::WorkerLoad;
 use kvroute_core::request::{self, Endpoint};
 use kvroute_core::router::Router;
 use kvroute_core::snapshot::{Snapshot, WorkerKnowledge};
-use kvroute_integration::envoy::Envoy;
-use kvroute_integration::sim::SimWorker;
-use kvroute_integration::stack::{self, Ports, StackOptions, MODEL, UPDATER_TOKEN};
-use kvroute_integration::{client, eventually, paths};
+use kvroute_stack::envoy::Envoy;
+use kvroute_stack::sim::SimWorker;
+use kvroute_stack::stack::{self, Ports, StackOptions, MODEL, UPDATER_TOKEN};
+use kvroute_stack::{client, eventually, paths};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -487,4 +487,4 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-kvroute_integration::help_test!(Args);
+kvroute_stack::help_test!(Args);

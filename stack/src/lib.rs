@@ -1,4 +1,4 @@
-//! kvroute-integration: starts real Envoy (with the kvroute wasm filter or a baseline policy)
+//! kvroute-stack: starts real Envoy (with the kvroute wasm filter or a baseline policy)
 //! in front of simulated workers on loopback, drives OpenAI traffic through it, and measures.
 //!
 //! Where to start: [`stack::Stack::start`] brings a whole stack up and tears it down on drop;

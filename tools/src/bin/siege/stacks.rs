@@ -6,11 +6,11 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use kvroute_integration::eventually;
-use kvroute_integration::paths;
-use kvroute_integration::process::Guard;
-use kvroute_integration::siege::updater::{peak_rss_kb, spawn_limited, ChildLimits, ZmtpPublisher};
-use kvroute_integration::stack::{Stack, StackOptions, UPDATER_TOKEN};
+use kvroute_stack::eventually;
+use kvroute_stack::paths;
+use kvroute_stack::process::Guard;
+use kvroute_stack::siege::updater::{peak_rss_kb, spawn_limited, ChildLimits, ZmtpPublisher};
+use kvroute_stack::stack::{Stack, StackOptions, UPDATER_TOKEN};
 use serde_json::{json, Value};
 
 /// The release stack: 3 workers, Envoy (2 threads) with the filter, the updater.

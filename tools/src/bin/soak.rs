@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use kvroute_integration::client;
-use kvroute_integration::nearest_rank;
-use kvroute_integration::rawhttp::{self, Proto, RawRequest};
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
-use kvroute_integration::workload::Conversation;
+use kvroute_stack::client;
+use kvroute_stack::nearest_rank;
+use kvroute_stack::rawhttp::{self, Proto, RawRequest};
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::workload::Conversation;
 use plotters::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -124,7 +124,7 @@ struct FaultEvent {
 }
 
 fn rss_mib(pid: Option<u32>) -> f64 {
-    pid.and_then(kvroute_integration::process::rss_kb).map_or(f64::NAN, |kb| kb as f64 / 1024.0)
+    pid.and_then(kvroute_stack::process::rss_kb).map_or(f64::NAN, |kb| kb as f64 / 1024.0)
 }
 
 /// Nearest-rank quantile of ascending `sorted` values (NaN when empty).
@@ -672,4 +672,4 @@ fn summary(
     md
 }
 
-kvroute_integration::help_test!(Args);
+kvroute_stack::help_test!(Args);

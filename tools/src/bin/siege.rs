@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use kvroute_integration::siege::table::{self, Ran, Row, Verdict};
+use kvroute_stack::siege::table::{self, Ran, Row, Verdict};
 
 #[derive(Parser, Debug)]
 #[command(about = "Issue 22's attacks against the release stack, and the table of what survived")]

@@ -15,9 +15,9 @@
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use kvroute_integration::client;
-use kvroute_integration::replicas::{ReplicaOptions, Replicas};
-use kvroute_integration::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::client;
+use kvroute_stack::replicas::{ReplicaOptions, Replicas};
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
 use serde_json::json;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -75,7 +75,7 @@ async fn events(samples: u64) -> anyhow::Result<()> {
         }
     }
     lags.sort_by(f64::total_cmp);
-    let q = |p: f64| kvroute_integration::nearest_rank(&lags, p).unwrap_or(f64::NAN);
+    let q = |p: f64| kvroute_stack::nearest_rank(&lags, p).unwrap_or(f64::NAN);
     println!(
         "event -> credited over {} samples (stored on a worker -> credited from events in a decision, probe resolution ~5 ms, singleton long poll): p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms",
         lags.len(),
@@ -139,4 +139,4 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-kvroute_integration::help_test!(Args);
+kvroute_stack::help_test!(Args);

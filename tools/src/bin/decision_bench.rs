@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use kvroute_integration::client;
-use kvroute_integration::nearest_rank;
-use kvroute_integration::stack::{Policy, Pool, Stack, StackOptions, QWEN3_MODEL};
+use kvroute_stack::client;
+use kvroute_stack::nearest_rank;
+use kvroute_stack::stack::{Policy, Pool, Stack, StackOptions, QWEN3_MODEL};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
@@ -154,13 +154,13 @@ async fn main() -> anyhow::Result<()> {
     let mut rss = Vec::new();
     for o in [bare, demo_only] {
         let s = Stack::start(o).await?;
-        let models: &[&str] = &[kvroute_integration::stack::MODEL];
+        let models: &[&str] = &[kvroute_stack::stack::MODEL];
         wait_ready(&http, &s.base_url(), models).await?;
         rss.push(s.envoy.guard.rss_kb());
     }
     let stack = Stack::start(opts).await?;
     let url = stack.base_url();
-    wait_ready(&http, &url, &[QWEN3_MODEL, kvroute_integration::stack::MODEL]).await?;
+    wait_ready(&http, &url, &[QWEN3_MODEL, kvroute_stack::stack::MODEL]).await?;
     rss.push(stack.envoy.guard.rss_kb());
     println!("kvroute-decision-bench: Qwen3, {threads} Envoy threads, µs (p50 p99)");
     println!(
@@ -220,4 +220,4 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-kvroute_integration::help_test!(Args);
+kvroute_stack::help_test!(Args);

@@ -5,14 +5,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kvroute_integration::siege::envoy::{self as envoy_siege, IdleFlood, PathOutcome};
-use kvroute_integration::siege::requests::{self, After};
-use kvroute_integration::siege::table::{self, Check};
-use kvroute_integration::siege::updater::{
+use kvroute_stack::siege::envoy::{self as envoy_siege, IdleFlood, PathOutcome};
+use kvroute_stack::siege::requests::{self, After};
+use kvroute_stack::siege::table::{self, Check};
+use kvroute_stack::siege::updater::{
     bombs, fd_count, open_idle, open_partial, ChildLimits, ZmtpPublisher,
 };
-use kvroute_integration::siege::workers::{self, TrafficShape};
-use kvroute_integration::stack::{Pool, Stack, StackOptions, MODEL};
+use kvroute_stack::siege::workers::{self, TrafficShape};
+use kvroute_stack::stack::{Pool, Stack, StackOptions, MODEL};
 use serde_json::json;
 
 use crate::stacks::{self, LimitedUpdater};
@@ -200,7 +200,7 @@ async fn normal_batch_applied(
     {
         return false;
     }
-    kvroute_integration::eventually("a normal batch applied", Duration::from_secs(10), || async {
+    kvroute_stack::eventually("a normal batch applied", Duration::from_secs(10), || async {
         let w = up.published_worker().await?;
         (w["blocks"]["GPU"].as_u64() == Some(blocks)).then_some(())
     })
@@ -402,7 +402,7 @@ pub async fn zmq_garbage() -> anyhow::Result<Measured> {
         publisher.batch(seq, &[0xc1, 0xc1]).await?;
     }
     let counted =
-        kvroute_integration::eventually("the garbage counted", Duration::from_secs(30), || async {
+        kvroute_stack::eventually("the garbage counted", Duration::from_secs(30), || async {
             let st = up.published_worker().await?["stats"].clone();
             (st["bad_batches"].as_u64() == Some(1000) && st["malformed_messages"] == 1000)
                 .then_some(st)

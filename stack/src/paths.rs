@@ -46,6 +46,12 @@ pub fn doctor_bin() -> anyhow::Result<PathBuf> {
     existing("KVROUTE_DOCTOR", repo_root().join("target/release/kvroute-doctor"), "run ./dev build")
 }
 
+/// `kvroute-up` (crate kvroute-tools, built by `./dev build`): `$KVROUTE_UP`, else the release
+/// build.
+pub fn up_bin() -> anyhow::Result<PathBuf> {
+    existing("KVROUTE_UP", repo_root().join("target/release/kvroute-up"), "run ./dev build")
+}
+
 /// A fresh scratch directory for one stack's configs and logs.
 pub fn scratch_dir(tag: &str) -> anyhow::Result<PathBuf> {
     let base = std::env::var_os("KVROUTE_SCRATCH")
