@@ -21,7 +21,7 @@ FROM ${ENVOY_IMAGE} AS envoy
 # ---- build: the wasm module and the release binaries -------------------------------------
 FROM rust:${RUST_VERSION}-bookworm AS build
 # The workspace lives where the runtime image expects it: kvroute-bench finds the Envoy
-# templates relative to the directory it was built in (integration's CARGO_MANIFEST_DIR/..).
+# templates relative to the directory it was built in (kvroute-stack's CARGO_MANIFEST_DIR/..).
 WORKDIR /opt/kvroute
 COPY rust-toolchain.toml ./
 RUN rustup target add wasm32-wasip1
@@ -51,10 +51,10 @@ FROM kvroute AS kvroute-bench
 COPY --from=envoy /usr/local/bin/envoy /usr/local/bin/envoy
 COPY --from=build /out/bin/kvroute-bench /usr/local/bin/
 # The harness reads envoy/<template>.yaml under the workspace it was built in
-# (/opt/kvroute/integration/..); the rest of the paths come from the environment.
+# (/opt/kvroute/stack/..); the rest of the paths come from the environment.
 COPY envoy/ /opt/kvroute/envoy/
 USER 0
-RUN mkdir -p /opt/kvroute/integration
+RUN mkdir -p /opt/kvroute/stack
 USER 10001:10001
 ENV KVROUTE_ENVOY=/usr/local/bin/envoy \
     KVROUTE_WASM=/opt/kvroute/kvroute_filter.wasm \
