@@ -1,0 +1,2 @@
+mod lifecycle;
+mod sync;
