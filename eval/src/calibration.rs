@@ -4,7 +4,7 @@
 //! coefficients (divided by its time speedup: the filter measures wall-clock time) to compare
 //! them with.
 //!
-//! Stats read (see the README, "Online calibration"): per model segment `<m>`,
+//! Stats read (see docs/operations.md, "Metrics"): per model segment `<m>`,
 //! `kvroute.calibration.<m>.{base_us, prefill_ns_per_token, prefill_sq_ps_per_token2,
 //! interference_us, samples, active}` and `kvroute.calibration.<m>.worker.<w>.deviation_permille`;
 //! the counters `kvroute.calibration.{estimates, estimates_within_15pct}`. Envoy may show the

@@ -170,9 +170,9 @@ fn routing_header(docs: &[Doc], header: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A failed kvroute VM never fails requests for good (README "Fail-safe"): Istio's filter is
-/// reloaded (FAIL_RELOAD, as the shipped bootstraps), Envoy Gateway's (whose policy offers only
-/// `failOpen`) fails open; and Envoy honours the filter's pause.
+/// A failed kvroute VM never fails requests for good (docs/operations.md, "Fail-safe"): Istio's
+/// filter is reloaded (FAIL_RELOAD, as the shipped bootstraps), Envoy Gateway's (whose policy
+/// offers only `failOpen`) fails open; and Envoy honours the filter's pause.
 fn fail_open(docs: &[Doc]) -> anyhow::Result<()> {
     let c = istio_wasm_filter(docs)?.pointer("/typed_config/config").context("wasm config")?;
     ensure!(
