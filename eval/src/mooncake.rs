@@ -1,4 +1,4 @@
-//! Replay of the Mooncake conversation trace (FAST'25; `shared/traces/`, see its README).
+//! Replay of the Mooncake conversation trace (FAST'25; found by [`find_trace`]).
 //!
 //! Each trace line gives an arrival time, input and output lengths in tokens, and the ids of the
 //! prompt's 512-token prefix blocks: requests that share their first k ids share their first
@@ -56,11 +56,33 @@ pub struct TraceRequest {
     pub hash_ids: Vec<u64>,
 }
 
-/// Where the trace lies: `../shared/traces/mooncake_conversation_trace.jsonl` from the
-/// repository root.
-pub fn default_trace_path() -> PathBuf {
-    kvroute_stack::paths::repo_root()
-        .join("../shared/traces/mooncake_conversation_trace.jsonl")
+/// The trace's file name, in `../shared/traces/` or `.cache/traces/`.
+pub const TRACE_FILE: &str = "mooncake_conversation_trace.jsonl";
+
+/// Where the trace lies: `$KVROUTE_TRACE` if set, else `../shared/traces/` beside the repository,
+/// else `.cache/traces/`, where `./dev setup` fetches it (kvcache-ai/Mooncake at a pinned commit,
+/// checked against a pinned sha256) when the network allows. The error says where it looked and
+/// how to get it.
+pub fn find_trace() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("KVROUTE_TRACE") {
+        let p = PathBuf::from(p);
+        anyhow::ensure!(p.is_file(), "KVROUTE_TRACE names {}, which is not a file", p.display());
+        return Ok(p);
+    }
+    let root = kvroute_stack::paths::repo_root();
+    let places = [
+        root.join("../shared/traces").join(TRACE_FILE),
+        root.join(".cache/traces").join(TRACE_FILE),
+    ];
+    if let Some(p) = places.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    anyhow::bail!(
+        "the Mooncake trace is absent (looked at {} and {}): `./dev setup` fetches it from \
+         kvcache-ai/Mooncake when the network allows, or set KVROUTE_TRACE to a copy",
+        places[0].display(),
+        places[1].display()
+    )
 }
 
 /// Reads a trace (JSON lines; blank lines are skipped). The error names the bad line.
@@ -443,13 +465,18 @@ mod tests {
 
     #[test]
     fn full_trace_reuse_ceiling() {
-        let path = default_trace_path();
+        let path = match find_trace() {
+            Ok(p) => p,
+            // Beside ../shared (the project's CI layout) the trace must be there.
+            Err(e) if kvroute_stack::paths::beside_shared() => panic!("{e:#}"),
+            Err(e) => {
+                let name = "kvroute-eval mooncake::tests::full_trace_reuse_ceiling";
+                return kvroute_stack::paths::skipped(name, &format!("{e:#}"));
+            }
+        };
         let trace = match load(&path) {
             Ok(t) => t,
-            Err(e) => panic!(
-                "the Mooncake trace is required at {} (see shared/traces/README.md): {e:#}",
-                path.display()
-            ),
+            Err(e) => panic!("{e:#}"),
         };
         assert_eq!(trace.len(), 12_031);
         let ceiling = block_reuse_ceiling(&trace);

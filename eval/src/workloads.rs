@@ -43,7 +43,7 @@ pub enum Shape {
         hot_interval_ms: u64,
         hot_system_words: usize,
     },
-    /// The Mooncake conversation trace (`../shared/traces/`), compressed and sampled.
+    /// The Mooncake conversation trace (see `mooncake::find_trace`), compressed and sampled.
     Mooncake { start_ms: u64, window_ms: u64, speedup: f64, sample: f64, tokens_per_block: usize },
     /// Agentic fan-out: one context, `fanout` parallel sub-requests, then a merge request.
     FanOut {
@@ -219,7 +219,7 @@ impl Workload {
                 out
             }
             Shape::Mooncake { start_ms, window_ms, speedup, sample, tokens_per_block } => {
-                let path = mooncake::default_trace_path();
+                let path = mooncake::find_trace()?;
                 let trace = mooncake::load(&path)
                     .with_context(|| format!("loading the Mooncake trace {}", path.display()))?;
                 mooncake::Replay {

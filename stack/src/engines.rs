@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use kvroute_core::hash::{block_hashes, CacheDomain};
-use kvroute_core::snapshot::Snapshot;
+use kvroute_core::decision::hash::{block_hashes, CacheDomain};
+use kvroute_core::wire::snapshot::Snapshot;
 use serde_json::Value;
 
 use crate::paths::{self, free_port, repo_root};
@@ -45,9 +45,9 @@ pub fn engine_dir(engine: &str) -> anyhow::Result<Option<PathBuf>> {
         dir.display(),
         python.display()
     );
-    eprintln!(
-        "SKIPPED: {} is absent (./dev setup fetches the engine's pinned wheel); not in CI",
-        dir.display()
+    crate::paths::skipped(
+        &format!("kvroute-integration engine_{engine}::*"),
+        &format!("{} is absent (./dev setup fetches the engine's pinned wheel)", dir.display()),
     );
     Ok(None)
 }

@@ -70,3 +70,21 @@ pub fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
+
+/// Records that `test` could not run here and why: on stderr and, under `./dev test`, as one
+/// line of `$KVROUTE_SKIP_LOG`, which `./dev test` prints at the end (nothing skips silently).
+pub fn skipped(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test}: {reason}");
+    let Some(log) = std::env::var_os("KVROUTE_SKIP_LOG") else { return };
+    let line = format!("{test}: {}\n", reason.replace('\n', " "));
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(&log);
+    if let Err(e) = file.and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes())) {
+        eprintln!("(could not append to {}: {e})", PathBuf::from(log).display());
+    }
+}
+
+/// Whether this checkout sits beside `../shared` (the project's CI layout), where everything the
+/// tests read from it must be present: a missing file there is a failure, not a skip.
+pub fn beside_shared() -> bool {
+    repo_root().join("../shared").is_dir()
+}

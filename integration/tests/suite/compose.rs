@@ -33,11 +33,14 @@ fn compose_tools() -> Vec<Vec<&'static str>> {
         .into_iter()
         .filter(|t| works(t))
         .collect();
-    assert!(
-        !tools.is_empty(),
-        "neither `docker compose` nor `docker-compose` works here: install one \
-         (Debian/Ubuntu: `apt-get install -y docker-compose`; .ci/run does it in CI)"
-    );
+    let missing = "neither `docker compose` nor `docker-compose` works here: install one \
+         (Debian/Ubuntu: `apt-get install -y docker-compose`; .ci/run does it in CI)";
+    // In CI the compose file must be checked by the tool itself; elsewhere the check says it
+    // was skipped (the file's own checks below still run).
+    assert!(!tools.is_empty() || std::env::var_os("CI").is_none(), "{missing}");
+    if tools.is_empty() {
+        paths::skipped("kvroute-integration compose::compose_config_accepts_the_file", missing);
+    }
     tools
 }
 
