@@ -26,7 +26,6 @@
 //! - [`audit`]: prediction audit classes.
 //! - [`config`]: filter configuration with defaults and `validate()`.
 //! - [`error`]: OpenAI-style error bodies.
-//! - [`metrics`]: reading an engine's `/metrics` (vLLM and SGLang names).
 //! - [`shared`]: the protocol over Envoy shared data (journal, load shards with leases,
 //!   snapshot head and delta ring), behind a small store trait with an in-memory fake.
 //! - `conformance` (tests and the `conformance` feature): golden checks of codecs, hashes,
@@ -48,7 +47,6 @@ pub mod index;
 pub mod journal;
 pub mod load;
 pub mod lookahead;
-pub mod metrics;
 pub mod misdeploy;
 pub mod model;
 pub mod peers;

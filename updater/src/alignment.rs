@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use crate::limits::AdapterLimits;
 use crate::models::Models;
+use crate::scrape::EngineMetrics;
 
 /// The outcome of one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,27 +103,12 @@ pub fn canary() -> Vec<Value> {
 /// SGLang's `sglang:page_size` gauge (the page size alone: under decode context parallelism
 /// the events' width is larger, see [`sglang_block_size`]).
 pub fn announced_block_size(metrics: &str) -> Option<u32> {
-    vllm_block_size(metrics).or_else(|| sglang_page_size(metrics))
-}
-
-fn vllm_block_size(metrics: &str) -> Option<u32> {
-    let line = metrics.lines().find(|l| l.starts_with("vllm:cache_config_info{"))?;
-    let rest = line.split("block_size=\"").nth(1)?;
-    rest.split('"').next()?.parse().ok()
+    EngineMetrics::parse(metrics).block_size()
 }
 
 /// `sglang:page_size` (a gauge, one sample per scheduler; all equal).
 pub fn sglang_page_size(metrics: &str) -> Option<u32> {
-    metrics.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let rest = l.strip_prefix("sglang:page_size")?;
-        let values = match rest.strip_prefix('{') {
-            Some(labelled) => labelled.rsplit_once('}')?.1,
-            None if rest.starts_with(' ') => rest,
-            None => return None,
-        };
-        let v: f64 = values.split_whitespace().next()?.parse().ok()?;
-        (v >= 1.0 && v.fract() == 0.0 && v <= f64::from(u32::MAX)).then_some(v as u32)
-    })
+    EngineMetrics::parse(metrics).sglang_page_size()
 }
 
 /// The block size SGLang's `/server_info` announces: `kv_events.block_size` (page size times
@@ -266,7 +252,8 @@ async fn check_model(
     let metrics =
         capped_text(http.get(format!("{base}/metrics")).timeout(timeout).send().await?, max_body)
             .await?;
-    if let Some(b) = vllm_block_size(&metrics) {
+    let metrics = EngineMetrics::parse(&metrics);
+    if let Some(b) = metrics.vllm_block_size() {
         return Ok((Verdict::Compatible, Some(b)));
     }
     // SGLang: /server_info has the events' width (page size x DCP size); /metrics the page
@@ -276,7 +263,7 @@ async fn check_model(
         _ => None,
     };
     let announced =
-        info.as_ref().and_then(sglang_block_size).or_else(|| sglang_page_size(&metrics));
+        info.as_ref().and_then(sglang_block_size).or_else(|| metrics.sglang_page_size());
     Ok((Verdict::Compatible, announced))
 }
 

@@ -126,34 +126,27 @@ impl ConnStats {
         })
     }
 
-    /// The connection gauges and counters in Prometheus text.
-    pub fn write_metrics(&self, o: &mut String) {
-        use std::fmt::Write;
-        let _ = writeln!(
-            o,
-            "# TYPE kvroute_updater_http_connections gauge\nkvroute_updater_http_connections {}\n\
-             # TYPE kvroute_updater_http_max_connections gauge\n\
-             kvroute_updater_http_max_connections {}\n\
-             # TYPE kvroute_updater_http_accepted_total counter\n\
-             kvroute_updater_http_accepted_total {}\n\
-             # TYPE kvroute_updater_http_connections_shed_total counter",
-            self.open(),
-            self.cap.load(Relaxed),
-            self.accepted.load(Relaxed),
-        );
+    /// The connection gauges and counters, on `/metrics` (`kvroute_updater_http_*`).
+    pub fn register(&self, f: &mut crate::server::metrics::Families<'_>) {
+        f.level("http_connections", "HTTP connections open", self.open());
+        f.level("http_max_connections", "Cap on HTTP connections", self.cap.load(Relaxed));
+        f.count("http_accepted", "HTTP connections accepted", self.accepted.load(Relaxed));
+        let shed = f.counter::<ShedLabels>("http_connections_shed", "HTTP connections shed");
         for (reason, c) in [
             ("for_room", &self.shed_for_room),
             ("refused", &self.refused),
             ("header_timeout", &self.header_timeouts),
             ("idle_timeout", &self.idle_timeouts),
         ] {
-            let _ = writeln!(
-                o,
-                "kvroute_updater_http_connections_shed_total{{reason=\"{reason}\"}} {}",
-                c.load(Relaxed)
-            );
+            shed.get_or_create(&ShedLabels { reason }).inc_by(c.load(Relaxed));
         }
     }
+}
+
+/// Why a connection was shed (`kvroute_updater_http_connections_shed_total`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ShedLabels {
+    pub reason: &'static str,
 }
 
 /// One open connection, as the accept loop, the reaper and its own task see it. Times are

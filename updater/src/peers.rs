@@ -184,6 +184,16 @@ impl PeerStore {
         }
     }
 
+    /// Replicas known (that reported and were not expired).
+    pub fn replicas(&self) -> usize {
+        self.replicas.len()
+    }
+
+    /// Credited hashes held, all replicas together.
+    pub fn hashes(&self) -> usize {
+        self.hashes
+    }
+
     /// `/status`: per replica, its loads (by worker key) and credited hashes.
     pub fn status(&self) -> serde_json::Value {
         let replicas: serde_json::Map<String, serde_json::Value> = self

@@ -10,7 +10,6 @@
 //! and bundles require the shared token in `x-kvroute-token`, so that knowledge only ever comes
 //! from the updater.
 
-use std::fmt::Write;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -23,6 +22,8 @@ use axum::{Json, Router};
 use crate::conns::ConnStats;
 use crate::publish::Answer;
 use crate::state::State;
+
+pub mod metrics;
 
 /// Header carrying the shared token.
 pub const TOKEN_HEADER: &str = "x-kvroute-token";
@@ -211,144 +212,6 @@ async fn snapshot(
 }
 
 async fn metrics(AxState(c): AxState<Ctx>) -> Response {
-    let status = c.state.status();
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "# TYPE kvroute_updater_snapshot_version gauge\nkvroute_updater_snapshot_version {}",
-        c.state.version()
-    );
-    let pool = &status["pool"];
-    let _ = writeln!(
-        o,
-        "# TYPE kvroute_updater_pool_workers gauge\nkvroute_updater_pool_workers {}\n\
-         # TYPE kvroute_updater_pool_joined_total counter\nkvroute_updater_pool_joined_total {}\n\
-         # TYPE kvroute_updater_pool_left_total counter\nkvroute_updater_pool_left_total {}",
-        pool["workers"].as_u64().unwrap_or(0),
-        pool["joined"].as_u64().unwrap_or(0),
-        pool["left"].as_u64().unwrap_or(0),
-    );
-    let empty = serde_json::Map::new();
-    let workers = status["workers"].as_object().unwrap_or(&empty);
-    for name in [
-        "batches",
-        "events",
-        "gaps",
-        "replays",
-        "resyncs",
-        "resubscribes",
-        "orphans",
-        "block_size_mismatches",
-        "rollovers",
-        "replays_cut",
-        "bad_batches",
-        "malformed_messages",
-        "bad_events",
-        "refused_batches",
-        "rechunked_stores",
-        "offload_stores_matched",
-        "offload_stores_unmatched",
-        "no_credit_group_stores",
-        "lookahead_stores",
-        "remote_events",
-        "unknown_medium_events",
-        "unknown_removals",
-    ] {
-        let _ = writeln!(o, "# TYPE kvroute_updater_{name}_total counter");
-        for (w, v) in workers {
-            let _ = writeln!(
-                o,
-                "kvroute_updater_{name}_total{{worker=\"{w}\"}} {}",
-                v["stats"][name].as_u64().unwrap_or(0)
-            );
-        }
-    }
-    let _ = writeln!(o, "# TYPE kvroute_updater_caps_hit_total counter");
-    for (w, v) in workers {
-        for cap in crate::limits::Cap::ALL {
-            let name = cap.name();
-            let _ = writeln!(
-                o,
-                "kvroute_updater_caps_hit_total{{worker=\"{w}\",cap=\"{name}\"}} {}",
-                v["stats"]["caps_hit"][name].as_u64().unwrap_or(0)
-            );
-        }
-    }
-    let _ = writeln!(o, "# TYPE kvroute_updater_engine_keys gauge");
-    for (w, v) in workers {
-        let n = v["engine_keys"].as_u64().unwrap_or(0);
-        let _ = writeln!(o, "kvroute_updater_engine_keys{{worker=\"{w}\"}} {n}");
-    }
-    let _ = writeln!(o, "# TYPE kvroute_updater_blocks gauge");
-    for (w, v) in workers {
-        if let Some(tiers) = v["blocks"].as_object() {
-            for (tier, n) in tiers {
-                let _ = writeln!(
-                    o,
-                    "kvroute_updater_blocks{{worker=\"{w}\",tier=\"{tier}\"}} {}",
-                    n.as_u64().unwrap_or(0)
-                );
-            }
-        }
-    }
-    let _ = writeln!(o, "# TYPE kvroute_updater_connected gauge");
-    for (w, v) in workers {
-        let _ = writeln!(
-            o,
-            "kvroute_updater_connected{{worker=\"{w}\"}} {}",
-            u8::from(v["connected"].as_bool().unwrap_or(false))
-        );
-    }
-    write_worker_ages_and_load(&mut o, workers);
-    let peers = &status["peers"];
-    for name in [
-        "reports",
-        "refused",
-        "stale_loads",
-        "credits",
-        "dropped_hashes",
-        "expired_credits",
-        "expired_loads",
-    ] {
-        let n = peers["stats"][name].as_u64().unwrap_or(0);
-        let _ = writeln!(
-            o,
-            "# TYPE kvroute_updater_peer_{name}_total counter\nkvroute_updater_peer_{name}_total {n}"
-        );
-    }
-    if let Some(conns) = &c.conns {
-        conns.write_metrics(&mut o);
-    }
-    let replicas = peers["replicas"].as_object().map_or(0, |r| r.len());
-    let hashes = peers["hashes"].as_u64().unwrap_or(0);
-    let _ = writeln!(
-        o,
-        "# TYPE kvroute_updater_peer_replicas gauge\nkvroute_updater_peer_replicas {replicas}\n\
-         # TYPE kvroute_updater_peer_hashes gauge\nkvroute_updater_peer_hashes {hashes}"
-    );
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], o).into_response()
-}
-
-/// Per worker, where known: the age of its last KV event and what it last reported about its
-/// load (`kvroute_updater_last_event_age_seconds`, `kvroute_updater_reported_{running,waiting,
-/// kv_usage}`, `kvroute_updater_reported_load_age_seconds`).
-fn write_worker_ages_and_load(
-    o: &mut String,
-    workers: &serde_json::Map<String, serde_json::Value>,
-) {
-    let gauges = [
-        ("last_event_age_seconds", "/last_event_age_ms", 1e-3),
-        ("reported_running", "/reported_load/running", 1.0),
-        ("reported_waiting", "/reported_load/waiting", 1.0),
-        ("reported_kv_usage", "/reported_load/kv_usage", 1.0),
-        ("reported_load_age_seconds", "/reported_load_age_ms", 1e-3),
-    ];
-    for (name, pointer, scale) in gauges {
-        let _ = writeln!(o, "# TYPE kvroute_updater_{name} gauge");
-        for (w, v) in workers {
-            if let Some(x) = v.pointer(pointer).and_then(serde_json::Value::as_f64) {
-                let _ = writeln!(o, "kvroute_updater_{name}{{worker=\"{w}\"}} {}", x * scale);
-            }
-        }
-    }
+    let text = metrics::render(&c.state, c.conns.as_deref());
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
 }

@@ -39,7 +39,7 @@ pub struct Entry {
     /// Whether Envoy's health checks keep this worker in the pool (true without an Envoy).
     pub member: bool,
     /// What the worker last reported about its load.
-    pub load: Option<crate::scrape::ReportedLoad>,
+    pub load: Option<crate::scrape::EngineLoad>,
     /// The cache domain its events are hashed in: its model's, once the alignment check
     /// identified a configured model. Until then its events are not indexed.
     pub domain: Option<DomainBase>,
@@ -78,6 +78,18 @@ pub struct State {
     /// Woken (all waiters) whenever knowledge changed: long polls answer at once.
     changed: Notify,
     inner: Mutex<Inner>,
+}
+
+/// What [`State::observe`] shows.
+#[derive(Debug)]
+pub struct Observed<'a> {
+    /// The published snapshot version.
+    pub version: u64,
+    pub workers: &'a BTreeMap<String, Entry>,
+    /// Workers that joined / left the pool since the start.
+    pub joined: u64,
+    pub left: u64,
+    pub peers: &'a PeerStore,
 }
 
 #[derive(Debug)]
@@ -507,6 +519,21 @@ impl State {
             }
             (other, _) => other,
         }
+    }
+
+    /// Runs `f` on everything known now (after publishing pending changes), under the lock:
+    /// `/metrics` reads its typed counters from it.
+    pub fn observe<T>(&self, f: impl FnOnce(&Observed<'_>) -> T) -> T {
+        let mut inner = self.lock();
+        self.publish(&mut inner);
+        let inner = &*inner;
+        f(&Observed {
+            version: inner.publisher.version(),
+            workers: &inner.workers,
+            joined: inner.joined,
+            left: inner.left,
+            peers: &inner.peers,
+        })
     }
 
     /// `/status` JSON.

@@ -1,0 +1,184 @@
+//! Reading what an inference engine reports about itself on `/metrics` (Prometheus text) with
+//! `prometheus-parse`: vLLM's gauges, or SGLang's where vLLM's are absent, and the block size
+//! either announces. The one reader of engine metrics, shared by the updater (the load it
+//! publishes, the alignment check) and the evaluation harness (queue samples).
+//!
+//! prometheus-parse reads a metric name as `\w+`, so it would skip the engines' names, which
+//! hold a colon (`vllm:num_requests_running`): [`EngineMetrics::parse`] spells the colon of a
+//! name as [`COLON`] before parsing, and back after. Label values are kept as the exposition
+//! writes them (escapes not undone); the labels read here (ranks, engine, priority, block
+//! size) are plain numbers.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use prometheus_parse::{Sample, Scrape, Value};
+use serde::Serialize;
+
+/// How a colon in a metric name is spelled for prometheus-parse (a word no engine exports).
+pub const COLON: &str = "__kvroute_colon__";
+
+/// Load an engine reported about itself on `/metrics`, each value as the engine exports it
+/// (not `kvroute_core`'s snapshot load, which is whole requests).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct EngineLoad {
+    pub running: Option<f64>,
+    pub waiting: Option<f64>,
+    /// KV-cache usage, 0..1.
+    pub kv_usage: Option<f64>,
+    /// Unix ms of the scrape.
+    pub observed_at_ms: u64,
+}
+
+/// An engine's `/metrics`, parsed: the plain samples (counters, gauges, untyped).
+#[derive(Debug, Clone, Default)]
+pub struct EngineMetrics {
+    samples: Vec<Sample>,
+}
+
+/// A sample's pipeline- and tensor-parallel ranks (`pp_rank`, `tp_rank`; 0 when absent).
+type Ranks = (u64, u64);
+
+/// How a gauge's per-rank values make the worker's one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Combine {
+    /// Counts (requests): each data-parallel rank has its own.
+    Sum,
+    /// Fractions (KV usage): the worker's is the ranks' mean.
+    Mean,
+}
+
+impl EngineMetrics {
+    /// Parses a text exposition; lines prometheus-parse cannot read are skipped.
+    pub fn parse(text: &str) -> EngineMetrics {
+        let lines = text.lines().map(|l| Ok(colon_free(l).into_owned()));
+        let mut samples = Scrape::parse(lines).map(|s| s.samples).unwrap_or_default();
+        for s in &mut samples {
+            if s.metric.contains(COLON) {
+                s.metric = s.metric.replace(COLON, ":");
+            }
+        }
+        EngineMetrics { samples }
+    }
+
+    /// Every plain sample of `name` with its value (histograms and summaries left out).
+    fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = (&'a Sample, f64)> + 'a {
+        self.samples.iter().filter(move |s| s.metric == name).filter_map(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some((s, v)),
+            Value::Histogram(_) | Value::Summary(_) => None,
+        })
+    }
+
+    /// The samples of `name` summed over label sets.
+    pub fn sum(&self, name: &str) -> Option<f64> {
+        self.values(name).map(|(_, v)| v).reduce(|a, b| a + b)
+    }
+
+    /// One worker's value of gauge `name`, read the way the engines export it:
+    /// - SGLang with priority scheduling exports the total under `priority=""` plus one sample
+    ///   per priority: only the total (a sample without the label, or with it empty) counts;
+    /// - SGLang with `--enable-metrics-for-all-schedulers` exports every TP (and PP) rank of
+    ///   one data-parallel rank, each the same batch: one sample per data-parallel rank counts
+    ///   (the lowest `pp_rank`, then `tp_rank`);
+    /// - data-parallel ranks (`dp_rank`, SGLang) and engines (`engine`, vLLM) are separate
+    ///   schedulers: counts are summed over them, fractions averaged.
+    fn gauge(&self, name: &str, how: Combine) -> Option<f64> {
+        let rank = |s: &Sample, key: &str| -> u64 {
+            s.labels.get(key).and_then(|v| v.parse().ok()).unwrap_or(0)
+        };
+        // (dp_rank, engine) -> ((pp_rank, tp_rank), value) of the lowest ranks seen.
+        let mut groups: BTreeMap<(&str, &str), (Ranks, f64)> = BTreeMap::new();
+        for (s, value) in self.values(name) {
+            if s.labels.get("priority").is_some_and(|p| !p.is_empty()) {
+                continue;
+            }
+            let key = (
+                s.labels.get("dp_rank").unwrap_or_default(),
+                s.labels.get("engine").unwrap_or_default(),
+            );
+            let order = (rank(s, "pp_rank"), rank(s, "tp_rank"));
+            let slot = groups.entry(key).or_insert((order, value));
+            if order < slot.0 {
+                *slot = (order, value);
+            }
+        }
+        if groups.is_empty() {
+            return None;
+        }
+        let total: f64 = groups.values().map(|(_, v)| v).sum();
+        Some(match how {
+            Combine::Sum => total,
+            Combine::Mean => total / groups.len() as f64,
+        })
+    }
+
+    /// vLLM's gauges, or SGLang's where vLLM's are absent.
+    pub fn load(&self, observed_at_ms: u64) -> EngineLoad {
+        use Combine::{Mean, Sum};
+        EngineLoad {
+            running: self
+                .gauge("vllm:num_requests_running", Sum)
+                .or_else(|| self.gauge("sglang:num_running_reqs", Sum)),
+            waiting: self
+                .gauge("vllm:num_requests_waiting", Sum)
+                .or_else(|| self.gauge("sglang:num_queue_reqs", Sum)),
+            kv_usage: self
+                .gauge("vllm:kv_cache_usage_perc", Mean)
+                .or_else(|| self.gauge("vllm:gpu_cache_usage_perc", Mean))
+                .or_else(|| self.gauge("sglang:token_usage", Mean)),
+            observed_at_ms,
+        }
+    }
+
+    /// The `block_size` label of vLLM's `vllm:cache_config_info`.
+    pub fn vllm_block_size(&self) -> Option<u32> {
+        self.values("vllm:cache_config_info")
+            .find_map(|(s, _)| s.labels.get("block_size")?.parse().ok())
+    }
+
+    /// SGLang's `sglang:page_size` (a gauge, one sample per scheduler; all equal): a whole
+    /// number of at least 1.
+    pub fn sglang_page_size(&self) -> Option<u32> {
+        let (_, v) = self.values("sglang:page_size").next()?;
+        (v >= 1.0 && v.fract() == 0.0 && v <= f64::from(u32::MAX)).then_some(v as u32)
+    }
+
+    /// The block size announced: vLLM's, else SGLang's page size.
+    pub fn block_size(&self) -> Option<u32> {
+        self.vllm_block_size().or_else(|| self.sglang_page_size())
+    }
+}
+
+/// The load in an engine's `/metrics` text (see [`EngineMetrics::load`]).
+pub fn parse_load(text: &str, observed_at_ms: u64) -> EngineLoad {
+    EngineMetrics::parse(text).load(observed_at_ms)
+}
+
+/// `line` with the colons of its metric name (of a sample, `# TYPE` or `# HELP` line)
+/// spelled as [`COLON`].
+fn colon_free(line: &str) -> Cow<'_, str> {
+    if !line.contains(':') {
+        return Cow::Borrowed(line);
+    }
+    let l = line.trim_start();
+    let start = match l.strip_prefix('#') {
+        Some(comment) => {
+            let c = comment.trim_start();
+            let Some(after) = c.strip_prefix("TYPE").or_else(|| c.strip_prefix("HELP")) else {
+                return Cow::Borrowed(line);
+            };
+            l.len() - after.trim_start().len()
+        }
+        None => 0,
+    };
+    let rest = &l[start..];
+    let end = start + rest.find(|c: char| c == '{' || c.is_whitespace()).unwrap_or(rest.len());
+    let name = &l[start..end];
+    if !name.contains(':') {
+        return Cow::Borrowed(line);
+    }
+    Cow::Owned(format!("{}{}{}", &l[..start], name.replace(':', COLON), &l[end..]))
+}
+
+#[cfg(test)]
+mod tests;
