@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kvroute_core::calib::{Calibrated, CalibrationConfig, ModelState, Sample};
-use kvroute_core::config::FilterConfig;
-use kvroute_core::cost::{Profile, Score};
+use kvroute_core::decision::calib::{Calibrated, CalibrationConfig, ModelState, Sample};
+use kvroute_core::decision::config::FilterConfig;
+use kvroute_core::decision::cost::{Profile, Score};
 use kvroute_core::shared::calib::{init, publish, CalibReader};
 use kvroute_core::shared::Counters;
 use proxy_wasm::types::MetricType;
@@ -138,7 +138,7 @@ impl CalibThread {
     }
 }
 
-/// The calibration's Envoy stats (see the README's metrics table).
+/// The calibration's Envoy stats (see docs/operations.md, "Metrics").
 #[derive(Debug, Default)]
 struct CalibMetrics {
     /// Per model: base µs, ns per token, ps per token², interference µs, samples, in use.

@@ -1,66 +1,224 @@
-//! Host calls that never panic. The SDK's trait helpers unwrap every host status (and its
+//! Host access behind one small trait, [`Host`]: headers, bodies, properties, local replies,
+//! shared data, HTTP calls, the clock, metrics and the tick. [`Proxy`] is the real one over
+//! proxy-wasm's hostcalls; tests use an in-memory host. The free functions are [`Proxy`]'s, for
+//! the glue that only ever runs in Envoy.
+//!
+//! Host calls never panic here. The SDK's trait helpers unwrap every host status (and its
 //! `String` getters unwrap UTF-8, which HTTP/2 does not guarantee); a panic traps the VM. These
-//! wrappers read everything as bytes and turn every failure into `None` / `false`.
+//! read everything as bytes and turn every failure into `None` / `false`.
 
 use std::time::{Duration, UNIX_EPOCH};
 
+use kvroute_core::shared::{SharedStore, StoreError, Versioned};
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType};
+use proxy_wasm::types::{BufferType, Bytes, LogLevel, MapType, MetricType, Status};
+
+/// A header list as proxy-wasm takes it.
+pub type Headers<'a> = Vec<(&'a str, &'a str)>;
+
+/// What the filter asks of its host.
+pub trait Host: SharedStore {
+    /// A header of the request (`Request`), the response (`Response`) or an HTTP call's answer
+    /// (`CallResponse`).
+    fn header(&self, map: Map, name: &str) -> Option<Bytes>;
+    /// Sets (`Some`) or removes (`None`) a request or response header.
+    fn set_header(&self, map: Map, name: &str, value: Option<&str>) -> bool;
+    /// The first `size` bytes of the request body, the response body or a call's answer.
+    fn body(&self, buffer: Buffer, size: usize) -> Option<Bytes>;
+    fn property(&self, path: &[&str]) -> Option<Bytes>;
+    /// Answers the request locally.
+    fn send_response(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) -> bool;
+    /// Sends an HTTP call; its token, `None` if it could not be sent.
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: Headers<'_>,
+        body: Option<&[u8]>,
+        timeout_ms: u64,
+    ) -> Option<u32>;
+    /// Host time, unix nanoseconds (0 if the host cannot tell).
+    fn now_nanos(&self) -> u64;
+    /// Host time, unix milliseconds.
+    fn now_ms(&self) -> u64 {
+        self.now_nanos() / 1_000_000
+    }
+    fn define_metric(&self, kind: MetricType, name: &str) -> Option<u32>;
+    fn increment_metric(&self, id: u32, by: u64);
+    /// Sets a gauge, or records a histogram value.
+    fn record_metric(&self, id: u32, value: u64);
+    fn set_tick(&self, ms: u64) -> bool;
+}
+
+/// Header maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Map {
+    Request,
+    Response,
+    CallResponse,
+}
+
+/// Body buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Buffer {
+    Request,
+    Response,
+    CallResponse,
+    PluginConfiguration,
+}
+
+/// The real host: proxy-wasm's hostcalls into Envoy.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Proxy;
+
+impl SharedStore for Proxy {
+    fn get(&self, key: &str) -> Versioned {
+        hostcalls::get_shared_data(key).unwrap_or((None, None))
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
+            Err(_) => Err(StoreError::Unavailable),
+        }
+    }
+}
+
+impl Host for Proxy {
+    fn header(&self, map: Map, name: &str) -> Option<Bytes> {
+        let map = match map {
+            Map::Request => MapType::HttpRequestHeaders,
+            Map::Response => MapType::HttpResponseHeaders,
+            Map::CallResponse => MapType::HttpCallResponseHeaders,
+        };
+        hostcalls::get_map_value_bytes(map, name).ok().flatten()
+    }
+
+    fn set_header(&self, map: Map, name: &str, value: Option<&str>) -> bool {
+        let map = match map {
+            Map::Request => MapType::HttpRequestHeaders,
+            Map::Response => MapType::HttpResponseHeaders,
+            Map::CallResponse => return false,
+        };
+        hostcalls::set_map_value(map, name, value).is_ok()
+    }
+
+    fn body(&self, buffer: Buffer, size: usize) -> Option<Bytes> {
+        let buffer = match buffer {
+            Buffer::Request => BufferType::HttpRequestBody,
+            Buffer::Response => BufferType::HttpResponseBody,
+            Buffer::CallResponse => BufferType::HttpCallResponseBody,
+            Buffer::PluginConfiguration => BufferType::PluginConfiguration,
+        };
+        hostcalls::get_buffer(buffer, 0, size).ok().flatten()
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Bytes> {
+        hostcalls::get_property(path.to_vec()).ok().flatten()
+    }
+
+    fn send_response(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) -> bool {
+        hostcalls::send_http_response(u32::from(status), headers.to_vec(), Some(body)).is_ok()
+    }
+
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: Headers<'_>,
+        body: Option<&[u8]>,
+        timeout_ms: u64,
+    ) -> Option<u32> {
+        let timeout = Duration::from_millis(timeout_ms);
+        hostcalls::dispatch_http_call(cluster, headers, body, vec![], timeout).ok()
+    }
+
+    fn now_nanos(&self) -> u64 {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos() as u64)
+    }
+
+    fn define_metric(&self, kind: MetricType, name: &str) -> Option<u32> {
+        match hostcalls::define_metric(kind, name) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                log::warn!("kvroute: cannot define metric {name}: {e:?}");
+                None
+            }
+        }
+    }
+
+    fn increment_metric(&self, id: u32, by: u64) {
+        let _ = hostcalls::increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX));
+    }
+
+    fn record_metric(&self, id: u32, value: u64) {
+        let _ = hostcalls::record_metric(id, value);
+    }
+
+    fn set_tick(&self, ms: u64) -> bool {
+        hostcalls::set_tick_period(Duration::from_millis(ms)).is_ok()
+    }
+}
 
 pub fn request_header(name: &str) -> Option<Bytes> {
-    hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name).ok().flatten()
+    Proxy.header(Map::Request, name)
 }
 
 pub fn set_request_header(name: &str, value: Option<&str>) -> bool {
-    hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value).is_ok()
+    Proxy.set_header(Map::Request, name, value)
 }
 
 pub fn response_header(name: &str) -> Option<Bytes> {
-    hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()
+    Proxy.header(Map::Response, name)
 }
 
 pub fn set_response_header(name: &str, value: &str) -> bool {
-    hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(value)).is_ok()
-}
-
-pub fn call_response_header(name: &str) -> Option<Bytes> {
-    hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name).ok().flatten()
+    Proxy.set_header(Map::Response, name, Some(value))
 }
 
 pub fn request_body(size: usize) -> Option<Bytes> {
-    hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size).ok().flatten()
+    Proxy.body(Buffer::Request, size)
 }
 
 pub fn response_body(size: usize) -> Option<Bytes> {
-    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size).ok().flatten()
-}
-
-pub fn call_response_body(size: usize) -> Option<Bytes> {
-    hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, size).ok().flatten()
+    Proxy.body(Buffer::Response, size)
 }
 
 pub fn plugin_configuration() -> Option<Bytes> {
-    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX).ok().flatten()
+    Proxy.body(Buffer::PluginConfiguration, usize::MAX)
 }
 
 pub fn property(path: &[&str]) -> Option<Bytes> {
-    hostcalls::get_property(path.to_vec()).ok().flatten()
+    Proxy.property(path)
 }
 
 pub fn send_response(status: u16, headers: &[(&str, &str)], body: &[u8]) -> bool {
-    hostcalls::send_http_response(u32::from(status), headers.to_vec(), Some(body)).is_ok()
+    Proxy.send_response(status, headers, body)
 }
 
 /// Host time, unix milliseconds (0 if the host cannot tell).
 pub fn now_ms() -> u64 {
-    now_nanos() / 1_000_000
+    Proxy.now_ms()
 }
 
 pub fn now_nanos() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as u64)
+    Proxy.now_nanos()
+}
+
+pub fn set_tick(ms: u64) -> bool {
+    Proxy.set_tick(ms)
+}
+
+/// Makes stream (or root) context `id` the one the next host calls act on.
+pub fn set_effective_context(id: u32) -> bool {
+    hostcalls::set_effective_context(id).is_ok()
+}
+
+/// Resumes the effective context's paused request.
+pub fn resume_request() -> Result<(), Status> {
+    hostcalls::resume_http_request()
 }
 
 /// Size of this VM's linear memory in bytes (it grows, never shrinks).
@@ -73,10 +231,6 @@ pub fn wasm_memory_bytes() -> usize {
     {
         0
     }
-}
-
-pub fn set_tick(ms: u64) -> bool {
-    hostcalls::set_tick_period(Duration::from_millis(ms)).is_ok()
 }
 
 /// Logs through Envoy, even from a panic hook.

@@ -5,15 +5,15 @@
 
 use std::rc::Rc;
 
-use kvroute_core::admission::{self, Verdict};
-use kvroute_core::error::ApiError;
-use kvroute_core::index::Source;
-use kvroute_core::journal::JournalEntry;
-use kvroute_core::misdeploy::{Symptom, Unrouted};
-use kvroute_core::request::{self, Endpoint};
-use kvroute_core::router::Decision;
+use kvroute_core::decision::admission::{self, Verdict};
+use kvroute_core::decision::error::ApiError;
+use kvroute_core::decision::misdeploy::{Symptom, Unrouted};
+use kvroute_core::decision::request::{self, Endpoint};
+use kvroute_core::decision::router::Decision;
+use kvroute_core::decision::usage::UsageScanner;
 use kvroute_core::shared::load::Ticket;
-use kvroute_core::usage::UsageScanner;
+use kvroute_core::wire::journal::JournalEntry;
+use kvroute_core::wire::journal::Source;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel};
 

@@ -5,15 +5,15 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use kvroute_core::admission::Verdict;
-use kvroute_core::audit::AuditClass;
-use kvroute_core::load::WorkerLoad;
-use kvroute_core::misdeploy::{Symptom, Unrouted};
-use kvroute_core::router::FallbackReason;
-use kvroute_core::shared::bundles::Manifest;
+use kvroute_core::decision::admission::Verdict;
+use kvroute_core::decision::audit::AuditClass;
+use kvroute_core::decision::load::WorkerLoad;
+use kvroute_core::decision::misdeploy::{Symptom, Unrouted};
+use kvroute_core::decision::router::FallbackReason;
 use kvroute_core::shared::{Counter, Counters};
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
+
+use crate::host::{Host, Proxy};
 
 /// Metric ids of one VM (thread); defining the same name again returns the same metric.
 #[derive(Debug, Default)]
@@ -86,18 +86,12 @@ impl AdmissionMetrics {
 }
 
 pub(crate) fn define(kind: MetricType, name: &str) -> Option<u32> {
-    match hostcalls::define_metric(kind, name) {
-        Ok(id) => Some(id),
-        Err(e) => {
-            log::warn!("kvroute: cannot define metric {name}: {e:?}");
-            None
-        }
-    }
+    Proxy.define_metric(kind, name)
 }
 
 pub(crate) fn add(id: Option<u32>, v: u64) {
     if let (Some(id), true) = (id, v > 0) {
-        let _ = hostcalls::increment_metric(id, v as i64);
+        Proxy.increment_metric(id, v);
     }
 }
 
@@ -113,7 +107,7 @@ pub fn count_n(id: Option<u32>, n: usize) {
 
 pub(crate) fn gauge(id: Option<u32>, v: u64) {
     if let Some(id) = id {
-        let _ = hostcalls::record_metric(id, v);
+        Proxy.record_metric(id, v);
     }
 }
 
@@ -130,42 +124,17 @@ struct Readiness {
     ready: Option<u32>,
 }
 
-/// Model bundles from the updater: the singleton's fetches and what it keeps in shared data
-/// (`kvroute_bundles_*`), and the threads' builds (`kvroute_bundles_builds`,
-/// `kvroute_bundles_build_failures`, histogram `kvroute_bundle_build_ms`).
+/// Model bundles from the updater, a thread's builds (`kvroute_bundles_builds`,
+/// `kvroute_bundles_build_failures`, histogram `kvroute_bundle_build_ms`); the singleton's
+/// fetches (`kvroute_bundles_*`) are counted in [`crate::sync`].
 #[derive(Debug, Default)]
 pub struct BundleMetrics {
-    pub parts_fetched: Option<u32>,
-    pub published: Option<u32>,
-    pub fetch_failures: Option<u32>,
-    pub list_failures: Option<u32>,
-    pub removed: Option<u32>,
-    pub capped: Option<u32>,
-    available: Option<u32>,
-    stored_bytes: Option<u32>,
     pub builds: Option<u32>,
     pub build_failures: Option<u32>,
     build_ms: Option<u32>,
 }
 
 impl BundleMetrics {
-    /// The singleton's.
-    pub fn define_sync() -> Self {
-        let c = MetricType::Counter;
-        let g = MetricType::Gauge;
-        BundleMetrics {
-            parts_fetched: define(c, "kvroute.bundles.parts_fetched"),
-            published: define(c, "kvroute.bundles.published"),
-            fetch_failures: define(c, "kvroute.bundles.fetch_failures"),
-            list_failures: define(c, "kvroute.bundles.list_failures"),
-            removed: define(c, "kvroute.bundles.removed"),
-            capped: define(c, "kvroute.bundles.capped"),
-            available: define(g, "kvroute.bundles.available"),
-            stored_bytes: define(g, "kvroute.bundles.stored_bytes"),
-            ..Default::default()
-        }
-    }
-
     /// A worker thread's.
     pub fn define_thread() -> Self {
         let c = MetricType::Counter;
@@ -173,22 +142,13 @@ impl BundleMetrics {
             builds: define(c, "kvroute.bundles.builds"),
             build_failures: define(c, "kvroute.bundles.build_failures"),
             build_ms: define(MetricType::Histogram, "kvroute.bundle_build_ms"),
-            ..Default::default()
         }
-    }
-
-    /// What the manifest holds: models with a bundle, bytes kept.
-    pub fn stored(&self, m: &Manifest) {
-        gauge(self.available, m.models.len() as u64);
-        gauge(self.stored_bytes, m.stored_bytes());
     }
 
     /// A thread built a bundle in `ms`.
     pub fn built(&self, ms: u64) {
         count(self.builds);
-        if let Some(id) = self.build_ms {
-            let _ = hostcalls::record_metric(id, ms);
-        }
+        record(self.build_ms, ms);
     }
 }
 
@@ -317,18 +277,15 @@ impl Metrics {
         add(self.worker(worker).decisions, 1);
         add(self.predicted_blocks, predicted.0);
         add(self.predicted_tokens, predicted.1);
-        for (id, v) in [(self.decision_us, us), (self.tokenize_us, tokenize_us)] {
-            if let Some(id) = id {
-                let _ = hostcalls::record_metric(id, v);
-            }
-        }
+        record(self.decision_us, us);
+        record(self.tokenize_us, tokenize_us);
     }
 
     /// Publishes a worker's router-tracked load (shared by all threads) as gauges.
     pub fn load(&self, worker: &str, load: &WorkerLoad) {
         if let Some((r, t)) = self.worker(worker).inflight {
-            let _ = hostcalls::record_metric(r, u64::from(load.inflight_requests));
-            let _ = hostcalls::record_metric(t, load.prefill_tokens);
+            gauge(Some(r), u64::from(load.inflight_requests));
+            gauge(Some(t), load.prefill_tokens);
         }
     }
 

@@ -6,10 +6,9 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
-use kvroute_core::journal::JournalEntry;
-use kvroute_core::misdeploy::{Symptom, Watch};
-use kvroute_core::router::Router;
+use kvroute_core::decision::config::{FilterConfig, SnapshotSyncConfig};
+use kvroute_core::decision::misdeploy::{Symptom, Watch};
+use kvroute_core::decision::router::Router;
 use kvroute_core::shared::bundles::BundleFollower;
 use kvroute_core::shared::health::{self, Failure, Health};
 use kvroute_core::shared::journal::{self, JournalCursor};
@@ -17,6 +16,7 @@ use kvroute_core::shared::knowledge::Follower;
 use kvroute_core::shared::load::{LoadView, Shard};
 use kvroute_core::shared::readiness;
 use kvroute_core::shared::{Counter, Counters};
+use kvroute_core::wire::journal::JournalEntry;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
@@ -52,7 +52,7 @@ pub struct ThreadState {
     /// This Envoy's replica id (shared data), so that its own decisions relayed by the
     /// updater are not counted twice.
     replica: std::cell::Cell<u64>,
-    /// Signs of a misdeployment seen by this thread (`kvroute_core::misdeploy`).
+    /// Signs of a misdeployment seen by this thread (`kvroute_core::decision::misdeploy`).
     pub watch: RefCell<Watch>,
     /// Requests paused for their body; the tick passes on those that wait too long.
     pub waiting: Waiting,
@@ -237,7 +237,7 @@ impl ThreadState {
         }
         let interval = watch.config().warn_interval_ms;
         for s in watch.warnings_due(now_ms) {
-            if kvroute_core::misdeploy::claim_warning(&HostStore, s, now_ms, interval) {
+            if kvroute_core::shared::misdeploy::claim_warning(&HostStore, s, now_ms, interval) {
                 log::warn!("kvroute: misdeployed ({}): {}", s.name(), s.advice());
             }
         }

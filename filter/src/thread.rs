@@ -38,7 +38,7 @@ impl Placement {
         Self::from_store(&HostStore)
     }
 
-    fn from_store<S: SharedStore + ?Sized>(store: &S) -> Placement {
+    pub(crate) fn from_store<S: SharedStore + ?Sized>(store: &S) -> Placement {
         match store.get(SYNC_STARTED).0 {
             Some(_) => Placement::Worker,
             None => Placement::Main,
@@ -53,11 +53,7 @@ impl Placement {
 
 /// Marks that the singleton started: filter root contexts configured from now on are on
 /// worker threads.
-pub fn mark_sync_started() {
-    mark(&HostStore);
-}
-
-fn mark<S: SharedStore + ?Sized>(store: &S) {
+pub fn mark_started<S: SharedStore + ?Sized>(store: &S) {
     if store.get(SYNC_STARTED).0.is_none() {
         if let Err(e) = store.set(SYNC_STARTED, b"1", None) {
             log::warn!("kvroute: cannot mark the snapshot sync as started: {e}");
@@ -74,9 +70,9 @@ mod tests {
     fn root_contexts_configured_after_the_singleton_started_are_workers() {
         let store = MemStore::new();
         assert_eq!(Placement::from_store(&store), Placement::Main);
-        mark(&store);
+        mark_started(&store);
         assert_eq!(Placement::from_store(&store), Placement::Worker);
-        mark(&store);
+        mark_started(&store);
         assert_eq!(Placement::from_store(&store), Placement::Worker);
         assert!(Placement::Worker.worker() && !Placement::Main.worker());
     }

@@ -8,9 +8,10 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use kvroute_core::error::ApiError;
-use kvroute_core::misdeploy::{Unrouted, Watch};
-use proxy_wasm::hostcalls;
+use kvroute_core::decision::error::ApiError;
+use kvroute_core::decision::misdeploy::{Unrouted, Watch};
+
+use crate::host;
 
 /// One paused request.
 #[derive(Debug, Clone, Copy)]
@@ -71,28 +72,28 @@ impl Waiting {
             let reason = watch.timed_out(p.got_body, now_ms);
             // Recorded before acting: the callbacks that follow must find it.
             self.passed_on.borrow_mut().insert(id, reason);
-            if hostcalls::set_effective_context(id).is_err() {
+            if !host::set_effective_context(id) {
                 continue;
             }
             let done = match reason {
                 // Nothing of the body is held by the filter: the request goes on, and its body
                 // streams through as it comes.
-                Unrouted::BodyNotDelivered => hostcalls::resume_http_request(),
+                Unrouted::BodyNotDelivered => host::resume_request().is_ok(),
                 // Resuming would forward the part the filter buffered and then, in Envoy 1.40,
                 // the same part again (the upstream sees a corrupt body): answer 408 instead,
                 // as Envoy's own request timeout does.
                 Unrouted::BodyTimeout => {
                     let e = ApiError::body_timeout(now_ms.saturating_sub(p.progress_ms));
-                    let headers = vec![("content-type", "application/json")];
-                    hostcalls::send_http_response(u32::from(e.status), headers, Some(&e.body()))
+                    let headers = [("content-type", "application/json")];
+                    host::send_response(e.status, &headers, &e.body())
                 }
             };
-            if let Err(e) = done {
-                log::warn!("kvroute: cannot pass on a request waiting for its body: {e:?}");
+            if !done {
+                log::warn!("kvroute: cannot pass on a request waiting for its body");
             }
             why.push(reason);
         }
-        let _ = hostcalls::set_effective_context(root_id);
+        host::set_effective_context(root_id);
         why
     }
 }
