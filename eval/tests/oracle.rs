@@ -39,7 +39,8 @@ fn ids(from: u32, len: usize) -> Vec<u32> {
 
 /// A completion straight to a worker (around Envoy), waited for.
 async fn direct(http: &reqwest::Client, worker: &str, prompt: &[u32], max_tokens: u64) {
-    let body = json!({"model": kvroute_stack::stack::MODEL, "prompt": prompt, "max_tokens": max_tokens});
+    let body =
+        json!({"model": kvroute_stack::stack::MODEL, "prompt": prompt, "max_tokens": max_tokens});
     let r = http.post(format!("http://{worker}{COMPLETIONS}")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
 }

@@ -1,4 +1,4 @@
-//! The goals of issue 12 side by side: one row per goal and workload (and cohort) where it
+//! The project's goals side by side: one row per goal and workload (and cohort) where it
 //! applies, with the target, what was measured, the noise floor and a verdict, at the top of
 //! `summary.md`.
 //!
@@ -190,7 +190,7 @@ fn replications(reports: &[Report]) -> String {
     md
 }
 
-/// The `## Goals (issue 12)` section of `summary.md`.
+/// The `## Goals` section of `summary.md`.
 pub fn section(reports: &[Report]) -> String {
     let rows = rows(reports);
     let count = |f: fn(&Outcome) -> bool| rows.iter().filter(|r| f(&r.outcome)).count();
@@ -199,7 +199,7 @@ pub fn section(reports: &[Report]) -> String {
     let not_met = count(|o| matches!(o, Outcome::NotMet(_)));
     let unmeasured = count(|o| matches!(o, Outcome::NotMeasured(_)));
     let mut md = format!(
-        "\n## Goals (issue 12)\n\n{met} met ({in_noise} of them only within the noise floor), \
+        "\n## Goals\n\n{met} met ({in_noise} of them only within the noise floor), \
          {not_met} not met, {unmeasured} not measured. \
          Ratios: {KVROUTE} over {BASELINE} in the same repeat at the reference load (the \
          oracle's for the stretch goal), median [min–max] over repeats. A ratio goal needs a \

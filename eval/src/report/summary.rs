@@ -1,4 +1,4 @@
-//! `summary.md`: every workload's report in one page. A scope header, the goals of issue 12
+//! `summary.md`: every workload's report in one page. A scope header, the goals
 //! ([`super::goals`]), then the cells where kvroute does not beat least-request, the ratios
 //! against least-request per workload and cohort (with the A/A rows), the ablation ladder,
 //! regret, goodput at SLO, and the invalid runs.

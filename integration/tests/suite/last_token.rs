@@ -49,17 +49,14 @@ async fn exact_multiples_of_the_block_size_are_predicted_as_the_worker_reuses_th
         audited += usize::from(reusable > 0);
     }
     // The filter's own audit agrees: every repeat a hit as predicted, no false hit.
-    let hits = kvroute_stack::eventually(
-        "audit metric",
-        std::time::Duration::from_secs(10),
-        || async {
+    let hits =
+        kvroute_stack::eventually("audit metric", std::time::Duration::from_secs(10), || async {
             let m = stack.envoy.prometheus().await.ok()?;
             let v = m.get("kvroute_audit_requests{kvroute_audit=\"hit_as_predicted\"}").copied()?;
             (v >= audited as f64).then_some(m)
-        },
-    )
-    .await
-    .unwrap();
+        })
+        .await
+        .unwrap();
     let count = |class: &str| {
         hits.get(&format!("kvroute_audit_requests{{kvroute_audit=\"{class}\"}}")).copied()
     };

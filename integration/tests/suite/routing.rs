@@ -39,17 +39,14 @@ async fn later_turns_land_on_the_worker_that_served_turn_one() {
         assert!(predicted(&r) > 0, "turn {t} predicted nothing: {r:?}");
     }
     // The audit counted predictions that the worker confirmed.
-    let hits = kvroute_stack::eventually(
-        "audit metric",
-        std::time::Duration::from_secs(10),
-        || async {
+    let hits =
+        kvroute_stack::eventually("audit metric", std::time::Duration::from_secs(10), || async {
             let m = stack.envoy.prometheus().await.ok()?;
             let v = m.get("kvroute_audit_requests{kvroute_audit=\"hit_as_predicted\"}").copied()?;
             (v >= 3.0).then_some(v)
-        },
-    )
-    .await
-    .unwrap();
+        })
+        .await
+        .unwrap();
     assert!(hits >= 3.0);
 }
 

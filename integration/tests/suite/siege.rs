@@ -1,4 +1,4 @@
-//! A single client's attacks through real Envoy, the filter and simulated workers (issue 22),
+//! A single client's attacks through real Envoy, the filter and simulated workers,
 //! the request-level rows of the `kvroute-siege` bench (`kvroute_stack::siege::requests`,
 //! judged by `siege::table`'s checks): requests ending with HTTP/2 trailers are routed, shed
 //! and counted in flight like the same without; every spelling of `/v1/chat/completions`

@@ -1,4 +1,4 @@
-//! Envoy under siege (issue 22): a filter VM that aborts comes back and routes with knowledge
+//! Envoy under siege: a filter VM that aborts comes back and routes with knowledge
 //! within seconds without a 503; an idle-connection flood of twice Envoy's file-descriptor
 //! limit does not stop service; odd spellings of a kvroute path are routed or refused, never
 //! passed through unrouted. The attacks are `kvroute_stack::siege::envoy`'s, shared with

@@ -1,4 +1,4 @@
-//! The updater under siege (issue 22): the release `kvroute-updater` under real limits
+//! The updater under siege: the release `kvroute-updater` under real limits
 //! (`prlimit`), attacked over a real ZMQ PUB socket with msgpack bombs and oversized messages,
 //! and over its HTTP listener with idle connections and partial requests. It must stay up,
 //! keep answering `/status`, keep applying a normal batch sent after the attacks, stay under
@@ -19,7 +19,7 @@ use serde_json::Value;
 
 /// The updater's stated memory ceiling under every bomb (peak resident set, `VmHWM`).
 const CEILING_KB: u64 = 512 * 1024;
-/// The address-space limit it runs under in the bomb test: the issue's 1 GiB, under which the
+/// The address-space limit it runs under in the bomb test: 1 GiB, under which the
 /// unbounded decoder aborted.
 const ADDRESS_SPACE: u64 = 1 << 30;
 /// The updater's default `max_batch_elements`: a batch of nils this long passes the pre-pass.
@@ -267,8 +267,7 @@ async fn idle_floods_of_twice_the_fd_limit_do_not_stop_the_updater() -> anyhow::
     assert!(matches!(polled, Some(200 | 304)), "the long poll was cut: {polled:?}");
     // The partial requests are closed by the header-read timeout (10 s by default).
     let closed =
-        kvroute_stack::siege::updater::closed_by_peer(&mut partial, Duration::from_secs(15))
-            .await;
+        kvroute_stack::siege::updater::closed_by_peer(&mut partial, Duration::from_secs(15)).await;
     assert_eq!(closed, partial.len(), "partial requests kept open");
     let after = get_json(port, "/status").await.expect("/status answers");
     eprintln!(

@@ -210,7 +210,8 @@ impl OddTry {
     }
 }
 
-/// The odd numbers of the issue, each sent once over HTTP/1.1.
+/// The odd numbers below (`max_tokens` as 2.0, "16", 1e1, 2^64-1, ...), each sent once over
+/// HTTP/1.1.
 pub async fn odd_numbers(stack: &Stack, model: &str) -> Vec<OddTry> {
     let chat = |max_tokens: Value| {
         json!({"model": model, "max_tokens": max_tokens,

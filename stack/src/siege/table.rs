@@ -1,5 +1,5 @@
-//! The `kvroute-siege` table: one [`Row`] per attack, and the pass logic, which is the
-//! issue's "Done when" made exact. A row passes when every one of its [`Check`]s is met and
+//! The `kvroute-siege` table: one [`Row`] per attack, and the pass logic, which makes each
+//! attack's goal exact. A row passes when every one of its [`Check`]s is met and
 //! every normal request sent after the attack succeeded and was routed with knowledge; a row
 //! whose attack could not run is "not measured", never a pass.
 //!
@@ -49,7 +49,7 @@ pub enum Ran {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
     pub attack: String,
-    /// The goal, in the issue's words.
+    /// The goal, in words.
     pub goal: String,
     pub ran: Ran,
     pub checks: Vec<Check>,
@@ -381,7 +381,7 @@ mod tests {
     }
 
     #[test]
-    fn each_attacks_goal_is_the_issues() {
+    fn each_attacks_checks_hold_its_goal() {
         let met = |c: &[Check]| c.iter().all(|c| c.met);
         let kill = KillReport { sent_after: 40, ..Default::default() };
         assert!(met(&kill_checks(&kill)));

@@ -137,7 +137,7 @@ pub mod bombs {
         vec![0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0]
     }
 
-    /// A batch of `total` bytes whose events array holds nils, one byte each (the issue's
+    /// A batch of `total` bytes whose events array holds nils, one byte each (the
     /// 60 MiB bomb: tens of millions of real elements).
     pub fn nils(total: usize) -> Vec<u8> {
         let mut b = head();

@@ -1,8 +1,8 @@
-//! kvroute-siege: every attack of issue 22 ("Under siege") against the release stack (three
+//! kvroute-siege: every siege attack against the release stack (three
 //! simulated workers, Envoy with the filter and the shipped bootstrap, the updater), each on a
 //! fresh stack and bounded in time, then the table: attack, normal requests after it that
 //! succeeded and were routed with knowledge (x/y), errors, peak memory (`VmHWM`) of Envoy and
-//! of the updater, and the result against the issue's "Done when" (`siege::table`).
+//! of the updater, and the result against the attack's goal (`siege::table`).
 //!
 //! Run: `target/release/kvroute-siege [--only <attack>]... [--json <file>]` after
 //! `./dev build`. Exits 1 when a row fails.
@@ -19,7 +19,7 @@ use clap::Parser;
 use kvroute_stack::siege::table::{self, Ran, Row, Verdict};
 
 #[derive(Parser, Debug)]
-#[command(about = "Issue 22's attacks against the release stack, and the table of what survived")]
+#[command(about = "Attacks against the release stack, and the table of what survived")]
 struct Args {
     /// Run only these attacks (their keys, see `--list`).
     #[arg(long)]
@@ -35,7 +35,7 @@ struct Args {
     list: bool,
 }
 
-/// An attack: its key for `--only`, its name in the table and its goal (the issue's).
+/// An attack: its key for `--only`, its name in the table and its goal.
 struct Attack {
     key: &'static str,
     name: &'static str,

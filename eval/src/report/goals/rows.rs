@@ -1,4 +1,4 @@
-//! The rows of the goals table: one builder per goal of issue 12 (see the parent module for
+//! The rows of the goals table: one builder per goal (see the parent module for
 //! the rules each applies).
 
 use super::{
@@ -334,7 +334,7 @@ fn stretch(reports: &[Report], out: &mut Vec<GoalRow>) {
     }
 }
 
-/// Every goal row, in the issue's order.
+/// Every goal row, in the order the goals are stated.
 pub fn rows(reports: &[Report]) -> Vec<GoalRow> {
     let mut out = Vec::new();
     no_loss(reports, &mut out);

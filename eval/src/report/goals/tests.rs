@@ -377,7 +377,7 @@ fn missing_policies_and_single_runs_are_not_measured() {
 #[test]
 fn section_renders_the_table_counts_and_replications() {
     let md = section(&plan());
-    assert!(md.starts_with("\n## Goals (issue 12)\n\n"), "{md}");
+    assert!(md.starts_with("\n## Goals\n\n"), "{md}");
     assert!(md.contains("| goal | workload | cohort | target | measured | noise floor | verdict |"));
     let rows = rows(&plan());
     let count = |f: fn(&Outcome) -> bool| rows.iter().filter(|r| f(&r.outcome)).count();
@@ -399,7 +399,7 @@ fn section_renders_the_table_counts_and_replications() {
 
     // In summary.md, between the scope header and the shortfalls.
     let summary = crate::report::summary::overview("p", &plan());
-    let goals = summary.find("## Goals (issue 12)").expect("goals");
+    let goals = summary.find("## Goals\n").expect("goals");
     assert!(summary[..goals].contains("- Noise floor:"));
     assert!(goals < summary.find("## Where kvroute does not beat").expect("shortfalls"));
 }

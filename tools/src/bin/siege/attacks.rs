@@ -1,4 +1,4 @@
-//! Each attack of issue 22 against a fresh stack, measured: its checks (`siege::table`), the
+//! Each siege attack against a fresh stack, measured: its checks (`siege::table`), the
 //! normal requests after it, its errors and the peak memory of Envoy and the updater. The
 //! stack and every process of an attack stop when it returns (or when its time bound drops it).
 
@@ -180,7 +180,7 @@ async fn updater_stack(
     Ok((stack, publisher, up, block_size))
 }
 
-/// The issue's 1 GiB address-space limit, under which the unbounded decoder aborted.
+/// A 1 GiB address-space limit, under which the unbounded decoder aborted.
 const ADDRESS_SPACE: u64 = 1 << 30;
 const MIB60: usize = 60 << 20;
 
