@@ -2,11 +2,15 @@
 //! types with its `schema` feature): the committed files are exactly what the types generate
 //! (`KVROUTE_WRITE_SCHEMA=1 cargo test -p kvroute-integration --test suite schema::` rewrites them),
 //! every plugin configuration shipped in the repository validates against them, the schema
-//! accepts whatever the parser accepts, and the README's configuration tables document every
-//! field with the schema's default.
+//! accepts whatever the parser accepts, and the configuration reference's tables
+//! (`docs/configuration.md`) document every field with the schema's default. Also the README
+//! and `docs/` themselves (`docs`): length, the two commands on the first screen, links,
+//! `./dev` subcommands.
 
 #[path = "schema/agree.rs"]
 mod agree;
+#[path = "schema/docs.rs"]
+mod docs;
 #[path = "schema/readme.rs"]
 mod readme;
 #[path = "schema/repo.rs"]
@@ -16,7 +20,7 @@ mod walk;
 
 use std::path::PathBuf;
 
-use kvroute_core::config::schema::{filter_config_schema, snapshot_sync_schema};
+use kvroute_core::decision::config::schema::{filter_config_schema, snapshot_sync_schema};
 use kvroute_stack::paths;
 use serde_json::Value;
 

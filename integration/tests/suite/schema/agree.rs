@@ -3,8 +3,8 @@
 //! unknown key, the schema refuses too. Only checks across fields (and integers past their
 //! Rust type, which JSON Schema cannot name) are left to `validate()`, each listed below.
 
-use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
-use kvroute_core::router::Router;
+use kvroute_core::decision::config::{FilterConfig, SnapshotSyncConfig};
+use kvroute_core::decision::router::Router;
 use serde_json::{json, Value};
 
 use super::walk::{closed_objects, leaves};

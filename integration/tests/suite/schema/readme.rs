@@ -1,9 +1,8 @@
-//! The README's configuration tables against the schemas, strictly both ways: every field a
-//! table names exists, its default column says the schema's default, and every leaf field of
-//! the schema is documented by exactly one row. The filter's fields are in "Filter
-//! configuration" (whose `admission.*` / `calibration.*` rows point to the tables of
-//! "Deadlines, shedding and priority classes" and "Online calibration"); the singleton's are in
-//! the second table of "Filter configuration".
+//! The configuration reference's tables (`docs/configuration.md`) against the schemas, strictly
+//! both ways: every field a table names exists, its default column says the schema's default,
+//! and every leaf field of the schema is documented by exactly one row. The filter's fields are
+//! in "The filter" (whose `admission.*` / `calibration.*` rows point to the tables of
+//! "Admission" and "Calibration"); the singleton's are in "The singleton (snapshot sync)".
 
 use std::collections::BTreeMap;
 
@@ -24,11 +23,14 @@ struct Row {
     meaning: String,
 }
 
+/// The reference the tables are in, relative to the repository root.
+const DOC: &str = "docs/configuration.md";
+
 /// The lines of section `## title` (without the heading).
-fn section<'a>(readme: &'a str, title: &str) -> Vec<&'a str> {
+fn section<'a>(doc: &'a str, title: &str) -> Vec<&'a str> {
     let heading = format!("## {title}");
-    let mut lines = readme.lines().skip_while(|l| l.trim_end() != heading);
-    assert!(lines.next().is_some(), "README has no section '{heading}'");
+    let mut lines = doc.lines().skip_while(|l| l.trim_end() != heading);
+    assert!(lines.next().is_some(), "{DOC} has no section '{heading}'");
     lines.take_while(|l| !l.starts_with("## ")).collect()
 }
 
@@ -61,10 +63,10 @@ const NOT_FIELDS: &str = "<not a field table>";
 
 /// The field tables (first header cell `field`, e.g. ``field (`calibration.`)``) of a
 /// section, each as its rows.
-fn field_tables(readme: &str, title: &str) -> Vec<Vec<Row>> {
+fn field_tables(doc: &str, title: &str) -> Vec<Vec<Row>> {
     let mut tables = Vec::new();
     let mut current: Option<(String, Vec<Row>)> = None;
-    for line in section(readme, title) {
+    for line in section(doc, title) {
         if !line.trim_start().starts_with('|') {
             match current.take() {
                 Some((prefix, rows)) if prefix != NOT_FIELDS => tables.push(rows),
@@ -214,7 +216,7 @@ fn check(schema: &Value, strip: &str, tables: &[Vec<Row>]) -> Vec<String> {
     }
     for leaf in &all {
         match documented.get(leaf).map(Vec::len) {
-            None => problems.push(format!("{leaf} is not documented in the README")),
+            None => problems.push(format!("{leaf} is not documented in {DOC}")),
             Some(1) => {}
             Some(_) => problems.push(format!("{leaf} is documented twice: {:?}", documented[leaf])),
         }
@@ -229,36 +231,39 @@ fn show(prop: &Value) -> String {
     }
 }
 
-/// The problems of `readme` for the filter's and the singleton's schemas.
-fn problems(readme: &str) -> Vec<String> {
-    let mut main = field_tables(readme, "Filter configuration");
-    assert_eq!(main.len(), 2, "Filter configuration: the filter's and the singleton's tables");
-    let sync = main.pop().expect("two tables");
-    let mut filter = main;
-    filter.extend(field_tables(readme, "Deadlines, shedding and priority classes"));
-    filter.extend(field_tables(readme, "Online calibration"));
-    assert_eq!(filter.len(), 3, "one field table in each pointed-to section");
+/// Exactly one field table in section `title`.
+fn one_table(doc: &str, title: &str) -> Vec<Row> {
+    let mut tables = field_tables(doc, title);
+    assert_eq!(tables.len(), 1, "{DOC}, {title}: one field table");
+    tables.pop().expect("one table")
+}
+
+/// The problems of `doc` for the filter's and the singleton's schemas.
+fn problems(doc: &str) -> Vec<String> {
+    let filter: Vec<Vec<Row>> =
+        ["The filter", "Admission", "Calibration"].iter().map(|t| one_table(doc, t)).collect();
+    let sync = one_table(doc, "The singleton (snapshot sync)");
     let mut out = check(&(SCHEMAS[0].1)(), "", &filter);
     out.extend(check(&(SCHEMAS[1].1)(), "snapshot_sync.", &[sync]));
     out
 }
 
-fn readme() -> String {
-    std::fs::read_to_string(paths::repo_root().join("README.md")).expect("README.md")
+fn reference() -> String {
+    std::fs::read_to_string(paths::repo_root().join(DOC)).expect(DOC)
 }
 
 #[test]
-fn readme_tables_document_every_field_with_its_default() {
-    let found = problems(&readme());
-    assert!(found.is_empty(), "README configuration tables vs schema:\n{}", found.join("\n"));
+fn reference_tables_document_every_field_with_its_default() {
+    let found = problems(&reference());
+    assert!(found.is_empty(), "{DOC} configuration tables vs schema:\n{}", found.join("\n"));
 }
 
-/// The check fails on each way the README can go stale.
+/// The check fails on each way the reference can go stale.
 #[test]
-fn readme_check_catches_removed_stale_and_wrong_rows() {
-    let text = readme();
+fn reference_check_catches_removed_stale_and_wrong_rows() {
+    let text = reference();
     let edit = |from: &str, to: &str| {
-        assert_eq!(text.matches(from).count(), 1, "README row to mutate: {from}");
+        assert_eq!(text.matches(from).count(), 1, "{DOC} row to mutate: {from}");
         problems(&text.replacen(from, to, 1))
     };
     let has = |found: &[String], needle: &str| found.iter().any(|p| p.contains(needle));

@@ -1,8 +1,8 @@
 //! Every plugin configuration shipped in the repository validates against its schema and is
 //! accepted by the parser: the Envoy bootstraps under `envoy/` (rendered as the tests render
 //! them), every YAML file under `deploy/` (compose bootstraps, Istio `WasmPlugin` and
-//! `EnvoyFilter`, Envoy Gateway `EnvoyExtensionPolicy` and `EnvoyProxy`) and the README's JSON
-//! examples.
+//! `EnvoyFilter`, Envoy Gateway `EnvoyExtensionPolicy` and `EnvoyProxy`) and the JSON examples
+//! of the README and of every page under `docs/`.
 
 use std::path::{Path, PathBuf};
 
@@ -146,25 +146,51 @@ fn all_configs() -> Vec<Found> {
             find(&file, &format!("doc{i}"), &v, &mut out);
         }
     }
-    out.extend(readme_configs());
+    for doc in markdown_docs() {
+        out.extend(doc_configs(&doc));
+    }
     out
 }
 
-/// The plugin configurations among the README's ```` ```json ```` blocks (a filter's: `models`
-/// whose entries list `workers`; a singleton's: `snapshot_sync`). Others (`/status`) are not.
-fn readme_configs() -> Vec<Found> {
-    let text = std::fs::read_to_string(paths::repo_root().join("README.md")).expect("README.md");
+/// README.md and every `.md` file under `docs/`, relative to the repository root.
+pub(super) fn markdown_docs() -> Vec<String> {
+    let root = paths::repo_root();
+    let mut out = vec!["README.md".to_string()];
+    let mut dirs = vec![root.join("docs")];
+    while let Some(dir) = dirs.pop() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.expect("a directory entry").path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|x| x == "md") {
+                let rel = path.strip_prefix(&root).unwrap_or(&path);
+                out.push(rel.display().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The plugin configurations among a Markdown file's ```` ```json ```` blocks (a filter's:
+/// `models` whose entries list `workers`; a singleton's: `snapshot_sync`). Others (`/status`)
+/// are not.
+fn doc_configs(file: &str) -> Vec<Found> {
+    let text = std::fs::read_to_string(paths::repo_root().join(file)).expect(file);
     let mut out = Vec::new();
     for (i, block) in text.split("```json\n").skip(1).enumerate() {
         let body = block.split("\n```").next().unwrap_or_default();
         let v: Value = serde_json::from_str(body)
-            .unwrap_or_else(|e| panic!("README.md json block {i} is not JSON ({e}): {body}"));
+            .unwrap_or_else(|e| panic!("{file} json block {i} is not JSON ({e}): {body}"));
         let models = v.get("models").and_then(Value::as_array);
         let filter = models.is_some_and(|m| m.iter().all(|x| x.get("workers").is_some()));
         if filter || v.get("snapshot_sync").is_some() {
             let kind = classify(&v);
             out.push(Found {
-                file: "README.md".into(),
+                file: file.into(),
                 at: format!("json block {i}"),
                 kind,
                 config: v,
@@ -206,7 +232,8 @@ fn every_plugin_configuration_in_the_repo_validates() {
         |file: &str, kind: Kind| found.iter().filter(|f| f.file == file && f.kind == kind).count();
     assert_eq!(count("envoy/kvroute.yaml", Kind::Filter), 1, "{found:#?}");
     assert_eq!(count("envoy/kvroute.yaml", Kind::Sync), 1, "{found:#?}");
-    assert!(count("README.md", Kind::Filter) >= 1, "the README's example is not found");
+    let example = "docs/configuration.md";
+    assert!(count(example, Kind::Filter) >= 1, "the example in {example} is not found");
     let files: std::collections::BTreeSet<&str> = found.iter().map(|f| f.file.as_str()).collect();
     eprintln!("validated {} plugin configurations in {files:?}", found.len());
 }
