@@ -4,7 +4,7 @@
 //! whose attack could not run is "not measured", never a pass.
 //!
 //! The `*_checks` functions turn an attack's report into its checks (pure, unit-tested); the
-//! bench (`src/bin/siege.rs`) runs the attacks and renders the rows ([`markdown`], [`json`]).
+//! bench (`tools/src/bin/siege.rs`) runs the attacks and renders the rows ([`markdown`], [`json`]).
 
 use std::time::Duration;
 
