@@ -3,7 +3,9 @@
 //!
 //! Where to start: [`stack::Stack::start`] brings a whole stack up and tears it down on drop;
 //! [`client`] sends chat requests and records per-request timings; [`workload`] makes seeded
-//! multi-turn conversations; the evaluation harness behind `kvroute-bench` is its own crate, `kvroute-eval`.
+//! multi-turn conversations. Built on it: the integration tests (`kvroute-integration`), the
+//! command-line tools such as `kvroute-up` (`kvroute-tools`) and the evaluation harness behind
+//! `kvroute-bench` (`kvroute-eval`).
 //! Every process started here is killed when its guard drops, also when a test fails.
 
 pub mod client;
