@@ -1,7 +1,9 @@
 //! One request: buffer the body, decide, set the destination header; then watch the response
 //! for the worker that really served it, its status, the first byte (prefill done) and the
 //! usage counts (prediction audit), and release the load when the stream ends however it ends.
-//! Every host value is read as bytes through [`crate::host`]; nothing here can panic.
+//! What to do at each step is `kvroute_core::flow::lifecycle` ([`Intake`] for the request,
+//! [`Lifecycle`] for a routed request's credit, load and health marks); this carries out its
+//! effects. Every host value is read as bytes through [`crate::host`]; nothing here can panic.
 
 use std::rc::Rc;
 
@@ -11,9 +13,9 @@ use kvroute_core::decision::misdeploy::{Symptom, Unrouted};
 use kvroute_core::decision::request::{self, Endpoint};
 use kvroute_core::decision::router::Decision;
 use kvroute_core::decision::usage::UsageScanner;
+use kvroute_core::flow::lifecycle::{Effect, Intake, Lifecycle, Step};
 use kvroute_core::shared::load::Ticket;
-use kvroute_core::wire::journal::JournalEntry;
-use kvroute_core::wire::journal::Source;
+use kvroute_core::wire::journal::{JournalEntry, Source};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel};
 
@@ -30,14 +32,9 @@ pub const PER_TRY_TIMEOUT_HEADER: &str = "x-envoy-upstream-rq-per-try-timeout-ms
 struct InFlight {
     decision: Decision,
     ticket: Ticket,
-    /// The worker the decision chose.
-    planned: String,
-    /// The worker Envoy used (differs from `planned` after a connect-failure retry).
-    served: String,
-    /// The response status, once its headers arrived.
-    status: Option<u16>,
-    prefilling: bool,
-    released: bool,
+    /// The worker planned and the one Envoy used (it differs after a retry), the status, and
+    /// whether prefill is done and the load released.
+    life: Lifecycle,
     scanner: UsageScanner,
     /// The decision's own time (µs), body arrival to destination header, and the part of it
     /// spent parsing the body.
@@ -47,25 +44,18 @@ struct InFlight {
     catchup_us: u64,
     /// When the decision was made (ns): online calibration times the first byte from it.
     decided_ns: u64,
-    /// The first response byte is the first token (streamed, or a single output token), so
-    /// online calibration may learn from it.
-    first_byte_is_ttft: bool,
 }
 
 pub struct KvHttp {
     state: Rc<ThreadState>,
     /// This stream's HTTP context id (the tick resumes it by id).
     id: u32,
-    /// Passed on without a decision: its body did not reach the filter in time.
-    unrouted: Option<Unrouted>,
-    endpoint: Option<Endpoint>,
+    /// The request side: routed or not, the body buffered so far, passed on unrouted.
+    intake: Intake,
     inflight: Option<InFlight>,
     /// The deadline and priority header values as sent (bytes; resolved after the decision,
     /// which names the model whose default deadline applies).
     admission_headers: (Option<Vec<u8>>, Option<Vec<u8>>),
-    /// The request body buffered so far (bytes): a request that ends with trailers is decided
-    /// on it when they arrive.
-    buffered: usize,
 }
 
 impl KvHttp {
@@ -73,11 +63,9 @@ impl KvHttp {
         KvHttp {
             state,
             id,
-            unrouted: None,
-            endpoint: None,
+            intake: Intake::default(),
             inflight: None,
             admission_headers: (None, None),
-            buffered: 0,
         }
     }
 
@@ -183,6 +171,7 @@ impl KvHttp {
         if decision.replicated {
             state.metrics.replicated();
         }
+        let life = Lifecycle::new(&primary, first_byte_is_ttft);
         self.journal(&primary, &decision.block_hashes, Source::Routed, false);
         let predicted = decision.predicted_cached_tokens();
         let blocks = predicted / u64::from(decision.block_size.max(1));
@@ -196,34 +185,29 @@ impl KvHttp {
         self.inflight = Some(InFlight {
             decision,
             ticket,
-            served: primary.clone(),
-            planned: primary,
-            status: None,
-            prefilling: true,
-            released: false,
+            life,
             scanner: UsageScanner::default(),
             decision_us: us,
             parse_us,
             catchup_us,
             decided_ns,
-            first_byte_is_ttft,
         });
         Action::Continue
     }
 
-    /// The whole request is in (its body ended the stream, or its trailers did): decide on it.
-    fn request_complete(&mut self, endpoint: Endpoint) -> Action {
-        self.state.waiting.done(self.id);
-        if self.buffered == 0 {
-            self.endpoint = None;
-            return self.reject(&ApiError::bad_request(
-                "invalid_json",
-                None,
-                "request body is empty".into(),
-            ));
+    /// Carries out what the intake decided.
+    fn step(&mut self, step: Step) -> Action {
+        match step {
+            Step::Continue => Action::Continue,
+            Step::Buffer => Action::Pause,
+            Step::WaitForBody => self.wait_for_body(),
+            Step::Reject(e) => self.reject(&e),
+            Step::Decide { endpoint, len } => {
+                self.state.waiting.done(self.id);
+                let body = host::request_body(len).unwrap_or_default();
+                self.route(endpoint, &body)
+            }
         }
-        let body = host::request_body(self.buffered).unwrap_or_default();
-        self.route(endpoint, &body)
     }
 
     /// Asks Envoy for a per-try timeout derived from the primary's predicted TTFT when the
@@ -239,33 +223,52 @@ impl KvHttp {
         host::set_request_header(PER_TRY_TIMEOUT_HEADER, Some(&ms));
     }
 
-    /// Passive health from how the response began: a planned worker that did not serve
-    /// failed (Envoy moved the request on after a connect failure, reset or per-try timeout);
-    /// a local reply that blames the upstream is the served worker's failure; an answer from
-    /// the served worker says it is up.
-    fn judge_start(&self, planned: &str, served: &str) {
-        let now = host::now_ms();
-        let details = host::property(&["response", "code_details"]).unwrap_or_default();
-        // Unless the cluster ignores the header (a misdeployment: then any worker may serve
-        // any request, and a mismatch says nothing about the planned one).
-        let ignored = self.state.watch.borrow().has(Symptom::OverrideIgnored, now);
-        if planned != served && !ignored {
-            self.state.worker_failed(planned, now, "another worker served its request");
-        }
-        if details == b"via_upstream" {
-            self.state.worker_answered(served, now);
-        } else if kvroute_core::shared::health::worker_failed(&details) {
-            self.state.worker_failed(served, now, &String::from_utf8_lossy(&details));
+    /// Carries out a routed request's effects, in order.
+    fn apply(&self, effects: Vec<Effect>) {
+        let Some(f) = self.inflight.as_ref() else { return };
+        let state = &self.state;
+        for effect in effects {
+            match effect {
+                Effect::Served { planned } => state.watch.borrow_mut().served(planned),
+                Effect::MoveLoad { to } => state.shard.borrow_mut().served_by(f.ticket, &to),
+                Effect::Journal { worker, source, retract } => {
+                    self.journal(&worker, &f.decision.block_hashes, source, retract)
+                }
+                Effect::Failed { worker, why } => {
+                    state.worker_failed(&worker, host::now_ms(), &why)
+                }
+                Effect::Answered { worker } => state.worker_answered(&worker, host::now_ms()),
+                Effect::FirstByte => {
+                    state.shard.borrow_mut().first_byte(f.ticket);
+                    state.flush_load(host::now_ms());
+                }
+                Effect::Calibrate => {
+                    if let Some(score) = f.decision.primary() {
+                        let observed_ms =
+                            host::now_nanos().saturating_sub(f.decided_ns) as f64 / 1e6;
+                        state.calibration_sample(&f.decision.model.name, score, observed_ms);
+                    }
+                }
+                Effect::Release => {
+                    state.shard.borrow_mut().end(f.ticket);
+                    state.flush_load(host::now_ms());
+                }
+                Effect::Audit { worker, actual } => {
+                    state.metrics.audit(&worker, f.decision.audit(actual), actual)
+                }
+            }
         }
     }
 
     /// Passive health at the end of the stream: a worker that reset a response it had begun
     /// (it died mid-stream) is down.
     fn judge_end(&self) {
-        let Some(f) = self.inflight.as_ref().filter(|f| f.status.is_some()) else { return };
+        let Some(f) = self.inflight.as_ref().filter(|f| f.life.status().is_some()) else {
+            return;
+        };
         let details = host::property(&["response", "code_details"]).unwrap_or_default();
-        if details.starts_with(b"upstream_reset_after_response_started") {
-            self.state.worker_failed(&f.served, host::now_ms(), "reset its response stream");
+        if let Some(e) = f.life.ended(&details) {
+            self.apply(vec![e]);
         }
     }
 
@@ -273,8 +276,7 @@ impl KvHttp {
     /// through untouched.
     fn check_passed_on(&mut self) {
         if let Some(why) = self.state.waiting.take_passed_on(self.id) {
-            self.unrouted = Some(why);
-            self.endpoint = None;
+            self.intake.pass_on(why);
         }
     }
 
@@ -289,78 +291,45 @@ impl KvHttp {
         }
         let why = Unrouted::BodyNotDelivered;
         self.state.metrics.unrouted(why);
-        self.unrouted = Some(why);
-        self.endpoint = None;
+        self.intake.pass_on(why);
         Action::Continue
     }
 
-    /// Response headers: who served, with what status. Load and routing credit move to the
-    /// worker that served; a failed answer takes the routing credit back.
+    /// Response headers: who served, with what status, and how the response began (passive
+    /// health). Load and routing credit move to the worker that served; a failed answer takes
+    /// the routing credit back.
     fn response_started(&mut self) {
+        if self.inflight.is_none() {
+            return;
+        }
         let status = host::response_header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
         let served = host::property(&["upstream", "address"])
             .and_then(|a| String::from_utf8(a).ok())
             .filter(|a| !a.is_empty());
+        let details = host::property(&["response", "code_details"]).unwrap_or_default();
+        // Unless the cluster ignores the header (a misdeployment: then any worker may serve
+        // any request, and a mismatch says nothing about the planned one).
+        let ignored = self.state.watch.borrow().has(Symptom::OverrideIgnored, host::now_ms());
         let Some(f) = self.inflight.as_mut() else { return };
-        f.status = status;
-        if let Some(served) = served.as_deref() {
-            // Judged against the primary: a fallback serves only after the primary failed.
-            self.state.watch.borrow_mut().served(served == f.planned);
-        }
-        if let Some(served) = served.filter(|s| *s != f.planned) {
-            self.state.shard.borrow_mut().served_by(f.ticket, &served);
-            f.served = served;
-        }
-        let ok = status.is_some_and(|s| (200..300).contains(&s));
-        let (planned, served) = (f.planned.clone(), f.served.clone());
-        let hashes = f.decision.block_hashes.clone();
-        self.judge_start(&planned, &served);
-        if planned != served {
-            self.journal(&planned, &hashes, Source::Routed, true);
-            if ok {
-                self.journal(&served, &hashes, Source::Routed, false);
-            }
-        } else if !ok {
-            self.journal(&served, &hashes, Source::Routed, true);
-        }
+        let effects = f.life.response_started(status, served.as_deref(), &details, ignored);
+        self.apply(effects);
     }
 
     fn first_byte(&mut self) {
-        if let Some(f) = self.inflight.as_mut().filter(|f| f.prefilling) {
-            f.prefilling = false;
-            self.state.shard.borrow_mut().first_byte(f.ticket);
-            self.state.flush_load(host::now_ms());
-            // Online calibration learns from successful answers of the worker it scored.
-            let ok = f.first_byte_is_ttft && f.status.is_some_and(|s| (200..300).contains(&s));
-            if let Some(score) = f.decision.primary().filter(|s| ok && s.worker == f.served) {
-                let observed_ms = host::now_nanos().saturating_sub(f.decided_ns) as f64 / 1e6;
-                self.state.calibration_sample(&f.decision.model.name, score, observed_ms);
-            }
-        }
+        let Some(f) = self.inflight.as_mut() else { return };
+        let effects = f.life.first_byte();
+        self.apply(effects);
     }
 
     /// Releases the load and audits the prediction; runs once per routed request.
     fn finish(&mut self) {
-        let Some(f) = self.inflight.as_mut().filter(|f| !f.released) else {
-            return;
-        };
-        f.released = true;
-        self.state.shard.borrow_mut().end(f.ticket);
-        self.state.flush_load(host::now_ms());
-        let (served, hashes) = (f.served.clone(), f.decision.block_hashes.clone());
-        if f.status.is_none() {
-            // Reset before any response: the worker may never have seen the prompt.
-            self.journal(&served, &hashes, Source::Routed, true);
+        let Some(f) = self.inflight.as_mut() else { return };
+        if f.life.released() {
             return;
         }
-        let Some(actual) = f.scanner.usage().cached_tokens else {
-            return;
-        };
-        self.state.metrics.audit(&f.served, f.decision.audit(actual), actual);
-        if f.status.is_some_and(|s| (200..300).contains(&s)) {
-            self.journal(&served, &hashes, Source::Feedback, false);
-        }
+        let effects = f.life.finish(f.scanner.usage().cached_tokens);
+        self.apply(effects);
     }
 
     /// The decision header of a request passed on unrouted: who served it, and why.
@@ -376,21 +345,21 @@ impl KvHttp {
     }
 
     fn decision_summary(&self) -> Option<String> {
-        if let Some(why) = self.unrouted {
+        if let Some(why) = self.intake.unrouted() {
             return Some(self.unrouted_summary(why));
         }
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
             "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}; misdeployed={}; thread={}",
-            f.served,
+            f.life.served(),
             d.predicted_cached_tokens(),
             // The estimate for the worker actually served (a fallback when the primary failed),
             // from the request's arrival in the filter: the filter's own time on it so far
             // plus the estimate from the decision on (what the calibration learns).
             d.ranked
                 .iter()
-                .find(|s| s.worker == f.served)
+                .find(|s| s.worker == f.life.served())
                 .map_or(-1.0, |s| s.ttft_ms + f.decision_us as f64 / 1000.0),
             d.prompt_tokens,
             d.blocks_from_events,
@@ -435,31 +404,19 @@ impl HttpContext for KvHttp {
                 std::process::abort();
             }
         }
-        self.endpoint = Endpoint::from_path(&path).filter(|_| method == b"POST");
-        match self.endpoint {
-            None => Action::Continue,
-            Some(endpoint) if end_of_stream => self.request_complete(endpoint),
-            Some(_) => self.wait_for_body(),
-        }
+        let step = self.intake.headers(&method, &path, end_of_stream);
+        self.step(step)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         self.check_passed_on();
-        let Some(endpoint) = self.endpoint else {
+        if !self.intake.wants_body() {
             return Action::Continue;
-        };
+        }
         self.state.watch.borrow_mut().body_delivered();
         self.state.waiting.progress(self.id, host::now_ms());
-        let limit = self.state.config.max_body_bytes;
-        if body_size > limit {
-            self.endpoint = None;
-            return self.reject(&ApiError::too_large(limit));
-        }
-        self.buffered = body_size;
-        if !end_of_stream {
-            return Action::Pause;
-        }
-        self.request_complete(endpoint)
+        let step = self.intake.body(body_size, end_of_stream, self.state.config.max_body_bytes);
+        self.step(step)
     }
 
     /// A request whose stream ends with trailers (HTTP/2, or HTTP/1.1 chunked) never sees a body
@@ -467,10 +424,8 @@ impl HttpContext for KvHttp {
     /// buffered so far, exactly as if its last data frame had ended the stream.
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
         self.check_passed_on();
-        match self.endpoint {
-            Some(endpoint) => self.request_complete(endpoint),
-            None => Action::Continue,
-        }
+        let step = self.intake.trailers();
+        self.step(step)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
