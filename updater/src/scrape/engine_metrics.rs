@@ -74,6 +74,30 @@ impl EngineMetrics {
         self.values(name).map(|(_, v)| v).reduce(|a, b| a + b)
     }
 
+    /// The cumulative buckets of histogram `name` (its base name, without `_bucket`), summed
+    /// over label sets: (upper bound, count), by bound. Read from a typed histogram, or from
+    /// `name_bucket` samples with an `le` label where no `# TYPE` line says so.
+    pub fn histogram(&self, name: &str) -> Option<Vec<(f64, u64)>> {
+        let mut out: Vec<(f64, u64)> = Vec::new();
+        let mut add = |le: f64, count: f64| match out.iter_mut().find(|(b, _)| *b == le) {
+            Some((_, c)) => *c += count as u64,
+            None => out.push((le, count as u64)),
+        };
+        for s in self.samples.iter().filter(|s| s.metric == name) {
+            if let Value::Histogram(counts) = &s.value {
+                counts.iter().for_each(|h| add(h.less_than, h.count));
+            }
+        }
+        for (s, count) in self.values(&format!("{name}_bucket")) {
+            let le = s.labels.get("le").and_then(prom_float);
+            if let Some(le) = le {
+                add(le, count);
+            }
+        }
+        out.sort_by(|a, b| a.0.total_cmp(&b.0));
+        (!out.is_empty()).then_some(out)
+    }
+
     /// One worker's value of gauge `name`, read the way the engines export it:
     /// - SGLang with priority scheduling exports the total under `priority=""` plus one sample
     ///   per priority: only the total (a sample without the label, or with it empty) counts;
@@ -152,6 +176,15 @@ impl EngineMetrics {
 /// The load in an engine's `/metrics` text (see [`EngineMetrics::load`]).
 pub fn parse_load(text: &str, observed_at_ms: u64) -> EngineLoad {
     EngineMetrics::parse(text).load(observed_at_ms)
+}
+
+/// A number as Prometheus writes it (`+Inf`, `-Inf`, `NaN` included).
+fn prom_float(v: &str) -> Option<f64> {
+    match v {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        _ => v.parse().ok(),
+    }
 }
 
 /// `line` with the colons of its metric name (of a sample, `# TYPE` or `# HELP` line)

@@ -141,3 +141,24 @@ fn colons_are_spelled_only_in_names() {
     assert_eq!(colon_free("plain{x=\"1:2\"} 3"), "plain{x=\"1:2\"} 3");
     assert_eq!(colon_free("# a comment: no name"), "# a comment: no name");
 }
+
+#[test]
+fn histogram_buckets_summed_over_label_sets() {
+    let typed = "# TYPE kvroute_sim:step_lag_seconds histogram\n\
+        kvroute_sim:step_lag_seconds_bucket{model_name=\"m\",le=\"0.001\"} 90\n\
+        kvroute_sim:step_lag_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 100\n\
+        kvroute_sim:step_lag_seconds_bucket{model_name=\"n\",le=\"0.001\"} 1\n\
+        kvroute_sim:step_lag_seconds_bucket{model_name=\"n\",le=\"+Inf\"} 2\n\
+        kvroute_sim:step_lag_seconds_sum{model_name=\"m\"} 0.2\n";
+    let want = vec![(0.001, 91), (f64::INFINITY, 102)];
+    let m = EngineMetrics::parse(typed);
+    assert_eq!(m.histogram("kvroute_sim:step_lag_seconds"), Some(want.clone()));
+    // Without its TYPE line, from the `_bucket` samples' `le` labels.
+    let untyped: String = typed.lines().skip(1).map(|l| format!("{l}\n")).collect();
+    let m = EngineMetrics::parse(&untyped);
+    assert_eq!(m.histogram("kvroute_sim:step_lag_seconds"), Some(want));
+    assert_eq!(m.histogram("vllm:time_to_first_token_seconds"), None);
+    let vllm = EngineMetrics::parse(VLLM_LIKE);
+    let ttft = vllm.histogram("vllm:time_to_first_token_seconds");
+    assert_eq!(ttft, Some(vec![(0.001, 0), (f64::INFINITY, 9)]));
+}
