@@ -9,9 +9,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use kvroute_core::fastbpe::FastBpe;
-use kvroute_core::model::{qwen3, qwen3_dir, ModelBundle};
-use kvroute_core::textgen::words;
+use kvroute_core::decision::tokenize::fastbpe::FastBpe;
+use kvroute_core::decision::tokenize::model::{qwen3, qwen3_dir, ModelBundle};
+use kvroute_testkit::textgen::words;
 use serde_json::{json, Value};
 
 #[path = "common/alloc.rs"]

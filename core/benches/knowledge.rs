@@ -6,12 +6,12 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use kvroute_core::config::FilterConfig;
-use kvroute_core::delta::Delta;
-use kvroute_core::hash::block_hashes;
-use kvroute_core::load::WorkerLoad;
-use kvroute_core::router::Router;
-use kvroute_core::snapshot::{Snapshot, WorkerKnowledge};
+use kvroute_core::decision::config::FilterConfig;
+use kvroute_core::decision::hash::block_hashes;
+use kvroute_core::decision::load::WorkerLoad;
+use kvroute_core::decision::router::Router;
+use kvroute_core::wire::delta::Delta;
+use kvroute_core::wire::snapshot::{Snapshot, WorkerKnowledge};
 
 #[path = "common/alloc.rs"]
 mod alloc;
@@ -37,8 +37,8 @@ fn main() {
     let prompt: Vec<u32> = (0..8192).map(|i| (i * 7 % 2000) as u32).collect();
     let seed = router
         .domain(
-            &kvroute_core::request::parse(
-                kvroute_core::request::Endpoint::Completions,
+            &kvroute_core::decision::request::parse(
+                kvroute_core::decision::request::Endpoint::Completions,
                 br#"{"model":"kvroute-demo","prompt":[1]}"#,
             )
             .expect("req"),
@@ -84,8 +84,8 @@ fn main() {
     drop(snap);
     router.events_checked(0);
     let index_bytes = LIVE.load(Ordering::Relaxed) - before;
-    let req = kvroute_core::request::parse(
-        kvroute_core::request::Endpoint::Completions,
+    let req = kvroute_core::decision::request::parse(
+        kvroute_core::decision::request::Endpoint::Completions,
         serde_json::json!({"model": "kvroute-demo", "prompt": prompt}).to_string().as_bytes(),
     )
     .expect("req");

@@ -5,9 +5,9 @@
 
 use std::time::Instant;
 
-use kvroute_core::model::{qwen3, ModelBundle};
-use kvroute_core::textgen::words;
-use kvroute_core::tokcache::{Cuts, TokenCache, TokenCacheLimits};
+use kvroute_core::decision::tokenize::model::{qwen3, ModelBundle};
+use kvroute_core::decision::tokenize::tokcache::{Cuts, TokenCache, TokenCacheLimits};
+use kvroute_testkit::textgen::words;
 use serde_json::{json, Value};
 
 const TARGET_TOKENS: usize = 8192;

@@ -1,11 +1,11 @@
 //! One conversation hashes the same on every chat-like endpoint, and media cost only what
 //! follows them: the router's view of requests (block hashes, size, fallback reason).
 
-use kvroute_core::config::FilterConfig;
-use kvroute_core::load::WorkerLoad;
-use kvroute_core::model::{qwen3_dir, MEDIA_ITEM_TOKENS};
-use kvroute_core::request::{parse, Endpoint};
-use kvroute_core::router::{Decision, FallbackReason, Router};
+use kvroute_core::decision::config::FilterConfig;
+use kvroute_core::decision::load::WorkerLoad;
+use kvroute_core::decision::request::{parse, Endpoint};
+use kvroute_core::decision::router::{Decision, FallbackReason, Router};
+use kvroute_core::decision::tokenize::model::{qwen3_dir, MEDIA_ITEM_TOKENS};
 use serde_json::{json, Value};
 
 const LONG: &str = "The quick brown fox jumps over the lazy dog and keeps running far away. ";

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use kvroute_core::model::ModelBundle;
-use kvroute_core::request::Prompt;
+use kvroute_core::decision::request::Prompt;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use serde_json::json;
 use tokenizers::models::wordlevel::WordLevel;
 use tokenizers::pre_tokenizers::whitespace::Whitespace;
@@ -59,7 +59,10 @@ fn a_differently_built_tokenizer_loads_and_matches_direct_tokenization() {
 #[test]
 fn demo_bundle_matches_its_own_tokenizer_file() {
     let bundle = ModelBundle::demo().unwrap();
-    let tk = Tokenizer::from_bytes(kvroute_core::model::DEMO_TOKENIZER_JSON.as_bytes()).unwrap();
+    let tk = Tokenizer::from_bytes(
+        kvroute_core::decision::tokenize::model::DEMO_TOKENIZER_JSON.as_bytes(),
+    )
+    .unwrap();
     let messages = vec![json!({"role": "user", "content": "Route the request to the worker."})];
     let rendered = bundle.render_chat(&messages).unwrap();
     let direct = tk.encode(rendered.as_str(), false).unwrap().get_ids().to_vec();

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use kvroute_core::model::ModelBundle;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use serde::{Deserialize, Serialize};
 
 use kvroute_stack::stack::{BundleFrom, Pool, MODEL, QWEN3_MODEL};
@@ -43,7 +43,7 @@ impl BenchModel {
     pub fn dir(self) -> Option<PathBuf> {
         match self {
             BenchModel::Demo => None,
-            BenchModel::Qwen3 => Some(kvroute_core::model::qwen3_dir()),
+            BenchModel::Qwen3 => Some(kvroute_core::decision::tokenize::model::qwen3_dir()),
         }
     }
 
@@ -51,11 +51,13 @@ impl BenchModel {
     pub fn bundle(self) -> anyhow::Result<ModelBundle> {
         Ok(match self {
             BenchModel::Demo => ModelBundle::demo()?,
-            BenchModel::Qwen3 => kvroute_core::model::qwen3().context("--model qwen3")?,
+            BenchModel::Qwen3 => {
+                kvroute_core::decision::tokenize::model::qwen3().context("--model qwen3")?
+            }
         })
     }
 
-    /// Words of `kvroute_core::textgen::words` per token of this bundle, each chunk preceded by
+    /// Words of `kvroute_testkit::textgen::words` per token of this bundle, each chunk preceded by
     /// a space (measured by the calibration tests of `eval::mooncake`).
     pub fn words_per_token(self) -> f64 {
         match self {

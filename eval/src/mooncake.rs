@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use kvroute_core::textgen;
+use kvroute_testkit::textgen;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -27,7 +27,7 @@ use crate::schedule::{chat_body, Scheduled};
 /// Tokens in one block of the trace's `hash_ids`.
 pub const TRACE_BLOCK_TOKENS: u64 = 512;
 
-/// Words of `kvroute_core::textgen::words` per token of the demo tokenizer, each chunk preceded
+/// Words of `kvroute_testkit::textgen::words` per token of the demo tokenizer, each chunk preceded
 /// by a space: 0.893, measured over 400 chunks of 100 words by the test
 /// `calibration_matches_demo_tokenizer` (which fails if this drifts by more than 3 %). With 64
 /// tokens per block a chunk is 57 words, about 63.8 tokens.
@@ -234,8 +234,8 @@ impl Replay {
 
 #[cfg(test)]
 mod tests {
-    use kvroute_core::model::ModelBundle;
-    use kvroute_core::request::{parse, Endpoint};
+    use kvroute_core::decision::request::{parse, Endpoint};
+    use kvroute_core::decision::tokenize::model::ModelBundle;
 
     use super::*;
     use crate::schedule::hash;
@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn calibration_matches_qwen3_tokenizer() {
-        match kvroute_core::model::qwen3() {
+        match kvroute_core::decision::tokenize::model::qwen3() {
             Ok(b) => calibration(&b, QWEN3_WORDS_PER_TOKEN),
             Err(e) => panic!("{e}"),
         }
@@ -331,7 +331,7 @@ mod tests {
     #[test]
     fn tokens_never_merge_across_chunks() {
         never_merge(&demo());
-        match kvroute_core::model::qwen3() {
+        match kvroute_core::decision::tokenize::model::qwen3() {
             Ok(b) => never_merge(&b),
             Err(e) => panic!("{e}"),
         }

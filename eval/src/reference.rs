@@ -29,8 +29,8 @@ use crate::schedule::{completions_body, Scheduled, COMPLETIONS};
 use crate::send::{send, SendCtx};
 use crate::topology::Topology;
 use crate::whatif::{self, WhatIf};
-use kvroute_core::cost::{self, Candidate, Profile};
-use kvroute_core::load::WorkerLoad;
+use kvroute_core::decision::cost::{self, Candidate, Profile};
+use kvroute_core::decision::load::WorkerLoad;
 
 /// The workers' roles, in topology order.
 pub const ROLES: [&str; 3] = ["A", "B", "C"];
@@ -185,7 +185,7 @@ pub fn model_estimates(
         .zip(load)
         .enumerate()
         .map(|(i, (c, (running, waiting)))| {
-            let reported = kvroute_core::snapshot::ReportedLoad {
+            let reported = kvroute_core::wire::snapshot::ReportedLoad {
                 running: *running,
                 waiting: *waiting,
                 observed_at_ms: 0,
@@ -194,7 +194,7 @@ pub fn model_estimates(
                 worker: ROLES.get(i).copied().unwrap_or("?").into(),
                 cached_blocks: (*c / u64::from(BLOCK_SIZE)) as usize,
                 offloaded_blocks: 0,
-                load: kvroute_core::router::combine_load(
+                load: kvroute_core::decision::router::combine_load(
                     WorkerLoad::default(),
                     Some(&reported),
                     prompt_tokens,

@@ -15,7 +15,7 @@
 //!   span for every cohort of the run).
 //! - Cache-hit rate: sum of `cached_tokens` over sum of `prompt_tokens`, over ok requests that
 //!   report `prompt_tokens` (a missing `cached_tokens` counts as 0).
-//! - Prediction audit: [`kvroute_core::audit::classify`] of every ok request that carries a
+//! - Prediction audit: [`kvroute_core::decision::audit::classify`] of every ok request that carries a
 //!   prediction and reports `prompt_tokens`; other predicted requests are counted `unaudited`.
 //! - Queue imbalance: see [`QueueStats::imbalance`]; prefill imbalance: see [`PrefillBalance`].
 //! - Ratios, noise floor and verdicts: see [`crate::repeat`]; regret and estimate error: see

@@ -33,10 +33,10 @@ impl Default for FilterPrior {
 
 impl FilterPrior {
     /// The cost profile the filter's configuration carries.
-    pub fn profile(&self) -> kvroute_core::cost::Profile {
-        let d = kvroute_core::cost::Profile::default();
+    pub fn profile(&self) -> kvroute_core::decision::cost::Profile {
+        let d = kvroute_core::decision::cost::Profile::default();
         let k = self.prior_scale;
-        kvroute_core::cost::Profile {
+        kvroute_core::decision::cost::Profile {
             prefill_base_ms: d.prefill_base_ms * k,
             prefill_ms_per_token: d.prefill_ms_per_token * k,
             prefill_ms_per_token_sq: d.prefill_ms_per_token_sq * k,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use kvroute_core::textgen::{draw, words};
+use kvroute_testkit::textgen::{draw, words};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -324,7 +324,7 @@ impl Workload {
 /// `s` with its chat prompt rendered and tokenized as the engine does, sent as token ids to
 /// `/v1/completions` (the `cache_salt` kept); requests already in that form are unchanged.
 pub fn as_token_ids(
-    bundle: &kvroute_core::model::ModelBundle,
+    bundle: &kvroute_core::decision::tokenize::model::ModelBundle,
     s: &Scheduled,
 ) -> anyhow::Result<Scheduled> {
     if s.endpoint != CHAT {
@@ -340,14 +340,16 @@ pub fn as_token_ids(
 }
 
 /// The engine's prompt tokens of a scheduled request, and its cache salt.
-pub(crate) fn parsed(s: &Scheduled) -> anyhow::Result<kvroute_core::request::ParsedRequest> {
-    use kvroute_core::request::{parse, Endpoint};
+pub(crate) fn parsed(
+    s: &Scheduled,
+) -> anyhow::Result<kvroute_core::decision::request::ParsedRequest> {
+    use kvroute_core::decision::request::{parse, Endpoint};
     let endpoint = if s.endpoint == COMPLETIONS { Endpoint::Completions } else { Endpoint::Chat };
     Ok(parse(endpoint, s.body.to_string().as_bytes())?)
 }
 
 fn prompt_tokens(
-    bundle: &kvroute_core::model::ModelBundle,
+    bundle: &kvroute_core::decision::tokenize::model::ModelBundle,
     s: &Scheduled,
 ) -> anyhow::Result<Vec<u32>> {
     Ok(bundle.prompt_tokens(&parsed(s)?.prompt)?)
@@ -356,12 +358,16 @@ fn prompt_tokens(
 /// The hit rate of one unbounded cache that saw every request in order: cached tokens (whole
 /// reused blocks) over prompt tokens, tenants kept apart. No routing can beat it.
 pub fn reuse_ceiling(schedule: &[Scheduled], block_size: u32) -> anyhow::Result<f64> {
-    reuse_ceiling_with(&kvroute_core::model::ModelBundle::demo()?, schedule, block_size)
+    reuse_ceiling_with(
+        &kvroute_core::decision::tokenize::model::ModelBundle::demo()?,
+        schedule,
+        block_size,
+    )
 }
 
 /// [`reuse_ceiling`] with the served model's `bundle`.
 pub fn reuse_ceiling_with(
-    bundle: &kvroute_core::model::ModelBundle,
+    bundle: &kvroute_core::decision::tokenize::model::ModelBundle,
     schedule: &[Scheduled],
     block_size: u32,
 ) -> anyhow::Result<f64> {

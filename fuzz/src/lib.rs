@@ -8,15 +8,16 @@
 
 use std::sync::OnceLock;
 
-use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
-use kvroute_core::delta::Delta;
-use kvroute_core::journal::JournalEntry;
-use kvroute_core::model::ModelBundle;
-use kvroute_core::request::{parse, pyjson, Endpoint};
+use kvroute_core::decision::config::{FilterConfig, SnapshotSyncConfig};
+use kvroute_core::decision::pyjson;
+use kvroute_core::decision::request::{parse, Endpoint};
+use kvroute_core::decision::tokenize::model::ModelBundle;
+use kvroute_core::decision::usage::UsageScanner;
 use kvroute_core::shared::knowledge::Head;
 use kvroute_core::shared::load::{decode_registry, encode_registry, ShardData};
-use kvroute_core::snapshot::Snapshot;
-use kvroute_core::usage::UsageScanner;
+use kvroute_core::wire::delta::Delta;
+use kvroute_core::wire::journal::JournalEntry;
+use kvroute_core::wire::snapshot::Snapshot;
 
 #[cfg(test)]
 mod seeds;
@@ -48,7 +49,7 @@ pub const TARGETS: &[Target] = &[
 /// picks where the rest splits into the two values. Whatever they hold, they resolve to a
 /// known class and no deadline or a positive one, and the verdict's `Retry-After` is in bounds.
 pub fn admission_headers(data: &[u8]) {
-    use kvroute_core::admission::{admit, AdmissionConfig, Verdict};
+    use kvroute_core::decision::admission::{admit, AdmissionConfig, Verdict};
     let rest = data.get(1..).unwrap_or_default();
     let split = data.first().map_or(0, |b| *b as usize % (rest.len() + 1));
     let (deadline, priority) = rest.split_at(split);
@@ -57,7 +58,7 @@ pub fn admission_headers(data: &[u8]) {
     let ask = cfg.ask(Some(deadline), Some(priority), 0);
     assert!(ask.class < cfg.classes.len());
     assert!(ask.deadline_ms.is_none_or(|d| d > 0));
-    let c = kvroute_core::cost::Candidate {
+    let c = kvroute_core::decision::cost::Candidate {
         worker: "127.0.0.1:1".into(),
         cached_blocks: 0,
         offloaded_blocks: 0,
@@ -65,7 +66,7 @@ pub fn admission_headers(data: &[u8]) {
         adapter_missing: false,
         deviation: 1.0,
     };
-    let mut ranked = vec![kvroute_core::cost::score(&Default::default(), &c, 1000, 16)];
+    let mut ranked = vec![kvroute_core::decision::cost::score(&Default::default(), &c, 1000, 16)];
     ranked[0].wait_ms = f64::from(data.len() as u32);
     if let Verdict::Shed { retry_after_s, .. } = admit(&mut ranked, &ask, &cfg) {
         assert!((1..=cfg.max_retry_after_s).contains(&retry_after_s));
@@ -84,7 +85,8 @@ pub fn request_parse(data: &[u8]) {
         // A completions body is read in one pass with its token ids straight into u32s: it
         // must parse exactly as the general path (the whole body as one JSON value) does.
         if !p.truncated {
-            let general = kvroute_core::request::parse_value(Endpoint::Completions, &p.value);
+            let general =
+                kvroute_core::decision::request::parse_value(Endpoint::Completions, &p.value);
             assert_eq!(parse(Endpoint::Completions, data), general);
         }
         // What it keeps prints back (serde_json) as JSON it reads again the same way.
@@ -142,7 +144,7 @@ pub fn usage_scan(data: &[u8]) {
 /// validate to a config or an error, and a valid filter config builds a router or an error.
 pub fn config_parse(data: &[u8]) {
     if let Ok(cfg) = FilterConfig::from_json(data) {
-        let _ = kvroute_core::router::Router::new(&cfg);
+        let _ = kvroute_core::decision::router::Router::new(&cfg);
     }
     let _ = SnapshotSyncConfig::from_json(data, &sync_env);
 }
@@ -197,9 +199,9 @@ pub fn delta_decode(data: &[u8]) {
 /// Other Envoy replicas' reports arrive over HTTP at the updater (`POST /v1/peers`): any
 /// bytes decode or fail cleanly, and what is accepted round-trips.
 pub fn peer_report_decode(data: &[u8]) {
-    let limits = kvroute_core::snapshot::DecodeLimits::default();
-    if let Ok(r) = kvroute_core::peers::PeerReport::decode_with(data, &limits) {
-        assert_eq!(kvroute_core::peers::PeerReport::decode_with(&r.encode(), &limits), Ok(r));
+    let limits = kvroute_core::wire::DecodeLimits::default();
+    if let Ok(r) = kvroute_core::wire::peers::PeerReport::decode_with(data, &limits) {
+        assert_eq!(kvroute_core::wire::peers::PeerReport::decode_with(&r.encode(), &limits), Ok(r));
     }
 }
 
@@ -282,11 +284,12 @@ pub fn protocol_records(store: &kvroute_core::shared::fake::MemStore) -> Vec<u8>
 /// snapshot), polling the journal into a router, registering a load shard and reading every
 /// shard. The input is records of `[key index, len (u16 LE), bytes]` (see [`protocol_keys`]).
 pub fn shared_protocol(data: &[u8]) {
-    use kvroute_core::router::Router;
+    use kvroute_core::decision::config::sync::LoadLimits;
+    use kvroute_core::decision::router::Router;
     use kvroute_core::shared::fake::{MemStore, Tally};
     use kvroute_core::shared::journal::JournalCursor;
     use kvroute_core::shared::knowledge::Follower;
-    use kvroute_core::shared::load::{LoadLimits, LoadView, Shard};
+    use kvroute_core::shared::load::{LoadView, Shard};
     thread_local! {
         static ROUTER: Option<std::cell::RefCell<Router>> = {
             let cfg = br#"{"models": [{"name": "m", "workers": ["127.0.0.1:1", "127.0.0.1:2"]}]}"#;
@@ -332,9 +335,9 @@ pub fn shared_protocol(data: &[u8]) {
 /// is accepted round-trips, and a thread following a manifest made of these bytes (its parts
 /// absent or garbage) builds nothing and does not panic.
 pub fn bundle_decode(data: &[u8]) {
-    use kvroute_core::bundle::BundleFiles;
     use kvroute_core::shared::bundles::{parse_list, BundleFollower, Manifest, MAX_MODELS};
     use kvroute_core::shared::fake::MemStore;
+    use kvroute_core::wire::bundle::BundleFiles;
     if let Ok(f) = BundleFiles::decode(data) {
         assert_eq!(BundleFiles::decode(&f.encode()), Ok(f));
     }
@@ -363,7 +366,7 @@ pub fn bundle_decode(data: &[u8]) {
 /// or fail cleanly, an accepted state encodes to exactly the bytes it came from, and learning
 /// from it keeps its coefficients finite, non-negative and within their bounds.
 pub fn calib_decode(data: &[u8]) {
-    use kvroute_core::calib::{CalibrationConfig, ModelState, Sample};
+    use kvroute_core::decision::calib::{CalibrationConfig, ModelState, Sample};
     let Ok(mut st) = ModelState::decode(data) else { return };
     assert_eq!(st.encode(), data);
     let cfg = CalibrationConfig::default();

@@ -10,17 +10,17 @@
 
 use std::path::Path;
 
-use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
-use kvroute_core::delta::{Delta, SetChange, WorkerDelta};
-use kvroute_core::index::Source;
-use kvroute_core::journal::JournalEntry;
-use kvroute_core::peers::{PeerCredit, PeerLoad, PeerReport, PeerSection};
-use kvroute_core::request::{parse, Endpoint};
-use kvroute_core::router::Router;
+use kvroute_core::decision::config::{FilterConfig, SnapshotSyncConfig};
+use kvroute_core::decision::request::{parse, Endpoint};
+use kvroute_core::decision::router::Router;
+use kvroute_core::decision::usage::{Usage, UsageScanner};
 use kvroute_core::shared::knowledge::{Head, RingEntry, RING};
 use kvroute_core::shared::load::{decode_registry, encode_registry, Entry, ShardData, MAX_SHARDS};
-use kvroute_core::snapshot::{ModelInfo, ReportedLoad, Snapshot, WorkerKnowledge};
-use kvroute_core::usage::{Usage, UsageScanner};
+use kvroute_core::wire::delta::{Delta, SetChange, WorkerDelta};
+use kvroute_core::wire::journal::JournalEntry;
+use kvroute_core::wire::journal::Source;
+use kvroute_core::wire::peers::{PeerCredit, PeerLoad, PeerReport, PeerSection};
+use kvroute_core::wire::snapshot::{ModelInfo, ReportedLoad, Snapshot, WorkerKnowledge};
 use kvroute_updater::decode::{decode_batch, EngineEvent};
 use rmpv::Value;
 use serde_json::json;
@@ -1139,8 +1139,8 @@ fn kube_watch_event() -> Seeds {
 /// A fresh state, one that learned from a few samples on two workers, and hostile ones:
 /// truncated, another version, a NaN, an absurd worker count.
 fn calib_decode() -> Seeds {
-    use kvroute_core::calib::{CalibrationConfig, ModelState, Sample};
-    use kvroute_core::cost::Profile;
+    use kvroute_core::decision::calib::{CalibrationConfig, ModelState, Sample};
+    use kvroute_core::decision::cost::Profile;
     let fresh = ModelState::new(&Profile::default());
     let mut learned = fresh.clone();
     for i in 0..20u64 {
@@ -1194,8 +1194,8 @@ fn admission_headers() -> Seeds {
 /// A small bundle, the manifest naming it, the updater's list; then truncations, a flipped
 /// checksum, absurd counts and lengths, and JSON the list parser must refuse.
 fn bundle_decode() -> Seeds {
-    use kvroute_core::bundle::BundleFiles;
     use kvroute_core::shared::bundles::{Manifest, Published, Retired};
+    use kvroute_core::wire::bundle::BundleFiles;
     let files = BundleFiles {
         tokenizer_json:
             br#"{"model":{"type":"WordLevel","vocab":{"<unk>":0},"unk_token":"<unk>"}}"#.to_vec(),
@@ -1295,11 +1295,13 @@ fn zmtp_frames() -> Seeds {
 /// Shared data as a running deployment leaves it: a published snapshot and deltas, journal
 /// entries, two threads' load shards; then the same with damage.
 fn shared_protocol() -> Seeds {
+    use kvroute_core::decision::config::sync::JournalLimits;
+    use kvroute_core::decision::config::sync::LoadLimits;
     use kvroute_core::shared::fake::{MemStore, Tally};
-    use kvroute_core::shared::journal::{self, JournalLimits};
+    use kvroute_core::shared::journal;
     use kvroute_core::shared::knowledge::Publisher;
-    use kvroute_core::shared::load::{LoadLimits, Shard};
-    use kvroute_core::snapshot::DecodeLimits;
+    use kvroute_core::shared::load::Shard;
+    use kvroute_core::wire::DecodeLimits;
     let (old, new) = two_snapshots();
     let store = MemStore::new();
     let t = Tally::default();
@@ -1311,7 +1313,7 @@ fn shared_protocol() -> Seeds {
         let e = JournalEntry {
             seq: 0,
             at_ms: 1_700_000_000_400,
-            source: kvroute_core::index::Source::Routed,
+            source: kvroute_core::wire::journal::Source::Routed,
             worker: worker.into(),
             hashes: vec![1, 2, 3],
             retract,

@@ -795,7 +795,7 @@ impl Core {
                 if s.generated == 0 {
                     st.ttft.observe(now.duration_since(s.arrived).as_secs_f64());
                 }
-                let pick = kvroute_core::textgen::draw(s.seed, s.generated as u64);
+                let pick = kvroute_testkit::textgen::draw(s.seed, s.generated as u64);
                 let id = vocab.get(pick as usize % vocab.len().max(1)).copied().unwrap_or(0);
                 s.tokens.push(id);
                 s.events.send(TokenEvent::Token { index: s.generated, id });

@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use anyhow::Context as _;
 use clap::Parser;
-use kvroute_core::model::ModelBundle;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::api::Adapter;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
 use kvroute_sim::profile::{self, Profile};

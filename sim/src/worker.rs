@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
-use kvroute_core::model::ModelBundle;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::Socket;
@@ -133,7 +133,7 @@ async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
 
 /// Routes a request on its percent-decoded path, as vLLM's server does (uvicorn decodes the
 /// path before Starlette matches it, so `/v1/chat/%63ompletions` is a chat completion; see
-/// `kvroute_core::request::path`). A decoded path that is not a plain URI path (it would hold
+/// `kvroute_core::decision::request::path`). A decoded path that is not a plain URI path (it would hold
 /// `?`, `#`, `%`, a space, a control or a non-ASCII byte) matches none of the routes anyway
 /// and is left as sent.
 fn decode_path<B>(req: &mut hyper::Request<B>) {
@@ -141,7 +141,7 @@ fn decode_path<B>(req: &mut hyper::Request<B>) {
     if !uri.path().contains('%') {
         return;
     }
-    let decoded = kvroute_core::request::path::server_path(uri.path().as_bytes());
+    let decoded = kvroute_core::decision::request::path::server_path(uri.path().as_bytes());
     if !decoded.iter().all(|b| b.is_ascii_graphic() && !matches!(b, b'?' | b'#' | b'%')) {
         return;
     }

@@ -30,7 +30,7 @@ async fn admin(port: u16, path: &str) -> (u16, Value) {
 /// One chat request of `words` words from `seed`, one output token.
 async fn chat(http: u16, seed: u64, words: usize) -> reqwest::Response {
     let body = json!({"model": "kvroute-demo", "max_tokens": 1,
-        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, words)}]});
+        "messages": [{"role": "user", "content": kvroute_testkit::textgen::words(seed, words)}]});
     reqwest::Client::new()
         .post(format!("http://127.0.0.1:{http}/v1/chat/completions"))
         .json(&body)

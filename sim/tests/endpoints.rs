@@ -54,7 +54,7 @@ async fn stream(port: u16, path: &str, body: &Value) -> Vec<(Option<String>, Str
 }
 
 fn text(words: usize, seed: u64) -> String {
-    kvroute_core::textgen::words(seed, words)
+    kvroute_testkit::textgen::words(seed, words)
 }
 
 #[tokio::test]

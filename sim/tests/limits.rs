@@ -113,7 +113,7 @@ async fn odd_numbers_are_answered_as_vllm_answers_them() {
 
     // A budget within the model's length but past what the prompt leaves is clamped, not
     // refused: the answer ends at the context's end.
-    let words = kvroute_core::textgen::words(7, 50);
+    let words = kvroute_testkit::textgen::words(7, 50);
     let body = json!({"model": MODEL, "prompt": words, "max_tokens": max_len});
     let (status, text) =
         post(port, "/sim/what_if", &json!({"endpoint": "/v1/completions", "request": body})).await;

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvroute_core::model::{qwen3, qwen3_dir, ModelBundle};
-use kvroute_core::request::Prompt;
+use kvroute_core::decision::request::Prompt;
+use kvroute_core::decision::tokenize::model::{qwen3, qwen3_dir, ModelBundle};
 use kvroute_sim::api::Adapter;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
 use kvroute_sim::profile::Profile;
@@ -66,7 +66,7 @@ fn ids(models: &[Value]) -> Vec<&str> {
 
 fn chat(model: &str, seed: u64) -> Value {
     json!({"model": model, "max_tokens": 2,
-        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, 200)}]})
+        "messages": [{"role": "user", "content": kvroute_testkit::textgen::words(seed, 200)}]})
 }
 
 /// The `cached_tokens` of a successful chat completion.

@@ -34,7 +34,7 @@ async fn what_if(http: u16, endpoint: &str, request: &Value) -> (u16, Value) {
 
 fn chat(seed: u64, words: usize, max_tokens: u64) -> Value {
     json!({"model": MODEL, "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, words)}]})
+        "messages": [{"role": "user", "content": kvroute_testkit::textgen::words(seed, words)}]})
 }
 
 async fn metric(http: u16, name: &str) -> f64 {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvroute_core::model::ModelBundle;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::events::{
     encode_batch, encode_batch_shaped, EventConfig, EventEncoding, EventShape, KvEvent, ReplyShape,
     END_SEQ,
@@ -30,7 +30,7 @@ async fn worker(encoding: EventEncoding, shape: ReplyShape) -> (Arc<Worker>, Por
 
 fn chat(words: usize, seed: u64, salt: Option<&str>) -> Value {
     let mut b = json!({"model": "kvroute-demo", "max_tokens": 2,
-        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, words)}]});
+        "messages": [{"role": "user", "content": kvroute_testkit::textgen::words(seed, words)}]});
     if let Some(s) = salt {
         b["cache_salt"] = json!(s);
     }

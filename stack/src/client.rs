@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::StreamExt;
-use kvroute_core::usage::UsageScanner;
+use kvroute_core::decision::usage::UsageScanner;
 use serde_json::Value;
 
 /// One finished request.

@@ -73,7 +73,7 @@ impl Pool {
     pub fn qwen3(workers: usize) -> Pool {
         Pool {
             model: QWEN3_MODEL.into(),
-            dir: Some(kvroute_core::model::qwen3_dir()),
+            dir: Some(kvroute_core::decision::tokenize::model::qwen3_dir()),
             workers,
             bundle: BundleFrom::Updater,
         }

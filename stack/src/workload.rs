@@ -1,7 +1,7 @@
 //! Seeded multi-turn conversations (the evaluation harness turns them into schedules, see
 //! `eval::workloads`).
 
-use kvroute_core::textgen;
+use kvroute_testkit::textgen;
 use serde_json::{json, Value};
 
 /// A conversation: a long system prompt (its shared context) and the user's turns. Assistant

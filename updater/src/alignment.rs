@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
-use kvroute_core::model::ModelBundle;
-use kvroute_core::request::Prompt;
+use kvroute_core::decision::request::Prompt;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use serde_json::{json, Value};
 
 use crate::limits::AdapterLimits;

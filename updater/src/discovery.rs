@@ -7,7 +7,7 @@
 //! A discovered address becomes the worker `ip:port` (the HTTP port), with its KV-event and
 //! replay endpoints on the configured ports of the same address, as a static [`WorkerEntry`]
 //! names them. With discovery the snapshot says it lists the whole pool
-//! ([`kvroute_core::snapshot::Snapshot::pool`]).
+//! ([`kvroute_core::wire::snapshot::Snapshot::pool`]).
 //!
 //! [`dns`]: A/AAAA of a name (or SRV for the ports), re-resolved when the answer's TTL runs
 //! out (between a floor and a ceiling). [`kube`]: list + watch of the EndpointSlices of a

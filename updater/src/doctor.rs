@@ -223,7 +223,7 @@ fn check_config(dump: &Value, out: &mut Vec<Finding>) {
 
 fn check_stats(stats: &str, out: &mut Vec<Finding>) {
     let mut seen = false;
-    for s in kvroute_core::misdeploy::Symptom::ALL {
+    for s in kvroute_core::decision::misdeploy::Symptom::ALL {
         let name = format!("wasmcustom.kvroute.misdeployed.{}.present", s.name());
         if let Some(v) = stat(stats, &name) {
             seen = true;

@@ -38,7 +38,7 @@
 
 use std::collections::BTreeMap;
 
-use kvroute_core::hash::{block_hash, CacheDomain};
+use kvroute_core::decision::hash::{block_hash, CacheDomain};
 
 use crate::blocks::{BlockIndex, ChainEnd};
 use crate::decode::{Batch, EngineEvent, Place, Stored, Tier};

@@ -9,8 +9,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kvroute_core::bundle::{part_count, BundleFiles};
-use kvroute_core::model::{ModelBundle, ModelError, DEMO_TOKENIZER_CONFIG, DEMO_TOKENIZER_JSON};
+use kvroute_core::decision::tokenize::model::{
+    ModelBundle, ModelError, DEMO_TOKENIZER_CONFIG, DEMO_TOKENIZER_JSON,
+};
+use kvroute_core::wire::bundle::{part_count, BundleFiles};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -111,7 +113,7 @@ impl Model {
         self.bundle.fingerprint()
     }
 
-    /// Parts of [`kvroute_core::bundle::PART_BYTES`] the encoded bundle is cut into.
+    /// Parts of [`kvroute_core::wire::bundle::PART_BYTES`] the encoded bundle is cut into.
     pub fn parts(&self) -> usize {
         part_count(self.encoded.len())
     }

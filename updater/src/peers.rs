@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use kvroute_core::peers::{PeerCredit, PeerLoad, PeerReport, PeerSection};
+use kvroute_core::wire::peers::{PeerCredit, PeerLoad, PeerReport, PeerSection};
 
 /// Bounds and lifetimes of the peer store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

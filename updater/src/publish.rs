@@ -9,9 +9,9 @@
 
 use std::collections::VecDeque;
 
-use kvroute_core::delta::{Delta, SetChange, WorkerDelta};
-use kvroute_core::peers::PeerSection;
-use kvroute_core::snapshot::{ModelInfo, Snapshot, WorkerKnowledge};
+use kvroute_core::wire::delta::{Delta, SetChange, WorkerDelta};
+use kvroute_core::wire::peers::PeerSection;
+use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, WorkerKnowledge};
 
 /// What a caller at some version should receive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -352,11 +352,11 @@ mod tests {
         assert_eq!(d.down, Some(vec!["b".to_string()]));
         let Answer::Delta(old) = p.answer(Some(v1)).without_health() else { panic!() };
         assert_eq!(old.down, None);
-        assert_eq!(old.encode()[4], kvroute_core::delta::DELTA_FORMAT, "as before: format 2");
+        assert_eq!(old.encode()[4], kvroute_core::wire::delta::DELTA_FORMAT, "as before: format 2");
         let Answer::Full(s) = p.answer(None) else { panic!("expected a snapshot") };
         assert_eq!(s.down, vec!["b".to_string()]);
         let Answer::Full(old) = p.answer(None).without_health() else { panic!() };
-        assert_eq!(old.encode()[4], kvroute_core::snapshot::SNAPSHOT_FORMAT, "as before");
+        assert_eq!(old.encode()[4], kvroute_core::wire::snapshot::SNAPSHOT_FORMAT, "as before");
         assert!(p.set_down(vec![], 9), "b is back");
         let Answer::Delta(d) = p.answer(Some(v1)) else { panic!("expected a delta") };
         assert_eq!(d.down, Some(vec![]), "composed: the latest list");

@@ -1,12 +1,12 @@
 //! The updater's HTTP surface (loopback by default): `/status` (JSON), `/metrics`
-//! (Prometheus), `/v1/snapshot?since=V` (binary: a `kvroute_core::delta` from V, or a full
-//! `kvroute_core::snapshot`; with `wait_ms=W` a long poll that answers as soon as a newer
+//! (Prometheus), `/v1/snapshot?since=V` (binary: a `kvroute_core::wire::delta` from V, or a full
+//! `kvroute_core::wire::snapshot`; with `wait_ms=W` a long poll that answers as soon as a newer
 //! version exists, or 304 after W ms; with `peers=1&replica=R` including other replicas'
 //! decisions but R's own; with `pool=1` the pool flag and removed workers of a discovered pool,
-//! snapshot format 5 / delta format 4; with `health=1` the workers down), `POST /v1/peers` (a `kvroute_core::peers::PeerReport` from an Envoy
+//! snapshot format 5 / delta format 4; with `health=1` the workers down), `POST /v1/peers` (a `kvroute_core::wire::peers::PeerReport` from an Envoy
 //! replica; 204), and the models' tokenizer bundles: `/v1/bundles` (JSON list) and
 //! `/v1/bundles/{fingerprint}/{part}` (binary: part `part` of
-//! `kvroute_core::bundle::BundleFiles::encode()`, header `x-kvroute-bundle-parts`). Snapshots
+//! `kvroute_core::wire::bundle::BundleFiles::encode()`, header `x-kvroute-bundle-parts`). Snapshots
 //! and bundles require the shared token in `x-kvroute-token`, so that knowledge only ever comes
 //! from the updater.
 
@@ -116,7 +116,7 @@ async fn bundle_part(
     let model = fingerprint(&fp).and_then(|f| c.state.models().by_fingerprint(f));
     let index = part.parse::<usize>().ok().filter(|_| part.bytes().all(|b| b.is_ascii_digit()));
     let found = model.zip(index).and_then(|(m, i)| {
-        kvroute_core::bundle::part(&m.encoded, i).map(|p| (m.parts(), p.to_vec()))
+        kvroute_core::wire::bundle::part(&m.encoded, i).map(|p| (m.parts(), p.to_vec()))
     });
     match found {
         Some((parts, body)) => (
@@ -155,8 +155,8 @@ async fn peers(AxState(c): AxState<Ctx>, headers: HeaderMap, body: Body) -> Resp
         c.state.peer_refused();
         return (StatusCode::PAYLOAD_TOO_LARGE, "peer report too large\n").into_response();
     };
-    let limits = kvroute_core::snapshot::DecodeLimits::default();
-    let report = match kvroute_core::peers::PeerReport::decode_with(&bytes, &limits) {
+    let limits = kvroute_core::wire::DecodeLimits::default();
+    let report = match kvroute_core::wire::peers::PeerReport::decode_with(&bytes, &limits) {
         Ok(r) => r,
         Err(e) => {
             c.state.peer_refused();

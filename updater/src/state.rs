@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kvroute_core::snapshot::{ModelInfo, Snapshot, WorkerKnowledge as Wire};
+use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, WorkerKnowledge as Wire};
 use tokio::sync::Notify;
 
 use crate::alignment::{Outcome, Served, Verdict};
@@ -281,7 +281,10 @@ impl State {
     }
 
     /// Takes another Envoy replica's report; waiting long polls answer with it at once.
-    pub fn peer_report(&self, report: kvroute_core::peers::PeerReport) -> Result<(), Refused> {
+    pub fn peer_report(
+        &self,
+        report: kvroute_core::wire::peers::PeerReport,
+    ) -> Result<(), Refused> {
         let taken = self.lock().peers.report(report, now_ms());
         if taken.is_ok() {
             self.changed.notify_waiters();
@@ -628,7 +631,7 @@ fn wire(worker: &str, e: &Entry) -> Wire {
         gpu: e.knowledge.blocks(Tier::Gpu),
         offloaded,
         load: e.load.as_ref().and_then(|l| {
-            Some(kvroute_core::snapshot::ReportedLoad {
+            Some(kvroute_core::wire::snapshot::ReportedLoad {
                 running: l.running? as u32,
                 waiting: l.waiting? as u32,
                 observed_at_ms: l.observed_at_ms,

@@ -7,8 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use kvroute_core::bundle::{BundleFiles, PART_BYTES};
-use kvroute_core::model::{qwen3_dir, ModelBundle};
+use kvroute_core::decision::tokenize::model::{qwen3_dir, ModelBundle};
+use kvroute_core::wire::bundle::{BundleFiles, PART_BYTES};
 use kvroute_updater::limits::Limits;
 use kvroute_updater::models::{ModelSpec, Models, Source};
 use kvroute_updater::state::State;
@@ -42,8 +42,12 @@ async fn bundles_are_listed_and_served_in_parts_with_the_token_only() {
         tokenizer_config_json: std::fs::read(dir.join("tokenizer_config.json")).unwrap(),
     };
     let demo_files = BundleFiles {
-        tokenizer_json: kvroute_core::model::DEMO_TOKENIZER_JSON.as_bytes().to_vec(),
-        tokenizer_config_json: kvroute_core::model::DEMO_TOKENIZER_CONFIG.as_bytes().to_vec(),
+        tokenizer_json: kvroute_core::decision::tokenize::model::DEMO_TOKENIZER_JSON
+            .as_bytes()
+            .to_vec(),
+        tokenizer_config_json: kvroute_core::decision::tokenize::model::DEMO_TOKENIZER_CONFIG
+            .as_bytes()
+            .to_vec(),
     };
     let expected = [files(&qwen3_dir()), demo_files];
     let snapshot_models = state.snapshot().models;

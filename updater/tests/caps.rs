@@ -29,7 +29,7 @@ async fn blocks_per_tier_are_capped_oldest_known_first() {
     assert_eq!(blocks(&state, "CPU"), 3, "each tier has its own bound");
     assert_eq!(cap(&state, "blocks_per_tier"), 40 - 8);
     // The newest chains are the ones kept (the four last ones).
-    let expect = kvroute_core::hash::block_hashes(
+    let expect = kvroute_core::decision::hash::block_hashes(
         common::domain().seed(None, None),
         BLOCK,
         &(0..8).map(|t| t + 2000 * 1000).collect::<Vec<u32>>(),

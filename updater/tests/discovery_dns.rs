@@ -15,7 +15,7 @@ use common::*;
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::rdata::{A, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use kvroute_core::model::ModelBundle;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
 use kvroute_sim::profile::Profile;
 use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
@@ -226,9 +226,9 @@ async fn dns_records_bring_workers_in_and_take_them_out() {
     };
     let (new, old) = (get("pool=1").await, get("since=0").await);
     assert_eq!((new[4], old[4]), (5, 3));
-    let snap = kvroute_core::snapshot::Snapshot::decode(&new).unwrap();
+    let snap = kvroute_core::wire::snapshot::Snapshot::decode(&new).unwrap();
     assert!(snap.pool && snap.workers.iter().any(|w| w.worker == name(b)));
-    assert!(!kvroute_core::snapshot::Snapshot::decode(&old).unwrap().pool);
+    assert!(!kvroute_core::wire::snapshot::Snapshot::decode(&old).unwrap().pool);
 
     // Joins and departures are counted (A, B, B again; A, and B at NXDOMAIN).
     let pool = &state.status()["pool"];

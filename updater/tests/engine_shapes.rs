@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Task;
-use kvroute_core::hash::block_hashes;
-use kvroute_core::model::ModelBundle;
-use kvroute_core::request::Prompt;
+use kvroute_core::decision::hash::block_hashes;
+use kvroute_core::decision::request::Prompt;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::events::{EventConfig, EventEncoding, EventShape, ReplyShape};
 use kvroute_sim::profile::Profile;
 use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
@@ -68,9 +68,10 @@ async fn setup(shape: &str, engine_block: usize, gpu_blocks: usize) -> Setup {
 }
 
 fn messages(conv: u64, turns: usize) -> Vec<Value> {
-    let mut m = vec![json!({"role": "system", "content": kvroute_core::textgen::words(conv, 150)})];
+    let mut m =
+        vec![json!({"role": "system", "content": kvroute_testkit::textgen::words(conv, 150)})];
     for t in 0..turns {
-        m.push(json!({"role": "user", "content": kvroute_core::textgen::words(conv * 100 + t as u64, 20)}));
+        m.push(json!({"role": "user", "content": kvroute_testkit::textgen::words(conv * 100 + t as u64, 20)}));
     }
     m
 }

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{sim_setup, SimSetup};
-use kvroute_core::hash::block_hashes;
-use kvroute_core::model::ModelBundle;
-use kvroute_core::request::Prompt;
-use kvroute_core::snapshot::Snapshot;
+use kvroute_core::decision::hash::block_hashes;
+use kvroute_core::decision::request::Prompt;
+use kvroute_core::decision::tokenize::model::ModelBundle;
+use kvroute_core::wire::snapshot::Snapshot;
 use kvroute_sim::events::{EventEncoding, ReplyShape};
 use kvroute_sim::worker::Worker;
 use kvroute_updater::decode::Tier;
@@ -34,9 +34,10 @@ async fn setup(encoding: EventEncoding, shape: ReplyShape) -> Setup {
 }
 
 fn messages(conv: u64, turns: usize) -> Vec<Value> {
-    let mut m = vec![json!({"role": "system", "content": kvroute_core::textgen::words(conv, 150)})];
+    let mut m =
+        vec![json!({"role": "system", "content": kvroute_testkit::textgen::words(conv, 150)})];
     for t in 0..turns {
-        m.push(json!({"role": "user", "content": kvroute_core::textgen::words(conv * 100 + t as u64, 20)}));
+        m.push(json!({"role": "user", "content": kvroute_testkit::textgen::words(conv * 100 + t as u64, 20)}));
     }
     m
 }

@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use kvroute_core::delta::Delta;
-use kvroute_core::peers::{PeerCredit, PeerLoad, PeerReport};
-use kvroute_core::snapshot::Snapshot;
+use kvroute_core::wire::delta::Delta;
+use kvroute_core::wire::peers::{PeerCredit, PeerLoad, PeerReport};
+use kvroute_core::wire::snapshot::Snapshot;
 use kvroute_updater::limits::Limits;
 use kvroute_updater::state::State;
 
@@ -91,7 +91,7 @@ async fn a_long_poll_answers_on_a_peer_report_without_the_callers_own() {
     let (_, body) = c.poll(&format!("since={v}&peers=1&replica=7")).await;
     assert!(Delta::decode(&body).unwrap().peers.unwrap().is_empty());
     let (_, body) = c.poll(&format!("since={v}")).await;
-    assert_eq!(body[4], kvroute_core::delta::DELTA_FORMAT);
+    assert_eq!(body[4], kvroute_core::wire::delta::DELTA_FORMAT);
     assert!(Delta::decode(&body).unwrap().peers.is_none());
     // A full snapshot carries the live peer view.
     let (_, body) = c.poll("peers=1&replica=9").await;

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use kvroute_core::hash::block_hashes;
-use kvroute_core::model::{qwen3, qwen3_dir, ModelBundle};
-use kvroute_core::request::Prompt;
-use kvroute_core::snapshot::ModelInfo;
+use kvroute_core::decision::hash::block_hashes;
+use kvroute_core::decision::request::Prompt;
+use kvroute_core::decision::tokenize::model::{qwen3, qwen3_dir, ModelBundle};
+use kvroute_core::wire::snapshot::ModelInfo;
 use kvroute_sim::api::Adapter;
 use kvroute_sim::worker::LoraSpec;
 use kvroute_updater::limits::Limits;
@@ -62,8 +62,8 @@ async fn chat(http: &str, model: &str, msgs: &[Value]) -> Value {
 
 fn long_chat(seed: u64) -> Vec<Value> {
     vec![
-        json!({"role": "system", "content": kvroute_core::textgen::words(seed, 120)}),
-        json!({"role": "user", "content": kvroute_core::textgen::words(seed + 1, 40)}),
+        json!({"role": "system", "content": kvroute_testkit::textgen::words(seed, 120)}),
+        json!({"role": "user", "content": kvroute_testkit::textgen::words(seed + 1, 40)}),
     ]
 }
 

@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{sim_setup, spawn, until, SimSetup};
-use kvroute_core::hash::block_hashes;
-use kvroute_core::model::ModelBundle;
-use kvroute_core::request::Prompt;
+use kvroute_core::decision::hash::block_hashes;
+use kvroute_core::decision::request::Prompt;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::events::{EventEncoding, ReplyShape};
 use kvroute_updater::state::{now_ms, State};
 use kvroute_updater::subscriber::follow;
@@ -20,8 +20,8 @@ const BUFFER_STEPS: usize = 4;
 
 fn messages(conv: u64) -> Vec<Value> {
     vec![
-        json!({"role": "system", "content": kvroute_core::textgen::words(conv, 150)}),
-        json!({"role": "user", "content": kvroute_core::textgen::words(conv * 100, 20)}),
+        json!({"role": "system", "content": kvroute_testkit::textgen::words(conv, 150)}),
+        json!({"role": "user", "content": kvroute_testkit::textgen::words(conv * 100, 20)}),
     ]
 }
 

@@ -2,11 +2,12 @@
 //! entry, a snapshot, two deltas and a peer report, each encoded to the exact bytes and decoded
 //! back; and counts a 32-bit decoder cannot hold, refused instead of overflowing.
 
-use crate::delta::{is_delta, Delta, DeltaError, SetChange, WorkerDelta};
-use crate::index::Source;
-use crate::journal::JournalEntry;
-use crate::peers::{PeerCredit, PeerError, PeerLoad, PeerReport};
-use crate::snapshot::{DecodeLimits, ModelInfo, Snapshot, SnapshotError, WorkerKnowledge};
+use crate::wire::delta::{is_delta, Delta, DeltaError, SetChange, WorkerDelta};
+use crate::wire::journal::JournalEntry;
+use crate::wire::journal::Source;
+use crate::wire::peers::{PeerCredit, PeerError, PeerLoad, PeerReport};
+use crate::wire::snapshot::{ModelInfo, Snapshot, WorkerKnowledge};
+use crate::wire::{DecodeLimits, SnapshotError};
 
 /// The journal entry of the golden bytes.
 pub fn journal_sample() -> JournalEntry {

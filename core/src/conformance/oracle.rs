@@ -8,8 +8,8 @@
 
 use serde_json::Value;
 
-use crate::model::{ModelBundle, ModelError};
-use crate::request::{self, Endpoint};
+use crate::decision::request::{self, Endpoint};
+use crate::decision::tokenize::model::{ModelBundle, ModelError};
 
 /// The oracle's request corpus.
 pub const CORPUS: &str = include_str!("../../../oracle/corpus.jsonl");
@@ -111,7 +111,7 @@ pub fn check(model: &str, bundle: &ModelBundle, corpus: &str, golden: &str) -> u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::shared_for_tests;
+    use crate::decision::tokenize::model::shared_for_tests;
 
     #[test]
     fn demo_bundle_equals_the_oracle() {

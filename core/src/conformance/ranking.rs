@@ -6,11 +6,11 @@
 
 use serde_json::json;
 
-use crate::config::FilterConfig;
-use crate::index::Source;
-use crate::load::WorkerLoad;
-use crate::request::{parse, Endpoint};
-use crate::router::Router;
+use crate::decision::config::FilterConfig;
+use crate::decision::load::WorkerLoad;
+use crate::decision::request::{parse, Endpoint};
+use crate::decision::router::Router;
+use crate::wire::journal::Source;
 
 const WORKERS: [&str; 4] = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"];
 

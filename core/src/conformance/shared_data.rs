@@ -3,12 +3,12 @@
 //! state (golden bytes, floats included), and bundle sizes past 4 GiB refused before a 32-bit
 //! `usize` could truncate them.
 
-use crate::bundle::{BundleFiles, MAX_BUNDLE_BYTES};
-use crate::calib::estimator::{ModelState, WorkerDev, INITIAL_SCALE};
-use crate::cost::Profile;
+use crate::decision::calib::estimator::{ModelState, WorkerDev, INITIAL_SCALE};
+use crate::decision::cost::Profile;
 use crate::shared::bundles::{parse_list, read_parts, Manifest, ManifestError, Published, Retired};
 use crate::shared::fake::MemStore;
 use crate::shared::knowledge::{Head, RingEntry};
+use crate::wire::bundle::{BundleFiles, MAX_BUNDLE_BYTES};
 
 /// The bundle files of the golden bytes.
 pub fn bundle_files_sample() -> BundleFiles {

@@ -5,7 +5,7 @@
 //! (`GET /v1/bundles/{fingerprint:016x}/{part}`, one request at a time, so it never blocks):
 //!
 //! - `kvroute.bundle.<fingerprint:016x>.<part>`: the parts of an encoded bundle
-//!   ([`crate::bundle`]), at most [`PART_BYTES`] each; a blanked (empty) value is absent;
+//!   ([`crate::wire::bundle`]), at most [`PART_BYTES`] each; a blanked (empty) value is absent;
 //! - `kvroute.bundles`: the [`Manifest`] — which verified bundle each model uses (model →
 //!   fingerprint, parts, bytes) and which old ones are still kept for a grace period. It is
 //!   written only once every part of a bundle is stored, the whole decodes and the
@@ -20,12 +20,13 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use thiserror::Error;
 
-use crate::bundle::{part_count, BundleError, BundleFiles, MAX_BUNDLE_BYTES, PART_BYTES};
-use crate::config::{BundleRef, BundleSource, ModelConfig};
-use crate::model::ModelBundle;
+use crate::decision::config::sync::BundleLimits;
+use crate::decision::config::{BundleRef, BundleSource, ModelConfig};
+use crate::decision::tokenize::model::ModelBundle;
+use crate::wire::bundle::{part_count, BundleError, BundleFiles, MAX_BUNDLE_BYTES, PART_BYTES};
 use crate::wire::Reader;
 
 use super::SharedStore;
@@ -56,65 +57,6 @@ pub fn part_path(fingerprint: u64, part: u32) -> String {
 pub const LIST_PATH: &str = "/v1/bundles";
 /// The answer header naming how many parts the bundle has.
 pub const PARTS_HEADER: &str = "x-kvroute-bundle-parts";
-
-/// Bounds of what the singleton keeps and how it retries (the singleton's `bundles` section).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(default, deny_unknown_fields)]
-pub struct BundleLimits {
-    /// Fetch bundles from the updater at all.
-    pub enabled: bool,
-    /// How often the updater's bundle list is polled (a snapshot naming an unknown
-    /// fingerprint polls it at once).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub list_interval_ms: u64,
-    /// Timeout of one list or part request.
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub timeout_ms: u64,
-    /// Most distinct bundles kept in shared data (in use and retired together).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub max_bundles: usize,
-    /// Most bytes of bundle parts kept in shared data.
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub max_total_bytes: u64,
-    /// How long a replaced bundle stays readable (threads still building from it).
-    pub grace_ms: u64,
-    /// First wait after a failed download; doubles with each failure of that bundle.
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub retry_min_ms: u64,
-    /// Longest wait between attempts.
-    pub retry_max_ms: u64,
-}
-
-impl Default for BundleLimits {
-    fn default() -> Self {
-        BundleLimits {
-            enabled: true,
-            list_interval_ms: 2_000,
-            timeout_ms: 10_000,
-            max_bundles: 4,
-            max_total_bytes: 128 << 20,
-            grace_ms: 60_000,
-            retry_min_ms: 500,
-            retry_max_ms: 30_000,
-        }
-    }
-}
-
-impl BundleLimits {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.list_interval_ms == 0 || self.timeout_ms == 0 {
-            return Err("bundles.list_interval_ms and bundles.timeout_ms must be > 0".into());
-        }
-        if self.max_bundles == 0 || self.max_total_bytes == 0 {
-            return Err("bundles.max_bundles and bundles.max_total_bytes must be > 0".into());
-        }
-        if self.retry_min_ms == 0 || self.retry_max_ms < self.retry_min_ms {
-            return Err("bundles.retry_min_ms must be > 0 and <= retry_max_ms".into());
-        }
-        Ok(())
-    }
-}
 
 /// A verified bundle a model uses.
 #[derive(Debug, Clone, PartialEq, Eq)]

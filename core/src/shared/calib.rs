@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{update, Counter, Counters, SharedStore};
-use crate::calib::{Calibrated, CalibrationConfig, ModelState, Outcome, Sample};
-use crate::cost::Profile;
+use crate::decision::calib::{Calibrated, CalibrationConfig, ModelState, Outcome, Sample};
+use crate::decision::cost::Profile;
 
 /// The shared-data key of `model`'s state.
 pub fn key(model: &str) -> String {

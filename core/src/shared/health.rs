@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 
 use super::{update, SharedStore, StoreError};
+use crate::decision::config::sync::HealthConfig;
 use crate::wire::Reader;
 
 /// The shared-data key of the health record.
@@ -26,107 +27,6 @@ const MAGIC: &[u8; 4] = b"KVH1";
 const PROBING: u8 = 1;
 /// Workers the record keeps at most (past it, new failures are not recorded).
 pub const MAX_WORKERS: usize = 4096;
-
-/// Passive health checking and the first-byte timeout (`health` in the filter config).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(default, deny_unknown_fields)]
-pub struct HealthConfig {
-    /// Whether failures mark workers down (false: every worker is always eligible).
-    pub enabled: bool,
-    /// The first backoff of a worker that failed (ms); each further failure in a row doubles it.
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub base_backoff_ms: u64,
-    /// The longest backoff (ms).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub max_backoff_ms: u64,
-    /// How long a half-open worker picked by one request (the probe) stays out of other
-    /// decisions while that request has no outcome (ms).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub probe_hold_ms: u64,
-    /// The per-try first-byte timeout kvroute asks Envoy for (see [`FirstByteTimeout`]).
-    pub first_byte_timeout: FirstByteTimeout,
-}
-
-impl Default for HealthConfig {
-    fn default() -> Self {
-        HealthConfig {
-            enabled: true,
-            base_backoff_ms: 1_000,
-            max_backoff_ms: 30_000,
-            probe_hold_ms: 10_000,
-            first_byte_timeout: FirstByteTimeout::default(),
-        }
-    }
-}
-
-/// `x-envoy-upstream-rq-per-try-timeout-ms` for requests whose response headers come at once
-/// (streamed, or a single output token): `clamp(predicted_ttft · factor + margin, min, max)`.
-/// Envoy ignores a per-try timeout once the response started, so it bounds the wait for the
-/// response headers only; a try that times out is reset and retried on the next listed worker
-/// (the route retries on `reset`). Non-streamed requests get none: a worker answers them
-/// only when the whole generation is done, which no prompt-based estimate bounds.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(default, deny_unknown_fields)]
-pub struct FirstByteTimeout {
-    pub enabled: bool,
-    /// Multiplies the predicted TTFT of the primary.
-    #[cfg_attr(feature = "schema", schemars(range(min = 1.0)))]
-    pub factor: f64,
-    /// Added to it (ms).
-    pub margin_ms: u64,
-    /// Bounds of the result (ms).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub min_ms: u64,
-    pub max_ms: u64,
-}
-
-impl Default for FirstByteTimeout {
-    fn default() -> Self {
-        FirstByteTimeout {
-            enabled: true,
-            factor: 4.0,
-            margin_ms: 2_000,
-            min_ms: 5_000,
-            max_ms: 120_000,
-        }
-    }
-}
-
-impl FirstByteTimeout {
-    /// The timeout (ms) for a request whose primary's predicted TTFT is `ttft_ms`.
-    pub fn for_ttft(&self, ttft_ms: f64) -> u64 {
-        let t = if ttft_ms.is_finite() { ttft_ms.max(0.0) } else { 0.0 };
-        let ms = (t * self.factor).min(u64::MAX as f64 / 2.0) as u64;
-        ms.saturating_add(self.margin_ms).clamp(self.min_ms, self.max_ms)
-    }
-}
-
-impl HealthConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.base_backoff_ms == 0 || self.probe_hold_ms == 0 {
-            return Err("health.base_backoff_ms and health.probe_hold_ms must be > 0".into());
-        }
-        if self.max_backoff_ms < self.base_backoff_ms {
-            return Err("health.max_backoff_ms must be >= health.base_backoff_ms".into());
-        }
-        let f = &self.first_byte_timeout;
-        if !(f.factor.is_finite() && f.factor >= 1.0) {
-            return Err("health.first_byte_timeout.factor must be a number >= 1".into());
-        }
-        if f.min_ms == 0 || f.max_ms < f.min_ms {
-            return Err("health.first_byte_timeout needs 0 < min_ms <= max_ms".into());
-        }
-        Ok(())
-    }
-
-    /// The backoff after `failures` failures in a row.
-    pub fn backoff_ms(&self, failures: u32) -> u64 {
-        let shift = failures.saturating_sub(1).min(32);
-        self.base_backoff_ms.saturating_mul(1u64 << shift).min(self.max_backoff_ms)
-    }
-}
 
 /// One worker's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,10 +4,9 @@
 //! at most `max_hashes_per_entry` hashes, and one poll returns at most `max_hashes_per_poll`
 //! (the rest waits for the next poll, e.g. on the thread's tick, off the request path).
 
-use serde::{Deserialize, Serialize};
-
 use super::{read_u64, update, Counter, Counters, SharedStore};
-use crate::journal::JournalEntry;
+use crate::decision::config::sync::JournalLimits;
+use crate::wire::journal::JournalEntry;
 
 /// Journal slots; a thread more than this many entries behind skips ahead.
 pub const SLOTS: u64 = 512;
@@ -15,42 +14,6 @@ pub const HEAD_KEY: &str = "kvroute.journal.head";
 
 pub fn slot_key(seq: u64) -> String {
     format!("kvroute.journal.{}", seq % SLOTS)
-}
-
-/// Bounds on journal work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(default, deny_unknown_fields)]
-pub struct JournalLimits {
-    /// Most block hashes one entry carries: the prompt's first blocks (a prefix match needs
-    /// the head of the chain; 2048 blocks are 32 k tokens at block size 16).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = crate::journal::MAX_HASHES)))]
-    pub max_hashes_per_entry: usize,
-    /// Most hashes a thread applies in one poll on the request path.
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub max_hashes_per_poll: usize,
-}
-
-impl Default for JournalLimits {
-    fn default() -> Self {
-        JournalLimits { max_hashes_per_entry: 2048, max_hashes_per_poll: 16_384 }
-    }
-}
-
-impl JournalLimits {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.max_hashes_per_entry == 0 || self.max_hashes_per_entry > crate::journal::MAX_HASHES
-        {
-            return Err(format!(
-                "journal.max_hashes_per_entry must be 1..={}",
-                crate::journal::MAX_HASHES
-            ));
-        }
-        if self.max_hashes_per_poll < self.max_hashes_per_entry {
-            return Err("journal.max_hashes_per_poll must be >= max_hashes_per_entry".into());
-        }
-        Ok(())
-    }
 }
 
 /// Appends `entry` (its `seq` is assigned here, its hashes capped); false if it could not be

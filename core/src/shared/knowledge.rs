@@ -11,9 +11,10 @@
 //! each delta to it); [`Follower`] is a thread's side: it follows the chain of deltas from its
 //! own version, and reads the full snapshot only on a gap.
 
-use crate::delta::{is_delta, Delta};
-use crate::router::Router;
-use crate::snapshot::{DecodeLimits, Snapshot};
+use crate::decision::router::Router;
+use crate::wire::delta::{is_delta, Delta};
+use crate::wire::snapshot::Snapshot;
+use crate::wire::DecodeLimits;
 use crate::wire::Reader;
 
 use super::{Counter, Counters, SharedStore};
@@ -172,9 +173,9 @@ impl Follower {
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     #[error("snapshot: {0}")]
-    Snapshot(#[from] crate::snapshot::SnapshotError),
+    Snapshot(#[from] crate::wire::SnapshotError),
     #[error("delta: {0}")]
-    Delta(#[from] crate::delta::DeltaError),
+    Delta(#[from] crate::wire::delta::DeltaError),
     #[error("a delta arrived before any full snapshot")]
     NoBase,
 }
@@ -211,7 +212,7 @@ impl Publisher {
     }
 
     /// The models (and their bundle fingerprints) the updater's current snapshot names.
-    pub fn models(&self) -> &[crate::snapshot::ModelInfo] {
+    pub fn models(&self) -> &[crate::wire::snapshot::ModelInfo] {
         self.full.as_ref().map_or(&[], |s| s.models.as_slice())
     }
 

@@ -15,11 +15,10 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
-
 use super::{update, Counter, Counters, SharedStore};
-use crate::load::WorkerLoad;
-use crate::snapshot::ReportedLoad;
+use crate::decision::config::sync::LoadLimits;
+use crate::decision::load::{worker_key, WorkerLoad};
+use crate::wire::snapshot::ReportedLoad;
 use crate::wire::Reader;
 
 pub const REGISTRY_KEY: &str = "kvroute.load.shards";
@@ -32,54 +31,9 @@ pub fn shard_key(id: u32) -> String {
     format!("kvroute.load.shard.{id}")
 }
 
-/// The key of a worker address in shards.
-pub fn worker_key(worker: &str) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(worker.as_bytes())
-}
-
-/// Bounds of the load accounting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(default, deny_unknown_fields)]
-pub struct LoadLimits {
-    /// An in-flight entry stops counting this long after its request started. Set it above
-    /// the longest request the route allows (its timeout, or the longest stream expected).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub lease_ms: u64,
-    /// A shard not rewritten for this long is a dead thread's; each thread rewrites its own
-    /// at least every tick.
-    pub shard_timeout_ms: u64,
-    /// Only requests started this long before a worker's load report are expected in it.
-    pub reconcile_slack_ms: u64,
-    /// Most in-flight entries one thread tracks; past it the oldest go.
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub max_inflight_per_thread: usize,
-}
-
-impl Default for LoadLimits {
-    fn default() -> Self {
-        LoadLimits {
-            lease_ms: 600_000,
-            shard_timeout_ms: 10_000,
-            reconcile_slack_ms: 2_000,
-            max_inflight_per_thread: 16_384,
-        }
-    }
-}
-
-impl LoadLimits {
-    pub fn validate(&self, tick_ms: u64) -> Result<(), String> {
-        if self.lease_ms == 0 || self.max_inflight_per_thread == 0 {
-            return Err("load.lease_ms and load.max_inflight_per_thread must be > 0".into());
-        }
-        if self.shard_timeout_ms < 3 * tick_ms {
-            return Err(format!(
-                "load.shard_timeout_ms ({}) must be at least 3 ticks ({tick_ms} ms each)",
-                self.shard_timeout_ms
-            ));
-        }
-        Ok(())
-    }
+/// The key of shard `id`'s thread mark ([`super::readiness`]), emptied with a dead shard.
+pub fn mark_key(id: u32) -> String {
+    format!("kvroute.thread.{id}")
 }
 
 /// One request in flight.
@@ -480,7 +434,7 @@ fn sweep<S: SharedStore + ?Sized>(store: &S, counters: &dyn Counters, dead: &[(u
     let Ok(removed) = swept else { return };
     for (id, _) in &removed {
         let _ = store.set(&shard_key(*id), &[], None);
-        super::readiness::clear(store, *id);
+        let _ = store.set(&mark_key(*id), &[], None);
     }
     let lost: usize = removed.iter().map(|(_, n)| n).sum();
     counters.count(Counter::ShardDropped, lost as u64);

@@ -29,6 +29,7 @@ pub mod health;
 pub mod journal;
 pub mod knowledge;
 pub mod load;
+pub mod misdeploy;
 pub mod peers;
 pub mod readiness;
 

@@ -16,14 +16,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::{Deserialize, Serialize};
-
 use super::journal::JournalCursor;
-use super::load::{LoadLimits, LoadView};
+use super::load::LoadView;
 use super::{Counters, SharedStore};
-use crate::index::Source;
-use crate::load::WorkerLoad;
-use crate::peers::{PeerCredit, PeerLoad, PeerReport};
+use crate::decision::config::sync::{LoadLimits, PeerSyncConfig};
+use crate::decision::load::WorkerLoad;
+use crate::wire::journal::Source;
+use crate::wire::peers::{PeerCredit, PeerLoad, PeerReport};
 
 pub const REPLICA_KEY: &str = "kvroute.replica.id";
 
@@ -43,63 +42,6 @@ pub fn replica_id<S: SharedStore + ?Sized>(store: &S, seed: u64) -> u64 {
     let id = seed.max(1);
     let _ = store.set(REPLICA_KEY, &id.to_le_bytes(), None);
     read_replica(store).unwrap_or(id)
-}
-
-/// `snapshot_sync.peers`: how the singleton reports this replica's decisions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(default, deny_unknown_fields)]
-pub struct PeerSyncConfig {
-    /// Report decisions to the updater and ask for other replicas' (`peers=1`).
-    pub enabled: bool,
-    /// How often the singleton looks for new decisions and load changes (ms).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 1000)))]
-    pub forward_ms: u64,
-    /// Loads are re-sent at least this often while any is held, so they stay live at the
-    /// updater (whose `--peer-load-ttl-ms` must be longer).
-    pub heartbeat_ms: u64,
-    /// Most hashes one report carries; more wait for the next report, and past four reports'
-    /// worth the oldest are dropped (`kvroute.sync.peer_hashes_dropped`).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = crate::journal::MAX_HASHES)))]
-    pub max_hashes_per_report: usize,
-    /// Timeout of one report call (ms).
-    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
-    pub timeout_ms: u64,
-}
-
-impl Default for PeerSyncConfig {
-    fn default() -> Self {
-        PeerSyncConfig {
-            enabled: true,
-            forward_ms: 5,
-            heartbeat_ms: 1_000,
-            max_hashes_per_report: 16_384,
-            timeout_ms: 500,
-        }
-    }
-}
-
-impl PeerSyncConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        if !(1..=1_000).contains(&self.forward_ms) {
-            return Err("peers.forward_ms must be 1..=1000".into());
-        }
-        if self.heartbeat_ms < self.forward_ms {
-            return Err("peers.heartbeat_ms must be >= peers.forward_ms".into());
-        }
-        if self.max_hashes_per_report == 0
-            || self.max_hashes_per_report > crate::journal::MAX_HASHES
-        {
-            return Err(format!(
-                "peers.max_hashes_per_report must be 1..={}",
-                crate::journal::MAX_HASHES
-            ));
-        }
-        if self.timeout_ms == 0 {
-            return Err("peers.timeout_ms must be > 0".into());
-        }
-        Ok(())
-    }
 }
 
 /// The singleton's reader of this replica's decisions and load.

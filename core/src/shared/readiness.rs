@@ -16,11 +16,6 @@ const VERSION: u8 = 1;
 const BUNDLED: u8 = 1;
 const READY: u8 = 2;
 
-/// The key of shard `id`'s mark.
-pub fn key(id: u32) -> String {
-    format!("kvroute.thread.{id}")
-}
-
 /// One thread's state as it marked it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Mark {
@@ -58,19 +53,21 @@ impl Mark {
 
 /// Writes this thread's mark (a lost write is retried by the next tick).
 pub fn mark<S: SharedStore + ?Sized>(store: &S, id: u32, m: Mark) {
-    let _ = store.set(&key(id), &m.encode(), None);
+    let _ = store.set(&load::mark_key(id), &m.encode(), None);
 }
 
 /// Empties shard `id`'s mark (its thread is gone).
 pub fn clear<S: SharedStore + ?Sized>(store: &S, id: u32) {
-    let _ = store.set(&key(id), &[], None);
+    let _ = store.set(&load::mark_key(id), &[], None);
 }
 
 /// Threads (bundled, ready) among the listed shards whose mark is at most `fresh_ms` old.
 pub fn count<S: SharedStore + ?Sized>(store: &S, now_ms: u64, fresh_ms: u64) -> (u32, u32) {
     let mut n = (0u32, 0u32);
     for id in load::listed(store) {
-        let Some(m) = store.get(&key(id)).0.as_deref().and_then(Mark::decode) else { continue };
+        let Some(m) = store.get(&load::mark_key(id)).0.as_deref().and_then(Mark::decode) else {
+            continue;
+        };
         if now_ms.saturating_sub(m.at_ms) > fresh_ms {
             continue;
         }
@@ -111,7 +108,7 @@ mod tests {
         assert_eq!(count(&store, 10_500, 2_000), (2, 1));
         clear(&store, 1);
         assert_eq!(count(&store, 10_500, 2_000), (1, 0));
-        store.set(&key(4), b"garbage", None).unwrap();
+        store.set(&load::mark_key(4), b"garbage", None).unwrap();
         assert_eq!(count(&store, 10_500, 2_000), (1, 0));
     }
 }

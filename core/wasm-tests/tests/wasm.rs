@@ -7,7 +7,7 @@
 #![cfg(target_arch = "wasm32")]
 
 use kvroute_core::conformance::{self, codecs, oracle, ranking, shared_data};
-use kvroute_core::model::ModelBundle;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_test::wasm_bindgen_test;
 
@@ -93,7 +93,7 @@ extern "C" {
 }
 
 /// `./dev setup` puts the bundle there (`KVROUTE_QWEN3_DIR` at build time overrides it, as it
-/// does `kvroute_core::model::qwen3_dir` on the host).
+/// does `kvroute_core::decision::tokenize::model::qwen3_dir` on the host).
 fn qwen3_dir() -> String {
     option_env!("KVROUTE_QWEN3_DIR")
         .map(String::from)

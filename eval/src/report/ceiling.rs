@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use kvroute_core::model::ModelBundle;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 
 use crate::schedule::Scheduled;
 
@@ -24,7 +24,7 @@ pub fn per_request(
             req.cache_salt.as_deref().map_or(0, |t| xxhash_rust::xxh3::xxh3_64(t.as_bytes()));
         let mut reused = 0u64;
         let mut hit = true;
-        for h in kvroute_core::hash::block_hashes(seed, block_size, &tokens) {
+        for h in kvroute_core::decision::hash::block_hashes(seed, block_size, &tokens) {
             hit &= !seen.insert(h);
             if hit {
                 reused += u64::from(block_size);

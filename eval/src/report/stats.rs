@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use kvroute_core::audit::classify;
+use kvroute_core::decision::audit::classify;
 
 use super::{AuditCounts, CohortStats, PrefillBalance, QueueStats, WorkerStats};
 use crate::record::{RequestRecord, RunResult};

@@ -1,7 +1,7 @@
 //! The report's types: what was compared ([`Scope`], [`Setup`]), the [`Report`] itself and
 //! its parts (per run, per cohort, ratios, comparisons, the ladder).
 
-use kvroute_core::audit::AuditClass;
+use kvroute_core::decision::audit::AuditClass;
 use serde::{Deserialize, Serialize};
 
 use super::regret::{EstimateError, RegretStats};

@@ -46,7 +46,7 @@ fn opts() -> StackOptions {
 /// observed TTFT) in ms.
 async fn request(stack: &Stack, seed: u64, words: usize) -> (String, f64, f64) {
     let body = json!({"model": MODEL, "max_tokens": 1, "stream": true,
-        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, words)}]});
+        "messages": [{"role": "user", "content": kvroute_testkit::textgen::words(seed, words)}]});
     let http = reqwest::Client::new();
     let r = client::chat(&http, &stack.base_url(), &body).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.body);

@@ -6,7 +6,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use kvroute_core::audit::{classify, AuditClass};
+use kvroute_core::decision::audit::{classify, AuditClass};
 use kvroute_stack::client::{self, Reply};
 use kvroute_stack::eventually;
 use kvroute_stack::sim::SimWorker;

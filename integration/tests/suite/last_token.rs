@@ -3,7 +3,7 @@
 //! blocks). Through real Envoy, the filter and simulated workers: what kvroute predicts is
 //! what the worker reports, and the audit finds no error.
 
-use kvroute_core::audit::{classify, prediction_error, AuditClass};
+use kvroute_core::decision::audit::{classify, prediction_error, AuditClass};
 use kvroute_stack::client::{self, Reply};
 use kvroute_stack::stack::{Stack, StackOptions, MODEL};
 use serde_json::json;

@@ -17,6 +17,7 @@ mod failsafe;
 mod health;
 mod knowledge;
 mod last_token;
+mod layout;
 mod lora;
 mod misdeploy;
 mod models;

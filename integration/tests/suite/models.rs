@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kvroute_core::audit::{classify, AuditClass};
+use kvroute_core::decision::audit::{classify, AuditClass};
 use kvroute_stack::client::{self, Reply};
 use kvroute_stack::eventually;
 use kvroute_stack::stack::{BundleFrom, Pool, Stack, StackOptions, MODEL, QWEN3_MODEL};

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 fn body(seed: u64, words: usize, max_tokens: u32) -> Value {
     json!({"model": MODEL, "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, words)}]})
+        "messages": [{"role": "user", "content": kvroute_testkit::textgen::words(seed, words)}]})
 }
 
 fn field(r: &Reply, key: &str) -> u64 {
@@ -89,7 +89,7 @@ async fn simultaneous_requests_on_two_replicas_spread_over_two_idle_workers() {
         .stack
         .addrs()
         .into_iter()
-        .map(|a| (format!("{:016x}", kvroute_core::shared::load::worker_key(&a)), a))
+        .map(|a| (format!("{:016x}", kvroute_core::decision::load::worker_key(&a)), a))
         .collect();
     for round in 0..3u64 {
         // A long request through A: in flight (prefilling as far as a non-streamed answer

@@ -21,7 +21,7 @@
 use axum::body::Body;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use kvroute_core::request::{Endpoint, LoadOnly, ParsedRequest};
+use kvroute_core::decision::request::{Endpoint, LoadOnly, ParsedRequest};
 use serde_json::{json, Value};
 
 /// A refusal in vLLM's shape: `{"error": {"message", "type", "param", "code": <status>}}`,
@@ -125,7 +125,7 @@ fn has_empty_item(ask: &Ask) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvroute_core::request::parse;
+    use kvroute_core::decision::request::parse;
 
     fn check(
         endpoint: Endpoint,

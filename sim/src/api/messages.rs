@@ -11,7 +11,7 @@
 //! (`text_delta`)..., `content_block_stop`, `message_delta` (`stop_reason`, `stop_sequence`, the
 //! final usage), `message_stop`. Errors use Anthropic's shape.
 
-use kvroute_core::error::ApiError;
+use kvroute_core::decision::error::ApiError;
 use serde_json::{json, Value};
 
 use super::stop::anthropic_reasons;

@@ -23,9 +23,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use kvroute_core::error::ApiError;
-use kvroute_core::model::ModelBundle;
-use kvroute_core::request::{self, Endpoint, ParsedRequest, Prompt};
+use kvroute_core::decision::error::ApiError;
+use kvroute_core::decision::request::{self, Endpoint, ParsedRequest, Prompt};
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 

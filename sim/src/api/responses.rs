@@ -11,7 +11,7 @@
 //! `response.content_part.done`, `response.output_item.done`, and last `response.completed`
 //! (or `response.incomplete`) with the whole response and its usage. No `[DONE]`.
 
-use kvroute_core::error::ApiError;
+use kvroute_core::decision::error::ApiError;
 use serde_json::{json, Value};
 
 use super::{Output, StreamShape, Usage};

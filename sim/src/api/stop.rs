@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use kvroute_core::model::ModelBundle;
-use kvroute_core::request::Endpoint;
+use kvroute_core::decision::request::Endpoint;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use serde::Deserialize;
 
 use crate::engine::{Finish, StopReason, StopRule, StopText};

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use kvroute_core::model::ModelBundle;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
 use kvroute_sim::profile::Profile;
 use kvroute_sim::worker::{Ports, Worker, WorkerSpec};

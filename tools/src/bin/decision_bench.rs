@@ -42,12 +42,12 @@ struct Args {
 }
 
 fn user_text(seed: u64, words: usize) -> String {
-    kvroute_core::textgen::words(seed, words)
+    kvroute_testkit::textgen::words(seed, words)
 }
 
 /// Words per Qwen3 token of `textgen` text, measured on the bundle (so sizes come out right).
 fn words_per_token() -> anyhow::Result<f64> {
-    let b = kvroute_core::model::qwen3()?;
+    let b = kvroute_core::decision::tokenize::model::qwen3()?;
     let text = user_text(7, 4000);
     Ok(4000.0 / b.encode(&text, false)?.len() as f64)
 }

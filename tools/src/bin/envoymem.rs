@@ -32,12 +32,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use kvroute_core::config::FilterConfig;
-use kvroute_core::delta::Delta;
-use kvroute_core::load::WorkerLoad;
-use kvroute_core::request::{self, Endpoint};
-use kvroute_core::router::Router;
-use kvroute_core::snapshot::{Snapshot, WorkerKnowledge};
+use kvroute_core::decision::config::FilterConfig;
+use kvroute_core::decision::load::WorkerLoad;
+use kvroute_core::decision::request::{self, Endpoint};
+use kvroute_core::decision::router::Router;
+use kvroute_core::wire::delta::Delta;
+use kvroute_core::wire::snapshot::{Snapshot, WorkerKnowledge};
 use kvroute_stack::envoy::Envoy;
 use kvroute_stack::sim::SimWorker;
 use kvroute_stack::stack::{self, Ports, StackOptions, MODEL, UPDATER_TOKEN};
@@ -304,7 +304,7 @@ async fn main() -> anyhow::Result<()> {
 
     // The probe prompt's block hashes, as the filter computes them.
     let body = json!({"model": MODEL, "max_tokens": 1, "messages": [
-        {"role": "user", "content": kvroute_core::textgen::words(a.seed, 400)}]});
+        {"role": "user", "content": kvroute_testkit::textgen::words(a.seed, 400)}]});
     let cfg = FilterConfig::from_json(filter.to_string().as_bytes())?;
     let router = Router::new(&cfg)?;
     let parsed = request::parse(Endpoint::Chat, body.to_string().as_bytes())?;

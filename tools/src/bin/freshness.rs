@@ -44,7 +44,7 @@ struct Args {
 
 fn prompt(seed: u64) -> serde_json::Value {
     json!({"model": MODEL, "max_tokens": 1,
-        "messages": [{"role": "user", "content": kvroute_core::textgen::words(seed, 300)}]})
+        "messages": [{"role": "user", "content": kvroute_testkit::textgen::words(seed, 300)}]})
 }
 
 fn field(r: &client::Reply, key: &str) -> u64 {

@@ -165,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
     let addrs = upstreams().await?;
     let (model, cfg) = filter_config(&a.model, &addrs)?;
     let short = "Summarize the plot of a short story about a lighthouse keeper.".to_string();
-    let long = kvroute_core::textgen::words(0x8_0000, 6_400);
+    let long = kvroute_testkit::textgen::words(0x8_0000, 6_400);
     println!(
         "kvroute-proxybench: model {}, {} Envoy threads, {} connections, {} s per run",
         a.model, a.envoy_threads, a.concurrency, a.seconds

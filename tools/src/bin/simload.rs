@@ -70,8 +70,8 @@ async fn main() -> anyhow::Result<()> {
         let url = format!("http://{}", addrs[i % addrs.len()]);
         // Eight shared system prompts, so caches see reuse as well as misses.
         let body = json!({"model": "kvroute-demo", "max_tokens": a.max_tokens, "stream": true,
-            "messages": [{"role": "system", "content": kvroute_core::textgen::words((i % 8) as u64, a.prompt_words)},
-                         {"role": "user", "content": kvroute_core::textgen::words(10_000 + i as u64, 30)}]});
+            "messages": [{"role": "system", "content": kvroute_testkit::textgen::words((i % 8) as u64, a.prompt_words)},
+                         {"role": "user", "content": kvroute_testkit::textgen::words(10_000 + i as u64, 30)}]});
         let http = http.clone();
         tokio::time::sleep_until(start + gap * i as u32).await;
         tasks.push(tokio::spawn(async move {

@@ -1,5 +1,5 @@
 use super::*;
-use kvroute_core::hash::block_hashes;
+use kvroute_core::decision::hash::block_hashes;
 
 fn domain() -> DomainBase {
     DomainBase { model: "m".into(), tokenizer_fingerprint: 1, block_size: 4, lora_name: None }

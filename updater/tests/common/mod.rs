@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvroute_core::model::ModelBundle;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::events::{encode_batch, EventConfig, EventEncoding, KvEvent, ReplyShape};
 use kvroute_sim::profile::Profile;
 use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};

@@ -4,7 +4,7 @@ use std::sync::OnceLock;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::model::{DEMO_TOKENIZER_CONFIG, DEMO_TOKENIZER_JSON};
+use crate::decision::tokenize::model::{DEMO_TOKENIZER_CONFIG, DEMO_TOKENIZER_JSON};
 use crate::shared::fake::MemStore;
 
 /// A demo-tokenizer bundle; `variant` changes its chat template (and so its fingerprint),
@@ -83,7 +83,7 @@ impl Updater {
     fn answer(&mut self, req: PartRequest) -> (u16, Option<String>, Vec<u8>) {
         let found = self.served.iter().find(|s| s.fingerprint == req.fingerprint);
         let (mut status, mut header, mut body) = match found {
-            Some(s) => match crate::bundle::part(&s.encoded, req.part as usize) {
+            Some(s) => match crate::wire::bundle::part(&s.encoded, req.part as usize) {
                 Some(p) => (200, Some(s.parts()), p.to_vec()),
                 None => (404, None, Vec::new()),
             },

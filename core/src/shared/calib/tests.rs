@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::load::WorkerLoad;
+use crate::decision::load::WorkerLoad;
 use crate::shared::fake::{MemStore, Tally};
 
 const M: &str = "llama";

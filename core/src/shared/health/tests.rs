@@ -1,4 +1,5 @@
 use super::*;
+use crate::decision::config::sync::FirstByteTimeout;
 use crate::shared::fake::MemStore;
 
 const W: &str = "127.0.0.1:8001";

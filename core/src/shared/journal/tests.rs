@@ -1,8 +1,8 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::index::Source;
 use crate::shared::fake::{MemStore, Tally};
+use crate::wire::journal::Source;
 
 fn entry(worker: &str, n: usize) -> JournalEntry {
     JournalEntry {

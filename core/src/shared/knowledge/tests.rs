@@ -1,9 +1,9 @@
 use serde_json::json;
 
 use super::*;
-use crate::config::FilterConfig;
+use crate::decision::config::FilterConfig;
 use crate::shared::fake::{MemStore, Tally};
-use crate::snapshot::WorkerKnowledge;
+use crate::wire::snapshot::WorkerKnowledge;
 
 const W: &str = "127.0.0.1:1";
 
@@ -12,17 +12,17 @@ fn router() -> Router {
     Router::new(&FilterConfig::from_json(cfg.to_string().as_bytes()).unwrap()).unwrap()
 }
 
-fn request() -> crate::request::ParsedRequest {
+fn request() -> crate::decision::request::ParsedRequest {
     let body = json!({"model":"m","prompt": (0..1024).collect::<Vec<u32>>()});
-    let e = crate::request::Endpoint::Completions;
-    crate::request::parse(e, body.to_string().as_bytes()).unwrap()
+    let e = crate::decision::request::Endpoint::Completions;
+    crate::decision::request::parse(e, body.to_string().as_bytes()).unwrap()
 }
 
 /// The request's first `k` block hashes, sorted as the updater sends them.
 fn blocks(k: usize) -> Vec<u64> {
     let seed = router().domain(&request()).map(|d| d.seed()).unwrap_or_default();
     let tokens: Vec<u32> = (0..1024).collect();
-    let mut h = crate::hash::block_hashes(seed, 16, &tokens);
+    let mut h = crate::decision::hash::block_hashes(seed, 16, &tokens);
     h.truncate(k);
     h.sort_unstable();
     h

@@ -1,8 +1,10 @@
 use super::*;
-use crate::journal::JournalEntry;
+use crate::decision::config::sync::JournalLimits;
+use crate::decision::load::worker_key;
 use crate::shared::fake::{MemStore, Tally};
-use crate::shared::journal::{self, JournalLimits};
-use crate::shared::load::{worker_key, Shard};
+use crate::shared::journal;
+use crate::shared::load::Shard;
+use crate::wire::journal::JournalEntry;
 
 const W: &str = "127.0.0.1:8001";
 
@@ -102,7 +104,7 @@ fn config_is_validated() {
     assert!(bad(PeerSyncConfig { max_hashes_per_report: 0, ..Default::default() })
         .contains("max_hashes_per_report"));
     let sync = |v: serde_json::Value| {
-        crate::config::SnapshotSyncConfig::from_json(v.to_string().as_bytes(), &|_| None)
+        crate::decision::config::SnapshotSyncConfig::from_json(v.to_string().as_bytes(), &|_| None)
     };
     let tok = "0123456789abcdef";
     let c = sync(serde_json::json!({"snapshot_sync": {"cluster": "u", "token": tok}}))

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kvroute_core::config::{FilterConfig, SnapshotSyncConfig};
+use kvroute_core::decision::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_stack::paths;
 use kvroute_stack::process::Guard;
 use serde_yaml_ng::Value;

@@ -2,7 +2,7 @@
 //! disagrees with another manifest or with the code's defaults.
 
 use anyhow::{anyhow, ensure, Context};
-use kvroute_core::config::FilterConfig;
+use kvroute_core::decision::config::FilterConfig;
 use serde_json::Value;
 
 use crate::deploy_k8s::manifests::{

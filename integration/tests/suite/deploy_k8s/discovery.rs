@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use anyhow::{bail, ensure, Context};
-use kvroute_core::config::FilterConfig;
+use kvroute_core::decision::config::FilterConfig;
 use kvroute_stack::paths;
 use serde_json::{json, Value};
 

@@ -2,7 +2,7 @@
 //! vm_id and module file, checked against the filter and the proxy that runs it.
 
 use anyhow::{anyhow, ensure, Context};
-use kvroute_core::config::SnapshotSyncConfig;
+use kvroute_core::decision::config::SnapshotSyncConfig;
 use serde_json::Value;
 
 use crate::deploy_k8s::checks::{

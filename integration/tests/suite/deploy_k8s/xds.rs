@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, ensure, Context};
-use kvroute_core::config::FilterConfig;
+use kvroute_core::decision::config::FilterConfig;
 use kvroute_stack::paths;
 use serde_json::Value;
 

@@ -1,0 +1,249 @@
+//! Deadlines, shedding and priority classes: what happens to a request after ranking.
+//!
+//! A request may carry a time-to-first-token deadline and a priority class (two headers, see
+//! [`AdmissionConfig`]). [`admit`] takes the ranked scores of a decision and returns a
+//! [`Verdict`]:
+//! - `Shed { reason: Saturated }` when the class has a `max_wait_ms` and even the
+//!   least-waiting worker would make the request wait longer than that before its prefill
+//!   (checked first: it is the class's policy, whatever the deadline);
+//! - `Shed { reason: Deadline }` or `BestEffort(Deadline)` (by `on_deadline_miss`) when no
+//!   worker's estimate meets the deadline;
+//! - `Admit` otherwise.
+//!
+//! An admitted or best-effort request is reordered for its class: workers whose estimate meets
+//! the deadline first, then by `ttft + (queue_weight - 1) * wait` (stable, so with weight 1 the
+//! router's own order, its tie-breaking included, is kept). A class with `queue_weight` 1 and
+//! no `max_wait_ms` (the default `interactive`) is therefore decided exactly as without
+//! classes; other classes only move or drop their own requests, which can only leave the
+//! interactive ones less queued work.
+//!
+//! Header values are untrusted bytes: anything that is not a plain positive decimal number of
+//! milliseconds, or not a class name, falls back to the defaults. They come from clients on
+//! purpose and steer nothing in their favour: a deadline can only get a request shed sooner
+//! (no deadline is the most lenient), and with the default class the most favoured one, naming
+//! another class can only cost the sender. A deployment whose default class is not the most
+//! favoured one must have a trusted gateway set or strip the priority header.
+
+mod config;
+#[cfg(test)]
+mod tests;
+
+pub use config::{AdmissionConfig, ClassConfig, MissPolicy};
+
+use crate::decision::cost::Score;
+use crate::decision::error::ApiError;
+
+/// Why a request was shed or routed best-effort.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// No worker's TTFT estimate meets the request's deadline.
+    Deadline,
+    /// The class's `max_wait_ms` is below the shortest estimated wait of the pool.
+    Saturated,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 2] = [Reason::Deadline, Reason::Saturated];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Deadline => "deadline",
+            Reason::Saturated => "saturated",
+        }
+    }
+}
+
+/// What to do with a ranked request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Admit,
+    /// Routed although it will (by the estimate) miss.
+    BestEffort(Reason),
+    /// Answered 429 with `Retry-After: retry_after_s` (>= 1).
+    Shed {
+        reason: Reason,
+        retry_after_s: u32,
+    },
+}
+
+impl Verdict {
+    /// Every outcome's [`Verdict::outcome`] name.
+    pub const OUTCOMES: [&'static str; 4] =
+        ["admitted", "shed_deadline", "shed_saturated", "best_effort_deadline"];
+
+    /// The outcome's counter name: `admitted`, `shed_<reason>` or `best_effort_<reason>`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Verdict::Admit => "admitted",
+            Verdict::Shed { reason: Reason::Deadline, .. } => "shed_deadline",
+            Verdict::Shed { reason: Reason::Saturated, .. } => "shed_saturated",
+            Verdict::BestEffort(Reason::Deadline) => "best_effort_deadline",
+            Verdict::BestEffort(Reason::Saturated) => "best_effort_saturated",
+        }
+    }
+}
+
+/// A request's admission inputs, resolved from its headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    /// The TTFT deadline in ms, if any.
+    pub deadline_ms: Option<u64>,
+    /// Index of its class in `AdmissionConfig::classes`.
+    pub class: usize,
+}
+
+/// Longest header value read as a deadline (digits, after trimming blanks).
+const MAX_DEADLINE_DIGITS: usize = 12;
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v.iter().position(|b| !matches!(b, b' ' | b'\t')).unwrap_or(v.len());
+    let end = v.iter().rposition(|b| !matches!(b, b' ' | b'\t')).map_or(start, |e| e + 1);
+    &v[start..end.max(start)]
+}
+
+/// A deadline header value: a positive decimal number of milliseconds, blanks around it
+/// allowed. `None` (the default applies) for `0`, empty, signs, fractions, non-digits, more
+/// than 12 digits, or bytes that are not text.
+pub fn parse_deadline_ms(v: &[u8]) -> Option<u64> {
+    let v = trim(v);
+    if v.is_empty() || v.len() > MAX_DEADLINE_DIGITS || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let ms = v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    (ms > 0).then_some(ms)
+}
+
+impl AdmissionConfig {
+    /// The class a priority header value selects (trimmed, ASCII case ignored); absent,
+    /// unknown or garbage: the default class.
+    pub fn class_of(&self, header: Option<&[u8]>) -> usize {
+        let by_header = header.map(trim).and_then(|v| {
+            self.classes.iter().position(|c| c.name.as_bytes().eq_ignore_ascii_case(v))
+        });
+        by_header.or_else(|| self.class_index(&self.default_class)).unwrap_or(0)
+    }
+
+    /// The deadline of a request: its header's, else its class's default, else its model's
+    /// (`model_default_ms`, 0: none).
+    pub fn deadline_ms(
+        &self,
+        header: Option<&[u8]>,
+        class: usize,
+        model_default_ms: u64,
+    ) -> Option<u64> {
+        let class_default = self.classes.get(class).map_or(0, |c| c.deadline_ms);
+        header
+            .and_then(parse_deadline_ms)
+            .or((class_default > 0).then_some(class_default))
+            .or((model_default_ms > 0).then_some(model_default_ms))
+    }
+
+    /// Both header values resolved.
+    pub fn ask(
+        &self,
+        deadline: Option<&[u8]>,
+        priority: Option<&[u8]>,
+        model_default_ms: u64,
+    ) -> Ask {
+        let class = self.class_of(priority);
+        Ask { deadline_ms: self.deadline_ms(deadline, class, model_default_ms), class }
+    }
+
+    /// The name of class `i` (for counters and messages).
+    pub fn class_name(&self, i: usize) -> &str {
+        self.classes.get(i).map_or("", |c| c.name.as_str())
+    }
+
+    /// `Retry-After` seconds for an estimate `over_ms` past its limit: at least 1, at most
+    /// `max_retry_after_s`, rounded up (the queue ahead must drain by about that much first).
+    pub fn retry_after_s(&self, over_ms: f64) -> u32 {
+        let max = self.max_retry_after_s.max(1);
+        if !over_ms.is_finite() {
+            return max;
+        }
+        let s = (over_ms.max(0.0) / 1000.0).ceil();
+        if s >= f64::from(max) {
+            max
+        } else {
+            (s as u32).clamp(1, max)
+        }
+    }
+}
+
+fn min_of(ranked: &[Score], f: impl Fn(&Score) -> f64) -> Option<f64> {
+    ranked.iter().map(f).min_by(f64::total_cmp)
+}
+
+/// Decides a ranked request's admission, and reorders `ranked` for its class unless it is
+/// shed (see the module documentation). An empty ranking is admitted as is.
+pub fn admit(ranked: &mut [Score], ask: &Ask, cfg: &AdmissionConfig) -> Verdict {
+    let Some(class) = cfg.classes.get(ask.class) else { return Verdict::Admit };
+    let (Some(best_ttft), Some(best_wait)) =
+        (min_of(ranked, |s| s.ttft_ms), min_of(ranked, |s| s.wait_ms))
+    else {
+        return Verdict::Admit;
+    };
+    if let Some(max_wait) = class.max_wait_ms {
+        if best_wait > max_wait {
+            let retry_after_s = cfg.retry_after_s(best_wait - max_wait);
+            return Verdict::Shed { reason: Reason::Saturated, retry_after_s };
+        }
+    }
+    let mut verdict = Verdict::Admit;
+    if let Some(d) = ask.deadline_ms.map(|d| d as f64) {
+        if best_ttft > d {
+            match class.on_deadline_miss.unwrap_or(cfg.on_deadline_miss) {
+                MissPolicy::Shed => {
+                    let retry_after_s = cfg.retry_after_s(best_ttft - d);
+                    return Verdict::Shed { reason: Reason::Deadline, retry_after_s };
+                }
+                MissPolicy::BestEffort => verdict = Verdict::BestEffort(Reason::Deadline),
+            }
+        }
+    }
+    let misses = |s: &Score| ask.deadline_ms.is_some_and(|d| s.ttft_ms > d as f64);
+    let extra = class.queue_weight - 1.0;
+    if extra > 0.0 {
+        let cost = |s: &Score| s.ttft_ms + extra * s.wait_ms;
+        ranked.sort_by(|a, b| misses(a).cmp(&misses(b)).then(cost(a).total_cmp(&cost(b))));
+    } else {
+        ranked.sort_by_key(misses);
+    }
+    verdict
+}
+
+/// The 429 body of a shed request (OpenAI's error shape; no prompt content).
+pub fn shed_error(
+    reason: Reason,
+    retry_after_s: u32,
+    ranked: &[Score],
+    ask: &Ask,
+    cfg: &AdmissionConfig,
+) -> ApiError {
+    let class = cfg.class_name(ask.class);
+    let (code, message) = match reason {
+        Reason::Deadline => {
+            let best = min_of(ranked, |s| s.ttft_ms).unwrap_or(f64::INFINITY);
+            (
+                "ttft_deadline_unmeetable",
+                format!(
+                    "no worker can return a first token within this request's {} ms deadline \
+                     (best estimate {best:.0} ms); retry after {retry_after_s} s",
+                    ask.deadline_ms.unwrap_or(0)
+                ),
+            )
+        }
+        Reason::Saturated => {
+            let wait = min_of(ranked, |s| s.wait_ms).unwrap_or(f64::INFINITY);
+            let limit = cfg.classes.get(ask.class).and_then(|c| c.max_wait_ms).unwrap_or(0.0);
+            (
+                "pool_saturated",
+                format!(
+                    "the pool is saturated for priority class '{class}' (shortest estimated \
+                     wait {wait:.0} ms, class limit {limit:.0} ms); retry after {retry_after_s} s"
+                ),
+            )
+        }
+    };
+    ApiError { status: 429, kind: "rate_limit_error", code, param: None, message }
+}

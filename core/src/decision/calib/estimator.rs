@@ -1,0 +1,312 @@
+//! The estimator of one model: weighted least squares with exponential forgetting over the
+//! cost model's four coefficients (relative to the prior; the prefill's per-token and
+//! per-token² terms as one speed, see [`ModelState::observe`]), a ridge towards the prior,
+//! Huber down-weighting of outliers, a box constraint, and per-worker deviations.
+
+use std::collections::HashMap;
+use std::f64::consts::LN_2;
+
+use super::{CalibrationConfig, ModelView, Sample};
+use crate::decision::cost::Profile;
+
+/// Learned coefficients: prefill base, per token, per token², decode interference.
+pub const DIM: usize = 4;
+/// Entries of the packed upper triangle of a `DIM`×`DIM` matrix.
+pub const PACKED: usize = DIM * (DIM + 1) / 2;
+/// Floor of the robust residual scale (relative): noiseless data must not lock it at 0.
+const MIN_SCALE: f64 = 0.02;
+/// Starting robust scale: residuals of a prior several times off are not outliers.
+pub const INITIAL_SCALE: f64 = 0.5;
+/// Ridge towards the prior for directions the data do not excite (in units of one sample
+/// that is all one term).
+const RIDGE: f64 = 0.01;
+/// Rate of the robust scale's moving average.
+const SCALE_RATE: f64 = 0.05;
+/// A worker's samples before it counts in the pool's median deviation.
+const MEDIAN_MIN_SAMPLES: u32 = 3;
+/// The median is moved into the model once it is this far from 1 (log units).
+const RECENTRE_LOG: f64 = 0.02;
+
+/// The prior's four learned coefficients.
+pub fn prior_coefficients(p: &Profile) -> [f64; DIM] {
+    [p.prefill_base_ms, p.prefill_ms_per_token, p.prefill_ms_per_token_sq, p.decode_interference_ms]
+}
+
+/// One worker's deviation from the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerDev {
+    pub worker: String,
+    /// Natural log of the factor.
+    pub log_dev: f64,
+    pub samples: u32,
+}
+
+/// Everything learned about one model; what shared data holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelState {
+    /// The prior's coefficients this state is relative to (a changed prior starts afresh).
+    pub prior: [f64; DIM],
+    /// Samples taken in.
+    pub samples: u64,
+    /// Forgotten sum of sample weights (the data's effective count).
+    pub weight: f64,
+    /// Forgotten information matrix (packed upper triangle) and right-hand side.
+    pub a: [f64; PACKED],
+    pub b: [f64; DIM],
+    /// Coefficients relative to the prior (1.0 = the prior's value).
+    pub theta: [f64; DIM],
+    /// Robust scale of the relative residuals.
+    pub scale: f64,
+    /// Sorted by worker, unique.
+    pub workers: Vec<WorkerDev>,
+}
+
+/// What became of one sample.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Outcome {
+    /// Taken in; `weight` < 1 when it was down-weighted as an outlier.
+    Used { weight: f64 },
+    /// Not usable: no positive time left after the fixed terms, or no features.
+    Rejected,
+}
+
+fn idx(i: usize, j: usize) -> usize {
+    let (i, j) = if i <= j { (i, j) } else { (j, i) };
+    i * DIM - i * (i + 1) / 2 + j
+}
+
+impl ModelState {
+    pub fn new(prior: &Profile) -> Self {
+        ModelState {
+            prior: prior_coefficients(prior),
+            samples: 0,
+            weight: 0.0,
+            a: [0.0; PACKED],
+            b: [0.0; DIM],
+            theta: [1.0; DIM],
+            scale: INITIAL_SCALE,
+            workers: Vec::new(),
+        }
+    }
+
+    /// Whether this state was learned against `prior`.
+    pub fn matches(&self, prior: &Profile) -> bool {
+        self.prior == prior_coefficients(prior)
+    }
+
+    /// The learned coefficients in ms units.
+    pub fn coefficients(&self) -> [f64; DIM] {
+        let mut c = self.prior;
+        for (c, t) in c.iter_mut().zip(&self.theta) {
+            *c *= t;
+        }
+        c
+    }
+
+    /// `prior` with the learned coefficients in place of its own.
+    pub fn profile(&self, prior: &Profile) -> Profile {
+        let [base, per_token, sq, interference] = self.coefficients();
+        Profile {
+            prefill_base_ms: base,
+            prefill_ms_per_token: per_token,
+            prefill_ms_per_token_sq: sq,
+            decode_interference_ms: interference,
+            ..*prior
+        }
+    }
+
+    /// The deviation factor of `worker` (1.0 if unknown).
+    pub fn deviation(&self, worker: &str) -> f64 {
+        self.find(worker).map_or(1.0, |i| self.workers[i].log_dev.exp())
+    }
+
+    fn find(&self, worker: &str) -> Option<usize> {
+        self.workers.binary_search_by(|w| w.worker.as_str().cmp(worker)).ok()
+    }
+
+    /// The model's estimate (ms, without the deviation and the fixed terms) for a sample's
+    /// features.
+    pub fn model_ms(&self, s: &Sample) -> f64 {
+        let x = features(s);
+        (0..DIM).map(|i| x[i] * self.prior[i] * self.theta[i]).sum()
+    }
+
+    /// The router's view, once there are `min_samples`.
+    pub fn view(&self, prior: &Profile, cfg: &CalibrationConfig) -> Option<ModelView> {
+        if !cfg.enabled || self.samples < cfg.min_samples || !self.matches(prior) {
+            return None;
+        }
+        let deviations: HashMap<String, f64> = self
+            .workers
+            .iter()
+            .filter(|w| w.samples >= cfg.min_worker_samples)
+            .map(|w| (w.worker.clone(), w.log_dev.exp()))
+            .collect();
+        Some(ModelView { profile: self.profile(prior), deviations, samples: self.samples })
+    }
+
+    /// Takes in one sample.
+    pub fn observe(&mut self, cfg: &CalibrationConfig, s: &Sample) -> Outcome {
+        let y = s.observed_ms - s.fixed_ms.max(0.0);
+        if !(s.observed_ms.is_finite() && s.fixed_ms.is_finite() && y > 0.0) {
+            return Outcome::Rejected;
+        }
+        let x = features(s);
+        let mut scaled: Vec<f64> = (0..DIM).map(|i| x[i] * self.prior[i]).collect();
+        let prior_ms: f64 = scaled.iter().sum();
+        // The attention term is learned with the per-token term, as one prefill speed.
+        let (keep, fold) = self.tied();
+        scaled[keep] += scaled[fold];
+        scaled[fold] = 0.0;
+        if !(prior_ms.is_finite() && prior_ms > 0.0) {
+            return Outcome::Rejected;
+        }
+        let u: Vec<f64> = scaled.iter().map(|v| v / prior_ms).collect();
+        let dev = self.deviation(&s.worker);
+        let t = y / dev / prior_ms;
+        let fitted: f64 = (0..DIM).map(|i| u[i] * self.theta[i]).sum();
+        let r = t - fitted;
+        let clip = cfg.outlier_clip * self.scale;
+        let weight = if r.abs() <= clip { 1.0 } else { clip / r.abs() };
+        self.scale = (self.scale + SCALE_RATE * (r.abs().min(clip) - self.scale)).max(MIN_SCALE);
+        let lambda = cfg.forgetting();
+        for i in 0..DIM {
+            for j in i..DIM {
+                let k = idx(i, j);
+                self.a[k] = lambda * self.a[k] + weight * u[i] * u[j];
+            }
+            self.b[i] = lambda * self.b[i] + weight * u[i] * t;
+        }
+        self.weight = lambda * self.weight + weight;
+        self.samples = self.samples.saturating_add(1);
+        self.solve(cfg);
+        self.update_deviation(cfg, &s.worker, y / (prior_ms * fitted.max(f64::MIN_POSITIVE)));
+        self.recentre(cfg);
+        Outcome::Used { weight }
+    }
+
+    /// The box-constrained solution with the prior as `prior_weight` pseudo-observations
+    /// spread like the data (`A · w0 / n`, so it pulls hardest where the data say most) plus
+    /// a small ridge for directions the data never excite; by projected Gauss–Seidel (the
+    /// matrix is symmetric positive definite, so it converges; warm-started).
+    #[allow(clippy::needless_range_loop)] // matrix code reads best with indices
+    fn solve(&mut self, cfg: &CalibrationConfig) {
+        let k = if self.weight > 0.0 { cfg.prior_weight / self.weight } else { 0.0 };
+        let m =
+            |i: usize, j: usize| self.a[idx(i, j)] * (1.0 + k) + if i == j { RIDGE } else { 0.0 };
+        let mut c = [0.0; DIM];
+        for (i, ci) in c.iter_mut().enumerate() {
+            let prior_pull: f64 = (0..DIM).map(|j| self.a[idx(i, j)] * k).sum();
+            *ci = self.b[i] + prior_pull + RIDGE;
+        }
+        let (lo, hi) = (1.0 / cfg.coefficient_bound, cfg.coefficient_bound);
+        for _ in 0..64 {
+            let mut moved = 0.0f64;
+            for i in 0..DIM {
+                if self.prior[i] <= 0.0 {
+                    self.theta[i] = 1.0;
+                    continue;
+                }
+                let diag = m(i, i);
+                let mut rhs = c[i];
+                for j in (0..DIM).filter(|&j| j != i) {
+                    rhs -= m(i, j) * self.theta[j];
+                }
+                let next = (rhs / diag).clamp(lo, hi);
+                if next.is_finite() {
+                    moved = moved.max((next - self.theta[i]).abs());
+                    self.theta[i] = next;
+                }
+            }
+            if moved < 1e-9 {
+                break;
+            }
+        }
+        let (keep, fold) = self.tied();
+        if self.prior[fold] > 0.0 {
+            self.theta[fold] = self.theta[keep];
+        }
+    }
+
+    /// The prefill's two per-token coefficients move together: `(kept, folded)` indices, the
+    /// folded one following the kept one. The ratio of attention to linear work is a property
+    /// of the model's shape (layers, heads, hidden size), which the configured profile states;
+    /// the GPU, its clocks and its neighbours change the speed of both alike. Learned apart,
+    /// the two are nearly collinear over the few prompt lengths a pool sees in a while, and the
+    /// square term (the least excited) wanders several times off while their sum fits.
+    fn tied(&self) -> (usize, usize) {
+        if self.prior[1] > 0.0 {
+            (1, 2)
+        } else {
+            (2, 1)
+        }
+    }
+
+    fn update_deviation(&mut self, cfg: &CalibrationConfig, worker: &str, ratio: f64) {
+        if !(ratio.is_finite() && ratio > 0.0) {
+            return;
+        }
+        let (lo, hi) = (cfg.deviation_min.ln(), cfg.deviation_max.ln());
+        let i = match self.find(worker) {
+            Some(i) => i,
+            None if self.workers.len() < cfg.max_workers && worker.len() <= 255 => {
+                let w = WorkerDev { worker: worker.to_owned(), log_dev: 0.0, samples: 0 };
+                let at = self.workers.partition_point(|w| w.worker.as_str() < worker);
+                self.workers.insert(at, w);
+                at
+            }
+            None => return,
+        };
+        let w = &mut self.workers[i];
+        let rate = cfg.deviation_rate().max(1.0 / f64::from(w.samples.saturating_add(1)));
+        // One sample moves the factor by at most a doubling or halving from where it is (a
+        // stalled request 20x late is one sample among many, not a new speed); a worker that
+        // really changed keeps moving it, sample after sample.
+        let step = (ratio.ln().clamp(lo, hi) - w.log_dev).clamp(-LN_2, LN_2);
+        w.log_dev = (w.log_dev + rate * step).clamp(lo, hi);
+        w.samples = w.samples.saturating_add(1);
+    }
+
+    /// Moves the pool's median deviation into the model, so that deviations say how a worker
+    /// differs from the typical one and a pool-wide change moves the coefficients.
+    fn recentre(&mut self, cfg: &CalibrationConfig) {
+        let mut logs: Vec<f64> = self
+            .workers
+            .iter()
+            .filter(|w| w.samples >= MEDIAN_MIN_SAMPLES)
+            .map(|w| w.log_dev)
+            .collect();
+        if logs.is_empty() {
+            return;
+        }
+        logs.sort_by(f64::total_cmp);
+        let m = logs[(logs.len() - 1) / 2];
+        if m.abs() < RECENTRE_LOG {
+            return;
+        }
+        let factor = m.exp();
+        let (lo, hi) = (cfg.deviation_min.ln(), cfg.deviation_max.ln());
+        for w in &mut self.workers {
+            w.log_dev = (w.log_dev - m).clamp(lo, hi);
+        }
+        for v in &mut self.b {
+            *v *= factor;
+        }
+        let bound = cfg.coefficient_bound;
+        for t in &mut self.theta {
+            *t = (*t * factor).clamp(1.0 / bound, bound);
+        }
+    }
+}
+
+/// The sample's features, in the order of [`prior_coefficients`].
+pub fn features(s: &Sample) -> [f64; DIM] {
+    let n = s.uncached_tokens as f64;
+    [
+        1.0 + crate::decision::cost::queued_steps(&s.load),
+        n + s.load.prefill_tokens as f64,
+        crate::decision::cost::attention_tokens(s.uncached_tokens, s.cached_tokens)
+            + s.load.prefill_sq_tokens as f64,
+        f64::from(s.load.decoding_requests()),
+    ]
+}

@@ -1,0 +1,405 @@
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::estimator::{prior_coefficients, DIM};
+use super::*;
+
+const WORKERS: [&str; 4] = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"];
+
+fn truth() -> Profile {
+    Profile::default()
+}
+
+fn scaled(p: &Profile, k: f64) -> Profile {
+    Profile {
+        prefill_base_ms: p.prefill_base_ms * k,
+        prefill_ms_per_token: p.prefill_ms_per_token * k,
+        prefill_ms_per_token_sq: p.prefill_ms_per_token_sq * k,
+        decode_interference_ms: p.decode_interference_ms * k,
+        ..*p
+    }
+}
+
+/// A request with features drawn like a mixed workload: prompts of 16 to 16 k uncached tokens
+/// (log-uniform), 0-3 queued prefills, 0-47 decoding requests.
+fn features(rng: &mut StdRng, worker: &str) -> Sample {
+    let uncached = (16.0 * 1024f64.powf(rng.random::<f64>())) as u64;
+    // Half the requests reuse a prefix of up to 8 k tokens.
+    let cached = if rng.random::<bool>() { rng.random_range(0..8192u64) } else { 0 };
+    let prefilling = rng.random_range(0..4u32);
+    let decoding = rng.random_range(0..48u32);
+    let queued: Vec<u64> = (0..prefilling).map(|_| rng.random_range(0..2048u64)).collect();
+    Sample {
+        worker: worker.into(),
+        uncached_tokens: uncached,
+        cached_tokens: cached,
+        load: WorkerLoad {
+            inflight_requests: prefilling + decoding,
+            prefilling_requests: prefilling,
+            prefill_tokens: queued.iter().sum(),
+            prefill_elapsed_ms: 0,
+            prefill_sq_tokens: queued.iter().map(|n| n * n).sum(),
+        },
+        fixed_ms: 0.0,
+        observed_ms: 0.0,
+    }
+}
+
+fn true_ms(p: &Profile, s: &Sample) -> f64 {
+    p.wait_ms(&s.load) + p.prefill_with_context_ms(s.uncached_tokens, s.cached_tokens)
+}
+
+/// Multiplicative noise of about ±10 % (log-normal-like, from a sum of uniforms).
+fn noise(rng: &mut StdRng) -> f64 {
+    let z: f64 = (0..4).map(|_| rng.random::<f64>() - 0.5).sum::<f64>() * 1.73;
+    (0.1 * z).exp()
+}
+
+/// Feeds `n` samples from `truth` with `slow[i]` the true factor of worker i; returns the
+/// relative errors of the estimate each sample met (deviation × model), in order.
+fn feed(
+    st: &mut ModelState,
+    cfg: &CalibrationConfig,
+    rng: &mut StdRng,
+    n: usize,
+    slow: [f64; 4],
+) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let w = rng.random_range(0..WORKERS.len());
+            let mut s = features(rng, WORKERS[w]);
+            s.observed_ms = true_ms(&truth(), &s) * slow[w] * noise(rng);
+            let predicted = st.deviation(WORKERS[w]) * st.model_ms(&s);
+            let err = (predicted - s.observed_ms).abs() / s.observed_ms;
+            assert!(matches!(st.observe(cfg, &s), Outcome::Used { .. }));
+            err
+        })
+        .collect()
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn assert_near(what: &str, got: f64, want: f64, tol: f64) {
+    assert!((got / want - 1.0).abs() <= tol, "{what}: got {got}, want {want} ± {}%", tol * 100.0);
+}
+
+#[test]
+fn from_a_prior_three_times_off_the_error_converges_within_100_samples_and_the_coefficients_within_400(
+) {
+    let cfg = CalibrationConfig::default();
+    for prior_scale in [3.0, 1.0 / 3.0] {
+        let prior = scaled(&truth(), prior_scale);
+        let mut st = ModelState::new(&prior);
+        let mut rng = StdRng::seed_from_u64(7);
+        let errors = feed(&mut st, &cfg, &mut rng, 400, [1.0; 4]);
+        assert!(errors[0] > 0.6, "the prior starts far off");
+        let late = median(&errors[300..]);
+        eprintln!(
+            "scale {prior_scale}: {:?} errors {} {} {}",
+            st.coefficients(),
+            median(&errors[100..200]),
+            median(&errors[200..300]),
+            late
+        );
+        eprintln!("devs {:?}", WORKERS.iter().map(|w| st.deviation(w)).collect::<Vec<_>>());
+        assert!(late < 0.12, "median relative error after warm-up: {late}");
+        let [base, per_token, sq, interference] = st.coefficients();
+        let t = truth();
+        assert_near("per_token", per_token, t.prefill_ms_per_token, 0.1);
+        // Learned as one prefill speed with the per-token term: as close as that one.
+        assert_near("per_token_sq", sq, t.prefill_ms_per_token_sq, 0.1);
+        assert!(
+            (sq / per_token - t.prefill_ms_per_token_sq / t.prefill_ms_per_token).abs() < 1e-12
+        );
+        assert_near("interference", interference, t.decode_interference_ms, 0.2);
+        assert_near("base", base, t.prefill_base_ms, 0.25);
+        let view = st.view(&prior, &cfg).expect("enough samples");
+        assert_eq!(view.profile.adapter_load_ms, prior.adapter_load_ms, "not learned: kept");
+        for w in WORKERS {
+            assert_near("deviation of an ordinary worker", st.deviation(w), 1.0, 0.15);
+        }
+    }
+}
+
+#[test]
+fn a_worker_slowed_twice_mid_stream_gets_a_deviation_near_two_within_40_of_its_samples() {
+    let cfg = CalibrationConfig::default();
+    let mut st = ModelState::new(&scaled(&truth(), 3.0));
+    let mut rng = StdRng::seed_from_u64(11);
+    feed(&mut st, &cfg, &mut rng, 400, [1.0; 4]);
+    let before = st.coefficients();
+    // 160 samples over 4 workers: about 40 of the slowed worker's own.
+    let errors = feed(&mut st, &cfg, &mut rng, 160, [1.0, 1.0, 2.0, 1.0]);
+    assert_near("slowed worker", st.deviation(WORKERS[2]), 2.0, 0.2);
+    for w in [0, 1, 3] {
+        assert_near("other workers", st.deviation(WORKERS[w]), 1.0, 0.15);
+    }
+    let after = st.coefficients();
+    for i in 0..DIM {
+        assert_near("the model stays the typical worker's", after[i], before[i], 0.2);
+    }
+    assert!(median(&errors[120..]) < 0.15);
+}
+
+#[test]
+fn outliers_do_not_move_the_estimates_much() {
+    let cfg = CalibrationConfig::default();
+    let prior = truth();
+    let mut clean = ModelState::new(&prior);
+    let mut dirty = ModelState::new(&prior);
+    let mut rng = StdRng::seed_from_u64(3);
+    feed(&mut clean, &cfg, &mut rng, 300, [1.0; 4]);
+    dirty.clone_from(&clean);
+    // One sample in ten stalled 20x (a paused engine, a GC, a slow network).
+    for i in 0..300 {
+        let w = i % WORKERS.len();
+        let mut s = features(&mut rng, WORKERS[w]);
+        let stall = if i % 10 == 0 { 20.0 } else { 1.0 };
+        s.observed_ms = true_ms(&truth(), &s) * noise(&mut rng) * stall;
+        dirty.observe(&cfg, &s);
+    }
+    let (c, d) = (clean.coefficients(), dirty.coefficients());
+    assert_near("per_token", d[1], c[1], 0.25);
+    for w in WORKERS {
+        assert_near("deviation", dirty.deviation(w), 1.0, 0.3);
+    }
+}
+
+#[test]
+fn unusable_samples_are_rejected_and_change_nothing() {
+    let cfg = CalibrationConfig::default();
+    let mut st = ModelState::new(&truth());
+    let mut rng = StdRng::seed_from_u64(1);
+    let base = features(&mut rng, WORKERS[0]);
+    let bad = [
+        Sample { observed_ms: 0.0, ..base.clone() },
+        Sample { observed_ms: -5.0, ..base.clone() },
+        Sample { observed_ms: f64::NAN, ..base.clone() },
+        Sample { observed_ms: f64::INFINITY, ..base.clone() },
+        Sample { observed_ms: 10.0, fixed_ms: 12.0, ..base.clone() },
+    ];
+    let before = st.clone();
+    for s in &bad {
+        assert_eq!(st.observe(&cfg, s), Outcome::Rejected);
+    }
+    assert_eq!(st, before);
+    let zero = Profile { prefill_base_ms: 0.0, ..truth() };
+    let mut st = ModelState::new(&zero);
+    let empty =
+        Sample { uncached_tokens: 0, load: WorkerLoad::default(), observed_ms: 5.0, ..base };
+    assert_eq!(st.observe(&cfg, &empty), Outcome::Rejected, "no feature: nothing to learn");
+}
+
+#[test]
+fn too_few_samples_or_another_prior_give_no_view() {
+    let cfg = CalibrationConfig { min_samples: 10, ..Default::default() };
+    let mut st = ModelState::new(&truth());
+    let mut rng = StdRng::seed_from_u64(5);
+    feed(&mut st, &cfg, &mut rng, 9, [1.0; 4]);
+    assert!(st.view(&truth(), &cfg).is_none());
+    feed(&mut st, &cfg, &mut rng, 1, [1.0; 4]);
+    assert!(st.view(&truth(), &cfg).is_some());
+    assert!(st.view(&scaled(&truth(), 2.0), &cfg).is_none());
+    assert!(st.view(&truth(), &CalibrationConfig { enabled: false, ..cfg }).is_none());
+    let mut view = Calibrated::default();
+    view.set("m", &st, &truth(), &cfg);
+    assert!(view.profile_for("m").is_some() && view.profile_for("other").is_none());
+    assert_eq!(view.deviation("m", "unknown:1"), 1.0);
+}
+
+#[test]
+fn golden_bytes() {
+    crate::conformance::shared_data::calibration_state_golden();
+}
+
+#[test]
+fn the_decoder_rejects_garbage_without_panicking() {
+    let st = ModelState::new(&truth());
+    let good = st.encode();
+    assert_eq!(ModelState::decode(&good[..good.len() - 1]), Err(codec::CodecError::Truncated));
+    assert_eq!(ModelState::decode(b"XYZ\x01"), Err(codec::CodecError::Magic));
+    let mut v2 = good.clone();
+    v2[3] = 2;
+    assert_eq!(ModelState::decode(&v2), Err(codec::CodecError::Version(2)));
+    let mut nan = good.clone();
+    nan[4..12].copy_from_slice(&f64::NAN.to_le_bytes());
+    assert_eq!(ModelState::decode(&nan), Err(codec::CodecError::Number));
+    let mut trailing = good.clone();
+    trailing.push(0);
+    assert_eq!(ModelState::decode(&trailing), Err(codec::CodecError::Trailing));
+    let mut unsorted = st.clone();
+    for name in ["b:1", "a:1"] {
+        unsorted.workers.push(WorkerDev { worker: name.into(), log_dev: 0.0, samples: 1 });
+    }
+    assert_eq!(ModelState::decode(&unsorted.encode()), Err(codec::CodecError::Worker));
+}
+
+#[test]
+fn configuration_defaults_and_validation() {
+    let cfg = CalibrationConfig::default();
+    assert!(cfg.validate().is_ok());
+    assert!((cfg.forgetting().powf(cfg.half_life_samples) - 0.5).abs() < 1e-9);
+    let bad = [
+        CalibrationConfig { half_life_samples: 0.0, ..cfg },
+        CalibrationConfig { prior_weight: f64::NAN, ..cfg },
+        CalibrationConfig { coefficient_bound: 0.5, ..cfg },
+        CalibrationConfig { deviation_min: 1.5, ..cfg },
+        CalibrationConfig { deviation_max: 0.5, ..cfg },
+        CalibrationConfig { max_workers: codec::MAX_WORKERS + 1, ..cfg },
+        CalibrationConfig { flush_samples: 0, ..cfg },
+    ];
+    for b in bad {
+        assert!(b.validate().is_err(), "{b:?}");
+    }
+    let parsed: CalibrationConfig =
+        serde_json::from_str(r#"{"min_samples": 5, "deviation_max": 8}"#).unwrap();
+    assert_eq!(parsed, CalibrationConfig { min_samples: 5, deviation_max: 8.0, ..cfg });
+    assert!(serde_json::from_str::<CalibrationConfig>(r#"{"nope": 1}"#).is_err());
+}
+
+fn arb_sample() -> impl Strategy<Value = Sample> {
+    (0usize..4, 0u64..200_000, 0u32..64, 0u32..64, 0u64..1_000_000, -10.0f64..1e6, -5.0f64..100.0)
+        .prop_map(|(w, n, p, d, q, obs, fixed)| Sample {
+            worker: WORKERS[w].into(),
+            uncached_tokens: n,
+            cached_tokens: 0,
+            load: WorkerLoad {
+                inflight_requests: p + d,
+                prefilling_requests: p,
+                prefill_tokens: q,
+                prefill_elapsed_ms: 0,
+                prefill_sq_tokens: 0,
+            },
+            fixed_ms: fixed,
+            observed_ms: obs,
+        })
+}
+
+proptest! {
+    #[test]
+    fn coefficients_stay_non_negative_bounded_and_round_trip(
+        samples in proptest::collection::vec(arb_sample(), 1..200),
+        scale in 0.05f64..20.0,
+    ) {
+        let cfg = CalibrationConfig::default();
+        let prior = scaled(&truth(), scale);
+        let mut st = ModelState::new(&prior);
+        for s in &samples {
+            st.observe(&cfg, s);
+        }
+        let p = prior_coefficients(&prior);
+        for (i, c) in st.coefficients().iter().enumerate() {
+            prop_assert!(c.is_finite() && *c >= 0.0);
+            prop_assert!(*c >= p[i] / cfg.coefficient_bound * (1.0 - 1e-9));
+            prop_assert!(*c <= p[i] * cfg.coefficient_bound * (1.0 + 1e-9));
+        }
+        for w in WORKERS {
+            let d = st.deviation(w);
+            prop_assert!(d >= cfg.deviation_min * (1.0 - 1e-9) && d <= cfg.deviation_max * (1.0 + 1e-9));
+        }
+        if let Some(v) = st.view(&prior, &CalibrationConfig { min_samples: 0, ..cfg }) {
+            prop_assert!(v.profile.validate().is_ok());
+        }
+        prop_assert_eq!(ModelState::decode(&st.encode()), Ok(st));
+    }
+}
+
+#[test]
+fn the_router_decides_with_the_calibrated_profile_and_each_workers_deviation() {
+    use crate::decision::config::FilterConfig;
+    use crate::decision::request::{parse, Endpoint};
+    use crate::decision::router::Router;
+    use std::sync::Arc;
+    let cfg = FilterConfig::from_json(
+        serde_json::json!({"models":[{"name":"m","workers":[WORKERS[0], WORKERS[1]]}],
+               "tie_band":{"abs_ms":0.0,"rel":0.0}, "calibration": {"min_samples": 50}})
+        .to_string()
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut router = Router::new(&cfg).unwrap();
+    let body = serde_json::json!({"model":"m","messages":[{"role":"user","content":"hello ".repeat(400)}]});
+    let q = parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap();
+    let idle = |_: &str| WorkerLoad::default();
+    let configured = router.decide(&q, 0, &idle, 0, 0).unwrap();
+    // The pool is 3x faster than configured, and worker 0 2x slower than worker 1.
+    let prior = cfg.models[0].profile;
+    let mut st = ModelState::new(&prior);
+    let mut rng = StdRng::seed_from_u64(9);
+    for i in 0..200 {
+        let w = i % 2;
+        let mut s = features(&mut rng, WORKERS[w]);
+        s.observed_ms = true_ms(&scaled(&prior, 1.0 / 3.0), &s) * [2.0, 1.0][w] * noise(&mut rng);
+        st.observe(&cfg.calibration, &s);
+    }
+    let mut view = Calibrated::default();
+    view.set("m", &st, &prior, &cfg.calibration);
+    router.set_calibration(Arc::new(view));
+    let calibrated = router.decide(&q, 0, &idle, 0, 0).unwrap();
+    assert_eq!(calibrated.primary().unwrap().worker, WORKERS[1], "the faster worker");
+    let by_worker = |d: &crate::decision::router::Decision, w: &str| {
+        d.ranked.iter().find(|s| s.worker == w).map(|s| s.ttft_ms).unwrap()
+    };
+    let fast = by_worker(&calibrated, WORKERS[1]) / by_worker(&configured, WORKERS[1]);
+    let slow = by_worker(&calibrated, WORKERS[0]) / by_worker(&configured, WORKERS[0]);
+    // The median worker is the model: one of the two deviates (by a factor of ~2) from it.
+    assert!((slow / fast - 2.0).abs() < 0.4, "slow/fast = {}", slow / fast);
+    assert!(fast > 0.2 && slow < 1.0, "the pool is faster than configured: {fast} {slow}");
+    assert!((calibrated.primary().unwrap().deviation - st.deviation(WORKERS[1])).abs() < 1e-12);
+}
+
+/// The dashboard's regime: short chat turns on a prefix-cached worker (30-70 uncached tokens,
+/// little queued), so the base and per-token features are almost collinear; what is observed
+/// is a simulator-like truth plus a constant overhead the model has no term for (1 ms: HTTP,
+/// Envoy) and ±10 % noise. The overhead goes to the base, the per-token cost stays put, and
+/// the estimate reaches the noise floor.
+#[test]
+fn short_prompts_with_a_constant_overhead_move_the_base_not_the_cost_per_token() {
+    let cfg = CalibrationConfig::default();
+    let sim = Profile {
+        prefill_base_ms: 4.8,
+        prefill_ms_per_token: 0.033,
+        prefill_ms_per_token_sq: 4.21e-7,
+        decode_interference_ms: 0.03,
+        ..truth()
+    };
+    const OVERHEAD_MS: f64 = 1.0;
+    for seed in 0..4 {
+        let mut st = ModelState::new(&truth());
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut errors = Vec::new();
+        for _ in 0..400 {
+            let w = WORKERS[rng.random_range(0..3)];
+            let prefilling = rng.random_range(0..2u32);
+            let decoding = rng.random_range(0..3u32);
+            let mut s = Sample {
+                worker: w.into(),
+                uncached_tokens: rng.random_range(30..70),
+                cached_tokens: 0,
+                load: WorkerLoad {
+                    inflight_requests: prefilling + decoding,
+                    prefilling_requests: prefilling,
+                    prefill_tokens: u64::from(prefilling) * rng.random_range(0..200u64),
+                    prefill_elapsed_ms: 0,
+                    prefill_sq_tokens: 0,
+                },
+                fixed_ms: 0.0,
+                observed_ms: 0.0,
+            };
+            s.observed_ms = (true_ms(&sim, &s) + OVERHEAD_MS) * noise(&mut rng);
+            let predicted = st.deviation(w) * st.model_ms(&s);
+            errors.push((predicted - s.observed_ms).abs() / s.observed_ms);
+            assert!(matches!(st.observe(&cfg, &s), Outcome::Used { .. }));
+        }
+        let [base, per_token, ..] = st.coefficients();
+        let late = median(&errors[300..]);
+        assert!(late < 0.12, "seed {seed}: median relative error after warm-up: {late}");
+        assert_near("per_token", per_token, sim.prefill_ms_per_token, 0.2);
+        assert_near("base", base, sim.prefill_base_ms + OVERHEAD_MS, 0.15);
+    }
+}

@@ -1,0 +1,596 @@
+//! The cost model: estimated time to first token in milliseconds, and ordered selection.
+//!
+//! `ttft(w) = wait(w) + prefill(uncached(w)) + transfer(offloaded(w)) + adapter(w)`, where
+//! `wait(w)` is the prefill work already queued on `w` (router-tracked uncached tokens of
+//! requests not yet at first token) plus the slowdown from the requests `w` is decoding,
+//! `transfer` moves prefix blocks that `w` holds only on a lower tier (CPU, storage) back to
+//! the GPU, and `adapter` loads the request's LoRA adapter on a worker that has not loaded it.
+//! The profile's numbers come from the plugin config.
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::load::WorkerLoad;
+
+/// Per-model timing profile (milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(default, deny_unknown_fields)]
+pub struct Profile {
+    /// Fixed cost of a prefill (scheduling, one forward pass floor).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    pub prefill_base_ms: f64,
+    /// Linear prefill cost per uncached token.
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    pub prefill_ms_per_token: f64,
+    /// Quadratic (attention) term per uncached token squared.
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    pub prefill_ms_per_token_sq: f64,
+    /// Extra wait per request the worker is decoding (decode steps interleave with prefill).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    pub decode_interference_ms: f64,
+    /// Cost of loading one cached token's KV from a lower tier (CPU, storage) to the GPU.
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    pub transfer_ms_per_token: f64,
+    /// Cost of loading a LoRA adapter on a worker that has not loaded it (reading the weights
+    /// and moving them to the GPU), paid by a request for that adapter before its prefill.
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    pub adapter_load_ms: f64,
+}
+
+impl Default for Profile {
+    /// An 8B-class model on one H100: ~30 k prefill tokens/s, ~5 ms decode step floor.
+    fn default() -> Self {
+        Profile {
+            prefill_base_ms: 5.0,
+            prefill_ms_per_token: 0.033,
+            prefill_ms_per_token_sq: 4.2e-7,
+            decode_interference_ms: 0.5,
+            // 128 KiB of KV per token (32 layers x 8 KV heads x 128 dims x K,V x bf16) over
+            // PCIe 5 at ~50 GB/s.
+            transfer_ms_per_token: 0.0026,
+            // A rank-16 adapter of an 8B model (tens of MB) read from local disk.
+            adapter_load_ms: 250.0,
+        }
+    }
+}
+
+impl Profile {
+    pub fn prefill_ms(&self, tokens: u64) -> f64 {
+        self.prefill_with_context_ms(tokens, 0)
+    }
+
+    /// Prefill of `tokens` new tokens on top of `cached` tokens already in the sequence's KV
+    /// (a reused prefix): each new token attends to the whole context, so the attention term is
+    /// `n · (2c + n)` (the square of the full prompt less the square of the reused part), and a
+    /// partial hit on a long prefix is not as cheap as a short prompt of the same new tokens.
+    pub fn prefill_with_context_ms(&self, tokens: u64, cached: u64) -> f64 {
+        let n = tokens as f64;
+        self.prefill_base_ms
+            + self.prefill_ms_per_token * n
+            + self.prefill_ms_per_token_sq * attention_tokens(tokens, cached)
+    }
+
+    /// `load` with the prefill its worker has done already taken off: since the oldest request
+    /// still in prefill was sent, `prefill_elapsed_ms` of work (at this profile's speed times
+    /// the worker's `deviation`) went into the queue, whose blocks are landing. The returned
+    /// load counts only the tokens still to compute (and no elapsed time).
+    ///
+    /// A queued token costs its linear part plus its share of the queue's attention
+    /// (`prefill_sq_tokens / prefill_tokens` of the squared term); the squares shrink with the
+    /// tokens left (as if every queued prompt had been worked on alike).
+    pub fn remaining(&self, load: &WorkerLoad, deviation: f64) -> WorkerLoad {
+        let tokens = load.prefill_tokens as f64;
+        let sq = load.prefill_sq_tokens as f64;
+        let attention_per_token = if tokens > 0.0 { sq / tokens } else { 0.0 };
+        let per_token = (self.prefill_ms_per_token
+            + self.prefill_ms_per_token_sq * attention_per_token)
+            * deviation;
+        let done = if per_token > 0.0 && per_token.is_finite() {
+            (load.prefill_elapsed_ms as f64 / per_token) as u64
+        } else {
+            0
+        };
+        let left = load.prefill_tokens.saturating_sub(done);
+        let share = if tokens > 0.0 { left as f64 / tokens } else { 0.0 };
+        WorkerLoad {
+            prefill_tokens: left,
+            prefill_sq_tokens: (sq * share * share) as u64,
+            prefill_elapsed_ms: 0,
+            ..*load
+        }
+    }
+
+    /// Waiting time before a new request's prefill starts on a worker with `load`: the queued
+    /// prefill (linear and attention terms, one base per request) and the decoding requests'
+    /// interference.
+    pub fn wait_ms(&self, load: &WorkerLoad) -> f64 {
+        let queued = load.prefill_tokens as f64 * self.prefill_ms_per_token
+            + load.prefill_sq_tokens as f64 * self.prefill_ms_per_token_sq
+            + queued_steps(load) * self.prefill_base_ms;
+        queued + f64::from(load.decoding_requests()) * self.decode_interference_ms
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let fields = [
+            ("prefill_base_ms", self.prefill_base_ms),
+            ("prefill_ms_per_token", self.prefill_ms_per_token),
+            ("prefill_ms_per_token_sq", self.prefill_ms_per_token_sq),
+            ("decode_interference_ms", self.decode_interference_ms),
+            ("transfer_ms_per_token", self.transfer_ms_per_token),
+            ("adapter_load_ms", self.adapter_load_ms),
+        ];
+        for (name, v) in fields {
+            if !v.is_finite() || v < 0.0 {
+                return Err(format!("profile.{name} must be a finite number >= 0, got {v}"));
+            }
+        }
+        if self.prefill_ms_per_token <= 0.0 && self.prefill_ms_per_token_sq <= 0.0 {
+            return Err("profile: prefill must cost something per token".into());
+        }
+        Ok(())
+    }
+}
+
+/// The step floors (`base`) a new request waits for on a worker with `load` before its own:
+/// one per request still in prefill.
+pub fn queued_steps(load: &WorkerLoad) -> f64 {
+    f64::from(load.prefilling_requests)
+}
+
+/// The attention work of `tokens` new tokens on top of `cached` ones: `n · (2c + n)`, i.e.
+/// `(c + n)² − c²` without the cancellation of two large squares.
+pub fn attention_tokens(tokens: u64, cached: u64) -> f64 {
+    let (n, c) = (tokens as f64, cached as f64);
+    n * (2.0 * c + n)
+}
+
+/// One worker as seen at decision time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub worker: String,
+    /// Leading prompt blocks believed cached on this worker (any tier).
+    pub cached_blocks: usize,
+    /// How many of those sit only on a lower tier and must be transferred.
+    pub offloaded_blocks: usize,
+    pub load: WorkerLoad,
+    /// The request names a LoRA adapter this worker has not loaded.
+    pub adapter_missing: bool,
+    /// This worker's learned speed relative to the model's profile (online calibration;
+    /// 1.0 without it): its wait and prefill estimates are multiplied by it.
+    pub deviation: f64,
+}
+
+/// A candidate's estimate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Score {
+    pub worker: String,
+    pub cached_tokens: u64,
+    pub uncached_tokens: u64,
+    pub wait_ms: f64,
+    pub prefill_ms: f64,
+    pub transfer_ms: f64,
+    /// Loading the request's adapter (0 where it is loaded, or for a base-model request).
+    pub adapter_ms: f64,
+    pub ttft_ms: f64,
+    /// The load the estimate saw, with the prefill done already taken off (online calibration
+    /// learns from it).
+    pub load: WorkerLoad,
+    /// The deviation factor applied to `wait_ms` and `prefill_ms`.
+    pub deviation: f64,
+}
+
+/// How close two estimates must be to count as a tie (then the choice is random).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(default, deny_unknown_fields)]
+pub struct TieBand {
+    /// Absolute width of the band (ms).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    pub abs_ms: f64,
+    /// Width of the band relative to the best estimate (0.05: 5 %).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    pub rel: f64,
+}
+
+impl Default for TieBand {
+    fn default() -> Self {
+        TieBand { abs_ms: 2.0, rel: 0.05 }
+    }
+}
+
+/// The most leading blocks an engine reuses for a prompt of `prompt_tokens` tokens.
+///
+/// The engine must compute at least the prompt's last token to get its logits, so its cache
+/// lookup stops at `prompt_tokens - 1` tokens, rounded down to whole blocks: at most
+/// `floor((n - 1) / block)` blocks. A prompt that is an exact multiple of the block size
+/// reuses one block less than it holds (64 tokens at block 16: 48 cached), and a prompt of one
+/// block or less reuses nothing. vLLM (its prefix-cache lookup bound) and SGLang (its radix
+/// match bound, page-aligned) apply the same rule, so it needs no per-engine choice.
+pub fn reusable_blocks(prompt_tokens: u64, block_size: u32) -> u64 {
+    match u64::from(block_size) {
+        0 => 0,
+        bs => prompt_tokens.saturating_sub(1) / bs,
+    }
+}
+
+/// [`reusable_blocks`] in tokens: the most cached tokens an engine reports for the prompt.
+pub fn reusable_tokens(prompt_tokens: u64, block_size: u32) -> u64 {
+    reusable_blocks(prompt_tokens, block_size) * u64::from(block_size)
+}
+
+/// Scores every candidate for a prompt of `prompt_tokens` tokens. Only the blocks the engine
+/// will reuse ([`reusable_blocks`]) are credited, whatever the worker holds.
+pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u32) -> Score {
+    let reusable = reusable_blocks(prompt_tokens, block_size);
+    let blocks = (c.cached_blocks as u64).min(reusable);
+    let cached = blocks * u64::from(block_size);
+    let uncached = prompt_tokens - cached;
+    let transferred = ((c.offloaded_blocks as u64).min(blocks)) * u64::from(block_size);
+    let deviation = if c.deviation.is_finite() && c.deviation > 0.0 { c.deviation } else { 1.0 };
+    let load = profile.remaining(&c.load, deviation);
+    let wait_ms = profile.wait_ms(&load) * deviation;
+    let prefill_ms = profile.prefill_with_context_ms(uncached, cached) * deviation;
+    let transfer_ms = transferred as f64 * profile.transfer_ms_per_token;
+    let adapter_ms = if c.adapter_missing { profile.adapter_load_ms } else { 0.0 };
+    Score {
+        worker: c.worker.clone(),
+        cached_tokens: cached,
+        uncached_tokens: uncached,
+        wait_ms,
+        prefill_ms,
+        transfer_ms,
+        adapter_ms,
+        ttft_ms: wait_ms + prefill_ms + transfer_ms + adapter_ms,
+        load,
+        deviation,
+    }
+}
+
+/// Ranks candidates: the primary is drawn (with `pick`, a random number) among those within the
+/// tie band of the best estimate that add the least prefill work (fewest uncached tokens,
+/// within a block); the rest follow by increasing estimate. Empty in, empty out.
+pub fn rank(
+    profile: &Profile,
+    candidates: &[Candidate],
+    prompt_tokens: u64,
+    block_size: u32,
+    tie: TieBand,
+    pick: u64,
+) -> Vec<Score> {
+    let mut scores: Vec<Score> =
+        candidates.iter().map(|c| score(profile, c, prompt_tokens, block_size)).collect();
+    scores.sort_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms).then_with(|| a.worker.cmp(&b.worker)));
+    let Some(best) = scores.first().map(|s| s.ttft_ms) else {
+        return scores;
+    };
+    let band = best + tie.abs_ms.max(tie.rel * best);
+    let ties = scores.iter().take_while(|s| s.ttft_ms <= band).count().max(1);
+    // Among ties, the least work added: a worker that shares more of the prompt (cached, or in
+    // flight there) leaves the others free; equal work is drawn at random.
+    let least = scores[..ties].iter().map(|s| s.uncached_tokens).min().unwrap_or(0);
+    let near = u64::from(block_size.max(1));
+    let lightest: Vec<usize> =
+        (0..ties).filter(|&i| scores[i].uncached_tokens < least + near).collect();
+    let chosen = lightest[(pick % lightest.len().max(1) as u64) as usize % lightest.len().max(1)];
+    let primary = scores.remove(chosen);
+    scores.insert(0, primary);
+    scores
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const PROMPT: u64 = 4096;
+    const BS: u32 = 16;
+
+    fn load(prefill_tokens: u64, prefilling: u32, inflight: u32) -> WorkerLoad {
+        WorkerLoad {
+            inflight_requests: inflight,
+            prefilling_requests: prefilling,
+            prefill_tokens,
+            prefill_elapsed_ms: 0,
+            prefill_sq_tokens: 0,
+        }
+    }
+
+    /// The design's three reference cases, output budget equal: A idle without the blocks,
+    /// B busy (40 decoding requests) with the full prefix, C moderately loaded (1000 queued
+    /// prefill tokens, 4 decoding) with half the prefix.
+    fn reference_cases() -> Vec<Candidate> {
+        vec![
+            Candidate {
+                worker: "A".into(),
+                cached_blocks: 0,
+                offloaded_blocks: 0,
+                load: load(0, 0, 0),
+                adapter_missing: false,
+                deviation: 1.0,
+            },
+            Candidate {
+                worker: "B".into(),
+                cached_blocks: 256,
+                offloaded_blocks: 0,
+                load: load(0, 0, 40),
+                adapter_missing: false,
+                deviation: 1.0,
+            },
+            Candidate {
+                worker: "C".into(),
+                cached_blocks: 128,
+                offloaded_blocks: 0,
+                load: load(1000, 1, 5),
+                adapter_missing: false,
+                deviation: 1.0,
+            },
+        ]
+    }
+
+    fn winner(profile: Profile) -> String {
+        rank(&profile, &reference_cases(), PROMPT, BS, TieBand { abs_ms: 0.0, rel: 0.0 }, 0)
+            .remove(0)
+            .worker
+    }
+
+    fn profile(per_token: f64, interference: f64) -> Profile {
+        Profile {
+            prefill_base_ms: 0.0,
+            prefill_ms_per_token: per_token,
+            prefill_ms_per_token_sq: 0.0,
+            decode_interference_ms: interference,
+            transfer_ms_per_token: 0.0,
+            adapter_load_ms: 0.0,
+        }
+    }
+
+    #[test]
+    fn cheap_recompute_and_costly_queueing_pick_the_idle_worker() {
+        assert_eq!(winner(profile(0.01, 5.0)), "A");
+    }
+
+    #[test]
+    fn costly_recompute_and_cheap_queueing_pick_the_busy_worker_with_the_prefix() {
+        assert_eq!(winner(profile(0.5, 2.0)), "B");
+    }
+
+    #[test]
+    fn balanced_costs_pick_the_moderate_worker_with_partial_reuse() {
+        assert_eq!(winner(profile(0.05, 8.0)), "C");
+    }
+
+    #[test]
+    fn near_ties_are_broken_by_the_pick() {
+        let c: Vec<Candidate> = ["x", "y", "z"]
+            .iter()
+            .map(|w| Candidate {
+                worker: w.to_string(),
+                cached_blocks: 0,
+                offloaded_blocks: 0,
+                load: load(0, 0, 0),
+                adapter_missing: false,
+                deviation: 1.0,
+            })
+            .collect();
+        let p = Profile::default();
+        let firsts: std::collections::BTreeSet<String> = (0..3)
+            .map(|pick| rank(&p, &c, 100, BS, TieBand::default(), pick)[0].worker.clone())
+            .collect();
+        assert_eq!(firsts.len(), 3);
+    }
+
+    #[test]
+    fn prefill_done_since_the_oldest_request_was_sent_is_not_waited_for() {
+        let p = profile(0.1, 1.0);
+        let queued = |elapsed| WorkerLoad { prefill_elapsed_ms: elapsed, ..load(10_000, 2, 3) };
+        let wait = |elapsed| {
+            score(&p, &Candidate { load: queued(elapsed), ..reference_cases()[0].clone() }, 100, BS)
+                .wait_ms
+        };
+        // 1000 ms of queued prefill plus one decoding request.
+        assert!((wait(0) - 1_001.0).abs() < 1e-9);
+        // 400 ms in, 600 ms of it are left: its blocks are landing.
+        assert!((wait(400) - 601.0).abs() < 1e-9);
+        assert_eq!(
+            score(&p, &Candidate { load: queued(400), ..reference_cases()[0].clone() }, 100, BS)
+                .load
+                .prefill_tokens,
+            6_000
+        );
+        // Past the whole queue only the decoding request is left; a slower worker is less far.
+        assert!((wait(5_000) - 1.0).abs() < 1e-9);
+        let slow = Candidate { load: queued(400), deviation: 2.0, ..reference_cases()[0].clone() };
+        assert!((score(&p, &slow, 100, BS).wait_ms - 2.0 * 801.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_queued_prompt_costs_what_computing_it_here_would() {
+        let p = Profile::default();
+        let idle = Candidate { load: WorkerLoad::default(), ..reference_cases()[0].clone() };
+        let own = score(&p, &idle, 8_000, BS);
+        // The same 8 k-token prompt queued on a worker (sent just now): waiting for it costs
+        // its whole prefill, attention included, not only its linear part.
+        let one = WorkerLoad {
+            inflight_requests: 1,
+            prefilling_requests: 1,
+            prefill_tokens: 8_000,
+            prefill_sq_tokens: 64_000_000,
+            prefill_elapsed_ms: 0,
+        };
+        let behind = score(&p, &Candidate { load: one, ..idle.clone() }, 0, BS);
+        assert!((behind.wait_ms - own.prefill_ms).abs() < 1e-9, "{behind:?} {own:?}");
+        // Eight 1 k-token prompts queue less attention than one 8 k-token prompt.
+        let eight = WorkerLoad {
+            prefilling_requests: 8,
+            inflight_requests: 8,
+            prefill_sq_tokens: 8_000_000,
+            ..one
+        };
+        let many = score(&p, &Candidate { load: eight, ..idle.clone() }, 0, BS);
+        let attention_gap = p.prefill_ms_per_token_sq * 56_000_000.0;
+        let bases = 7.0 * p.prefill_base_ms;
+        assert!((behind.wait_ms - (many.wait_ms - bases) - attention_gap).abs() < 1e-6);
+        // Half of it done: the linear part halves, the attention part shrinks to a quarter.
+        let per_token = p.prefill_ms_per_token + p.prefill_ms_per_token_sq * 8_000.0;
+        let half = WorkerLoad { prefill_elapsed_ms: (4_000.0 * per_token).round() as u64, ..one };
+        let left = score(&p, &Candidate { load: half, ..idle }, 0, BS);
+        // (The elapsed time is in whole milliseconds: within a millisecond's tokens.)
+        assert!((left.load.prefill_tokens as f64 - 4_000.0).abs() < 1.0 / per_token, "{left:?}");
+        assert!((left.load.prefill_sq_tokens as f64 / 16e6 - 1.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn a_partial_hit_still_pays_attention_over_the_reused_prefix() {
+        let p = Profile::default();
+        // 1 000 new tokens after 7 000 reused ones attend to all 8 000.
+        let partial = p.prefill_with_context_ms(1_000, 7_000);
+        let short = p.prefill_ms(1_000);
+        let full = p.prefill_ms(8_000);
+        let want = p.prefill_ms_per_token_sq * (64e6 - 49e6 - 1e6);
+        assert!((partial - short - want).abs() < 1e-9);
+        assert!(short < partial && partial < full);
+        assert_eq!(p.prefill_with_context_ms(1_000, 0), short);
+    }
+
+    #[test]
+    fn the_engine_recomputes_the_last_token_so_an_exact_multiple_reuses_one_block_less() {
+        assert_eq!(reusable_tokens(64, 16), 48);
+        assert_eq!(reusable_tokens(65, 16), 64);
+        assert_eq!(reusable_tokens(63, 16), 48);
+        assert_eq!(reusable_tokens(17, 16), 16);
+        assert_eq!(reusable_tokens(16, 16), 0);
+        assert_eq!(reusable_tokens(5, 16), 0);
+        assert_eq!(reusable_tokens(0, 16), 0);
+        assert_eq!(reusable_tokens(100, 0), 0);
+        // Page size 1 (SGLang's default): everything but the last token.
+        assert_eq!(reusable_tokens(100, 1), 99);
+        let p = Profile::default();
+        for blocks in 1..8u64 {
+            let prompt = blocks * u64::from(BS);
+            let c = Candidate {
+                worker: "w".into(),
+                cached_blocks: blocks as usize,
+                offloaded_blocks: blocks as usize,
+                load: load(0, 0, 0),
+                adapter_missing: false,
+                deviation: 1.0,
+            };
+            let s = score(&p, &c, prompt, BS);
+            assert_eq!(s.cached_tokens, prompt - u64::from(BS), "{prompt}");
+            assert_eq!(s.uncached_tokens, u64::from(BS));
+            let want = (prompt - u64::from(BS)) as f64 * p.transfer_ms_per_token;
+            assert!((s.transfer_ms - want).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn invalid_profiles_are_rejected() {
+        assert!(profile(-1.0, 0.0).validate().is_err());
+        assert!(profile(f64::NAN, 0.0).validate().is_err());
+        assert!(profile(0.0, 1.0).validate().is_err());
+        assert!(Profile::default().validate().is_ok());
+    }
+
+    fn arb_candidate() -> impl Strategy<Value = Candidate> {
+        (0usize..300, 0u64..20_000, 0u32..8, 0u32..64, 0usize..300).prop_map(|(b, t, p, i, o)| {
+            Candidate {
+                worker: format!("w{b}-{t}-{p}-{i}-{o}"),
+                cached_blocks: b,
+                offloaded_blocks: o.min(b),
+                load: load(t, p, p + i),
+                adapter_missing: false,
+                deviation: 1.0,
+            }
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn more_cached_blocks_never_cost_more(c in arb_candidate(), extra in 0usize..50, prompt in 0u64..8192) {
+            let p = Profile::default();
+            let more = Candidate { cached_blocks: c.cached_blocks + extra, ..c.clone() };
+            prop_assert!(score(&p, &more, prompt, BS).ttft_ms <= score(&p, &c, prompt, BS).ttft_ms);
+        }
+
+        #[test]
+        fn credit_never_exceeds_what_the_engine_reuses(c in arb_candidate(), prompt in 0u64..8192, bs in 1u32..64) {
+            let s = score(&Profile::default(), &c, prompt, bs);
+            prop_assert!(s.cached_tokens <= reusable_tokens(prompt, bs));
+            prop_assert!(s.cached_tokens < prompt || prompt == 0);
+            prop_assert_eq!(s.cached_tokens % u64::from(bs), 0);
+            prop_assert_eq!(s.cached_tokens + s.uncached_tokens, prompt);
+        }
+
+        #[test]
+        fn gpu_blocks_beat_offloaded_ones_which_beat_recompute(c in arb_candidate(), k in 0usize..300, prompt in 0u64..8192) {
+            let p = Profile::default();
+            let moved = Candidate { offloaded_blocks: (c.offloaded_blocks + k).min(c.cached_blocks), ..c.clone() };
+            let none = Candidate { cached_blocks: 0, offloaded_blocks: 0, ..c.clone() };
+            let (base, after) = (score(&p, &c, prompt, BS), score(&p, &moved, prompt, BS));
+            prop_assert!(after.ttft_ms >= base.ttft_ms);
+            // Loading over PCIe is cheaper than recomputing in the default profile.
+            prop_assert!(after.ttft_ms <= score(&p, &none, prompt, BS).ttft_ms);
+            prop_assert!(after.transfer_ms >= 0.0 && after.transfer_ms <= after.cached_tokens as f64 * p.transfer_ms_per_token);
+        }
+
+        #[test]
+        fn more_elapsed_prefill_never_costs_more(c in arb_candidate(), e in 0u64..10_000, more in 0u64..10_000) {
+            let p = Profile::default();
+            let at = |elapsed| Candidate { load: WorkerLoad { prefill_elapsed_ms: elapsed, ..c.load }, ..c.clone() };
+            prop_assert!(score(&p, &at(e + more), 4096, BS).ttft_ms <= score(&p, &at(e), 4096, BS).ttft_ms);
+        }
+
+        #[test]
+        fn more_load_never_costs_less(c in arb_candidate(), t in 0u64..5000, d in 0u32..10) {
+            let p = Profile::default();
+            let started = WorkerLoad {
+                inflight_requests: c.load.inflight_requests + 1,
+                prefilling_requests: c.load.prefilling_requests + 1,
+                prefill_tokens: c.load.prefill_tokens + t, prefill_elapsed_ms: 0, prefill_sq_tokens: 0,
+            };
+            let busier = Candidate { load: started, ..c.clone() };
+            let decoding = Candidate { load: WorkerLoad { inflight_requests: c.load.inflight_requests + d, ..c.load }, ..c.clone() };
+            let base = score(&p, &c, 4096, BS).ttft_ms;
+            prop_assert!(score(&p, &busier, 4096, BS).ttft_ms >= base);
+            prop_assert!(score(&p, &decoding, 4096, BS).ttft_ms >= base);
+        }
+
+        #[test]
+        fn the_worker_with_the_adapter_loaded_ranks_first_until_its_queue_outweighs_loading_it(
+            c in arb_candidate(), others in 1usize..6, prompt in 0u64..32_768, pick in any::<u64>()
+        ) {
+            let p = Profile::default();
+            let exact = TieBand { abs_ms: 0.0, rel: 0.0 };
+            let mut cs = vec![Candidate { worker: "loaded".into(), ..c.clone() }];
+            cs.extend((0..others).map(|i| Candidate {
+                worker: format!("cold{i}"),
+                adapter_missing: true,
+                ..c.clone()
+            }));
+            prop_assert_eq!(&rank(&p, &cs, prompt, BS, exact, pick)[0].worker, "loaded");
+            // Queued prefill work on it that takes longer than loading the adapter: it loses.
+            cs[0].load.prefill_tokens += (p.adapter_load_ms / p.prefill_ms_per_token) as u64 + 1;
+            prop_assert_ne!(&rank(&p, &cs, prompt, BS, exact, pick)[0].worker, "loaded");
+        }
+
+        #[test]
+        fn ranking_is_a_permutation_with_primary_in_the_tie_band(
+            cs in proptest::collection::vec(arb_candidate(), 1..8), pick in any::<u64>()
+        ) {
+            let p = Profile::default();
+            let tie = TieBand::default();
+            let r = rank(&p, &cs, 4096, BS, tie, pick);
+            prop_assert_eq!(r.len(), cs.len());
+            let best = r.iter().map(|s| s.ttft_ms).fold(f64::INFINITY, f64::min);
+            prop_assert!(r[0].ttft_ms <= best + tie.abs_ms.max(tie.rel * best));
+            for w in r[1..].windows(2) {
+                prop_assert!(w[0].ttft_ms <= w[1].ttft_ms);
+            }
+            let mut a: Vec<_> = r.iter().map(|s| s.worker.clone()).collect();
+            let mut b: Vec<_> = cs.iter().map(|c| c.worker.clone()).collect();
+            a.sort();
+            b.sort();
+            prop_assert_eq!(a, b);
+        }
+    }
+}

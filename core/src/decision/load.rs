@@ -1,0 +1,56 @@
+//! Router-tracked load of one worker, as a decision sees it: summed over every Envoy thread's
+//! in-flight requests by the load shards in shared data.
+
+/// The key of a worker address in load shards and in peers' reports.
+pub fn worker_key(worker: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(worker.as_bytes())
+}
+
+/// What kvroute itself has sent to a worker and not yet seen finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkerLoad {
+    /// Requests sent and not yet ended (finished, failed or reset).
+    pub inflight_requests: u32,
+    /// Requests still in prefill (no response byte yet).
+    pub prefilling_requests: u32,
+    /// Uncached prompt tokens of requests still in prefill.
+    pub prefill_tokens: u64,
+    /// How long ago the oldest request still in prefill was sent (ms; 0: not known). A worker
+    /// busy with its queue since then has done that much of the queued prefill already (see
+    /// [`crate::decision::cost::Profile::remaining`]).
+    pub prefill_elapsed_ms: u64,
+    /// The sum over requests still in prefill of their uncached tokens squared: the attention
+    /// part of their prefill grows with the square of a prompt's length, so one 8 k-token
+    /// prompt queued costs more than eight 1 k-token ones (see [`crate::decision::cost::Profile::wait_ms`]).
+    pub prefill_sq_tokens: u64,
+}
+
+impl WorkerLoad {
+    /// Requests past prefill, now decoding.
+    pub fn decoding_requests(&self) -> u32 {
+        self.inflight_requests.saturating_sub(self.prefilling_requests)
+    }
+}
+
+impl WorkerLoad {
+    /// `prefill_sq_tokens` for `tokens` split evenly over `requests` (the least it can be), for
+    /// loads known only by their totals (other replicas' reports, unseen requests).
+    pub fn even_sq_tokens(tokens: u64, requests: u32) -> u64 {
+        if requests == 0 {
+            return 0;
+        }
+        let t = u128::from(tokens);
+        u64::try_from(t * t / u128::from(requests)).unwrap_or(u64::MAX)
+    }
+
+    /// Both loads together (saturating): this replica's and other replicas' in-flight work.
+    pub fn plus(self, other: WorkerLoad) -> WorkerLoad {
+        WorkerLoad {
+            inflight_requests: self.inflight_requests.saturating_add(other.inflight_requests),
+            prefilling_requests: self.prefilling_requests.saturating_add(other.prefilling_requests),
+            prefill_tokens: self.prefill_tokens.saturating_add(other.prefill_tokens),
+            prefill_elapsed_ms: self.prefill_elapsed_ms.max(other.prefill_elapsed_ms),
+            prefill_sq_tokens: self.prefill_sq_tokens.saturating_add(other.prefill_sq_tokens),
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The router of one Envoy thread: an immutable [`Plan`] (models, bundles, pools, profiles,
+//! LoRA adapters, limits), built once per configuration or bundle change and swapped whole;
+//! the mutable [`Knowledge`] of workers (blocks, verdicts, load, loaded adapters); and the
+//! thread's [`TokenCache`]. `decide` turns a parsed request into an ordered list of workers of
+//! its model's pool.
+
+mod decision;
+mod knowledge;
+mod plan;
+#[cfg(test)]
+mod tests;
+mod tokens;
+
+pub use decision::{combine_load, Decision, FallbackReason};
+pub use knowledge::Knowledge;
+pub use plan::{ModelPlan, Plan};
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::decision::config::{ConfigError, FilterConfig};
+use crate::decision::cost::{rank, Candidate};
+use crate::decision::error::ApiError;
+use crate::decision::hash::{block_hashes, CacheDomain};
+use crate::decision::index::PrefixMatch;
+use crate::decision::load::WorkerLoad;
+use crate::decision::lookahead::{replica, Held};
+use crate::decision::request::{LoadOnly, ParsedRequest};
+use crate::decision::tokenize::model::{ModelBundle, ModelError};
+use crate::decision::tokenize::tokcache::{TokenCache, TokenCacheLimits, TokenCacheStats};
+use crate::wire::journal::Source;
+use crate::wire::snapshot::{ModelInfo, ReportedLoad};
+
+/// One Envoy thread's router.
+pub struct Router {
+    plan: Arc<Plan>,
+    knowledge: Knowledge,
+    /// Interior mutability: `decide` takes `&self`, and each thread has its own router.
+    tokens: RefCell<TokenCache>,
+    /// A monotonic-enough clock in nanoseconds, to time rendering + tokenization.
+    clock: Option<fn() -> u64>,
+    /// Learned cost profiles and per-worker deviations (online calibration), when in use.
+    calibration: Arc<crate::decision::calib::Calibrated>,
+}
+
+/// A request's `model` resolved against the plan: its base model's entry, and the adapter it
+/// names when it names one.
+struct Target {
+    model: Arc<ModelPlan>,
+    adapter: Option<String>,
+}
+
+impl Target {
+    fn domain(&self, tenant_salt: Option<String>) -> Option<CacheDomain> {
+        Some(CacheDomain {
+            model: self.model.name.clone(),
+            tokenizer_fingerprint: self.model.fingerprint()?,
+            block_size: self.model.block_size,
+            lora_name: self.adapter.clone().or_else(|| self.model.lora_name.clone()),
+            tenant_salt,
+        })
+    }
+}
+
+impl Router {
+    /// Builds the router, loading every model's tokenizer and template.
+    pub fn new(cfg: &FilterConfig) -> Result<Self, ConfigError> {
+        Ok(Router::with_plan(cfg, Arc::new(Plan::new(cfg)?)))
+    }
+
+    /// A router over an already built plan, with empty knowledge sized by `cfg`.
+    pub fn with_plan(cfg: &FilterConfig, plan: Arc<Plan>) -> Router {
+        Router {
+            plan,
+            knowledge: Knowledge::new(cfg),
+            tokens: RefCell::new(TokenCache::new(TokenCacheLimits::default())),
+            clock: None,
+            calibration: Arc::default(),
+        }
+    }
+
+    /// Gives the router a clock (ns) so each decision reports its rendering + tokenization
+    /// time ([`Decision::tokenize_us`]).
+    pub fn set_clock(&mut self, clock: fn() -> u64) {
+        self.clock = Some(clock);
+    }
+
+    /// Uses these learned profiles and deviations from now on (see [`crate::decision::calib`]).
+    pub fn set_calibration(&mut self, calibration: Arc<crate::decision::calib::Calibrated>) {
+        self.calibration = calibration;
+    }
+
+    pub fn plan(&self) -> &Arc<Plan> {
+        &self.plan
+    }
+
+    /// Replaces the plan whole (knowledge stays); returns the previous one. Decisions already
+    /// made keep their model's entry of the plan they were made with.
+    pub fn swap_plan(&mut self, plan: Arc<Plan>) -> Arc<Plan> {
+        std::mem::replace(&mut self.plan, plan)
+    }
+
+    /// Sets the bundle of a model fed by the updater (`None`: routed load-only, `no_bundle`)
+    /// by swapping in a plan that differs in that entry only.
+    pub fn set_bundle(&mut self, model: &str, bundle: Option<ModelBundle>) {
+        self.plan = Arc::new(self.plan.with_bundle(model, bundle));
+    }
+
+    pub fn knowledge(&self) -> &Knowledge {
+        &self.knowledge
+    }
+
+    pub fn knowledge_mut(&mut self) -> &mut Knowledge {
+        &mut self.knowledge
+    }
+
+    /// The token cache's counters (hits, misses, tokens saved, ...).
+    pub fn token_cache_stats(&self) -> TokenCacheStats {
+        self.tokens.try_borrow().map(|c| c.stats()).unwrap_or_default()
+    }
+
+    pub fn set_token_cache_limits(&self, limits: TokenCacheLimits) {
+        if let Ok(mut c) = self.tokens.try_borrow_mut() {
+            c.set_limits(limits);
+        }
+    }
+
+    /// The configured workers of base model `model`.
+    pub fn workers(&self, model: &str) -> Option<&[String]> {
+        self.plan.model(model).map(|m| m.workers.as_slice())
+    }
+
+    /// The workers `model`'s requests go to now: the updater's pool for it when the updater
+    /// lists the whole pool and names members of `model`, else the configured workers.
+    pub fn pool(&self, model: &str) -> Option<&[String]> {
+        let m = self.plan.model(model)?;
+        Some(self.knowledge.pool_members(model).unwrap_or(&m.workers))
+    }
+
+    /// Every configured worker, across models.
+    pub fn all_workers(&self) -> impl Iterator<Item = &str> {
+        self.plan.all_workers()
+    }
+
+    /// Every worker a decision may name: the configured ones and the members of the updater's
+    /// pools (discovered workers), sorted, each once.
+    pub fn routable_workers(&self) -> Vec<&str> {
+        let mut all: Vec<&str> =
+            self.plan.all_workers().chain(self.knowledge.all_pool_members()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
+    /// A model name or adapter resolved to its base model's plan entry; `None` is a 404.
+    fn resolve(&self, model: &str) -> Option<Target> {
+        if let Some(m) = self.plan.model(model) {
+            return Some(Target { model: Arc::clone(m), adapter: None });
+        }
+        let base =
+            self.plan.configured_base(model).or_else(|| self.knowledge.adapter_base(model))?;
+        let m = self.plan.model(base)?;
+        Some(Target { model: Arc::clone(m), adapter: Some(model.to_owned()) })
+    }
+
+    /// The cache domain a request belongs to (an adapter's requests: its base model, with the
+    /// adapter as LoRA name).
+    pub fn domain(&self, req: &ParsedRequest) -> Option<CacheDomain> {
+        self.resolve(&req.model)?.domain(req.cache_salt.clone())
+    }
+
+    /// Decides where `req` goes: always a worker of its (base) model's pool. `load` reads a
+    /// worker's current router-tracked load; `body_len` estimates the prompt size when
+    /// tokenization fails; `pick` is a random number.
+    pub fn decide(
+        &self,
+        req: &ParsedRequest,
+        body_len: usize,
+        load: &dyn Fn(&str) -> WorkerLoad,
+        now_ms: u64,
+        pick: u64,
+    ) -> Result<Decision, ApiError> {
+        let t = self.resolve(&req.model).ok_or_else(|| ApiError::model_not_found(&req.model))?;
+        let estimate = (body_len / 4) as u64;
+        // A request the engine will not look up in its cache reuses nothing anywhere.
+        let cache_read = !req.skips_cache_read;
+        let ranked = |hashes, tokens, fallback| {
+            self.rank(&t, hashes, tokens, load, now_ms, pick, fallback, cache_read)
+        };
+        let load_only = match req.load_only {
+            Some(LoadOnly::Batch) => Some(FallbackReason::Batch),
+            // Too deep to render as the engine would: too large to analyse.
+            Some(LoadOnly::TooDeep) => Some(FallbackReason::TooLong),
+            None if body_len > self.plan.max_prompt_bytes => Some(FallbackReason::TooLong),
+            None => None,
+        };
+        if load_only.is_some() {
+            return Ok(ranked(Vec::new(), estimate, load_only));
+        }
+        let Some(bundle) = &t.model.bundle else {
+            return Ok(ranked(Vec::new(), estimate, Some(FallbackReason::NoBundle)));
+        };
+        let started = self.clock.map(|c| c());
+        let routing = self.routing_tokens(&t.model, bundle, &req.prompt);
+        let tokenize_us = match (self.clock, started) {
+            (Some(c), Some(s)) => c().saturating_sub(s) / 1000,
+            _ => 0,
+        };
+        let timed = |mut d: Decision| {
+            d.tokenize_us = tokenize_us;
+            d
+        };
+        let (tokens, fallback) = match routing {
+            Ok(ids) if ids.prompt_tokens > self.plan.max_prompt_tokens as u64 => {
+                (ids.prompt_tokens, Some(FallbackReason::TooLong))
+            }
+            Ok(ids) => {
+                let seed = t.domain(req.cache_salt.clone()).map(|d| d.seed()).unwrap_or_default();
+                let hashes = block_hashes(seed, t.model.block_size, &ids.hashable);
+                // With media, only the blocks before the first media part are hashed; the
+                // rest is costed as uncached and counted as `multimodal`.
+                let reason = ids.media.then_some(FallbackReason::Multimodal);
+                return Ok(timed(ranked(hashes, ids.prompt_tokens, reason)));
+            }
+            Err(ModelError::Template(_)) => (estimate, Some(FallbackReason::Render)),
+            Err(_) => (estimate, Some(FallbackReason::Tokenize)),
+        };
+        Ok(timed(ranked(Vec::new(), tokens, fallback)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rank(
+        &self,
+        t: &Target,
+        hashes: Vec<u64>,
+        prompt_tokens: u64,
+        load: &dyn Fn(&str) -> WorkerLoad,
+        now_ms: u64,
+        pick: u64,
+        fallback: Option<FallbackReason>,
+        cache_read: bool,
+    ) -> Decision {
+        let m = &t.model;
+        // Each worker's lookup, kept for the header fields of the chosen one and the look-ahead.
+        let mut matches: HashMap<&str, PrefixMatch> = HashMap::new();
+        // The updater's pool when it sends one (a new pod joins once identified), else the
+        // configured workers.
+        let pool = self.knowledge.pool_members(&m.name).unwrap_or(&m.workers);
+        // Workers that failed requests are left out, as primary and as fallback, unless every
+        // worker of the pool is down: then the choice is among all of them (never a refusal).
+        let up: Vec<&String> = pool.iter().filter(|w| !self.knowledge.is_down(w)).collect();
+        let eligible = if up.is_empty() { pool.iter().collect() } else { up };
+        let candidates: Vec<Candidate> = eligible
+            .into_iter()
+            .map(|w| {
+                // The cache-blind ablation skips the lookup rather than discarding it, and so
+                // does a request the engine will not look up.
+                let pm = if self.plan.cache_aware && cache_read {
+                    self.knowledge.prefix_match(w, &hashes, now_ms)
+                } else {
+                    Default::default()
+                };
+                matches.insert(w.as_str(), pm);
+                let reported = self.knowledge.reported_load(w, now_ms);
+                Candidate {
+                    worker: w.clone(),
+                    cached_blocks: pm.blocks,
+                    offloaded_blocks: pm.offloaded,
+                    // Other replicas' in-flight work adds to this replica's own.
+                    load: combine_load(
+                        load(w).plus(self.knowledge.peer_load(w, now_ms)),
+                        reported.as_ref(),
+                        self.knowledge.typical_uncached_tokens(),
+                    ),
+                    adapter_missing: t
+                        .adapter
+                        .as_deref()
+                        .is_some_and(|a| !self.knowledge.has_adapter(w, a)),
+                    deviation: self.calibration.deviation(&m.name, w),
+                }
+            })
+            .collect();
+        let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
+        let mut ranked =
+            rank(&profile, &candidates, prompt_tokens, m.block_size, self.plan.tie, pick);
+        let replicated =
+            self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, &matches, now_ms);
+        if let Some(p) = ranked.first() {
+            self.knowledge.note_uncached_tokens(p.uncached_tokens);
+        }
+        let chosen = ranked
+            .first()
+            .and_then(|s| matches.get(s.worker.as_str()))
+            .copied()
+            .unwrap_or_default();
+        let fallback = fallback
+            .or_else(|| self.knowledge.events_stale(now_ms).then_some(FallbackReason::StaleEvents));
+        Decision {
+            ranked,
+            block_hashes: hashes,
+            prompt_tokens,
+            block_size: m.block_size,
+            knowledge_age_ms: chosen.oldest_age_ms,
+            blocks_from_events: chosen.from_events,
+            fallback,
+            model: Arc::clone(m),
+            adapter: t.adapter.clone(),
+            tokenize_us: 0,
+            replicated,
+            blocks_from_peers: chosen.from_peers,
+        }
+    }
+
+    /// Places a hot prefix on one more worker when the requests still to come for it would
+    /// queue longer on its holders than one recompute costs (see [`crate::decision::lookahead`]): moves
+    /// that worker to the front of `ranked` and says so. `matches` holds each worker's lookup;
+    /// its `routed_age_ms` is the youngest routing credit for this prompt: a prefix sent there
+    /// that recently is still in prefill, and its remaining prefill is not a lasting queue.
+    fn look_ahead(
+        &self,
+        ranked: &mut Vec<crate::decision::cost::Score>,
+        hashes: &[u64],
+        block_size: u32,
+        profile: &crate::decision::cost::Profile,
+        matches: &HashMap<&str, PrefixMatch>,
+        now_ms: u64,
+    ) -> bool {
+        let hot = self.knowledge.hot();
+        let Some(first) = ranked.first() else { return false };
+        let full = ranked.iter().map(|s| s.cached_tokens).max().unwrap_or(0);
+        if !hot.config().enabled || full == 0 || first.cached_tokens < full {
+            return false;
+        }
+        let blocks = (full / u64::from(block_size.max(1))) as usize;
+        let expected = hot.expected(hashes, blocks, now_ms);
+        if expected < hot.config().min_arrivals {
+            return false;
+        }
+        let held: Vec<Held<'_>> = ranked
+            .iter()
+            .map(|s| {
+                let routed_age = matches.get(s.worker.as_str()).and_then(|pm| pm.routed_age_ms);
+                let inflight_ms = match routed_age {
+                    Some(age) => {
+                        (profile.prefill_ms(s.cached_tokens) * s.deviation - age as f64).max(0.0)
+                    }
+                    None => 0.0,
+                };
+                Held { score: s, inflight_ms }
+            })
+            .collect();
+        let Some(i) = replica(hot.config(), &held, expected) else { return false };
+        let chosen = ranked.remove(i);
+        ranked.insert(0, chosen);
+        true
+    }
+
+    /// The workers to leave out of decisions from now on (down after failed requests).
+    pub fn set_down<'a>(&mut self, down: impl IntoIterator<Item = &'a str>) {
+        self.knowledge.set_down(down);
+    }
+
+    /// Takes in an updater snapshot (see [`Knowledge::apply_snapshot`]).
+    pub fn apply_snapshot(&mut self, snap: &crate::wire::snapshot::Snapshot) {
+        self.knowledge.apply_snapshot(snap);
+    }
+
+    /// Takes in a delta of the updater's knowledge (the caller checks that it follows the
+    /// version last applied).
+    pub fn apply_delta(&mut self, d: &crate::wire::delta::Delta) {
+        self.knowledge.apply_delta(d);
+    }
+
+    /// Records that the updater confirmed its knowledge at `at_ms`.
+    pub fn events_checked(&mut self, at_ms: u64) {
+        self.knowledge.events_checked(at_ms);
+    }
+
+    /// Credits `worker` with blocks it is about to compute or was seen to hold.
+    pub fn observe(&mut self, worker: &str, hashes: &[u64], source: Source, now_ms: u64) {
+        self.knowledge.observe(worker, hashes, source, now_ms);
+    }
+
+    /// Applies a journal entry: a credit, or a routing credit taken back.
+    pub fn apply_journal(&mut self, e: &crate::wire::journal::JournalEntry) {
+        self.knowledge.apply_journal(e);
+    }
+
+    /// Records the adapters `worker` has loaded under the base model it serves.
+    pub fn set_adapters(&mut self, worker: &str, base_model: &str, adapters: &[String]) {
+        self.knowledge.set_adapters(worker, base_model, adapters);
+    }
+
+    /// What `worker` last reported about its load, if younger than the allowed age.
+    pub fn reported_load(&self, worker: &str, now_ms: u64) -> Option<ReportedLoad> {
+        self.knowledge.reported_load(worker, now_ms)
+    }
+
+    /// The models (and bundle fingerprints) the updater last named; with
+    /// [`Plan::stale_bundles`], which bundles to fetch before the next plan.
+    pub fn updater_models(&self) -> &[ModelInfo] {
+        self.knowledge.updater_models()
+    }
+}

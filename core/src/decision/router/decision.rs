@@ -1,0 +1,149 @@
+//! What a decision produces: the ranked workers, the prompt's block hashes, the plan entry it
+//! was made with, and why it fell back to load alone if it did.
+
+use std::sync::Arc;
+
+use crate::decision::audit::{classify, prediction_error, AuditClass};
+use crate::decision::cost::Score;
+use crate::decision::load::WorkerLoad;
+use crate::wire::snapshot::ReportedLoad;
+
+use super::plan::ModelPlan;
+
+/// Why a decision was made without cache knowledge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The chat template failed to render this request.
+    Render,
+    /// The tokenizer failed on this request.
+    Tokenize,
+    /// The prompt is longer than `max_prompt_tokens` or its body than `max_prompt_bytes`, or
+    /// the body is nested deeper than kvroute keeps (`request::pyjson::MAX_DEPTH`).
+    TooLong,
+    /// Event knowledge exists but the updater has not confirmed it within its age limit:
+    /// decided on routing history and feedback only.
+    StaleEvents,
+    /// Messages with media parts: the engine's cache keys include media kvroute does not see,
+    /// so only the blocks before the first media part are credited.
+    Multimodal,
+    /// A completion with several prompts.
+    Batch,
+    /// The model's bundle (from the updater through shared data) is not built yet.
+    NoBundle,
+}
+
+impl FallbackReason {
+    pub const ALL: [FallbackReason; 7] = [
+        FallbackReason::Render,
+        FallbackReason::Tokenize,
+        FallbackReason::TooLong,
+        FallbackReason::StaleEvents,
+        FallbackReason::Multimodal,
+        FallbackReason::Batch,
+        FallbackReason::NoBundle,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FallbackReason::Render => "render_error",
+            FallbackReason::Tokenize => "tokenize_error",
+            FallbackReason::TooLong => "too_long",
+            FallbackReason::StaleEvents => "stale_events",
+            FallbackReason::Multimodal => "multimodal",
+            FallbackReason::Batch => "batch_prompt",
+            FallbackReason::NoBundle => "no_bundle",
+        }
+    }
+}
+
+/// What the router decided for one request; holds no prompt text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Workers in order of preference: primary first, then fallbacks.
+    pub ranked: Vec<Score>,
+    pub block_hashes: Vec<u64>,
+    pub prompt_tokens: u64,
+    pub block_size: u32,
+    /// Age of the oldest knowledge credited to the primary (ms).
+    pub knowledge_age_ms: u64,
+    /// How many of the primary's credited blocks come from its KV events.
+    pub blocks_from_events: usize,
+    /// How many of the primary's credited blocks only another Envoy replica's routing vouches
+    /// for (relayed by the updater).
+    pub blocks_from_peers: usize,
+    pub fallback: Option<FallbackReason>,
+    /// The plan entry of the request's (base) model: the bundle, pool and profile the decision
+    /// was made with, kept for the request's lifetime whatever plan replaces it.
+    pub model: Arc<ModelPlan>,
+    /// The LoRA adapter the request names, if any.
+    pub adapter: Option<String>,
+    /// Time spent rendering and tokenizing the prompt, in µs (0 without a clock, see
+    /// [`super::Router::set_clock`]): the rest of the decision time is parsing, hashing,
+    /// lookups and scoring.
+    pub tokenize_us: u64,
+    /// The look-ahead placed this hot prefix on one more worker on purpose (the primary does
+    /// not hold it although a worker does).
+    pub replicated: bool,
+}
+
+impl Decision {
+    pub fn primary(&self) -> Option<&Score> {
+        self.ranked.first()
+    }
+
+    /// Tokens the primary is expected to reuse.
+    pub fn predicted_cached_tokens(&self) -> u64 {
+        self.primary().map_or(0, |s| s.cached_tokens)
+    }
+
+    /// Tokens the primary must compute (what its load is charged with).
+    pub fn uncached_tokens(&self) -> u64 {
+        self.primary().map_or(self.prompt_tokens, |s| s.uncached_tokens)
+    }
+
+    /// The destination header value: `primary,fallback`.
+    pub fn header_value(&self) -> String {
+        self.ranked.iter().take(2).map(|s| s.worker.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    /// Classifies what the worker reported against this decision's prediction.
+    pub fn audit(&self, actual_cached: u64) -> AuditClass {
+        classify(self.predicted_cached_tokens(), actual_cached, self.prompt_tokens, self.block_size)
+    }
+
+    /// Reported minus predicted cached tokens (see [`prediction_error`]).
+    pub fn prediction_error(&self, actual_cached: u64) -> i64 {
+        prediction_error(
+            self.predicted_cached_tokens(),
+            actual_cached,
+            self.prompt_tokens,
+            self.block_size,
+        )
+    }
+}
+
+/// Combines the router's own load accounting with what the worker reported: the worker sees
+/// traffic from every router replica and from clients that bypass kvroute, the router sees its
+/// own requests without delay. Each count takes the larger of the two. Workers do not report
+/// queued tokens, so each waiting request the router did not send is costed at
+/// `unseen_tokens` (the uncached tokens of a typical request: see
+/// `Knowledge::typical_uncached_tokens`) on top of the router's own queued tokens.
+pub fn combine_load(
+    own: WorkerLoad,
+    reported: Option<&ReportedLoad>,
+    unseen_tokens: u64,
+) -> WorkerLoad {
+    let Some(r) = reported else { return own };
+    let prefilling = own.prefilling_requests.max(r.waiting);
+    let decoding = own.decoding_requests().max(r.running);
+    let unseen = u64::from(prefilling - own.prefilling_requests.min(prefilling));
+    WorkerLoad {
+        inflight_requests: prefilling.saturating_add(decoding),
+        prefilling_requests: prefilling,
+        prefill_tokens: own.prefill_tokens.saturating_add(unseen.saturating_mul(unseen_tokens)),
+        prefill_elapsed_ms: own.prefill_elapsed_ms,
+        prefill_sq_tokens: own
+            .prefill_sq_tokens
+            .saturating_add(unseen.saturating_mul(unseen_tokens.saturating_mul(unseen_tokens))),
+    }
+}

@@ -1,0 +1,179 @@
+//! The cached path equals cold `ModelBundle::encode(text, false)`, for the demo bundle and for
+//! Qwen3 (NFC normalizer, regex pre-tokenizer, special and non-special added tokens), on random
+//! multi-turn conversations that branch and caches that evict.
+
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::decision::tokenize::model::shared_for_tests::{demo, qwen};
+use crate::decision::tokenize::model::ModelBundle;
+
+/// Pieces of message content: words, unicode (combining marks that NFC composes, including
+/// with a token's closing `>`), whitespace runs, and the special tokens of both bundles.
+fn piece() -> impl Strategy<Value = String> {
+    let fixed = prop::sample::select(vec![
+        "hello",
+        "world",
+        " the",
+        "route",
+        "42",
+        "3.14",
+        "don't",
+        "naïve",
+        "e\u{301}",
+        "\u{338}",
+        ">\u{338}",
+        "日本語",
+        "🦀",
+        "\u{a0}",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "\t",
+        "\r\n",
+        " \n ",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "<|eot_id|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|begin_of_text|>",
+        "<|im_",
+        "|>",
+        "<",
+        ">",
+        "Ω",
+        "ﬁ",
+    ])
+    .prop_map(str::to_owned);
+    prop_oneof![4 => fixed, 1 => "\\PC{0,6}"]
+}
+
+fn content() -> impl Strategy<Value = String> {
+    prop::collection::vec(piece(), 0..12).prop_map(|p| p.concat())
+}
+
+/// A conversation (user, assistant, user, ...) and a second continuation branching off it.
+fn conversation() -> impl Strategy<Value = (Vec<String>, usize, Vec<String>)> {
+    (
+        prop::collection::vec(content(), 1..8),
+        any::<prop::sample::Index>(),
+        prop::collection::vec(content(), 1..4),
+    )
+        .prop_map(|(turns, at, branch)| {
+            let at = at.index(turns.len());
+            (turns, at, branch)
+        })
+}
+
+fn messages(turns: &[String]) -> Vec<Value> {
+    let role = |i: usize| if i % 2 == 0 { "user" } else { "assistant" };
+    turns.iter().enumerate().map(|(i, c)| json!({"role": role(i), "content": c})).collect()
+}
+
+/// Every prompt of the conversation, turn by turn, then the branch's turns.
+fn prompts(b: &ModelBundle, turns: &[String], at: usize, branch: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for k in (1..=turns.len()).step_by(2) {
+        out.push(b.render_chat(&messages(&turns[..k])).unwrap());
+    }
+    let mut other = turns[..at].to_vec();
+    other.extend_from_slice(branch);
+    for k in at + 1..=other.len() {
+        out.push(b.render_chat(&messages(&other[..k])).unwrap());
+    }
+    out
+}
+
+fn check(
+    b: &ModelBundle,
+    max_bytes: usize,
+    texts: &[String],
+) -> Result<TokenCacheStats, TestCaseError> {
+    let cuts = Cuts::of(b.tokenizer());
+    let mut cache = TokenCache::new(TokenCacheLimits { max_bytes });
+    for t in texts {
+        let cold = b.encode(t, false).unwrap();
+        prop_assert_eq!(cache.encode(b, &cuts, t).unwrap(), cold, "text {:?}", t);
+        prop_assert!(cache.stats().bytes <= max_bytes);
+    }
+    Ok(cache.stats())
+}
+
+/// The claim the cache rests on, directly: cutting a text at any of its cuts and encoding
+/// both sides alone gives the ids of the whole.
+fn cut_anywhere(b: &ModelBundle, text: &str) -> Result<(), TestCaseError> {
+    let cuts = Cuts::of(b.tokenizer());
+    let whole = b.encode(text, false).unwrap();
+    for q in cuts.find(text) {
+        let mut ids = b.encode(&text[..q], false).unwrap();
+        ids.extend(b.encode(&text[q..], false).unwrap());
+        prop_assert_eq!(&ids, &whole, "cut at {} of {:?}", q, text);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn demo_cached_equals_cold((turns, at, branch) in conversation(), max_bytes in prop_oneof![Just(4 << 20), 0usize..3000]) {
+        check(demo(), max_bytes, &prompts(demo(), &turns, at, &branch))?;
+    }
+
+    #[test]
+    fn qwen3_cached_equals_cold((turns, at, branch) in conversation(), max_bytes in prop_oneof![Just(4 << 20), 0usize..3000]) {
+        check(qwen(), max_bytes, &prompts(qwen(), &turns, at, &branch))?;
+    }
+
+    #[test]
+    fn cuts_are_stable_in_any_text(text in content()) {
+        cut_anywhere(demo(), &text)?;
+        cut_anywhere(qwen(), &text)?;
+    }
+}
+
+#[test]
+fn qwen3_cuts_at_every_added_token() {
+    let cuts = Cuts::of(qwen().tokenizer());
+    for t in ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>"] {
+        assert!(cuts.tokens().iter().any(|c| c == t), "{t} is not a cut: {:?}", cuts.tokens());
+    }
+}
+
+#[test]
+fn later_turns_reuse_earlier_ones_and_branches_share_their_prefix() {
+    let b = qwen();
+    let turns: Vec<String> = (0..9).map(|i| format!("turn {i}: {}", "word ".repeat(40))).collect();
+    let texts = prompts(b, &turns, 4, &["a different question".to_string()]);
+    let stats = check(b, 4 << 20, &texts).unwrap();
+    assert_eq!(stats.misses, 1, "only the first turn is cold: {stats:?}");
+    assert_eq!(stats.hits as usize, texts.len() - 1);
+    assert!(stats.saved_tokens > stats.encoded_tokens, "{stats:?}");
+}
+
+#[test]
+fn the_bound_holds_and_evicted_segments_are_recomputed() {
+    let b = demo();
+    let turns: Vec<String> =
+        (0..7).map(|i| format!("message {i} {}", "text ".repeat(30))).collect();
+    let texts = prompts(b, &turns, 2, &["x".to_string()]);
+    let tight = check(b, 600, &texts).unwrap();
+    assert!(tight.evictions > 0 && tight.bytes <= 600, "{tight:?}");
+    let off = check(b, 0, &texts).unwrap();
+    assert_eq!((off.hits, off.misses, off.bypassed as usize), (0, 0, texts.len()));
+    let mut cache = TokenCache::default();
+    let cuts = Cuts::of(b.tokenizer());
+    for t in &texts {
+        cache.encode(b, &cuts, t).unwrap();
+    }
+    let before = cache.stats().entries;
+    cache.set_limits(TokenCacheLimits { max_bytes: 1000 });
+    assert!(cache.stats().entries < before && cache.stats().bytes <= 1000);
+}
