@@ -11,7 +11,7 @@ use kvroute_core::decision::hash::block_hashes;
 use kvroute_core::decision::load::WorkerLoad;
 use kvroute_core::decision::router::Router;
 use kvroute_core::wire::delta::Delta;
-use kvroute_core::wire::snapshot::{Snapshot, WorkerKnowledge};
+use kvroute_core::wire::snapshot::{Snapshot, SnapshotWorker};
 
 #[path = "common/alloc.rs"]
 mod alloc;
@@ -63,7 +63,7 @@ fn main() {
                     _ => 0,
                 };
                 gpu[..shared].copy_from_slice(&hashes[..shared]);
-                WorkerKnowledge {
+                SnapshotWorker {
                     worker: w.clone(),
                     observed_at_ms: 0,
                     compatible: true,

@@ -185,7 +185,7 @@ pub fn model_estimates(
         .zip(load)
         .enumerate()
         .map(|(i, (c, (running, waiting)))| {
-            let reported = kvroute_core::wire::snapshot::ReportedLoad {
+            let reported = kvroute_core::wire::snapshot::SnapshotLoad {
                 running: *running,
                 waiting: *waiting,
                 observed_at_ms: 0,

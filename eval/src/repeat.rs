@@ -90,7 +90,7 @@ pub fn noise_floor(aa: &[f64]) -> Option<f64> {
 /// What a ratio's median says against the noise floor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Verdict {
+pub enum RepeatVerdict {
     /// Better than the baseline beyond the noise floor.
     Better,
     /// Worse than the baseline beyond the noise floor.
@@ -104,18 +104,18 @@ pub enum Verdict {
 /// The verdict on a median ratio: within the band `[1/(1 + floor), 1 + floor]` (inclusive) is
 /// no difference; without a floor (one run), only exactly 1 is. Ratios are compared on a log
 /// scale: 0.5x and 2x are equally far from 1. `lower_is_better` for times, not for rates.
-pub fn verdict(median: Option<f64>, floor: Option<f64>, lower_is_better: bool) -> Verdict {
-    let Some(m) = median.filter(|m| !m.is_nan() && *m >= 0.0) else { return Verdict::Unknown };
+pub fn verdict(median: Option<f64>, floor: Option<f64>, lower_is_better: bool) -> RepeatVerdict {
+    let Some(m) = median.filter(|m| !m.is_nan() && *m >= 0.0) else { return RepeatVerdict::Unknown };
     let floor = floor.unwrap_or(0.0);
     // A hair of slack so that a median exactly on the band's edge is not lost to rounding; a
     // ratio of 0 or ∞ (e.g. no goodput at all on one side) is beyond any band.
     if m > 0.0 && m.is_finite() && m.ln().abs() <= (1.0 + floor).ln() + 1e-12 {
-        return Verdict::NoDifference;
+        return RepeatVerdict::NoDifference;
     }
     if (m < 1.0) == lower_is_better {
-        Verdict::Better
+        RepeatVerdict::Better
     } else {
-        Verdict::Worse
+        RepeatVerdict::Worse
     }
 }
 
@@ -170,18 +170,18 @@ mod tests {
 
     #[test]
     fn verdicts_respect_the_floor_and_direction() {
-        assert_eq!(verdict(Some(0.97), Some(0.05), true), Verdict::NoDifference);
-        assert_eq!(verdict(Some(1.05), Some(0.05), true), Verdict::NoDifference);
-        assert_eq!(verdict(Some(0.90), Some(0.05), true), Verdict::Better);
-        assert_eq!(verdict(Some(0.90), Some(0.05), false), Verdict::Worse);
-        assert_eq!(verdict(Some(1.2), Some(0.05), false), Verdict::Better);
-        assert_eq!(verdict(Some(1.0), None, true), Verdict::NoDifference);
-        assert_eq!(verdict(Some(1.01), None, true), Verdict::Worse);
-        assert_eq!(verdict(None, Some(0.1), true), Verdict::Unknown);
+        assert_eq!(verdict(Some(0.97), Some(0.05), true), RepeatVerdict::NoDifference);
+        assert_eq!(verdict(Some(1.05), Some(0.05), true), RepeatVerdict::NoDifference);
+        assert_eq!(verdict(Some(0.90), Some(0.05), true), RepeatVerdict::Better);
+        assert_eq!(verdict(Some(0.90), Some(0.05), false), RepeatVerdict::Worse);
+        assert_eq!(verdict(Some(1.2), Some(0.05), false), RepeatVerdict::Better);
+        assert_eq!(verdict(Some(1.0), None, true), RepeatVerdict::NoDifference);
+        assert_eq!(verdict(Some(1.01), None, true), RepeatVerdict::Worse);
+        assert_eq!(verdict(None, Some(0.1), true), RepeatVerdict::Unknown);
         // The band is multiplicative: a floor of +250 % (A/A ratios from 0.29x to 3.5x) still
         // tells a 0.06x ratio apart, and 0.3x is inside.
-        assert_eq!(verdict(Some(0.06), Some(2.5), true), Verdict::Better);
-        assert_eq!(verdict(Some(0.3), Some(2.5), true), Verdict::NoDifference);
-        assert_eq!(verdict(Some(0.94), Some(0.05), true), Verdict::Better);
+        assert_eq!(verdict(Some(0.06), Some(2.5), true), RepeatVerdict::Better);
+        assert_eq!(verdict(Some(0.3), Some(2.5), true), RepeatVerdict::NoDifference);
+        assert_eq!(verdict(Some(0.94), Some(0.05), true), RepeatVerdict::Better);
     }
 }

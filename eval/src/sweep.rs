@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::repeat::{aa_ratios, noise_floor, paired, verdict, Spread, Verdict};
+use crate::repeat::{aa_ratios, noise_floor, paired, verdict, Spread, RepeatVerdict};
 
 /// The share of requests within the SLO a rung needs to count for goodput.
 pub const GOODPUT_SLO_SHARE: f64 = 0.95;
@@ -65,7 +65,7 @@ pub struct Goodput {
     /// Against least-request, paired by repeat (0 where this policy is below the ladder; ∞
     /// where only least-request is, 1 where both are).
     pub ratio: Spread,
-    pub verdict: Verdict,
+    pub verdict: RepeatVerdict,
 }
 
 /// The whole sweep of one workload.
@@ -251,11 +251,11 @@ mod tests {
             (kv.ratio.median, kv.ratio.min, kv.ratio.max),
             (Some(2.0), Some(0.5), Some(2.0))
         );
-        assert_eq!(kv.verdict, Verdict::Better);
+        assert_eq!(kv.verdict, RepeatVerdict::Better);
         let pinned = g("pinned");
         assert_eq!((pinned.below_ladder, pinned.goodput.median), (3, Some(0.0)));
         assert_eq!(pinned.ratio.median, Some(0.0));
-        assert_eq!(pinned.verdict, Verdict::Worse);
+        assert_eq!(pinned.verdict, RepeatVerdict::Worse);
     }
 
     #[test]
@@ -270,7 +270,7 @@ mod tests {
         let kv = s.goodput.iter().find(|g| g.policy == "kvroute").expect("kvroute");
         assert_eq!(kv.ratio.n, 3);
         assert_eq!(kv.ratio.median, Some(f64::INFINITY));
-        assert_eq!(kv.verdict, Verdict::Better);
+        assert_eq!(kv.verdict, RepeatVerdict::Better);
         let lr = s.goodput.iter().find(|g| g.policy == "least-request").expect("baseline");
         assert_eq!(lr.below_ladder, 2);
     }
@@ -281,7 +281,7 @@ mod tests {
         assert_eq!(s.goodput_floor, None);
         let s = sweep(&[point("kvroute", 0, 1.0, 100, 1.0)], "least-request");
         assert_eq!(s.goodput[0].ratio.median, None);
-        assert_eq!(s.goodput[0].verdict, Verdict::Unknown);
+        assert_eq!(s.goodput[0].verdict, RepeatVerdict::Unknown);
         assert_eq!(sweep(&[], "least-request"), Sweep::default());
     }
 }

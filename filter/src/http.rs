@@ -7,7 +7,7 @@
 
 use std::rc::Rc;
 
-use kvroute_core::decision::admission::{self, Verdict};
+use kvroute_core::decision::admission::{self, AdmissionVerdict};
 use kvroute_core::decision::error::ApiError;
 use kvroute_core::decision::misdeploy::{Symptom, Unrouted};
 use kvroute_core::decision::request::{self, Endpoint};
@@ -110,7 +110,7 @@ impl KvHttp {
         let verdict = admission::admit(&mut decision.ranked, &ask, &cfg.admission);
         let class = cfg.admission.class_name(ask.class);
         self.state.metrics.admission.outcome(class, &verdict);
-        let Verdict::Shed { reason, retry_after_s } = verdict else { return None };
+        let AdmissionVerdict::Shed { reason, retry_after_s } = verdict else { return None };
         let e =
             admission::shed_error(reason, retry_after_s, &decision.ranked, &ask, &cfg.admission);
         let retry_after = retry_after_s.to_string();

@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use kvroute_core::decision::admission::Verdict;
+use kvroute_core::decision::admission::AdmissionVerdict;
 use kvroute_core::decision::audit::AuditClass;
 use kvroute_core::decision::load::WorkerLoad;
 use kvroute_core::decision::misdeploy::{Symptom, Unrouted};
@@ -68,7 +68,7 @@ impl AdmissionMetrics {
             }
         }
         for class in classes {
-            for outcome in Verdict::OUTCOMES {
+            for outcome in AdmissionVerdict::OUTCOMES {
                 if let Some(id) = define(c, &format!("kvroute.class.{class}.{outcome}")) {
                     m.per_class.insert((class.to_owned(), outcome), id);
                 }
@@ -78,7 +78,7 @@ impl AdmissionMetrics {
     }
 
     /// One request's admission verdict in `class`.
-    pub fn outcome(&self, class: &str, verdict: &Verdict) {
+    pub fn outcome(&self, class: &str, verdict: &AdmissionVerdict) {
         let o = verdict.outcome();
         count(self.totals.get(o).copied());
         count(self.per_class.get(&(class.to_owned(), o)).copied());

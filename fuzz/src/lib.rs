@@ -49,7 +49,7 @@ pub const TARGETS: &[Target] = &[
 /// picks where the rest splits into the two values. Whatever they hold, they resolve to a
 /// known class and no deadline or a positive one, and the verdict's `Retry-After` is in bounds.
 pub fn admission_headers(data: &[u8]) {
-    use kvroute_core::decision::admission::{admit, AdmissionConfig, Verdict};
+    use kvroute_core::decision::admission::{admit, AdmissionConfig, AdmissionVerdict};
     let rest = data.get(1..).unwrap_or_default();
     let split = data.first().map_or(0, |b| *b as usize % (rest.len() + 1));
     let (deadline, priority) = rest.split_at(split);
@@ -68,7 +68,7 @@ pub fn admission_headers(data: &[u8]) {
     };
     let mut ranked = vec![kvroute_core::decision::cost::score(&Default::default(), &c, 1000, 16)];
     ranked[0].wait_ms = f64::from(data.len() as u32);
-    if let Verdict::Shed { retry_after_s, .. } = admit(&mut ranked, &ask, &cfg) {
+    if let AdmissionVerdict::Shed { retry_after_s, .. } = admit(&mut ranked, &ask, &cfg) {
         assert!((1..=cfg.max_retry_after_s).contains(&retry_after_s));
     }
 }

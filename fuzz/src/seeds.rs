@@ -20,7 +20,7 @@ use kvroute_core::wire::delta::{Delta, SetChange, WorkerDelta};
 use kvroute_core::wire::journal::JournalEntry;
 use kvroute_core::wire::journal::Source;
 use kvroute_core::wire::peers::{PeerCredit, PeerLoad, PeerReport, PeerSection};
-use kvroute_core::wire::snapshot::{ModelInfo, ReportedLoad, Snapshot, WorkerKnowledge};
+use kvroute_core::wire::snapshot::{ModelInfo, SnapshotLoad, Snapshot, SnapshotWorker};
 use kvroute_updater::decode::{decode_batch, EngineEvent};
 use rmpv::Value;
 use serde_json::json;
@@ -396,7 +396,7 @@ fn journal_decode() -> Seeds {
 }
 
 fn two_snapshots() -> (Snapshot, Snapshot) {
-    let w = |name: &str, gpu: Vec<u64>, off: Vec<u64>, load| WorkerKnowledge {
+    let w = |name: &str, gpu: Vec<u64>, off: Vec<u64>, load| SnapshotWorker {
         worker: name.into(),
         observed_at_ms: 1_700_000_000_000,
         compatible: true,
@@ -406,7 +406,7 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
         model: "Qwen/Qwen3-8B".into(),
         adapters: vec![],
     };
-    let load = ReportedLoad { running: 4, waiting: 2, observed_at_ms: 1_700_000_000_050 };
+    let load = SnapshotLoad { running: 4, waiting: 2, observed_at_ms: 1_700_000_000_050 };
     let qwen = ModelInfo {
         name: "Qwen/Qwen3-8B".into(),
         fingerprint: 0x0123_4567_89ab_cdef,
@@ -418,11 +418,11 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
         generated_at_ms: 1_700_000_000_100,
         models: vec![qwen.clone()],
         workers: vec![
-            WorkerKnowledge {
+            SnapshotWorker {
                 adapters: vec!["sql-lora".into()],
                 ..w("127.0.0.1:8000", vec![3, 10, 42, 1 << 63], vec![7], Some(load))
             },
-            WorkerKnowledge { compatible: false, ..w("127.0.0.1:8001", vec![5, 6], vec![], None) },
+            SnapshotWorker { compatible: false, ..w("127.0.0.1:8001", vec![5, 6], vec![], None) },
         ],
         peers: None,
         pool: false,
@@ -433,11 +433,11 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
         generated_at_ms: a.generated_at_ms + 300,
         models: vec![qwen, demo],
         workers: vec![
-            WorkerKnowledge {
+            SnapshotWorker {
                 adapters: vec!["sql-lora".into(), "chat-lora".into()],
                 ..w("127.0.0.1:8000", vec![3, 42, 99, 1 << 63], vec![7, 10], Some(load))
             },
-            WorkerKnowledge {
+            SnapshotWorker {
                 model: "kvroute-demo".into(),
                 ..w("127.0.0.1:8002", vec![11, 12, 13], vec![], None)
             },
@@ -566,7 +566,7 @@ fn delta_decode() -> Seeds {
             worker: "127.0.0.1:8002".into(),
             observed_at_ms: b.generated_at_ms + 90,
             compatible: true,
-            load: Some(ReportedLoad { running: 0, waiting: 0, observed_at_ms: 0 }),
+            load: Some(SnapshotLoad { running: 0, waiting: 0, observed_at_ms: 0 }),
             reset: true,
             model: None,
             adapters: Some(vec!["sql-lora".into()]),
@@ -1299,13 +1299,13 @@ fn shared_protocol() -> Seeds {
     use kvroute_core::decision::config::sync::LoadLimits;
     use kvroute_core::shared::fake::{MemStore, Tally};
     use kvroute_core::shared::journal;
-    use kvroute_core::shared::knowledge::Publisher;
+    use kvroute_core::shared::knowledge::KnowledgePublisher;
     use kvroute_core::shared::load::Shard;
     use kvroute_core::wire::DecodeLimits;
     let (old, new) = two_snapshots();
     let store = MemStore::new();
     let t = Tally::default();
-    let mut p = Publisher::new(DecodeLimits::default());
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
     p.take(&store, old.encode()).unwrap();
     p.take(&store, Delta::between(&old, &new).encode()).unwrap();
     p.confirmed(&store, 1_700_000_000_500);

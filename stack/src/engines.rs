@@ -329,16 +329,16 @@ impl Conformance {
 /// What a scenario came to: the expectation met and the updater's `/status` entry for the
 /// worker then (its counters say how it got there: gaps, replays, resyncs...).
 #[derive(Debug, Clone)]
-pub struct Outcome {
+pub struct EngineOutcome {
     pub expected: Expected,
     pub worker: Value,
 }
 
 /// Runs one scenario to convergence, or says why it was skipped (`Ok(None)`).
-pub async fn run(s: Scenario<'_>) -> anyhow::Result<Option<Outcome>> {
+pub async fn run(s: Scenario<'_>) -> anyhow::Result<Option<EngineOutcome>> {
     let Some(engines) = engine_dir(s.engine)? else { return Ok(None) };
     let c = Conformance::start(&engines, s).await?;
     let expected = c.converges().await?;
     let status = c.updater.status().await?;
-    Ok(Some(Outcome { expected, worker: status["workers"][&c.worker].clone() }))
+    Ok(Some(EngineOutcome { expected, worker: status["workers"][&c.worker].clone() }))
 }

@@ -20,7 +20,7 @@ use crate::scrape::EngineMetrics;
 
 /// The outcome of one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum AlignmentVerdict {
     Compatible,
     Incompatible(String),
     /// The worker could not be asked (down, timeout): the previous verdict stands.
@@ -80,8 +80,8 @@ pub fn served(models: &Value, configured: impl Fn(&str) -> bool, limits: &Adapte
 
 /// What one check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    pub verdict: Verdict,
+pub struct AlignmentOutcome {
+    pub verdict: AlignmentVerdict,
     /// What `/v1/models` listed, when it answered.
     pub served: Option<Served>,
     /// The block size in `vllm:cache_config_info`, when the check got that far.
@@ -179,22 +179,22 @@ pub async fn check(
     models: &Models,
     max_body: usize,
     limits: &AdapterLimits,
-) -> Outcome {
+) -> AlignmentOutcome {
     let served = match fetch_served(http, worker, models, max_body, limits).await {
         Ok(s) => s,
         Err(e) => {
-            return Outcome {
-                verdict: Verdict::Unknown(format!("/v1/models: {e}")),
+            return AlignmentOutcome {
+                verdict: AlignmentVerdict::Unknown(format!("/v1/models: {e}")),
                 served: None,
                 announced_block_size: None,
             }
         }
     };
     let (verdict, announced_block_size) = match &served.base {
-        None => (Verdict::Incompatible("/v1/models lists no base model".into()), None),
+        None => (AlignmentVerdict::Incompatible("/v1/models lists no base model".into()), None),
         Some(base) => match models.get(base) {
             None => (
-                Verdict::Incompatible(format!(
+                AlignmentVerdict::Incompatible(format!(
                     "serves model '{}', which is not configured (--model)",
                     shown(base)
                 )),
@@ -202,11 +202,11 @@ pub async fn check(
             ),
             Some(m) => match check_model(http, worker, base, &m.bundle, max_body).await {
                 Ok(v) => v,
-                Err(e) => (Verdict::Unknown(format!("{e:#}")), None),
+                Err(e) => (AlignmentVerdict::Unknown(format!("{e:#}")), None),
             },
         },
     };
-    Outcome { verdict, served: Some(served), announced_block_size }
+    AlignmentOutcome { verdict, served: Some(served), announced_block_size }
 }
 
 /// The canary (with the worker's model's bundle) and the announced block size.
@@ -216,7 +216,7 @@ async fn check_model(
     model: &str,
     bundle: &ModelBundle,
     max_body: usize,
-) -> anyhow::Result<(Verdict, Option<u32>)> {
+) -> anyhow::Result<(AlignmentVerdict, Option<u32>)> {
     use crate::http_body::{json as capped_json, text as capped_text};
     let base = format!("http://{worker}");
     let timeout = Duration::from_secs(3);
@@ -225,7 +225,7 @@ async fn check_model(
     let status = resp.status();
     if matches!(status.as_u16(), 400 | 422) {
         let text = capped_text(resp, max_body).await.unwrap_or_default();
-        return Ok((Verdict::Incompatible(tokenize_refused(status.as_u16(), &text)), None));
+        return Ok((AlignmentVerdict::Incompatible(tokenize_refused(status.as_u16(), &text)), None));
     }
     let tok = capped_json(resp, max_body).await?;
     let theirs: Vec<u64> = tok["tokens"]
@@ -241,7 +241,7 @@ async fn check_model(
             .position(|(a, b)| a != b)
             .unwrap_or(theirs.len().min(ours.len()));
         return Ok((
-            Verdict::Incompatible(format!(
+            AlignmentVerdict::Incompatible(format!(
                 "canary tokens differ from position {first} ({} vs {} tokens): chat template or tokenizer mismatch",
                 theirs.len(),
                 ours.len()
@@ -254,7 +254,7 @@ async fn check_model(
             .await?;
     let metrics = EngineMetrics::parse(&metrics);
     if let Some(b) = metrics.vllm_block_size() {
-        return Ok((Verdict::Compatible, Some(b)));
+        return Ok((AlignmentVerdict::Compatible, Some(b)));
     }
     // SGLang: /server_info has the events' width (page size x DCP size); /metrics the page
     // size alone, used when /server_info does not answer.
@@ -264,7 +264,7 @@ async fn check_model(
     };
     let announced =
         info.as_ref().and_then(sglang_block_size).or_else(|| metrics.sglang_page_size());
-    Ok((Verdict::Compatible, announced))
+    Ok((AlignmentVerdict::Compatible, announced))
 }
 
 /// Counts the caps a reading of `/v1/models` hit.
@@ -304,7 +304,7 @@ pub async fn run_worker(
     loop {
         let max_body = state.limits.max_http_body_bytes;
         let outcome = check(&http, &worker, &models, max_body, &state.limits.adapters).await;
-        if matches!(&outcome.verdict, Verdict::Unknown(why) if why.contains(TOO_LARGE)) {
+        if matches!(&outcome.verdict, AlignmentVerdict::Unknown(why) if why.contains(TOO_LARGE)) {
             state.cap_hit(&worker, crate::limits::Cap::HttpBody);
         }
         if let Some(s) = &outcome.served {

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use kvroute_core::wire::delta::{Delta, SetChange, WorkerDelta};
 use kvroute_core::wire::peers::PeerSection;
-use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, WorkerKnowledge};
+use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker};
 
 /// What a caller at some version should receive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,7 +183,7 @@ impl Publisher {
     /// new model list; a new version only when something differs.
     pub fn publish(
         &mut self,
-        changed: Vec<WorkerKnowledge>,
+        changed: Vec<SnapshotWorker>,
         models: Option<Vec<ModelInfo>>,
         now_ms: u64,
     ) -> bool {
@@ -194,7 +194,7 @@ impl Publisher {
     /// new version. The full snapshot does not hold peers: the caller adds its live view.
     pub fn publish_with_peers(
         &mut self,
-        changed: Vec<WorkerKnowledge>,
+        changed: Vec<SnapshotWorker>,
         models: Option<Vec<ModelInfo>>,
         peers: Option<PeerSection>,
         now_ms: u64,
@@ -206,7 +206,7 @@ impl Publisher {
     /// leave the snapshot, and the delta names them.
     pub fn publish_changes(
         &mut self,
-        changed: Vec<WorkerKnowledge>,
+        changed: Vec<SnapshotWorker>,
         removed: &[String],
         models: Option<Vec<ModelInfo>>,
         peers: Option<PeerSection>,
@@ -286,8 +286,8 @@ impl Publisher {
 mod tests {
     use super::*;
 
-    fn w(name: &str, gpu: &[u64]) -> WorkerKnowledge {
-        WorkerKnowledge {
+    fn w(name: &str, gpu: &[u64]) -> SnapshotWorker {
+        SnapshotWorker {
             worker: name.into(),
             observed_at_ms: 1,
             compatible: true,

@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, WorkerKnowledge as Wire};
+use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker as Wire};
 use tokio::sync::Notify;
 
-use crate::alignment::{Outcome, Served, Verdict};
+use crate::alignment::{AlignmentOutcome, Served, AlignmentVerdict};
 use crate::decode::Tier;
 use crate::ingest::{DomainBase, WorkerKnowledge};
 use crate::limits::Limits;
@@ -306,7 +306,7 @@ impl State {
     /// Applies an alignment check: the worker's model, adapters, domain and verdict. A model's
     /// block size is the configured one, else the first one a compatible worker announced;
     /// workers announcing another are incompatible.
-    pub fn apply_check(&self, worker: &str, outcome: Outcome) {
+    pub fn apply_check(&self, worker: &str, outcome: AlignmentOutcome) {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let Some(e) = inner.workers.get_mut(worker) else {
@@ -318,7 +318,7 @@ impl State {
         let new_mismatches = mismatches > e.mismatches_seen;
         e.mismatches_seen = mismatches;
         let mut verdict = outcome.verdict;
-        if let Verdict::Unknown(why) = verdict {
+        if let AlignmentVerdict::Unknown(why) = verdict {
             e.alignment = Some(format!("check failed: {why}"));
             return;
         }
@@ -331,8 +331,8 @@ impl State {
                     let want = m.block_size.or_else(|| inner.learned.get(&m.name).copied());
                     let block_size = match (outcome.announced_block_size, want) {
                         (Some(a), Some(w)) if !pages_fit(a, w) => {
-                            if verdict == Verdict::Compatible {
-                                verdict = Verdict::Incompatible(format!(
+                            if verdict == AlignmentVerdict::Compatible {
+                                verdict = AlignmentVerdict::Incompatible(format!(
                                     "announced block size {a}, model '{}' uses {w}",
                                     m.name
                                 ));
@@ -340,7 +340,7 @@ impl State {
                             w
                         }
                         (Some(_), Some(w)) => w,
-                        (Some(a), None) if verdict == Verdict::Compatible => {
+                        (Some(a), None) if verdict == AlignmentVerdict::Compatible => {
                             let a = block_size_for_pages(a);
                             inner.learned.insert(m.name.clone(), a);
                             inner.models_dirty = true;
@@ -358,8 +358,8 @@ impl State {
                 }
             }
         } else if let (Some(d), Some(a)) = (&self.fixed, outcome.announced_block_size) {
-            if !pages_fit(a, d.block_size) && verdict == Verdict::Compatible {
-                verdict = Verdict::Incompatible(format!(
+            if !pages_fit(a, d.block_size) && verdict == AlignmentVerdict::Compatible {
+                verdict = AlignmentVerdict::Incompatible(format!(
                     "announced block size {a}, kvroute uses {}",
                     d.block_size
                 ));
@@ -370,11 +370,11 @@ impl State {
                 e.compatible = false;
                 e.alignment = Some("events report a different block size".into());
             }
-            Verdict::Compatible => {
+            AlignmentVerdict::Compatible => {
                 e.compatible = true;
                 e.alignment = None;
             }
-            Verdict::Incompatible(why) | Verdict::Unknown(why) => {
+            AlignmentVerdict::Incompatible(why) | AlignmentVerdict::Unknown(why) => {
                 e.compatible = false;
                 e.alignment = Some(why);
             }
@@ -631,7 +631,7 @@ fn wire(worker: &str, e: &Entry) -> Wire {
         gpu: e.knowledge.blocks(Tier::Gpu),
         offloaded,
         load: e.load.as_ref().and_then(|l| {
-            Some(kvroute_core::wire::snapshot::ReportedLoad {
+            Some(kvroute_core::wire::snapshot::SnapshotLoad {
                 running: l.running? as u32,
                 waiting: l.waiting? as u32,
                 observed_at_ms: l.observed_at_ms,
@@ -659,8 +659,8 @@ mod tests {
         }
     }
 
-    fn outcome(verdict: Verdict, base: &str, block_size: Option<u32>) -> Outcome {
-        Outcome { verdict, served: Some(served(base, &["l"])), announced_block_size: block_size }
+    fn outcome(verdict: AlignmentVerdict, base: &str, block_size: Option<u32>) -> AlignmentOutcome {
+        AlignmentOutcome { verdict, served: Some(served(base, &["l"])), announced_block_size: block_size }
     }
 
     fn entry<T>(s: &State, w: &str, f: impl FnOnce(&Entry) -> T) -> T {
@@ -672,7 +672,7 @@ mod tests {
         let s = State::for_models(models(), ["w".to_string(), "v".to_string()], Limits::default());
         assert!(!entry(&s, "w", |e| e.compatible) && s.domain_of("w").is_none());
         assert_eq!(s.snapshot().models.iter().map(|m| m.block_size).collect::<Vec<_>>(), [0, 32]);
-        s.apply_check("w", outcome(Verdict::Compatible, "a", Some(16)));
+        s.apply_check("w", outcome(AlignmentVerdict::Compatible, "a", Some(16)));
         let d = s.domain_of("w").unwrap();
         assert_eq!((d.model.as_str(), d.block_size), ("a", 16));
         assert_eq!(d.tokenizer_fingerprint, s.models().get("a").unwrap().fingerprint());
@@ -683,26 +683,26 @@ mod tests {
         assert_eq!((w.model.as_str(), w.adapters.clone()), ("a", vec!["l".to_string()]));
         // Another worker of "a" announcing 24 is incompatible (its pages cannot be re-chunked
         // into blocks of 16); 64 and 1 can, and its events are hashed in blocks of 16.
-        s.apply_check("v", outcome(Verdict::Compatible, "a", Some(24)));
+        s.apply_check("v", outcome(AlignmentVerdict::Compatible, "a", Some(24)));
         assert!(!entry(&s, "v", |e| e.compatible));
         for page in [64, 1] {
-            s.apply_check("v", outcome(Verdict::Compatible, "a", Some(page)));
+            s.apply_check("v", outcome(AlignmentVerdict::Compatible, "a", Some(page)));
             assert!(entry(&s, "v", |e| e.compatible), "page {page}");
             assert_eq!(s.domain_of("v").unwrap().block_size, 16);
         }
         // one of "b" must announce a size that fits 32.
-        s.apply_check("v", outcome(Verdict::Compatible, "b", Some(32)));
+        s.apply_check("v", outcome(AlignmentVerdict::Compatible, "b", Some(32)));
         assert!(entry(&s, "v", |e| e.compatible));
         assert_eq!(s.domain_of("v").unwrap().block_size, 32);
         // An unconfigured model: incompatible, no domain, its name still shown.
-        s.apply_check("v", outcome(Verdict::Incompatible("not configured".into()), "zz", None));
+        s.apply_check("v", outcome(AlignmentVerdict::Incompatible("not configured".into()), "zz", None));
         assert!(s.domain_of("v").is_none());
         assert_eq!(entry(&s, "v", |e| e.model.clone()).as_deref(), Some("zz"));
         // A failed check changes nothing but the message.
         s.apply_check(
             "w",
-            Outcome {
-                verdict: Verdict::Unknown("down".into()),
+            AlignmentOutcome {
+                verdict: AlignmentVerdict::Unknown("down".into()),
                 served: None,
                 announced_block_size: None,
             },
@@ -715,11 +715,11 @@ mod tests {
     #[test]
     fn a_page_size_of_one_is_learned_as_blocks_of_sixteen() {
         let s = State::for_models(models(), ["g".to_string(), "v".to_string()], Limits::default());
-        s.apply_check("g", outcome(Verdict::Compatible, "a", Some(1)));
+        s.apply_check("g", outcome(AlignmentVerdict::Compatible, "a", Some(1)));
         assert!(entry(&s, "g", |e| e.compatible));
         assert_eq!(s.domain_of("g").unwrap().block_size, 16);
         assert_eq!(s.snapshot().models[0].block_size, 16);
-        s.apply_check("v", outcome(Verdict::Compatible, "a", Some(16)));
+        s.apply_check("v", outcome(AlignmentVerdict::Compatible, "a", Some(16)));
         assert!(entry(&s, "v", |e| e.compatible));
         assert_eq!(
             (1..=64).filter(|&p| pages_fit(p, 16)).collect::<Vec<_>>(),
@@ -730,7 +730,7 @@ mod tests {
     #[test]
     fn a_scraped_model_change_forgets_the_domain_and_asks_for_a_check() {
         let s = State::for_models(models(), ["w".to_string()], Limits::default());
-        s.apply_check("w", outcome(Verdict::Compatible, "a", Some(16)));
+        s.apply_check("w", outcome(AlignmentVerdict::Compatible, "a", Some(16)));
         let resync = s.resync_signal("w").unwrap();
         let woken = futures::FutureExt::now_or_never(resync.notified());
         assert!(woken.is_some(), "identifying the domain asks for a resync");

@@ -6,7 +6,7 @@ use crate::wire::delta::{is_delta, Delta, DeltaError, SetChange, WorkerDelta};
 use crate::wire::journal::JournalEntry;
 use crate::wire::journal::Source;
 use crate::wire::peers::{PeerCredit, PeerError, PeerLoad, PeerReport};
-use crate::wire::snapshot::{ModelInfo, Snapshot, WorkerKnowledge};
+use crate::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker};
 use crate::wire::{DecodeLimits, SnapshotError};
 
 /// The journal entry of the golden bytes.
@@ -41,7 +41,7 @@ pub fn snapshot_sample() -> Snapshot {
         version: 3,
         generated_at_ms: 1000,
         models: vec![ModelInfo { name: "m".into(), fingerprint: 9, block_size: 16 }],
-        workers: vec![WorkerKnowledge {
+        workers: vec![SnapshotWorker {
             worker: "127.0.0.1:8000".into(),
             observed_at_ms: 999,
             compatible: true,

@@ -2,7 +2,7 @@
 //!
 //! A request may carry a time-to-first-token deadline and a priority class (two headers, see
 //! [`AdmissionConfig`]). [`admit`] takes the ranked scores of a decision and returns a
-//! [`Verdict`]:
+//! [`AdmissionVerdict`]:
 //! - `Shed { reason: Saturated }` when the class has a `max_wait_ms` and even the
 //!   least-waiting worker would make the request wait longer than that before its prefill
 //!   (checked first: it is the class's policy, whatever the deadline);
@@ -55,7 +55,7 @@ impl Reason {
 
 /// What to do with a ranked request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum AdmissionVerdict {
     Admit,
     /// Routed although it will (by the estimate) miss.
     BestEffort(Reason),
@@ -66,19 +66,19 @@ pub enum Verdict {
     },
 }
 
-impl Verdict {
-    /// Every outcome's [`Verdict::outcome`] name.
+impl AdmissionVerdict {
+    /// Every outcome's [`AdmissionVerdict::outcome`] name.
     pub const OUTCOMES: [&'static str; 4] =
         ["admitted", "shed_deadline", "shed_saturated", "best_effort_deadline"];
 
     /// The outcome's counter name: `admitted`, `shed_<reason>` or `best_effort_<reason>`.
     pub fn outcome(&self) -> &'static str {
         match self {
-            Verdict::Admit => "admitted",
-            Verdict::Shed { reason: Reason::Deadline, .. } => "shed_deadline",
-            Verdict::Shed { reason: Reason::Saturated, .. } => "shed_saturated",
-            Verdict::BestEffort(Reason::Deadline) => "best_effort_deadline",
-            Verdict::BestEffort(Reason::Saturated) => "best_effort_saturated",
+            AdmissionVerdict::Admit => "admitted",
+            AdmissionVerdict::Shed { reason: Reason::Deadline, .. } => "shed_deadline",
+            AdmissionVerdict::Shed { reason: Reason::Saturated, .. } => "shed_saturated",
+            AdmissionVerdict::BestEffort(Reason::Deadline) => "best_effort_deadline",
+            AdmissionVerdict::BestEffort(Reason::Saturated) => "best_effort_saturated",
         }
     }
 }
@@ -176,28 +176,28 @@ fn min_of(ranked: &[Score], f: impl Fn(&Score) -> f64) -> Option<f64> {
 
 /// Decides a ranked request's admission, and reorders `ranked` for its class unless it is
 /// shed (see the module documentation). An empty ranking is admitted as is.
-pub fn admit(ranked: &mut [Score], ask: &Ask, cfg: &AdmissionConfig) -> Verdict {
-    let Some(class) = cfg.classes.get(ask.class) else { return Verdict::Admit };
+pub fn admit(ranked: &mut [Score], ask: &Ask, cfg: &AdmissionConfig) -> AdmissionVerdict {
+    let Some(class) = cfg.classes.get(ask.class) else { return AdmissionVerdict::Admit };
     let (Some(best_ttft), Some(best_wait)) =
         (min_of(ranked, |s| s.ttft_ms), min_of(ranked, |s| s.wait_ms))
     else {
-        return Verdict::Admit;
+        return AdmissionVerdict::Admit;
     };
     if let Some(max_wait) = class.max_wait_ms {
         if best_wait > max_wait {
             let retry_after_s = cfg.retry_after_s(best_wait - max_wait);
-            return Verdict::Shed { reason: Reason::Saturated, retry_after_s };
+            return AdmissionVerdict::Shed { reason: Reason::Saturated, retry_after_s };
         }
     }
-    let mut verdict = Verdict::Admit;
+    let mut verdict = AdmissionVerdict::Admit;
     if let Some(d) = ask.deadline_ms.map(|d| d as f64) {
         if best_ttft > d {
             match class.on_deadline_miss.unwrap_or(cfg.on_deadline_miss) {
                 MissPolicy::Shed => {
                     let retry_after_s = cfg.retry_after_s(best_ttft - d);
-                    return Verdict::Shed { reason: Reason::Deadline, retry_after_s };
+                    return AdmissionVerdict::Shed { reason: Reason::Deadline, retry_after_s };
                 }
-                MissPolicy::BestEffort => verdict = Verdict::BestEffort(Reason::Deadline),
+                MissPolicy::BestEffort => verdict = AdmissionVerdict::BestEffort(Reason::Deadline),
             }
         }
     }

@@ -30,7 +30,7 @@ use crate::decision::request::{LoadOnly, ParsedRequest};
 use crate::decision::tokenize::model::{ModelBundle, ModelError};
 use crate::decision::tokenize::tokcache::{TokenCache, TokenCacheLimits, TokenCacheStats};
 use crate::wire::journal::Source;
-use crate::wire::snapshot::{ModelInfo, ReportedLoad};
+use crate::wire::snapshot::{ModelInfo, SnapshotLoad};
 
 /// One Envoy thread's router.
 pub struct Router {
@@ -393,7 +393,7 @@ impl Router {
     }
 
     /// What `worker` last reported about its load, if younger than the allowed age.
-    pub fn reported_load(&self, worker: &str, now_ms: u64) -> Option<ReportedLoad> {
+    pub fn reported_load(&self, worker: &str, now_ms: u64) -> Option<SnapshotLoad> {
         self.knowledge.reported_load(worker, now_ms)
     }
 

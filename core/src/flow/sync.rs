@@ -8,7 +8,7 @@
 use crate::shared::bundles::{
     self, Fetcher, Housekeeping, PartRequest, Progress, LIST_PATH, PARTS_HEADER,
 };
-use crate::shared::knowledge::{Publisher, Taken};
+use crate::shared::knowledge::{KnowledgePublisher, Taken};
 use crate::shared::peers::{read_replica, replica_id, Forwarder};
 use crate::shared::{Counter, Counters, SharedStore};
 use crate::wire::bundle::BundleFiles;
@@ -105,7 +105,7 @@ struct BundleSync {
 #[derive(Debug)]
 pub struct SyncFlow {
     cfg: SnapshotSyncConfig,
-    publisher: Publisher,
+    publisher: KnowledgePublisher,
     snapshot_call: Option<u32>,
     bundles: Option<BundleSync>,
     forwarder: Option<Forwarder>,
@@ -136,7 +136,7 @@ impl SyncFlow {
         SyncFlow {
             forwarder: cfg.peers.enabled.then(|| Forwarder::new(store, cfg.peers)),
             replica: replica_id(store, seed),
-            publisher: Publisher::default(),
+            publisher: KnowledgePublisher::default(),
             cfg,
             snapshot_call: None,
             bundles,

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{update, Counter, Counters, SharedStore};
-use crate::decision::calib::{Calibrated, CalibrationConfig, ModelState, Outcome, Sample};
+use crate::decision::calib::{Calibrated, CalibrationConfig, ModelState, CalibOutcome, Sample};
 use crate::decision::cost::Profile;
 
 /// The shared-data key of `model`'s state.
@@ -59,11 +59,11 @@ pub fn publish<S: SharedStore + ?Sized>(
         let (mut used, mut clipped, mut rejected) = (0, 0, 0);
         for s in samples {
             match state.observe(cfg, s) {
-                Outcome::Used { weight } => {
+                CalibOutcome::Used { weight } => {
                     used += 1;
                     clipped += usize::from(weight < 1.0);
                 }
-                Outcome::Rejected => rejected += 1,
+                CalibOutcome::Rejected => rejected += 1,
             }
         }
         (state.encode(), (Published { state, used, clipped, rejected }, corrupt))

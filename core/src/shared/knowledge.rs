@@ -7,7 +7,7 @@
 //!   thread that fell behind the ring still finds a chain from it);
 //! - `kvroute.snapshot.delta.<slot>`: the last [`RING`] deltas as received.
 //!
-//! [`Publisher`] is the singleton's side (it keeps the full snapshot in memory and applies
+//! [`KnowledgePublisher`] is the singleton's side (it keeps the full snapshot in memory and applies
 //! each delta to it); [`Follower`] is a thread's side: it follows the chain of deltas from its
 //! own version, and reads the full snapshot only on a gap.
 
@@ -182,7 +182,7 @@ pub enum PublishError {
 
 /// The singleton's side: validates what the updater sends and publishes it.
 #[derive(Debug, Default)]
-pub struct Publisher {
+pub struct KnowledgePublisher {
     full: Option<Snapshot>,
     head: Head,
     next_slot: u8,
@@ -197,9 +197,9 @@ pub enum Taken {
     Delta,
 }
 
-impl Publisher {
+impl KnowledgePublisher {
     pub fn new(limits: DecodeLimits) -> Self {
-        Publisher { limits, ..Default::default() }
+        KnowledgePublisher { limits, ..Default::default() }
     }
 
     /// The version of the knowledge held (0: none yet).

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use super::{update, Counter, Counters, SharedStore};
 use crate::decision::config::sync::LoadLimits;
 use crate::decision::load::{worker_key, WorkerLoad};
-use crate::wire::snapshot::ReportedLoad;
+use crate::wire::snapshot::SnapshotLoad;
 use crate::wire::Reader;
 
 pub const REGISTRY_KEY: &str = "kvroute.load.shards";
@@ -282,7 +282,7 @@ impl Shard {
         &mut self,
         counters: &dyn Counters,
         worker: &str,
-        report: &ReportedLoad,
+        report: &SnapshotLoad,
         tracked_before: u64,
     ) -> usize {
         let key = worker_key(worker);

@@ -31,7 +31,7 @@ use thiserror::Error;
 use crate::wire::peers::PeerSection;
 use crate::wire::snapshot::{
     put_head, put_models, put_names, read_head, read_models, read_names, read_sections, ModelInfo,
-    ReportedLoad, Snapshot, WorkerHead, WorkerKnowledge, SECTION_PEERS, SECTION_POOL,
+    SnapshotLoad, Snapshot, WorkerHead, SnapshotWorker, SECTION_PEERS, SECTION_POOL,
 };
 use crate::wire::{hashes, put_hashes, put_str, read_str, DecodeLimits, SnapshotError};
 
@@ -112,7 +112,7 @@ pub struct WorkerDelta {
     pub worker: String,
     pub observed_at_ms: u64,
     pub compatible: bool,
-    pub load: Option<ReportedLoad>,
+    pub load: Option<SnapshotLoad>,
     /// Drop every known block of this worker before applying the changes.
     pub reset: bool,
     /// Its base model, when it changed (always for a worker new to the receiver).
@@ -164,7 +164,7 @@ pub fn is_delta(bytes: &[u8]) -> bool {
 
 impl WorkerDelta {
     /// What changed for one worker (hash lists sorted); `None` when nothing did.
-    pub fn between(old: Option<&WorkerKnowledge>, new: &WorkerKnowledge) -> Option<WorkerDelta> {
+    pub fn between(old: Option<&SnapshotWorker>, new: &SnapshotWorker) -> Option<WorkerDelta> {
         let empty = Vec::new();
         let gpu = SetChange::between(old.map_or(&empty, |p| &p.gpu), &new.gpu);
         let offloaded = SetChange::between(old.map_or(&empty, |p| &p.offloaded), &new.offloaded);
@@ -215,7 +215,7 @@ impl Delta {
     /// The changes from `old` to `new` (both with sorted hash lists, as the updater makes them);
     /// when `new` is the whole pool, the workers it no longer lists are removed.
     pub fn between(old: &Snapshot, new: &Snapshot) -> Delta {
-        let before: BTreeMap<&str, &WorkerKnowledge> =
+        let before: BTreeMap<&str, &SnapshotWorker> =
             old.workers.iter().map(|w| (w.worker.as_str(), w)).collect();
         let workers = new
             .workers
@@ -532,10 +532,10 @@ impl Snapshot {
                     let i = self.workers.partition_point(|k| k.worker < w.worker);
                     self.workers.insert(
                         i,
-                        WorkerKnowledge {
+                        SnapshotWorker {
                             worker: w.worker.clone(),
                             compatible: true,
-                            ..WorkerKnowledge::default()
+                            ..SnapshotWorker::default()
                         },
                     );
                     i

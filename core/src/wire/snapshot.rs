@@ -53,7 +53,7 @@ pub struct ModelInfo {
 
 /// One worker's knowledge.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WorkerKnowledge {
+pub struct SnapshotWorker {
     /// `ip:port`, as in the filter's pool.
     pub worker: String,
     /// When the updater last heard from this worker's event stream (unix ms).
@@ -65,7 +65,7 @@ pub struct WorkerKnowledge {
     /// Canonical block hashes on lower tiers (CPU, storage).
     pub offloaded: Vec<u64>,
     /// What the worker last reported about its load, if scraped.
-    pub load: Option<ReportedLoad>,
+    pub load: Option<SnapshotLoad>,
     /// Its base model (the `/v1/models` entry without `parent`); empty while not known.
     pub model: String,
     /// The LoRA adapters it has loaded (`/v1/models` entries whose `parent` is the base).
@@ -74,7 +74,7 @@ pub struct WorkerKnowledge {
 
 /// Worker-reported load (`vllm:num_requests_running` / `_waiting` or SGLang's), with its age.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReportedLoad {
+pub struct SnapshotLoad {
     pub running: u32,
     pub waiting: u32,
     /// Unix ms of the scrape.
@@ -89,7 +89,7 @@ pub struct Snapshot {
     pub generated_at_ms: u64,
     /// The models whose bundles the updater serves, sorted by name.
     pub models: Vec<ModelInfo>,
-    pub workers: Vec<WorkerKnowledge>,
+    pub workers: Vec<SnapshotWorker>,
     /// Other replicas' recent routing (format 4), when the caller asked for it.
     pub peers: Option<PeerSection>,
     /// The updater discovers the pool (format 5): `workers` is every member, a worker not
@@ -106,7 +106,7 @@ pub(crate) struct WorkerHead {
     pub worker: String,
     pub observed_at_ms: u64,
     pub compatible: bool,
-    pub load: Option<ReportedLoad>,
+    pub load: Option<SnapshotLoad>,
 }
 
 pub(crate) fn put_head(
@@ -114,7 +114,7 @@ pub(crate) fn put_head(
     worker: &str,
     observed_at_ms: u64,
     compatible: bool,
-    load: Option<&ReportedLoad>,
+    load: Option<&SnapshotLoad>,
 ) {
     put_str(out, worker);
     out.extend_from_slice(&observed_at_ms.to_le_bytes());
@@ -137,7 +137,7 @@ pub(crate) fn read_head(r: &mut Reader<'_>) -> Result<WorkerHead, SnapshotError>
     let compatible = r.u8().ok_or_else(t)? != 0;
     let load = match r.u8().ok_or_else(t)? {
         0 => None,
-        _ => Some(ReportedLoad {
+        _ => Some(SnapshotLoad {
             running: r.u32().ok_or_else(t)?,
             waiting: r.u32().ok_or_else(t)?,
             observed_at_ms: r.u64().ok_or_else(t)?,
@@ -280,7 +280,7 @@ impl Snapshot {
             let adapters = read_names(&mut r, limits.max_adapters_per_worker)?;
             let gpu = hashes(&mut r, limits)?;
             let offloaded = hashes(&mut r, limits)?;
-            workers.push(WorkerKnowledge {
+            workers.push(SnapshotWorker {
                 worker,
                 observed_at_ms,
                 compatible,
@@ -409,9 +409,9 @@ mod tests {
                        hashes in proptest::collection::vec(any::<u64>(), 0..40),
                        adapters in proptest::collection::vec("[a-z-]{0,12}", 0..3)) {
             let models = vec![ModelInfo { name: "qwen".into(), fingerprint: v, block_size: v as u32 }];
-            let s = Snapshot { version: v, generated_at_ms: v / 2, models, down: vec![], workers: names.into_iter().map(|w| WorkerKnowledge {
+            let s = Snapshot { version: v, generated_at_ms: v / 2, models, down: vec![], workers: names.into_iter().map(|w| SnapshotWorker {
                 worker: w, observed_at_ms: 5, compatible: false, gpu: hashes.clone(), offloaded: hashes.clone(),
-                load: Some(ReportedLoad { running: 3, waiting: v as u32, observed_at_ms: v }),
+                load: Some(SnapshotLoad { running: 3, waiting: v as u32, observed_at_ms: v }),
                 model: "qwen".into(), adapters: adapters.clone() }).collect(), peers: None, pool: v % 2 == 0 };
             prop_assert_eq!(Snapshot::decode(&s.encode()), Ok(s));
         }

@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use super::markdown::{cell, pct, table, times};
 use super::summary::KVROUTE;
 use super::{Report, BASELINE};
-use crate::repeat::{Spread, Verdict};
+use crate::repeat::{Spread, RepeatVerdict};
 
 mod rows;
 pub use self::rows::rows;
@@ -43,7 +43,7 @@ const NO_LOSS: [&str; 2] = ["fan-out", "flash-crowd"];
 
 /// What a goal row concluded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum GoalOutcome {
     Met,
     /// A no-loss goal whose median is above the target but no different from least-request's
     /// within the noise floor: no loss that this instrument can see, shown apart.
@@ -63,7 +63,7 @@ pub struct GoalRow {
     pub target: String,
     pub measured: String,
     pub floor: String,
-    pub outcome: Outcome,
+    pub outcome: GoalOutcome,
 }
 
 /// How a ratio is judged.
@@ -110,58 +110,58 @@ fn floor_cell(floor: Option<f64>, baseline_runs: usize) -> String {
 }
 
 /// The outcome of a ratio `s` with verdict `v` (against `floor`) for `target`.
-pub fn judge(target: Target, s: &Spread, floor: Option<f64>, v: Verdict, runs: usize) -> Outcome {
+pub fn judge(target: Target, s: &Spread, floor: Option<f64>, v: RepeatVerdict, runs: usize) -> GoalOutcome {
     let Some(m) = s.median else {
-        return Outcome::NotMeasured("no ratio (no valid paired run, or nothing to divide)".into());
+        return GoalOutcome::NotMeasured("no ratio (no valid paired run, or nothing to divide)".into());
     };
     // Least-request below the ladder in every repeat while the policy passed a rung: no noise
     // can turn that around, and least-request's goodput has no A/A floor to give.
     let always_infinite = s.min.is_some_and(|x| x == f64::INFINITY);
     if always_infinite && s.n >= 2 && matches!(target, Target::AtLeast(_) | Target::Within(_)) {
-        return Outcome::Met;
+        return GoalOutcome::Met;
     }
     if floor.is_none() {
-        return Outcome::NotMeasured(format!(
+        return GoalOutcome::NotMeasured(format!(
             "too few runs ({runs} valid {BASELINE} run(s): no noise floor)"
         ));
     }
     let band = match v {
-        Verdict::NoDifference => " (within the noise floor)",
-        Verdict::Worse => " (worse beyond the noise floor)",
-        Verdict::Better | Verdict::Unknown => "",
+        RepeatVerdict::NoDifference => " (within the noise floor)",
+        RepeatVerdict::Worse => " (worse beyond the noise floor)",
+        RepeatVerdict::Better | RepeatVerdict::Unknown => "",
     };
     match target {
-        Target::NoLoss(b) if m > b && v == Verdict::NoDifference => Outcome::MetWithinNoise,
+        Target::NoLoss(b) if m > b && v == RepeatVerdict::NoDifference => GoalOutcome::MetWithinNoise,
         Target::NoLoss(b) if m > b => {
-            Outcome::NotMet(format!("median {} > {b:.1}×{}", times(Some(m)), band))
+            GoalOutcome::NotMet(format!("median {} > {b:.1}×{}", times(Some(m)), band))
         }
-        Target::NoLoss(_) | Target::NotWorse if v == Verdict::Worse => {
-            Outcome::NotMet("worse beyond the noise floor".into())
+        Target::NoLoss(_) | Target::NotWorse if v == RepeatVerdict::Worse => {
+            GoalOutcome::NotMet("worse beyond the noise floor".into())
         }
         Target::AtMost(b) if m > b => {
-            Outcome::NotMet(format!("median {} > {b:.1}×", times(Some(m))))
+            GoalOutcome::NotMet(format!("median {} > {b:.1}×", times(Some(m))))
         }
         Target::AtLeast(b) if m < b => {
-            Outcome::NotMet(format!("median {} < {b:.1}×", times(Some(m))))
+            GoalOutcome::NotMet(format!("median {} < {b:.1}×", times(Some(m))))
         }
-        Target::AtMost(_) | Target::AtLeast(_) if v != Verdict::Better => {
-            Outcome::NotMet("within the noise floor: not better beyond it".into())
+        Target::AtMost(_) | Target::AtLeast(_) if v != RepeatVerdict::Better => {
+            GoalOutcome::NotMet("within the noise floor: not better beyond it".into())
         }
         Target::Within(b) if m < b => {
-            Outcome::NotMet(format!("median {} < {b:.1}×", times(Some(m))))
+            GoalOutcome::NotMet(format!("median {} < {b:.1}×", times(Some(m))))
         }
-        _ => Outcome::Met,
+        _ => GoalOutcome::Met,
     }
 }
 
-fn outcome_cell(o: &Outcome) -> String {
+fn outcome_cell(o: &GoalOutcome) -> String {
     match o {
-        Outcome::Met => "met".into(),
-        Outcome::MetWithinNoise => "met: no loss beyond the noise floor (median above the \
+        GoalOutcome::Met => "met".into(),
+        GoalOutcome::MetWithinNoise => "met: no loss beyond the noise floor (median above the \
                                     target, inside the floor)"
             .into(),
-        Outcome::NotMet(why) => format!("**not met**: {}", cell(why)),
-        Outcome::NotMeasured(why) => format!("not measured: {}", cell(why)),
+        GoalOutcome::NotMet(why) => format!("**not met**: {}", cell(why)),
+        GoalOutcome::NotMeasured(why) => format!("not measured: {}", cell(why)),
     }
 }
 
@@ -193,11 +193,11 @@ fn replications(reports: &[Report]) -> String {
 /// The `## Goals` section of `summary.md`.
 pub fn section(reports: &[Report]) -> String {
     let rows = rows(reports);
-    let count = |f: fn(&Outcome) -> bool| rows.iter().filter(|r| f(&r.outcome)).count();
-    let met = count(|o| matches!(o, Outcome::Met | Outcome::MetWithinNoise));
-    let in_noise = count(|o| matches!(o, Outcome::MetWithinNoise));
-    let not_met = count(|o| matches!(o, Outcome::NotMet(_)));
-    let unmeasured = count(|o| matches!(o, Outcome::NotMeasured(_)));
+    let count = |f: fn(&GoalOutcome) -> bool| rows.iter().filter(|r| f(&r.outcome)).count();
+    let met = count(|o| matches!(o, GoalOutcome::Met | GoalOutcome::MetWithinNoise));
+    let in_noise = count(|o| matches!(o, GoalOutcome::MetWithinNoise));
+    let not_met = count(|o| matches!(o, GoalOutcome::NotMet(_)));
+    let unmeasured = count(|o| matches!(o, GoalOutcome::NotMeasured(_)));
     let mut md = format!(
         "\n## Goals\n\n{met} met ({in_noise} of them only within the noise floor), \
          {not_met} not met, {unmeasured} not measured. \

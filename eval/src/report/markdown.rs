@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use super::{
     plot_files, CohortStats, Metric, MetricRatio, NoiseRow, PolicyReport, Report, ALL, BASELINE,
 };
-use crate::repeat::{Spread, Verdict};
+use crate::repeat::{Spread, RepeatVerdict};
 use crate::sweep::GOODPUT_SLO_SHARE;
 
 /// Milliseconds: one decimal below 100 ms, none above.
@@ -67,10 +67,10 @@ pub(super) fn ratio_cell(m: &MetricRatio) -> String {
     let r = &m.ratio;
     let value = format!("{}{}", times(r.median), range(r, times));
     match m.verdict {
-        Verdict::Unknown => "n/a".into(),
-        Verdict::NoDifference => format!("no difference <small>({value})</small>"),
-        Verdict::Better => format!("{value} better"),
-        Verdict::Worse => format!("{value} worse"),
+        RepeatVerdict::Unknown => "n/a".into(),
+        RepeatVerdict::NoDifference => format!("no difference <small>({value})</small>"),
+        RepeatVerdict::Better => format!("{value} better"),
+        RepeatVerdict::Worse => format!("{value} worse"),
     }
 }
 
@@ -789,11 +789,11 @@ mod tests {
             verdict,
         };
         assert_eq!(
-            ratio_cell(&m(0.98, 0.95, 1.01, 3, Verdict::NoDifference)),
+            ratio_cell(&m(0.98, 0.95, 1.01, 3, RepeatVerdict::NoDifference)),
             "no difference <small>(0.98× [0.95×–1.01×])</small>"
         );
-        assert_eq!(ratio_cell(&m(0.5, 0.4, 0.6, 3, Verdict::Better)), "0.50× [0.40×–0.60×] better");
-        assert_eq!(ratio_cell(&m(1.5, 1.5, 1.5, 1, Verdict::Worse)), "1.50× worse");
-        assert_eq!(ratio_cell(&m(1.5, 1.5, 1.5, 1, Verdict::Unknown)), "n/a");
+        assert_eq!(ratio_cell(&m(0.5, 0.4, 0.6, 3, RepeatVerdict::Better)), "0.50× [0.40×–0.60×] better");
+        assert_eq!(ratio_cell(&m(1.5, 1.5, 1.5, 1, RepeatVerdict::Worse)), "1.50× worse");
+        assert_eq!(ratio_cell(&m(1.5, 1.5, 1.5, 1, RepeatVerdict::Unknown)), "n/a");
     }
 }

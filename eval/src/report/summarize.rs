@@ -10,7 +10,7 @@ use super::types::{
 use super::{ceiling, cohorts, regret, stats, ALL, BASELINE};
 use crate::cluster::Policy;
 use crate::record::{RequestRecord, RunResult};
-use crate::repeat::{aa_ratios, noise_floor, paired, verdict, Spread, Verdict};
+use crate::repeat::{aa_ratios, noise_floor, paired, verdict, Spread, RepeatVerdict};
 use crate::sweep::{RunPoint, Sweep};
 
 /// A run's offered-load scale; a missing or meaningless one (0 from `RunResult::default()`,
@@ -227,7 +227,7 @@ pub fn summarize(setup: &Setup, runs: &[RunResult]) -> Report {
                             return MetricRatio {
                                 metric: m,
                                 ratio: Spread::default(),
-                                verdict: Verdict::Unknown,
+                                verdict: RepeatVerdict::Unknown,
                             };
                         }
                         metric_ratio(m, &mine, &base, floors.and_then(|f| f.floor(m)))

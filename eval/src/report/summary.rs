@@ -9,7 +9,7 @@ use super::markdown::{
     aa_cell, cell, goodput_cell, goodput_ratio_cell, pct, ratio_cell, table, times, NOISE_FLOOR,
 };
 use super::{Metric, Report, BASELINE};
-use crate::repeat::{Spread, Verdict};
+use crate::repeat::{Spread, RepeatVerdict};
 
 /// The policy whose shortfalls the summary lists.
 pub const KVROUTE: &str = "kvroute";
@@ -44,7 +44,7 @@ fn shortfalls(reports: &[Report]) -> Vec<Vec<String>> {
             let not_better: Vec<String> = c
                 .metrics
                 .iter()
-                .filter(|m| matches!(m.verdict, Verdict::NoDifference | Verdict::Worse))
+                .filter(|m| matches!(m.verdict, RepeatVerdict::NoDifference | RepeatVerdict::Worse))
                 .map(|m| format!("{} {}", m.metric.label(), ratio_cell(m)))
                 .collect();
             if !not_better.is_empty() {
@@ -57,7 +57,7 @@ fn shortfalls(reports: &[Report]) -> Vec<Vec<String>> {
             }
         }
         if let Some(g) = rep.sweep.goodput.iter().find(|g| g.policy == KVROUTE) {
-            if g.verdict != Verdict::Better {
+            if g.verdict != RepeatVerdict::Better {
                 rows.push(vec![
                     cell(rep.workload_name()),
                     "goodput at SLO".into(),

@@ -7,7 +7,7 @@ use super::*;
 use crate::cluster::TimedFault;
 use crate::record::QueueSample;
 use crate::record::{RequestRecord, RunResult, Slo};
-use crate::repeat::Verdict;
+use crate::repeat::RepeatVerdict;
 
 mod output;
 
@@ -180,14 +180,14 @@ fn repeats_give_paired_medians_ranges_and_the_aa_floor() {
     let kv = report.comparison("kvroute", ALL).expect("kvroute");
     assert_eq!((kv.runs, kv.excluded, kv.requests, kv.failed), (3, 0, 120, 0));
     let p50 = kv.metric(Metric::TtftP50).expect("p50");
-    assert_eq!(p50.verdict, Verdict::NoDifference);
+    assert_eq!(p50.verdict, RepeatVerdict::NoDifference);
     assert!(close(p50.ratio.median.unwrap_or(0.0), 123.0 / 122.0));
-    assert_eq!(kv.metric(Metric::UsefulPerS).map(|m| m.verdict), Some(Verdict::NoDifference));
+    assert_eq!(kv.metric(Metric::UsefulPerS).map(|m| m.verdict), Some(RepeatVerdict::NoDifference));
 
     let fast = report.comparison("fast", ALL).expect("fast");
     assert_eq!((fast.runs, fast.excluded), (3, 1));
     let p50 = fast.metric(Metric::TtftP50).expect("p50");
-    assert_eq!(p50.verdict, Verdict::Better);
+    assert_eq!(p50.verdict, RepeatVerdict::Better);
     // Paired: 59/119, 60/122, 61/125 (the invalid 5000 ms run is not among them).
     assert!(close(p50.ratio.min.unwrap_or(0.0), 61.0 / 125.0));
     assert!(close(p50.ratio.max.unwrap_or(0.0), 59.0 / 119.0));
@@ -236,7 +236,7 @@ fn the_ladder_follows_policy_ladder_order() {
     let prev = kv.vs_previous.iter().find(|m| m.metric == Metric::TtftP50).expect("p50");
     assert!(prev.ratio.median.is_some_and(|x| close(x, 69.0 / 99.0)));
     // One run: no floor, so any difference counts.
-    assert_eq!(prev.verdict, Verdict::Better);
+    assert_eq!(prev.verdict, RepeatVerdict::Better);
     let md = markdown(&report);
     assert!(md.contains("oracle (the limit)"), "{md}");
     assert!(md.contains("no noise floor (1 run)"));
@@ -286,8 +286,8 @@ fn derived_cohorts_ceilings_regret_and_estimates_reach_the_report() {
     assert_eq!(report.ceiling_of("diverted"), None);
     assert_eq!(report.varying_cohorts, ["diverted"]);
     let d = report.comparison("kvroute", "diverted").expect("diverted");
-    assert_eq!(d.metric(Metric::UsefulPerS).map(|m| m.verdict), Some(Verdict::Unknown));
-    assert_eq!(d.metric(Metric::SloShare).map(|m| m.verdict), Some(Verdict::NoDifference));
+    assert_eq!(d.metric(Metric::UsefulPerS).map(|m| m.verdict), Some(RepeatVerdict::Unknown));
+    assert_eq!(d.metric(Metric::SloShare).map(|m| m.verdict), Some(RepeatVerdict::NoDifference));
     assert_eq!(report.ceiling_of(ALL), Some(0.6));
     // Regret: the background request (w0, best) 0; hot 4 on w0 with w1 at 60: 40.
     let regret = report.regret.iter().find(|r| r.policy == "least-request").expect("r");
@@ -540,7 +540,7 @@ fn ratios_are_na_without_the_baseline() {
         .comparisons
         .iter()
         .flat_map(|c| &c.metrics)
-        .all(|m| m.verdict == Verdict::Unknown && m.ratio.median.is_none()));
+        .all(|m| m.verdict == RepeatVerdict::Unknown && m.ratio.median.is_none()));
     assert!(markdown(&report).contains("none (least-request was not run: every ratio is n/a)"));
 
     // A baseline with nothing to divide by gives n/a too.

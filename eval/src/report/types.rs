@@ -9,7 +9,7 @@ use super::{stats, ALL};
 use crate::calibration::RunCalibration;
 use crate::cluster::TimedFault;
 use crate::record::{Health, Slo};
-use crate::repeat::{Spread, Verdict};
+use crate::repeat::{Spread, RepeatVerdict};
 use crate::sweep::Sweep;
 
 /// What was compared, on what: printed at the top of the report.
@@ -318,7 +318,7 @@ impl Metric {
 pub struct MetricRatio {
     pub metric: Metric,
     pub ratio: Spread,
-    pub verdict: Verdict,
+    pub verdict: RepeatVerdict,
 }
 
 /// A policy against the baseline in one cohort, at the reference rate.

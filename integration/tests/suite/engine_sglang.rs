@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use kvroute_stack::engines::{run, Outcome, Scenario};
+use kvroute_stack::engines::{run, EngineOutcome, Scenario};
 use kvroute_stack::sglang_face::SglangFace;
 use kvroute_stack::sim::SimWorker;
 use kvroute_stack::stack::Updater;
@@ -23,7 +23,7 @@ const BLOCK: u32 = 16;
 /// (`--block-size 16`); else it learns it from what the worker announces as SGLang does
 /// (`/server_info` `kv_events.block_size`, `sglang:page_size`): the page size, or blocks of 16
 /// for pages dividing 16.
-async fn scenario(name: &str, page: u32, explicit: bool) -> Option<Outcome> {
+async fn scenario(name: &str, page: u32, explicit: bool) -> Option<EngineOutcome> {
     let (block, updater_args) = if explicit {
         (BLOCK, vec!["--block-size".to_string(), BLOCK.to_string()])
     } else {

@@ -4,9 +4,9 @@
 //! knowledge it holds per tier must be what the engine's cache holds. Skipped (with a message)
 //! when `./dev setup` has not unpacked the engine, except in CI.
 
-use kvroute_stack::engines::{run, Outcome, Scenario};
+use kvroute_stack::engines::{run, EngineOutcome, Scenario};
 
-async fn scenario(name: &str) -> Option<Outcome> {
+async fn scenario(name: &str) -> Option<EngineOutcome> {
     let s = Scenario {
         engine: "vllm",
         driver: "vllm_driver.py",

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kvroute_stack::rawhttp::Proto;
 use kvroute_stack::siege::envoy::{
-    self as siege, IdleFlood, Outcome, PathOutcome, TrapReport, ODD_PATHS,
+    self as siege, IdleFlood, EnvoyOutcome, PathOutcome, TrapReport, ODD_PATHS,
 };
 use kvroute_stack::stack::{Pool, Stack, StackOptions, MODEL};
 use kvroute_stack::{client, eventually};
@@ -55,8 +55,8 @@ async fn every_thread_routes(stack: &Stack, clients: &[reqwest::Client]) -> BTre
     let mut threads = BTreeSet::new();
     for (i, http) in clients.iter().enumerate() {
         let r = client::chat(http, &stack.base_url(), &siege::chat_body(MODEL, 90_000 + i)).await;
-        let outcome = Outcome::of(&r);
-        assert_eq!(outcome, Outcome::Routed, "client {i} before the trap: {r:?}");
+        let outcome = EnvoyOutcome::of(&r);
+        assert_eq!(outcome, EnvoyOutcome::Routed, "client {i} before the trap: {r:?}");
         threads.insert(r.unwrap().decision_field("thread").unwrap_or_default());
     }
     threads

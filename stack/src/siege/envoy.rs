@@ -18,7 +18,7 @@ use crate::client;
 
 /// What one request after an attack got.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum EnvoyOutcome {
     /// 200 with a decision naming a worker, made with knowledge (`fallback=none`).
     Routed,
     /// 200 with a decision that fell back (the reason, e.g. `no_bundle`).
@@ -29,20 +29,20 @@ pub enum Outcome {
     Failed(Option<u16>),
 }
 
-impl Outcome {
+impl EnvoyOutcome {
     /// Classifies a finished request.
-    pub fn of(reply: &anyhow::Result<client::Reply>) -> Outcome {
+    pub fn of(reply: &anyhow::Result<client::Reply>) -> EnvoyOutcome {
         let r = match reply {
             Ok(r) => r,
-            Err(_) => return Outcome::Failed(None),
+            Err(_) => return EnvoyOutcome::Failed(None),
         };
         if r.status != 200 {
-            return Outcome::Failed(Some(r.status));
+            return EnvoyOutcome::Failed(Some(r.status));
         }
         match (r.decision_field("worker"), r.decision_field("fallback")) {
-            (None, _) => Outcome::PassedThrough,
-            (Some(_), Some(f)) if f == "none" => Outcome::Routed,
-            (Some(_), f) => Outcome::LoadOnly(f.unwrap_or_default()),
+            (None, _) => EnvoyOutcome::PassedThrough,
+            (Some(_), Some(f)) if f == "none" => EnvoyOutcome::Routed,
+            (Some(_), f) => EnvoyOutcome::LoadOnly(f.unwrap_or_default()),
         }
     }
 }
@@ -130,17 +130,17 @@ pub async fn trap_and_measure(
         });
         for reply in futures::future::join_all(round).await {
             report.sent += 1;
-            match Outcome::of(&reply) {
-                Outcome::Routed => report.routed += 1,
-                Outcome::LoadOnly(_) => {
+            match EnvoyOutcome::of(&reply) {
+                EnvoyOutcome::Routed => report.routed += 1,
+                EnvoyOutcome::LoadOnly(_) => {
                     report.load_only += 1;
                     bad = true;
                 }
-                Outcome::PassedThrough => {
+                EnvoyOutcome::PassedThrough => {
                     report.passed_through += 1;
                     bad = true;
                 }
-                Outcome::Failed(s) => {
+                EnvoyOutcome::Failed(s) => {
                     report.failed += 1;
                     report.failures.push(s);
                     bad = true;

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::client;
 use crate::rawhttp::{self, Proto, RawRequest, RawResponse};
-use crate::siege::envoy::{self, Outcome, PathOutcome};
+use crate::siege::envoy::{self, EnvoyOutcome, PathOutcome};
 use crate::stack::Stack;
 
 const CHAT: &str = "/v1/chat/completions";
@@ -258,7 +258,7 @@ pub struct After {
 }
 
 /// Sends `n` small chat requests one after the other (each bounded by `try_timeout`) and
-/// classifies them (`siege::envoy::Outcome`).
+/// classifies them (`siege::envoy::EnvoyOutcome`).
 pub async fn after_probe(
     base_url: &str,
     model: &str,
@@ -270,10 +270,10 @@ pub async fn after_probe(
     for i in 0..n {
         let r = client::chat(&http, base_url, &envoy::chat_body(model, 2_000_000 + i)).await;
         after.sent += 1;
-        match Outcome::of(&r) {
-            Outcome::Routed => after.ok_routed += 1,
-            Outcome::Failed(_) => after.failed += 1,
-            Outcome::LoadOnly(_) | Outcome::PassedThrough => {}
+        match EnvoyOutcome::of(&r) {
+            EnvoyOutcome::Routed => after.ok_routed += 1,
+            EnvoyOutcome::Failed(_) => after.failed += 1,
+            EnvoyOutcome::LoadOnly(_) | EnvoyOutcome::PassedThrough => {}
         }
     }
     Ok(after)

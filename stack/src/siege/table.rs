@@ -66,19 +66,19 @@ pub struct Row {
 
 /// A row's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum SiegeVerdict {
     Pass,
     /// What was not met.
     Fail(Vec<String>),
     NotMeasured(String),
 }
 
-impl Verdict {
+impl SiegeVerdict {
     pub fn label(&self) -> String {
         match self {
-            Verdict::Pass => "pass".into(),
-            Verdict::Fail(why) => format!("FAIL: {}", why.join("; ")),
-            Verdict::NotMeasured(why) => format!("not measured: {why}"),
+            SiegeVerdict::Pass => "pass".into(),
+            SiegeVerdict::Fail(why) => format!("FAIL: {}", why.join("; ")),
+            SiegeVerdict::NotMeasured(why) => format!("not measured: {why}"),
         }
     }
 }
@@ -101,10 +101,10 @@ impl Row {
 
     /// The pass logic: every check met, and every request after the attack (at least one)
     /// succeeded and was routed with knowledge.
-    pub fn verdict(&self) -> Verdict {
+    pub fn verdict(&self) -> SiegeVerdict {
         match &self.ran {
-            Ran::NotMeasured(why) => return Verdict::NotMeasured(why.clone()),
-            Ran::Broke(what) => return Verdict::Fail(vec![what.clone()]),
+            Ran::NotMeasured(why) => return SiegeVerdict::NotMeasured(why.clone()),
+            Ran::Broke(what) => return SiegeVerdict::Fail(vec![what.clone()]),
             Ran::Yes => {}
         }
         let mut unmet: Vec<String> =
@@ -118,9 +118,9 @@ impl Row {
             None => unmet.push("no request sent after it".into()),
         }
         if unmet.is_empty() {
-            Verdict::Pass
+            SiegeVerdict::Pass
         } else {
-            Verdict::Fail(unmet)
+            SiegeVerdict::Fail(unmet)
         }
     }
 }
@@ -316,14 +316,14 @@ pub fn json(rows: &[Row]) -> Value {
                 "attack": r.attack,
                 "goal": r.goal,
                 "result": match &verdict {
-                    Verdict::Pass => "pass",
-                    Verdict::Fail(_) => "fail",
-                    Verdict::NotMeasured(_) => "not measured",
+                    SiegeVerdict::Pass => "pass",
+                    SiegeVerdict::Fail(_) => "fail",
+                    SiegeVerdict::NotMeasured(_) => "not measured",
                 },
                 "why": match verdict {
-                    Verdict::Pass => Vec::new(),
-                    Verdict::Fail(w) => w,
-                    Verdict::NotMeasured(w) => vec![w],
+                    SiegeVerdict::Pass => Vec::new(),
+                    SiegeVerdict::Fail(w) => w,
+                    SiegeVerdict::NotMeasured(w) => vec![w],
                 },
                 "after": r.after.map(|a| json!({"sent": a.sent, "ok_routed": a.ok_routed, "failed": a.failed})),
                 "errors": r.errors,
@@ -363,21 +363,21 @@ mod tests {
 
     #[test]
     fn a_row_passes_only_with_every_check_met_and_every_later_request_routed() {
-        assert_eq!(row(vec![Check::new("x", true)], ALL_OK).verdict(), Verdict::Pass);
+        assert_eq!(row(vec![Check::new("x", true)], ALL_OK).verdict(), SiegeVerdict::Pass);
         let unmet = row(vec![Check::new("x", true), Check::new("y", false)], ALL_OK);
-        assert_eq!(unmet.verdict(), Verdict::Fail(vec!["y".into()]));
+        assert_eq!(unmet.verdict(), SiegeVerdict::Fail(vec!["y".into()]));
         let one_unrouted = row(vec![], Some(After { sent: 20, ok_routed: 19, failed: 0 }));
         assert_eq!(
             one_unrouted.verdict(),
-            Verdict::Fail(vec!["19/20 requests after it succeeded and were routed".into()])
+            SiegeVerdict::Fail(vec!["19/20 requests after it succeeded and were routed".into()])
         );
-        assert!(matches!(row(vec![], Some(After::default())).verdict(), Verdict::Fail(_)));
-        assert!(matches!(row(vec![], None).verdict(), Verdict::Fail(_)));
+        assert!(matches!(row(vec![], Some(After::default())).verdict(), SiegeVerdict::Fail(_)));
+        assert!(matches!(row(vec![], None).verdict(), SiegeVerdict::Fail(_)));
         let missing = Row::not_measured("a", "g", "its primitive has not landed");
-        assert_eq!(missing.verdict(), Verdict::NotMeasured("its primitive has not landed".into()));
+        assert_eq!(missing.verdict(), SiegeVerdict::NotMeasured("its primitive has not landed".into()));
         let mut broke = row(vec![Check::new("x", true)], ALL_OK);
         broke.ran = Ran::Broke("timed out after 120s".into());
-        assert_eq!(broke.verdict(), Verdict::Fail(vec!["timed out after 120s".into()]));
+        assert_eq!(broke.verdict(), SiegeVerdict::Fail(vec!["timed out after 120s".into()]));
     }
 
     #[test]

@@ -37,7 +37,7 @@ use kvroute_core::decision::load::WorkerLoad;
 use kvroute_core::decision::request::{self, Endpoint};
 use kvroute_core::decision::router::Router;
 use kvroute_core::wire::delta::Delta;
-use kvroute_core::wire::snapshot::{Snapshot, WorkerKnowledge};
+use kvroute_core::wire::snapshot::{Snapshot, SnapshotWorker};
 use kvroute_stack::envoy::Envoy;
 use kvroute_stack::sim::SimWorker;
 use kvroute_stack::stack::{self, Ports, StackOptions, MODEL, UPDATER_TOKEN};
@@ -324,7 +324,7 @@ async fn main() -> anyhow::Result<()> {
         generated_at_ms: now_ms,
         workers: addrs
             .iter()
-            .map(|w| WorkerKnowledge {
+            .map(|w| SnapshotWorker {
                 worker: w.clone(),
                 observed_at_ms: now_ms,
                 compatible: true,

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use kvroute_stack::siege::table::{self, Ran, Row, Verdict};
+use kvroute_stack::siege::table::{self, Ran, Row, SiegeVerdict};
 
 #[derive(Parser, Debug)]
 #[command(about = "Attacks against the release stack, and the table of what survived")]
@@ -185,7 +185,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&table::json(&rows))?)?;
     }
-    if rows.iter().any(|r| matches!(r.verdict(), Verdict::Fail(_))) {
+    if rows.iter().any(|r| matches!(r.verdict(), SiegeVerdict::Fail(_))) {
         std::process::exit(1);
     }
     Ok(())

@@ -101,30 +101,30 @@ fn retry_after_is_rounded_up_and_bounded() {
 fn a_deadline_no_worker_meets_is_shed_or_best_effort() {
     let c = cfg();
     let mut r = vec![score("a", 0.0, 120.0), score("b", 50.0, 2_600.0)];
-    assert_eq!(admit(&mut r, &ask(Some(200), INTERACTIVE), &c), Verdict::Admit);
+    assert_eq!(admit(&mut r, &ask(Some(200), INTERACTIVE), &c), AdmissionVerdict::Admit);
     let shed = admit(&mut r, &ask(Some(100), INTERACTIVE), &c);
-    assert_eq!(shed, Verdict::Shed { reason: Reason::Deadline, retry_after_s: 1 });
+    assert_eq!(shed, AdmissionVerdict::Shed { reason: Reason::Deadline, retry_after_s: 1 });
     let mut far = vec![score("a", 2_500.0, 2_600.0)];
     let shed = admit(&mut far, &ask(Some(100), INTERACTIVE), &c);
-    assert_eq!(shed, Verdict::Shed { reason: Reason::Deadline, retry_after_s: 3 });
+    assert_eq!(shed, AdmissionVerdict::Shed { reason: Reason::Deadline, retry_after_s: 3 });
     let mut be = cfg();
     be.on_deadline_miss = MissPolicy::BestEffort;
     assert_eq!(
         admit(&mut r, &ask(Some(100), INTERACTIVE), &be),
-        Verdict::BestEffort(Reason::Deadline)
+        AdmissionVerdict::BestEffort(Reason::Deadline)
     );
     // A class may override the policy.
     be.classes[BATCH].on_deadline_miss = Some(MissPolicy::Shed);
-    assert!(matches!(admit(&mut r, &ask(Some(100), BATCH), &be), Verdict::Shed { .. }));
+    assert!(matches!(admit(&mut r, &ask(Some(100), BATCH), &be), AdmissionVerdict::Shed { .. }));
     // Without a deadline nothing is shed, however slow.
-    assert_eq!(admit(&mut far, &ask(None, INTERACTIVE), &c), Verdict::Admit);
+    assert_eq!(admit(&mut far, &ask(None, INTERACTIVE), &c), AdmissionVerdict::Admit);
 }
 
 #[test]
 fn workers_that_meet_the_deadline_go_first() {
     // The router's tie band may put a slightly slower worker first.
     let mut r = vec![score("a", 0.0, 104.0), score("b", 0.0, 100.0), score("c", 0.0, 103.0)];
-    assert_eq!(admit(&mut r, &ask(Some(103), INTERACTIVE), &cfg()), Verdict::Admit);
+    assert_eq!(admit(&mut r, &ask(Some(103), INTERACTIVE), &cfg()), AdmissionVerdict::Admit);
     assert_eq!(workers(&r), ["b", "c", "a"]);
     // Without a deadline an interactive request keeps the router's order.
     let mut r = vec![score("a", 0.0, 104.0), score("b", 0.0, 100.0)];
@@ -149,23 +149,23 @@ fn batch_is_shed_when_the_pool_waits_longer_than_its_limit() {
     let mut c = cfg();
     c.classes[BATCH].max_wait_ms = Some(0.0);
     let mut idle = vec![score("a", 0.0, 10.0), score("b", 3.0, 13.0)];
-    assert_eq!(admit(&mut idle, &ask(None, BATCH), &c), Verdict::Admit);
+    assert_eq!(admit(&mut idle, &ask(None, BATCH), &c), AdmissionVerdict::Admit);
     let mut busy = vec![score("a", 0.5, 10.0), score("b", 3.0, 13.0)];
     assert_eq!(
         admit(&mut busy, &ask(None, BATCH), &c),
-        Verdict::Shed { reason: Reason::Saturated, retry_after_s: 1 }
+        AdmissionVerdict::Shed { reason: Reason::Saturated, retry_after_s: 1 }
     );
-    assert_eq!(admit(&mut busy, &ask(None, INTERACTIVE), &c), Verdict::Admit);
+    assert_eq!(admit(&mut busy, &ask(None, INTERACTIVE), &c), AdmissionVerdict::Admit);
     // Saturation is checked before the deadline.
     let v = admit(&mut busy, &ask(Some(1), BATCH), &c);
-    assert!(matches!(v, Verdict::Shed { reason: Reason::Saturated, .. }));
+    assert!(matches!(v, AdmissionVerdict::Shed { reason: Reason::Saturated, .. }));
 }
 
 #[test]
 fn an_empty_ranking_or_unknown_class_is_admitted() {
-    assert_eq!(admit(&mut [], &ask(Some(1), BATCH), &cfg()), Verdict::Admit);
+    assert_eq!(admit(&mut [], &ask(Some(1), BATCH), &cfg()), AdmissionVerdict::Admit);
     let mut r = vec![score("a", 0.0, 10.0)];
-    assert_eq!(admit(&mut r, &ask(Some(1), 9), &cfg()), Verdict::Admit);
+    assert_eq!(admit(&mut r, &ask(Some(1), 9), &cfg()), AdmissionVerdict::Admit);
 }
 
 #[test]
@@ -241,8 +241,8 @@ fn ranked_strategy() -> impl Strategy<Value = Vec<Score>> {
     })
 }
 
-fn is_shed(v: Verdict) -> bool {
-    matches!(v, Verdict::Shed { .. })
+fn is_shed(v: AdmissionVerdict) -> bool {
+    matches!(v, AdmissionVerdict::Shed { .. })
 }
 
 proptest! {
@@ -254,7 +254,7 @@ proptest! {
         let deadline = best.ceil() as u64 + slack;
         let mut r = ranked.clone();
         let v = admit(&mut r, &ask(Some(deadline.max(1)), class), &cfg());
-        prop_assert_eq!(v, Verdict::Admit);
+        prop_assert_eq!(v, AdmissionVerdict::Admit);
         // The first worker then meets it.
         prop_assert!(r[0].ttft_ms <= deadline.max(1) as f64);
     }
@@ -291,7 +291,7 @@ proptest! {
         let mut c = cfg();
         c.max_retry_after_s = max;
         c.classes[BATCH].max_wait_ms = Some(10.0);
-        if let Verdict::Shed { retry_after_s, .. } = admit(&mut ranked.clone(), &ask(Some(d), class), &c) {
+        if let AdmissionVerdict::Shed { retry_after_s, .. } = admit(&mut ranked.clone(), &ask(Some(d), class), &c) {
             prop_assert!((1..=max).contains(&retry_after_s));
         }
     }

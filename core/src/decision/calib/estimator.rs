@@ -63,7 +63,7 @@ pub struct ModelState {
 
 /// What became of one sample.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Outcome {
+pub enum CalibOutcome {
     /// Taken in; `weight` < 1 when it was down-weighted as an outlier.
     Used { weight: f64 },
     /// Not usable: no positive time left after the fixed terms, or no features.
@@ -146,10 +146,10 @@ impl ModelState {
     }
 
     /// Takes in one sample.
-    pub fn observe(&mut self, cfg: &CalibrationConfig, s: &Sample) -> Outcome {
+    pub fn observe(&mut self, cfg: &CalibrationConfig, s: &Sample) -> CalibOutcome {
         let y = s.observed_ms - s.fixed_ms.max(0.0);
         if !(s.observed_ms.is_finite() && s.fixed_ms.is_finite() && y > 0.0) {
-            return Outcome::Rejected;
+            return CalibOutcome::Rejected;
         }
         let x = features(s);
         let mut scaled: Vec<f64> = (0..DIM).map(|i| x[i] * self.prior[i]).collect();
@@ -159,7 +159,7 @@ impl ModelState {
         scaled[keep] += scaled[fold];
         scaled[fold] = 0.0;
         if !(prior_ms.is_finite() && prior_ms > 0.0) {
-            return Outcome::Rejected;
+            return CalibOutcome::Rejected;
         }
         let u: Vec<f64> = scaled.iter().map(|v| v / prior_ms).collect();
         let dev = self.deviation(&s.worker);
@@ -182,7 +182,7 @@ impl ModelState {
         self.solve(cfg);
         self.update_deviation(cfg, &s.worker, y / (prior_ms * fitted.max(f64::MIN_POSITIVE)));
         self.recentre(cfg);
-        Outcome::Used { weight }
+        CalibOutcome::Used { weight }
     }
 
     /// The box-constrained solution with the prior as `prior_weight` pseudo-observations

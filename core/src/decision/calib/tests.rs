@@ -72,7 +72,7 @@ fn feed(
             s.observed_ms = true_ms(&truth(), &s) * slow[w] * noise(rng);
             let predicted = st.deviation(WORKERS[w]) * st.model_ms(&s);
             let err = (predicted - s.observed_ms).abs() / s.observed_ms;
-            assert!(matches!(st.observe(cfg, &s), Outcome::Used { .. }));
+            assert!(matches!(st.observe(cfg, &s), CalibOutcome::Used { .. }));
             err
         })
         .collect()
@@ -185,14 +185,14 @@ fn unusable_samples_are_rejected_and_change_nothing() {
     ];
     let before = st.clone();
     for s in &bad {
-        assert_eq!(st.observe(&cfg, s), Outcome::Rejected);
+        assert_eq!(st.observe(&cfg, s), CalibOutcome::Rejected);
     }
     assert_eq!(st, before);
     let zero = Profile { prefill_base_ms: 0.0, ..truth() };
     let mut st = ModelState::new(&zero);
     let empty =
         Sample { uncached_tokens: 0, load: WorkerLoad::default(), observed_ms: 5.0, ..base };
-    assert_eq!(st.observe(&cfg, &empty), Outcome::Rejected, "no feature: nothing to learn");
+    assert_eq!(st.observe(&cfg, &empty), CalibOutcome::Rejected, "no feature: nothing to learn");
 }
 
 #[test]
@@ -394,7 +394,7 @@ fn short_prompts_with_a_constant_overhead_move_the_base_not_the_cost_per_token()
             s.observed_ms = (true_ms(&sim, &s) + OVERHEAD_MS) * noise(&mut rng);
             let predicted = st.deviation(w) * st.model_ms(&s);
             errors.push((predicted - s.observed_ms).abs() / s.observed_ms);
-            assert!(matches!(st.observe(&cfg, &s), Outcome::Used { .. }));
+            assert!(matches!(st.observe(&cfg, &s), CalibOutcome::Used { .. }));
         }
         let [base, per_token, ..] = st.coefficients();
         let late = median(&errors[300..]);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::decision::audit::{classify, prediction_error, AuditClass};
 use crate::decision::cost::Score;
 use crate::decision::load::WorkerLoad;
-use crate::wire::snapshot::ReportedLoad;
+use crate::wire::snapshot::SnapshotLoad;
 
 use super::plan::ModelPlan;
 
@@ -130,7 +130,7 @@ impl Decision {
 /// `Knowledge::typical_uncached_tokens`) on top of the router's own queued tokens.
 pub fn combine_load(
     own: WorkerLoad,
-    reported: Option<&ReportedLoad>,
+    reported: Option<&SnapshotLoad>,
     unseen_tokens: u64,
 ) -> WorkerLoad {
     let Some(r) = reported else { return own };

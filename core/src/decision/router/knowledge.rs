@@ -12,7 +12,7 @@ use crate::decision::peers::PeerView;
 use crate::wire::delta::Delta;
 use crate::wire::journal::{JournalEntry, Source};
 use crate::wire::peers::PeerSection;
-use crate::wire::snapshot::{ModelInfo, ReportedLoad, Snapshot};
+use crate::wire::snapshot::{ModelInfo, SnapshotLoad, Snapshot};
 
 /// What a worker serves, as it reported (through the updater).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub struct Knowledge {
     /// Workers whose announced config does not match kvroute's: no cache credit.
     incompatible: HashSet<String>,
     /// What each worker last reported about its load (via the updater).
-    reported: HashMap<String, ReportedLoad>,
+    reported: HashMap<String, SnapshotLoad>,
     max_load_age_ms: u64,
     serving: HashMap<String, Serving>,
     /// Adapter -> base model -> how many workers report that pair.
@@ -138,7 +138,7 @@ impl Knowledge {
     }
 
     /// What `worker` last reported about its load, if younger than the allowed age.
-    pub fn reported_load(&self, worker: &str, now_ms: u64) -> Option<ReportedLoad> {
+    pub fn reported_load(&self, worker: &str, now_ms: u64) -> Option<SnapshotLoad> {
         self.reported
             .get(worker)
             .filter(|r| now_ms.saturating_sub(r.observed_at_ms) <= self.max_load_age_ms)
@@ -310,7 +310,7 @@ impl Knowledge {
         self.reported.get(worker).map(|r| r.observed_at_ms)
     }
 
-    fn set_reported(&mut self, worker: &str, load: Option<ReportedLoad>) {
+    fn set_reported(&mut self, worker: &str, load: Option<SnapshotLoad>) {
         match load {
             Some(l) => self.reported.insert(worker.to_owned(), l),
             None => self.reported.remove(worker),
@@ -372,7 +372,7 @@ impl Knowledge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::snapshot::WorkerKnowledge;
+    use crate::wire::snapshot::SnapshotWorker;
     use serde_json::json;
 
     fn knowledge() -> Knowledge {
@@ -405,7 +405,7 @@ mod tests {
     #[test]
     fn a_pool_snapshot_lists_the_members_and_removals_forget_workers() {
         let mut k = knowledge();
-        let w = |name: &str, model: &str| WorkerKnowledge {
+        let w = |name: &str, model: &str| SnapshotWorker {
             worker: name.into(),
             compatible: true,
             model: model.into(),
@@ -455,7 +455,7 @@ mod tests {
     #[test]
     fn snapshots_and_deltas_carry_adapters_and_models() {
         let mut k = knowledge();
-        let w = |adapters: &[&str]| WorkerKnowledge {
+        let w = |adapters: &[&str]| SnapshotWorker {
             worker: "127.0.0.1:1".into(),
             compatible: true,
             model: "m".into(),

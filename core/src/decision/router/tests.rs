@@ -172,12 +172,12 @@ fn busy_holder_loses_to_recompute_once_waiting_costs_more() {
 
 #[test]
 fn snapshots_credit_events_and_incompatible_workers_get_none() {
-    use crate::wire::snapshot::{Snapshot, WorkerKnowledge};
+    use crate::wire::snapshot::{Snapshot, SnapshotWorker};
     let mut r = router();
     let idle = |_: &str| WorkerLoad::default();
     let q = req(None, &LONG.repeat(20));
     let d = r.decide(&q, 0, &idle, 0, 0).unwrap();
-    let view = |w: &str, compatible| WorkerKnowledge {
+    let view = |w: &str, compatible| SnapshotWorker {
         worker: w.into(),
         observed_at_ms: 100,
         compatible,
@@ -209,14 +209,14 @@ fn snapshots_credit_events_and_incompatible_workers_get_none() {
 #[test]
 fn deltas_move_the_view_like_full_snapshots_and_offloaded_blocks_cost_a_transfer() {
     use crate::wire::delta::Delta;
-    use crate::wire::snapshot::{Snapshot, WorkerKnowledge};
+    use crate::wire::snapshot::{Snapshot, SnapshotWorker};
     let idle = |_: &str| WorkerLoad::default();
     let q = req(None, &LONG.repeat(20));
     let r = router();
     let hashes = r.decide(&q, 0, &idle, 0, 0).unwrap().block_hashes;
     let mut sorted = hashes.clone();
     sorted.sort_unstable();
-    let view = |w: &str, gpu: Vec<u64>, offloaded: Vec<u64>| WorkerKnowledge {
+    let view = |w: &str, gpu: Vec<u64>, offloaded: Vec<u64>| SnapshotWorker {
         worker: w.into(),
         observed_at_ms: 100,
         compatible: true,
@@ -281,7 +281,7 @@ fn deltas_move_the_view_like_full_snapshots_and_offloaded_blocks_cost_a_transfer
 
 #[test]
 fn reported_load_counts_what_other_replicas_sent() {
-    use crate::wire::snapshot::ReportedLoad;
+    use crate::wire::snapshot::SnapshotLoad;
     let own = WorkerLoad {
         inflight_requests: 3,
         prefilling_requests: 1,
@@ -290,13 +290,13 @@ fn reported_load_counts_what_other_replicas_sent() {
         prefill_sq_tokens: 0,
     };
     assert_eq!(combine_load(own, None, 1000), own);
-    let busy = ReportedLoad { running: 10, waiting: 4, observed_at_ms: 0 };
+    let busy = SnapshotLoad { running: 10, waiting: 4, observed_at_ms: 0 };
     let c = combine_load(own, Some(&busy), 0);
     assert_eq!((c.prefilling_requests, c.decoding_requests(), c.prefill_tokens), (4, 10, 500));
     // The three waiting requests kvroute did not send are costed as typical ones.
     let c = combine_load(own, Some(&busy), 1000);
     assert_eq!(c.prefill_tokens, 3_500);
-    let quiet = ReportedLoad { running: 0, waiting: 0, observed_at_ms: 0 };
+    let quiet = SnapshotLoad { running: 0, waiting: 0, observed_at_ms: 0 };
     assert_eq!(combine_load(own, Some(&quiet), 1000), own, "a lagging report never hides own load");
 }
 

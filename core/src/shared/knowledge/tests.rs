@@ -3,7 +3,7 @@ use serde_json::json;
 use super::*;
 use crate::decision::config::FilterConfig;
 use crate::shared::fake::{MemStore, Tally};
-use crate::wire::snapshot::WorkerKnowledge;
+use crate::wire::snapshot::SnapshotWorker;
 
 const W: &str = "127.0.0.1:1";
 
@@ -30,7 +30,7 @@ fn blocks(k: usize) -> Vec<u64> {
 
 fn snap(version: u64) -> Snapshot {
     let gpu = blocks((version as usize * 3) % 64);
-    let worker = WorkerKnowledge {
+    let worker = SnapshotWorker {
         worker: W.into(),
         observed_at_ms: version,
         compatible: true,
@@ -42,7 +42,7 @@ fn snap(version: u64) -> Snapshot {
     Snapshot { version, generated_at_ms: version, workers: vec![worker], ..Default::default() }
 }
 
-fn publish_chain(store: &MemStore, p: &mut Publisher, from: u64, to: u64) {
+fn publish_chain(store: &MemStore, p: &mut KnowledgePublisher, from: u64, to: u64) {
     for v in from..to {
         let d = Delta::between(&snap(v), &snap(v + 1));
         assert_eq!(p.take(store, d.encode()).unwrap(), Taken::Delta);
@@ -53,7 +53,7 @@ fn publish_chain(store: &MemStore, p: &mut Publisher, from: u64, to: u64) {
 #[test]
 fn a_thread_that_keeps_up_applies_only_deltas() {
     let (store, t) = (MemStore::new(), Tally::default());
-    let mut p = Publisher::new(DecodeLimits::default());
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
     assert_eq!(p.take(&store, snap(1).encode()).unwrap(), Taken::Full);
     p.confirmed(&store, 1);
     let (mut f, mut r) = (Follower::default(), router());
@@ -70,7 +70,7 @@ fn a_thread_that_keeps_up_applies_only_deltas() {
 #[test]
 fn an_idle_thread_past_the_ring_catches_up_from_the_full_snapshot_off_the_request_path() {
     let (store, t) = (MemStore::new(), Tally::default());
-    let mut p = Publisher::new(DecodeLimits::default());
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
     p.take(&store, snap(1).encode()).unwrap();
     p.confirmed(&store, 1);
     let (mut f, mut r) = (Follower::default(), router());
@@ -100,7 +100,7 @@ fn an_idle_thread_past_the_ring_catches_up_from_the_full_snapshot_off_the_reques
 #[test]
 fn corrupt_values_stop_the_chain_without_panicking() {
     let (store, t) = (MemStore::new(), Tally::default());
-    let mut p = Publisher::new(DecodeLimits::default());
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
     p.take(&store, snap(1).encode()).unwrap();
     p.confirmed(&store, 1);
     p.confirmed(&store, 1);
@@ -133,12 +133,12 @@ fn corrupt_values_stop_the_chain_without_panicking() {
 fn decode_limits_bound_what_is_accepted() {
     let store = MemStore::new();
     let tight = DecodeLimits { max_workers: 4, max_hashes_per_worker: 5, ..Default::default() };
-    let mut p = Publisher::new(tight);
+    let mut p = KnowledgePublisher::new(tight);
     assert!(p.take(&store, snap(1).encode()).is_ok(), "3 hashes");
     assert!(p.take(&store, snap(2).encode()).is_err(), "6 hashes");
     let mut many = snap(1);
     many.workers = (0..5)
-        .map(|i| WorkerKnowledge { worker: format!("w{i}"), ..snap(1).workers[0].clone() })
+        .map(|i| SnapshotWorker { worker: format!("w{i}"), ..snap(1).workers[0].clone() })
         .collect();
     assert!(p.take(&store, many.encode()).is_err(), "5 workers");
 }

@@ -103,7 +103,7 @@ fn reports_trim_over_counts_in_proportion_and_once_per_report() {
     let recent = a.start(&t, W, 10, 9_800); // after the report's cutoff: not expected in it
     a.flush(&store, &t, 10_000);
     b.flush(&store, &t, 10_000);
-    let report = ReportedLoad { running: 3, waiting: 1, observed_at_ms: 10_000 };
+    let report = SnapshotLoad { running: 3, waiting: 1, observed_at_ms: 10_000 };
     let v = LoadView::read(&store, &t, &a, 10_000);
     let before = v.started_before(W, report.observed_at_ms - LIMITS.reconcile_slack_ms);
     assert_eq!(before, 8);
@@ -118,7 +118,7 @@ fn reports_trim_over_counts_in_proportion_and_once_per_report() {
     assert!(a.entries().iter().any(|e| e.id == recent.0));
     assert_eq!(t.get(Counter::Reconciled), 4);
     // A report with more than we track changes nothing (other replicas' requests).
-    let busy = ReportedLoad { running: 50, waiting: 9, observed_at_ms: 20_000 };
+    let busy = SnapshotLoad { running: 50, waiting: 9, observed_at_ms: 20_000 };
     assert_eq!(a.reconcile(&t, W, &busy, 4), 0);
 }
 

@@ -1,8 +1,8 @@
 use super::*;
 use proptest::prelude::*;
 
-fn worker(name: &str, gpu: Vec<u64>, observed: u64) -> WorkerKnowledge {
-    WorkerKnowledge {
+fn worker(name: &str, gpu: Vec<u64>, observed: u64) -> SnapshotWorker {
+    SnapshotWorker {
         worker: name.into(),
         observed_at_ms: observed,
         compatible: true,
@@ -14,7 +14,7 @@ fn worker(name: &str, gpu: Vec<u64>, observed: u64) -> WorkerKnowledge {
     }
 }
 
-fn snap(version: u64, workers: Vec<WorkerKnowledge>) -> Snapshot {
+fn snap(version: u64, workers: Vec<SnapshotWorker>) -> Snapshot {
     let models = vec![ModelInfo { name: "m".into(), fingerprint: 1, block_size: 16 }];
     Snapshot {
         version,

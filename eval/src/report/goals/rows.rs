@@ -2,10 +2,10 @@
 //! the rules each applies).
 
 use super::{
-    floor_cell, judge, spread_cell, GoalRow, Outcome, Target, ESTIMATE_ERROR_GOAL, NO_LOSS, ORACLE,
+    floor_cell, judge, spread_cell, GoalRow, GoalOutcome, Target, ESTIMATE_ERROR_GOAL, NO_LOSS, ORACLE,
     REUSE,
 };
-use crate::repeat::{aa_ratios, noise_floor, paired, verdict, Spread, Verdict};
+use crate::repeat::{aa_ratios, noise_floor, paired, verdict, Spread, RepeatVerdict};
 use crate::report::markdown::{cell, pct};
 use crate::report::summary::KVROUTE;
 use crate::report::{cohorts, Metric, Report, ALL, BASELINE};
@@ -51,7 +51,7 @@ fn unmeasured(
         target,
         measured: "—".into(),
         floor: "—".into(),
-        outcome: Outcome::NotMeasured(why),
+        outcome: GoalOutcome::NotMeasured(why),
     }
 }
 
@@ -79,18 +79,18 @@ fn ratio_row(
         target: target.label(),
         measured: "—".into(),
         floor: floor_cell(floor, runs),
-        outcome: Outcome::NotMeasured(String::new()),
+        outcome: GoalOutcome::NotMeasured(String::new()),
     };
     if let Some(why) = missing_policy(rep, KVROUTE) {
-        row.outcome = Outcome::NotMeasured(why);
+        row.outcome = GoalOutcome::NotMeasured(why);
         return row;
     }
     if !rep.cohorts.iter().any(|c| c == cohort) {
-        row.outcome = Outcome::NotMeasured(format!("no `{}` cohort", cell(cohort)));
+        row.outcome = GoalOutcome::NotMeasured(format!("no `{}` cohort", cell(cohort)));
         return row;
     }
     let Some(m) = rep.comparison(KVROUTE, cohort).and_then(|c| c.metric(metric)) else {
-        row.outcome = Outcome::NotMeasured(format!("no {KVROUTE} comparison"));
+        row.outcome = GoalOutcome::NotMeasured(format!("no {KVROUTE} comparison"));
         return row;
     };
     row.measured = spread_cell(&m.ratio);
@@ -148,10 +148,10 @@ fn ladder(rep: &Report) -> String {
 
 /// On a ladder of one rung where both policies meet the SLO in every repeat, goodput is that
 /// rung's rate for both: the ratio 1 says nothing about how far either could go.
-fn one_rung_tie(rep: &Report, ratio: &Spread) -> Option<Outcome> {
+fn one_rung_tie(rep: &Report, ratio: &Spread) -> Option<GoalOutcome> {
     let tied = ratio.min == Some(1.0) && ratio.max == Some(1.0);
     (rep.sweep.rates.len() < 2 && tied).then(|| {
-        Outcome::NotMeasured(
+        GoalOutcome::NotMeasured(
             "one rung, met by both: goodput is its rate for both (a ladder, --rates, tells them \
              apart)"
                 .into(),
@@ -179,17 +179,17 @@ fn goodput(reports: &[Report], out: &mut Vec<GoalRow>) {
                 target: target.label(),
                 measured: "—".into(),
                 floor: floor_cell(sw.goodput_floor, runs),
-                outcome: Outcome::NotMeasured(String::new()),
+                outcome: GoalOutcome::NotMeasured(String::new()),
             };
             let kv = sw.goodput.iter().find(|g| g.policy == KVROUTE);
             row.outcome = match (missing_policy(rep, KVROUTE), kv) {
                 (Some(why), _) => {
                     row.floor = "—".into();
-                    Outcome::NotMeasured(why)
+                    GoalOutcome::NotMeasured(why)
                 }
                 (None, None) => {
                     row.floor = "—".into();
-                    Outcome::NotMeasured("no goodput rows (no valid run)".into())
+                    GoalOutcome::NotMeasured("no goodput rows (no valid run)".into())
                 }
                 (None, Some(g)) => {
                     row.measured = spread_cell(&g.ratio);
@@ -213,9 +213,9 @@ fn estimate(reports: &[Report], out: &mut Vec<GoalRow>) {
     for rep in reports {
         let e = rep.estimate.iter().find(|e| e.policy == KVROUTE);
         let (measured, outcome) = match (rep.policy_names().contains(&KVROUTE), e) {
-            (false, _) => ("—".into(), Outcome::NotMeasured(format!("{KVROUTE} not run"))),
+            (false, _) => ("—".into(), GoalOutcome::NotMeasured(format!("{KVROUTE} not run"))),
             (true, None) => {
-                ("—".into(), Outcome::NotMeasured("no request carried a TTFT estimate".into()))
+                ("—".into(), GoalOutcome::NotMeasured("no request carried a TTFT estimate".into()))
             }
             (true, Some(e)) => {
                 let measured = format!(
@@ -225,9 +225,9 @@ fn estimate(reports: &[Report], out: &mut Vec<GoalRow>) {
                     pct(e.median)
                 );
                 let outcome = match e.after_warmup {
-                    None => Outcome::NotMeasured("no estimated request after warm-up".into()),
-                    Some(v) if v <= ESTIMATE_ERROR_GOAL => Outcome::Met,
-                    Some(v) => Outcome::NotMet(format!(
+                    None => GoalOutcome::NotMeasured("no estimated request after warm-up".into()),
+                    Some(v) if v <= ESTIMATE_ERROR_GOAL => GoalOutcome::Met,
+                    Some(v) => GoalOutcome::NotMet(format!(
                         "median {} > {}",
                         pct(Some(v)),
                         pct(Some(ESTIMATE_ERROR_GOAL))
@@ -271,11 +271,11 @@ fn regret(reports: &[Report], out: &mut Vec<GoalRow>) {
             target: "≤ half (≤ 0.5×)".into(),
             measured: "—".into(),
             floor: floor_cell(floor, runs),
-            outcome: Outcome::NotMeasured(String::new()),
+            outcome: GoalOutcome::NotMeasured(String::new()),
         };
         row.outcome = match (of(KVROUTE), of(BASELINE)) {
-            (None, _) => Outcome::NotMeasured(format!("{KVROUTE} not sampled")),
-            (_, None) => Outcome::NotMeasured(format!("{BASELINE} not sampled")),
+            (None, _) => GoalOutcome::NotMeasured(format!("{KVROUTE} not sampled")),
+            (_, None) => GoalOutcome::NotMeasured(format!("{BASELINE} not sampled")),
             (Some(kv), Some(lr)) => {
                 let s = Spread::of(paired(&kv.per_repeat_p90_ms, &base));
                 let ms = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.1} ms"));
@@ -286,7 +286,7 @@ fn regret(reports: &[Report], out: &mut Vec<GoalRow>) {
                     ms(lr.p90_ms)
                 );
                 if s.n == 0 && !base.is_empty() && base.iter().all(|(_, v)| *v == Some(0.0)) {
-                    Outcome::NotMeasured(format!("{BASELINE}'s regret p90 is 0: no ratio"))
+                    GoalOutcome::NotMeasured(format!("{BASELINE}'s regret p90 is 0: no ratio"))
                 } else {
                     judge(target, &s, floor, verdict(s.median, floor, true), runs)
                 }
@@ -325,7 +325,7 @@ fn stretch(reports: &[Report], out: &mut Vec<GoalRow>) {
             measured: format!("{} of the oracle's", spread_cell(&s)),
             floor: floor_cell(sw.goodput_floor, runs),
             outcome: one_rung_tie(rep, &s)
-                .unwrap_or_else(|| judge(target, &s, sw.goodput_floor, Verdict::Unknown, runs)),
+                .unwrap_or_else(|| judge(target, &s, sw.goodput_floor, RepeatVerdict::Unknown, runs)),
         });
     }
     if !any {

@@ -79,7 +79,7 @@ fn report(workload: &str, cohorts: &[&str], policies: &[&str], repeats: usize) -
                     .map(|m| MetricRatio {
                         metric: m,
                         ratio: Spread::default(),
-                        verdict: Verdict::Unknown,
+                        verdict: RepeatVerdict::Unknown,
                     })
                     .to_vec(),
             })
@@ -148,12 +148,12 @@ fn find<'a>(rows: &'a [GoalRow], goal: &str, workload: &str, cohort: &str) -> &'
         .unwrap_or_else(|| panic!("no row {goal} / {workload} / {cohort} in {rows:#?}"))
 }
 
-fn not_measured(o: &Outcome, why: &str) -> bool {
-    matches!(o, Outcome::NotMeasured(w) if w.contains(why))
+fn not_measured(o: &GoalOutcome, why: &str) -> bool {
+    matches!(o, GoalOutcome::NotMeasured(w) if w.contains(why))
 }
 
-fn not_met(o: &Outcome, why: &str) -> bool {
-    matches!(o, Outcome::NotMet(w) if w.contains(why))
+fn not_met(o: &GoalOutcome, why: &str) -> bool {
+    matches!(o, GoalOutcome::NotMet(w) if w.contains(why))
 }
 
 #[test]
@@ -165,43 +165,43 @@ fn judge_applies_each_kind_of_target() {
         judge(t, &sp, floor, verdict(sp.median, floor, lower), 3)
     };
     // No loss: within the target, even inside the noise band; above it, not met.
-    assert_eq!(j(Target::NoLoss(1.0), &[0.95, 0.97, 1.0], true), Outcome::Met);
-    assert_eq!(j(Target::NoLoss(1.0), &[0.5, 0.6, 0.7], true), Outcome::Met);
+    assert_eq!(j(Target::NoLoss(1.0), &[0.95, 0.97, 1.0], true), GoalOutcome::Met);
+    assert_eq!(j(Target::NoLoss(1.0), &[0.5, 0.6, 0.7], true), GoalOutcome::Met);
     // Above the target but inside the noise floor: no loss this instrument can see.
-    assert_eq!(j(Target::NoLoss(1.0), &[1.02, 1.03, 1.0], true), Outcome::MetWithinNoise);
+    assert_eq!(j(Target::NoLoss(1.0), &[1.02, 1.03, 1.0], true), GoalOutcome::MetWithinNoise);
     assert!(not_met(&j(Target::NoLoss(1.0), &[1.9, 1.8, 2.0], true), "1.90× > 1.0×"));
     // Improvement: within the target and beyond the floor.
-    assert_eq!(j(Target::AtMost(0.3), &[0.2, 0.25, 0.28], true), Outcome::Met);
+    assert_eq!(j(Target::AtMost(0.3), &[0.2, 0.25, 0.28], true), GoalOutcome::Met);
     assert!(not_met(&j(Target::AtMost(0.3), &[0.4, 0.35, 0.45], true), "0.40× > 0.3×"));
     let wide = Some(3.0); // A/A band 0.25×..4×: 0.28× is inside it.
     let sp = s(&[0.28]);
     let o = judge(Target::AtMost(0.3), &sp, wide, verdict(sp.median, wide, true), 3);
     assert!(not_met(&o, "not better beyond it"), "{o:?}");
-    assert_eq!(j(Target::AtLeast(2.0), &[2.5, 2.0, 3.0], false), Outcome::Met);
+    assert_eq!(j(Target::AtLeast(2.0), &[2.5, 2.0, 3.0], false), GoalOutcome::Met);
     assert!(not_met(&j(Target::AtLeast(2.0), &[1.5, 1.4, 1.6], false), "1.50× < 2.0×"));
     // Wins kept: anything but worse.
-    assert_eq!(j(Target::NotWorse, &[1.05], true), Outcome::Met);
-    assert_eq!(j(Target::NotWorse, &[0.5], true), Outcome::Met);
+    assert_eq!(j(Target::NotWorse, &[1.05], true), GoalOutcome::Met);
+    assert_eq!(j(Target::NotWorse, &[0.5], true), GoalOutcome::Met);
     assert!(not_met(&j(Target::NotWorse, &[1.3], true), "worse beyond"));
     // Within 10 % (of the oracle): the median alone.
-    assert_eq!(judge(Target::Within(0.9), &s(&[0.92]), floor, Verdict::Unknown, 3), Outcome::Met);
-    assert!(not_met(&judge(Target::Within(0.9), &s(&[0.8]), floor, Verdict::Unknown, 3), "<"));
+    assert_eq!(judge(Target::Within(0.9), &s(&[0.92]), floor, RepeatVerdict::Unknown, 3), GoalOutcome::Met);
+    assert!(not_met(&judge(Target::Within(0.9), &s(&[0.8]), floor, RepeatVerdict::Unknown, 3), "<"));
     // Not measured: no ratio, or no floor (one run).
-    let none = judge(Target::NoLoss(1.0), &Spread::default(), floor, Verdict::Unknown, 3);
+    let none = judge(Target::NoLoss(1.0), &Spread::default(), floor, RepeatVerdict::Unknown, 3);
     assert!(not_measured(&none, "no ratio"));
-    let one = judge(Target::AtMost(0.3), &s(&[0.1]), None, Verdict::Better, 1);
+    let one = judge(Target::AtMost(0.3), &s(&[0.1]), None, RepeatVerdict::Better, 1);
     assert!(not_measured(&one, "too few runs (1 valid least-request run(s): no noise floor)"));
     // Least-request below the ladder in every repeat, the policy above it: met without a floor.
     let inf = s(&[f64::INFINITY, f64::INFINITY, f64::INFINITY]);
-    assert_eq!(judge(Target::AtLeast(2.0), &inf, None, Verdict::Unknown, 3), Outcome::Met);
+    assert_eq!(judge(Target::AtLeast(2.0), &inf, None, RepeatVerdict::Unknown, 3), GoalOutcome::Met);
     let once = s(&[f64::INFINITY]);
     assert!(not_measured(
-        &judge(Target::AtLeast(2.0), &once, None, Verdict::Unknown, 1),
+        &judge(Target::AtLeast(2.0), &once, None, RepeatVerdict::Unknown, 1),
         "too few"
     ));
     let mixed = s(&[f64::INFINITY, 1.0, f64::INFINITY]);
     assert!(not_measured(
-        &judge(Target::AtLeast(2.0), &mixed, None, Verdict::Unknown, 3),
+        &judge(Target::AtLeast(2.0), &mixed, None, RepeatVerdict::Unknown, 3),
         "too few"
     ));
 }
@@ -269,20 +269,20 @@ fn plan() -> Vec<Report> {
 fn rows_cover_every_goal_with_met_not_met_and_not_measured() {
     let rows = rows(&plan());
     let p99 = "no loss: TTFT p99";
-    assert_eq!(find(&rows, p99, "flash-crowd", "`all`").outcome, Outcome::Met);
+    assert_eq!(find(&rows, p99, "flash-crowd", "`all`").outcome, GoalOutcome::Met);
     assert_eq!(find(&rows, p99, "flash-crowd", "`all`").measured, "0.95× [0.90×–0.97×]");
     assert_eq!(find(&rows, p99, "flash-crowd", "`all`").floor, "±10.0%");
     let background = find(&rows, p99, "flash-crowd", "`background`");
-    assert_eq!(background.outcome, Outcome::MetWithinNoise);
-    assert_eq!(find(&rows, p99, "flash-crowd", "`diverted`").outcome, Outcome::Met);
+    assert_eq!(background.outcome, GoalOutcome::MetWithinNoise);
+    assert_eq!(find(&rows, p99, "flash-crowd", "`diverted`").outcome, GoalOutcome::Met);
     assert!(not_met(&find(&rows, p99, "flash-crowd", "`hot-prefix`").outcome, "1.45×"));
     // One row per cohort of each no-loss workload.
     assert_eq!(rows.iter().filter(|r| r.goal == p99).count(), 4 + 2);
-    assert_eq!(find(&rows, p99, "agentic-fan-out", "fanout-sub").outcome, Outcome::Met);
+    assert_eq!(find(&rows, p99, "agentic-fan-out", "fanout-sub").outcome, GoalOutcome::Met);
     let hot = find(&rows, "hot cohort: TTFT p50", "flash-crowd", "hot-prefix");
-    assert_eq!(hot.outcome, Outcome::Met);
+    assert_eq!(hot.outcome, GoalOutcome::Met);
 
-    assert_eq!(find(&rows, "multi-turn: TTFT p50", "multi-turn", ALL).outcome, Outcome::Met);
+    assert_eq!(find(&rows, "multi-turn: TTFT p50", "multi-turn", ALL).outcome, GoalOutcome::Met);
     let p99 = find(&rows, "multi-turn: TTFT p99", "multi-turn", ALL);
     assert!(not_met(&p99.outcome, "0.60× > 0.5×"), "{p99:?}");
     let moon = find(&rows, "wins kept: TTFT p50", "none matching \"mooncake\"", ALL);
@@ -291,7 +291,7 @@ fn rows_cover_every_goal_with_met_not_met_and_not_measured() {
     // Goodput: 4× on multi-turn (met); 1× on the flash crowd's one rung, met by both, says
     // nothing; the fan-out without a sweep.
     let g = find(&rows, "goodput at SLO", "multi-turn", "ladder ×1");
-    assert_eq!((g.measured.as_str(), &g.outcome), ("4.00× [3.00×–4.00×]", &Outcome::Met));
+    assert_eq!((g.measured.as_str(), &g.outcome), ("4.00× [3.00×–4.00×]", &GoalOutcome::Met));
     let g = find(&rows, "goodput at SLO", "flash-crowd", ALL);
     assert!(not_measured(&g.outcome, "one rung, met by both"), "{g:?}");
     let g = find(&rows, "goodput at SLO", "agentic-fan-out", ALL);
@@ -300,7 +300,7 @@ fn rows_cover_every_goal_with_met_not_met_and_not_measured() {
     assert!(not_measured(&g.outcome, "workload not run"));
 
     let e = "estimate error after warm-up";
-    assert_eq!(find(&rows, e, "multi-turn", ALL).outcome, Outcome::Met);
+    assert_eq!(find(&rows, e, "multi-turn", ALL).outcome, GoalOutcome::Met);
     assert_eq!(find(&rows, e, "multi-turn", ALL).measured, "12.0% (n=80; whole run 30.0%)");
     assert!(not_met(&find(&rows, e, "flash-crowd", ALL).outcome, "20.0% > 15.0%"));
     let fan = find(&rows, e, "agentic-fan-out", ALL);
@@ -308,14 +308,14 @@ fn rows_cover_every_goal_with_met_not_met_and_not_measured() {
 
     // Regret: 0.20, 0.27, 0.24 of least-request's p90, beyond a 10 % floor.
     let r = find(&rows, "regret p90 vs least-request", "multi-turn", "sampled");
-    assert_eq!(r.outcome, Outcome::Met, "{r:?}");
+    assert_eq!(r.outcome, GoalOutcome::Met, "{r:?}");
     assert!(r.measured.starts_with("0.24× [0.20×–0.27×]"), "{}", r.measured);
     assert_eq!(r.floor, "±10.0%");
     assert_eq!(rows.iter().filter(|r| r.goal == "regret p90 vs least-request").count(), 1);
 
     // Stretch: against the oracle, its missing repeat counts as ∞.
     let s = find(&rows, "stretch: goodput vs oracle", "multi-turn", ALL);
-    assert_eq!(s.outcome, Outcome::Met, "{s:?}");
+    assert_eq!(s.outcome, GoalOutcome::Met, "{s:?}");
     assert!(s.measured.starts_with("1.10× [1.00×–∞×]"), "{}", s.measured);
     let s = find(&rows, "stretch: goodput vs oracle", "flash-crowd", ALL);
     assert!(not_measured(&s.outcome, "one rung, met by both"), "{s:?}");
@@ -371,7 +371,7 @@ fn missing_policies_and_single_runs_are_not_measured() {
     let rows = super::rows(&[zero]);
     let r = find(&rows, "regret p90 vs least-request", "multi-turn", "sampled");
     assert!(not_measured(&r.outcome, "regret p90 is 0"), "{r:?}");
-    assert!(!rows.is_empty() && super::rows(&[]).iter().all(|r| r.outcome != Outcome::Met));
+    assert!(!rows.is_empty() && super::rows(&[]).iter().all(|r| r.outcome != GoalOutcome::Met));
 }
 
 #[test]
@@ -380,9 +380,9 @@ fn section_renders_the_table_counts_and_replications() {
     assert!(md.starts_with("\n## Goals\n\n"), "{md}");
     assert!(md.contains("| goal | workload | cohort | target | measured | noise floor | verdict |"));
     let rows = rows(&plan());
-    let count = |f: fn(&Outcome) -> bool| rows.iter().filter(|r| f(&r.outcome)).count();
-    let met = count(|o| *o == Outcome::Met);
-    let in_noise = count(|o| *o == Outcome::MetWithinNoise);
+    let count = |f: fn(&GoalOutcome) -> bool| rows.iter().filter(|r| f(&r.outcome)).count();
+    let met = count(|o| *o == GoalOutcome::Met);
+    let in_noise = count(|o| *o == GoalOutcome::MetWithinNoise);
     assert_eq!(in_noise, 1);
     let head = format!("{} met ({in_noise} of them only within the noise floor), ", met + in_noise);
     assert!(md.contains(&head), "{md}");

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use super::super::*;
 use crate::decision::request::{parse, Endpoint};
-use crate::wire::snapshot::{Snapshot, WorkerKnowledge};
+use crate::wire::snapshot::{Snapshot, SnapshotWorker};
 use serde_json::json;
 
 const W: [&str; 5] = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", "127.0.0.1:9"];
@@ -44,7 +44,7 @@ fn requests_never_leave_their_models_pool() {
     for (w, h) in [(W[4], &ha), (W[4], &hb), (W[2], &ha), (W[0], &hb)] {
         r.observe(w, h, Source::Feedback, 0);
     }
-    let view = |w: &str| WorkerKnowledge {
+    let view = |w: &str| SnapshotWorker {
         worker: w.into(),
         observed_at_ms: 0,
         compatible: true,
@@ -110,7 +110,7 @@ fn the_adapter_holder_wins_until_its_queue_costs_more_than_loading_elsewhere() {
 #[test]
 fn snapshots_teach_adapters_and_decisions_keep_their_plan() {
     let mut r = router();
-    let view = WorkerKnowledge {
+    let view = SnapshotWorker {
         worker: W[3].into(),
         compatible: true,
         model: "b".into(),
@@ -156,7 +156,7 @@ fn chat_prompts_go_through_the_token_cache() {
 fn the_updaters_pool_replaces_the_configured_one_while_it_names_members() {
     let mut r = router();
     let q = req("a", &LONG.repeat(20));
-    let view = |w: &str, model: &str| WorkerKnowledge {
+    let view = |w: &str, model: &str| SnapshotWorker {
         worker: w.into(),
         compatible: true,
         model: model.into(),
