@@ -172,7 +172,9 @@ impl KvHttp {
             state.metrics.replicated();
         }
         let life = Lifecycle::new(&primary, first_byte_is_ttft);
-        self.journal(&primary, &decision.block_hashes, Source::Routed, false);
+        if let Effect::Journal { worker, source, retract } = life.routed() {
+            self.journal(&worker, &decision.block_hashes, source, retract);
+        }
         let predicted = decision.predicted_cached_tokens();
         let blocks = predicted / u64::from(decision.block_size.max(1));
         let us = host::now_nanos().saturating_sub(started) / 1000;

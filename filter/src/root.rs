@@ -10,7 +10,7 @@ use kvroute_core::decision::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::decision::misdeploy::{Symptom, Watch};
 use kvroute_core::decision::router::Router;
 use kvroute_core::shared::bundles::BundleFollower;
-use kvroute_core::shared::health::{self, Failure, Health};
+use kvroute_core::shared::health::{self, Failure, HealthRecord};
 use kvroute_core::shared::journal::{self, JournalCursor};
 use kvroute_core::shared::knowledge::Follower;
 use kvroute_core::shared::load::{LoadView, Shard};
@@ -97,11 +97,11 @@ impl ThreadState {
 
     /// Leaves the workers that are down now (shared passive health) out of this thread's
     /// decisions; returns the record read, for the probe claim after the decision.
-    pub fn refresh_health(&self, now_ms: u64) -> Health {
+    pub fn refresh_health(&self, now_ms: u64) -> HealthRecord {
         if !self.config.health.enabled {
-            return Health::default();
+            return HealthRecord::default();
         }
-        let h = Health::read(&HostStore);
+        let h = HealthRecord::read(&HostStore);
         let mut router = self.router.borrow_mut();
         // A sign of life: the updater scraped the worker's load since it went down (without
         // load reports for it, the backoff alone decides).
@@ -147,7 +147,7 @@ impl ThreadState {
 
     /// The decision picked `worker`: if its backoff ran out (`h`, read before deciding), this
     /// request is its probe.
-    pub fn maybe_probe(&self, h: &Health, worker: &str, now_ms: u64) {
+    pub fn maybe_probe(&self, h: &HealthRecord, worker: &str, now_ms: u64) {
         if h.half_open(worker, now_ms) {
             let _ = health::claim_probe(&HostStore, &self.config.health, worker, now_ms);
         }
