@@ -169,7 +169,7 @@ pub fn simulator_wall(topo: &Topology) -> Option<Coefficients> {
     if !topo.workers.external.is_empty() {
         return None;
     }
-    let p = kvroute_sim::profile::Profile::load(&topo.workers.profile).ok()?;
+    let p = kvroute_sim::profile::HardwareProfile::load(&topo.workers.profile).ok()?;
     let k = speedup(topo);
     Some(Coefficients {
         base_ms: p.step_floor_ms / k,
@@ -317,7 +317,7 @@ kvroute.calibration.ünïcode.base_us: 1000
         topo.workers.speedup = 4.0;
         topo.workers.prefill_ms_per_token = Some(0.2);
         let s = simulator_wall(&topo).unwrap();
-        let p = kvroute_sim::profile::Profile::load(&topo.workers.profile).unwrap();
+        let p = kvroute_sim::profile::HardwareProfile::load(&topo.workers.profile).unwrap();
         assert_eq!(s.prefill_ms_per_token, 0.05);
         assert_eq!(s.base_ms, p.step_floor_ms / 4.0);
         assert_eq!(s.decode_interference_ms, p.decode_ms_per_seq / 4.0);

@@ -14,7 +14,7 @@ use crate::topology::Topology;
 use kvroute_stack::envoy::Envoy;
 use kvroute_stack::paths;
 use kvroute_stack::sim::SimWorker;
-use kvroute_stack::stack::{write_config_text, BundleFrom, Ports, Updater};
+use kvroute_stack::stack::{write_config_text, BundleFrom, StackPorts, Updater};
 
 /// What makes the routing decision. Every policy goes through the same Envoy listener, and
 /// every kvroute variant gets the same updater (cluster-wide load scraped from the workers'
@@ -248,7 +248,7 @@ impl Cluster {
         };
         let mut envoys = Vec::new();
         for i in 0..topo.envoy.instances {
-            let ports = Ports {
+            let ports = StackPorts {
                 admin: if i == 0 { admin0 } else { paths::free_port()? },
                 listen: paths::free_port()?,
                 // Without the updater the singleton finds nothing there and the filter routes on
@@ -286,7 +286,7 @@ impl Cluster {
         topo: &Topology,
         policy: Policy,
         dir: &std::path::Path,
-        ports: Ports,
+        ports: StackPorts,
         addrs: &[String],
         max_fault_delay_ms: u64,
     ) -> anyhow::Result<PathBuf> {

@@ -29,12 +29,12 @@ pub struct Scenario {
 
 impl Scenario {
     /// The policies this scenario runs, in the plan's order where it names them.
-    pub fn policies<'a>(&'a self, plan: &'a Plan) -> &'a [Policy] {
+    pub fn policies<'a>(&'a self, plan: &'a ComparisonPlan) -> &'a [Policy] {
         self.policies.as_deref().unwrap_or(&plan.policies)
     }
 
     /// Its load ladder.
-    pub fn rate_scales<'a>(&'a self, plan: &'a Plan) -> &'a [f64] {
+    pub fn rate_scales<'a>(&'a self, plan: &'a ComparisonPlan) -> &'a [f64] {
         self.rate_scales.as_deref().unwrap_or(&plan.rate_scales)
     }
 }
@@ -42,7 +42,7 @@ impl Scenario {
 /// A whole comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Plan {
+pub struct ComparisonPlan {
     pub name: String,
     pub topology: Topology,
     pub policies: Vec<Policy>,
@@ -253,8 +253,13 @@ fn topology(count: usize, profile: &str, instances: usize) -> Topology {
     }
 }
 
-fn plan(name: &str, topology: Topology, policies: Vec<Policy>, scenarios: Vec<Scenario>) -> Plan {
-    Plan {
+fn plan(
+    name: &str,
+    topology: Topology,
+    policies: Vec<Policy>,
+    scenarios: Vec<Scenario>,
+) -> ComparisonPlan {
+    ComparisonPlan {
         name: name.into(),
         topology,
         policies,
@@ -268,7 +273,7 @@ fn plan(name: &str, topology: Topology, policies: Vec<Policy>, scenarios: Vec<Sc
 }
 
 /// The preset called `name`, with workload seeds derived from `seed`.
-pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
+pub fn preset(name: &str, seed: u64) -> anyhow::Result<ComparisonPlan> {
     let plan = match name {
         // The sourced 8B-on-H100 point, three workers, long multi-turn prompts; R = 3 with the
         // A/A floor from least-request's runs; the oracle as the limit.
@@ -289,7 +294,7 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
                 ..multi_turn("multi-turn", seed, SLO_8B, 12, 8000, 1)
             })],
         ),
-        "full" => Plan {
+        "full" => ComparisonPlan {
             reference: true,
             ..plan(
                 "full",
@@ -299,7 +304,7 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
             )
         },
         // The 70B-on-4xH100 point: the filter keeps its 8B defaults, a prior 2.4x too fast.
-        "full-70b" => Plan {
+        "full-70b" => ComparisonPlan {
             reference: true,
             ..plan(
                 "full-70b",
@@ -358,7 +363,7 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<Plan> {
     Ok(plan)
 }
 
-impl Plan {
+impl ComparisonPlan {
     pub fn validate(&self) -> anyhow::Result<()> {
         self.topology.validate()?;
         anyhow::ensure!(!self.policies.is_empty(), "a plan needs at least one policy");
@@ -459,12 +464,12 @@ mod tests {
         p.select(Some(&["unique-docs".to_string()]), Some(&[Policy::Random])).unwrap();
         assert_eq!((p.scenarios.len(), p.policies.as_slice()), (1, &[Policy::Random][..]));
         let text = toml::to_string(&p).unwrap();
-        let back: Plan = toml::from_str(&text).unwrap();
+        let back: ComparisonPlan = toml::from_str(&text).unwrap();
         assert_eq!(back, p);
         // Every preset, faults included, reads back what `--print-plan` writes.
         for name in PRESETS {
             let p = preset(name, 1).unwrap();
-            let back: Plan = toml::from_str(&toml::to_string(&p).unwrap()).unwrap();
+            let back: ComparisonPlan = toml::from_str(&toml::to_string(&p).unwrap()).unwrap();
             assert_eq!(back, p, "{name}");
         }
     }

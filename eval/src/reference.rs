@@ -28,7 +28,7 @@ use crate::record::Slo;
 use crate::schedule::{completions_body, Scheduled, COMPLETIONS};
 use crate::send::{send, SendCtx};
 use crate::topology::Topology;
-use crate::whatif::{self, WhatIf};
+use crate::whatif::{self, WhatIfReply};
 use kvroute_core::decision::cost::{self, Candidate, Profile};
 use kvroute_core::decision::load::WorkerLoad;
 
@@ -100,7 +100,7 @@ pub struct Cell {
     pub predicted_ttft_ms: Option<f64>,
     /// Every worker's answer to the probe's what-if, asked a few ms before it was sent (the
     /// oracle's TTFTs: the answers it routed on).
-    pub whatif: Vec<Option<WhatIf>>,
+    pub whatif: Vec<Option<WhatIfReply>>,
     /// The what-if best worker.
     pub best: Option<usize>,
     /// The chosen worker's what-if TTFT minus the best one (ms).
@@ -524,13 +524,13 @@ async fn run_cell(
     });
     drop(bg);
     // The oracle's answers are the ones it routed on (asked at the same instant).
-    let whatif: Vec<Option<WhatIf>> = if rec.whatif_ms.is_empty() {
+    let whatif: Vec<Option<WhatIfReply>> = if rec.whatif_ms.is_empty() {
         asked
     } else {
         asked
             .iter()
             .zip(&rec.whatif_ms)
-            .map(|(a, t)| Some(WhatIf { ttft_ms: (*t)?, ..(*a)? }))
+            .map(|(a, t)| Some(WhatIfReply { ttft_ms: (*t)?, ..(*a)? }))
             .collect()
     };
     let whatif_ms: Vec<Option<f64>> = whatif.iter().map(|w| w.map(|w| w.ttft_ms)).collect();
@@ -847,12 +847,12 @@ mod tests {
         assert_eq!(predicted_crossover(&p, &opts, false), None);
     }
 
-    fn answer(ttft_ms: f64) -> Option<WhatIf> {
-        Some(WhatIf { ttft_ms, cached_tokens: 0, prompt_tokens: 8224, running: 0, waiting: 0 })
+    fn answer(ttft_ms: f64) -> Option<WhatIfReply> {
+        Some(WhatIfReply { ttft_ms, cached_tokens: 0, prompt_tokens: 8224, running: 0, waiting: 0 })
     }
 
     fn cell(level: usize, policy: &str, chosen: usize, whatif: [f64; 3]) -> Cell {
-        let whatif: Vec<Option<WhatIf>> = whatif.iter().map(|t| answer(*t)).collect();
+        let whatif: Vec<Option<WhatIfReply>> = whatif.iter().map(|t| answer(*t)).collect();
         let ms: Vec<Option<f64>> = whatif.iter().map(|w| w.map(|w| w.ttft_ms)).collect();
         Cell {
             level,

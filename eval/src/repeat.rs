@@ -105,7 +105,9 @@ pub enum RepeatVerdict {
 /// no difference; without a floor (one run), only exactly 1 is. Ratios are compared on a log
 /// scale: 0.5x and 2x are equally far from 1. `lower_is_better` for times, not for rates.
 pub fn verdict(median: Option<f64>, floor: Option<f64>, lower_is_better: bool) -> RepeatVerdict {
-    let Some(m) = median.filter(|m| !m.is_nan() && *m >= 0.0) else { return RepeatVerdict::Unknown };
+    let Some(m) = median.filter(|m| !m.is_nan() && *m >= 0.0) else {
+        return RepeatVerdict::Unknown;
+    };
     let floor = floor.unwrap_or(0.0);
     // A hair of slack so that a median exactly on the band's edge is not lost to rounding; a
     // ratio of 0 or ∞ (e.g. no goodput at all on one side) is beyond any band.

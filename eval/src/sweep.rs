@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::repeat::{aa_ratios, noise_floor, paired, verdict, Spread, RepeatVerdict};
+use crate::repeat::{aa_ratios, noise_floor, paired, verdict, RepeatVerdict, Spread};
 
 /// The share of requests within the SLO a rung needs to count for goodput.
 pub const GOODPUT_SLO_SHARE: f64 = 0.95;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 pub struct Topology {
     pub workers: Workers,
     pub envoy: EnvoySpec,
-    pub knowledge: Knowledge,
+    pub knowledge: KnowledgeTiming,
     pub filter: FilterPrior,
 }
 
@@ -132,16 +132,16 @@ impl Default for EnvoySpec {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct Knowledge {
+pub struct KnowledgeTiming {
     /// Extra delay on every updater → Envoy snapshot response (ms).
     pub delay_ms: u64,
     /// The filter's allowed age of event knowledge (ms).
     pub max_event_age_ms: u64,
 }
 
-impl Default for Knowledge {
+impl Default for KnowledgeTiming {
     fn default() -> Self {
-        Knowledge { delay_ms: 0, max_event_age_ms: 5000 }
+        KnowledgeTiming { delay_ms: 0, max_event_age_ms: 5000 }
     }
 }
 
@@ -194,7 +194,7 @@ impl Topology {
         if !self.workers.external.is_empty() {
             return "external workers (their own speed)".into();
         }
-        match kvroute_sim::profile::Profile::load(&self.workers.profile) {
+        match kvroute_sim::profile::HardwareProfile::load(&self.workers.profile) {
             Ok(p) => format!(
                 "simulator {}: step floor {} ms, prefill {} ms/token{} + {:e} ms/token², decode {} ms/sequence{}",
                 p.name,

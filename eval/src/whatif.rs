@@ -16,7 +16,7 @@ pub const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A worker's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct WhatIf {
+pub struct WhatIfReply {
     /// The TTFT it would give the request now (engine time, not divided by the speedup).
     pub ttft_ms: f64,
     /// Prompt tokens it would reuse from its cache.
@@ -34,7 +34,7 @@ pub async fn ask(
     worker: &str,
     endpoint: &str,
     request: &Value,
-) -> Option<WhatIf> {
+) -> Option<WhatIfReply> {
     let resp = http
         .post(format!("http://{worker}/sim/what_if"))
         .timeout(TIMEOUT)
@@ -45,7 +45,7 @@ pub async fn ask(
     if resp.status() != 200 {
         return None;
     }
-    let w: WhatIf = resp.json().await.ok()?;
+    let w: WhatIfReply = resp.json().await.ok()?;
     (w.ttft_ms.is_finite() && w.ttft_ms >= 0.0).then_some(w)
 }
 
@@ -55,7 +55,7 @@ pub async fn ask_all(
     workers: &[String],
     endpoint: &str,
     request: &Value,
-) -> Vec<Option<WhatIf>> {
+) -> Vec<Option<WhatIfReply>> {
     futures::future::join_all(workers.iter().map(|w| ask(http, w, endpoint, request))).await
 }
 
@@ -66,7 +66,7 @@ pub async fn ask_all_timed(
     workers: &[String],
     endpoint: &str,
     request: &Value,
-) -> Vec<(Option<WhatIf>, Duration)> {
+) -> Vec<(Option<WhatIfReply>, Duration)> {
     futures::future::join_all(workers.iter().map(|w| async move {
         let t = std::time::Instant::now();
         let a = ask(http, w, endpoint, request).await;
@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn answers_parse_from_the_contract() {
         let v = r#"{"ttft_ms": 12.5, "cached_tokens": 64, "prompt_tokens": 100, "running": 2, "waiting": 0}"#;
-        let w: WhatIf = serde_json::from_str(v).unwrap();
+        let w: WhatIfReply = serde_json::from_str(v).unwrap();
         assert_eq!((w.ttft_ms, w.cached_tokens, w.running), (12.5, 64, 2));
     }
 

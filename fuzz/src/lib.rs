@@ -465,14 +465,14 @@ pub fn kube_watch_event(data: &[u8]) {
     use kvroute_updater::discovery::kube::{
         take_events, Api, Collection, Objects, PoolTarget, WatchEvent,
     };
-    use kvroute_updater::discovery::{DiscoveryConfig, Source};
+    use kvroute_updater::discovery::{DiscoveryConfig, DiscoverySource};
     let api = Api {
         base: "https://127.0.0.1:6443".into(),
         token_file: None,
         namespace: "ns".into(),
         service: "vllm".into(),
     };
-    let kube = Source::Kube { namespace: "ns".into(), service: "vllm".into() };
+    let kube = DiscoverySource::Kube { namespace: "ns".into(), service: "vllm".into() };
     // The port named `http` wins over `http_port`; events and replay on fixed ports.
     let by_name = DiscoveryConfig {
         source: kube.clone(),
@@ -489,7 +489,7 @@ pub fn kube_watch_event(data: &[u8]) {
         ..Default::default()
     };
     let pool = DiscoveryConfig {
-        source: Source::KubePool { namespace: "ns".into(), pool: "vllm".into() },
+        source: DiscoverySource::KubePool { namespace: "ns".into(), pool: "vllm".into() },
         events_port: Some(5557),
         replay_port: Some(5558),
         ..Default::default()

@@ -15,12 +15,14 @@ use kvroute_core::decision::request::{parse, Endpoint};
 use kvroute_core::decision::router::Router;
 use kvroute_core::decision::usage::{Usage, UsageScanner};
 use kvroute_core::shared::knowledge::{Head, RingEntry, RING};
-use kvroute_core::shared::load::{decode_registry, encode_registry, Entry, ShardData, MAX_SHARDS};
+use kvroute_core::shared::load::{
+    decode_registry, encode_registry, InflightEntry, ShardData, MAX_SHARDS,
+};
 use kvroute_core::wire::delta::{Delta, SetChange, WorkerDelta};
 use kvroute_core::wire::journal::JournalEntry;
 use kvroute_core::wire::journal::Source;
 use kvroute_core::wire::peers::{PeerCredit, PeerLoad, PeerReport, PeerSection};
-use kvroute_core::wire::snapshot::{ModelInfo, SnapshotLoad, Snapshot, SnapshotWorker};
+use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotLoad, SnapshotWorker};
 use kvroute_updater::decode::{decode_batch, EngineEvent};
 use rmpv::Value;
 use serde_json::json;
@@ -673,14 +675,14 @@ fn shared_load_decode() -> Seeds {
     let shard = ShardData {
         heartbeat_ms: 1_700_000_000_250,
         entries: vec![
-            Entry {
+            InflightEntry {
                 id: 1,
                 worker: 0x1234_5678_9abc_def0,
                 started_ms: 1_700_000_000_100,
                 prefill_tokens: 4096,
                 prefilling: true,
             },
-            Entry {
+            InflightEntry {
                 id: 2,
                 worker: 0x0fed_cba9_8765_4321,
                 started_ms: 1_700_000_000_200,
@@ -1194,7 +1196,7 @@ fn admission_headers() -> Seeds {
 /// A small bundle, the manifest naming it, the updater's list; then truncations, a flipped
 /// checksum, absurd counts and lengths, and JSON the list parser must refuse.
 fn bundle_decode() -> Seeds {
-    use kvroute_core::shared::bundles::{Manifest, Published, Retired};
+    use kvroute_core::shared::bundles::{Manifest, PublishedBundle, Retired};
     use kvroute_core::wire::bundle::BundleFiles;
     let files = BundleFiles {
         tokenizer_json:
@@ -1209,8 +1211,18 @@ fn bundle_decode() -> Seeds {
     let manifest = Manifest {
         generation: 3,
         models: vec![
-            Published { model: "qwen3".into(), fingerprint: 0x1234, parts: 11, bytes: 11 << 20 },
-            Published { model: "kvroute-demo".into(), fingerprint: 0x77, parts: 1, bytes: 105_157 },
+            PublishedBundle {
+                model: "qwen3".into(),
+                fingerprint: 0x1234,
+                parts: 11,
+                bytes: 11 << 20,
+            },
+            PublishedBundle {
+                model: "kvroute-demo".into(),
+                fingerprint: 0x77,
+                parts: 1,
+                bytes: 105_157,
+            },
         ],
         retired: vec![Retired {
             fingerprint: 0x99,

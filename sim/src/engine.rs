@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::cache::{engine_block_hash, engine_hashes, BlockCache, EngineHash};
 use crate::events::KvEvent;
-use crate::profile::Profile;
+use crate::profile::HardwareProfile;
 
 /// The prefill work of one sequence in a step: `new` tokens computed on top of `cached` tokens
 /// already in that sequence's KV (a reused prefix or its earlier chunks).
@@ -46,7 +46,7 @@ pub struct Timing {
 }
 
 impl Timing {
-    pub fn from_profile(p: &Profile, speedup: f64) -> Timing {
+    pub fn from_profile(p: &HardwareProfile, speedup: f64) -> Timing {
         Timing {
             step_floor_ms: p.step_floor_ms,
             prefill_ms_per_token: p.prefill_ms_per_token,

@@ -7,7 +7,7 @@ use clap::Parser;
 use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::api::Adapter;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
-use kvroute_sim::profile::{self, Profile};
+use kvroute_sim::profile::{self, HardwareProfile};
 use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};
 
 /// Simulated vLLM-like inference workers (OpenAI API, prefix cache, KV events, vLLM metrics).
@@ -90,8 +90,8 @@ struct Args {
     buffer_steps: usize,
 }
 
-fn profile(a: &Args) -> anyhow::Result<Profile> {
-    let mut p = Profile::load(&a.profile)?;
+fn profile(a: &Args) -> anyhow::Result<HardwareProfile> {
+    let mut p = HardwareProfile::load(&a.profile)?;
     p.block_size = a.block_size.unwrap_or(p.block_size);
     p.num_gpu_blocks = a.num_gpu_blocks.unwrap_or(p.num_gpu_blocks);
     p.max_num_seqs = a.max_num_seqs.unwrap_or(p.max_num_seqs);

@@ -29,7 +29,7 @@ pub enum ProfileError {
 /// One model-on-hardware profile.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct Profile {
+pub struct HardwareProfile {
     pub name: String,
     pub step_floor_ms: f64,
     pub prefill_ms_per_token: f64,
@@ -43,16 +43,17 @@ pub struct Profile {
     pub max_model_len: usize,
 }
 
-impl Profile {
+impl HardwareProfile {
     /// A built-in profile by name, or a TOML file by path.
-    pub fn load(name_or_path: &str) -> Result<Profile, ProfileError> {
+    pub fn load(name_or_path: &str) -> Result<HardwareProfile, ProfileError> {
         let text = match BUILTIN.iter().find(|(n, _)| *n == name_or_path) {
             Some((_, t)) => (*t).to_owned(),
             None if Path::new(name_or_path).exists() => std::fs::read_to_string(name_or_path)
                 .map_err(|e| ProfileError::Io(name_or_path.into(), e))?,
             None => return Err(ProfileError::Unknown(name_or_path.into())),
         };
-        let p: Profile = toml::from_str(&text).map_err(|e| ProfileError::Invalid(e.to_string()))?;
+        let p: HardwareProfile =
+            toml::from_str(&text).map_err(|e| ProfileError::Invalid(e.to_string()))?;
         p.validate()?;
         Ok(p)
     }
@@ -88,10 +89,10 @@ mod tests {
 
     #[test]
     fn builtin_profiles_load_and_differ() {
-        let small = Profile::load("llama3-8b-h100").unwrap();
-        let big = Profile::load("llama3-70b-4xh100").unwrap();
+        let small = HardwareProfile::load("llama3-8b-h100").unwrap();
+        let big = HardwareProfile::load("llama3-70b-4xh100").unwrap();
         assert!(big.prefill_ms_per_token > small.prefill_ms_per_token);
         assert!(big.step_floor_ms > small.step_floor_ms);
-        assert!(Profile::load("nope").is_err());
+        assert!(HardwareProfile::load("nope").is_err());
     }
 }

@@ -14,7 +14,7 @@ use zeromq::Socket;
 use crate::api::{self, Adapter, Serving};
 use crate::engine::{Engine, EngineConfig, Timing};
 use crate::events::{self, EventConfig, EventLog};
-use crate::profile::Profile;
+use crate::profile::HardwareProfile;
 
 /// Ports of one worker (0 = pick a free one at first start; restarts reuse the same ports).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub struct WorkerSpec {
     pub index: usize,
     pub host: IpAddr,
     pub model: String,
-    pub profile: Profile,
+    pub profile: HardwareProfile,
     pub speedup: f64,
     pub events: EventConfig,
     /// `root` of the base model in `/v1/models` (vLLM: the model's path); the model id if
@@ -43,7 +43,7 @@ pub struct WorkerSpec {
 impl WorkerSpec {
     /// One worker on 127.0.0.1 serving `model` with `profile` and `events`, at 10× speed,
     /// without adapters: the starting point of in-process tests, which change what they need.
-    pub fn loopback(model: &str, profile: Profile, events: EventConfig) -> WorkerSpec {
+    pub fn loopback(model: &str, profile: HardwareProfile, events: EventConfig) -> WorkerSpec {
         WorkerSpec {
             index: 0,
             host: IpAddr::V4(Ipv4Addr::LOCALHOST),

@@ -10,7 +10,7 @@ use kvroute_core::decision::request::Prompt;
 use kvroute_core::decision::tokenize::model::{qwen3, qwen3_dir, ModelBundle};
 use kvroute_sim::api::Adapter;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
-use kvroute_sim::profile::Profile;
+use kvroute_sim::profile::HardwareProfile;
 use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};
 use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
@@ -25,7 +25,7 @@ async fn worker(lora: LoraSpec) -> (Arc<Worker>, Ports) {
         reply_shape: ReplyShape::Triple,
         buffer_steps: 1000,
     };
-    let profile = Profile::load("llama3-8b-h100").unwrap();
+    let profile = HardwareProfile::load("llama3-8b-h100").unwrap();
     let spec = WorkerSpec { lora, ..WorkerSpec::loopback(BASE, profile, events) };
     let w = Worker::new(spec, ModelBundle::demo().unwrap(), Ports::default());
     let ports = w.start().await.unwrap();

@@ -4,7 +4,7 @@
 //! profile (with its comment), not here.
 
 use kvroute_sim::engine::{Chunk, Timing};
-use kvroute_sim::profile::Profile;
+use kvroute_sim::profile::HardwareProfile;
 
 /// Allowed relative error of a modelled figure against its published one.
 const TOLERANCE: f64 = 0.20;
@@ -19,8 +19,8 @@ const NIM: &str = "NVIDIA NIM LLM benchmarking, Performance page";
 /// through a 200-token answer holds 200 + 100 tokens.
 const ITL_CONTEXT: usize = 300;
 
-fn timing(name: &str) -> (Profile, Timing) {
-    let p = Profile::load(name).unwrap();
+fn timing(name: &str) -> (HardwareProfile, Timing) {
+    let p = HardwareProfile::load(name).unwrap();
     let t = Timing::from_profile(&p, 1.0);
     (p, t)
 }
@@ -32,7 +32,7 @@ fn itl_ms(t: &Timing, concurrency: usize) -> f64 {
 
 /// TTFT of an `n`-token prompt alone on an idle engine: chunked prefill in steps of
 /// `max_num_batched_tokens`, as the engine schedules it.
-fn ttft_ms(p: &Profile, t: &Timing, n: usize) -> f64 {
+fn ttft_ms(p: &HardwareProfile, t: &Timing, n: usize) -> f64 {
     let mut done = 0;
     let mut ms = 0.0;
     while done < n {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use kvroute_sim::engine::{Chunk, Timing};
-use kvroute_sim::profile::Profile;
+use kvroute_sim::profile::HardwareProfile;
 use kvroute_sim::worker::Worker;
 use serde_json::{json, Value};
 
@@ -66,7 +66,7 @@ async fn what_if_renders_like_the_endpoint_and_answers_the_modelled_ttft() {
     assert_eq!(a["waiting"].as_u64(), Some(0));
     // An idle worker: one step of the whole prompt, as the profile's timing says (plus the
     // moment the question takes to reach the engine).
-    let t = Timing::from_profile(&Profile::load("llama3-8b-h100").unwrap(), 1.0);
+    let t = Timing::from_profile(&HardwareProfile::load("llama3-8b-h100").unwrap(), 1.0);
     let want = t.step_ms(&[Chunk { cached: 0, new: count as usize }], 0, 0);
     let got = a["ttft_ms"].as_f64().unwrap();
     assert!(got >= want - 1e-9 && got < want + 100.0, "{got} vs {want}");

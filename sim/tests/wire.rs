@@ -11,14 +11,14 @@ use kvroute_sim::events::{
     encode_batch, encode_batch_shaped, EventConfig, EventEncoding, EventShape, KvEvent, ReplyShape,
     END_SEQ,
 };
-use kvroute_sim::profile::Profile;
+use kvroute_sim::profile::HardwareProfile;
 use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
 use rmpv::Value as Msgpack;
 use serde_json::{json, Value};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 async fn worker(encoding: EventEncoding, shape: ReplyShape) -> (Arc<Worker>, Ports) {
-    let mut profile = Profile::load("llama3-8b-h100").unwrap();
+    let mut profile = HardwareProfile::load("llama3-8b-h100").unwrap();
     profile.num_gpu_blocks = 512;
     let events =
         EventConfig { topic: "kv-events".into(), encoding, reply_shape: shape, buffer_steps: 1000 };

@@ -89,7 +89,7 @@ pub struct Conformance {
 }
 
 /// How to start one scenario.
-pub struct Scenario<'a> {
+pub struct EngineScenario<'a> {
     /// `vllm` or `sglang`: `.cache/engines/<engine>`.
     pub engine: &'a str,
     /// The driver script in integration/python/.
@@ -110,7 +110,7 @@ impl Conformance {
     /// Starts the worker's HTTP side, the driver (waits for its READY) and the updater; then
     /// waits until the updater identified the worker's model and block size, and lets the
     /// driver play. `engines` is [`engine_dir`]'s directory.
-    pub async fn start(engines: &Path, s: Scenario<'_>) -> anyhow::Result<Conformance> {
+    pub async fn start(engines: &Path, s: EngineScenario<'_>) -> anyhow::Result<Conformance> {
         let dir = paths::scratch_dir(&format!("{}-{}", s.engine, s.scenario))?;
         let sim = SimWorker::start(0, &s.sim_args, &dir).await?;
         let worker = match s.sglang_face.clone() {
@@ -335,7 +335,7 @@ pub struct EngineOutcome {
 }
 
 /// Runs one scenario to convergence, or says why it was skipped (`Ok(None)`).
-pub async fn run(s: Scenario<'_>) -> anyhow::Result<Option<EngineOutcome>> {
+pub async fn run(s: EngineScenario<'_>) -> anyhow::Result<Option<EngineOutcome>> {
     let Some(engines) = engine_dir(s.engine)? else { return Ok(None) };
     let c = Conformance::start(&engines, s).await?;
     let expected = c.converges().await?;

@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde_json::Value;
 
 use crate::envoy::Envoy;
-use crate::stack::{filter_config, write_config, Ports, Stack, StackOptions, Updater};
+use crate::stack::{filter_config, write_config, Stack, StackOptions, StackPorts, Updater};
 use crate::{eventually, paths};
 
 /// Stack A (its Envoy, workers and updater) and replica B.
@@ -63,7 +63,7 @@ impl Replicas {
         stack.updater = Some(updater);
         let dir = stack.dir.join("replica-b");
         std::fs::create_dir_all(&dir).context("creating replica B's directory")?;
-        let ports = Ports {
+        let ports = StackPorts {
             admin: paths::free_port()?,
             listen: paths::free_port()?,
             updater: stack.updater_port,

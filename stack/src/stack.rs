@@ -14,25 +14,25 @@ use crate::sim::SimWorker;
 
 /// Which decision Envoy makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
+pub enum RoutePolicy {
     /// The kvroute wasm filter with `override_host`.
     Kvroute,
     /// Envoy's LEAST_REQUEST, no filter.
     LeastRequest,
 }
 
-impl Policy {
+impl RoutePolicy {
     pub fn name(self) -> &'static str {
         match self {
-            Policy::Kvroute => "kvroute",
-            Policy::LeastRequest => "least-request",
+            RoutePolicy::Kvroute => "kvroute",
+            RoutePolicy::LeastRequest => "least-request",
         }
     }
 
     fn template(self) -> &'static str {
         match self {
-            Policy::Kvroute => "kvroute.yaml",
-            Policy::LeastRequest => "least-request.yaml",
+            RoutePolicy::Kvroute => "kvroute.yaml",
+            RoutePolicy::LeastRequest => "least-request.yaml",
         }
     }
 }
@@ -129,7 +129,7 @@ pub struct PoolAddrs {
 /// How to build a stack.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
-    pub policy: Policy,
+    pub policy: RoutePolicy,
     /// Workers of the single demo pool when `pools` is empty.
     pub workers: usize,
     /// Several models, each with its own workers (replaces `workers` and `model_overrides`).
@@ -150,7 +150,7 @@ pub struct StackOptions {
 impl Default for StackOptions {
     fn default() -> Self {
         StackOptions {
-            policy: Policy::Kvroute,
+            policy: RoutePolicy::Kvroute,
             workers: 3,
             pools: Vec::new(),
             sim_args: Vec::new(),
@@ -349,7 +349,7 @@ pub fn pools_filter_config(
 
 /// Loopback ports of one stack.
 #[derive(Debug, Clone, Copy)]
-pub struct Ports {
+pub struct StackPorts {
     pub admin: u16,
     pub listen: u16,
     pub updater: u16,
@@ -359,7 +359,7 @@ pub struct Ports {
 pub fn write_config(
     template: &str,
     dir: &std::path::Path,
-    ports: Ports,
+    ports: StackPorts,
     addrs: &[String],
     filter: &Value,
 ) -> anyhow::Result<PathBuf> {
@@ -374,7 +374,7 @@ pub fn write_config_text(
     name: &str,
     text: &str,
     dir: &std::path::Path,
-    ports: Ports,
+    ports: StackPorts,
     addrs: &[String],
     filter: &Value,
 ) -> anyhow::Result<PathBuf> {
@@ -416,7 +416,7 @@ impl Stack {
             pools.push(PoolAddrs { model: p.model.clone(), addrs });
         }
         let addrs: Vec<String> = workers.iter().map(|w| w.addr.clone()).collect();
-        let ports = Ports {
+        let ports = StackPorts {
             admin: paths::free_port()?,
             listen: paths::free_port()?,
             updater: paths::free_port()?,

@@ -29,7 +29,7 @@ pub enum AlignmentVerdict {
 
 /// What a worker's `/v1/models` says it serves.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Served {
+pub struct ServedModels {
     /// Its base model: the first entry without a `parent` that is a configured model, else
     /// the first entry without a `parent` (`None` past the name bound, or without any).
     pub base: Option<String>,
@@ -44,8 +44,12 @@ pub struct Served {
 
 /// Reads vLLM's `/v1/models` list: base models have no `parent` (vLLM writes `null`);
 /// LoRA adapters have `parent` = the base model and `root` = the adapter's path.
-pub fn served(models: &Value, configured: impl Fn(&str) -> bool, limits: &AdapterLimits) -> Served {
-    let mut out = Served::default();
+pub fn served(
+    models: &Value,
+    configured: impl Fn(&str) -> bool,
+    limits: &AdapterLimits,
+) -> ServedModels {
+    let mut out = ServedModels::default();
     let entries = models["data"].as_array().map(Vec::as_slice).unwrap_or_default();
     let parent = |m: &Value| m.get("parent").and_then(Value::as_str).map(str::to_owned);
     let mut fits = |name: &str| {
@@ -83,7 +87,7 @@ pub fn served(models: &Value, configured: impl Fn(&str) -> bool, limits: &Adapte
 pub struct AlignmentOutcome {
     pub verdict: AlignmentVerdict,
     /// What `/v1/models` listed, when it answered.
-    pub served: Option<Served>,
+    pub served: Option<ServedModels>,
     /// The block size in `vllm:cache_config_info`, when the check got that far.
     pub announced_block_size: Option<u32>,
 }
@@ -162,7 +166,7 @@ pub async fn fetch_served(
     models: &Models,
     max_body: usize,
     limits: &AdapterLimits,
-) -> Result<Served, crate::http_body::BodyError> {
+) -> Result<ServedModels, crate::http_body::BodyError> {
     let resp = http
         .get(format!("http://{worker}/v1/models"))
         .timeout(Duration::from_secs(3))
@@ -225,7 +229,10 @@ async fn check_model(
     let status = resp.status();
     if matches!(status.as_u16(), 400 | 422) {
         let text = capped_text(resp, max_body).await.unwrap_or_default();
-        return Ok((AlignmentVerdict::Incompatible(tokenize_refused(status.as_u16(), &text)), None));
+        return Ok((
+            AlignmentVerdict::Incompatible(tokenize_refused(status.as_u16(), &text)),
+            None,
+        ));
     }
     let tok = capped_json(resp, max_body).await?;
     let theirs: Vec<u64> = tok["tokens"]
@@ -268,7 +275,7 @@ async fn check_model(
 }
 
 /// Counts the caps a reading of `/v1/models` hit.
-pub fn count_caps(state: &crate::state::State, worker: &str, served: &Served) {
+pub fn count_caps(state: &crate::state::State, worker: &str, served: &ServedModels) {
     use crate::limits::Cap;
     for (cap, n) in
         [(Cap::Adapters, served.adapters_cut), (Cap::AdapterName, served.names_too_long)]
@@ -384,8 +391,8 @@ mod tests {
         let two = json!({"data": [{"id": "a"}, {"id": "b"}, {"id": "l", "parent": "b"}]});
         let s = served(&two, |n| n == "b", &limits);
         assert_eq!((s.base.as_deref(), s.adapters.len()), (Some("b"), 1));
-        assert_eq!(served(&json!({"data": []}), |_| true, &limits), Served::default());
-        assert_eq!(served(&json!("garbage"), |_| true, &limits), Served::default());
+        assert_eq!(served(&json!({"data": []}), |_| true, &limits), ServedModels::default());
+        assert_eq!(served(&json!("garbage"), |_| true, &limits), ServedModels::default());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use thiserror::Error;
 
-use crate::config::{defaults, ConfigError, ModelEntry, Token, UpdaterConfig, WorkerEntry};
+use crate::config::{defaults, ModelEntry, Token, UpdaterConfig, UpdaterConfigError, WorkerEntry};
 use crate::models::{parse_block_size, ModelSpec};
 
 /// Follows workers' KV events and serves canonical knowledge snapshots to kvroute.
@@ -147,7 +147,7 @@ pub struct Args {
     /// target port), or `static` (the default: --worker). Discovered workers are named
     /// `ip:port`; the snapshot then lists the whole pool. Config file: [discovery] source.
     #[arg(long, value_name = "SOURCE")]
-    pub discover: Option<crate::discovery::Source>,
+    pub discover: Option<crate::discovery::DiscoverySource>,
     /// The DNS server to ask (`ip:port`); default: the system's (/etc/resolv.conf).
     #[arg(long, value_name = "IP:PORT")]
     pub discover_dns_server: Option<SocketAddr>,
@@ -181,7 +181,7 @@ pub struct Args {
     pub discover_kube_ca_file: Option<PathBuf>,
 }
 
-fn parse_worker(s: &str) -> Result<WorkerEntry, ConfigError> {
+fn parse_worker(s: &str) -> Result<WorkerEntry, UpdaterConfigError> {
     s.parse()
 }
 
@@ -191,7 +191,7 @@ pub enum CliError {
     #[error(transparent)]
     Clap(#[from] clap::Error),
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] UpdaterConfigError),
 }
 
 /// A validated configuration, its token, and whether only to check it.
@@ -215,7 +215,7 @@ where
 
 /// Defaults, then the `--config` file, then the flags given on the command line; validated,
 /// with the token read from its one source.
-pub fn resolve(args: &Args, m: &ArgMatches) -> Result<Resolved, ConfigError> {
+pub fn resolve(args: &Args, m: &ArgMatches) -> Result<Resolved, UpdaterConfigError> {
     let given = |id: &str| {
         matches!(m.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable))
     };
@@ -268,7 +268,8 @@ pub fn resolve(args: &Args, m: &ArgMatches) -> Result<Resolved, ConfigError> {
     discovery_flags(args, &given, &mut cfg);
     for (name, size) in &args.model_block_sizes {
         let model = cfg.models.iter_mut().find(|m| m.name == *name);
-        model.ok_or_else(|| ConfigError::UnknownModel(name.clone()))?.block_size = Some(*size);
+        model.ok_or_else(|| UpdaterConfigError::UnknownModel(name.clone()))?.block_size =
+            Some(*size);
     }
     let token = token(args, m, &cfg)?;
     cfg.validate()?;
@@ -322,7 +323,7 @@ fn discovery_flags(args: &Args, given: &dyn Fn(&str) -> bool, cfg: &mut UpdaterC
 
 /// The token from exactly one of `--token`, its environment variable, `--token-file` and the
 /// file's `token_file`.
-fn token(args: &Args, m: &ArgMatches, cfg: &UpdaterConfig) -> Result<Token, ConfigError> {
+fn token(args: &Args, m: &ArgMatches, cfg: &UpdaterConfig) -> Result<Token, UpdaterConfigError> {
     let mut sources = Vec::new();
     if let Some(t) = &args.token {
         let from = match m.value_source("token") {
@@ -338,14 +339,14 @@ fn token(args: &Args, m: &ArgMatches, cfg: &UpdaterConfig) -> Result<Token, Conf
         sources.push((format!("token_file {}", p.display()), Err(p.clone())));
     }
     match sources.len() {
-        0 => Err(ConfigError::NoToken),
+        0 => Err(UpdaterConfigError::NoToken),
         1 => match sources.remove(0) {
             (from, Ok(value)) => Token::new(value, from),
             (from, Err(path)) => Token::from_file(&path, from),
         },
         _ => {
             let names: Vec<&str> = sources.iter().map(|(s, _)| s.as_str()).collect();
-            Err(ConfigError::TokenTwice(names.join(", ")))
+            Err(UpdaterConfigError::TokenTwice(names.join(", ")))
         }
     }
 }

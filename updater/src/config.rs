@@ -20,7 +20,7 @@ use thiserror::Error;
 
 use crate::discovery::{DiscoveryConfig, DiscoveryConfigError};
 use crate::limits::{AdapterLimits, BlockLimits, Limits, ReplayLimits, WireLimits};
-use crate::models::{ModelSpec, Source};
+use crate::models::{ModelSource, ModelSpec};
 use crate::peers::PeerLimits;
 use crate::subscriber::Endpoints;
 
@@ -63,7 +63,7 @@ pub mod defaults {
 
 /// What is wrong with a configuration.
 #[derive(Debug, Error)]
-pub enum ConfigError {
+pub enum UpdaterConfigError {
     #[error("reading {path}: {source}")]
     Read { path: String, source: std::io::Error },
     #[error("{path}: {source}")]
@@ -129,8 +129,8 @@ pub struct ModelEntry {
 impl From<ModelSpec> for ModelEntry {
     fn from(s: ModelSpec) -> Self {
         let dir = match s.source {
-            Source::Demo => None,
-            Source::Dir(d) => Some(d),
+            ModelSource::Demo => None,
+            ModelSource::Dir(d) => Some(d),
         };
         ModelEntry { name: s.name, dir, block_size: None }
     }
@@ -151,7 +151,7 @@ pub struct WorkerEntry {
 }
 
 impl std::str::FromStr for WorkerEntry {
-    type Err = ConfigError;
+    type Err = UpdaterConfigError;
 
     /// `HTTP_ADDR[,EVENTS_ENDPOINT[,REPLAY_ENDPOINT]]` (the `--worker` form).
     fn from_str(spec: &str) -> Result<Self, Self::Err> {
@@ -160,7 +160,7 @@ impl std::str::FromStr for WorkerEntry {
         let part = |p: Option<&str>| p.filter(|s| !s.is_empty()).map(str::to_owned);
         let (events, replay) = (part(parts.next()), part(parts.next()));
         if http.is_empty() || parts.next().is_some() {
-            return Err(ConfigError::WorkerSpec(spec.into()));
+            return Err(UpdaterConfigError::WorkerSpec(spec.into()));
         }
         Ok(WorkerEntry { http, events, replay })
     }
@@ -250,12 +250,12 @@ impl Default for UpdaterConfig {
 impl UpdaterConfig {
     /// Parses a TOML file; relative paths in it (`token_file`, models' `dir`) are taken
     /// relative to the file's directory.
-    pub fn from_file(path: &Path) -> Result<UpdaterConfig, ConfigError> {
+    pub fn from_file(path: &Path) -> Result<UpdaterConfig, UpdaterConfigError> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: shown.clone(), source })?;
+            .map_err(|source| UpdaterConfigError::Read { path: shown.clone(), source })?;
         let mut cfg = Self::from_toml(&text)
-            .map_err(|source| ConfigError::Toml { path: shown, source: Box::new(source) })?;
+            .map_err(|source| UpdaterConfigError::Toml { path: shown, source: Box::new(source) })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let rebase = |p: &mut PathBuf| {
             if p.is_relative() {
@@ -279,59 +279,61 @@ impl UpdaterConfig {
     /// Checks everything serde does not: workers (addresses, endpoints, duplicates), models
     /// (names, duplicates, block sizes), the Envoy admin URL and cluster, the wire and
     /// connection bounds.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), UpdaterConfigError> {
         self.validate_bounds()?;
         let discovery = self.discovery();
         discovery.validate(self.workers.len())?;
         if self.workers.is_empty() && !discovery.is_dynamic() {
-            return Err(ConfigError::NoWorkers);
+            return Err(UpdaterConfigError::NoWorkers);
         }
         let mut seen = BTreeSet::new();
         for w in &self.workers {
-            w.http.parse::<SocketAddr>().map_err(|_| ConfigError::WorkerAddr(w.http.clone()))?;
+            w.http
+                .parse::<SocketAddr>()
+                .map_err(|_| UpdaterConfigError::WorkerAddr(w.http.clone()))?;
             if !seen.insert(w.http.as_str()) {
-                return Err(ConfigError::DuplicateWorker(w.http.clone()));
+                return Err(UpdaterConfigError::DuplicateWorker(w.http.clone()));
             }
             if w.events.is_none() && w.replay.is_some() {
-                return Err(ConfigError::ReplayWithoutEvents(w.http.clone()));
+                return Err(UpdaterConfigError::ReplayWithoutEvents(w.http.clone()));
             }
             if [&w.events, &w.replay].into_iter().flatten().any(|e| e.trim().is_empty()) {
-                return Err(ConfigError::EmptyEndpoint(w.http.clone()));
+                return Err(UpdaterConfigError::EmptyEndpoint(w.http.clone()));
             }
         }
         if self.models.is_empty() {
-            return Err(ConfigError::NoModels);
+            return Err(UpdaterConfigError::NoModels);
         }
         let mut names = BTreeSet::new();
         for m in &self.models {
             if m.name.is_empty() {
-                return Err(ConfigError::EmptyModelName);
+                return Err(UpdaterConfigError::EmptyModelName);
             }
             if !names.insert(m.name.as_str()) {
-                return Err(ConfigError::DuplicateModel(m.name.clone()));
+                return Err(UpdaterConfigError::DuplicateModel(m.name.clone()));
             }
             if m.block_size == Some(0) {
-                return Err(ConfigError::ZeroBlockSize(format!("model '{}'", m.name)));
+                return Err(UpdaterConfigError::ZeroBlockSize(format!("model '{}'", m.name)));
             }
         }
         if self.block_size == Some(0) {
-            return Err(ConfigError::ZeroBlockSize("block_size".into()));
+            return Err(UpdaterConfigError::ZeroBlockSize("block_size".into()));
         }
         if let Some(a) = &self.envoy_admin {
             let host = a.strip_prefix("http://").unwrap_or_default();
             if host.is_empty() || host.contains(char::is_whitespace) {
-                return Err(ConfigError::EnvoyAdmin(a.clone()));
+                return Err(UpdaterConfigError::EnvoyAdmin(a.clone()));
             }
         }
         if self.envoy_cluster.is_empty() {
-            return Err(ConfigError::EnvoyCluster);
+            return Err(UpdaterConfigError::EnvoyCluster);
         }
         Ok(())
     }
 
     /// The bounds that have no floor to raise them to: zero is refused, and a frame may not be
     /// larger than the message that holds it.
-    fn validate_bounds(&self) -> Result<(), ConfigError> {
+    fn validate_bounds(&self) -> Result<(), UpdaterConfigError> {
         let zero = [
             ("max_message_bytes", self.max_message_bytes as u64),
             ("max_batch_elements", self.max_batch_elements as u64),
@@ -340,10 +342,10 @@ impl UpdaterConfig {
             ("idle_timeout_ms", self.idle_timeout_ms),
         ];
         if let Some((name, _)) = zero.iter().find(|(_, v)| *v == 0) {
-            return Err(ConfigError::Zero(name));
+            return Err(UpdaterConfigError::Zero(name));
         }
         if self.max_frame_bytes > self.max_message_bytes {
-            return Err(ConfigError::FrameOverMessage {
+            return Err(UpdaterConfigError::FrameOverMessage {
                 frame: self.max_frame_bytes,
                 message: self.max_message_bytes,
             });
@@ -367,7 +369,7 @@ impl UpdaterConfig {
 
     /// The models as [`crate::models::Models::load`] takes them.
     pub fn model_specs(&self) -> Vec<ModelSpec> {
-        let source = |m: &ModelEntry| m.dir.clone().map_or(Source::Demo, Source::Dir);
+        let source = |m: &ModelEntry| m.dir.clone().map_or(ModelSource::Demo, ModelSource::Dir);
         self.models.iter().map(|m| ModelSpec { name: m.name.clone(), source: source(m) }).collect()
     }
 
@@ -446,17 +448,19 @@ pub struct Token {
 
 impl Token {
     /// A token from `source`; refused when shorter than [`MIN_TOKEN_LEN`].
-    pub fn new(value: String, source: String) -> Result<Token, ConfigError> {
+    pub fn new(value: String, source: String) -> Result<Token, UpdaterConfigError> {
         if value.chars().count() < MIN_TOKEN_LEN {
-            return Err(ConfigError::ShortToken(source));
+            return Err(UpdaterConfigError::ShortToken(source));
         }
         Ok(Token { value, source })
     }
 
     /// Reads a token file; trailing line ends (`\n`, `\r\n`) are not part of the token.
-    pub fn from_file(path: &Path, source: String) -> Result<Token, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::Read { path: path.display().to_string(), source: e })?;
+    pub fn from_file(path: &Path, source: String) -> Result<Token, UpdaterConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| UpdaterConfigError::Read {
+            path: path.display().to_string(),
+            source: e,
+        })?;
         Token::new(text.trim_end_matches(['\n', '\r']).to_owned(), source)
     }
 

@@ -9,7 +9,9 @@
 
 mod bounds;
 
-pub use bounds::{check, BoundError, Bounds, Shape, DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS};
+pub use bounds::{
+    check, BoundError, Bounds, PayloadShape, DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS,
+};
 
 use rmpv::Value;
 use thiserror::Error;
@@ -148,7 +150,7 @@ pub enum DecodeError {
     #[error("payload is not msgpack: {0}")]
     Msgpack(String),
     #[error("batch is not [ts, events, rank]")]
-    Shape,
+    PayloadShape,
     #[error("event field '{0}' is missing or has the wrong type")]
     Field(&'static str),
     #[error("refused before decoding: {0}")]
@@ -326,14 +328,14 @@ pub fn decode_batch_with(payload: &[u8], bounds: &Bounds) -> Result<Batch, Decod
     check(payload, bounds)?;
     let v = rmpv::decode::read_value_with_max_depth(&mut &payload[..], MAX_DEPTH)
         .map_err(|e| DecodeError::Msgpack(e.to_string()))?;
-    let a = v.as_array().ok_or(DecodeError::Shape)?;
+    let a = v.as_array().ok_or(DecodeError::PayloadShape)?;
     let ts = match a.first() {
         Some(Value::F64(f)) => *f,
         Some(Value::F32(f)) => f64::from(*f),
         Some(Value::Integer(i)) => i.as_f64().unwrap_or(0.0),
-        _ => return Err(DecodeError::Shape),
+        _ => return Err(DecodeError::PayloadShape),
     };
-    let events = a.get(1).and_then(Value::as_array).ok_or(DecodeError::Shape)?;
+    let events = a.get(1).and_then(Value::as_array).ok_or(DecodeError::PayloadShape)?;
     // One unreadable event is counted and skipped: the rest of the batch (removals
     // included) still applies.
     let events = events.iter().map(|e| event(e).unwrap_or_else(EngineEvent::Bad)).collect();

@@ -1,4 +1,4 @@
-//! Membership that follows the pool: where the workers come from ([`Source`]: the static list,
+//! Membership that follows the pool: where the workers come from ([`DiscoverySource`]: the static list,
 //! DNS, or a Kubernetes Service's EndpointSlices) and the [`Supervisor`] that owns each
 //! worker's tasks (KV-event follower, scrape, alignment check): a worker found is added to
 //! the [`State`] and its tasks spawned; a worker gone has its tasks aborted and its knowledge
@@ -42,7 +42,7 @@ pub mod defaults {
 /// Where the workers come from: `--discover`, `[discovery] source`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub enum Source {
+pub enum DiscoverySource {
     /// The configured `--worker` / `[[workers]]` list.
     #[default]
     Static,
@@ -63,7 +63,7 @@ pub enum DiscoveryConfigError {
         "discovery source '{0}' is not static, dns:NAME, dns+srv:NAME, kube:NAMESPACE/SERVICE or \
          kube-pool:NAMESPACE/POOL"
     )]
-    Source(String),
+    DiscoverySource(String),
     #[error("discovery by {0} needs an HTTP port (--discover-http-port)")]
     HttpPort(String),
     #[error("a replay port needs an events port (--discover-events-port)")]
@@ -76,22 +76,22 @@ pub enum DiscoveryConfigError {
     KubeApi(String),
 }
 
-impl std::str::FromStr for Source {
+impl std::str::FromStr for DiscoverySource {
     type Err = DiscoveryConfigError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || DiscoveryConfigError::Source(s.to_owned());
+        let bad = || DiscoveryConfigError::DiscoverySource(s.to_owned());
         fn named(n: &str) -> Option<&str> {
             (!n.is_empty() && !n.contains(char::is_whitespace)).then_some(n)
         }
         if s == "static" {
-            return Ok(Source::Static);
+            return Ok(DiscoverySource::Static);
         }
         if let Some(n) = s.strip_prefix("dns+srv:") {
-            return Ok(Source::DnsSrv(named(n).ok_or_else(bad)?.to_owned()));
+            return Ok(DiscoverySource::DnsSrv(named(n).ok_or_else(bad)?.to_owned()));
         }
         if let Some(n) = s.strip_prefix("dns:") {
-            return Ok(Source::Dns(named(n).ok_or_else(bad)?.to_owned()));
+            return Ok(DiscoverySource::Dns(named(n).ok_or_else(bad)?.to_owned()));
         }
         let kube = s.strip_prefix("kube:").map(|r| (r, false));
         let pool = s.strip_prefix("kube-pool:").map(|r| (r, true));
@@ -105,15 +105,15 @@ impl std::str::FromStr for Source {
                 return Err(bad());
             }
             if pool {
-                return Ok(Source::KubePool { namespace: ns.into(), pool: svc.into() });
+                return Ok(DiscoverySource::KubePool { namespace: ns.into(), pool: svc.into() });
             }
-            return Ok(Source::Kube { namespace: ns.into(), service: svc.into() });
+            return Ok(DiscoverySource::Kube { namespace: ns.into(), service: svc.into() });
         }
         Err(bad())
     }
 }
 
-impl TryFrom<String> for Source {
+impl TryFrom<String> for DiscoverySource {
     type Error = DiscoveryConfigError;
 
     fn try_from(s: String) -> Result<Self, Self::Error> {
@@ -121,20 +121,22 @@ impl TryFrom<String> for Source {
     }
 }
 
-impl From<Source> for String {
-    fn from(s: Source) -> String {
+impl From<DiscoverySource> for String {
+    fn from(s: DiscoverySource) -> String {
         s.to_string()
     }
 }
 
-impl std::fmt::Display for Source {
+impl std::fmt::Display for DiscoverySource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Source::Static => write!(f, "static"),
-            Source::Dns(n) => write!(f, "dns:{n}"),
-            Source::DnsSrv(n) => write!(f, "dns+srv:{n}"),
-            Source::Kube { namespace, service } => write!(f, "kube:{namespace}/{service}"),
-            Source::KubePool { namespace, pool } => write!(f, "kube-pool:{namespace}/{pool}"),
+            DiscoverySource::Static => write!(f, "static"),
+            DiscoverySource::Dns(n) => write!(f, "dns:{n}"),
+            DiscoverySource::DnsSrv(n) => write!(f, "dns+srv:{n}"),
+            DiscoverySource::Kube { namespace, service } => write!(f, "kube:{namespace}/{service}"),
+            DiscoverySource::KubePool { namespace, pool } => {
+                write!(f, "kube-pool:{namespace}/{pool}")
+            }
         }
     }
 }
@@ -144,7 +146,7 @@ impl std::fmt::Display for Source {
 #[serde(default, deny_unknown_fields)]
 pub struct DiscoveryConfig {
     /// Where the workers come from.
-    pub source: Source,
+    pub source: DiscoverySource,
     /// The DNS server to ask (`ip:port`); absent: the system's (`/etc/resolv.conf`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dns_server: Option<SocketAddr>,
@@ -180,7 +182,7 @@ pub struct DiscoveryConfig {
 impl Default for DiscoveryConfig {
     fn default() -> Self {
         DiscoveryConfig {
-            source: Source::Static,
+            source: DiscoverySource::Static,
             dns_server: None,
             http_port: None,
             events_port: None,
@@ -198,13 +200,13 @@ impl Default for DiscoveryConfig {
 impl DiscoveryConfig {
     /// Checks what serde does not; `listed` is the number of statically listed workers.
     pub fn validate(&self, listed: usize) -> Result<(), DiscoveryConfigError> {
-        if self.source == Source::Static {
+        if self.source == DiscoverySource::Static {
             return Ok(());
         }
         if listed > 0 {
             return Err(DiscoveryConfigError::WorkersAndDiscovery(self.source.to_string()));
         }
-        if matches!(self.source, Source::Dns(_)) && self.http_port.is_none() {
+        if matches!(self.source, DiscoverySource::Dns(_)) && self.http_port.is_none() {
             return Err(DiscoveryConfigError::HttpPort(self.source.to_string()));
         }
         if self.replay_port.is_some() && self.events_port.is_none() {
@@ -224,7 +226,7 @@ impl DiscoveryConfig {
 
     /// Whether workers are discovered (not the static list).
     pub fn is_dynamic(&self) -> bool {
-        self.source != Source::Static
+        self.source != DiscoverySource::Static
     }
 
     /// The worker at `ip` whose HTTP port is `http_port`: its name and endpoints.
@@ -368,9 +370,11 @@ pub async fn run(
     let (tx, mut rx) = watch::channel::<Option<Vec<WorkerEntry>>>(None);
     let source = async {
         match &cfg.source {
-            Source::Static => Ok(()),
-            Source::Dns(_) | Source::DnsSrv(_) => dns::run(&cfg, tx).await.map_err(Into::into),
-            Source::Kube { .. } | Source::KubePool { .. } => {
+            DiscoverySource::Static => Ok(()),
+            DiscoverySource::Dns(_) | DiscoverySource::DnsSrv(_) => {
+                dns::run(&cfg, tx).await.map_err(Into::into)
+            }
+            DiscoverySource::Kube { .. } | DiscoverySource::KubePool { .. } => {
                 kube::run(&cfg, tx).await.map_err(Into::into)
             }
         }
@@ -413,10 +417,10 @@ mod tests {
             "kube:ns/vllm",
             "kube-pool:ns/p",
         ] {
-            assert_eq!(s.parse::<Source>().unwrap().to_string(), s);
+            assert_eq!(s.parse::<DiscoverySource>().unwrap().to_string(), s);
         }
         for bad in ["", "dns:", "kube:ns", "kube:/x", "kube:a b/c", "consul:x", "dns:a b"] {
-            assert!(bad.parse::<Source>().is_err(), "{bad}");
+            assert!(bad.parse::<DiscoverySource>().is_err(), "{bad}");
         }
     }
 

@@ -80,7 +80,7 @@ pub enum SeqCheck {
 
 /// Counters for `/status` and metrics.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct WorkerStats {
+pub struct IngestStats {
     pub batches: u64,
     pub events: u64,
     pub gaps: u64,
@@ -155,7 +155,7 @@ pub struct WorkerKnowledge {
     kinds: BTreeMap<u32, String>,
     /// The host tier is SGLang's HiCache ("CPU_PINNED"): a cache flush clears it too.
     host_follows_flush: bool,
-    pub stats: WorkerStats,
+    pub stats: IngestStats,
 }
 
 /// Whether an event was taken (false: refused and counted).

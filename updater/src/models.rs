@@ -35,7 +35,7 @@ pub enum ModelsError {
 
 /// Where a model's bundle comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub enum ModelSource {
     /// The project's demo bundle.
     Demo,
     /// A Hugging Face style directory.
@@ -46,7 +46,7 @@ pub enum Source {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelSpec {
     pub name: String,
-    pub source: Source,
+    pub source: ModelSource,
 }
 
 impl std::str::FromStr for ModelSpec {
@@ -55,8 +55,8 @@ impl std::str::FromStr for ModelSpec {
     /// `NAME` (the demo bundle) or `NAME=DIR`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (name, source) = match s.split_once('=') {
-            None => (s, Source::Demo),
-            Some((name, dir)) if !dir.is_empty() => (name, Source::Dir(PathBuf::from(dir))),
+            None => (s, ModelSource::Demo),
+            Some((name, dir)) if !dir.is_empty() => (name, ModelSource::Dir(PathBuf::from(dir))),
             Some(_) => return Err(ModelsError::Spec(s.into())),
         };
         if name.is_empty() {
@@ -132,11 +132,11 @@ impl Models {
         for spec in specs {
             let block_size = block_sizes.iter().rev().find(|(n, _)| *n == spec.name).map(|b| b.1);
             let files = match &spec.source {
-                Source::Demo => BundleFiles {
+                ModelSource::Demo => BundleFiles {
                     tokenizer_json: DEMO_TOKENIZER_JSON.as_bytes().to_vec(),
                     tokenizer_config_json: DEMO_TOKENIZER_CONFIG.as_bytes().to_vec(),
                 },
-                Source::Dir(dir) => {
+                ModelSource::Dir(dir) => {
                     let read = |file: &str| {
                         let path = dir.join(file);
                         std::fs::read(&path).map_err(|source| ModelsError::Read {
@@ -192,9 +192,9 @@ mod tests {
     #[test]
     fn model_arguments() {
         let demo: ModelSpec = "kvroute-demo".parse().unwrap();
-        assert_eq!(demo, ModelSpec { name: "kvroute-demo".into(), source: Source::Demo });
+        assert_eq!(demo, ModelSpec { name: "kvroute-demo".into(), source: ModelSource::Demo });
         let dir: ModelSpec = "Qwen/Qwen3-8B=/models/qwen3".parse().unwrap();
-        assert_eq!(dir.source, Source::Dir("/models/qwen3".into()));
+        assert_eq!(dir.source, ModelSource::Dir("/models/qwen3".into()));
         assert_eq!(dir.name, "Qwen/Qwen3-8B");
         for bad in ["", "=dir", "name="] {
             assert!(bad.parse::<ModelSpec>().is_err(), "{bad}");

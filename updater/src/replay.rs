@@ -40,7 +40,7 @@ pub enum End {
 
 /// What one replay brought: `(seq, payload)` in the order received.
 #[derive(Debug, Clone)]
-pub struct Replay {
+pub struct ReplayBatch {
     pub batches: Vec<(u64, Bytes)>,
     pub end: End,
 }
@@ -55,7 +55,7 @@ pub async fn fetch(
     endpoint: &str,
     start: u64,
     limits: &ReplayLimits,
-) -> Result<Replay, ReplayError> {
+) -> Result<ReplayBatch, ReplayError> {
     let deadline = Instant::now() + limits.max_time;
     let mut dealer = zeromq::DealerSocket::new();
     let connect_by = deadline.min(Instant::now() + Duration::from_secs(2));
@@ -66,24 +66,26 @@ pub async fn fetch(
         ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())])
             .map_err(|e| ReplayError::Request(e.to_string()))?;
     dealer.send(req).await?;
-    let mut out = Replay { batches: Vec::new(), end: End::Complete };
+    let mut out = ReplayBatch { batches: Vec::new(), end: End::Complete };
     let mut bytes = 0usize;
     loop {
         let by = deadline.min(Instant::now() + REPLY_SILENCE);
         let m = match tokio::time::timeout_at(by, dealer.recv()).await {
             Ok(Ok(m)) => m.into_vec(),
-            Ok(Err(e)) => return Ok(Replay { end: End::Broken(e.to_string()), ..out }),
+            Ok(Err(e)) => return Ok(ReplayBatch { end: End::Broken(e.to_string()), ..out }),
             Err(_) if by == deadline => {
-                return Ok(Replay { end: End::Cut(Cap::ReplayTime), ..out })
+                return Ok(ReplayBatch { end: End::Cut(Cap::ReplayTime), ..out })
             }
-            Err(_) => return Ok(Replay { end: End::Broken("replay went silent".into()), ..out }),
+            Err(_) => {
+                return Ok(ReplayBatch { end: End::Broken("replay went silent".into()), ..out })
+            }
         };
         let body: Vec<Bytes> = m.into_iter().skip_while(|f| !f.is_empty()).skip(1).collect();
         let (seq, payload) = match body.as_slice() {
             [seq, payload] | [_, seq, payload] => (seq, payload),
             other => {
                 let msg = format!("replay reply with {} frames", other.len());
-                return Ok(Replay { end: End::Broken(msg), ..out });
+                return Ok(ReplayBatch { end: End::Broken(msg), ..out });
             }
         };
         if seq.as_ref() == END {

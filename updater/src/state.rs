@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker as Wire};
 use tokio::sync::Notify;
 
-use crate::alignment::{AlignmentOutcome, Served, AlignmentVerdict};
+use crate::alignment::{AlignmentOutcome, AlignmentVerdict, ServedModels};
 use crate::decode::Tier;
 use crate::ingest::{DomainBase, WorkerKnowledge};
 use crate::limits::Limits;
@@ -27,7 +27,7 @@ pub fn now_ms() -> u64 {
 
 /// Per-worker entry.
 #[derive(Debug, Default)]
-pub struct Entry {
+pub struct WorkerRecord {
     pub knowledge: WorkerKnowledge,
     pub connected: bool,
     /// False when the worker's announced config does not match kvroute's.
@@ -54,7 +54,7 @@ pub struct Entry {
     pub align_now: Arc<Notify>,
 }
 
-impl Entry {
+impl WorkerRecord {
     /// Moves the worker to another cache domain: what was indexed is forgotten and rebuilt
     /// from the worker's replay buffer.
     fn set_domain(&mut self, domain: Option<DomainBase>) {
@@ -85,7 +85,7 @@ pub struct State {
 pub struct Observed<'a> {
     /// The published snapshot version.
     pub version: u64,
-    pub workers: &'a BTreeMap<String, Entry>,
+    pub workers: &'a BTreeMap<String, WorkerRecord>,
     /// Workers that joined / left the pool since the start.
     pub joined: u64,
     pub left: u64,
@@ -94,7 +94,7 @@ pub struct Observed<'a> {
 
 #[derive(Debug)]
 struct Inner {
-    workers: BTreeMap<String, Entry>,
+    workers: BTreeMap<String, WorkerRecord>,
     /// Workers changed since the last publication.
     dirty: BTreeSet<String>,
     /// Block sizes learned from workers, for models without a configured one.
@@ -137,10 +137,10 @@ impl State {
     }
 
     /// A new worker's entry: of the fixed domain, else not identified yet.
-    fn entry(fixed: Option<&DomainBase>, limits: &Limits) -> Entry {
+    fn entry(fixed: Option<&DomainBase>, limits: &Limits) -> WorkerRecord {
         let knowledge = WorkerKnowledge::with_limits(limits.blocks);
         match fixed {
-            Some(domain) => Entry {
+            Some(domain) => WorkerRecord {
                 compatible: true,
                 member: true,
                 knowledge,
@@ -148,7 +148,7 @@ impl State {
                 model: Some(domain.model.clone()),
                 ..Default::default()
             },
-            None => Entry {
+            None => WorkerRecord {
                 compatible: false,
                 alignment: Some("not checked yet".into()),
                 member: true,
@@ -164,7 +164,7 @@ impl State {
         workers: impl IntoIterator<Item = String>,
         limits: Limits,
     ) -> State {
-        let workers: BTreeMap<String, Entry> =
+        let workers: BTreeMap<String, WorkerRecord> =
             workers.into_iter().map(|w| (w, State::entry(fixed.as_ref(), &limits))).collect();
         let dirty = workers.keys().cloned().collect();
         let publisher = Publisher::new(now_ms(), RingLimits::default());
@@ -233,7 +233,7 @@ impl State {
         true
     }
 
-    /// Wakes when `worker`'s alignment should be checked now (see [`Entry::align_now`]).
+    /// Wakes when `worker`'s alignment should be checked now (see [`WorkerRecord::align_now`]).
     pub fn align_signal(&self, worker: &str) -> Option<Arc<Notify>> {
         self.lock().workers.get(worker).map(|e| Arc::clone(&e.align_now))
     }
@@ -252,7 +252,7 @@ impl State {
         self.lock().workers.get(worker).and_then(|e| e.domain.clone())
     }
 
-    /// Wakes when `worker` moved to another domain (see [`Entry::resync`]).
+    /// Wakes when `worker` moved to another domain (see [`WorkerRecord::resync`]).
     pub fn resync_signal(&self, worker: &str) -> Option<Arc<Notify>> {
         self.lock().workers.get(worker).map(|e| Arc::clone(&e.resync))
     }
@@ -270,7 +270,7 @@ impl State {
     }
 
     /// Runs `f` on `worker`'s entry and moves the version.
-    pub fn update<T>(&self, worker: &str, f: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+    pub fn update<T>(&self, worker: &str, f: impl FnOnce(&mut WorkerRecord) -> T) -> Option<T> {
         let mut inner = self.lock();
         let out = inner.workers.get_mut(worker).map(f);
         if out.is_some() {
@@ -383,7 +383,7 @@ impl State {
 
     /// Applies a scrape of `worker`'s `/v1/models`: its adapters; a base model other than the
     /// one identified makes it incompatible until the alignment check (woken now) ran again.
-    pub fn apply_served(&self, worker: &str, served: Served) {
+    pub fn apply_served(&self, worker: &str, served: ServedModels) {
         if self.fixed.is_some() {
             self.update(worker, |e| e.adapters = served.adapters);
             return;
@@ -619,7 +619,7 @@ pub fn block_size_for_pages(page: u32) -> u32 {
 }
 
 /// One worker's entry as published (hash lists sorted).
-fn wire(worker: &str, e: &Entry) -> Wire {
+fn wire(worker: &str, e: &WorkerRecord) -> Wire {
     let mut offloaded = e.knowledge.blocks(Tier::Cpu);
     offloaded.extend(e.knowledge.blocks(Tier::Storage));
     offloaded.sort_unstable();
@@ -651,19 +651,23 @@ mod tests {
         Arc::new(Models::load(&specs, &[("b".into(), 32)]).unwrap())
     }
 
-    fn served(base: &str, adapters: &[&str]) -> Served {
-        Served {
+    fn served(base: &str, adapters: &[&str]) -> ServedModels {
+        ServedModels {
             base: Some(base.into()),
             adapters: adapters.iter().map(|a| a.to_string()).collect(),
-            ..Served::default()
+            ..ServedModels::default()
         }
     }
 
     fn outcome(verdict: AlignmentVerdict, base: &str, block_size: Option<u32>) -> AlignmentOutcome {
-        AlignmentOutcome { verdict, served: Some(served(base, &["l"])), announced_block_size: block_size }
+        AlignmentOutcome {
+            verdict,
+            served: Some(served(base, &["l"])),
+            announced_block_size: block_size,
+        }
     }
 
-    fn entry<T>(s: &State, w: &str, f: impl FnOnce(&Entry) -> T) -> T {
+    fn entry<T>(s: &State, w: &str, f: impl FnOnce(&WorkerRecord) -> T) -> T {
         f(s.lock().workers.get(w).unwrap())
     }
 
@@ -695,7 +699,10 @@ mod tests {
         assert!(entry(&s, "v", |e| e.compatible));
         assert_eq!(s.domain_of("v").unwrap().block_size, 32);
         // An unconfigured model: incompatible, no domain, its name still shown.
-        s.apply_check("v", outcome(AlignmentVerdict::Incompatible("not configured".into()), "zz", None));
+        s.apply_check(
+            "v",
+            outcome(AlignmentVerdict::Incompatible("not configured".into()), "zz", None),
+        );
         assert!(s.domain_of("v").is_none());
         assert_eq!(entry(&s, "v", |e| e.model.clone()).as_deref(), Some("zz"));
         // A failed check changes nothing but the message.

@@ -66,7 +66,7 @@ fn digest(payload: &[u8]) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Via {
     Live,
-    Replay,
+    ReplayBatch,
 }
 
 /// What a catch-up from replay found.
@@ -127,8 +127,8 @@ impl Follower {
                     // A replayed batch is as recent as the engine says (never in the future).
                     let stamp = match via {
                         Via::Live => now,
-                        Via::Replay if batch.ts > 0.0 => ((batch.ts * 1000.0) as u64).min(now),
-                        Via::Replay => e.knowledge.stats.last_event_ms,
+                        Via::ReplayBatch if batch.ts > 0.0 => ((batch.ts * 1000.0) as u64).min(now),
+                        Via::ReplayBatch => e.knowledge.stats.last_event_ms,
                     };
                     e.knowledge.apply(seq, batch, domain, stamp);
                 }
@@ -239,7 +239,7 @@ impl Follower {
             if s != expected {
                 break;
             }
-            self.apply(s, &p, Via::Replay);
+            self.apply(s, &p, Via::ReplayBatch);
             expected += 1;
         }
         Caught::Upto(expected)

@@ -10,7 +10,7 @@ use common::*;
 use kvroute_core::decision::tokenize::model::{qwen3_dir, ModelBundle};
 use kvroute_core::wire::bundle::{BundleFiles, PART_BYTES};
 use kvroute_updater::limits::Limits;
-use kvroute_updater::models::{ModelSpec, Models, Source};
+use kvroute_updater::models::{ModelSource, ModelSpec, Models};
 use kvroute_updater::state::State;
 use serde_json::Value;
 
@@ -24,7 +24,7 @@ async fn get(url: &str, token: Option<&str>) -> reqwest::Response {
 
 #[tokio::test]
 async fn bundles_are_listed_and_served_in_parts_with_the_token_only() {
-    let qwen = ModelSpec { name: "Qwen/Qwen3-8B".into(), source: Source::Dir(qwen3_dir()) };
+    let qwen = ModelSpec { name: "Qwen/Qwen3-8B".into(), source: ModelSource::Dir(qwen3_dir()) };
     let models = Models::load(&[qwen, "kvroute-demo".parse().unwrap()], &[]).unwrap();
     let state = Arc::new(State::for_models(Arc::new(models), Vec::new(), Limits::default()));
     let (port, _server) = serve(Arc::clone(&state)).await;

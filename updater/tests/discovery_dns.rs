@@ -17,7 +17,7 @@ use hickory_proto::rr::rdata::{A, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
-use kvroute_sim::profile::Profile;
+use kvroute_sim::profile::HardwareProfile;
 use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
 use kvroute_updater::discovery::{self, DiscoveryConfig, Intervals};
 use kvroute_updater::limits::Limits;
@@ -108,7 +108,7 @@ async fn two_workers() -> (Vec<Arc<Worker>>, Ports) {
             reply_shape: ReplyShape::Triple,
             buffer_steps: 1000,
         };
-        let profile = Profile::load("llama3-8b-h100").unwrap();
+        let profile = HardwareProfile::load("llama3-8b-h100").unwrap();
         let spec = WorkerSpec {
             host: IpAddr::V4(Ipv4Addr::from(ip)),
             ..WorkerSpec::loopback("kvroute-demo", profile, events)

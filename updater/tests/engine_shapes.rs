@@ -14,7 +14,7 @@ use kvroute_core::decision::hash::block_hashes;
 use kvroute_core::decision::request::Prompt;
 use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::events::{EventConfig, EventEncoding, EventShape, ReplyShape};
-use kvroute_sim::profile::Profile;
+use kvroute_sim::profile::HardwareProfile;
 use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
 use kvroute_updater::ingest::DomainBase;
 use kvroute_updater::state::State;
@@ -36,7 +36,7 @@ struct Setup {
 }
 
 async fn setup(shape: &str, engine_block: usize, gpu_blocks: usize) -> Setup {
-    let mut profile = Profile::load("llama3-8b-h100").unwrap();
+    let mut profile = HardwareProfile::load("llama3-8b-h100").unwrap();
     (profile.block_size, profile.num_gpu_blocks) = (engine_block, gpu_blocks);
     let events = EventConfig {
         topic: String::new(),

@@ -15,7 +15,7 @@ use kvroute_core::wire::snapshot::ModelInfo;
 use kvroute_sim::api::Adapter;
 use kvroute_sim::worker::LoraSpec;
 use kvroute_updater::limits::Limits;
-use kvroute_updater::models::{ModelSpec, Models, Source};
+use kvroute_updater::models::{ModelSource, ModelSpec, Models};
 use kvroute_updater::state::State;
 use kvroute_updater::subscriber::follow;
 use serde_json::{json, Value};
@@ -95,7 +95,7 @@ async fn the_qwen3_canary_marks_only_the_misconfigured_worker_incompatible() {
     let other = sim_worker("other-model", ModelBundle::demo().unwrap(), 16, LoraSpec::default());
     let sims = [start_sim(&good).await, start_sim(&bad).await, start_sim(&other).await];
     let [(g, _), (b, _), (o, _)] = sims.clone();
-    let spec = ModelSpec { name: "Qwen/Qwen3-8B".into(), source: Source::Dir(qwen3_dir()) };
+    let spec = ModelSpec { name: "Qwen/Qwen3-8B".into(), source: ModelSource::Dir(qwen3_dir()) };
     let models = Models::load(&[spec], &[]).unwrap();
     let (state, _tasks) = updater(models, &sims, false);
     let all_checked = || [&g, &b, &o].iter().all(|w| checked(&state, w));

@@ -5,7 +5,9 @@
 
 use crate::decision::calib::estimator::{ModelState, WorkerDev, INITIAL_SCALE};
 use crate::decision::cost::Profile;
-use crate::shared::bundles::{parse_list, read_parts, Manifest, ManifestError, Published, Retired};
+use crate::shared::bundles::{
+    parse_list, read_parts, Manifest, ManifestError, PublishedBundle, Retired,
+};
 use crate::shared::fake::MemStore;
 use crate::shared::knowledge::{Head, RingEntry};
 use crate::wire::bundle::{BundleFiles, MAX_BUNDLE_BYTES};
@@ -27,7 +29,7 @@ pub fn bundle_files_golden() {
 pub fn manifest_sample() -> Manifest {
     Manifest {
         generation: 7,
-        models: vec![Published {
+        models: vec![PublishedBundle {
             model: "qwen3".into(),
             fingerprint: 0xabc,
             parts: 11,

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use crate::decision::cost::Profile;
 use crate::decision::load::WorkerLoad;
 
-pub use estimator::{ModelState, CalibOutcome, WorkerDev};
+pub use estimator::{CalibOutcome, ModelState, WorkerDev};
 
 /// The `calibration` section of the filter configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -60,7 +60,7 @@ pub const PARTS_HEADER: &str = "x-kvroute-bundle-parts";
 
 /// A verified bundle a model uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Published {
+pub struct PublishedBundle {
     pub model: String,
     pub fingerprint: u64,
     pub parts: u32,
@@ -82,7 +82,7 @@ pub struct Manifest {
     /// Bumped by every publication.
     pub generation: u64,
     /// One entry per model, sorted by name.
-    pub models: Vec<Published>,
+    pub models: Vec<PublishedBundle>,
     pub retired: Vec<Retired>,
 }
 
@@ -157,7 +157,7 @@ impl Manifest {
             let parts = r.u32().ok_or_else(t)?;
             let bytes = r.u64().ok_or_else(t)?;
             check_size(parts, bytes).map_err(|_| ManifestError::TooLarge(parts as usize))?;
-            models.push(Published { model, fingerprint, parts, bytes });
+            models.push(PublishedBundle { model, fingerprint, parts, bytes });
         }
         let n = r.u16().ok_or_else(t)? as usize;
         if n > MAX_MODELS {
@@ -177,7 +177,7 @@ impl Manifest {
     }
 
     /// The bundle `model` uses.
-    pub fn model(&self, model: &str) -> Option<&Published> {
+    pub fn model(&self, model: &str) -> Option<&PublishedBundle> {
         self.models.iter().find(|m| m.model == model)
     }
 
@@ -478,8 +478,12 @@ impl Fetcher {
                 continue;
             }
             if let Some(&(parts, bytes)) = stored.get(&w.fingerprint) {
-                let p =
-                    Published { model: w.model.clone(), fingerprint: w.fingerprint, parts, bytes };
+                let p = PublishedBundle {
+                    model: w.model.clone(),
+                    fingerprint: w.fingerprint,
+                    parts,
+                    bytes,
+                };
                 self.assign(p, now_ms);
                 changed = true;
             }
@@ -638,7 +642,7 @@ impl Fetcher {
             .map(|w| w.model.clone())
             .collect();
         for m in &models {
-            let p = Published { model: m.clone(), fingerprint, parts, bytes };
+            let p = PublishedBundle { model: m.clone(), fingerprint, parts, bytes };
             self.assign(p, now_ms);
         }
         if models.is_empty() {
@@ -650,7 +654,7 @@ impl Fetcher {
     }
 
     /// Makes `p` the model's bundle; the bundle it replaces is retired if no model uses it.
-    fn assign(&mut self, p: Published, now_ms: u64) {
+    fn assign(&mut self, p: PublishedBundle, now_ms: u64) {
         self.manifest.retired.retain(|r| r.fingerprint != p.fingerprint);
         let old = match self.manifest.models.iter_mut().find(|m| m.model == p.model) {
             Some(slot) => Some(std::mem::replace(slot, p)),
@@ -761,7 +765,7 @@ impl BundleFollower {
         }
         let Some(manifest) = read_manifest(store) else { return out };
         // The fingerprint each model should use now.
-        let targets: Vec<(String, Option<&Published>)> = self
+        let targets: Vec<(String, Option<&PublishedBundle>)> = self
             .models
             .iter()
             .map(|(name, r)| {

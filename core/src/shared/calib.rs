@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{update, Counter, Counters, SharedStore};
-use crate::decision::calib::{Calibrated, CalibrationConfig, ModelState, CalibOutcome, Sample};
+use crate::decision::calib::{CalibOutcome, Calibrated, CalibrationConfig, ModelState, Sample};
 use crate::decision::cost::Profile;
 
 /// The shared-data key of `model`'s state.
@@ -31,7 +31,7 @@ pub fn init<S: SharedStore + ?Sized>(store: &S, model: &str, prior: &Profile) {
 
 /// What one write did.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Published {
+pub struct CalibWrite {
     /// The state as written.
     pub state: ModelState,
     pub used: usize,
@@ -49,7 +49,7 @@ pub fn publish<S: SharedStore + ?Sized>(
     model: &str,
     prior: &Profile,
     samples: &[Sample],
-) -> Option<Published> {
+) -> Option<CalibWrite> {
     let written = update(store, &key(model), |current| {
         let (mut state, corrupt) = match current.map(ModelState::decode) {
             Some(Ok(s)) if s.matches(prior) => (s, false),
@@ -66,7 +66,7 @@ pub fn publish<S: SharedStore + ?Sized>(
                 CalibOutcome::Rejected => rejected += 1,
             }
         }
-        (state.encode(), (Published { state, used, clipped, rejected }, corrupt))
+        (state.encode(), (CalibWrite { state, used, clipped, rejected }, corrupt))
     });
     match written {
         Ok((p, corrupt)) => {

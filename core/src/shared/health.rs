@@ -30,7 +30,7 @@ pub const MAX_WORKERS: usize = 4096;
 
 /// One worker's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
+pub struct WorkerHealth {
     /// Failures in a row (each one that found it up, half-open or probing).
     pub failures: u32,
     /// When it last went down (unix ms).
@@ -43,18 +43,18 @@ pub struct Entry {
 
 /// The record as read: workers with failures, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Health {
-    entries: BTreeMap<String, Entry>,
+pub struct HealthRecord {
+    entries: BTreeMap<String, WorkerHealth>,
 }
 
-impl Health {
+impl HealthRecord {
     /// Reads the record (absent or unreadable: every worker up).
-    pub fn read<S: SharedStore + ?Sized>(store: &S) -> Health {
-        Health::decode(store.get(KEY).0.as_deref()).unwrap_or_default()
+    pub fn read<S: SharedStore + ?Sized>(store: &S) -> HealthRecord {
+        HealthRecord::decode(store.get(KEY).0.as_deref()).unwrap_or_default()
     }
 
-    pub fn decode(bytes: Option<&[u8]>) -> Option<Health> {
-        let Some(bytes) = bytes else { return Some(Health::default()) };
+    pub fn decode(bytes: Option<&[u8]>) -> Option<HealthRecord> {
+        let Some(bytes) = bytes else { return Some(HealthRecord::default()) };
         let mut r = Reader::new(bytes);
         if r.take(4)? != MAGIC {
             return None;
@@ -68,9 +68,9 @@ impl Health {
             let since_ms = r.u64()?;
             let until_ms = r.u64()?;
             let probing = r.u8()? & PROBING != 0;
-            entries.insert(name, Entry { failures, since_ms, until_ms, probing });
+            entries.insert(name, WorkerHealth { failures, since_ms, until_ms, probing });
         }
-        (r.remaining() == 0).then_some(Health { entries })
+        (r.remaining() == 0).then_some(HealthRecord { entries })
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -89,7 +89,7 @@ impl Health {
         out
     }
 
-    pub fn get(&self, worker: &str) -> Option<&Entry> {
+    pub fn get(&self, worker: &str) -> Option<&WorkerHealth> {
         self.entries.get(worker)
     }
 
@@ -141,10 +141,10 @@ pub enum Failure {
 
 fn rewrite<S: SharedStore + ?Sized, T>(
     store: &S,
-    f: impl Fn(&mut Health) -> T,
+    f: impl Fn(&mut HealthRecord) -> T,
 ) -> Result<T, StoreError> {
     update(store, KEY, |bytes| {
-        let mut h = Health::decode(bytes).unwrap_or_default();
+        let mut h = HealthRecord::decode(bytes).unwrap_or_default();
         let out = f(&mut h);
         (h.encode(), out)
     })
@@ -168,7 +168,7 @@ pub fn report_failure<S: SharedStore + ?Sized>(
         let failures = prev.map_or(0, |e| e.failures).saturating_add(1);
         let backoff_ms = cfg.backoff_ms(failures);
         let until_ms = now_ms.saturating_add(backoff_ms);
-        let e = Entry { failures, since_ms: now_ms, until_ms, probing: false };
+        let e = WorkerHealth { failures, since_ms: now_ms, until_ms, probing: false };
         h.entries.insert(worker.to_owned(), e);
         Failure::Ejected { failures, backoff_ms }
     })
@@ -182,7 +182,7 @@ pub fn report_answer<S: SharedStore + ?Sized>(
     worker: &str,
     now_ms: u64,
 ) -> Result<bool, StoreError> {
-    let known = Health::read(store);
+    let known = HealthRecord::read(store);
     match known.get(worker) {
         None => return Ok(false),
         Some(e) if now_ms < e.until_ms && !e.probing => return Ok(false),

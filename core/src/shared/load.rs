@@ -38,7 +38,7 @@ pub fn mark_key(id: u32) -> String {
 
 /// One request in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
+pub struct InflightEntry {
     pub id: u64,
     pub worker: u64,
     pub started_ms: u64,
@@ -50,7 +50,7 @@ pub struct Entry {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ShardData {
     pub heartbeat_ms: u64,
-    pub entries: Vec<Entry>,
+    pub entries: Vec<InflightEntry>,
 }
 
 impl ShardData {
@@ -81,7 +81,7 @@ impl ShardData {
         }
         let entries = (0..n)
             .map(|_| {
-                Some(Entry {
+                Some(InflightEntry {
                     id: r.u64()?,
                     worker: r.u64()?,
                     started_ms: r.u64()?,
@@ -190,7 +190,7 @@ impl Shard {
         self.id
     }
 
-    pub fn entries(&self) -> &[Entry] {
+    pub fn entries(&self) -> &[InflightEntry] {
         &self.data.entries
     }
 
@@ -232,7 +232,7 @@ impl Shard {
             self.data.entries.drain(..cut);
             counters.count(Counter::InflightCapped, cut as u64);
         }
-        self.data.entries.push(Entry {
+        self.data.entries.push(InflightEntry {
             id,
             worker: worker_key(worker),
             started_ms: now,
@@ -242,7 +242,7 @@ impl Shard {
         Ticket(id)
     }
 
-    fn entry(&mut self, t: Ticket) -> Option<&mut Entry> {
+    fn entry(&mut self, t: Ticket) -> Option<&mut InflightEntry> {
         self.data.entries.iter_mut().find(|e| e.id == t.0)
     }
 
@@ -387,7 +387,7 @@ impl LoadView {
         view
     }
 
-    fn add(&mut self, entries: &[Entry], limits: &LoadLimits, now_ms: u64) {
+    fn add(&mut self, entries: &[InflightEntry], limits: &LoadLimits, now_ms: u64) {
         for e in entries.iter().filter(|e| now_ms.saturating_sub(e.started_ms) < limits.lease_ms) {
             let (load, starts) = self.by_worker.entry(e.worker).or_default();
             load.inflight_requests = load.inflight_requests.saturating_add(1);

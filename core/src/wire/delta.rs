@@ -31,7 +31,7 @@ use thiserror::Error;
 use crate::wire::peers::PeerSection;
 use crate::wire::snapshot::{
     put_head, put_models, put_names, read_head, read_models, read_names, read_sections, ModelInfo,
-    SnapshotLoad, Snapshot, WorkerHead, SnapshotWorker, SECTION_PEERS, SECTION_POOL,
+    Snapshot, SnapshotLoad, SnapshotWorker, WorkerHead, SECTION_PEERS, SECTION_POOL,
 };
 use crate::wire::{hashes, put_hashes, put_str, read_str, DecodeLimits, SnapshotError};
 

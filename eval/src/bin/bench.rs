@@ -14,7 +14,7 @@ use anyhow::Context;
 use clap::Parser;
 use kvroute_eval::cluster::Policy;
 use kvroute_eval::model::BenchModel;
-use kvroute_eval::preset::{self, Plan};
+use kvroute_eval::preset::{self, ComparisonPlan};
 use kvroute_eval::report::{self, Report, Scope, Setup};
 use kvroute_eval::runner::{run_policy, RunOptions};
 use kvroute_eval::{reference, repeat, schedule, workloads};
@@ -100,7 +100,7 @@ fn machine() -> String {
     format!("{cores} cores, {mem}, {} {}", std::env::consts::OS, std::env::consts::ARCH)
 }
 
-fn load_plan(args: &Args) -> anyhow::Result<Plan> {
+fn load_plan(args: &Args) -> anyhow::Result<ComparisonPlan> {
     let mut plan = match &args.plan {
         Some(p) => {
             let text =

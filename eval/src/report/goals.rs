@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use super::markdown::{cell, pct, table, times};
 use super::summary::KVROUTE;
 use super::{Report, BASELINE};
-use crate::repeat::{Spread, RepeatVerdict};
+use crate::repeat::{RepeatVerdict, Spread};
 
 mod rows;
 pub use self::rows::rows;
@@ -110,9 +110,17 @@ fn floor_cell(floor: Option<f64>, baseline_runs: usize) -> String {
 }
 
 /// The outcome of a ratio `s` with verdict `v` (against `floor`) for `target`.
-pub fn judge(target: Target, s: &Spread, floor: Option<f64>, v: RepeatVerdict, runs: usize) -> GoalOutcome {
+pub fn judge(
+    target: Target,
+    s: &Spread,
+    floor: Option<f64>,
+    v: RepeatVerdict,
+    runs: usize,
+) -> GoalOutcome {
     let Some(m) = s.median else {
-        return GoalOutcome::NotMeasured("no ratio (no valid paired run, or nothing to divide)".into());
+        return GoalOutcome::NotMeasured(
+            "no ratio (no valid paired run, or nothing to divide)".into(),
+        );
     };
     // Least-request below the ladder in every repeat while the policy passed a rung: no noise
     // can turn that around, and least-request's goodput has no A/A floor to give.
@@ -131,7 +139,9 @@ pub fn judge(target: Target, s: &Spread, floor: Option<f64>, v: RepeatVerdict, r
         RepeatVerdict::Better | RepeatVerdict::Unknown => "",
     };
     match target {
-        Target::NoLoss(b) if m > b && v == RepeatVerdict::NoDifference => GoalOutcome::MetWithinNoise,
+        Target::NoLoss(b) if m > b && v == RepeatVerdict::NoDifference => {
+            GoalOutcome::MetWithinNoise
+        }
         Target::NoLoss(b) if m > b => {
             GoalOutcome::NotMet(format!("median {} > {b:.1}×{}", times(Some(m)), band))
         }

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use super::{
     plot_files, CohortStats, Metric, MetricRatio, NoiseRow, PolicyReport, Report, ALL, BASELINE,
 };
-use crate::repeat::{Spread, RepeatVerdict};
+use crate::repeat::{RepeatVerdict, Spread};
 use crate::sweep::GOODPUT_SLO_SHARE;
 
 /// Milliseconds: one decimal below 100 ms, none above.
@@ -792,7 +792,10 @@ mod tests {
             ratio_cell(&m(0.98, 0.95, 1.01, 3, RepeatVerdict::NoDifference)),
             "no difference <small>(0.98× [0.95×–1.01×])</small>"
         );
-        assert_eq!(ratio_cell(&m(0.5, 0.4, 0.6, 3, RepeatVerdict::Better)), "0.50× [0.40×–0.60×] better");
+        assert_eq!(
+            ratio_cell(&m(0.5, 0.4, 0.6, 3, RepeatVerdict::Better)),
+            "0.50× [0.40×–0.60×] better"
+        );
         assert_eq!(ratio_cell(&m(1.5, 1.5, 1.5, 1, RepeatVerdict::Worse)), "1.50× worse");
         assert_eq!(ratio_cell(&m(1.5, 1.5, 1.5, 1, RepeatVerdict::Unknown)), "n/a");
     }

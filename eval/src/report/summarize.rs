@@ -10,7 +10,7 @@ use super::types::{
 use super::{ceiling, cohorts, regret, stats, ALL, BASELINE};
 use crate::cluster::Policy;
 use crate::record::{RequestRecord, RunResult};
-use crate::repeat::{aa_ratios, noise_floor, paired, verdict, Spread, RepeatVerdict};
+use crate::repeat::{aa_ratios, noise_floor, paired, verdict, RepeatVerdict, Spread};
 use crate::sweep::{RunPoint, Sweep};
 
 /// A run's offered-load scale; a missing or meaningless one (0 from `RunResult::default()`,

@@ -9,7 +9,7 @@ use super::markdown::{
     aa_cell, cell, goodput_cell, goodput_ratio_cell, pct, ratio_cell, table, times, NOISE_FLOOR,
 };
 use super::{Metric, Report, BASELINE};
-use crate::repeat::{Spread, RepeatVerdict};
+use crate::repeat::{RepeatVerdict, Spread};
 
 /// The policy whose shortfalls the summary lists.
 pub const KVROUTE: &str = "kvroute";

@@ -9,7 +9,7 @@ use super::{stats, ALL};
 use crate::calibration::RunCalibration;
 use crate::cluster::TimedFault;
 use crate::record::{Health, Slo};
-use crate::repeat::{Spread, RepeatVerdict};
+use crate::repeat::{RepeatVerdict, Spread};
 use crate::sweep::Sweep;
 
 /// What was compared, on what: printed at the top of the report.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kvroute_stack::client::{self, Reply};
 use kvroute_stack::stack::{
-    pools_filter_config, write_config, BundleFrom, Pool, Ports, Stack, StackOptions, MODEL,
+    pools_filter_config, write_config, BundleFrom, Pool, Stack, StackOptions, StackPorts, MODEL,
     UPDATER_TOKEN,
 };
 use kvroute_stack::workload::Conversation;
@@ -182,7 +182,7 @@ async fn a_new_bundle_reaches_every_thread_without_restarting_envoy() {
 #[tokio::test]
 async fn the_plugin_config_stays_small_with_qwen3() {
     let dir = paths::scratch_dir("small-config").unwrap();
-    let ports = Ports { admin: 19911, listen: 19010, updater: 19110 };
+    let ports = StackPorts { admin: 19911, listen: 19010, updater: 19110 };
     let pools = [Pool::demo(2), Pool::qwen3(2)];
     let addrs: Vec<Vec<String>> = vec![
         vec!["127.0.0.1:18001".into(), "127.0.0.1:18002".into()],

@@ -3,10 +3,10 @@
 
 use kvroute_stack::envoy;
 use kvroute_stack::paths;
-use kvroute_stack::stack::{filter_config, write_config, Ports, StackOptions};
+use kvroute_stack::stack::{filter_config, write_config, StackOptions, StackPorts};
 use serde_json::json;
 
-const PORTS: Ports = Ports { admin: 19901, listen: 19000, updater: 19100 };
+const PORTS: StackPorts = StackPorts { admin: 19901, listen: 19000, updater: 19100 };
 
 fn workers() -> Vec<String> {
     vec!["127.0.0.1:18001".into(), "127.0.0.1:18002".into()]

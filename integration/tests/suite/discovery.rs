@@ -22,7 +22,7 @@ use kvroute_stack::client::chat;
 use kvroute_stack::envoy::Envoy;
 use kvroute_stack::paths;
 use kvroute_stack::process::Guard;
-use kvroute_stack::stack::{filter_config, write_config_text, Ports, StackOptions};
+use kvroute_stack::stack::{filter_config, write_config_text, StackOptions, StackPorts};
 use serde_json::json;
 
 const NAME: &str = "workers.kvroute.test.";
@@ -140,7 +140,7 @@ async fn dns_membership_reaches_envoy_and_the_filter() -> anyhow::Result<()> {
     let (wa, wb) = (format!("{a}:{http}"), format!("{b}:{http}"));
     let dns = Dns::start(&[a]).await?;
 
-    let p = Ports {
+    let p = StackPorts {
         admin: paths::free_port()?,
         listen: paths::free_port()?,
         updater: paths::free_port()?,

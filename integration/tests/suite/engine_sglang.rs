@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use kvroute_stack::engines::{run, EngineOutcome, Scenario};
+use kvroute_stack::engines::{run, EngineOutcome, EngineScenario};
 use kvroute_stack::sglang_face::SglangFace;
 use kvroute_stack::sim::SimWorker;
 use kvroute_stack::stack::Updater;
@@ -29,7 +29,7 @@ async fn scenario(name: &str, page: u32, explicit: bool) -> Option<EngineOutcome
     } else {
         (if BLOCK % page == 0 { BLOCK } else { page }, Vec::new())
     };
-    let s = Scenario {
+    let s = EngineScenario {
         engine: "sglang",
         driver: "sglang_driver.py",
         scenario: name,

@@ -4,10 +4,10 @@
 //! knowledge it holds per tier must be what the engine's cache holds. Skipped (with a message)
 //! when `./dev setup` has not unpacked the engine, except in CI.
 
-use kvroute_stack::engines::{run, EngineOutcome, Scenario};
+use kvroute_stack::engines::{run, EngineOutcome, EngineScenario};
 
 async fn scenario(name: &str) -> Option<EngineOutcome> {
-    let s = Scenario {
+    let s = EngineScenario {
         engine: "vllm",
         driver: "vllm_driver.py",
         scenario: name,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kvroute_stack::rawhttp::Proto;
 use kvroute_stack::siege::envoy::{
-    self as siege, IdleFlood, EnvoyOutcome, PathOutcome, TrapReport, ODD_PATHS,
+    self as siege, EnvoyOutcome, IdleFlood, PathOutcome, TrapReport, ODD_PATHS,
 };
 use kvroute_stack::stack::{Pool, Stack, StackOptions, MODEL};
 use kvroute_stack::{client, eventually};

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
-use kvroute_sim::profile::Profile;
+use kvroute_sim::profile::HardwareProfile;
 use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
 
 pub const MODEL: &str = "kvroute-demo";
@@ -17,7 +17,7 @@ pub fn demo_worker() -> Arc<Worker> {
         reply_shape: ReplyShape::Pair,
         buffer_steps: 100,
     };
-    let profile = Profile::load("llama3-8b-h100").unwrap();
+    let profile = HardwareProfile::load("llama3-8b-h100").unwrap();
     let spec = WorkerSpec { speedup: 1.0, ..WorkerSpec::loopback(MODEL, profile, events) };
     Worker::new(spec, ModelBundle::demo().unwrap(), Ports::default())
 }

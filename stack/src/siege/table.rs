@@ -374,7 +374,10 @@ mod tests {
         assert!(matches!(row(vec![], Some(After::default())).verdict(), SiegeVerdict::Fail(_)));
         assert!(matches!(row(vec![], None).verdict(), SiegeVerdict::Fail(_)));
         let missing = Row::not_measured("a", "g", "its primitive has not landed");
-        assert_eq!(missing.verdict(), SiegeVerdict::NotMeasured("its primitive has not landed".into()));
+        assert_eq!(
+            missing.verdict(),
+            SiegeVerdict::NotMeasured("its primitive has not landed".into())
+        );
         let mut broke = row(vec![Check::new("x", true)], ALL_OK);
         broke.ran = Ran::Broke("timed out after 120s".into());
         assert_eq!(broke.verdict(), SiegeVerdict::Fail(vec!["timed out after 120s".into()]));

@@ -123,7 +123,7 @@ pub async fn wait_updater_member(
 
 /// One client request as the client saw it.
 #[derive(Debug, Clone)]
-pub struct Sent {
+pub struct ClientRequest {
     /// When it was sent, from the start of the traffic.
     pub at: Duration,
     /// How long it took (to the end of its body, or to the client's deadline).
@@ -136,7 +136,7 @@ pub struct Sent {
     pub worker: Option<String>,
 }
 
-impl Sent {
+impl ClientRequest {
     pub fn ok(&self) -> bool {
         self.status == Some(200)
     }
@@ -147,7 +147,7 @@ impl Sent {
 pub struct Traffic {
     started: Instant,
     stop: Arc<std::sync::atomic::AtomicBool>,
-    sent: Arc<Mutex<Vec<Sent>>>,
+    sent: Arc<Mutex<Vec<ClientRequest>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -187,7 +187,7 @@ impl Traffic {
                             Ok(Err(_)) => (None, None, false),
                             Err(_) => (None, None, true),
                         };
-                        let s = Sent { at, took: t0.elapsed(), status, timed_out, worker };
+                        let s = ClientRequest { at, took: t0.elapsed(), status, timed_out, worker };
                         sent.lock().unwrap_or_else(|e| e.into_inner()).push(s);
                     }
                 })
@@ -196,7 +196,7 @@ impl Traffic {
         Traffic { started, stop, sent, tasks }
     }
 
-    /// Time since the traffic started (the clock of [`Sent::at`]).
+    /// Time since the traffic started (the clock of [`ClientRequest::at`]).
     pub fn now(&self) -> Duration {
         self.started.elapsed()
     }
@@ -208,7 +208,7 @@ impl Traffic {
 
     /// Stops the clients (each finishes or abandons its request within its deadline) and
     /// returns every request.
-    pub async fn stop(self) -> Vec<Sent> {
+    pub async fn stop(self) -> Vec<ClientRequest> {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         for t in self.tasks {
             let _ = t.await;
@@ -261,7 +261,7 @@ pub async fn kill_under_load(
     let errors = |after_kill: bool| {
         sent.iter().filter(|s| (s.at >= killed_at) == after_kill && !s.ok()).count()
     };
-    let later: Vec<&Sent> = sent.iter().filter(|s| s.at >= killed_at).collect();
+    let later: Vec<&ClientRequest> = sent.iter().filter(|s| s.at >= killed_at).collect();
     anyhow::ensure!(
         later.iter().all(|s| s.worker.as_deref() != Some(addr.as_str())),
         "the killed worker served a request"
@@ -369,7 +369,7 @@ pub async fn freeze_under_load(
     .is_ok();
     let sent = traffic.stop().await;
     let end = host_counters(stack, &addr).await?;
-    let window: Vec<&Sent> =
+    let window: Vec<&ClientRequest> =
         sent.iter().filter(|s| s.at >= frozen_at && s.at < thawed_at).collect();
     Ok(FreezeReport {
         sent_after: window.len(),

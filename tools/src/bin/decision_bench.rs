@@ -24,7 +24,7 @@ use anyhow::Context;
 use clap::Parser;
 use kvroute_stack::client;
 use kvroute_stack::nearest_rank;
-use kvroute_stack::stack::{Policy, Pool, Stack, StackOptions, QWEN3_MODEL};
+use kvroute_stack::stack::{Pool, RoutePolicy, Stack, StackOptions, QWEN3_MODEL};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
@@ -145,7 +145,7 @@ async fn main() -> anyhow::Result<()> {
     // and with both models (Qwen3's bundle from the updater) built by every thread.
     let http = reqwest::Client::new();
     let bare = StackOptions {
-        policy: Policy::LeastRequest,
+        policy: RoutePolicy::LeastRequest,
         envoy_concurrency: threads,
         workers: 1,
         ..Default::default()

@@ -40,7 +40,7 @@ use kvroute_core::wire::delta::Delta;
 use kvroute_core::wire::snapshot::{Snapshot, SnapshotWorker};
 use kvroute_stack::envoy::Envoy;
 use kvroute_stack::sim::SimWorker;
-use kvroute_stack::stack::{self, Ports, StackOptions, MODEL, UPDATER_TOKEN};
+use kvroute_stack::stack::{self, StackOptions, StackPorts, MODEL, UPDATER_TOKEN};
 use kvroute_stack::{client, eventually, paths};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -295,7 +295,7 @@ async fn main() -> anyhow::Result<()> {
         held.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<Vec<u16>, _>>()?;
     drop(held);
     let mut take = || free.pop().context("out of ports");
-    let ports = Ports { admin: take()?, listen: take()?, updater: take()? };
+    let ports = StackPorts { admin: take()?, listen: take()?, updater: take()? };
     let mut addrs = vec![sim.addr.clone()];
     for _ in 1..a.workers {
         addrs.push(format!("127.0.0.1:{}", take()?));

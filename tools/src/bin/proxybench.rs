@@ -23,7 +23,7 @@ use axum::routing::{get, post};
 use clap::Parser;
 use kvroute_stack::envoy::Envoy;
 use kvroute_stack::paths;
-use kvroute_stack::stack::{write_config, BundleFrom, Pool, Ports};
+use kvroute_stack::stack::{write_config, BundleFrom, Pool, StackPorts};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
@@ -148,7 +148,7 @@ async fn measure(url: &str, model: &str, words: &str, a: &Args) -> anyhow::Resul
 
 async fn envoy(template: &str, addrs: &[String], cfg: &Value, a: &Args) -> anyhow::Result<Envoy> {
     let dir = paths::scratch_dir(&format!("proxybench-{}", template.trim_end_matches(".yaml")))?;
-    let ports = Ports {
+    let ports = StackPorts {
         admin: paths::free_port()?,
         listen: paths::free_port()?,
         updater: paths::free_port()?,

@@ -16,7 +16,7 @@ use kvroute_stack::envoy::Envoy;
 use kvroute_stack::paths;
 use kvroute_stack::process::Guard;
 use kvroute_stack::sim::SimWorker;
-use kvroute_stack::stack::{self, BundleFrom, Pool, Ports, StackOptions, Updater};
+use kvroute_stack::stack::{self, BundleFrom, Pool, StackOptions, StackPorts, Updater};
 use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(Parser, Debug)]
@@ -81,7 +81,7 @@ impl Children {
 
 /// What was started, for the banner.
 struct Up {
-    ports: Ports,
+    ports: StackPorts,
     model: String,
     dir: std::path::PathBuf,
 }
@@ -105,7 +105,7 @@ fn port(p: u16) -> anyhow::Result<u16> {
 async fn start(args: &Args, c: &mut Children) -> anyhow::Result<Up> {
     let dir = paths::scratch_dir("up")?;
     let dir = dir.canonicalize().unwrap_or(dir);
-    let ports = Ports {
+    let ports = StackPorts {
         admin: port(args.admin_port)?,
         listen: port(args.listen_port)?,
         updater: port(args.updater_port)?,
@@ -164,7 +164,7 @@ async fn start(args: &Args, c: &mut Children) -> anyhow::Result<Up> {
 }
 
 fn banner(up: &Up) {
-    let Ports { admin, listen, updater } = up.ports;
+    let StackPorts { admin, listen, updater } = up.ports;
     println!("listener  http://127.0.0.1:{listen}");
     println!("admin     http://127.0.0.1:{admin}   (/stats/prometheus, /clusters)");
     println!("updater   http://127.0.0.1:{updater}   (/status, /metrics)");

@@ -41,7 +41,7 @@ fn run(args: &[&str]) -> Result<crate::cli::Resolved, CliError> {
     resolve_from(std::iter::once("kvroute-updater").chain(args.iter().copied()))
 }
 
-fn config_err(r: Result<crate::cli::Resolved, CliError>) -> ConfigError {
+fn config_err(r: Result<crate::cli::Resolved, CliError>) -> UpdaterConfigError {
     match r {
         Err(CliError::Config(e)) => e,
         other => panic!("expected a config error, got {other:?}"),
@@ -179,7 +179,7 @@ replay = "tcp://127.0.0.1:5558"
     assert_eq!(r.config.block_sizes()[0], ("qwen3".into(), 8));
     assert!(matches!(
         config_err(run(&["--config", path, "--model-block-size", "nope=8"])),
-        ConfigError::UnknownModel(_)
+        UpdaterConfigError::UnknownModel(_)
     ));
 }
 
@@ -197,14 +197,14 @@ fn unknown_keys_are_refused() {
     let dir = TempDir::new();
     let file = dir.write("u.toml", "scrape_intervall_ms = 5\n");
     let err = config_err(run(&["--config", file.to_str().unwrap(), "--token", TOKEN]));
-    assert!(matches!(err, ConfigError::Toml { .. }));
+    assert!(matches!(err, UpdaterConfigError::Toml { .. }));
     assert!(err.to_string().contains("scrape_intervall_ms"), "{err}");
 }
 
 #[test]
 fn the_token_comes_from_exactly_one_source() {
     let w = ["--worker", "127.0.0.1:8000"];
-    assert!(matches!(config_err(run(&w)), ConfigError::NoToken));
+    assert!(matches!(config_err(run(&w)), UpdaterConfigError::NoToken));
     let dir = TempDir::new();
     let tf = dir.write("token", &format!("{TOKEN}\r\n"));
     let tf = tf.to_str().unwrap();
@@ -212,24 +212,24 @@ fn the_token_comes_from_exactly_one_source() {
     assert_eq!(r.token.expose(), TOKEN);
     assert!(matches!(
         config_err(run(&[w[0], w[1], "--token-file", tf, "--token", TOKEN])),
-        ConfigError::TokenTwice(_)
+        UpdaterConfigError::TokenTwice(_)
     ));
     let file = dir.write("u.toml", &format!("token_file = {tf:?}\n"));
     let file = file.to_str().unwrap();
     assert_eq!(run(&[w[0], w[1], "--config", file]).unwrap().token.expose(), TOKEN);
     assert!(matches!(
         config_err(run(&[w[0], w[1], "--config", file, "--token", TOKEN])),
-        ConfigError::TokenTwice(_)
+        UpdaterConfigError::TokenTwice(_)
     ));
     let short = dir.write("short", "short\n");
     assert!(matches!(
         config_err(run(&[w[0], w[1], "--token-file", short.to_str().unwrap()])),
-        ConfigError::ShortToken(_)
+        UpdaterConfigError::ShortToken(_)
     ));
     let missing = dir.0.join("missing");
     assert!(matches!(
         config_err(run(&[w[0], w[1], "--token-file", missing.to_str().unwrap()])),
-        ConfigError::Read { .. }
+        UpdaterConfigError::Read { .. }
     ));
 }
 

@@ -11,7 +11,7 @@
 //! - it holds more elements, in all, than the cap;
 //! - containers nest deeper than the cap.
 //!
-//! What passes bounds the decoder's allocation ([`Shape::decoded_bytes_bound`]): at most
+//! What passes bounds the decoder's allocation ([`PayloadShape::decoded_bytes_bound`]): at most
 //! `elements` values of `size_of::<rmpv::Value>()` bytes and as many events, plus `data_bytes`
 //! of strings and binaries, and `elements <= payload.len()` always. Measured, the worst input
 //! (a batch of nils) costs under 128 bytes per input byte (`fuzz/tests/amplification.rs`).
@@ -43,7 +43,7 @@ pub const DEFAULT_MAX_DEPTH: usize = 24;
 
 /// What a payload that passed holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Shape {
+pub struct PayloadShape {
     /// Msgpack elements, all levels together.
     pub elements: usize,
     /// Bytes of strings, binaries and extensions.
@@ -52,7 +52,7 @@ pub struct Shape {
     pub depth: usize,
 }
 
-impl Shape {
+impl PayloadShape {
     /// What decoding this payload may allocate, in bytes: a value and an event per element
     /// (an upper bound: most elements are not events), and the strings and binaries.
     pub fn decoded_bytes_bound(&self) -> usize {
@@ -140,10 +140,10 @@ fn carries_data(m: Marker) -> bool {
 
 /// Walks the first msgpack value of `buf` without materialising it; refuses it when its
 /// declared sizes exceed what its bytes can hold or `bounds`.
-pub fn check(buf: &[u8], bounds: &Bounds) -> Result<Shape, BoundError> {
+pub fn check(buf: &[u8], bounds: &Bounds) -> Result<PayloadShape, BoundError> {
     // Elements still to read in each open container, innermost last (at most max_depth).
     let mut open: Vec<u64> = Vec::new();
-    let mut shape = Shape::default();
+    let mut shape = PayloadShape::default();
     let mut pos = 0usize;
     loop {
         let at = pos;

@@ -105,7 +105,7 @@ fn an_adapters_extra_keys_are_not_a_salt() {
 #[test]
 fn bad_payloads_are_errors() {
     assert!(decode_batch(&[0xc1]).is_err());
-    assert_eq!(decode_batch(&enc(Value::from(3))), Err(DecodeError::Shape));
+    assert_eq!(decode_batch(&enc(Value::from(3))), Err(DecodeError::PayloadShape));
     let no_tokens = Value::Array(vec![
         Value::F64(0.0),
         Value::Array(vec![Value::Array(vec!["BlockStored".into(), Value::Array(vec![1.into()])])]),

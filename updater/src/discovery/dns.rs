@@ -20,7 +20,7 @@ use hickory_resolver::TokioResolver;
 use thiserror::Error;
 use tokio::sync::watch;
 
-use super::{log_line, DiscoveryConfig, Source};
+use super::{log_line, DiscoveryConfig, DiscoverySource};
 use crate::config::WorkerEntry;
 
 /// Why DNS discovery could not start.
@@ -111,8 +111,8 @@ pub async fn resolve(
     cfg: &DiscoveryConfig,
 ) -> Result<Result<Found, NetError>, DnsError> {
     Ok(match &cfg.source {
-        Source::Dns(name) => resolve_ip(r, name, cfg.http_port.unwrap_or(80)).await,
-        Source::DnsSrv(name) => resolve_srv(r, name).await,
+        DiscoverySource::Dns(name) => resolve_ip(r, name, cfg.http_port.unwrap_or(80)).await,
+        DiscoverySource::DnsSrv(name) => resolve_srv(r, name).await,
         _ => return Err(DnsError::NotDns),
     })
 }

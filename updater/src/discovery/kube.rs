@@ -24,7 +24,7 @@ use serde::Deserialize;
 use thiserror::Error;
 use tokio::sync::watch;
 
-use super::{defaults, log_line, DiscoveryConfig, Source};
+use super::{defaults, log_line, DiscoveryConfig, DiscoverySource};
 use crate::config::WorkerEntry;
 
 /// `metav1.ObjectMeta` / `metav1.ListMeta`: the fields used.
@@ -47,7 +47,7 @@ pub struct EndpointConditions {
 
 /// `discoveryv1.Endpoint`: the fields used.
 #[derive(Debug, Clone, Default, Deserialize)]
-pub struct Endpoint {
+pub struct KubeEndpoint {
     #[serde(default)]
     pub addresses: Vec<String>,
     #[serde(default)]
@@ -72,7 +72,7 @@ pub struct EndpointSlice {
     #[serde(default)]
     pub address_type: String,
     #[serde(default)]
-    pub endpoints: Option<Vec<Endpoint>>,
+    pub endpoints: Option<Vec<KubeEndpoint>>,
     #[serde(default)]
     pub ports: Option<Vec<EndpointPort>>,
 }
@@ -128,8 +128,8 @@ impl Api {
     /// From the configuration, else the in-cluster defaults.
     pub fn from_config(cfg: &DiscoveryConfig) -> Result<Api, KubeError> {
         let (namespace, service) = match &cfg.source {
-            Source::Kube { namespace, service } => (namespace, service),
-            Source::KubePool { namespace, pool } => (namespace, pool),
+            DiscoverySource::Kube { namespace, service } => (namespace, service),
+            DiscoverySource::KubePool { namespace, pool } => (namespace, pool),
             _ => return Err(KubeError::NotKube),
         };
         let base = match &cfg.kube_api {
@@ -404,7 +404,7 @@ impl Objects {
 
 /// What a watch event asks for.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Step {
+pub enum WatchStep {
     /// The objects changed (or only the version moved).
     Continue,
     /// 410 Gone (or another error): list again.
@@ -417,7 +417,7 @@ pub fn apply_event(
     objects: &mut Objects,
     version: &mut Option<String>,
     ev: WatchEvent,
-) -> Step {
+) -> WatchStep {
     if ev.kind == "ERROR" {
         // A metav1.Status: 410 (Expired / Gone) means the version is too old; any other
         // error ends the watch too, and the list starts over.
@@ -425,7 +425,7 @@ pub fn apply_event(
         if code != Some(410) {
             log_line(&format!("watch error: {}", ev.object));
         }
-        return Step::Relist;
+        return WatchStep::Relist;
     }
     if let Some(rv) = ev.object["metadata"]["resourceVersion"].as_str() {
         *version = Some(rv.to_owned());
@@ -436,7 +436,7 @@ pub fn apply_event(
         // BOOKMARK: only the version.
         _ => {}
     }
-    Step::Continue
+    WatchStep::Continue
 }
 
 /// A list's items and version.
@@ -534,7 +534,7 @@ pub fn take_events(
             log_line("watch: an event that is not JSON; listing again");
             return Err(KubeError::Gone);
         };
-        if apply_event(c, objects, version, ev) == Step::Relist {
+        if apply_event(c, objects, version, ev) == WatchStep::Relist {
             return Err(KubeError::Gone);
         }
         applied(objects);
@@ -620,7 +620,7 @@ pub async fn run(
 ) -> Result<(), KubeError> {
     let api = Api::from_config(cfg)?;
     let http = client(cfg)?;
-    if !matches!(cfg.source, Source::KubePool { .. }) {
+    if !matches!(cfg.source, DiscoverySource::KubePool { .. }) {
         let c = Collection::endpoint_slices(&api, cfg);
         follow(&api, &http, cfg, &c, &tx).await;
         return Ok(());

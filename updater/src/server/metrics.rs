@@ -1,11 +1,11 @@
 //! `/metrics`: the updater's counters and gauges in the Prometheus text format (0.0.4),
 //! encoded by `prometheus-client` (HELP and TYPE lines, label values escaped). At each scrape
 //! a registry is filled from the typed state ([`State::observe`]: every worker's
-//! [`WorkerStats`], block counts and reported load; the pool and peer counters) and from the
+//! [`IngestStats`], block counts and reported load; the pool and peer counters) and from the
 //! connection counters ([`ConnStats::register`]).
 //!
 //! Every name starts with `kvroute_updater_`; counters end in `_total`. Per worker (label
-//! `worker`): one counter per [`WorkerStats`] field (`kvroute_updater_batches_total`, ...),
+//! `worker`): one counter per [`IngestStats`] field (`kvroute_updater_batches_total`, ...),
 //! `caps_hit_total` (with `cap`), gauges `engine_keys`, `blocks` (with `tier`), `connected`,
 //! `last_event_age_seconds`, `reported_running`, `reported_waiting`, `reported_kv_usage`,
 //! `reported_load_age_seconds` (the last five only where known).
@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
 use crate::conns::ConnStats;
-use crate::ingest::WorkerStats;
+use crate::ingest::IngestStats;
 use crate::limits::Cap;
 use crate::state::{now_ms, Observed, State};
 
@@ -48,10 +48,10 @@ pub struct TierLabels {
     pub tier: &'static str,
 }
 
-/// A [`WorkerStats`] counter: its name (without prefix and `_total`), help, and field.
-type StatCounter = (&'static str, &'static str, fn(&WorkerStats) -> u64);
+/// A [`IngestStats`] counter: its name (without prefix and `_total`), help, and field.
+type StatCounter = (&'static str, &'static str, fn(&IngestStats) -> u64);
 
-/// The per-worker counters of [`WorkerStats`].
+/// The per-worker counters of [`IngestStats`].
 const WORKER_COUNTERS: [StatCounter; 22] = [
     ("batches", "KV-event batches received", |s| s.batches),
     ("events", "KV events received", |s| s.events),

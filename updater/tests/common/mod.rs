@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::events::{encode_batch, EventConfig, EventEncoding, KvEvent, ReplyShape};
-use kvroute_sim::profile::Profile;
+use kvroute_sim::profile::HardwareProfile;
 use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};
 use kvroute_updater::ingest::DomainBase;
 use kvroute_updater::limits::Limits;
@@ -191,7 +191,7 @@ pub async fn sim_setup(
     buffer_steps: usize,
 ) -> SimSetup {
     let events = EventConfig { topic: String::new(), encoding, reply_shape, buffer_steps };
-    let profile = Profile::load("llama3-8b-h100").unwrap();
+    let profile = HardwareProfile::load("llama3-8b-h100").unwrap();
     let spec = WorkerSpec::loopback("kvroute-demo", profile, events);
     let bundle = ModelBundle::demo().unwrap();
     let worker = Worker::new(spec, bundle.clone(), Ports::default());
@@ -224,7 +224,7 @@ pub fn sim_worker(
     block_size: usize,
     lora: LoraSpec,
 ) -> Arc<Worker> {
-    let mut profile = Profile::load("llama3-8b-h100").unwrap();
+    let mut profile = HardwareProfile::load("llama3-8b-h100").unwrap();
     profile.block_size = block_size;
     let events = EventConfig {
         topic: String::new(),

@@ -12,7 +12,7 @@ use crate::decision::peers::PeerView;
 use crate::wire::delta::Delta;
 use crate::wire::journal::{JournalEntry, Source};
 use crate::wire::peers::PeerSection;
-use crate::wire::snapshot::{ModelInfo, SnapshotLoad, Snapshot};
+use crate::wire::snapshot::{ModelInfo, Snapshot, SnapshotLoad};
 
 /// What a worker serves, as it reported (through the updater).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

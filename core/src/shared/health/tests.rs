@@ -17,10 +17,10 @@ fn cfg() -> HealthConfig {
 fn a_failure_ejects_for_a_backoff_that_doubles_up_to_the_cap() {
     let s = MemStore::new();
     let c = cfg();
-    assert!(!Health::read(&s).is_down(W, 0), "no record: up");
+    assert!(!HealthRecord::read(&s).is_down(W, 0), "no record: up");
     let f = report_failure(&s, &c, W, 1_000).unwrap();
     assert_eq!(f, Failure::Ejected { failures: 1, backoff_ms: 100 });
-    let h = Health::read(&s);
+    let h = HealthRecord::read(&s);
     assert!(h.is_down(W, 1_099) && !h.is_down(W, 1_100), "down for exactly the backoff");
     assert_eq!(h.down(1_050).collect::<Vec<_>>(), vec![W]);
     // Other requests in flight to it fail too: no escalation while down.
@@ -34,7 +34,7 @@ fn a_failure_ejects_for_a_backoff_that_doubles_up_to_the_cap() {
         }
         now += want;
     }
-    assert_eq!(Health::read(&s).get(W).unwrap().failures, 4);
+    assert_eq!(HealthRecord::read(&s).get(W).unwrap().failures, 4);
 }
 
 #[test]
@@ -44,12 +44,12 @@ fn one_probe_is_claimed_after_the_backoff_and_an_answer_clears_the_record() {
     report_failure(&s, &c, W, 0).unwrap();
     assert!(!claim_probe(&s, &c, W, 50).unwrap(), "still down: no probe");
     assert!(claim_probe(&s, &c, W, 100).unwrap(), "half-open: this request probes");
-    assert!(Health::read(&s).is_down(W, 120), "held out of other decisions while probing");
+    assert!(HealthRecord::read(&s).is_down(W, 120), "held out of other decisions while probing");
     assert!(!claim_probe(&s, &c, W, 120).unwrap(), "one probe at a time");
     // An answer from a request sent before the failure does not bring it back while down;
     // the probe's answer does.
     assert!(report_answer(&s, W, 120).unwrap());
-    assert!(Health::read(&s).get(W).is_none() && !Health::read(&s).is_down(W, 120));
+    assert!(HealthRecord::read(&s).get(W).is_none() && !HealthRecord::read(&s).is_down(W, 120));
     assert!(!report_answer(&s, W, 130).unwrap(), "nothing to clear");
 }
 
@@ -59,18 +59,18 @@ fn a_failed_probe_sends_it_down_for_longer_and_an_answer_while_down_changes_noth
     let c = cfg();
     report_failure(&s, &c, W, 0).unwrap();
     assert!(!report_answer(&s, W, 10).unwrap(), "down: an old request's answer is ignored");
-    assert!(Health::read(&s).is_down(W, 10));
+    assert!(HealthRecord::read(&s).is_down(W, 10));
     claim_probe(&s, &c, W, 100).unwrap();
     let f = report_failure(&s, &c, W, 110).unwrap();
     assert_eq!(f, Failure::Ejected { failures: 2, backoff_ms: 200 }, "a failed probe escalates");
-    assert!(Health::read(&s).is_down(W, 309) && !Health::read(&s).is_down(W, 310));
+    assert!(HealthRecord::read(&s).is_down(W, 309) && !HealthRecord::read(&s).is_down(W, 310));
 }
 
 #[test]
 fn past_the_backoff_a_worker_stays_out_until_it_shows_a_sign_of_life() {
     let s = MemStore::new();
     report_failure(&s, &cfg(), W, 1_000).unwrap();
-    let h = Health::read(&s);
+    let h = HealthRecord::read(&s);
     assert_eq!(h.get(W).unwrap().since_ms, 1_000);
     let silent = |_: &str, _: u64| false;
     let heard = |_: &str, since: u64| since < 1_500;
@@ -84,12 +84,12 @@ fn past_the_backoff_a_worker_stays_out_until_it_shows_a_sign_of_life() {
 fn unreadable_values_read_as_all_up_and_are_replaced() {
     let s = MemStore::new();
     s.poke(KEY, b"garbage");
-    assert_eq!(Health::read(&s), Health::default());
+    assert_eq!(HealthRecord::read(&s), HealthRecord::default());
     report_failure(&s, &cfg(), W, 0).unwrap();
-    assert!(Health::read(&s).is_down(W, 1));
-    for cut in 0..Health::read(&s).encode().len() {
-        let bytes = Health::read(&s).encode();
-        let _ = Health::decode(Some(&bytes[..cut]));
+    assert!(HealthRecord::read(&s).is_down(W, 1));
+    for cut in 0..HealthRecord::read(&s).encode().len() {
+        let bytes = HealthRecord::read(&s).encode();
+        let _ = HealthRecord::decode(Some(&bytes[..cut]));
     }
 }
 

@@ -190,7 +190,7 @@ proptest! {
         junk in proptest::collection::vec(any::<u8>(), 0..200),
     ) {
         let entries = raw.into_iter().map(|(id, worker, started_ms, prefill_tokens, prefilling)| {
-            Entry { id, worker, started_ms, prefill_tokens, prefilling }
+            InflightEntry { id, worker, started_ms, prefill_tokens, prefilling }
         }).collect();
         let d = ShardData { heartbeat_ms: hb, entries };
         prop_assert_eq!(ShardData::decode(&d.encode()), Some(d.clone()));

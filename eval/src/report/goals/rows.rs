@@ -2,10 +2,10 @@
 //! the rules each applies).
 
 use super::{
-    floor_cell, judge, spread_cell, GoalRow, GoalOutcome, Target, ESTIMATE_ERROR_GOAL, NO_LOSS, ORACLE,
-    REUSE,
+    floor_cell, judge, spread_cell, GoalOutcome, GoalRow, Target, ESTIMATE_ERROR_GOAL, NO_LOSS,
+    ORACLE, REUSE,
 };
-use crate::repeat::{aa_ratios, noise_floor, paired, verdict, Spread, RepeatVerdict};
+use crate::repeat::{aa_ratios, noise_floor, paired, verdict, RepeatVerdict, Spread};
 use crate::report::markdown::{cell, pct};
 use crate::report::summary::KVROUTE;
 use crate::report::{cohorts, Metric, Report, ALL, BASELINE};
@@ -324,8 +324,9 @@ fn stretch(reports: &[Report], out: &mut Vec<GoalRow>) {
             target: target.label(),
             measured: format!("{} of the oracle's", spread_cell(&s)),
             floor: floor_cell(sw.goodput_floor, runs),
-            outcome: one_rung_tie(rep, &s)
-                .unwrap_or_else(|| judge(target, &s, sw.goodput_floor, RepeatVerdict::Unknown, runs)),
+            outcome: one_rung_tie(rep, &s).unwrap_or_else(|| {
+                judge(target, &s, sw.goodput_floor, RepeatVerdict::Unknown, runs)
+            }),
         });
     }
     if !any {

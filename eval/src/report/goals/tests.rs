@@ -184,8 +184,14 @@ fn judge_applies_each_kind_of_target() {
     assert_eq!(j(Target::NotWorse, &[0.5], true), GoalOutcome::Met);
     assert!(not_met(&j(Target::NotWorse, &[1.3], true), "worse beyond"));
     // Within 10 % (of the oracle): the median alone.
-    assert_eq!(judge(Target::Within(0.9), &s(&[0.92]), floor, RepeatVerdict::Unknown, 3), GoalOutcome::Met);
-    assert!(not_met(&judge(Target::Within(0.9), &s(&[0.8]), floor, RepeatVerdict::Unknown, 3), "<"));
+    assert_eq!(
+        judge(Target::Within(0.9), &s(&[0.92]), floor, RepeatVerdict::Unknown, 3),
+        GoalOutcome::Met
+    );
+    assert!(not_met(
+        &judge(Target::Within(0.9), &s(&[0.8]), floor, RepeatVerdict::Unknown, 3),
+        "<"
+    ));
     // Not measured: no ratio, or no floor (one run).
     let none = judge(Target::NoLoss(1.0), &Spread::default(), floor, RepeatVerdict::Unknown, 3);
     assert!(not_measured(&none, "no ratio"));
@@ -193,7 +199,10 @@ fn judge_applies_each_kind_of_target() {
     assert!(not_measured(&one, "too few runs (1 valid least-request run(s): no noise floor)"));
     // Least-request below the ladder in every repeat, the policy above it: met without a floor.
     let inf = s(&[f64::INFINITY, f64::INFINITY, f64::INFINITY]);
-    assert_eq!(judge(Target::AtLeast(2.0), &inf, None, RepeatVerdict::Unknown, 3), GoalOutcome::Met);
+    assert_eq!(
+        judge(Target::AtLeast(2.0), &inf, None, RepeatVerdict::Unknown, 3),
+        GoalOutcome::Met
+    );
     let once = s(&[f64::INFINITY]);
     assert!(not_measured(
         &judge(Target::AtLeast(2.0), &once, None, RepeatVerdict::Unknown, 1),
