@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::Health;
 
 /// The histogram a simulated worker exports for its step lag.
-const STEP_LAG: &str = "kvroute_sim:step_lag_seconds_bucket";
+const STEP_LAG: &str = "kvroute_sim:step_lag_seconds";
 
 /// Bounds past which a run is invalid. Lags are in engine time (wall time multiplied by the
 /// workers' speedup), so a compressed run is held to the same standard as a real-time one.
@@ -36,18 +36,7 @@ pub type Buckets = Vec<(f64, u64)>;
 
 /// The step-lag histogram buckets in a worker's `/metrics` text (summed over label sets).
 pub fn parse_step_lag(text: &str) -> Option<Buckets> {
-    let mut out: Buckets = Vec::new();
-    for line in text.lines().filter(|l| l.starts_with(STEP_LAG)) {
-        let le = line.split("le=\"").nth(1)?.split('"').next()?;
-        let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
-        let count: f64 = line.rsplit(' ').next()?.parse().ok()?;
-        match out.iter_mut().find(|(b, _)| *b == le) {
-            Some((_, c)) => *c += count as u64,
-            None => out.push((le, count as u64)),
-        }
-    }
-    out.sort_by(|a, b| a.0.total_cmp(&b.0));
-    (!out.is_empty()).then_some(out)
+    kvroute_updater::scrape::EngineMetrics::parse(text).histogram(STEP_LAG)
 }
 
 /// The upper bound (seconds) of the bucket holding quantile `q` of the steps between two

@@ -11,6 +11,24 @@ use kvroute_stack::eventually;
 use kvroute_stack::stack::{Stack, StackOptions};
 use serde_json::json;
 
+/// The values of every sample of `name` (a counter, gauge or untyped metric) in a Prometheus
+/// text exposition, read by prometheus-parse (Envoy's label-less `name{} value` included).
+fn samples(text: &str, name: &str) -> Vec<f64> {
+    let lines = text.lines().map(|l| Ok(l.replacen("{} ", " ", 1)));
+    let Ok(scrape) = prometheus_parse::Scrape::parse(lines) else { return Vec::new() };
+    scrape
+        .samples
+        .into_iter()
+        .filter(|s| s.metric == name)
+        .filter_map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => Some(v),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The calibrated model's name segment in the test stack (`kvroute-demo`).
 const CALIB_MODEL: &str = "kvroute_demo";
 
@@ -125,12 +143,10 @@ async fn every_panel_metric_exists_in_the_real_scrapes() {
         let url = updater_metrics.clone();
         async move {
             let text = reqwest::get(&url).await.ok()?.text().await.ok()?;
-            let n = |name: &str| text.lines().filter(|l| l.starts_with(name)).count();
-            let connected = text
-                .lines()
-                .filter(|l| l.starts_with("kvroute_updater_connected{") && l.ends_with(" 1"));
-            (connected.count() == workers && n("kvroute_updater_reported_running{") == workers)
-                .then_some(())
+            let connected = samples(&text, "kvroute_updater_connected");
+            let running = samples(&text, "kvroute_updater_reported_running");
+            let up = connected.iter().filter(|v| **v == 1.0).count();
+            (up == workers && running.len() == workers).then_some(())
         }
     })
     .await
@@ -146,13 +162,8 @@ async fn every_panel_metric_exists_in_the_real_scrapes() {
         async move {
             let envoy = reqwest::get(&e).await.ok()?.text().await.ok()?;
             let upd = reqwest::get(&u).await.ok()?.text().await.ok()?;
-            let audited: f64 = envoy
-                .lines()
-                .filter(|l| l.starts_with("kvroute_worker_audited_requests{"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum();
-            let aged =
-                upd.lines().any(|l| l.starts_with("kvroute_updater_last_event_age_seconds{"));
+            let audited: f64 = samples(&envoy, "kvroute_worker_audited_requests").iter().sum();
+            let aged = !samples(&upd, "kvroute_updater_last_event_age_seconds").is_empty();
             (audited >= 9.0 && aged).then_some(format!("{envoy}\n{upd}"))
         }
     })

@@ -90,18 +90,15 @@ async fn main() -> anyhow::Result<()> {
     let mut buckets: Vec<(f64, f64)> = Vec::new();
     for addr in &addrs {
         let text = http.get(format!("http://{addr}/metrics")).send().await?.text().await?;
-        // Bucket lines: name_bucket{...,le="0.001"} 12
-        let prefix = "kvroute_sim:step_lag_seconds_bucket{";
-        for (i, line) in text.lines().filter(|l| l.starts_with(prefix)).enumerate() {
-            let le = line.split("le=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("+Inf");
-            let le: f64 = if le == "+Inf" { f64::INFINITY } else { le.parse()? };
-            let count: f64 = line.rsplit(' ').next().context("bucket count")?.parse()?;
-            match buckets.get_mut(i) {
-                Some(b) => b.1 += count,
-                None => buckets.push((le, count)),
+        let metrics = kvroute_updater::scrape::EngineMetrics::parse(&text);
+        for (le, count) in metrics.histogram("kvroute_sim:step_lag_seconds").unwrap_or_default() {
+            match buckets.iter_mut().find(|b| b.0 == le) {
+                Some(b) => b.1 += count as f64,
+                None => buckets.push((le, count as f64)),
             }
         }
     }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     let steps = buckets.last().map_or(0.0, |b| b.1);
     let p99 = buckets.iter().find(|b| b.1 >= 0.99 * steps).map_or(f64::NAN, |b| b.0);
     let p50 = buckets.iter().find(|b| b.1 >= 0.5 * steps).map_or(f64::NAN, |b| b.0);
