@@ -28,7 +28,7 @@ use crate::decision::load::WorkerLoad;
 use crate::decision::lookahead::{replica, Held};
 use crate::decision::request::{LoadOnly, ParsedRequest};
 use crate::decision::tokenize::model::{ModelBundle, ModelError};
-use crate::decision::tokenize::tokcache::{TokenCache, TokenCacheLimits, TokenCacheStats};
+use crate::decision::tokenize::tokcache::{TokenCache, TokenCacheLimits};
 use crate::wire::journal::Source;
 use crate::wire::snapshot::{ModelInfo, SnapshotLoad};
 
@@ -97,7 +97,8 @@ impl Router {
 
     /// Replaces the plan whole (knowledge stays); returns the previous one. Decisions already
     /// made keep their model's entry of the plan they were made with.
-    pub fn swap_plan(&mut self, plan: Arc<Plan>) -> Arc<Plan> {
+    #[cfg(test)]
+    pub(crate) fn swap_plan(&mut self, plan: Arc<Plan>) -> Arc<Plan> {
         std::mem::replace(&mut self.plan, plan)
     }
 
@@ -116,14 +117,9 @@ impl Router {
     }
 
     /// The token cache's counters (hits, misses, tokens saved, ...).
-    pub fn token_cache_stats(&self) -> TokenCacheStats {
+    #[cfg(test)]
+    pub(crate) fn token_cache_stats(&self) -> crate::decision::tokenize::tokcache::TokenCacheStats {
         self.tokens.try_borrow().map(|c| c.stats()).unwrap_or_default()
-    }
-
-    pub fn set_token_cache_limits(&self, limits: TokenCacheLimits) {
-        if let Ok(mut c) = self.tokens.try_borrow_mut() {
-            c.set_limits(limits);
-        }
     }
 
     /// The configured workers of base model `model`.

@@ -70,12 +70,6 @@ impl ChatPrompt {
             media: None,
         }
     }
-
-    /// OpenAI-style messages normalized as vLLM does, with default options.
-    pub fn from_openai(messages: &[Value]) -> Result<ChatPrompt, RequestError> {
-        let (messages, media) = conversation(messages)?;
-        Ok(ChatPrompt { media, ..ChatPrompt::new(messages) })
-    }
 }
 
 /// Template variables that are parameters of `apply_chat_template` itself, never taken from

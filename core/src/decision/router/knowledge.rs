@@ -101,7 +101,8 @@ impl Knowledge {
     }
 
     /// Whether the updater's snapshots list the whole pool.
-    pub fn has_pool(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_pool(&self) -> bool {
         self.pool.is_some()
     }
 

@@ -122,7 +122,8 @@ impl TokenCache {
     }
 
     /// Changes the bound, evicting what no longer fits.
-    pub fn set_limits(&mut self, limits: TokenCacheLimits) {
+    #[cfg(test)]
+    pub(crate) fn set_limits(&mut self, limits: TokenCacheLimits) {
         self.limits = limits;
         self.shrink();
     }
