@@ -44,11 +44,7 @@ async fn metric(http: u16, name: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(f64::NAN)
+    kvroute_updater::engine_metrics::EngineMetrics::parse(&text).sum(name).unwrap_or(f64::NAN)
 }
 
 #[tokio::test]
