@@ -36,7 +36,7 @@ pub type Buckets = Vec<(f64, u64)>;
 
 /// The step-lag histogram buckets in a worker's `/metrics` text (summed over label sets).
 pub fn parse_step_lag(text: &str) -> Option<Buckets> {
-    kvroute_updater::scrape::EngineMetrics::parse(text).histogram(STEP_LAG)
+    kvroute_updater::engine_metrics::EngineMetrics::parse(text).histogram(STEP_LAG)
 }
 
 /// The upper bound (seconds) of the bucket holding quantile `q` of the steps between two

@@ -271,7 +271,7 @@ pub async fn scrape_queue(http: &reqwest::Client, worker: &str) -> Option<(u32, 
 
 /// The same reading the updater makes of a worker's load.
 pub fn parse_queue(text: &str) -> Option<(u32, u32)> {
-    let load = kvroute_updater::scrape::parse_load(text, 0);
+    let load = kvroute_updater::engine_metrics::parse_load(text, 0);
     Some((load.running?.max(0.0) as u32, load.waiting.unwrap_or(0.0).max(0.0) as u32))
 }
 

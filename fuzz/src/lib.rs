@@ -393,7 +393,7 @@ pub struct WatchRun {
     /// The last `resourceVersion` seen.
     pub version: Option<String>,
     /// The workers after each event applied, in order.
-    pub after_each: Vec<Vec<kvroute_updater::config::WorkerEntry>>,
+    pub after_each: Vec<Vec<kvroute_updater::discovery::WorkerEntry>>,
 }
 
 /// Reads the watch stream `data` as the updater's watch loop does
@@ -433,7 +433,7 @@ pub fn watch_stream(
 /// order without duplicates, its KV-event and replay endpoints on the configured ports of the
 /// same address (replay only with events).
 pub fn check_workers(
-    workers: &[kvroute_updater::config::WorkerEntry],
+    workers: &[kvroute_updater::discovery::WorkerEntry],
     cfg: &kvroute_updater::discovery::DiscoveryConfig,
     port: Option<u16>,
 ) {

@@ -9,7 +9,8 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use thiserror::Error;
 
-use crate::config::{defaults, ModelEntry, Token, UpdaterConfig, UpdaterConfigError, WorkerEntry};
+use crate::config::{defaults, ModelEntry, Token, UpdaterConfig, UpdaterConfigError};
+use crate::discovery::WorkerEntry;
 use crate::models::{parse_block_size, ModelSpec};
 
 /// Follows workers' KV events and serves canonical knowledge snapshots to kvroute.
@@ -107,15 +108,15 @@ pub struct Args {
     pub max_http_body_bytes: usize,
     /// Most open connections to the HTTP surface; lowered to fit the open-files limit. Past
     /// it, the oldest idle connection that never sent the token is closed first.
-    #[arg(long, default_value_t = defaults::MAX_CONNECTIONS)]
+    #[arg(long, default_value_t = crate::conns::MAX_CONNECTIONS)]
     pub max_connections: usize,
     /// A connection must complete a request's head this long after it opened or after the
     /// first byte of a request (ms).
-    #[arg(long, default_value_t = defaults::HEADER_READ_TIMEOUT_MS)]
+    #[arg(long, default_value_t = crate::conns::HEADER_READ_TIMEOUT_MS)]
     pub header_read_timeout_ms: u64,
     /// A kept-alive connection with no request in flight is closed after this long (ms); a
     /// long poll is a request in flight.
-    #[arg(long, default_value_t = defaults::IDLE_TIMEOUT_MS)]
+    #[arg(long, default_value_t = crate::conns::IDLE_TIMEOUT_MS)]
     pub idle_timeout_ms: u64,
     /// How long another Envoy replica's routing credit is kept and published (ms).
     #[arg(long, default_value_t = defaults::PEER_TTL_MS)]

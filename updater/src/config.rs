@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::discovery::{DiscoveryConfig, DiscoveryConfigError};
+use crate::discovery::{DiscoveryConfig, DiscoveryConfigError, WorkerEntry};
 use crate::limits::{AdapterLimits, BlockLimits, Limits, ReplayLimits, WireLimits};
 use crate::models::{ModelSource, ModelSpec};
 use crate::peers::PeerLimits;
@@ -47,12 +47,6 @@ pub mod defaults {
     /// One message's frames together: one maximal frame, never sixteen.
     pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
     pub const MAX_BATCH_ELEMENTS: usize = crate::decode::DEFAULT_MAX_ELEMENTS;
-    /// Open HTTP connections (lowered to what the open-files limit leaves, see
-    /// [`crate::conns::ConnLimits::clamped`]).
-    pub const MAX_CONNECTIONS: usize = 4096;
-    pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
-    /// Longer than a long poll's longest wait: a connection in a long poll is never idle.
-    pub const IDLE_TIMEOUT_MS: u64 = 60_000;
     pub const MAX_HTTP_BODY_BYTES: usize = 4 << 20;
     pub const PEER_TTL_MS: u64 = 10_000;
     pub const PEER_LOAD_TTL_MS: u64 = 3_000;
@@ -134,20 +128,6 @@ impl From<ModelSpec> for ModelEntry {
         };
         ModelEntry { name: s.name, dir, block_size: None }
     }
-}
-
-/// One worker: `[[workers]]` in the file, `--worker HTTP[,EVENTS[,REPLAY]]` on the command line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkerEntry {
-    /// The worker's HTTP `ip:port` (OpenAI API, `/metrics`, `/tokenize`).
-    pub http: String,
-    /// Its KV-event PUB endpoint (`tcp://ip:port`); absent: followed for load only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub events: Option<String>,
-    /// Its replay ROUTER endpoint; needs `events`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay: Option<String>,
 }
 
 impl std::str::FromStr for WorkerEntry {
@@ -232,9 +212,9 @@ impl Default for UpdaterConfig {
             max_message_bytes: d::MAX_MESSAGE_BYTES,
             max_batch_elements: d::MAX_BATCH_ELEMENTS,
             max_http_body_bytes: d::MAX_HTTP_BODY_BYTES,
-            max_connections: d::MAX_CONNECTIONS,
-            header_read_timeout_ms: d::HEADER_READ_TIMEOUT_MS,
-            idle_timeout_ms: d::IDLE_TIMEOUT_MS,
+            max_connections: crate::conns::MAX_CONNECTIONS,
+            header_read_timeout_ms: crate::conns::HEADER_READ_TIMEOUT_MS,
+            idle_timeout_ms: crate::conns::IDLE_TIMEOUT_MS,
             peer_ttl_ms: d::PEER_TTL_MS,
             peer_load_ttl_ms: d::PEER_LOAD_TTL_MS,
             max_peer_replicas: d::MAX_PEER_REPLICAS,

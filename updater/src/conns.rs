@@ -31,6 +31,23 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+/// Header carrying the shared token.
+/// Default of open HTTP connections (lowered to what the open-files limit leaves, see
+/// [`ConnLimits::clamped`]).
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Default of the wait for a request's headers (ms).
+pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default idle timeout (ms): longer than a long poll's longest wait, so a connection in a long
+/// poll is never idle.
+pub const IDLE_TIMEOUT_MS: u64 = 60_000;
+
+pub const TOKEN_HEADER: &str = "x-kvroute-token";
+
+/// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Bounds on the HTTP server's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnLimits {
@@ -41,11 +58,10 @@ pub struct ConnLimits {
 
 impl Default for ConnLimits {
     fn default() -> Self {
-        use crate::config::defaults as d;
         ConnLimits {
-            max_connections: d::MAX_CONNECTIONS,
-            header_read_timeout: Duration::from_millis(d::HEADER_READ_TIMEOUT_MS),
-            idle_timeout: Duration::from_millis(d::IDLE_TIMEOUT_MS),
+            max_connections: MAX_CONNECTIONS,
+            header_read_timeout: Duration::from_millis(HEADER_READ_TIMEOUT_MS),
+            idle_timeout: Duration::from_millis(IDLE_TIMEOUT_MS),
         }
     }
 }
@@ -127,7 +143,7 @@ impl ConnStats {
     }
 
     /// The connection gauges and counters, on `/metrics` (`kvroute_updater_http_*`).
-    pub fn register(&self, f: &mut crate::server::metrics::Families<'_>) {
+    pub fn register(&self, f: &mut crate::families::Families<'_>) {
         f.level("http_connections", "HTTP connections open", self.open());
         f.level("http_max_connections", "Cap on HTTP connections", self.cap.load(Relaxed));
         f.count("http_accepted", "HTTP connections accepted", self.accepted.load(Relaxed));
@@ -398,9 +414,8 @@ async fn serve_one(
     let svc = {
         let (slot, conns) = (Arc::clone(&slot), Arc::clone(&conns));
         hyper::service::service_fn(move |req: Request<Incoming>| {
-            let given = req.headers().get(crate::server::TOKEN_HEADER);
-            let authed =
-                given.is_some_and(|v| crate::server::same(v.as_bytes(), conns.token.as_bytes()));
+            let given = req.headers().get(TOKEN_HEADER);
+            let authed = given.is_some_and(|v| same(v.as_bytes(), conns.token.as_bytes()));
             let busy = Busy::begin(&slot, &conns, authed);
             let fut = hyper::service::Service::call(&app, req);
             async move {

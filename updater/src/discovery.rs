@@ -27,9 +27,22 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::WorkerEntry;
 use crate::state::State;
 use crate::subscriber::Endpoints;
+
+/// One worker: `[[workers]]` in the file, `--worker HTTP[,EVENTS[,REPLAY]]` on the command line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerEntry {
+    /// The worker's HTTP `ip:port` (OpenAI API, `/metrics`, `/tokenize`).
+    pub http: String,
+    /// Its KV-event PUB endpoint (`tcp://ip:port`); absent: followed for load only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<String>,
+    /// Its replay ROUTER endpoint; needs `events`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<String>,
+}
 
 /// Defaults of the discovery settings.
 pub mod defaults {

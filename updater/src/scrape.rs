@@ -1,12 +1,10 @@
-//! Worker-reported load from `/metrics` (vLLM and SGLang names, read by [`engine_metrics`]),
+//! Worker-reported load from `/metrics` (vLLM and SGLang names, read by [`crate::engine_metrics`]),
 //! each value stamped with the time it was observed; the LoRA adapters each worker has loaded
 //! (`/v1/models`); and Envoy's view of which workers are in the pool (admin `/clusters`).
 
 use std::collections::BTreeSet;
 
-pub mod engine_metrics;
-
-pub use engine_metrics::{parse_load, EngineLoad, EngineMetrics};
+use crate::engine_metrics::parse_load;
 
 /// Healthy hosts of `cluster` in Envoy's admin `/clusters` text output.
 pub fn healthy_members(clusters: &str, cluster: &str) -> BTreeSet<String> {

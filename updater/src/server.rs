@@ -19,14 +19,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use crate::conns::ConnStats;
+use crate::conns::{same, ConnStats, TOKEN_HEADER};
 use crate::publish::Answer;
 use crate::state::State;
 
 pub mod metrics;
 
-/// Header carrying the shared token.
-pub const TOKEN_HEADER: &str = "x-kvroute-token";
 /// Longest long poll a caller may ask for (`wait_ms`).
 pub const MAX_WAIT_MS: u64 = 30_000;
 /// Response header of a bundle part: how many parts the whole bundle has.
@@ -62,11 +60,6 @@ async fn status(AxState(c): AxState<Ctx>) -> Response {
         o.insert("http".into(), conns.status());
     }
     Json(status).into_response()
-}
-
-/// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
-pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The 401 answer when the token is missing or wrong.

@@ -9,13 +9,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker as Wire};
 use tokio::sync::Notify;
 
-use crate::alignment::{AlignmentOutcome, AlignmentVerdict, ServedModels};
 use crate::decode::Tier;
 use crate::ingest::{DomainBase, WorkerKnowledge};
 use crate::limits::Limits;
 use crate::models::Models;
 use crate::peers::{PeerStore, Refused};
 use crate::publish::{Answer, Publisher, RingLimits};
+use crate::worker_check::{AlignmentOutcome, AlignmentVerdict, ServedModels};
 
 /// vLLM's default KV block size: used for a worker that announces none (SGLang, older
 /// engines) of a model with no configured or learned block size.
@@ -39,7 +39,7 @@ pub struct WorkerRecord {
     /// Whether Envoy's health checks keep this worker in the pool (true without an Envoy).
     pub member: bool,
     /// What the worker last reported about its load.
-    pub load: Option<crate::scrape::EngineLoad>,
+    pub load: Option<crate::engine_metrics::EngineLoad>,
     /// The cache domain its events are hashed in: its model's, once the alignment check
     /// identified a configured model. Until then its events are not indexed.
     pub domain: Option<DomainBase>,

@@ -115,7 +115,7 @@ async fn a_long_poll_answers_on_a_knowledge_change_and_304_after_its_wait() {
     // Any knowledge change (here a worker's reported load) wakes the waiting poll (or, had
     // it not arrived yet, is already there when it does).
     state.update("w", |e| {
-        e.load = Some(kvroute_updater::scrape::EngineLoad {
+        e.load = Some(kvroute_updater::engine_metrics::EngineLoad {
             running: Some(1.0),
             waiting: Some(0.0),
             kv_usage: None,

@@ -90,7 +90,7 @@ async fn main() -> anyhow::Result<()> {
     let mut buckets: Vec<(f64, f64)> = Vec::new();
     for addr in &addrs {
         let text = http.get(format!("http://{addr}/metrics")).send().await?.text().await?;
-        let metrics = kvroute_updater::scrape::EngineMetrics::parse(&text);
+        let metrics = kvroute_updater::engine_metrics::EngineMetrics::parse(&text);
         for (le, count) in metrics.histogram("kvroute_sim:step_lag_seconds").unwrap_or_default() {
             match buckets.iter_mut().find(|b| b.0 == le) {
                 Some(b) => b.1 += count as f64,

@@ -29,7 +29,7 @@ async fn start(limits: ConnLimits) -> (u16, Arc<ConnStats>, tokio::task::JoinHan
         .route(
             "/v1/snapshot",
             get(|h: axum::http::HeaderMap| async move {
-                let ok = h.get(crate::server::TOKEN_HEADER).is_some_and(|v| v == TOKEN);
+                let ok = h.get(crate::conns::TOKEN_HEADER).is_some_and(|v| v == TOKEN);
                 if ok {
                     (axum::http::StatusCode::OK, "snap")
                 } else {

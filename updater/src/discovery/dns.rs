@@ -20,8 +20,8 @@ use hickory_resolver::TokioResolver;
 use thiserror::Error;
 use tokio::sync::watch;
 
+use super::WorkerEntry;
 use super::{log_line, DiscoveryConfig, DiscoverySource};
-use crate::config::WorkerEntry;
 
 /// Why DNS discovery could not start.
 #[derive(Debug, Error)]

@@ -24,8 +24,8 @@ use serde::Deserialize;
 use thiserror::Error;
 use tokio::sync::watch;
 
+use super::WorkerEntry;
 use super::{defaults, log_line, DiscoveryConfig, DiscoverySource};
-use crate::config::WorkerEntry;
 
 /// `metav1.ObjectMeta` / `metav1.ListMeta`: the fields used.
 #[derive(Debug, Clone, Default, Deserialize)]

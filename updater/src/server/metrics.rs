@@ -11,13 +11,10 @@
 //! `reported_load_age_seconds` (the last five only where known).
 
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use std::sync::atomic::AtomicU64;
 
 use crate::conns::ConnStats;
+use crate::families::{clamp, Families};
 use crate::ingest::IngestStats;
 use crate::limits::Cap;
 use crate::state::{now_ms, Observed, State};
@@ -27,9 +24,6 @@ pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "kvroute_updater";
-
-/// A gauge holding a fraction or seconds.
-pub type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WorkerLabels {
@@ -80,57 +74,6 @@ const WORKER_COUNTERS: [StatCounter; 22] = [
     }),
     ("unknown_removals", "Removals of a block not known", |s| s.unknown_removals),
 ];
-
-/// Registers families on a registry and hands back a handle to fill them.
-pub struct Families<'r>(pub &'r mut Registry);
-
-impl Families<'_> {
-    pub fn counter<L>(&mut self, name: &str, help: &str) -> Family<L, Counter>
-    where
-        L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
-    {
-        let f = Family::<L, Counter>::default();
-        self.0.register(name, help, f.clone());
-        f
-    }
-
-    pub fn gauge<L>(&mut self, name: &str, help: &str) -> Family<L, Gauge>
-    where
-        L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
-    {
-        let f = Family::<L, Gauge>::default();
-        self.0.register(name, help, f.clone());
-        f
-    }
-
-    pub fn float_gauge<L>(&mut self, name: &str, help: &str) -> Family<L, FloatGauge>
-    where
-        L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
-    {
-        let f = Family::<L, FloatGauge>::default();
-        self.0.register(name, help, f.clone());
-        f
-    }
-
-    /// An unlabelled counter at `n`.
-    pub fn count(&mut self, name: &str, help: &str, n: u64) {
-        let c = Counter::<u64>::default();
-        c.inc_by(n);
-        self.0.register(name, help, c);
-    }
-
-    /// An unlabelled gauge at `n`.
-    pub fn level(&mut self, name: &str, help: &str, n: u64) {
-        let g = Gauge::<i64>::default();
-        g.set(clamp(n));
-        self.0.register(name, help, g);
-    }
-}
-
-/// A count as a gauge value (saturating).
-pub fn clamp(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
 
 /// The exposition: the state's metrics, then the connections' (when served by `conns`).
 pub fn render(state: &State, conns: Option<&ConnStats>) -> String {

@@ -2,8 +2,8 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::conns::ConnLimits;
+use crate::engine_metrics::EngineLoad;
 use crate::ingest::DomainBase;
-use crate::scrape::EngineLoad;
 
 /// A worker name with every character the text format escapes.
 const ODD: &str = "w\"x\\y\nz";
