@@ -64,14 +64,14 @@ pub struct FilterConfig {
     pub tick_ms: u64,
     /// Deliberate faults for testing a deployment's failure policy. Off by default.
     pub fault_injection: FaultInjection,
-    /// TTFT deadlines, shedding (429) and priority classes (`core/src/admission.rs`).
+    /// TTFT deadlines, shedding (429) and priority classes (`core/src/decision/admission.rs`).
     pub admission: crate::decision::admission::AdmissionConfig,
     /// Look-ahead on hot prefixes: when to place a shared prefix on one more worker on purpose.
     pub lookahead: crate::decision::lookahead::LookaheadConfig,
-    /// Online calibration of the cost profiles (`core/src/calib.rs`).
+    /// Online calibration of the cost profiles (`core/src/decision/calib.rs`).
     pub calibration: crate::decision::calib::CalibrationConfig,
     /// How long a paused request may wait for its body, and when a deployment counts as broken
-    /// (`core/src/misdeploy.rs`).
+    /// (`core/src/decision/misdeploy.rs`).
     pub misdeployment: crate::decision::misdeploy::MisdeployConfig,
     /// Passive health: workers that fail requests are left out for a backoff; the per-try
     /// first-byte timeout (`core/src/shared/health.rs`).
