@@ -7,12 +7,12 @@
 
 use std::rc::Rc;
 
-use kvroute_core::decision::admission::{self, AdmissionVerdict};
 use kvroute_core::decision::error::ApiError;
 use kvroute_core::decision::misdeploy::{Symptom, Unrouted};
 use kvroute_core::decision::request::{self, Endpoint};
 use kvroute_core::decision::router::Decision;
 use kvroute_core::decision::usage::UsageScanner;
+use kvroute_core::flow::admission;
 use kvroute_core::flow::lifecycle::{Effect, Intake, Lifecycle, Step};
 use kvroute_core::shared::load::Ticket;
 use kvroute_core::wire::journal::{JournalEntry, Source};
@@ -99,25 +99,20 @@ impl KvHttp {
     /// Deadline and priority class: reorders the decision for the request's class, or answers
     /// 429 (`Some`) before the request takes any load or journal credit.
     fn admit(&self, decision: &mut Decision) -> Option<Action> {
-        let cfg = &self.state.config;
-        let model_default = cfg
-            .models
-            .iter()
-            .find(|m| m.name == decision.model.name)
-            .map_or(0, |m| m.ttft_deadline_ms);
         let (deadline, priority) = &self.admission_headers;
-        let ask = cfg.admission.ask(deadline.as_deref(), priority.as_deref(), model_default);
-        let verdict = admission::admit(&mut decision.ranked, &ask, &cfg.admission);
-        let class = cfg.admission.class_name(ask.class);
-        self.state.metrics.admission.outcome(class, &verdict);
-        let AdmissionVerdict::Shed { reason, retry_after_s } = verdict else { return None };
-        let e =
-            admission::shed_error(reason, retry_after_s, &decision.ranked, &ask, &cfg.admission);
-        let retry_after = retry_after_s.to_string();
+        let a = admission::admit(
+            &self.state.config,
+            &decision.model.name,
+            &mut decision.ranked,
+            deadline.as_deref(),
+            priority.as_deref(),
+        );
+        self.state.metrics.admission.outcome(&a.class, &a.verdict);
+        let shed = a.shed?;
         host::send_response(
-            e.status,
-            &[("content-type", "application/json"), ("retry-after", &retry_after)],
-            &e.body(),
+            shed.error.status,
+            &[("content-type", "application/json"), ("retry-after", &shed.retry_after)],
+            &shed.error.body(),
         );
         Some(Action::Pause)
     }

@@ -5,9 +5,11 @@
 //!   wait for the body, refuse it, decide) and [`lifecycle::Lifecycle`] (a routed request's
 //!   routing credit, load and passive health marks until its stream ends, as ordered
 //!   [`lifecycle::Effect`]s).
+//! - [`admission`]: a decided request's deadline and class: reordered, or shed with a 429.
 //! - [`sync`]: the singleton's scheduler ([`sync::SyncFlow`]): the updater's long poll, peer
 //!   reports and bundle downloads, over a small host trait ([`sync::SyncHost`]).
 
+pub mod admission;
 pub mod lifecycle;
 pub mod sync;
 

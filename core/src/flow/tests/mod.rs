@@ -1,2 +1,3 @@
+mod admission;
 mod lifecycle;
 mod sync;

@@ -1,0 +1,49 @@
+//! Admission of a decided request: its deadline (header, else class default, else the model's
+//! `ttft_deadline_ms`) and priority class reorder the ranking, or shed it with a 429 and a
+//! `Retry-After` before it takes any load or routing credit.
+
+use crate::decision::admission::{self, AdmissionVerdict};
+use crate::decision::config::FilterConfig;
+use crate::decision::cost::Score;
+use crate::decision::error::ApiError;
+
+/// A request's admission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admission {
+    /// The priority class's name (for its counters).
+    pub class: String,
+    pub verdict: AdmissionVerdict,
+    /// The answer of a shed request.
+    pub shed: Option<Shed>,
+}
+
+/// A 429: its body and its `Retry-After` value (seconds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shed {
+    pub error: ApiError,
+    pub retry_after: String,
+}
+
+/// Admits a decision for `model` ranked as `ranked` (reordered for the request's class),
+/// given the deadline and priority header values as sent.
+pub fn admit(
+    cfg: &FilterConfig,
+    model: &str,
+    ranked: &mut [Score],
+    deadline: Option<&[u8]>,
+    priority: Option<&[u8]>,
+) -> Admission {
+    let model_default =
+        cfg.models.iter().find(|m| m.name == model).map_or(0, |m| m.ttft_deadline_ms);
+    let adm = &cfg.admission;
+    let ask = adm.ask(deadline, priority, model_default);
+    let verdict = admission::admit(ranked, &ask, adm);
+    let shed = match verdict {
+        AdmissionVerdict::Shed { reason, retry_after_s } => Some(Shed {
+            error: admission::shed_error(reason, retry_after_s, ranked, &ask, adm),
+            retry_after: retry_after_s.to_string(),
+        }),
+        _ => None,
+    };
+    Admission { class: adm.class_name(ask.class).to_owned(), verdict, shed }
+}

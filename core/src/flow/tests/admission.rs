@@ -1,0 +1,54 @@
+use serde_json::json;
+
+use crate::decision::admission::{AdmissionVerdict, Reason};
+use crate::decision::config::FilterConfig;
+use crate::decision::cost::Score;
+use crate::flow::admission::admit;
+
+fn score(worker: &str, wait_ms: f64, ttft_ms: f64) -> Score {
+    let c = crate::decision::cost::Candidate {
+        worker: worker.into(),
+        cached_blocks: 0,
+        offloaded_blocks: 0,
+        load: Default::default(),
+        adapter_missing: false,
+        deviation: 1.0,
+    };
+    let base = crate::decision::cost::score(&Default::default(), &c, 1, 16);
+    Score { wait_ms, prefill_ms: ttft_ms - wait_ms, ttft_ms, ..base }
+}
+
+fn config() -> FilterConfig {
+    let cfg = json!({"models": [
+        {"name": "slow", "workers": ["127.0.0.1:1"], "ttft_deadline_ms": 100},
+        {"name": "free", "workers": ["127.0.0.1:2"]},
+    ]});
+    FilterConfig::from_json(cfg.to_string().as_bytes()).unwrap()
+}
+
+#[test]
+fn the_models_deadline_applies_without_a_header_and_sheds_with_retry_after() {
+    let cfg = config();
+    let mut ranked = vec![score("a", 0.0, 1_500.0)];
+    let a = admit(&cfg, "slow", &mut ranked, None, None);
+    assert_eq!(a.class, "interactive");
+    assert!(matches!(a.verdict, AdmissionVerdict::Shed { reason: Reason::Deadline, .. }));
+    let shed = a.shed.unwrap();
+    assert_eq!(shed.error.status, 429);
+    assert_eq!(shed.retry_after, "2");
+    // Another model has no deadline: admitted.
+    let a = admit(&cfg, "free", &mut ranked, None, None);
+    assert_eq!((a.verdict, a.shed), (AdmissionVerdict::Admit, None));
+}
+
+#[test]
+fn the_header_deadline_and_class_win_and_reorder_the_ranking() {
+    let cfg = config();
+    let mut ranked = vec![score("busy", 400.0, 500.0), score("idle", 0.0, 600.0)];
+    let a = admit(&cfg, "free", &mut ranked, Some(b"2000"), Some(b"batch"));
+    assert_eq!((a.class.as_str(), a.verdict, a.shed), ("batch", AdmissionVerdict::Admit, None));
+    // Batch weighs queueing: the idle worker first.
+    assert_eq!(ranked[0].worker, "idle");
+    let a = admit(&cfg, "slow", &mut ranked, Some(b"5000"), None);
+    assert_eq!(a.verdict, AdmissionVerdict::Admit);
+}
