@@ -36,6 +36,10 @@ pub struct FakeHost {
     pub now_ms: Cell<u64>,
     pub refuse_calls: Cell<bool>,
     pub tick_ms: Cell<Option<u64>>,
+    /// The effective context, and what was done to each: resumed, or answered (status).
+    pub effective: Cell<u32>,
+    pub resumed: RefCell<Vec<u32>>,
+    pub replied: RefCell<Vec<(u32, u16)>>,
     next_token: Cell<u32>,
     sent: RefCell<Vec<Sent>>,
     pub headers: RefCell<HashMap<(Map, String), Vec<u8>>>,
@@ -104,7 +108,8 @@ impl Host for FakeHost {
         None
     }
 
-    fn send_response(&self, _status: u16, _headers: &[(&str, &str)], _body: &[u8]) -> bool {
+    fn send_response(&self, status: u16, _headers: &[(&str, &str)], _body: &[u8]) -> bool {
+        self.replied.borrow_mut().push((self.effective.get(), status));
         true
     }
 
@@ -154,6 +159,16 @@ impl Host for FakeHost {
 
     fn set_tick(&self, ms: u64) -> bool {
         self.tick_ms.set(Some(ms));
+        true
+    }
+
+    fn set_effective_context(&self, id: u32) -> bool {
+        self.effective.set(id);
+        true
+    }
+
+    fn resume_request(&self) -> bool {
+        self.resumed.borrow_mut().push(self.effective.get());
         true
     }
 }

@@ -47,6 +47,10 @@ pub trait Host: SharedStore {
     /// Sets a gauge, or records a histogram value.
     fn record_metric(&self, id: u32, value: u64);
     fn set_tick(&self, ms: u64) -> bool;
+    /// Makes stream (or root) context `id` the one the next host calls act on.
+    fn set_effective_context(&self, id: u32) -> bool;
+    /// Resumes the effective context's paused request.
+    fn resume_request(&self) -> bool;
 }
 
 /// Header maps.
@@ -160,6 +164,14 @@ impl Host for Proxy {
     fn set_tick(&self, ms: u64) -> bool {
         hostcalls::set_tick_period(Duration::from_millis(ms)).is_ok()
     }
+
+    fn set_effective_context(&self, id: u32) -> bool {
+        hostcalls::set_effective_context(id).is_ok()
+    }
+
+    fn resume_request(&self) -> bool {
+        hostcalls::resume_http_request().is_ok()
+    }
 }
 
 pub fn request_header(name: &str) -> Option<Bytes> {
@@ -209,16 +221,6 @@ pub fn now_nanos() -> u64 {
 
 pub fn set_tick(ms: u64) -> bool {
     Proxy.set_tick(ms)
-}
-
-/// Makes stream (or root) context `id` the one the next host calls act on.
-pub fn set_effective_context(id: u32) -> bool {
-    hostcalls::set_effective_context(id).is_ok()
-}
-
-/// Resumes the effective context's paused request.
-pub fn resume_request() -> Result<(), Status> {
-    hostcalls::resume_http_request()
 }
 
 /// Size of this VM's linear memory in bytes (it grows, never shrinks).

@@ -219,7 +219,7 @@ impl ThreadState {
     /// per `misdeployment.warn_interval_ms`.
     fn misdeploy_tick(&self, root_id: u32, now_ms: u64) {
         let mut watch = self.watch.borrow_mut();
-        for why in self.waiting.resume_expired(&mut watch, root_id, now_ms) {
+        for why in self.waiting.resume_expired(&HostStore, &mut watch, root_id, now_ms) {
             self.metrics.unrouted(why);
         }
         watch.knowledge(self.follower.borrow().version() > 0);

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use kvroute_core::decision::error::ApiError;
 use kvroute_core::decision::misdeploy::{Unrouted, Watch};
 
-use crate::host;
+use crate::host::Host;
 
 /// One paused request.
 #[derive(Debug, Clone, Copy)]
@@ -56,7 +56,13 @@ impl Waiting {
 
     /// Resumes every request whose body made no progress for `body_wait_ms`; returns why each
     /// was passed on. `root_id` is the calling root context, made effective again afterwards.
-    pub fn resume_expired(&self, watch: &mut Watch, root_id: u32, now_ms: u64) -> Vec<Unrouted> {
+    pub fn resume_expired(
+        &self,
+        host: &dyn Host,
+        watch: &mut Watch,
+        root_id: u32,
+        now_ms: u64,
+    ) -> Vec<Unrouted> {
         let wait = watch.config().body_wait_ms;
         let expired: Vec<(u32, Paused)> = {
             let mut paused = self.paused.borrow_mut();
@@ -72,20 +78,20 @@ impl Waiting {
             let reason = watch.timed_out(p.got_body, now_ms);
             // Recorded before acting: the callbacks that follow must find it.
             self.passed_on.borrow_mut().insert(id, reason);
-            if !host::set_effective_context(id) {
+            if !host.set_effective_context(id) {
                 continue;
             }
             let done = match reason {
                 // Nothing of the body is held by the filter: the request goes on, and its body
                 // streams through as it comes.
-                Unrouted::BodyNotDelivered => host::resume_request().is_ok(),
+                Unrouted::BodyNotDelivered => host.resume_request(),
                 // Resuming would forward the part the filter buffered and then, in Envoy 1.40,
                 // the same part again (the upstream sees a corrupt body): answer 408 instead,
                 // as Envoy's own request timeout does.
                 Unrouted::BodyTimeout => {
                     let e = ApiError::body_timeout(now_ms.saturating_sub(p.progress_ms));
                     let headers = [("content-type", "application/json")];
-                    host::send_response(e.status, &headers, &e.body())
+                    host.send_response(e.status, &headers, &e.body())
                 }
             };
             if !done {
@@ -93,7 +99,10 @@ impl Waiting {
             }
             why.push(reason);
         }
-        host::set_effective_context(root_id);
+        host.set_effective_context(root_id);
         why
     }
 }
+
+#[cfg(test)]
+mod tests;
