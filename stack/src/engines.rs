@@ -309,16 +309,7 @@ impl Conformance {
             Ok(s) => s["workers"][&self.worker].to_string(),
             Err(e) => e.to_string(),
         };
-        let driver = std::fs::read_to_string(self.dir.join("driver.log")).unwrap_or_default();
-        let tail: String = driver
-            .lines()
-            .rev()
-            .take(20)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join("\n");
+        let tail = crate::process::log_tail(&self.dir.join("driver.log"), 20);
         format!(
             "updater status of the worker: {status}\ndriver log (tail):\n{tail}\nlogs in {}",
             self.dir.display()

@@ -120,16 +120,7 @@ impl Envoy {
         })
         .await;
         if !matches!(res, Ok(true)) {
-            let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: String = tail
-                .lines()
-                .rev()
-                .take(20)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n");
+            let tail = crate::process::log_tail(&log, 20);
             bail!("envoy did not become ready ({res:?}); log tail:\n{tail}");
         }
         Ok(Envoy { guard, admin_port, listen_port, log, startup: started.elapsed() })

@@ -95,3 +95,11 @@ pub fn rss_kb(pid: u32) -> Option<u64> {
     let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
     kb.split_whitespace().next()?.parse().ok()
 }
+
+/// The last `n` lines of the log at `path` ("" if it cannot be read), for error messages.
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut tail: Vec<&str> = text.lines().rev().take(n).collect();
+    tail.reverse();
+    tail.join("\n")
+}

@@ -26,7 +26,7 @@
 
 mod config;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use config::{AdmissionConfig, ClassConfig, MissPolicy};
 

@@ -10,7 +10,7 @@ use kvroute_stack::eventually;
 use kvroute_stack::paths;
 use kvroute_stack::process::Guard;
 use kvroute_stack::siege::updater::{
-    bombs, fd_count, open_idle, open_partial, peak_rss_kb, spawn_limited, ChildLimits,
+    bombs, fd_count, open_idle, open_partial, peak_rss_kb, start_limited, ChildLimits,
     ZmtpPublisher,
 };
 use kvroute_stack::sim::SimWorker;
@@ -49,15 +49,7 @@ async fn start_updater(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut g = spawn_limited(
-        "kvroute-updater",
-        &paths::updater_bin()?,
-        &args,
-        limits,
-        &dir.join("updater.log"),
-    )?;
-    g.wait_line("listening on", Duration::from_secs(30)).await?;
-    Ok(g)
+    start_limited(&args, limits, dir).await
 }
 
 fn worker<'a>(status: &'a Value, name: &str) -> &'a Value {

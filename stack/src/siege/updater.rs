@@ -273,6 +273,19 @@ pub fn spawn_limited(
     Guard::spawn(name, cmd, log)
 }
 
+/// The release `kvroute-updater` with `args` under `limits` ([`spawn_limited`]), logging to
+/// `dir/updater.log`; returns once it listens (30 s at most).
+pub async fn start_limited(
+    args: &[String],
+    limits: ChildLimits,
+    dir: &Path,
+) -> anyhow::Result<Guard> {
+    let bin = crate::paths::updater_bin()?;
+    let mut guard = spawn_limited("kvroute-updater", &bin, args, limits, &dir.join("updater.log"))?;
+    guard.wait_line("listening on", Duration::from_secs(30)).await?;
+    Ok(guard)
+}
+
 /// Opens up to `n` TCP connections to `addr` that send nothing; returns those that opened
 /// (a listener out of backlog or descriptors refuses or drops some). Dropping them closes them.
 pub async fn open_idle(addr: &str, n: usize) -> Vec<TcpStream> {

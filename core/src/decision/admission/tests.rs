@@ -4,7 +4,8 @@ use serde_json::json;
 use super::*;
 use crate::decision::config::FilterConfig;
 
-fn score(worker: &str, wait_ms: f64, ttft_ms: f64) -> Score {
+/// A score with these times, built through the cost model (the flow's tests use it too).
+pub(crate) fn score(worker: &str, wait_ms: f64, ttft_ms: f64) -> Score {
     // Built through the cost model so that fields added to `Score` need no change here.
     let c = crate::decision::cost::Candidate {
         worker: worker.into(),

@@ -1,22 +1,9 @@
 use serde_json::json;
 
+use crate::decision::admission::tests::score;
 use crate::decision::admission::{AdmissionVerdict, Reason};
 use crate::decision::config::FilterConfig;
-use crate::decision::cost::Score;
 use crate::flow::admission::admit;
-
-fn score(worker: &str, wait_ms: f64, ttft_ms: f64) -> Score {
-    let c = crate::decision::cost::Candidate {
-        worker: worker.into(),
-        cached_blocks: 0,
-        offloaded_blocks: 0,
-        load: Default::default(),
-        adapter_missing: false,
-        deviation: 1.0,
-    };
-    let base = crate::decision::cost::score(&Default::default(), &c, 1, 16);
-    Score { wait_ms, prefill_ms: ttft_ms - wait_ms, ttft_ms, ..base }
-}
 
 fn config() -> FilterConfig {
     let cfg = json!({"models": [

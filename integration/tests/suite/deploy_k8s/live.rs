@@ -208,12 +208,8 @@ async fn start_envoy(
     })
     .await;
     if !matches!(res, Ok(true)) {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(30).collect();
-        bail!(
-            "{name}: envoy did not become ready ({res:?}):\n{}",
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
+        let tail = kvroute_stack::process::log_tail(&log, 30);
+        bail!("{name}: envoy did not become ready ({res:?}):\n{tail}");
     }
     Ok(Envoy { guard, admin_port: l.admin, listen_port: l.listen, log, startup: started.elapsed() })
 }

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kvroute_stack::eventually;
-use kvroute_stack::paths;
 use kvroute_stack::process::Guard;
-use kvroute_stack::siege::updater::{peak_rss_kb, spawn_limited, ChildLimits, ZmtpPublisher};
+use kvroute_stack::siege::updater::{peak_rss_kb, start_limited, ChildLimits, ZmtpPublisher};
 use kvroute_stack::stack::{Stack, StackOptions, UPDATER_TOKEN};
 use serde_json::{json, Value};
 
@@ -96,14 +95,7 @@ impl LimitedUpdater {
         }
         let dir = stack.dir.join("siege-updater");
         std::fs::create_dir_all(&dir)?;
-        let mut guard = spawn_limited(
-            "kvroute-updater",
-            &paths::updater_bin()?,
-            &args,
-            limits,
-            &dir.join("updater.log"),
-        )?;
-        guard.wait_line("listening on", Duration::from_secs(30)).await?;
+        let guard = start_limited(&args, limits, &dir).await?;
         let published = stack.workers.first().context("a stack without workers")?.addr.clone();
         Ok(LimitedUpdater { guard, port, published, dir })
     }
