@@ -1,9 +1,10 @@
 //! Tokenization with the `tokenizers` crate against the exact fast path (`fastbpe`), for
 //! Qwen3 and the demo bundle: a short chat prompt (~25 tokens), an ~8 k-token conversation of
-//! synthetic words, and ~8 k tokens of this repository's README (prose, tables, code). The
-//! fast path is measured with its piece cache cleared before every call (cold) and kept
-//! (warm: the same text again). The crate runs twice; the ratio of its two medians is the
-//! noise floor. Also prints the heap the fast encoder adds to a Qwen3 bundle.
+//! synthetic words, and ~8 k tokens of this repository's architecture page
+//! (`docs/architecture.md`: prose, tables, code; the README was this input until it became a
+//! short first page). The fast path is measured with its piece cache cleared before every call
+//! (cold) and kept (warm: the same text again). The crate runs twice; the ratio of its two
+//! medians is the noise floor. Also prints the heap the fast encoder adds to a Qwen3 bundle.
 //! Run: `cargo bench -p kvroute-core --bench encode` (needs `./dev setup` for Qwen3).
 
 use std::sync::atomic::Ordering;
@@ -22,7 +23,7 @@ use alloc::{Counting, LIVE};
 static A: Counting = Counting;
 
 const TARGET_TOKENS: usize = 8192;
-const README: &str = include_str!("../../README.md");
+const PROSE: &str = include_str!("../../docs/architecture.md");
 
 fn main() {
     let qwen = match qwen3() {
@@ -48,7 +49,7 @@ fn main() {
         for (what, text, runs) in [
             ("short prompt", &short, 3000),
             ("8k conversation", &chat, 100),
-            ("8k README", &prose, 100),
+            ("8k docs prose", &prose, 100),
         ] {
             compare(bundle, fast, what, text, runs);
         }
@@ -145,10 +146,10 @@ fn conversation(bundle: &ModelBundle) -> String {
     unreachable!()
 }
 
-/// The README's first lines, about the target in tokens.
+/// The architecture page's first lines (repeated if need be), about the target in tokens.
 fn prose(bundle: &ModelBundle) -> String {
     let mut text = String::new();
-    for line in README.lines().cycle() {
+    for line in PROSE.lines().cycle() {
         text.push_str(line);
         text.push('\n');
         if text.len() % 16 == 0
