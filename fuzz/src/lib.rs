@@ -23,10 +23,10 @@ use kvroute_core::wire::snapshot::Snapshot;
 mod seeds;
 
 /// A target: its name (as in `Cargo.toml`'s `[[bin]]` and `corpus/`) and its body.
-pub type Target = (&'static str, fn(&[u8]));
+pub type FuzzTarget = (&'static str, fn(&[u8]));
 
 /// Every target.
-pub const TARGETS: &[Target] = &[
+pub const TARGETS: &[FuzzTarget] = &[
     ("request_parse", request_parse),
     ("journal_decode", journal_decode),
     ("usage_scan", usage_scan),

@@ -13,7 +13,7 @@ use crate::compose::file::{command, flag_pairs, read, script, value, Compose};
 use crate::compose::flags::{binary, help_flags};
 
 /// One simulated worker service.
-pub struct Worker {
+pub struct ComposeWorker {
     pub service: String,
     /// `ip:port`, as Envoy and the filter name it.
     pub http: String,
@@ -26,7 +26,7 @@ pub struct Worker {
 
 pub struct Demo<'a> {
     c: &'a Compose,
-    pub workers: Vec<Worker>,
+    pub workers: Vec<ComposeWorker>,
     /// The updater's flags.
     pub updater: Vec<(String, String)>,
     updater_args: Vec<String>,
@@ -65,7 +65,7 @@ impl<'a> Demo<'a> {
                 assert_ne!(p, "0", "{service}: {flag} must be fixed");
                 p.to_owned()
             };
-            workers.push(Worker {
+            workers.push(ComposeWorker {
                 http: format!("{ip}:{}", port("--base-port")),
                 events: format!("tcp://{ip}:{}", port("--events-base-port")),
                 replay: format!("tcp://{ip}:{}", port("--replay-base-port")),

@@ -22,15 +22,15 @@ pub const API_SERVER_PORTS: [u16; 2] = [443, 6443];
 
 /// A `--discover` source the manifests may use.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub enum KubeSource {
     /// `kube:NAMESPACE/SERVICE`.
     Kube { namespace: String, service: String },
     /// `kube-pool:NAMESPACE/POOL`.
     KubePool { namespace: String, pool: String },
 }
 
-impl Source {
-    fn parse(s: &str) -> anyhow::Result<Source> {
+impl KubeSource {
+    fn parse(s: &str) -> anyhow::Result<KubeSource> {
         let split = |rest: &str| -> anyhow::Result<(String, String)> {
             let (ns, name) = rest.split_once('/').with_context(|| format!("'{s}': no NS/NAME"))?;
             ensure!(!ns.is_empty() && !name.is_empty(), "'{s}': empty namespace or name");
@@ -38,18 +38,20 @@ impl Source {
         };
         if let Some(rest) = s.strip_prefix("kube:") {
             let (namespace, service) = split(rest)?;
-            return Ok(Source::Kube { namespace, service });
+            return Ok(KubeSource::Kube { namespace, service });
         }
         if let Some(rest) = s.strip_prefix("kube-pool:") {
             let (namespace, pool) = split(rest)?;
-            return Ok(Source::KubePool { namespace, pool });
+            return Ok(KubeSource::KubePool { namespace, pool });
         }
         bail!("--discover={s}: the Kubernetes examples discover with kube: or kube-pool:")
     }
 
     fn namespace(&self) -> &str {
         match self {
-            Source::Kube { namespace, .. } | Source::KubePool { namespace, .. } => namespace,
+            KubeSource::Kube { namespace, .. } | KubeSource::KubePool { namespace, .. } => {
+                namespace
+            }
         }
     }
 
@@ -57,11 +59,11 @@ impl Source {
     pub fn grants(&self) -> BTreeSet<(String, String, String)> {
         let g = |group: &str, res: &str, verb: &str| (group.into(), res.into(), verb.into());
         match self {
-            Source::Kube { .. } => BTreeSet::from([
+            KubeSource::Kube { .. } => BTreeSet::from([
                 g("discovery.k8s.io", "endpointslices", "list"),
                 g("discovery.k8s.io", "endpointslices", "watch"),
             ]),
-            Source::KubePool { .. } => BTreeSet::from([
+            KubeSource::KubePool { .. } => BTreeSet::from([
                 g("inference.networking.k8s.io", "inferencepools", "get"),
                 g("", "pods", "list"),
                 g("", "pods", "watch"),
@@ -73,7 +75,7 @@ impl Source {
 /// The updater's discovery flags, as the Deployment passes them.
 #[derive(Debug, Clone)]
 pub struct Discovery {
-    pub source: Source,
+    pub source: KubeSource,
     pub http: u16,
     pub events: u16,
     pub replay: u16,
@@ -93,7 +95,7 @@ pub fn discovery(docs: &[Doc]) -> anyhow::Result<Discovery> {
     let src = flag_values(&args, "discover");
     ensure!(src.len() == 1, "the updater needs exactly one --discover (has {src:?})");
     Ok(Discovery {
-        source: Source::parse(&src[0])?,
+        source: KubeSource::parse(&src[0])?,
         http: one_port(&args, "discover-http-port")?,
         events: one_port(&args, "discover-events-port")?,
         replay: one_port(&args, "discover-replay-port")?,
@@ -103,7 +105,7 @@ pub fn discovery(docs: &[Doc]) -> anyhow::Result<Discovery> {
 /// Everything about discovery that must agree across the manifests.
 pub fn check(docs: &[Doc], cfgs: &[(String, FilterConfig)]) -> anyhow::Result<()> {
     let d = discovery(docs)?;
-    if let Source::Kube { namespace, service } = &d.source {
+    if let KubeSource::Kube { namespace, service } = &d.source {
         routes(docs, namespace, service, d.http)?;
     }
     fallback_workers(cfgs, d.http)?;
@@ -246,7 +248,7 @@ fn role_grants(role: &Doc) -> anyhow::Result<BTreeSet<(String, String, String)>>
 
 /// The Deployment runs as a ServiceAccount of its namespace whose token it mounts; the Roles
 /// bound to it in the discovered namespace grant exactly what the source reads.
-fn rbac(docs: &[Doc], source: &Source) -> anyhow::Result<()> {
+fn rbac(docs: &[Doc], source: &KubeSource) -> anyhow::Result<()> {
     let (dep, _) = updater_container(docs)?;
     let spec = at(dep, "/spec/template/spec")?;
     let sa_name = spec.get("serviceAccountName").and_then(Value::as_str).context(
@@ -367,8 +369,8 @@ fn the_built_updater_accepts_the_manifest_flags() {
     let resolved: toml::Value = toml::from_str(&text).unwrap();
     let disc = resolved.get("discovery").expect("no [discovery] in the resolved configuration");
     let source = match &d.source {
-        Source::Kube { namespace, service } => format!("kube:{namespace}/{service}"),
-        Source::KubePool { namespace, pool } => format!("kube-pool:{namespace}/{pool}"),
+        KubeSource::Kube { namespace, service } => format!("kube:{namespace}/{service}"),
+        KubeSource::KubePool { namespace, pool } => format!("kube-pool:{namespace}/{pool}"),
     };
     assert_eq!(disc.get("source").and_then(toml::Value::as_str), Some(source.as_str()));
     for (k, v) in [("http_port", d.http), ("events_port", d.events), ("replay_port", d.replay)] {
