@@ -9,6 +9,7 @@
 //! | `POST /admin/evict?percent=P` | evict P % of the free cached blocks (`BlockRemoved`) |
 //! | `POST /admin/evict?all=true` | reset the prefix cache (`AllBlocksCleared`; 409 while busy) |
 //! | `POST /admin/drop-events?count=N` | the next N event batches are not published (as past PUB's high-water mark); replay still has them |
+//! | `POST /admin/mute-events?ms=N` | an event outage: nothing is published on the PUB socket for N ms (0 ends it); replay keeps its most recent batches |
 //! | `POST /admin/misconfig` `{"chat_template": "...", "block_size": N}` | serve another template / cache with another block size than announced, from the next restart |
 //! | `GET /admin/status` | JSON: up, ports, next event sequence, cached blocks |
 
@@ -35,6 +36,7 @@ pub fn router(w: Arc<Worker>) -> Router {
         .route("/admin/slow", post(slow))
         .route("/admin/evict", post(evict))
         .route("/admin/drop-events", post(drop_events))
+        .route("/admin/mute-events", post(mute_events))
         .route("/admin/misconfig", post(misconfig))
         .route("/admin/status", get(status))
         .with_state(w)
@@ -119,6 +121,19 @@ async fn evict(State(w): State<Arc<Worker>>, Query(q): Query<EvictQ>) -> Respons
     let (tx, rx) = oneshot::channel();
     s.engine.command(Command::Evict { fraction: pct / 100.0, reply: tx });
     Json(json!({"evicted_blocks": rx.await.unwrap_or(0)})).into_response()
+}
+
+#[derive(Deserialize)]
+struct MuteQ {
+    ms: u64,
+}
+
+async fn mute_events(State(w): State<Arc<Worker>>, Query(q): Query<MuteQ>) -> Response {
+    let Some((_, log)) = w.current().await else {
+        return unavailable();
+    };
+    log.mute_for(Duration::from_millis(q.ms));
+    Json(json!({"muted_ms": q.ms, "next_seq": log.next_seq()})).into_response()
 }
 
 #[derive(Deserialize)]

@@ -396,6 +396,9 @@ pub struct EventLog {
     next_seq: AtomicU64,
     /// Batches still to be dropped on the PUB socket (they stay in the replay buffer).
     pub drop_remaining: AtomicU64,
+    /// Until then, no batch is published on the PUB socket (an event outage: the batches stay
+    /// in the replay buffer, which keeps only the most recent ones).
+    pub muted_until: Mutex<Option<std::time::Instant>>,
     /// The shape batches are published in (default: as vLLM with one full-attention group;
     /// `KVROUTE_SIM_EVENT_SHAPE` sets it for every worker of the process).
     shape: Mutex<EventShape>,
@@ -407,6 +410,7 @@ impl Default for EventLog {
             buffer: Mutex::default(),
             next_seq: AtomicU64::new(0),
             drop_remaining: AtomicU64::new(0),
+            muted_until: Mutex::new(None),
             shape: Mutex::new(EventShape::from_env()),
         }
     }
@@ -415,6 +419,20 @@ impl Default for EventLog {
 impl EventLog {
     pub fn next_seq(&self) -> u64 {
         self.next_seq.load(Ordering::SeqCst)
+    }
+
+    /// Publishes nothing on the PUB socket for `d` from now (zero ends an outage).
+    pub fn mute_for(&self, d: std::time::Duration) {
+        let until = (!d.is_zero()).then(|| std::time::Instant::now() + d);
+        *self.muted_until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+    }
+
+    /// Whether an event outage is on now.
+    pub fn muted(&self) -> bool {
+        self.muted_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|t| std::time::Instant::now() < t)
     }
 
     /// Publishes the following batches in `shape`.
@@ -476,7 +494,7 @@ pub async fn run_publisher(
             .drop_remaining
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
-        if dropped {
+        if dropped || log.muted() {
             continue;
         }
         let frames = vec![Bytes::from(cfg.topic.clone().into_bytes()), seq_frame(seq), payload];
@@ -537,6 +555,16 @@ mod tests {
             lora_name: None,
             salt: None,
         }
+    }
+
+    #[test]
+    fn an_event_outage_starts_and_ends() {
+        let log = EventLog::default();
+        assert!(!log.muted());
+        log.mute_for(std::time::Duration::from_secs(3600));
+        assert!(log.muted());
+        log.mute_for(std::time::Duration::ZERO);
+        assert!(!log.muted());
     }
 
     /// The 42-byte example batch of the reference (older, positional form).
