@@ -298,7 +298,10 @@ impl Shaped {
                     .collect(),
             )
         };
-        // (name, value, defaulted): positional order follows vLLM's field order.
+        // (name, value, defaulted): positional order follows vLLM's field order. `defaulted`
+        // marks a field that has a default in vLLM and holds it (msgspec's `omit_defaults`
+        // leaves it out of a map); a field declared without a default is always written, nil
+        // included.
         let (tag, mut fields): (&str, Vec<(&str, Value, bool)>) = match &self.event {
             KvEvent::BlockStored {
                 block_hashes,
@@ -312,16 +315,12 @@ impl Shaped {
                 "BlockStored",
                 vec![
                     ("block_hashes", uints(block_hashes.iter().copied()), false),
-                    ("parent_block_hash", opt_u64(*parent_block_hash), parent_block_hash.is_none()),
+                    ("parent_block_hash", opt_u64(*parent_block_hash), false),
                     ("token_ids", tokens(token_ids), false),
                     ("block_size", Value::from(*block_size as u64), false),
-                    ("lora_id", Value::Nil, true),
+                    ("lora_id", Value::Nil, false),
                     ("medium", Value::from(*medium), false),
-                    (
-                        "lora_name",
-                        lora_name.clone().map_or(Value::Nil, Value::from),
-                        lora_name.is_none(),
-                    ),
+                    ("lora_name", lora_name.clone().map_or(Value::Nil, Value::from), false),
                     (
                         "extra_keys",
                         extra_keys(block_hashes.len(), lora_name.as_deref(), salt.as_deref()),
@@ -583,13 +582,18 @@ mod tests {
     fn golden_map_encoding() {
         let got =
             encode_batch(1.5, &[stored(), KvEvent::AllBlocksCleared], None, EventEncoding::Map);
-        let mut want = vec![0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x92, 0x85];
+        // vLLM declares parent_block_hash, lora_id and lora_name without a default: msgspec
+        // writes them as nil, `omit_defaults` notwithstanding.
+        let mut want = vec![0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0x92, 0x88];
         for (k, v) in [
             ("type", &b"\xabBlockStored"[..]),
             ("block_hashes", b"\x91\x07"),
+            ("parent_block_hash", b"\xc0"),
             ("token_ids", b"\x94\x01\x02\x03\x04"),
             ("block_size", b"\x04"),
+            ("lora_id", b"\xc0"),
             ("medium", b"\xa3GPU"),
+            ("lora_name", b"\xc0"),
         ] {
             want.push(0xa0 | k.len() as u8);
             want.extend_from_slice(k.as_bytes());
