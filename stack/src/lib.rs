@@ -14,6 +14,7 @@ pub mod engines;
 pub mod envoy;
 pub mod help;
 pub mod paths;
+pub mod peers;
 pub mod process;
 pub mod rawhttp;
 pub mod replicas;
