@@ -13,6 +13,7 @@ use crate::delay::DelayRelay;
 use crate::topology::Topology;
 use kvroute_stack::envoy::Envoy;
 use kvroute_stack::paths;
+use kvroute_stack::peers::{PeerConfig, PeerKind, PeerRouter, PeerWorker};
 use kvroute_stack::sim::SimWorker;
 use kvroute_stack::stack::{write_config_text, BundleFrom, StackPorts, Updater};
 
@@ -44,6 +45,13 @@ pub enum Policy {
     Oracle,
     /// Deliberately bad: everything to the first worker (the harness's self-check).
     Pinned,
+    /// SMG (the SGLang model gateway, `smg launch --policy cache_aware`) in front of the same
+    /// workers, from its pinned wheel: a radix tree of the prompts it routed.
+    SmgCacheAware,
+    /// The vLLM router with `--policy cache_aware` (its own tree of routed prompts).
+    VllmRouterCacheAware,
+    /// The vLLM router with `--policy kv_aware`, fed by the workers' own KV events over ZMQ.
+    VllmRouterKvAware,
 }
 
 impl Policy {
@@ -57,6 +65,11 @@ impl Policy {
         Policy::Random,
         Policy::Oracle,
     ];
+
+    /// The peer routers, each started from its pinned wheel in front of the same workers
+    /// (`kvroute_stack::peers`), one instance each.
+    pub const PEERS: [Policy; 3] =
+        [Policy::SmgCacheAware, Policy::VllmRouterCacheAware, Policy::VllmRouterKvAware];
 
     /// The ablation ladder, one ingredient added per step.
     pub const LADDER: [Policy; 5] = [
@@ -77,6 +90,19 @@ impl Policy {
             Policy::Random => "random",
             Policy::Oracle => "oracle",
             Policy::Pinned => "pinned",
+            Policy::SmgCacheAware => "smg-cache-aware",
+            Policy::VllmRouterCacheAware => "vllm-router-cache-aware",
+            Policy::VllmRouterKvAware => "vllm-router-kv-aware",
+        }
+    }
+
+    /// The peer router this policy runs, if it is one.
+    pub fn peer(self) -> Option<PeerKind> {
+        match self {
+            Policy::SmgCacheAware => Some(PeerKind::SmgCacheAware),
+            Policy::VllmRouterCacheAware => Some(PeerKind::VllmRouterCacheAware),
+            Policy::VllmRouterKvAware => Some(PeerKind::VllmRouterKvAware),
+            _ => None,
         }
     }
 
@@ -87,6 +113,7 @@ impl Policy {
         [Policy::Pinned]
             .into_iter()
             .chain(Policy::COMPARED)
+            .chain(Policy::PEERS)
             .find(|p| p.name() == s)
             .with_context(|| format!("unknown policy {s}"))
     }
@@ -120,6 +147,10 @@ pub enum Fault {
     Evict { worker: usize, percent: u32 },
     /// The updater is down for this long, then restarts.
     UpdaterOutage { duration_ms: u64 },
+    /// No worker publishes KV events for this long (`/admin/mute-events`): whoever follows
+    /// them (kvroute's updater, the vLLM router's kv_aware) sees a sequence gap afterwards and
+    /// has to recover through replay, which keeps only the most recent batches.
+    EventOutage { duration_ms: u64 },
     /// Knowledge reaches Envoy this much later, for this long.
     KnowledgeDelay { delay_ms: u64, duration_ms: u64 },
 }
@@ -143,6 +174,9 @@ impl TimedFault {
             }
             Fault::UpdaterOutage { duration_ms } => {
                 format!("updater down for {:.1} s", *duration_ms as f64 / 1000.0)
+            }
+            Fault::EventOutage { duration_ms } => {
+                format!("no KV events for {:.1} s", *duration_ms as f64 / 1000.0)
             }
             Fault::KnowledgeDelay { delay_ms, duration_ms } => format!(
                 "knowledge delayed by {delay_ms} ms for {:.1} s",
@@ -172,6 +206,8 @@ pub struct Cluster {
     pub policy: Policy,
     pub workers: Vec<WorkerHandle>,
     pub envoys: Vec<Envoy>,
+    /// The peer router in front of the workers, for a peer policy (instead of Envoy).
+    pub peer: Option<PeerRouter>,
     pub updater: Option<Updater>,
     pub relay: Option<DelayRelay>,
     pub dir: PathBuf,
@@ -200,6 +236,7 @@ impl Cluster {
         let dir = paths::scratch_dir(&format!("bench-{}", policy.name()))?;
         let mut workers = Vec::new();
         let mut endpoints = Vec::new();
+        let mut peer_workers = Vec::new();
         if topo.workers.external.is_empty() {
             let mut args = vec![
                 "--profile".to_string(),
@@ -218,6 +255,11 @@ impl Cluster {
                     "{},tcp://127.0.0.1:{},tcp://127.0.0.1:{}",
                     w.addr, w.events_port, w.replay_port
                 ));
+                peer_workers.push(PeerWorker {
+                    url: format!("http://{}", w.addr),
+                    events: Some(format!("tcp://127.0.0.1:{}", w.events_port)),
+                    replay: Some(format!("tcp://127.0.0.1:{}", w.replay_port)),
+                });
                 workers.push(WorkerHandle::Sim(Box::new(w)));
             }
         } else {
@@ -227,6 +269,11 @@ impl Cluster {
                 if let (Some(ev), Some(rp)) = (&e.events, &e.replay) {
                     endpoints.push(format!("{},{ev},{rp}", e.addr));
                 }
+                peer_workers.push(PeerWorker {
+                    url: format!("http://{}", e.addr),
+                    events: e.events.clone(),
+                    replay: e.replay.clone(),
+                });
                 workers.push(WorkerHandle::External { addr: e.addr.clone() });
             }
         }
@@ -246,6 +293,19 @@ impl Cluster {
         } else {
             (None, None)
         };
+        if let Some(kind) = policy.peer() {
+            let peer = Self::start_peer(topo, kind, peer_workers, &dir).await?;
+            return Ok(Cluster {
+                policy,
+                workers,
+                envoys: Vec::new(),
+                peer: Some(peer),
+                updater,
+                relay,
+                dir,
+                base_delay,
+            });
+        }
         let mut envoys = Vec::new();
         for i in 0..topo.envoy.instances {
             let ports = StackPorts {
@@ -264,7 +324,8 @@ impl Cluster {
                     .with_context(|| format!("starting Envoy {i} for {}", policy.name()))?;
             envoys.push(envoy);
         }
-        let cluster = Cluster { policy, workers, envoys, updater, relay, dir, base_delay };
+        let cluster =
+            Cluster { policy, workers, envoys, peer: None, updater, relay, dir, base_delay };
         let healthy = match policy {
             Policy::Pinned => 1,
             // The oracle's cluster has no fixed members: each request names its destination.
@@ -329,6 +390,26 @@ impl Cluster {
         write_config_text(&name, &text, dir, ports, addrs, &json!({}))
     }
 
+    /// The peer router `kind` in front of `workers`, told the model, its tokenizer bundle and the
+    /// block size the workers announce (`vllm:cache_config_info`), as a provider would.
+    async fn start_peer(
+        topo: &Topology,
+        kind: PeerKind,
+        workers: Vec<PeerWorker>,
+        dir: &std::path::Path,
+    ) -> anyhow::Result<PeerRouter> {
+        let first = workers.first().context("a peer router needs workers")?;
+        let block_size = announced_block_size(&first.url).await?;
+        let cfg = PeerConfig {
+            kind,
+            workers,
+            model: topo.workers.model.name().to_owned(),
+            block_size,
+            tokenizer_dir: topo.workers.model.dir(),
+        };
+        PeerRouter::start(&cfg, dir).await.with_context(|| format!("starting {}", kind.name()))
+    }
+
     /// How kvroute's filter gets the model bundle: the built-in demo bundle needs nothing, any
     /// other comes from the updater.
     fn bundle_from(topo: &Topology) -> BundleFrom {
@@ -338,9 +419,12 @@ impl Cluster {
         }
     }
 
-    /// Base URLs of the Envoy instances.
+    /// Base URLs clients send to: the Envoy instances, or the peer router.
     pub fn urls(&self) -> Vec<String> {
-        self.envoys.iter().map(Envoy::base_url).collect()
+        match &self.peer {
+            Some(p) => vec![p.base_url()],
+            None => self.envoys.iter().map(Envoy::base_url).collect(),
+        }
     }
 
     pub fn addrs(&self) -> Vec<String> {
@@ -373,6 +457,8 @@ impl Cluster {
                     r.set_delay(Duration::from_millis(*delay_ms));
                 }
             }
+            // Muted until `end` (bounded: an hour at most, should the run stop before).
+            Fault::EventOutage { .. } => self.mute_events(3_600_000).await?,
         }
         Ok(())
     }
@@ -390,7 +476,29 @@ impl Cluster {
                     r.set_delay(self.base_delay);
                 }
             }
+            Fault::EventOutage { .. } => self.mute_events(0).await?,
             Fault::WorkerLoss { .. } | Fault::Evict { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// Every simulated worker still up publishes no events for `ms` (0: publishes again).
+    async fn mute_events(&self, ms: u64) -> anyhow::Result<()> {
+        for w in &self.workers {
+            match w {
+                WorkerHandle::Sim(s) => {
+                    match s.admin(&format!("mute-events?ms={ms}"), None).await {
+                        // A crashed worker (409) publishes nothing anyway.
+                        Err(e) if e.to_string().contains("409") => {}
+                        r => {
+                            r?;
+                        }
+                    }
+                }
+                WorkerHandle::External { addr } => {
+                    anyhow::bail!("event outages on external worker {addr} are not supported")
+                }
+            }
         }
         Ok(())
     }
@@ -400,12 +508,24 @@ impl Fault {
     /// How long the fault lasts (zero: a one-off event).
     pub fn duration(&self) -> Duration {
         match self {
-            Fault::UpdaterOutage { duration_ms } | Fault::KnowledgeDelay { duration_ms, .. } => {
-                Duration::from_millis(*duration_ms)
-            }
+            Fault::UpdaterOutage { duration_ms }
+            | Fault::EventOutage { duration_ms }
+            | Fault::KnowledgeDelay { duration_ms, .. } => Duration::from_millis(*duration_ms),
             _ => Duration::ZERO,
         }
     }
+}
+
+/// The block size a vLLM-style worker announces in `vllm:cache_config_info` on `/metrics`.
+async fn announced_block_size(url: &str) -> anyhow::Result<usize> {
+    let text = reqwest::get(format!("{url}/metrics")).await?.error_for_status()?.text().await?;
+    parse_block_size(&text).with_context(|| format!("{url}/metrics has no cache_config_info"))
+}
+
+fn parse_block_size(metrics: &str) -> Option<usize> {
+    let line = metrics.lines().find(|l| l.starts_with("vllm:cache_config_info{"))?;
+    let rest = &line[line.find("block_size=\"")? + "block_size=\"".len()..];
+    rest[..rest.find('"')?].parse().ok()
 }
 
 /// `kvroute.yaml`'s text with the singleton's snapshot poll timeout set to `timeout_ms`.
@@ -458,6 +578,7 @@ mod tests {
             TimedFault { at_ms: 2, fault: Fault::Evict { worker: 0, percent: 50 } },
             TimedFault { at_ms: 3, fault: Fault::UpdaterOutage { duration_ms: 4 } },
             TimedFault { at_ms: 5, fault: Fault::KnowledgeDelay { delay_ms: 6, duration_ms: 7 } },
+            TimedFault { at_ms: 8, fault: Fault::EventOutage { duration_ms: 9 } },
         ];
         let json = serde_json::to_string(&faults).unwrap();
         assert_eq!(serde_json::from_str::<Vec<TimedFault>>(&json).unwrap(), faults);
@@ -468,6 +589,26 @@ mod tests {
         let text = toml::to_string(&Doc { faults: faults.clone() }).unwrap();
         assert_eq!(toml::from_str::<Doc>(&text).unwrap().faults, faults);
         assert!(serde_json::from_str::<TimedFault>(r#"{"at_ms":1,"kind":"nope"}"#).is_err());
+    }
+
+    #[test]
+    fn peers_are_policies_of_their_own() {
+        for p in Policy::PEERS {
+            let kind = p.peer().unwrap();
+            assert_eq!(kind.name(), p.name());
+            assert_eq!(Policy::parse(p.name()).unwrap(), p);
+            assert!(!p.filter() && !p.events());
+        }
+        assert!(Policy::COMPARED.iter().all(|p| p.peer().is_none()));
+    }
+
+    #[test]
+    fn the_block_size_a_worker_announces() {
+        let m = "# TYPE vllm:cache_config_info gauge\n\
+                 vllm:cache_config_info{block_size=\"32\",enable_prefix_caching=\"True\"} 1\n";
+        assert_eq!(parse_block_size(m), Some(32));
+        assert_eq!(parse_block_size("vllm:num_requests_running 1\n"), None);
+        assert_eq!(parse_block_size("vllm:cache_config_info{block_size=\"x\"} 1"), None);
     }
 
     #[test]

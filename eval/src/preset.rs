@@ -84,7 +84,7 @@ fn default_whatif_sample() -> f64 {
     0.25
 }
 
-pub const PRESETS: [&str; 5] = ["demo", "full", "full-70b", "stress", "selfcheck"];
+pub const PRESETS: [&str; 6] = ["demo", "full", "full-70b", "peers", "stress", "selfcheck"];
 
 /// Interactive chat on an 8B-class model: first token within 0.6 s (a cold 8 k-token prefill
 /// alone takes ~0.3 s on one H100), ~20 tokens/s or better.
@@ -238,6 +238,48 @@ fn full_scenarios(seed: u64, slo: Slo) -> Vec<Scenario> {
     ]
 }
 
+/// kvroute against the peer routers (SMG, the vLLM router) on the same arrivals: full's
+/// workloads at their operating point (the conversations as chat, so every router pays its own
+/// tokenization; the rest as token ids), and worker loss, eviction and an event outage applied
+/// to every router alike. Qwen3's real tokenizer and chat template, which the peers load too.
+fn peers_plan(seed: u64) -> ComparisonPlan {
+    let slo = SLO_8B;
+    let mut topo = topology(4, "llama3-8b-h100", 2);
+    topo.workers.model = crate::model::BenchModel::Qwen3;
+    topo.workers.sim_args = map_events();
+    let mut policies = vec![Policy::Kvroute, Policy::LeastRequest];
+    policies.extend(Policy::PEERS);
+    let mut scenarios: Vec<Scenario> = full_scenarios(seed, slo)
+        .into_iter()
+        .filter(|s| s.faults.is_empty())
+        .map(|s| Scenario { rate_scales: Some(vec![1.0]), ..s })
+        .collect();
+    for s in &mut scenarios {
+        if s.workload.name == "multi-turn" {
+            s.workload.name = "conversations-chat".into();
+            s.workload.prompts = PromptForm::Chat;
+        }
+    }
+    let faults = [
+        ("fault-worker-loss", Fault::WorkerLoss { worker: 1 }),
+        ("fault-evict", Fault::Evict { worker: 0, percent: 100 }),
+        ("fault-event-outage", Fault::EventOutage { duration_ms: 6000 }),
+    ];
+    for (i, (name, fault)) in faults.into_iter().enumerate() {
+        scenarios.push(Scenario {
+            policies: Some(policies.clone()),
+            ..fault_scenario(name, seed + 10 + i as u64, slo, fault)
+        });
+    }
+    plan("peers", topo, policies, scenarios)
+}
+
+/// Events as vLLM's msgspec writes them (tagged maps): the vLLM router reads no other form;
+/// kvroute's updater reads both.
+fn map_events() -> Vec<String> {
+    vec!["--event-encoding".into(), "map".into()]
+}
+
 fn topology(count: usize, profile: &str, instances: usize) -> Topology {
     Topology {
         workers: Workers {
@@ -294,15 +336,20 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<ComparisonPlan> {
                 ..multi_turn("multi-turn", seed, SLO_8B, 12, 8000, 1)
             })],
         ),
-        "full" => ComparisonPlan {
-            reference: true,
-            ..plan(
-                "full",
-                topology(4, "llama3-8b-h100", 2),
-                Policy::COMPARED.to_vec(),
-                full_scenarios(seed, SLO_8B),
-            )
-        },
+        "full" => {
+            let mut topo = topology(4, "llama3-8b-h100", 2);
+            topo.workers.sim_args = map_events();
+            ComparisonPlan {
+                reference: true,
+                ..plan(
+                    "full",
+                    topo,
+                    Policy::COMPARED.into_iter().chain(Policy::PEERS).collect(),
+                    full_scenarios(seed, SLO_8B),
+                )
+            }
+        }
+        "peers" => peers_plan(seed),
         // The 70B-on-4xH100 point: the filter keeps its 8B defaults, a prior 2.4x too fast.
         "full-70b" => ComparisonPlan {
             reference: true,
@@ -444,7 +491,13 @@ mod tests {
             }
         }
         let full = preset("full", 7).unwrap();
-        assert_eq!(full.policies.len(), Policy::COMPARED.len());
+        assert_eq!(full.policies.len(), Policy::COMPARED.len() + Policy::PEERS.len());
+        let peers = preset("peers", 7).unwrap();
+        assert!(Policy::PEERS.iter().all(|p| peers.policies.contains(p)));
+        assert!(peers.scenarios.iter().any(|s| s.workload.prompts == PromptForm::Chat));
+        for s in peers.scenarios.iter().filter(|s| !s.faults.is_empty()) {
+            assert_eq!(s.policies(&peers), peers.policies.as_slice(), "faults for everyone");
+        }
         assert_eq!(full.scenarios.len(), 9);
         assert!(full.scenarios.iter().all(|s| s.faults.len() <= 1), "one fault per scenario");
         // Default presets run the sourced profiles as they are.

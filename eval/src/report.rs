@@ -32,6 +32,7 @@ pub mod goals;
 mod learned;
 mod markdown;
 mod output;
+pub mod peers;
 pub(crate) mod plots;
 pub mod regret;
 mod stats;

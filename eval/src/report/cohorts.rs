@@ -35,6 +35,7 @@ fn kind(f: &Fault) -> &'static str {
         Fault::Evict { .. } => "evict",
         Fault::UpdaterOutage { .. } => "updater-outage",
         Fault::KnowledgeDelay { .. } => "knowledge-delay",
+        Fault::EventOutage { .. } => "event-outage",
     }
 }
 

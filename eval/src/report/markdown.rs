@@ -737,6 +737,7 @@ pub fn markdown(report: &Report) -> String {
     out.push('\n');
     ratios(report, &mut out);
     ladder(report, &mut out);
+    super::peers::section(report, &mut out);
     cohort_sections(report, &mut out);
     regret(report, &mut out);
     estimate(report, &mut out);

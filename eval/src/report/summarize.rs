@@ -114,6 +114,7 @@ pub fn summarize(setup: &Setup, runs: &[RunResult]) -> Report {
         comparisons: Vec::new(),
         noise: Vec::new(),
         ladder: Vec::new(),
+        peers: Vec::new(),
         regret: Vec::new(),
         estimate: Vec::new(),
         sweep: Sweep::default(),
@@ -264,6 +265,7 @@ pub fn summarize(setup: &Setup, runs: &[RunResult]) -> Report {
     report.noise = noise;
     report.comparisons = comparisons;
     report.ladder = ladder;
+    report.peers = super::peers::compare(&report);
 
     // Regret and estimate error over the valid runs at the reference rate.
     let valid_at_ref = |name: &str| -> Vec<&RunResult> {

@@ -243,6 +243,30 @@ fn the_ladder_follows_policy_ladder_order() {
 }
 
 #[test]
+fn kvroute_is_compared_with_every_peer_that_ran() {
+    let runs = vec![
+        rep_run("kvroute", 0, 50.0),
+        rep_run("least-request", 0, 100.0),
+        rep_run("smg-cache-aware", 0, 100.0),
+        rep_run("vllm-router-kv-aware", 0, 40.0),
+    ];
+    let report = summarize(&scope(), None, SLO, &runs);
+    let peers: Vec<&str> = report.peers.iter().map(|p| p.peer.as_str()).collect();
+    assert_eq!(peers, ["smg-cache-aware", "vllm-router-kv-aware"]);
+    let p50 =
+        |i: usize| *report.peers[i].metrics.iter().find(|m| m.metric == Metric::TtftP50).unwrap();
+    assert!(p50(0).ratio.median.is_some_and(|x| x < 1.0));
+    assert_eq!(p50(0).verdict, RepeatVerdict::Better);
+    assert_eq!(p50(1).verdict, RepeatVerdict::Worse);
+    let md = markdown(&report);
+    assert!(md.contains("## kvroute against the peer routers"), "{md}");
+    assert!(md.contains("| smg-cache-aware | 1 / 1 |"), "{md}");
+    // Without a peer, no section.
+    let alone = summarize(&scope(), None, SLO, &runs[..2]);
+    assert!(alone.peers.is_empty() && !markdown(&alone).contains("peer routers"));
+}
+
+#[test]
 fn derived_cohorts_ceilings_regret_and_estimates_reach_the_report() {
     let w = workers(2);
     let hot = |id: usize, worker: &str| {

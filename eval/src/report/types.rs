@@ -99,6 +99,9 @@ pub struct Report {
     /// The ablation ladder ([`Policy::LADDER`](crate::cluster::Policy::LADDER), the rungs that ran), cohort `all`.
     #[serde(default)]
     pub ladder: Vec<LadderStep>,
+    /// kvroute against each peer router that ran, cohort `all`.
+    #[serde(default)]
+    pub peers: Vec<super::peers::PeerComparison>,
     #[serde(default)]
     pub regret: Vec<RegretStats>,
     #[serde(default)]

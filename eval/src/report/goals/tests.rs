@@ -102,6 +102,7 @@ fn report(workload: &str, cohorts: &[&str], policies: &[&str], repeats: usize) -
         comparisons,
         noise,
         ladder: Vec::new(),
+        peers: Vec::new(),
         regret: Vec::new(),
         estimate: Vec::new(),
         sweep: Default::default(),
