@@ -106,7 +106,9 @@ pub struct PeerConfig {
     /// The workers' KV block size (tokens).
     pub block_size: usize,
     /// A model directory with `tokenizer.json` and `tokenizer_config.json` (chat template),
-    /// e.g. `.cache/models/qwen3`.
+    /// e.g. `.cache/models/qwen3`. Unused by the three configurations with HTTP workers:
+    /// vllm-router's kv_aware has the worker tokenize (it counts exactly the worker's prompt
+    /// tokens, any tokenizer), and both cache_aware policies match request text.
     pub tokenizer_dir: Option<PathBuf>,
 }
 
@@ -155,9 +157,6 @@ impl PeerRouter {
         let mut cmd = Command::new("sh");
         cmd.arg("-c").arg("exec \"$0\" \"$@\" 1>&2").arg(venv.join("bin").join(cfg.kind.program()));
         cmd.args(&args).process_group(0).env("PYTHONUNBUFFERED", "1");
-        if let (PeerKind::VllmRouterKvAware, Some(t)) = (cfg.kind, &cfg.tokenizer_dir) {
-            cmd.env("VLLM_ROUTER_TOKENIZER", t);
-        }
         let log = dir.join(format!("{}.log", cfg.kind.name()));
         let guard = Guard::spawn(cfg.kind.name(), cmd, &log)?;
         let pid = guard.pid();

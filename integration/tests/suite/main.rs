@@ -21,6 +21,7 @@ mod layout;
 mod lora;
 mod misdeploy;
 mod models;
+mod peers;
 mod replicas;
 mod robustness;
 mod routing;
