@@ -1,25 +1,37 @@
-//! kvroute-proxybench: what the kvroute filter costs in proxy throughput. Requests per second
-//! through one Envoy (2 worker threads by default) running the shipped `envoy/kvroute.yaml`,
-//! against the same bootstrap with the wasm filter taken out (`envoy/buffer-only.yaml`: the same
-//! listener, native header_mutation and buffer filters, and worker cluster), for short and
-//! ~8 k-token chat prompts.
+//! kvroute-proxybench: what a router's own decision costs. Requests per second through one
+//! Envoy (2 worker threads by default) running the shipped `envoy/kvroute.yaml`, against the
+//! same bootstrap with the wasm filter taken out (`envoy/buffer-only.yaml`: the same listener,
+//! native header_mutation and buffer filters, and worker cluster), for short and ~8 k-token chat
+//! prompts; with `--peers`, also through the peer routers the evaluation runs (SMG and the vLLM
+//! router, each as the harness configures it, from `kvroute_stack::peers`). Per router: requests
+//! per second, CPU seconds per 1000 requests of its process tree, its peak and end resident
+//! memory, and what it asked of the upstreams per request.
 //!
-//! The upstream is a fixture in this process that answers every chat request at once with a
-//! fixed small OpenAI response (and `/health`), so Envoy and the filter are the bottleneck,
-//! not a simulated engine's prefill. It stands in for nothing in the product.
+//! The upstream is a fixture in this process (`proxybench/upstream.rs`): two loopback servers
+//! answering every chat request at once with a fixed small OpenAI response, so the router is
+//! the bottleneck, not a simulated engine's prefill. It stands in for nothing in the product.
 //!
-//! Each prompt is new to the filter (a per-request number leads the user message), so every
-//! request renders and tokenizes in full: the cold path. Order: baseline, kvroute, baseline
-//! again; the two baseline runs give the noise floor.
+//! Each prompt is new to the router (a per-request number leads the user message), so every
+//! request is decided cold. Order per prompt size: baseline, kvroute, the peers, baseline
+//! again; the two baseline runs give the noise floor. Every router is started fresh per run.
 //!
-//! Run: `target/release/kvroute-proxybench [--model qwen3] [--seconds 10]` (after `./dev build`).
+//! Run: `target/release/kvroute-proxybench [--model qwen3] [--seconds 10] [--peers]
+//! [--json out.json]` (after `./dev build`; `--peers` after `./dev setup` installed them).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+#[path = "proxybench/load.rs"]
+mod load;
+#[path = "proxybench/peer.rs"]
+mod peer;
+#[path = "proxybench/procstat.rs"]
+mod procstat;
+#[path = "proxybench/table.rs"]
+mod table;
+#[path = "proxybench/upstream.rs"]
+mod upstream;
+
+use std::path::PathBuf;
 
 use anyhow::Context;
-use axum::routing::{get, post};
 use clap::Parser;
 use kvroute_stack::envoy::Envoy;
 use kvroute_stack::paths;
@@ -27,7 +39,9 @@ use kvroute_stack::stack::{write_config, BundleFrom, Pool, StackPorts};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
-#[command(about = "Requests per second through Envoy with and without the kvroute filter")]
+#[command(
+    about = "Requests per second, CPU and memory of kvroute in Envoy, and of the peer routers"
+)]
 struct Args {
     /// `demo` (built-in bundle) or `qwen3` (from `./dev setup`, given inline to the filter).
     #[arg(long, default_value = "qwen3")]
@@ -48,105 +62,40 @@ struct Args {
     /// Which prompt sizes to run: `short`, `8k` (repeatable; default both).
     #[arg(long = "prompt")]
     prompts: Vec<String>,
+    /// Also run every peer router (`smg-cache-aware`, `vllm-router-cache-aware`,
+    /// `vllm-router-kv-aware`) in the configuration the evaluation harness uses.
+    #[arg(long)]
+    peers: bool,
+    /// Run only these peer routers (repeatable; implies `--peers`).
+    #[arg(long = "peer")]
+    peer: Vec<String>,
+    /// Also write the tables as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
-const RESPONSE: &str = r#"{"id":"cmpl-bench","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}"#;
-
-/// Two loopback upstreams answering at once (after reading the request body).
-async fn upstreams() -> anyhow::Result<Vec<String>> {
-    let mut addrs = Vec::new();
-    for _ in 0..2 {
-        let app = axum::Router::new().route("/health", get(|| async { "ok" })).route(
-            "/{*path}",
-            // Reads the whole body first, as an engine does (an answer before the body is
-            // read makes the server close the connection under Envoy's feet).
-            post(|body: axum::body::Bytes| async move {
-                let _ = body.len();
-                ([("content-type", "application/json")], RESPONSE)
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        addrs.push(listener.local_addr()?.to_string());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-    }
-    Ok(addrs)
+/// A router under load: its URL and the process whose tree is measured.
+struct Running {
+    url: String,
+    pid: u32,
+    stop: Stop,
 }
 
-/// The filter's configuration: one pool of `addrs`, its bundle inline (no updater here).
-fn filter_config(model: &str, addrs: &[String]) -> anyhow::Result<(String, Value)> {
-    let pool = match model {
-        "qwen3" => Pool::qwen3(addrs.len()),
-        "demo" => Pool::demo(addrs.len()),
-        other => anyhow::bail!("unknown --model {other} (demo or qwen3)"),
-    };
-    let pool = Pool { bundle: BundleFrom::Inline, ..pool };
-    Ok((pool.model.clone(), json!({"models": [pool.filter_model(addrs)?]})))
+enum Stop {
+    Envoy(Envoy),
+    Peer(peer::Started),
 }
 
-/// The body of request `n`: a user message led by `n`, so no two prompts share a prefix past
-/// the template's first tokens.
-fn body(model: &str, words: &str, n: u64) -> String {
-    json!({"model": model, "max_tokens": 1,
-           "messages": [{"role": "user", "content": format!("{n} {words}")}]})
-    .to_string()
-}
-
-/// Requests per second over `seconds` after a warm-up, all answers checked.
-async fn measure(url: &str, model: &str, words: &str, a: &Args) -> anyhow::Result<f64> {
-    let http = reqwest::Client::builder().pool_max_idle_per_host(a.concurrency).build()?;
-    let counter = Arc::new(AtomicU64::new(0));
-    let failures = Arc::new(AtomicU64::new(0));
-    let seq = Arc::new(AtomicU64::new(0));
-    let run = |until: Instant, count: bool| {
-        let mut tasks = Vec::new();
-        for _ in 0..a.concurrency {
-            let (http, url, counter, failures, seq) =
-                (http.clone(), url.to_owned(), counter.clone(), failures.clone(), seq.clone());
-            let (model, words) = (model.to_owned(), words.to_owned());
-            tasks.push(tokio::spawn(async move {
-                while Instant::now() < until {
-                    let n = seq.fetch_add(1, Ordering::Relaxed);
-                    let r = http
-                        .post(&url)
-                        .header("content-type", "application/json")
-                        .body(body(&model, &words, n))
-                        .send()
-                        .await;
-                    let ok = match r {
-                        Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
-                        Ok(r) => {
-                            let status = r.status();
-                            let text = r.text().await.unwrap_or_default();
-                            eprintln!("{status}: {}", text.chars().take(200).collect::<String>());
-                            false
-                        }
-                        Err(e) => {
-                            eprintln!("{e}");
-                            false
-                        }
-                    };
-                    if count {
-                        if ok { &counter } else { &failures }.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }));
+impl Running {
+    async fn stop(self) {
+        match self.stop {
+            Stop::Envoy(mut e) => e.guard.kill().await,
+            Stop::Peer(p) => p.stop().await,
         }
-        tasks
-    };
-    for t in run(Instant::now() + Duration::from_secs(2), false) {
-        t.await?;
     }
-    let started = Instant::now();
-    for t in run(started + Duration::from_secs(a.seconds), true) {
-        t.await?;
-    }
-    let secs = started.elapsed().as_secs_f64();
-    let bad = failures.load(Ordering::Relaxed);
-    anyhow::ensure!(bad == 0, "{bad} requests failed");
-    Ok(counter.load(Ordering::Relaxed) as f64 / secs)
 }
 
-async fn envoy(template: &str, addrs: &[String], cfg: &Value, a: &Args) -> anyhow::Result<Envoy> {
+async fn envoy(template: &str, addrs: &[String], cfg: &Value, a: &Args) -> anyhow::Result<Running> {
     let dir = paths::scratch_dir(&format!("proxybench-{}", template.trim_end_matches(".yaml")))?;
     let ports = StackPorts {
         admin: paths::free_port()?,
@@ -156,47 +105,106 @@ async fn envoy(template: &str, addrs: &[String], cfg: &Value, a: &Args) -> anyho
     let path = write_config(template, &dir, ports, addrs, cfg)?;
     let envoy = Envoy::start(&path, ports.admin, ports.listen, &dir, a.envoy_threads).await?;
     envoy.wait_healthy(addrs.len()).await?;
-    Ok(envoy)
+    let pid = envoy.guard.pid().context("Envoy exited")?;
+    Ok(Running { url: format!("{}{}", envoy.base_url(), a.path), pid, stop: Stop::Envoy(envoy) })
+}
+
+/// One row: start the router, load it, measure, stop it.
+async fn run_one(
+    router: &str,
+    prompt: (&str, &str),
+    setup: &Setup,
+    a: &Args,
+) -> anyhow::Result<table::Sample> {
+    let running = match router {
+        "buffer-only" => envoy("buffer-only.yaml", &setup.addrs, &setup.filter, a).await?,
+        "kvroute" => envoy("kvroute.yaml", &setup.addrs, &setup.filter, a).await?,
+        peer => {
+            let p = peer::start(peer, &setup.addrs, &setup.pool).await?;
+            Running {
+                url: format!("{}{}", p.base_url(), a.path),
+                pid: p.pid()?,
+                stop: Stop::Peer(p),
+            }
+        }
+    };
+    let load = load::Load {
+        url: &running.url,
+        model: &setup.pool.model,
+        words: prompt.1,
+        concurrency: a.concurrency,
+        seconds: a.seconds,
+    };
+    let (pid, tck, calls) = (running.pid, setup.ticks_per_s, &setup.calls);
+    // The router's CPU seconds and the upstream calls so far, at both edges of the window.
+    let probe = || (procstat::cpu_seconds(pid, tck).unwrap_or(f64::NAN), calls.snapshot());
+    let window = load::measure(&load, probe).await;
+    let mem = procstat::mem(pid);
+    running.stop().await;
+    let w = window.with_context(|| format!("{router}, {} prompts", prompt.0))?;
+    let mem = mem.with_context(|| format!("{router} exited during the run"))?;
+    Ok(table::Sample {
+        requests: w.requests,
+        secs: w.secs,
+        cpu_s: w.after.0 - w.before.0,
+        hwm_kb: mem.hwm_kb,
+        rss_kb: mem.rss_kb,
+        upstream_calls: upstream::per_request(w.before.1, w.after.1, w.requests),
+    })
+}
+
+struct Setup {
+    addrs: Vec<String>,
+    calls: std::sync::Arc<upstream::Calls>,
+    pool: Pool,
+    filter: Value,
+    ticks_per_s: f64,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    let addrs = upstreams().await?;
-    let (model, cfg) = filter_config(&a.model, &addrs)?;
+    let pool = match a.model.as_str() {
+        "qwen3" => Pool::qwen3(2),
+        "demo" => Pool::demo(2),
+        other => anyhow::bail!("unknown --model {other} (demo or qwen3)"),
+    };
+    let pool = Pool { bundle: BundleFrom::Inline, ..pool };
+    let (addrs, calls) = upstream::start(2, &pool.model).await?;
+    // The filter's configuration: one pool of the two upstreams, its bundle inline (no updater).
+    let filter = json!({"models": [pool.filter_model(&addrs)?]});
+    let setup = Setup { addrs, calls, pool, filter, ticks_per_s: procstat::clock_ticks() };
+    let mut routers = vec!["kvroute".to_string()];
+    if a.peers || !a.peer.is_empty() {
+        routers.extend(peer::names(&a.peer)?);
+    }
     let short = "Summarize the plot of a short story about a lighthouse keeper.".to_string();
     let long = kvroute_testkit::textgen::words(0x8_0000, 6_400);
     println!(
         "kvroute-proxybench: model {}, {} Envoy threads, {} connections, {} s per run",
         a.model, a.envoy_threads, a.concurrency, a.seconds
     );
-    println!(
-        "{:<10} {:>14} {:>14} {:>14} {:>8} {:>12}",
-        "prompt", "baseline rps", "kvroute rps", "baseline2 rps", "ratio", "noise floor"
-    );
+    let mut tables = Vec::new();
     for (name, words) in [("short", &short), ("8k", &long)] {
         if !a.prompts.is_empty() && !a.prompts.iter().any(|p| p == name) {
             continue;
         }
-        let mut rps = Vec::new();
-        for template in ["buffer-only.yaml", "kvroute.yaml", "buffer-only.yaml"] {
-            let mut e = envoy(template, &addrs, &cfg, &a).await?;
-            let url = format!("{}{}", e.base_url(), a.path);
-            let r = measure(&url, &model, words, &a).await;
-            e.guard.kill().await;
-            rps.push(r.with_context(|| format!("{template}, {name} prompts"))?);
+        let first = run_one("buffer-only", (name, words), &setup, &a).await?;
+        let mut rows = Vec::new();
+        for r in &routers {
+            rows.push((r.clone(), run_one(r, (name, words), &setup, &a).await?));
         }
-        let base = (rps[0] + rps[2]) / 2.0;
-        let floor = (rps[0] - rps[2]).abs() / base;
-        println!(
-            "{:<10} {:>14.0} {:>14.0} {:>14.0} {:>7.2}x {:>11.1}%",
-            name,
-            rps[0],
-            rps[1],
-            rps[2],
-            rps[1] / base,
-            floor * 100.0
-        );
+        let last = run_one("buffer-only", (name, words), &setup, &a).await?;
+        let t = table::summarize(name, first, rows, last);
+        println!("\n{}", table::render(&t));
+        tables.push(t);
+    }
+    if let Some(path) = &a.json {
+        let out = json!({"model": a.model, "seconds": a.seconds, "concurrency": a.concurrency,
+            "envoy_threads": a.envoy_threads, "path": a.path,
+            "tables": tables.iter().map(table::to_json).collect::<Vec<_>>()});
+        std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
