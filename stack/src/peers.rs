@@ -47,18 +47,19 @@ impl PeerKind {
     pub fn flags(self) -> &'static str {
         match self {
             PeerKind::SmgCacheAware => {
-                "smg 1.13.0 launch --policy cache_aware (its default policy, default thresholds: \
-                 approximate per-worker text prefix trees over what it routed, load spill)"
+                "smg 1.13.0 launch --policy cache_aware (its default policy and thresholds: \
+                 per-worker text prefix trees of what it routed, load spill; workers registered \
+                 as vLLM engines, as it detects real vLLM, so it polls their load)"
             }
             PeerKind::VllmRouterCacheAware => {
-                "vllm-router 0.1.17 --policy cache_aware (its default policy, default thresholds: \
-                 approximate per-worker text prefix trees over what it routed, load balance)"
+                "vllm-router 0.1.17 --policy cache_aware (its default policy and thresholds: \
+                 per-worker text prefix trees of what it routed, load balance)"
             }
             PeerKind::VllmRouterKvAware => {
-                "vllm-router 0.1.17 --policy kv_aware --kv-event-source/--kv-event-replay-source \
-                 per worker, --kv-event-block-size = the workers' block size, --kv-event-model = \
-                 the served model (its documented setup: the workers' own KV events; the workers \
-                 publish map-encoded events as vLLM 0.33 does)"
+                "vllm-router 0.1.17 --policy kv_aware with each worker's --kv-event-source and \
+                 --kv-event-replay-source, --kv-event-block-size = the workers' block size, \
+                 --kv-event-model = the served model (its documented setup: matches the workers' \
+                 KV events by token ids; the worker tokenizes each request for it)"
             }
         }
     }
@@ -161,21 +162,27 @@ impl PeerRouter {
         let guard = Guard::spawn(cfg.kind.name(), cmd, &log)?;
         let pid = guard.pid();
         let mut router = PeerRouter { guard, kind: cfg.kind, port, metrics_port, pid, log };
-        if let Err(e) = router.wait_ready(cfg.workers.len()).await {
+        if let Err(e) = router.wait_ready(cfg).await {
             anyhow::bail!("{}: {e:#}\n{}", cfg.kind.name(), router.log_tail(30));
         }
         Ok(router)
     }
 
-    async fn wait_ready(&mut self, workers: usize) -> anyhow::Result<()> {
+    async fn wait_ready(&mut self, cfg: &PeerConfig) -> anyhow::Result<()> {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
         let base = self.base_url();
+        let workers = cfg.workers.len();
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        let mut registered = cfg.kind != PeerKind::SmgCacheAware;
         loop {
             if let Some(status) = self.guard.try_exit() {
                 anyhow::bail!("exited at start ({status})");
             }
-            if ready(&http, &base, workers).await {
+            if !registered && live(&http, &base).await {
+                register_vllm_workers(&http, &base, &cfg.workers).await?;
+                registered = true;
+            }
+            if registered && ready(&http, &base, workers).await {
                 return Ok(());
             }
             anyhow::ensure!(
@@ -239,6 +246,30 @@ impl Drop for PeerRouter {
     }
 }
 
+/// Whether the router answers `/liveness`.
+async fn live(http: &reqwest::Client, base: &str) -> bool {
+    http.get(format!("{base}/liveness")).send().await.is_ok_and(|r| r.status().is_success())
+}
+
+/// Registers `workers` with smg as vLLM engines (`POST /workers` with `runtime_type: vllm`). In
+/// front of real vLLM, smg detects that itself (`/v1/models` owned_by "vllm", or `GET /version`)
+/// and then polls the engines' load for its spill and overload decisions; the simulated workers
+/// expose neither, so `--worker-urls` would register them as `generic` OpenAI servers whose load
+/// it never reads ("No loads fetched for group").
+async fn register_vllm_workers(
+    http: &reqwest::Client,
+    base: &str,
+    workers: &[PeerWorker],
+) -> anyhow::Result<()> {
+    for w in workers {
+        let body = serde_json::json!({"url": w.url, "runtime_type": "vllm"});
+        let r = http.post(format!("{base}/workers")).json(&body).send().await?;
+        let status = r.status();
+        anyhow::ensure!(status.is_success(), "registering {}: {status} {}", w.url, r.text().await?);
+    }
+    Ok(())
+}
+
 /// Whether `/readiness` counts `workers` healthy workers and `/v1/models` answers.
 async fn ready(http: &reqwest::Client, base: &str, workers: usize) -> bool {
     let Ok(r) = http.get(format!("{base}/readiness")).send().await else { return false };
@@ -278,8 +309,11 @@ pub fn command_args(cfg: &PeerConfig, port: u16, metrics_port: u16) -> anyhow::R
     let (port, metrics_port) = (port.to_string(), metrics_port.to_string());
     push(&["--host", "127.0.0.1", "--port", &port]);
     push(&["--prometheus-host", "127.0.0.1", "--prometheus-port", &metrics_port]);
-    a.push("--worker-urls".into());
-    a.extend(cfg.workers.iter().map(|w| w.url.clone()));
+    // smg learns its workers through its API once up (see `register_vllm_workers`).
+    if cfg.kind != PeerKind::SmgCacheAware {
+        a.push("--worker-urls".into());
+        a.extend(cfg.workers.iter().map(|w| w.url.clone()));
+    }
     match cfg.kind {
         PeerKind::SmgCacheAware | PeerKind::VllmRouterCacheAware => {
             a.extend(["--policy".into(), "cache_aware".into()]);

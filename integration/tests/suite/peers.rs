@@ -100,6 +100,16 @@ fn prefix(seed: u64) -> String {
 async fn follows_its_own_placement(kind: PeerKind) {
     let Some((_sims, router)) = start(kind).await else { return };
     routes(&router).await;
+    if kind == PeerKind::SmgCacheAware {
+        // Registered as vLLM engines (whose load it polls), not generic OpenAI servers.
+        let url = format!("{}/workers", router.base_url());
+        let v: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+        let kinds: Vec<&str> = v["workers"]
+            .as_array()
+            .map(|ws| ws.iter().filter_map(|w| w["runtime_type"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(kinds, ["vllm", "vllm"], "{v}");
+    }
     for seed in 0..3 {
         let p = prefix(seed);
         let first = chat(&router.base_url(), &body(&p, "First question?")).await;
