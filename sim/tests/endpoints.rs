@@ -319,3 +319,19 @@ async fn what_if_takes_responses_and_messages_requests() {
         assert!(a["cached_tokens"].as_u64().unwrap() > 0, "{endpoint}: {a}");
     }
 }
+
+#[tokio::test]
+async fn it_says_it_is_vllm_where_gateways_look() {
+    let (_w, port) = start().await;
+    let get = |path: &'static str| async move {
+        reqwest::get(format!("http://127.0.0.1:{port}{path}"))
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    assert_eq!(get("/version").await["version"], kvroute_sim::api::VLLM_VERSION);
+    let models = get("/v1/models").await;
+    assert_eq!(models["data"][0]["owned_by"], "vllm");
+}

@@ -85,6 +85,7 @@ pub fn router(w: Arc<Worker>) -> Router {
         .route("/v1/responses", post(responses_route))
         .route("/v1/messages", post(messages_route))
         .route("/v1/models", get(models))
+        .route("/version", get(version))
         .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
         .route("/tokenize", post(tokenize))
@@ -616,12 +617,20 @@ async fn what_if(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
     }
 }
 
-/// vLLM's model list: the base model (`parent: null`, `root` = its path), then each loaded
+/// The vLLM release whose observable behaviour the simulator follows, as `GET /version` says
+/// it (gateways such as SMG tell a vLLM engine by it, or by `owned_by` in `/v1/models`).
+pub const VLLM_VERSION: &str = "0.33.0";
+
+async fn version() -> Response {
+    axum::Json(json!({ "version": VLLM_VERSION })).into_response()
+}
+
+/// vLLM's model list (`owned_by: "vllm"`, as vLLM writes it): the base model (`parent: null`, `root` = its path), then each loaded
 /// adapter (`parent` = the base model, `root` = the adapter's path).
 async fn models(State(w): State<Arc<Worker>>) -> Response {
     let created = now_s();
     let card = |id: &str, root: &str, parent: Option<&str>, max_len: Option<usize>| {
-        json!({"id": id, "object": "model", "created": created, "owned_by": "kvroute-sim",
+        json!({"id": id, "object": "model", "created": created, "owned_by": "vllm",
             "root": root, "parent": parent, "max_model_len": max_len,
             "permission": [{"id": format!("modelperm-{id}"), "object": "model_permission",
                 "created": created, "allow_create_engine": false, "allow_sampling": true,
