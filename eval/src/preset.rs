@@ -239,9 +239,10 @@ fn full_scenarios(seed: u64, slo: Slo) -> Vec<Scenario> {
 }
 
 /// kvroute against the peer routers (SMG, the vLLM router) on the same arrivals: full's
-/// workloads at their operating point (the conversations as chat, so every router pays its own
-/// tokenization; the rest as token ids), and worker loss, eviction and an event outage applied
-/// to every router alike. Qwen3's real tokenizer and chat template, which the peers load too.
+/// workloads at their operating point, all as chat (every router pays its own tokenization, as
+/// deployed; SMG also refuses token-id prompts), and worker loss, eviction and an event outage
+/// applied to every router alike. Qwen3's real tokenizer and chat template, which the peers load
+/// too.
 fn peers_plan(seed: u64) -> ComparisonPlan {
     let slo = SLO_8B;
     let mut topo = topology(4, "llama3-8b-h100", 2);
@@ -254,12 +255,6 @@ fn peers_plan(seed: u64) -> ComparisonPlan {
         .filter(|s| s.faults.is_empty())
         .map(|s| Scenario { rate_scales: Some(vec![1.0]), ..s })
         .collect();
-    for s in &mut scenarios {
-        if s.workload.name == "multi-turn" {
-            s.workload.name = "conversations-chat".into();
-            s.workload.prompts = PromptForm::Chat;
-        }
-    }
     let faults = [
         ("fault-worker-loss", Fault::WorkerLoss { worker: 1 }),
         ("fault-evict", Fault::Evict { worker: 0, percent: 100 }),
@@ -270,6 +265,9 @@ fn peers_plan(seed: u64) -> ComparisonPlan {
             policies: Some(policies.clone()),
             ..fault_scenario(name, seed + 10 + i as u64, slo, fault)
         });
+    }
+    for s in &mut scenarios {
+        s.workload.prompts = PromptForm::Chat;
     }
     plan("peers", topo, policies, scenarios)
 }
@@ -341,12 +339,7 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<ComparisonPlan> {
             topo.workers.sim_args = map_events();
             ComparisonPlan {
                 reference: true,
-                ..plan(
-                    "full",
-                    topo,
-                    Policy::COMPARED.into_iter().chain(Policy::PEERS).collect(),
-                    full_scenarios(seed, SLO_8B),
-                )
+                ..plan("full", topo, Policy::COMPARED.to_vec(), full_scenarios(seed, SLO_8B))
             }
         }
         "peers" => peers_plan(seed),
@@ -491,10 +484,10 @@ mod tests {
             }
         }
         let full = preset("full", 7).unwrap();
-        assert_eq!(full.policies.len(), Policy::COMPARED.len() + Policy::PEERS.len());
+        assert_eq!(full.policies.len(), Policy::COMPARED.len());
         let peers = preset("peers", 7).unwrap();
         assert!(Policy::PEERS.iter().all(|p| peers.policies.contains(p)));
-        assert!(peers.scenarios.iter().any(|s| s.workload.prompts == PromptForm::Chat));
+        assert!(peers.scenarios.iter().all(|s| s.workload.prompts == PromptForm::Chat));
         for s in peers.scenarios.iter().filter(|s| !s.faults.is_empty()) {
             assert_eq!(s.policies(&peers), peers.policies.as_slice(), "faults for everyone");
         }
