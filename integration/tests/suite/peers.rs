@@ -121,6 +121,24 @@ async fn follows_its_own_placement(kind: PeerKind) {
             again.body
         );
     }
+    // Its own count of requests matched in its prefix trees.
+    let matched = match kind {
+        PeerKind::SmgCacheAware => r#"smg_cache_aware_policy_branch_total{branch="tree_match"}"#,
+        _ => {
+            r#"vllm_router_prefix_routing_decisions_total{policy="cache_aware",stage="regular",outcome="prefix_hit"}"#
+        }
+    };
+    let hits = metric(&router, matched).await;
+    assert!(hits >= 3.0, "{matched} = {hits}");
+}
+
+/// The value of the sample of the peer's Prometheus text whose line starts with `series`.
+async fn metric(router: &PeerRouter, series: &str) -> f64 {
+    let text = reqwest::get(router.metrics_url()).await.unwrap().text().await.unwrap();
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// kv_aware: a prefix served directly by worker `a` (only its KV events tell the router) is
@@ -156,12 +174,7 @@ async fn follows_kv_events(kind: PeerKind) {
             router.log_tail(20)
         );
     }
-    let metrics = reqwest::get(router.metrics_url()).await.unwrap().text().await.unwrap();
-    let hits = metrics
-        .lines()
-        .find(|l| l.starts_with("vllm_router_kv_placement_lookups_total{result=\"hit\"}"))
-        .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .unwrap_or(0.0);
+    let hits = metric(&router, r#"vllm_router_kv_placement_lookups_total{result="hit"}"#).await;
     assert!(hits >= 2.0, "placement hits {hits}");
     let log = std::fs::read_to_string(router.log_path()).unwrap_or_default();
     assert!(!log.contains("kv_index decode batch"), "undecoded batches:\n{}", router.log_tail(20));
