@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod dashboard;
+pub mod dynamo;
 pub mod engines;
 pub mod envoy;
 pub mod help;
