@@ -228,6 +228,14 @@ impl PeerRouter {
         crate::process::log_tail(&self.log, n)
     }
 
+    /// How many KV-event batches it could not decode so far (vllm-router's
+    /// `kv_index decode batch: ...` warnings, e.g. array-encoded events or missing fields):
+    /// anything above 0 means kv_aware is routing without (some of) the workers' events.
+    pub fn undecoded_event_batches(&self) -> usize {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        log.lines().filter(|l| l.contains("kv_index decode batch")).count()
+    }
+
     /// Its log file.
     pub fn log_path(&self) -> &Path {
         &self.log

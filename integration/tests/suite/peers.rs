@@ -176,8 +176,8 @@ async fn follows_kv_events(kind: PeerKind) {
     }
     let hits = metric(&router, r#"vllm_router_kv_placement_lookups_total{result="hit"}"#).await;
     assert!(hits >= 2.0, "placement hits {hits}");
-    let log = std::fs::read_to_string(router.log_path()).unwrap_or_default();
-    assert!(!log.contains("kv_index decode batch"), "undecoded batches:\n{}", router.log_tail(20));
+    let undecoded = router.undecoded_event_batches();
+    assert_eq!(undecoded, 0, "undecoded event batches:\n{}", router.log_tail(20));
 }
 
 #[tokio::test]
