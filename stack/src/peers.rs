@@ -343,3 +343,64 @@ pub fn command_args(cfg: &PeerConfig, port: u16, metrics_port: u16) -> anyhow::R
     }
     Ok(a)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(kind: PeerKind) -> PeerConfig {
+        let workers = (0..2)
+            .map(|i| PeerWorker {
+                url: format!("http://127.0.0.1:800{i}"),
+                events: Some(format!("tcp://127.0.0.1:555{i}")),
+                replay: (i == 0).then(|| "tcp://127.0.0.1:5560".to_owned()),
+            })
+            .collect();
+        PeerConfig { kind, workers, model: "qwen3".into(), block_size: 32, tokenizer_dir: None }
+    }
+
+    fn after<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
+        args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].as_str()).collect()
+    }
+
+    #[test]
+    fn every_peer_binds_loopback_and_runs_its_policy() {
+        for kind in PeerKind::ALL {
+            let a = command_args(&cfg(kind), 9000, 9001).unwrap();
+            assert_eq!(after(&a, "--host"), ["127.0.0.1"], "{kind:?}");
+            assert_eq!(after(&a, "--prometheus-host"), ["127.0.0.1"], "{kind:?}");
+            assert_eq!(after(&a, "--prometheus-port"), ["9001"], "{kind:?}");
+            let policy = if kind.uses_events() { "kv_aware" } else { "cache_aware" };
+            assert_eq!(after(&a, "--policy"), [policy], "{kind:?}");
+            assert_eq!(PeerKind::parse(kind.name()), Some(kind));
+        }
+        // smg learns its workers through its API (as vLLM engines), the others from the flag.
+        let smg = command_args(&cfg(PeerKind::SmgCacheAware), 1, 2).unwrap();
+        assert_eq!(smg[0], "launch");
+        assert!(!smg.contains(&"--worker-urls".to_owned()));
+        let v = command_args(&cfg(PeerKind::VllmRouterCacheAware), 1, 2).unwrap();
+        assert_eq!(after(&v, "--worker-urls"), ["http://127.0.0.1:8000"]);
+        assert!(v.contains(&"http://127.0.0.1:8001".to_owned()));
+    }
+
+    #[test]
+    fn kv_aware_gets_each_workers_events_block_size_and_model() {
+        let a = command_args(&cfg(PeerKind::VllmRouterKvAware), 1, 2).unwrap();
+        assert_eq!(
+            after(&a, "--kv-event-source"),
+            [
+                "http://127.0.0.1:8000=tcp://127.0.0.1:5550",
+                "http://127.0.0.1:8001=tcp://127.0.0.1:5551"
+            ]
+        );
+        assert_eq!(
+            after(&a, "--kv-event-replay-source"),
+            ["http://127.0.0.1:8000=tcp://127.0.0.1:5560"]
+        );
+        assert_eq!(after(&a, "--kv-event-block-size"), ["32"]);
+        assert_eq!(after(&a, "--kv-event-model"), ["qwen3"]);
+        let mut no_events = cfg(PeerKind::VllmRouterKvAware);
+        no_events.workers[1].events = None;
+        assert!(command_args(&no_events, 1, 2).is_err());
+    }
+}
