@@ -11,6 +11,7 @@ mod configs;
 mod dashboard;
 mod deploy_k8s;
 mod discovery;
+mod dynamo;
 mod engine_sglang;
 mod engine_vllm;
 mod failsafe;
