@@ -2,7 +2,7 @@
 
 Dynamo's frontend (`python -m dynamo.frontend --router-mode kv`) routes only to workers that
 register through Dynamo's runtime and serve its request plane; it cannot be pointed at an
-OpenAI-compatible URL. Two roles, one process each, started by stack/src/dynamo.rs:
+OpenAI-compatible URL. Three roles, one process each, started by stack/src/dynamo.rs:
 
   worker  registers one simulated worker as a Dynamo worker (token-id input, chat and
           completions), forwards each preprocessed request (token ids, max_tokens) to the
@@ -13,6 +13,8 @@ OpenAI-compatible URL. Two roles, one process each, started by stack/src/dynamo.
           (DYN_ZMQ_BROKER_URL): without a broker every Dynamo event publisher binds its own
           PUB socket on 0.0.0.0, which no setting changes; with one, publishers and subscribers
           connect to this relay instead and nothing listens beyond loopback.
+  frontend  Dynamo's frontend itself (`python -m dynamo.frontend ARGS`, unchanged), only so that
+          it too exits when its parent dies.
 
 Every listener binds 127.0.0.1: the ports come from the command line, the request plane's
 host from DYN_TCP_RPC_HOST. The process exits on SIGTERM/SIGINT or when its parent dies.
@@ -54,6 +56,20 @@ def watch_parent(stop) -> None:
         stop()
 
     threading.Thread(target=loop, daemon=True).start()
+
+
+# ---- frontend ------------------------------------------------------------------------------
+
+
+def run_frontend(args: list[str]) -> None:
+    """Dynamo's own `python -m dynamo.frontend ARGS`, unchanged, in this process (same pid), with
+    its stdout sent to stderr (one log) and a SIGTERM to itself once the parent has gone."""
+    import runpy
+
+    os.dup2(2, 1)
+    watch_parent(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    sys.argv = ["dynamo.frontend", *args]
+    runpy.run_module("dynamo.frontend", run_name="__main__", alter_sys=True)
 
 
 # ---- broker -------------------------------------------------------------------------------
@@ -236,6 +252,11 @@ def main() -> None:
     w.add_argument("--max-num-seqs", type=int, default=256)
     w.add_argument("--default-max-tokens", type=int, default=16)
     w.add_argument("--request-timeout", type=float, default=600.0)
+    sub.add_parser("frontend", help="python -m dynamo.frontend ARGS, stopped with its parent")
+    if sys.argv[1:2] == ["frontend"]:
+        # Every further argument is the frontend's own.
+        run_frontend(sys.argv[2:])
+        return
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if a.role == "broker":

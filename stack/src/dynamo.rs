@@ -106,10 +106,10 @@ impl DynamoRouter {
         }
 
         let port = paths::free_port()?;
-        // The frontend logs to stdout and stderr: `exec` keeps the pid and sends both to the log.
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c").arg("exec \"$0\" \"$@\" 1>&2").arg(&python);
-        cmd.args(["-m", "dynamo.frontend", "--http-host", "127.0.0.1"]);
+        // `python -m dynamo.frontend` run by the bridge script (same process, both outputs to the
+        // log), which only adds: exit when this process dies.
+        let mut cmd = Command::new(&python);
+        cmd.arg(&bridge_py).args(["frontend", "--http-host", "127.0.0.1"]);
         cmd.args(["--http-port", &port.to_string(), "--router-mode", "kv"]);
         cmd.args(["--kv-cache-block-size", &cfg.block_size.to_string()]);
         cmd.args(["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]);
