@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::delay::DelayRelay;
 use crate::topology::Topology;
+use kvroute_stack::dynamo::DynamoRouter;
 use kvroute_stack::envoy::Envoy;
 use kvroute_stack::paths;
 use kvroute_stack::peers::{PeerConfig, PeerKind, PeerRouter, PeerWorker};
@@ -52,6 +53,10 @@ pub enum Policy {
     VllmRouterCacheAware,
     /// The vLLM router with `--policy kv_aware`, fed by the workers' own KV events over ZMQ.
     VllmRouterKvAware,
+    /// NVIDIA Dynamo's frontend with `--router-mode kv` (`kvroute_stack::dynamo`): its KV
+    /// router fed by the workers' events, each worker behind a bridge that registers it with
+    /// Dynamo's runtime (an extra hop on Dynamo's path).
+    DynamoKv,
 }
 
 impl Policy {
@@ -68,8 +73,12 @@ impl Policy {
 
     /// The peer routers, each started from its pinned wheel in front of the same workers
     /// (`kvroute_stack::peers`), one instance each.
-    pub const PEERS: [Policy; 3] =
-        [Policy::SmgCacheAware, Policy::VllmRouterCacheAware, Policy::VllmRouterKvAware];
+    pub const PEERS: [Policy; 4] = [
+        Policy::SmgCacheAware,
+        Policy::VllmRouterCacheAware,
+        Policy::VllmRouterKvAware,
+        Policy::DynamoKv,
+    ];
 
     /// The ablation ladder, one ingredient added per step.
     pub const LADDER: [Policy; 5] = [
@@ -93,7 +102,21 @@ impl Policy {
             Policy::SmgCacheAware => "smg-cache-aware",
             Policy::VllmRouterCacheAware => "vllm-router-cache-aware",
             Policy::VllmRouterKvAware => "vllm-router-kv-aware",
+            Policy::DynamoKv => "dynamo-kv",
         }
+    }
+
+    /// How a peer runs (its flags and why), for reports.
+    pub fn peer_flags(self) -> Option<&'static str> {
+        match self {
+            Policy::DynamoKv => Some(kvroute_stack::dynamo::flags()),
+            _ => self.peer().map(PeerKind::flags),
+        }
+    }
+
+    /// Runs a peer router in front of the workers instead of Envoy.
+    pub fn is_peer(self) -> bool {
+        self.peer().is_some() || self == Policy::DynamoKv
     }
 
     /// The peer router this policy runs, if it is one.
@@ -187,6 +210,12 @@ impl TimedFault {
     }
 }
 
+/// The peer router a peer policy runs.
+pub enum PeerProcess {
+    Router(PeerRouter),
+    Dynamo(DynamoRouter),
+}
+
 /// A worker of the cluster.
 pub enum WorkerHandle {
     Sim(Box<SimWorker>),
@@ -207,7 +236,7 @@ pub struct Cluster {
     pub workers: Vec<WorkerHandle>,
     pub envoys: Vec<Envoy>,
     /// The peer router in front of the workers, for a peer policy (instead of Envoy).
-    pub peer: Option<PeerRouter>,
+    pub peer: Option<PeerProcess>,
     pub updater: Option<Updater>,
     pub relay: Option<DelayRelay>,
     pub dir: PathBuf,
@@ -293,8 +322,8 @@ impl Cluster {
         } else {
             (None, None)
         };
-        if let Some(kind) = policy.peer() {
-            let peer = Self::start_peer(topo, kind, peer_workers, &dir).await?;
+        if policy.is_peer() {
+            let peer = Self::start_peer(topo, policy, peer_workers, &dir).await?;
             return Ok(Cluster {
                 policy,
                 workers,
@@ -394,20 +423,24 @@ impl Cluster {
     /// block size the workers announce (`vllm:cache_config_info`), as a provider would.
     async fn start_peer(
         topo: &Topology,
-        kind: PeerKind,
+        policy: Policy,
         workers: Vec<PeerWorker>,
         dir: &std::path::Path,
-    ) -> anyhow::Result<PeerRouter> {
+    ) -> anyhow::Result<PeerProcess> {
         let first = workers.first().context("a peer router needs workers")?;
         let block_size = announced_block_size(&first.url).await?;
         let cfg = PeerConfig {
-            kind,
+            kind: policy.peer().unwrap_or(PeerKind::VllmRouterKvAware),
             workers,
             model: topo.workers.model.name().to_owned(),
             block_size,
             tokenizer_dir: topo.workers.model.dir(),
         };
-        PeerRouter::start(&cfg, dir).await.with_context(|| format!("starting {}", kind.name()))
+        let started = match policy.peer() {
+            Some(_) => PeerRouter::start(&cfg, dir).await.map(PeerProcess::Router),
+            None => DynamoRouter::start(&cfg, dir).await.map(PeerProcess::Dynamo),
+        };
+        started.with_context(|| format!("starting {}", policy.name()))
     }
 
     /// How kvroute's filter gets the model bundle: the built-in demo bundle needs nothing, any
@@ -422,7 +455,8 @@ impl Cluster {
     /// Base URLs clients send to: the Envoy instances, or the peer router.
     pub fn urls(&self) -> Vec<String> {
         match &self.peer {
-            Some(p) => vec![p.base_url()],
+            Some(PeerProcess::Router(p)) => vec![p.base_url()],
+            Some(PeerProcess::Dynamo(d)) => vec![d.base_url()],
             None => self.envoys.iter().map(Envoy::base_url).collect(),
         }
     }
@@ -594,12 +628,14 @@ mod tests {
     #[test]
     fn peers_are_policies_of_their_own() {
         for p in Policy::PEERS {
-            let kind = p.peer().unwrap();
-            assert_eq!(kind.name(), p.name());
+            if let Some(kind) = p.peer() {
+                assert_eq!(kind.name(), p.name());
+            }
+            assert!(p.is_peer());
             assert_eq!(Policy::parse(p.name()).unwrap(), p);
             assert!(!p.filter() && !p.events());
         }
-        assert!(Policy::COMPARED.iter().all(|p| p.peer().is_none()));
+        assert!(Policy::COMPARED.iter().all(|p| !p.is_peer()));
     }
 
     #[test]

@@ -11,7 +11,6 @@ use super::summarize::metric_ratio;
 use super::types::{CohortStats, Metric, MetricRatio, Report};
 use super::ALL;
 use crate::cluster::Policy;
-use kvroute_stack::peers::PeerKind;
 
 /// kvroute against one peer router, cohort `all`, reference rate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -81,7 +80,8 @@ pub(super) fn section(report: &Report, out: &mut String) {
     out.push_str(&table(&header, rows));
     out.push_str("\nHow each peer ran:\n\n");
     for p in &report.peers {
-        let flags = PeerKind::parse(&p.peer).map_or("(unknown peer)", PeerKind::flags);
+        let flags = Policy::parse(&p.peer).ok().and_then(Policy::peer_flags);
+        let flags = flags.unwrap_or("(unknown peer)");
         let _ = writeln!(out, "- `{}`: {}", cell(&p.peer), flags);
     }
     let _ = writeln!(out);
