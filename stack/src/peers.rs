@@ -48,8 +48,8 @@ impl PeerKind {
         match self {
             PeerKind::SmgCacheAware => {
                 "smg 1.13.0 launch --policy cache_aware (its default policy and thresholds: \
-                 per-worker text prefix trees of what it routed, load spill; workers registered \
-                 as vLLM engines, as it detects real vLLM, so it polls their load)"
+                 per-worker text prefix trees of what it routed, load spill; it detects the \
+                 workers as vLLM engines and polls their load)"
             }
             PeerKind::VllmRouterCacheAware => {
                 "vllm-router 0.1.17 --policy cache_aware (its default policy and thresholds: \
@@ -173,16 +173,11 @@ impl PeerRouter {
         let base = self.base_url();
         let workers = cfg.workers.len();
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
-        let mut registered = cfg.kind != PeerKind::SmgCacheAware;
         loop {
             if let Some(status) = self.guard.try_exit() {
                 anyhow::bail!("exited at start ({status})");
             }
-            if !registered && live(&http, &base).await {
-                register_vllm_workers(&http, &base, &cfg.workers).await?;
-                registered = true;
-            }
-            if registered && ready(&http, &base, workers).await {
+            if ready(&http, &base, workers).await {
                 return Ok(());
             }
             anyhow::ensure!(
@@ -254,30 +249,6 @@ impl Drop for PeerRouter {
     }
 }
 
-/// Whether the router answers `/liveness`.
-async fn live(http: &reqwest::Client, base: &str) -> bool {
-    http.get(format!("{base}/liveness")).send().await.is_ok_and(|r| r.status().is_success())
-}
-
-/// Registers `workers` with smg as vLLM engines (`POST /workers` with `runtime_type: vllm`). In
-/// front of real vLLM, smg detects that itself (`/v1/models` owned_by "vllm", or `GET /version`)
-/// and then polls the engines' load for its spill and overload decisions; the simulated workers
-/// expose neither, so `--worker-urls` would register them as `generic` OpenAI servers whose load
-/// it never reads ("No loads fetched for group").
-async fn register_vllm_workers(
-    http: &reqwest::Client,
-    base: &str,
-    workers: &[PeerWorker],
-) -> anyhow::Result<()> {
-    for w in workers {
-        let body = serde_json::json!({"url": w.url, "runtime_type": "vllm"});
-        let r = http.post(format!("{base}/workers")).json(&body).send().await?;
-        let status = r.status();
-        anyhow::ensure!(status.is_success(), "registering {}: {status} {}", w.url, r.text().await?);
-    }
-    Ok(())
-}
-
 /// Whether `/readiness` counts `workers` healthy workers and `/v1/models` answers.
 async fn ready(http: &reqwest::Client, base: &str, workers: usize) -> bool {
     let Ok(r) = http.get(format!("{base}/readiness")).send().await else { return false };
@@ -317,11 +288,8 @@ pub fn command_args(cfg: &PeerConfig, port: u16, metrics_port: u16) -> anyhow::R
     let (port, metrics_port) = (port.to_string(), metrics_port.to_string());
     push(&["--host", "127.0.0.1", "--port", &port]);
     push(&["--prometheus-host", "127.0.0.1", "--prometheus-port", &metrics_port]);
-    // smg learns its workers through its API once up (see `register_vllm_workers`).
-    if cfg.kind != PeerKind::SmgCacheAware {
-        a.push("--worker-urls".into());
-        a.extend(cfg.workers.iter().map(|w| w.url.clone()));
-    }
+    a.push("--worker-urls".into());
+    a.extend(cfg.workers.iter().map(|w| w.url.clone()));
     match cfg.kind {
         PeerKind::SmgCacheAware | PeerKind::VllmRouterCacheAware => {
             a.extend(["--policy".into(), "cache_aware".into()]);
@@ -374,13 +342,13 @@ mod tests {
             assert_eq!(after(&a, "--policy"), [policy], "{kind:?}");
             assert_eq!(PeerKind::parse(kind.name()), Some(kind));
         }
-        // smg learns its workers through its API (as vLLM engines), the others from the flag.
         let smg = command_args(&cfg(PeerKind::SmgCacheAware), 1, 2).unwrap();
         assert_eq!(smg[0], "launch");
-        assert!(!smg.contains(&"--worker-urls".to_owned()));
-        let v = command_args(&cfg(PeerKind::VllmRouterCacheAware), 1, 2).unwrap();
-        assert_eq!(after(&v, "--worker-urls"), ["http://127.0.0.1:8000"]);
-        assert!(v.contains(&"http://127.0.0.1:8001".to_owned()));
+        for kind in PeerKind::ALL {
+            let a = command_args(&cfg(kind), 1, 2).unwrap();
+            assert_eq!(after(&a, "--worker-urls"), ["http://127.0.0.1:8000"]);
+            assert!(a.contains(&"http://127.0.0.1:8001".to_owned()));
+        }
     }
 
     #[test]

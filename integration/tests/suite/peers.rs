@@ -101,7 +101,8 @@ async fn follows_its_own_placement(kind: PeerKind) {
     let Some((_sims, router)) = start(kind).await else { return };
     routes(&router).await;
     if kind == PeerKind::SmgCacheAware {
-        // Registered as vLLM engines (whose load it polls), not generic OpenAI servers.
+        // It tells the workers for vLLM engines (whose load it polls), not generic OpenAI servers:
+        // the simulator answers `/version` and `owned_by: "vllm"` as vLLM does.
         let url = format!("{}/workers", router.base_url());
         let v: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
         let kinds: Vec<&str> = v["workers"]
