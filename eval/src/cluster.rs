@@ -212,8 +212,8 @@ impl TimedFault {
 
 /// The peer router a peer policy runs.
 pub enum PeerProcess {
-    Router(PeerRouter),
-    Dynamo(DynamoRouter),
+    Router(Box<PeerRouter>),
+    Dynamo(Box<DynamoRouter>),
 }
 
 /// A worker of the cluster.
@@ -437,8 +437,8 @@ impl Cluster {
             tokenizer_dir: topo.workers.model.dir(),
         };
         let started = match policy.peer() {
-            Some(_) => PeerRouter::start(&cfg, dir).await.map(PeerProcess::Router),
-            None => DynamoRouter::start(&cfg, dir).await.map(PeerProcess::Dynamo),
+            Some(_) => PeerRouter::start(&cfg, dir).await.map(|p| PeerProcess::Router(Box::new(p))),
+            None => DynamoRouter::start(&cfg, dir).await.map(|d| PeerProcess::Dynamo(Box::new(d))),
         };
         started.with_context(|| format!("starting {}", policy.name()))
     }
@@ -450,6 +450,21 @@ impl Cluster {
             None => BundleFrom::Inline,
             Some(_) => BundleFrom::Updater,
         }
+    }
+
+    /// Fails when the peer that follows the workers' KV events could not decode some of them:
+    /// its figures would be those of a router without (some of) its knowledge.
+    pub fn check_peer(&self) -> anyhow::Result<()> {
+        if let Some(PeerProcess::Router(p)) = &self.peer {
+            let n = p.undecoded_event_batches();
+            anyhow::ensure!(
+                n == 0,
+                "{} could not decode {n} KV-event batches (see {})",
+                p.kind().name(),
+                p.log_path().display()
+            );
+        }
+        Ok(())
     }
 
     /// Base URLs clients send to: the Envoy instances, or the peer router.

@@ -167,6 +167,7 @@ pub async fn run_policy(
     } else {
         None
     };
+    cluster.lock().await.check_peer()?;
     // Stop every process of this policy before the next one starts.
     drop(cluster);
     Ok(RunResult {
