@@ -83,7 +83,7 @@ struct Running {
 
 enum Stop {
     Envoy(Envoy),
-    Peer(peer::Started),
+    Peer(peer::StartedPeer),
 }
 
 impl Running {
@@ -115,7 +115,7 @@ async fn run_one(
     prompt: (&str, &str),
     setup: &Setup,
     a: &Args,
-) -> anyhow::Result<table::Sample> {
+) -> anyhow::Result<table::RouterSample> {
     let running = match router {
         "buffer-only" => envoy("buffer-only.yaml", &setup.addrs, &setup.filter, a).await?,
         "kvroute" => envoy("kvroute.yaml", &setup.addrs, &setup.filter, a).await?,
@@ -128,7 +128,7 @@ async fn run_one(
             }
         }
     };
-    let load = load::Load {
+    let load = load::LoadSpec {
         url: &running.url,
         model: &setup.pool.model,
         words: prompt.1,
@@ -143,7 +143,7 @@ async fn run_one(
     running.stop().await;
     let w = window.with_context(|| format!("{router}, {} prompts", prompt.0))?;
     let mem = mem.with_context(|| format!("{router} exited during the run"))?;
-    Ok(table::Sample {
+    Ok(table::RouterSample {
         requests: w.requests,
         secs: w.secs,
         cpu_s: w.after.0 - w.before.0,
@@ -155,7 +155,7 @@ async fn run_one(
 
 struct Setup {
     addrs: Vec<String>,
-    calls: std::sync::Arc<upstream::Calls>,
+    calls: std::sync::Arc<upstream::UpstreamCalls>,
     pool: Pool,
     filter: Value,
     ticks_per_s: f64,

@@ -17,7 +17,7 @@ pub fn body(model: &str, words: &str, n: u64) -> String {
 }
 
 /// What to send, how hard and how long.
-pub struct Load<'a> {
+pub struct LoadSpec<'a> {
     pub url: &'a str,
     pub model: &'a str,
     pub words: &'a str,
@@ -27,7 +27,7 @@ pub struct Load<'a> {
 
 /// A counted window: requests answered, its length, and what `probe` (e.g. the router's CPU
 /// seconds) read right before and right after it.
-pub struct Window<P> {
+pub struct LoadWindow<P> {
     pub requests: u64,
     pub secs: f64,
     pub before: P,
@@ -37,7 +37,7 @@ pub struct Window<P> {
 /// Waits (up to 60 s) for one request to succeed (a router may register its workers after it
 /// listens), then warm-up, then the counted window, `probe` read right before and right after
 /// it.
-pub async fn measure<P>(l: &Load<'_>, probe: impl Fn() -> P) -> anyhow::Result<Window<P>> {
+pub async fn measure<P>(l: &LoadSpec<'_>, probe: impl Fn() -> P) -> anyhow::Result<LoadWindow<P>> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(l.concurrency).build()?;
     kvroute_stack::eventually_every(
         "a first answer",
@@ -111,5 +111,5 @@ pub async fn measure<P>(l: &Load<'_>, probe: impl Fn() -> P) -> anyhow::Result<W
     let after = probe();
     let bad = failures.load(Ordering::Relaxed);
     anyhow::ensure!(bad == 0, "{bad} requests failed");
-    Ok(Window { requests: counter.load(Ordering::Relaxed), secs, before, after })
+    Ok(LoadWindow { requests: counter.load(Ordering::Relaxed), secs, before, after })
 }

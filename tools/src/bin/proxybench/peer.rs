@@ -27,9 +27,9 @@ pub fn names(only: &[String]) -> anyhow::Result<Vec<String>> {
 }
 
 /// A started peer router.
-pub struct Started(PeerRouter);
+pub struct StartedPeer(PeerRouter);
 
-impl Started {
+impl StartedPeer {
     pub fn base_url(&self) -> String {
         self.0.base_url()
     }
@@ -45,7 +45,7 @@ impl Started {
 }
 
 /// Starts peer `name` in front of `addrs` (`ip:port`), for `pool`'s model.
-pub async fn start(name: &str, addrs: &[String], pool: &Pool) -> anyhow::Result<Started> {
+pub async fn start(name: &str, addrs: &[String], pool: &Pool) -> anyhow::Result<StartedPeer> {
     let kind = PeerKind::parse(name).with_context(|| format!("unknown peer {name}"))?;
     let mut workers = Vec::new();
     for a in addrs {
@@ -67,5 +67,5 @@ pub async fn start(name: &str, addrs: &[String], pool: &Pool) -> anyhow::Result<
     };
     let dir = paths::scratch_dir(&format!("proxybench-{name}"))?;
     let router = PeerRouter::start(&cfg, &dir).await.with_context(|| format!("starting {name}"))?;
-    Ok(Started(router))
+    Ok(StartedPeer(router))
 }

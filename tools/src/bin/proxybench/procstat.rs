@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 /// The fields of `/proc/<pid>/stat` this bench uses (clock ticks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stat {
+pub struct ProcStat {
     pub ppid: u32,
     /// `utime + stime + cutime + cstime`: this process's threads and its reaped children.
     pub ticks: u64,
@@ -14,13 +14,13 @@ pub struct Stat {
 
 /// Parses one `/proc/<pid>/stat` line. The command name (field 2) is in parentheses and may
 /// hold spaces or parentheses itself, so the fields are counted from its last `)`.
-pub fn parse_stat(line: &str) -> Option<Stat> {
+pub fn parse_stat(line: &str) -> Option<ProcStat> {
     let rest = &line[line.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After the name: state (3), ppid (4), ... utime (14), stime (15), cutime (16), cstime (17).
     let field = |n: usize| -> Option<u64> { f.get(n - 3)?.parse().ok() };
     let ticks = field(14)? + field(15)? + field(16)? + field(17)?;
-    Some(Stat { ppid: u32::try_from(field(4)?).ok()?, ticks })
+    Some(ProcStat { ppid: u32::try_from(field(4)?).ok()?, ticks })
 }
 
 /// A `kB` value of `/proc/<pid>/status` (`VmHWM`, `VmRSS`).
@@ -48,7 +48,7 @@ pub fn descendants(root: u32, parents: &HashMap<u32, u32>) -> Vec<u32> {
     tree
 }
 
-fn stats() -> HashMap<u32, Stat> {
+fn stats() -> HashMap<u32, ProcStat> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return HashMap::new() };
     dir.filter_map(|e| {
         let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
@@ -58,7 +58,7 @@ fn stats() -> HashMap<u32, Stat> {
     .collect()
 }
 
-fn tree(root: u32) -> (Vec<u32>, HashMap<u32, Stat>) {
+fn tree(root: u32) -> (Vec<u32>, HashMap<u32, ProcStat>) {
     let all = stats();
     let parents = all.iter().map(|(p, s)| (*p, s.ppid)).collect();
     (descendants(root, &parents), all)
@@ -84,17 +84,17 @@ pub fn cpu_seconds(root: u32, ticks_per_s: f64) -> Option<f64> {
 
 /// Memory of `root`'s tree, kB.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Mem {
+pub struct TreeMem {
     /// Sum of each process's peak resident set (`VmHWM`).
     pub hwm_kb: u64,
     /// Sum of each process's resident set now (`VmRSS`).
     pub rss_kb: u64,
 }
 
-/// [`Mem`] of `root`'s tree now (`None` when `root` is gone).
-pub fn mem(root: u32) -> Option<Mem> {
+/// [`TreeMem`] of `root`'s tree now (`None` when `root` is gone).
+pub fn mem(root: u32) -> Option<TreeMem> {
     let (pids, _) = tree(root);
-    let mut m = Mem::default();
+    let mut m = TreeMem::default();
     for (i, pid) in pids.iter().enumerate() {
         let status = match std::fs::read_to_string(format!("/proc/{pid}/status")) {
             Ok(s) => s,
@@ -116,7 +116,7 @@ mod tests {
         // A command name with a space and a ')' in it, as a Python thread may set.
         let line = "4242 (python3 (x) y) S 4200 4242 4200 0 -1 4194560 100 0 0 0 \
                     150 25 7 3 20 0 9 0 12345 1000000 2000 18446744073709551615";
-        assert_eq!(parse_stat(line), Some(Stat { ppid: 4200, ticks: 150 + 25 + 7 + 3 }));
+        assert_eq!(parse_stat(line), Some(ProcStat { ppid: 4200, ticks: 150 + 25 + 7 + 3 }));
         assert_eq!(parse_stat("4242 (truncated) S 1"), None);
         assert_eq!(parse_stat("no parenthesis"), None);
     }

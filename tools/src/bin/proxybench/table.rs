@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 /// One router's measured window.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Sample {
+pub struct RouterSample {
     /// Requests answered (all succeeded) in the window.
     pub requests: u64,
     /// Length of the window, seconds.
@@ -20,7 +20,7 @@ pub struct Sample {
     pub upstream_calls: Vec<(String, f64)>,
 }
 
-impl Sample {
+impl RouterSample {
     pub fn rps(&self) -> f64 {
         if self.secs > 0.0 {
             self.requests as f64 / self.secs
@@ -41,9 +41,9 @@ impl Sample {
 
 /// A router's row: its sample and its ratios to the baseline.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Row {
+pub struct RouterRow {
     pub router: String,
-    pub sample: Sample,
+    pub sample: RouterSample,
     /// Requests/s over the baseline's.
     pub rps_ratio: f64,
     /// CPU per request over the baseline's.
@@ -52,9 +52,9 @@ pub struct Row {
 
 /// One prompt size: every router's row, the baseline runs first and last.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Table {
+pub struct OverheadTable {
     pub prompt: String,
-    pub rows: Vec<Row>,
+    pub rows: Vec<RouterRow>,
     /// |run 1 - run 2| / mean of the two baseline runs, for requests/s and CPU per request.
     pub rps_noise: f64,
     pub cpu_noise: f64,
@@ -84,10 +84,10 @@ fn ratio(x: f64, base: f64) -> f64 {
 /// baseline run.
 pub fn summarize(
     prompt: &str,
-    first: Sample,
-    routers: Vec<(String, Sample)>,
-    last: Sample,
-) -> Table {
+    first: RouterSample,
+    routers: Vec<(String, RouterSample)>,
+    last: RouterSample,
+) -> OverheadTable {
     let base_rps = (first.rps() + last.rps()) / 2.0;
     let base_cpu = (first.cpu_per_1k() + last.cpu_per_1k()) / 2.0;
     let rps_noise = rel_gap(first.rps(), last.rps());
@@ -97,14 +97,14 @@ pub fn summarize(
     all.push((format!("{BASELINE} (2)"), last));
     let rows = all
         .into_iter()
-        .map(|(router, sample)| Row {
+        .map(|(router, sample)| RouterRow {
             rps_ratio: ratio(sample.rps(), base_rps),
             cpu_ratio: ratio(sample.cpu_per_1k(), base_cpu),
             router,
             sample,
         })
         .collect();
-    Table { prompt: prompt.to_owned(), rows, rps_noise, cpu_noise }
+    OverheadTable { prompt: prompt.to_owned(), rows, rps_noise, cpu_noise }
 }
 
 fn mib(kb: u64) -> f64 {
@@ -112,7 +112,7 @@ fn mib(kb: u64) -> f64 {
 }
 
 /// The table as printed: one line per router.
-pub fn render(t: &Table) -> String {
+pub fn render(t: &OverheadTable) -> String {
     let mut out = format!(
         "prompt {}: noise floor (buffer-only run twice) {:.1}% requests/s, {:.1}% CPU/request\n",
         t.prompt,
@@ -160,7 +160,7 @@ fn num(x: f64) -> Value {
 }
 
 /// The table as JSON.
-pub fn to_json(t: &Table) -> Value {
+pub fn to_json(t: &OverheadTable) -> Value {
     let rows: Vec<Value> = t
         .rows
         .iter()
@@ -183,8 +183,15 @@ pub fn to_json(t: &Table) -> Value {
 mod tests {
     use super::*;
 
-    fn sample(requests: u64, secs: f64, cpu_s: f64) -> Sample {
-        Sample { requests, secs, cpu_s, hwm_kb: 2048, rss_kb: 1024, ..Sample::default() }
+    fn sample(requests: u64, secs: f64, cpu_s: f64) -> RouterSample {
+        RouterSample {
+            requests,
+            secs,
+            cpu_s,
+            hwm_kb: 2048,
+            rss_kb: 1024,
+            ..RouterSample::default()
+        }
     }
 
     #[test]

@@ -8,9 +8,10 @@
 //! `/get_server_info`, `/metrics` (idle vLLM gauges), and `POST /tokenize` (vLLM's shape, with
 //! made-up ids: one per 4 bytes of the request body, so a longer prompt gives more tokens and
 //! two bodies differing early differ early). Like the simulated worker, it has no
-//! `/v1/chat/completions/render` (404) and 404s other `GET`s (`/version`, `/server_info`,
-//! `/loads`). Every call is counted by kind, so the bench reports what each router asks of its
-//! workers per request.
+//! `/v1/chat/completions/render` (404). Other `GET`s (`/version`, `/server_info`, `/loads`:
+//! SMG's engine detection and load polls) get 404; the peers' launcher registers SMG's workers
+//! as vLLM engines itself. Every call is counted by kind, so the bench reports what each router
+//! asks of its workers per request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -28,9 +29,9 @@ pub const KINDS: [&str; 5] = ["chat", "tokenize", "render", "probe", "other"];
 
 /// Calls counted by kind (index into [`KINDS`]), over all upstreams.
 #[derive(Debug, Default)]
-pub struct Calls([AtomicU64; 5]);
+pub struct UpstreamCalls([AtomicU64; 5]);
 
-impl Calls {
+impl UpstreamCalls {
     fn add(&self, kind: usize) {
         self.0[kind].fetch_add(1, Ordering::Relaxed);
     }
@@ -62,7 +63,7 @@ pub fn fake_tokens(body: &[u8]) -> Vec<u32> {
 
 struct Upstream {
     model: String,
-    calls: Arc<Calls>,
+    calls: Arc<UpstreamCalls>,
 }
 
 async fn answer(State(u): State<Arc<Upstream>>, method: Method, uri: Uri, body: Bytes) -> Response {
@@ -103,8 +104,8 @@ async fn answer(State(u): State<Arc<Upstream>>, method: Method, uri: Uri, body: 
 
 /// Starts `n` upstreams serving `model` on loopback; their `ip:port` addresses and the shared
 /// call counts.
-pub async fn start(n: usize, model: &str) -> anyhow::Result<(Vec<String>, Arc<Calls>)> {
-    let calls = Arc::new(Calls::default());
+pub async fn start(n: usize, model: &str) -> anyhow::Result<(Vec<String>, Arc<UpstreamCalls>)> {
+    let calls = Arc::new(UpstreamCalls::default());
     let state = Arc::new(Upstream { model: model.to_owned(), calls: calls.clone() });
     let mut addrs = Vec::new();
     for _ in 0..n {
@@ -129,6 +130,38 @@ mod tests {
         assert_eq!(a[..6], b[..6]);
         assert_ne!(a[6], b[6]);
         assert!(a.iter().all(|t| *t < 151_000));
+    }
+
+    #[tokio::test]
+    async fn answers_what_the_routers_ask_and_counts_it() {
+        let (addrs, calls) = start(2, "qwen3").await.expect("upstreams");
+        let http = reqwest::Client::new();
+        let url = |p: &str| format!("http://{}{p}", addrs[1]);
+        let models: serde_json::Value =
+            http.get(url("/v1/models")).send().await.unwrap().json().await.unwrap();
+        assert_eq!(models["data"][0]["id"], "qwen3");
+        for p in ["/health", "/get_model_info", "/get_server_info", "/metrics"] {
+            assert!(http.get(url(p)).send().await.unwrap().status().is_success(), "{p}");
+        }
+        assert_eq!(http.get(url("/version")).send().await.unwrap().status(), 404);
+        let r = http.post(url("/v1/chat/completions/render")).body("{}").send().await.unwrap();
+        assert_eq!(r.status(), 404);
+        let body = r#"{"model":"qwen3","messages":[{"role":"user","content":"hi"}]}"#;
+        let tok: serde_json::Value =
+            http.post(url("/tokenize")).body(body).send().await.unwrap().json().await.unwrap();
+        assert_eq!(tok["count"], body.len().div_ceil(4));
+        let chat: serde_json::Value = http
+            .post(url("/v1/chat/completions"))
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(chat["choices"][0]["finish_reason"], "stop");
+        // chat, tokenize, render, GETs, other.
+        assert_eq!(calls.snapshot(), [1, 1, 1, 6, 0]);
     }
 
     #[test]
