@@ -284,11 +284,7 @@ impl Cluster {
                     "{},tcp://127.0.0.1:{},tcp://127.0.0.1:{}",
                     w.addr, w.events_port, w.replay_port
                 ));
-                peer_workers.push(PeerWorker {
-                    url: format!("http://{}", w.addr),
-                    events: Some(format!("tcp://127.0.0.1:{}", w.events_port)),
-                    replay: Some(format!("tcp://127.0.0.1:{}", w.replay_port)),
-                });
+                peer_workers.push(PeerWorker::of(&w));
                 workers.push(WorkerHandle::Sim(Box::new(w)));
             }
         } else {

@@ -97,6 +97,17 @@ pub struct PeerWorker {
     pub replay: Option<String>,
 }
 
+impl PeerWorker {
+    /// A simulated worker, with its event and replay sockets.
+    pub fn of(w: &crate::sim::SimWorker) -> PeerWorker {
+        PeerWorker {
+            url: format!("http://{}", w.addr),
+            events: Some(format!("tcp://127.0.0.1:{}", w.events_port)),
+            replay: Some(format!("tcp://127.0.0.1:{}", w.replay_port)),
+        }
+    }
+}
+
 /// What a peer is started with.
 #[derive(Debug, Clone)]
 pub struct PeerConfig {

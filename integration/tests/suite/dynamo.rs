@@ -11,20 +11,11 @@ use std::time::Duration;
 use kvroute_stack::client::{self, Reply};
 use kvroute_stack::dynamo::{self, DynamoRouter};
 use kvroute_stack::paths;
-use kvroute_stack::peers::{PeerConfig, PeerKind, PeerWorker};
+use kvroute_stack::peers::PeerKind;
 use kvroute_stack::sim::SimWorker;
-use kvroute_stack::stack::{MODEL, QWEN3_MODEL};
 use serde_json::{json, Value};
 
-/// The served model and its bundle directory: Qwen3 when present, else the built-in demo.
-fn model() -> (String, Option<std::path::PathBuf>) {
-    let dir = kvroute_core::decision::tokenize::model::qwen3_dir();
-    if dir.join("tokenizer.json").is_file() && dir.join("tokenizer_config.json").is_file() {
-        (QWEN3_MODEL.into(), Some(dir))
-    } else {
-        (MODEL.into(), None)
-    }
-}
+use crate::peers::{model, two_workers};
 
 /// Two workers and Dynamo in front of them, or `None` (skipped) without the venv outside CI.
 async fn start() -> Option<(Vec<SimWorker>, DynamoRouter)> {
@@ -33,27 +24,8 @@ async fn start() -> Option<(Vec<SimWorker>, DynamoRouter)> {
         paths::skipped("kvroute-integration dynamo::kv_router", &why);
         return None;
     }
-    let dir = paths::scratch_dir("peer-dynamo").unwrap();
-    let (model, model_dir) = model();
-    let mut args = vec!["--model".to_string(), model.clone(), "--block-size".into(), "16".into()];
-    if let Some(d) = &model_dir {
-        args.extend(["--model-dir".into(), d.display().to_string()]);
-    }
-    let mut sims = Vec::new();
-    for i in 0..2 {
-        sims.push(SimWorker::start(i, &args, &dir).await.unwrap());
-    }
-    let workers = sims
-        .iter()
-        .map(|s| PeerWorker {
-            url: format!("http://{}", s.addr),
-            events: Some(format!("tcp://127.0.0.1:{}", s.events_port)),
-            replay: Some(format!("tcp://127.0.0.1:{}", s.replay_port)),
-        })
-        .collect();
     // The kind is the peers' field; Dynamo's start reads the workers, model and block size.
-    let kind = PeerKind::VllmRouterKvAware;
-    let cfg = PeerConfig { kind, workers, model, block_size: 16, tokenizer_dir: model_dir };
+    let (sims, cfg, dir) = two_workers(PeerKind::VllmRouterKvAware, &[]).await;
     let t = std::time::Instant::now();
     let router = DynamoRouter::start(&cfg, &dir).await.unwrap();
     eprintln!(

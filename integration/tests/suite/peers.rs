@@ -16,7 +16,7 @@ use kvroute_stack::stack::{MODEL, QWEN3_MODEL};
 use serde_json::{json, Value};
 
 /// The served model and its bundle directory: Qwen3 when present, else the built-in demo.
-fn model() -> (String, Option<std::path::PathBuf>) {
+pub(crate) fn model() -> (String, Option<std::path::PathBuf>) {
     let dir = kvroute_core::decision::tokenize::model::qwen3_dir();
     if dir.join("tokenizer.json").is_file() && dir.join("tokenizer_config.json").is_file() {
         (QWEN3_MODEL.into(), Some(dir))
@@ -32,26 +32,7 @@ async fn start(kind: PeerKind) -> Option<(Vec<SimWorker>, PeerRouter)> {
         paths::skipped(&format!("kvroute-integration peers::{}", kind.name()), &why);
         return None;
     }
-    let dir = paths::scratch_dir(&format!("peer-{}", kind.name())).unwrap();
-    let (model, model_dir) = model();
-    let mut args = vec!["--model".to_string(), model.clone(), "--block-size".into(), "16".into()];
-    if let Some(d) = &model_dir {
-        args.extend(["--model-dir".into(), d.display().to_string()]);
-    }
-    args.extend(kind.sim_args().iter().map(|s| s.to_string()));
-    let mut sims = Vec::new();
-    for i in 0..2 {
-        sims.push(SimWorker::start(i, &args, &dir).await.unwrap());
-    }
-    let workers = sims
-        .iter()
-        .map(|s| PeerWorker {
-            url: format!("http://{}", s.addr),
-            events: Some(format!("tcp://127.0.0.1:{}", s.events_port)),
-            replay: Some(format!("tcp://127.0.0.1:{}", s.replay_port)),
-        })
-        .collect();
-    let cfg = PeerConfig { kind, workers, model, block_size: 16, tokenizer_dir: model_dir };
+    let (sims, cfg, dir) = two_workers(kind, kind.sim_args()).await;
     let t = std::time::Instant::now();
     let router = PeerRouter::start(&cfg, &dir).await.unwrap();
     eprintln!(
@@ -62,6 +43,27 @@ async fn start(kind: PeerKind) -> Option<(Vec<SimWorker>, PeerRouter)> {
         router.rss_kb()
     );
     Some((sims, router))
+}
+
+/// Two simulated workers (block size 16, [`model`], `sim_args`) and a peer configuration for
+/// them, in a fresh scratch directory.
+pub(crate) async fn two_workers(
+    kind: PeerKind,
+    sim_args: &[&str],
+) -> (Vec<SimWorker>, PeerConfig, std::path::PathBuf) {
+    let dir = paths::scratch_dir(&format!("peer-{}", kind.name())).unwrap();
+    let (model, model_dir) = model();
+    let mut args = vec!["--model".to_string(), model.clone(), "--block-size".into(), "16".into()];
+    if let Some(d) = &model_dir {
+        args.extend(["--model-dir".into(), d.display().to_string()]);
+    }
+    args.extend(sim_args.iter().map(|s| s.to_string()));
+    let mut sims = Vec::new();
+    for i in 0..2 {
+        sims.push(SimWorker::start(i, &args, &dir).await.unwrap());
+    }
+    let workers = sims.iter().map(PeerWorker::of).collect();
+    (sims, PeerConfig { kind, workers, model, block_size: 16, tokenizer_dir: model_dir }, dir)
 }
 
 fn body(prefix: &str, tail: &str) -> Value {
