@@ -145,40 +145,38 @@ async fn metric(router: &PeerRouter, series: &str) -> f64 {
 }
 
 /// kv_aware: a prefix served directly by worker `a` (only its KV events tell the router) is
-/// routed to `a`, both ways round; the router counts the placement hits and decoded every batch.
+/// routed to `a` as a placement hit, both ways round; the router decoded every batch.
 async fn follows_kv_events(kind: PeerKind) {
     let Some((sims, router)) = start(kind).await else { return };
     routes(&router).await;
+    let hits = r#"vllm_router_kv_placement_lookups_total{result="hit"}"#;
     for (a, seed) in [(0usize, 10u64), (1, 20)] {
         let warm = format!("http://{}", sims[a].addr);
         // Events reach the router asynchronously and it has no index query: a fresh prefix per
-        // attempt, bounded. A router that ignores the events picks its default worker every time.
+        // attempt, bounded. An attempt counts only when the router also counted a placement hit
+        // for it: its default worker (a tie with no events known) may be the warm one by chance.
         let mut got = Vec::new();
-        for attempt in 0..3 {
+        let mut followed = false;
+        for attempt in 0..5 {
             let p = prefix(seed + attempt);
             let w = chat(&warm, &body(&p, "First question?")).await;
             assert_eq!(served(&w), sims[a].addr);
+            let before = metric(&router, hits).await;
             let r = chat(&router.base_url(), &body(&p, "A different follow-up.")).await;
-            got.push(served(&r).to_owned());
-            if served(&r) == sims[a].addr {
+            let hit = metric(&router, hits).await > before;
+            got.push(format!("{} (placement hit: {hit})", served(&r)));
+            if served(&r) == sims[a].addr && hit {
                 assert!(
                     r.cached_tokens.unwrap_or(0) > 0,
                     "routed to the warm worker, no hit: {}",
                     r.body
                 );
+                followed = true;
                 break;
             }
         }
-        assert_eq!(
-            got.last().map(String::as_str),
-            Some(sims[a].addr.as_str()),
-            "warmed {}, routed to {got:?}\n{}",
-            sims[a].addr,
-            router.log_tail(20)
-        );
+        assert!(followed, "warmed {}, routed to {got:?}\n{}", sims[a].addr, router.log_tail(20));
     }
-    let hits = metric(&router, r#"vllm_router_kv_placement_lookups_total{result="hit"}"#).await;
-    assert!(hits >= 2.0, "placement hits {hits}");
     let undecoded = router.undecoded_event_batches();
     assert_eq!(undecoded, 0, "undecoded event batches:\n{}", router.log_tail(20));
 }
