@@ -34,6 +34,12 @@ pub enum Policy {
     /// The kvroute filter's cost model on load alone (the updater's and its own): credits no
     /// worker with any cached block (`knowledge.cache_aware: false`).
     KvrouteLoadOnly,
+    /// The kvroute filter without the topology's `topology` section: network-blind (no client
+    /// RTT, no link costs, no pulls), as peers that route on prefix and load alone.
+    KvroutePrefixOnly,
+    /// The kvroute filter unaware of a P/D split: only the decode workers, as one aggregated
+    /// pool (each prefills locally); the prefill workers idle.
+    KvrouteNoPd,
     /// Envoy's LEAST_REQUEST.
     LeastRequest,
     /// Envoy's ROUND_ROBIN.
@@ -94,6 +100,8 @@ impl Policy {
             Policy::Kvroute => "kvroute",
             Policy::KvrouteHistory => "kvroute-history",
             Policy::KvrouteLoadOnly => "kvroute-load-only",
+            Policy::KvroutePrefixOnly => "prefix-only",
+            Policy::KvrouteNoPd => "kvroute-no-pd",
             Policy::LeastRequest => "least-request",
             Policy::RoundRobin => "round-robin",
             Policy::Random => "random",
@@ -133,7 +141,7 @@ impl Policy {
         if s == "kvroute-no-events" {
             return Ok(Policy::KvrouteHistory);
         }
-        [Policy::Pinned]
+        [Policy::Pinned, Policy::KvroutePrefixOnly, Policy::KvrouteNoPd]
             .into_iter()
             .chain(Policy::COMPARED)
             .chain(Policy::PEERS)
@@ -143,12 +151,24 @@ impl Policy {
 
     /// Runs the kvroute filter (and the updater beside it).
     pub fn filter(self) -> bool {
-        matches!(self, Policy::Kvroute | Policy::KvrouteHistory | Policy::KvrouteLoadOnly)
+        matches!(
+            self,
+            Policy::Kvroute
+                | Policy::KvrouteHistory
+                | Policy::KvrouteLoadOnly
+                | Policy::KvroutePrefixOnly
+                | Policy::KvrouteNoPd
+        )
     }
 
     /// The updater follows the workers' KV events.
     pub fn events(self) -> bool {
-        self == Policy::Kvroute
+        matches!(self, Policy::Kvroute | Policy::KvroutePrefixOnly | Policy::KvrouteNoPd)
+    }
+
+    /// The filter gets the topology's `topology` section.
+    pub fn network_aware(self) -> bool {
+        self.filter() && self != Policy::KvroutePrefixOnly
     }
 
     fn lb_policy(self) -> &'static str {
@@ -279,6 +299,10 @@ impl Cluster {
             args.extend(topo.workers.model.pool(0, BundleFrom::Updater).sim_args());
             args.extend(topo.workers.sim_args.iter().cloned());
             for i in 0..topo.workers.count {
+                let mut args = args.clone();
+                if let Some(net) = &topo.net {
+                    args.extend(net.sim_args(i, topo.workers.count));
+                }
                 let w = SimWorker::start(i, &args, &dir).await?;
                 endpoints.push(format!(
                     "{},tcp://127.0.0.1:{},tcp://127.0.0.1:{}",
@@ -303,6 +327,13 @@ impl Cluster {
             }
         }
         let addrs: Vec<String> = workers.iter().map(|w| w.addr().to_owned()).collect();
+        // Envoy routes to the workers that take requests: not a P/D pool's prefill workers.
+        let routable: Vec<String> = addrs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !topo.net.as_ref().is_some_and(|n| n.is_prefill(*i)))
+            .map(|(_, a)| a.clone())
+            .collect();
         let updater_port = paths::free_port()?;
         // Envoy 0's admin port, known before Envoy starts so the updater can follow it.
         let admin0 = paths::free_port()?;
@@ -355,7 +386,7 @@ impl Cluster {
             Policy::Pinned => 1,
             // The oracle's cluster has no fixed members: each request names its destination.
             Policy::Oracle => 0,
-            _ => addrs.len(),
+            _ => routable.len(),
         };
         for e in &cluster.envoys {
             e.wait_healthy(healthy).await?;
@@ -380,9 +411,14 @@ impl Cluster {
             // The filter's own prior, never the simulator's profile.
             let profile = serde_json::to_value(topo.filter.profile())?;
             let pool = topo.workers.model.pool(addrs.len(), Self::bundle_from(topo));
-            let mut model = pool.filter_model(addrs)?;
+            let (decode, prefill) = split_pool(topo, addrs);
+            let mut model = pool.filter_model(&decode)?;
             model["profile"] = profile;
-            let filter = json!({
+            if !prefill.is_empty() && policy != Policy::KvrouteNoPd {
+                model["prefill_workers"] = json!(prefill);
+                model["pd"] = json!({"header": crate::net::PREFILLER_HEADER});
+            }
+            let mut filter = json!({
                 "models": [model],
                 "expose_decision_header": true,
                 "knowledge": {
@@ -390,6 +426,11 @@ impl Cluster {
                     "cache_aware": policy != Policy::KvrouteLoadOnly,
                 },
             });
+            if let (Some(net), true) = (&topo.net, policy.network_aware()) {
+                filter["topology"] = net.filter_section(addrs);
+            }
+            let (addrs, _) = split_pool(topo, addrs);
+            let addrs = &addrs;
             // A knowledge-delay fault must delay, not cut off: the poll's timeout outlasts the
             // longest delay the topology or a fault can add.
             let path = paths::repo_root().join("envoy").join("kvroute.yaml");
@@ -405,6 +446,8 @@ impl Cluster {
                 .with_context(|| format!("reading {}", path.display()))?;
             return write_config_text("oracle.yaml", &text, dir, ports, addrs, &json!({}));
         }
+        let (addrs, _) = split_pool(topo, addrs);
+        let addrs = &addrs;
         let path = paths::repo_root().join("envoy").join("least-request.yaml");
         let text = std::fs::read_to_string(&path)?;
         anyhow::ensure!(text.contains("lb_policy: LEAST_REQUEST"), "baseline template changed");
@@ -559,6 +602,15 @@ impl Fault {
             _ => Duration::ZERO,
         }
     }
+}
+
+/// The workers Envoy routes to (every one but a P/D pool's prefill workers) and the prefill
+/// workers, each in topology order.
+fn split_pool(topo: &Topology, addrs: &[String]) -> (Vec<String>, Vec<String>) {
+    let prefill = |i: usize| topo.net.as_ref().is_some_and(|n| n.is_prefill(i));
+    let (p, d): (Vec<_>, Vec<_>) = addrs.iter().enumerate().partition(|(i, _)| prefill(*i));
+    let strip = |v: Vec<(usize, &String)>| v.into_iter().map(|(_, a)| a.clone()).collect();
+    (strip(d), strip(p))
 }
 
 /// The block size a vLLM-style worker announces in `vllm:cache_config_info` on `/metrics`.

@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+mod network;
+
 use crate::cluster::{Fault, Policy, TimedFault};
 use crate::record::Slo;
 use crate::topology::{EnvoySpec, Topology, Workers};
@@ -25,12 +27,23 @@ pub struct Scenario {
     /// Its load ladder (default: the plan's `rate_scales`).
     #[serde(default)]
     pub rate_scales: Option<Vec<f64>>,
+    /// Its own topology (default: the plan's), e.g. one WAN round trip of a sweep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
+    /// Workers that hold the schedule's shared prefixes before it starts (`prewarm`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prewarm: Vec<usize>,
 }
 
 impl Scenario {
     /// The policies this scenario runs, in the plan's order where it names them.
     pub fn policies<'a>(&'a self, plan: &'a ComparisonPlan) -> &'a [Policy] {
         self.policies.as_deref().unwrap_or(&plan.policies)
+    }
+
+    /// Its topology.
+    pub fn topology<'a>(&'a self, plan: &'a ComparisonPlan) -> &'a Topology {
+        self.topology.as_ref().unwrap_or(&plan.topology)
     }
 
     /// Its load ladder.
@@ -84,20 +97,21 @@ fn default_whatif_sample() -> f64 {
     0.25
 }
 
-pub const PRESETS: [&str; 6] = ["demo", "full", "full-70b", "peers", "stress", "selfcheck"];
+pub const PRESETS: [&str; 8] =
+    ["demo", "full", "full-70b", "peers", "stress", "selfcheck", "two-site", "pd"];
 
 /// Interactive chat on an 8B-class model: first token within 0.6 s (a cold 8 k-token prefill
 /// alone takes ~0.3 s on one H100), ~20 tokens/s or better.
-const SLO_8B: Slo = Slo { ttft_ms: 600.0, mean_gap_ms: 50.0, stall_ms: 250.0 };
+pub(crate) const SLO_8B: Slo = Slo { ttft_ms: 600.0, mean_gap_ms: 50.0, stall_ms: 250.0 };
 /// The same on a 70B-class model on 4xH100 (prefill 2.4x slower, decode steps 2.5x longer).
 const SLO_70B: Slo = Slo { ttft_ms: 1500.0, mean_gap_ms: 80.0, stall_ms: 400.0 };
 
 /// Words of synthesized text per token of the demo tokenizer, to size prompts in tokens.
-fn words(tokens: usize) -> usize {
+pub(crate) fn words(tokens: usize) -> usize {
     (tokens as f64 * crate::mooncake::WORDS_PER_TOKEN).round() as usize
 }
 
-fn workload(name: &str, seed: u64, slo: Slo, shape: Shape) -> Workload {
+pub(crate) fn workload(name: &str, seed: u64, slo: Slo, shape: Shape) -> Workload {
     Workload {
         name: name.into(),
         seed,
@@ -133,8 +147,15 @@ fn multi_turn(
     )
 }
 
-fn scenario(workload: Workload) -> Scenario {
-    Scenario { workload, faults: Vec::new(), policies: None, rate_scales: None }
+pub(crate) fn scenario(workload: Workload) -> Scenario {
+    Scenario {
+        workload,
+        faults: Vec::new(),
+        policies: None,
+        rate_scales: None,
+        topology: None,
+        prewarm: Vec::new(),
+    }
 }
 
 /// One fault in a scenario of its own, on the long multi-turn workload, for the policies it
@@ -145,6 +166,8 @@ fn fault_scenario(name: &str, seed: u64, slo: Slo, fault: Fault) -> Scenario {
         faults: vec![TimedFault { at_ms: 8000, fault }],
         policies: Some(vec![Policy::Kvroute, Policy::KvrouteHistory, Policy::LeastRequest]),
         rate_scales: Some(vec![1.0]),
+        topology: None,
+        prewarm: Vec::new(),
     }
 }
 
@@ -278,7 +301,7 @@ fn map_events() -> Vec<String> {
     vec!["--event-encoding".into(), "map".into()]
 }
 
-fn topology(count: usize, profile: &str, instances: usize) -> Topology {
+pub(crate) fn topology(count: usize, profile: &str, instances: usize) -> Topology {
     Topology {
         workers: Workers {
             count,
@@ -293,7 +316,7 @@ fn topology(count: usize, profile: &str, instances: usize) -> Topology {
     }
 }
 
-fn plan(
+pub(crate) fn plan(
     name: &str,
     topology: Topology,
     policies: Vec<Policy>,
@@ -343,6 +366,8 @@ pub fn preset(name: &str, seed: u64) -> anyhow::Result<ComparisonPlan> {
             }
         }
         "peers" => peers_plan(seed),
+        "two-site" => network::two_site(seed),
+        "pd" => network::pd(seed),
         // The 70B-on-4xH100 point: the filter keeps its 8B defaults, a prior 2.4x too fast.
         "full-70b" => ComparisonPlan {
             reference: true,
@@ -418,8 +443,18 @@ impl ComparisonPlan {
             (0.0..=1.0).contains(&self.whatif_sample),
             "whatif_sample: between 0 and 1"
         );
-        let n = self.topology.worker_count();
         for s in &self.scenarios {
+            let n = s.topology(self).worker_count();
+            if let Some(t) = &s.topology {
+                t.validate()?;
+            }
+            for w in &s.prewarm {
+                anyhow::ensure!(
+                    *w < n,
+                    "{}: prewarm of worker {w}, but there are {n}",
+                    s.workload.name
+                );
+            }
             if let Some(p) = &s.policies {
                 anyhow::ensure!(!p.is_empty(), "{}: an empty policy list", s.workload.name);
             }

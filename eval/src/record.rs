@@ -51,6 +51,9 @@ pub struct RequestRecord {
     /// set, wall-clock µs, `decision_us` in `x-kvroute-decision`); none without the header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision_us: Option<u64>,
+    /// Topology fields of `x-kvroute-decision` (kvroute policies with a network only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topo: Option<TopoDecision>,
     /// Finished, with TTFT and mean gap within the workload's SLO.
     pub within_slo: bool,
     /// Cohort tags: `all` is implied; e.g. `hot-prefix`, `routed-away`, `tenant:b`, `turn-1`.
@@ -68,6 +71,47 @@ impl RequestRecord {
         } else {
             self.gaps_ms.iter().sum::<f64>() / self.gaps_ms.len() as f64
         }
+    }
+}
+
+/// What kvroute's decision header says about the network (issue 25's fields).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TopoDecision {
+    /// The worker the chosen one pulls the prefix from (`kv_source`), if any.
+    pub kv_source: Option<String>,
+    /// The prefill worker of a disaggregated request (`prefill`), if any.
+    pub prefill: Option<String>,
+    /// Predicted network time to the chosen worker and back (`network_ms`).
+    pub network_ms: Option<f64>,
+    /// Predicted pull time (`transfer_ms`, 0 without a pull).
+    pub transfer_ms: Option<f64>,
+    /// The chosen worker's site (`site`; `None`: unknown).
+    pub site: Option<String>,
+    /// The chosen worker is in another site than the Envoy (`cross_site=1`).
+    pub cross_site: bool,
+}
+
+impl TopoDecision {
+    /// The topology fields of a decision header; `None` when it has none of them (an older
+    /// filter, or a config without a `topology` section that writes them as defaults is still
+    /// read: `kv_source=none` is a field).
+    pub fn parse(header: &str) -> Option<TopoDecision> {
+        let field = |k: &str| kvroute_stack::client::decision_field(header, k);
+        let named = |k: &str| {
+            field(k).filter(|v| !v.is_empty() && *v != "none" && *v != "unknown").map(str::to_owned)
+        };
+        let number = |k: &str| field(k).and_then(|v| v.parse::<f64>().ok());
+        let any = ["kv_source", "prefill", "network_ms", "transfer_ms", "site", "cross_site"]
+            .iter()
+            .any(|k| field(k).is_some());
+        any.then(|| TopoDecision {
+            kv_source: named("kv_source"),
+            prefill: named("prefill"),
+            network_ms: number("network_ms"),
+            transfer_ms: number("transfer_ms"),
+            site: named("site"),
+            cross_site: field("cross_site") == Some("1"),
+        })
     }
 }
 

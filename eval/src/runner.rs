@@ -35,6 +35,9 @@ pub struct RunOptions {
     pub health: HealthBounds,
     /// Unrecorded warm-up requests per Envoy before the schedule (see [`crate::warmup`]).
     pub warmup_per_envoy: usize,
+    /// Workers that hold the schedule's shared prefixes before it starts (see
+    /// [`crate::prewarm`]).
+    pub prewarm: Vec<usize>,
 }
 
 impl Default for RunOptions {
@@ -47,6 +50,7 @@ impl Default for RunOptions {
             whatif_sample: 0.25,
             health: HealthBounds::default(),
             warmup_per_envoy: 0,
+            prewarm: Vec::new(),
         }
     }
 }
@@ -94,6 +98,10 @@ pub async fn run_policy(
         // The schedule starts on empty prefix caches, as without a warm-up.
         reset_prefix_caches(&workers, &topo.workers.reset_path).await?;
     }
+    if !opts.prewarm.is_empty() {
+        let c = cluster.lock().await;
+        crate::prewarm::run(&c, schedule, &opts.prewarm, Duration::from_secs(60)).await?;
+    }
     let lag_before = health::step_lags(&probe, &workers).await;
     let cpu_before = health::cpu_times();
     let start = tokio::time::Instant::now();
@@ -117,6 +125,7 @@ pub async fn run_policy(
             let (http, url, s, bar) =
                 (http.clone(), urls[i % urls.len()].clone(), s.clone(), bar.clone());
             let ctx = Arc::clone(&ctx);
+            let net = topo.net.clone();
             tokio::spawn(async move {
                 let due = start + clock.wall(s.at);
                 tokio::time::sleep_until(due).await;
@@ -124,6 +133,10 @@ pub async fn run_policy(
                 let mut r = send(&http, &url, i, &s, &ctx).await;
                 r.at_ms = s.at.as_secs_f64() * 1000.0 / clock.rate_scale;
                 r.send_lag_ms = clock.engine_ms(lag);
+                if let Some(net) = &net {
+                    let tags = net.cohort_tags(&ctx.workers, &r);
+                    r.cohorts.extend(tags);
+                }
                 bar.inc(1);
                 r
             })

@@ -107,6 +107,7 @@ pub async fn send(
         whatif_ms: Vec::new(),
         replicated: false,
         decision_us: None,
+        topo: None,
         within_slo: false,
         cohorts: s.cohorts.clone(),
     };
@@ -210,6 +211,7 @@ async fn exchange(
         .filter(|v| *v >= 0.0);
     rec.replicated = decision.as_deref().is_some_and(decision_replicated);
     rec.decision_us = decision.as_deref().and_then(|d| decision_number(d, "decision_us"));
+    rec.topo = decision.as_deref().and_then(crate::record::TopoDecision::parse);
     let mut stream = resp.bytes_stream();
     if rec.status != 200 {
         let mut body = Vec::new();

@@ -12,6 +12,9 @@ pub struct Topology {
     pub envoy: EnvoySpec,
     pub knowledge: KnowledgeTiming,
     pub filter: FilterPrior,
+    /// Sites, links, client RTTs, KV pulls and P/D roles (absent: one flat, local pool).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub net: Option<crate::net::NetSpec>,
 }
 
 /// What the filter is told about the workers' speed. Never the simulator's profile: the filter
@@ -186,6 +189,15 @@ impl Topology {
                 .map_err(|_| anyhow::anyhow!("workers.external: bad address {}", e.addr))?;
         }
         anyhow::ensure!(self.knowledge.delay_ms <= 60_000, "knowledge.delay_ms: at most 60000");
+        if let Some(net) = &self.net {
+            anyhow::ensure!(
+                self.workers.external.is_empty(),
+                "net: the network is simulated (simulated workers only)"
+            );
+            // Link and client delays are wall-clock on the sockets: no time compression.
+            anyhow::ensure!(self.workers.speedup == 1.0, "net: needs workers.speedup = 1");
+            net.validate(n)?;
+        }
         Ok(())
     }
 
@@ -255,14 +267,15 @@ impl Topology {
             )
         };
         format!(
-            "{workers}; {} Envoy instance(s) x {} threads; kvroute-updater{}",
+            "{workers}; {} Envoy instance(s) x {} threads; kvroute-updater{}{}",
             self.envoy.instances,
             self.envoy.concurrency,
             if self.knowledge.delay_ms > 0 {
                 format!(" behind a {} ms knowledge delay", self.knowledge.delay_ms)
             } else {
                 String::new()
-            }
+            },
+            self.net.as_ref().map(|n| format!("; {}", n.describe())).unwrap_or_default()
         )
     }
 }

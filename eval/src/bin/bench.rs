@@ -65,6 +65,19 @@ struct Args {
     /// Skip the three reference cases, also where the plan runs them (the `full` presets).
     #[arg(long)]
     no_reference: bool,
+    /// Run only the transfer reference sweep (issue 25) on the plan's simulator profile: a
+    /// busy holder of a prefix, an idle worker that recomputes, an idle peer that pulls it over
+    /// a link of swept bandwidth; the crossovers kvroute's cost model predicts against the
+    /// measured ones (`transfer/transfer.md`).
+    #[arg(long)]
+    transfer_sweep: bool,
+    /// The transfer sweep's link bandwidths (Gb/s, comma-separated; default 5,10,20,40,80,160).
+    #[arg(long, value_delimiter = ',')]
+    transfer_bandwidths: Option<Vec<f64>>,
+    /// The transfer sweep's holder queues (background requests, comma-separated; default
+    /// 0,1,2,3,4,6,8).
+    #[arg(long, value_delimiter = ',')]
+    transfer_levels: Option<Vec<usize>>,
     /// Scale the filter's default cost profile by this (3: a prior three times too slow), to
     /// see how kvroute fares when told the wrong speed. Overrides the plan's
     /// `[filter] prior_scale`.
@@ -157,6 +170,9 @@ async fn main() -> anyhow::Result<()> {
         args.out.clone().unwrap_or_else(|| paths::repo_root().join("results").join(&plan.name));
     std::fs::create_dir_all(&out)?;
     let out = out.canonicalize().unwrap_or(out);
+    if args.transfer_sweep {
+        return transfer_sweep(&args, &plan, &out).await;
+    }
     let block_size = 16;
     let model = plan.topology.workers.model;
     let bundle = model.bundle()?;
@@ -173,6 +189,7 @@ async fn main() -> anyhow::Result<()> {
     );
     for sc in &plan.scenarios {
         let w = &sc.workload;
+        let topo = sc.topology(&plan);
         let sched = w.schedule_for(model)?;
         let hash = schedule::hash(&sched);
         let ceiling = workloads::reuse_ceiling_with(&bundle, &sched, block_size)?;
@@ -207,9 +224,10 @@ async fn main() -> anyhow::Result<()> {
                         rate_scale: rate,
                         whatif_sample: plan.whatif_sample,
                         warmup_per_envoy: plan.warmup_per_envoy,
+                        prewarm: sc.prewarm.clone(),
                         ..Default::default()
                     };
-                    let run = run_policy(&plan.topology, policy, &sched, w.slo, &sc.faults, &opts)
+                    let run = run_policy(topo, policy, &sched, w.slo, &sc.faults, &opts)
                         .await
                         .with_context(|| {
                             format!(
@@ -241,9 +259,8 @@ async fn main() -> anyhow::Result<()> {
             title: format!("{} — {}", plan.name, w.name),
             model_profile: format!(
                 "{}{}",
-                plan.topology.workers.profile,
-                plan.topology
-                    .workers
+                topo.workers.profile,
+                topo.workers
                     .prefill_ms_per_token
                     .map(|p| format!(" with prefill at {p} ms/token"))
                     .unwrap_or_default()
@@ -254,14 +271,22 @@ async fn main() -> anyhow::Result<()> {
             requests: sched.len(),
             knowledge: format!(
                 "kvroute: KV events via kvroute-updater, pulled by Envoy every 100 ms as snapshot deltas, event credit allowed for {} ms (fading after half), extra delay {} ms; kvroute-history: routing history and response feedback with the updater's load; kvroute-load-only: the cost model on load alone",
-                plan.topology.knowledge.max_event_age_ms, plan.topology.knowledge.delay_ms
+                topo.knowledge.max_event_age_ms, topo.knowledge.delay_ms
             ),
-            topology: plan.topology.describe(),
+            topology: format!(
+                "{}{}",
+                topo.describe(),
+                if sc.prewarm.is_empty() {
+                    String::new()
+                } else {
+                    format!("; workers {:?} hold the shared prefixes at the start", sc.prewarm)
+                }
+            ),
             machine: machine(),
             faults: sc.faults.iter().map(|f| f.describe()).collect(),
             block_size,
-            filter_profile: plan.topology.filter.describe(),
-            sim_profile: plan.topology.sim_profile(),
+            filter_profile: topo.filter.describe(),
+            sim_profile: topo.sim_profile(),
         };
         let setup =
             Setup { scope, ceiling: Some(ceiling), slo: w.slo, faults: sc.faults.clone(), reuse };
@@ -302,6 +327,35 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(
         failed == 0 || plan.scenarios.iter().any(|s| !s.faults.is_empty()),
         "{failed} requests failed"
+    );
+    Ok(())
+}
+
+/// The transfer reference sweep alone, into `<out>/transfer/`.
+async fn transfer_sweep(
+    args: &Args,
+    plan: &ComparisonPlan,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    let mut opts = kvroute_eval::transfer::TransferOptions::default();
+    if let Some(b) = &args.transfer_bandwidths {
+        opts.bandwidths_gbps = b.clone();
+    }
+    if let Some(l) = &args.transfer_levels {
+        opts.levels = l.clone();
+    }
+    println!(
+        "== transfer sweep: {:?} Gb/s x holder queues {:?}",
+        opts.bandwidths_gbps, opts.levels
+    );
+    let rep = kvroute_eval::transfer::run(&plan.topology, &opts, &out.join("transfer"))
+        .await
+        .context("the transfer sweep")?;
+    let md = kvroute_eval::transfer::markdown(&rep);
+    println!(
+        "{md}
+(written to {})",
+        out.join("transfer").display()
     );
     Ok(())
 }
