@@ -32,6 +32,8 @@ pub const PER_TRY_TIMEOUT_HEADER: &str = "x-envoy-upstream-rq-per-try-timeout-ms
 struct InFlight {
     decision: Decision,
     ticket: Ticket,
+    /// A P/D pool's prefill worker's share of the load: its prefill, ended at the first byte.
+    prefill_ticket: Option<Ticket>,
     /// The worker planned and the one Envoy used (it differs after a retry), the status, and
     /// whether prefill is done and the load released.
     life: Lifecycle,
@@ -153,12 +155,18 @@ impl KvHttp {
             // Envoy's fallback policy will pick a worker; nothing of ours to track.
             return Action::Continue;
         }
+        for (name, value) in decision.steering_headers() {
+            host::set_request_header(name, Some(value));
+        }
         state.maybe_probe(&health, &primary, now);
         self.first_byte_timeout(&decision, first_byte_is_ttft);
         let ticket = {
             let mut shard = state.shard.borrow_mut();
             shard.start(&state.metrics, &primary, decision.uncached_tokens(), now)
         };
+        let prefill_ticket = decision.prefill.first().map(|p| {
+            state.shard.borrow_mut().start(&state.metrics, &p.worker, p.uncached_tokens, now)
+        });
         state.flush_load(now);
         if let Some(reason) = decision.fallback {
             state.metrics.fallback(reason);
@@ -169,6 +177,10 @@ impl KvHttp {
         let life = Lifecycle::new(&primary, first_byte_is_ttft);
         if let Effect::Journal { worker, source, retract } = life.routed() {
             self.journal(&worker, &decision.block_hashes, source, retract);
+            // A P/D pool's prefill worker computes the prefix and keeps it too.
+            if let Some(p) = decision.prefill.first() {
+                self.journal(&p.worker, &decision.block_hashes, source, retract);
+            }
         }
         let predicted = decision.predicted_cached_tokens();
         let blocks = predicted / u64::from(decision.block_size.max(1));
@@ -182,6 +194,7 @@ impl KvHttp {
         self.inflight = Some(InFlight {
             decision,
             ticket,
+            prefill_ticket,
             life,
             scanner: UsageScanner::default(),
             decision_us: us,
@@ -237,8 +250,13 @@ impl KvHttp {
                 Effect::Answered { worker } => state.worker_answered(&worker, host::now_ms()),
                 Effect::FirstByte => {
                     state.shard.borrow_mut().first_byte(f.ticket);
+                    if let Some(t) = f.prefill_ticket {
+                        state.shard.borrow_mut().end(t);
+                    }
                     state.flush_load(host::now_ms());
                 }
+                // A P/D estimate spans two workers: nothing to learn of the decode one alone.
+                Effect::Calibrate if !f.decision.prefill.is_empty() => {}
                 Effect::Calibrate => {
                     if let Some(score) = f.decision.primary() {
                         let observed_ms =
@@ -248,6 +266,9 @@ impl KvHttp {
                 }
                 Effect::Release => {
                     state.shard.borrow_mut().end(f.ticket);
+                    if let Some(t) = f.prefill_ticket {
+                        state.shard.borrow_mut().end(t);
+                    }
                     state.flush_load(host::now_ms());
                 }
                 Effect::Audit { worker, actual } => {
@@ -348,7 +369,7 @@ impl KvHttp {
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}; misdeployed={}; thread={}",
+            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}; misdeployed={}; thread={}; {}",
             f.life.served(),
             d.predicted_cached_tokens(),
             // The estimate for the worker actually served (a fallback when the primary failed),
@@ -370,7 +391,8 @@ impl KvHttp {
             d.tokenize_us,
             self.state.watch.borrow().header_field(host::now_ms()),
             // The deciding thread's load shard: which of Envoy's worker threads decided.
-            self.state.shard.borrow().id()
+            self.state.shard.borrow().id(),
+            d.topology_fields(f.life.served())
         ))
     }
 }
@@ -382,6 +404,12 @@ impl HttpContext for KvHttp {
         // A client must never steer routing: the native filter before this one strips copies
         // of our header already; dropping it here too keeps configs without it safe.
         host::set_request_header(&self.state.config.destination_header, None);
+        // Nor name the holder an engine pulls KV from, or a P/D pool's prefill worker.
+        if let Ok(router) = self.state.router.try_borrow() {
+            for h in router.plan().steering_headers() {
+                host::set_request_header(h, None);
+            }
+        }
         // Deadline and priority are inputs, not steering: read as bytes, dropped before the
         // request goes upstream when `admission.strip_headers` says so.
         let adm = &self.state.config.admission;

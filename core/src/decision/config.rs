@@ -76,6 +76,9 @@ pub struct FilterConfig {
     /// Passive health: workers that fail requests are left out for a backoff; the per-try
     /// first-byte timeout (`core/src/shared/health.rs`).
     pub health: sync::HealthConfig,
+    /// Where workers are and what moving KV between them costs
+    /// (`core/src/decision/topology.rs`); absent: every worker local, no pulls.
+    pub topology: Option<crate::decision::topology::TopologyConfig>,
 }
 
 /// Deliberate faults, for proving that traffic survives them.
@@ -254,6 +257,7 @@ impl Default for FilterConfig {
             calibration: Default::default(),
             misdeployment: Default::default(),
             health: Default::default(),
+            topology: None,
         }
     }
 }
@@ -310,6 +314,24 @@ pub struct ModelConfig {
     /// default; 0: none (see `admission`).
     #[serde(default)]
     pub ttft_deadline_ms: u64,
+    /// A disaggregated pool's prefill workers (`ip:port`): then `workers` are its decode
+    /// workers, the destination header names a decode worker, and the request carries the
+    /// chosen prefill worker in `pd_header`. Empty: an aggregated pool.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true)))]
+    pub prefill_workers: Vec<String>,
+    /// The request header naming the prefill worker (`host:port`) for the decode side's P/D
+    /// proxy (llm-d's routing sidecar reads `x-prefiller-host-port`).
+    #[serde(default = "default_pd_header")]
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = r"^[a-z0-9-]+$")))]
+    pub pd_header: String,
+}
+
+/// The default of [`ModelConfig::pd_header`] (llm-d's P/D routing sidecar).
+pub const DEFAULT_PD_HEADER: &str = "x-prefiller-host-port";
+
+fn default_pd_header() -> String {
+    DEFAULT_PD_HEADER.into()
 }
 
 fn default_block_size() -> u32 {
@@ -472,6 +494,12 @@ impl FilterConfig {
             }
         }
         self.admission.validate(&self.destination_header).map_err(ConfigError::Invalid)?;
+        if let Some(t) = &self.topology {
+            t.validate().map_err(ConfigError::Invalid)?;
+            if t.transfer.header == self.destination_header {
+                return bad("topology.transfer.header must differ from destination_header".into());
+            }
+        }
         let mut names = HashSet::new();
         for m in &self.models {
             if m.name.is_empty() || !names.insert(m.name.as_str()) {
@@ -501,6 +529,21 @@ impl ModelConfig {
             if !seen.insert(w) {
                 return Err(format!("worker '{w}' is listed twice"));
             }
+        }
+        for w in &self.prefill_workers {
+            if w.parse::<SocketAddr>().is_err() || self.workers.contains(w) {
+                return Err(format!(
+                    "prefill worker '{w}' is not an ip:port or is also a decode worker"
+                ));
+            }
+        }
+        if self.pd_header.is_empty()
+            || self
+                .pd_header
+                .bytes()
+                .any(|b| !(b.is_ascii_lowercase() || b == b'-' || b.is_ascii_digit()))
+        {
+            return Err(format!("pd_header '{}' must be a lowercase header name", self.pd_header));
         }
         if !(1..=4096).contains(&self.block_size) {
             return Err(format!("block_size {} is outside 1..=4096", self.block_size));

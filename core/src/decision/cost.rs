@@ -1,11 +1,19 @@
 //! The cost model: estimated time to first token in milliseconds, and ordered selection.
 //!
-//! `ttft(w) = wait(w) + prefill(uncached(w)) + transfer(offloaded(w)) + adapter(w)`, where
+//! `ttft(w) = network(w) + wait(w) + prefill(uncached(w)) + transfer(offloaded(w)) + adapter(w)`,
+//! where
 //! `wait(w)` is the prefill work already queued on `w` (router-tracked uncached tokens of
 //! requests not yet at first token) plus the slowdown from the requests `w` is decoding,
 //! `transfer` moves prefix blocks that `w` holds only on a lower tier (CPU, storage) back to
 //! the GPU, and `adapter` loads the request's LoRA adapter on a worker that has not loaded it.
 //! The profile's numbers come from the plugin config.
+//!
+//! With a topology ([`crate::decision::topology`]) a candidate also has a [`Reach`]: the round
+//! trip from this Envoy to it (`network`), a fixed extra such as a P/D hand-off, and the pulls
+//! it could make: a holder with more of the prefix whose blocks it could receive over their
+//! link. Its prefill is then `min(prefill(what it lacks), pull(holder's extra blocks) +
+//! prefill(the rest))` over the offered holders. Without a topology every reach is zero and
+//! the estimates are exactly the topology-free ones.
 
 use serde::{Deserialize, Serialize};
 
@@ -171,12 +179,44 @@ pub struct Score {
     pub transfer_ms: f64,
     /// Loading the request's adapter (0 where it is loaded, or for a base-model request).
     pub adapter_ms: f64,
+    /// The round trip from this Envoy to the worker plus any fixed extra of its [`Reach`].
+    pub network_ms: f64,
+    /// The pull chosen for this worker, if pulling beats recomputing what it lacks.
+    pub pull: Option<PullPlan>,
     pub ttft_ms: f64,
     /// The load the estimate saw, with the prefill done already taken off (online calibration
     /// learns from it).
     pub load: WorkerLoad,
     /// The deviation factor applied to `wait_ms` and `prefill_ms`.
     pub deviation: f64,
+}
+
+/// How a candidate is reached and what it could receive (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reach {
+    /// Round trip from this Envoy to the worker (ms).
+    pub network_ms: f64,
+    /// A fixed extra on this worker's estimate (ms): a P/D hand-off to the decode worker.
+    pub extra_ms: f64,
+    /// Holders it could pull the prefix from.
+    pub pulls: Vec<PullOffer>,
+}
+
+/// A holder a candidate could pull the prompt's prefix from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PullOffer {
+    pub from: String,
+    /// Leading prompt blocks the holder is believed to hold (any tier).
+    pub blocks: usize,
+    pub cost: crate::decision::topology::PullCost,
+}
+
+/// A pull a score counts on: `tokens` of the prefix from `from`, in `ms`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PullPlan {
+    pub from: String,
+    pub tokens: u64,
+    pub ms: f64,
 }
 
 /// How close two estimates must be to count as a tie (then the choice is random).
@@ -221,26 +261,62 @@ pub fn reusable_tokens(prompt_tokens: u64, block_size: u32) -> u64 {
 /// Scores every candidate for a prompt of `prompt_tokens` tokens. Only the blocks the engine
 /// will reuse ([`reusable_blocks`]) are credited, whatever the worker holds.
 pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u32) -> Score {
+    score_reached(profile, c, &Reach::default(), prompt_tokens, block_size)
+}
+
+/// [`score`] with the candidate's [`Reach`]: its network time, and the best of the pulls it
+/// is offered where one beats recomputing what it lacks.
+pub fn score_reached(
+    profile: &Profile,
+    c: &Candidate,
+    reach: &Reach,
+    prompt_tokens: u64,
+    block_size: u32,
+) -> Score {
     let reusable = reusable_blocks(prompt_tokens, block_size);
     let blocks = (c.cached_blocks as u64).min(reusable);
-    let cached = blocks * u64::from(block_size);
-    let uncached = prompt_tokens - cached;
-    let transferred = ((c.offloaded_blocks as u64).min(blocks)) * u64::from(block_size);
+    let bs = u64::from(block_size);
+    let cached = blocks * bs;
+    let transferred = ((c.offloaded_blocks as u64).min(blocks)) * bs;
     let deviation = if c.deviation.is_finite() && c.deviation > 0.0 { c.deviation } else { 1.0 };
     let load = profile.remaining(&c.load, deviation);
     let wait_ms = profile.wait_ms(&load) * deviation;
-    let prefill_ms = profile.prefill_with_context_ms(uncached, cached) * deviation;
+    let prefill = |pulled: u64| {
+        profile.prefill_with_context_ms(prompt_tokens - cached - pulled, cached + pulled)
+            * deviation
+    };
+    let recompute_ms = prefill(0);
+    // The best offer: the holder's extra blocks moved here, then the rest computed.
+    let pull = reach
+        .pulls
+        .iter()
+        .filter_map(|o| {
+            let extra = (o.blocks as u64).min(reusable).checked_sub(blocks).filter(|&b| b > 0)?;
+            let tokens = extra * bs;
+            let ms = o.cost.ms(tokens);
+            let total = ms + prefill(tokens);
+            (total.is_finite() && total < recompute_ms)
+                .then(|| (total, PullPlan { from: o.from.clone(), tokens, ms }))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.from.cmp(&b.1.from)))
+        .map(|(_, p)| p);
+    let pulled = pull.as_ref().map_or(0, |p| p.tokens);
+    let prefill_ms = if pulled > 0 { prefill(pulled) } else { recompute_ms };
+    let pull_ms = pull.as_ref().map_or(0.0, |p| p.ms);
     let transfer_ms = transferred as f64 * profile.transfer_ms_per_token;
     let adapter_ms = if c.adapter_missing { profile.adapter_load_ms } else { 0.0 };
+    let network_ms = reach.network_ms + reach.extra_ms;
     Score {
         worker: c.worker.clone(),
         cached_tokens: cached,
-        uncached_tokens: uncached,
+        uncached_tokens: prompt_tokens - cached - pulled,
         wait_ms,
         prefill_ms,
         transfer_ms,
         adapter_ms,
-        ttft_ms: wait_ms + prefill_ms + transfer_ms + adapter_ms,
+        network_ms,
+        ttft_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms,
+        pull,
         load,
         deviation,
     }
@@ -257,8 +333,34 @@ pub fn rank(
     tie: TieBand,
     pick: u64,
 ) -> Vec<Score> {
-    let mut scores: Vec<Score> =
-        candidates.iter().map(|c| score(profile, c, prompt_tokens, block_size)).collect();
+    let scores = candidates.iter().map(|c| score(profile, c, prompt_tokens, block_size)).collect();
+    order(scores, block_size, tie, pick)
+}
+
+/// [`rank`] with each candidate's [`Reach`] (`reaches[i]` for `candidates[i]`; missing ones
+/// are zero).
+pub fn rank_reached(
+    profile: &Profile,
+    candidates: &[Candidate],
+    reaches: &[Reach],
+    prompt_tokens: u64,
+    block_size: u32,
+    tie: TieBand,
+    pick: u64,
+) -> Vec<Score> {
+    let none = Reach::default();
+    let scores = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            score_reached(profile, c, reaches.get(i).unwrap_or(&none), prompt_tokens, block_size)
+        })
+        .collect();
+    order(scores, block_size, tie, pick)
+}
+
+/// Orders scores: the primary drawn among the least-work ties, then by increasing estimate.
+fn order(mut scores: Vec<Score>, block_size: u32, tie: TieBand, pick: u64) -> Vec<Score> {
     scores.sort_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms).then_with(|| a.worker.cmp(&b.worker)));
     let Some(best) = scores.first().map(|s| s.ttft_ms) else {
         return scores;
@@ -276,6 +378,9 @@ pub fn rank(
     scores.insert(0, primary);
     scores
 }
+
+#[cfg(test)]
+mod reach_tests;
 
 #[cfg(test)]
 mod tests {

@@ -15,6 +15,7 @@
 //! - [`index`]: per-worker knowledge with source, age, TTL and LRU bounds.
 //! - [`load`]: router-tracked load of a worker; [`peers`]: other replicas' load as a thread
 //!   sees it.
+//! - [`topology`]: worker placement, link costs, KV pulls between workers;
 //! - [`cost`]: the millisecond cost model and ordered selection; [`calib`]: its online
 //!   calibration from observed times to first token; [`lookahead`]: hot prefixes held.
 //! - [`router`]: the decision: an immutable [`router::Plan`] and the mutable
@@ -42,4 +43,5 @@ pub mod request;
 pub mod router;
 pub mod template;
 pub mod tokenize;
+pub mod topology;
 pub mod usage;

@@ -6,7 +6,9 @@
 
 mod decision;
 mod knowledge;
+mod pd;
 mod plan;
+mod reach;
 #[cfg(test)]
 mod tests;
 mod tokens;
@@ -20,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::decision::config::{ConfigError, FilterConfig};
-use crate::decision::cost::{rank, Candidate};
+use crate::decision::cost::{rank_reached, Candidate};
 use crate::decision::error::ApiError;
 use crate::decision::hash::{block_hashes, CacheDomain};
 use crate::decision::index::PrefixMatch;
@@ -238,51 +240,36 @@ impl Router {
         cache_read: bool,
     ) -> Decision {
         let m = &t.model;
-        // Each worker's lookup, kept for the header fields of the chosen one and the look-ahead.
-        let mut matches: HashMap<&str, PrefixMatch> = HashMap::new();
         // The updater's pool when it sends one (a new pod joins once identified), else the
         // configured workers.
         let pool = self.knowledge.pool_members(&m.name).unwrap_or(&m.workers);
-        // Workers that failed requests are left out, as primary and as fallback, unless every
-        // worker of the pool is down: then the choice is among all of them (never a refusal).
-        let up: Vec<&String> = pool.iter().filter(|w| !self.knowledge.is_down(w)).collect();
-        let eligible = if up.is_empty() { pool.iter().collect() } else { up };
-        let candidates: Vec<Candidate> = eligible
-            .into_iter()
-            .map(|w| {
-                // The cache-blind ablation skips the lookup rather than discarding it, and so
-                // does a request the engine will not look up.
-                let pm = if self.plan.cache_aware && cache_read {
-                    self.knowledge.prefix_match(w, &hashes, now_ms)
-                } else {
-                    Default::default()
-                };
-                matches.insert(w.as_str(), pm);
-                let reported = self.knowledge.reported_load(w, now_ms);
-                Candidate {
-                    worker: w.clone(),
-                    cached_blocks: pm.blocks,
-                    offloaded_blocks: pm.offloaded,
-                    // Other replicas' in-flight work adds to this replica's own.
-                    load: combine_load(
-                        load(w).plus(self.knowledge.peer_load(w, now_ms)),
-                        reported.as_ref(),
-                        self.knowledge.typical_uncached_tokens(),
-                    ),
-                    adapter_missing: t
-                        .adapter
-                        .as_deref()
-                        .is_some_and(|a| !self.knowledge.has_adapter(w, a)),
-                    deviation: self.calibration.deviation(&m.name, w),
-                }
-            })
-            .collect();
+        let looked = self.candidates(t, pool, &hashes, load, now_ms, cache_read);
+        // Each worker's lookup, kept for the header fields of the chosen one and the look-ahead.
+        let matches: HashMap<&str, PrefixMatch> =
+            looked.iter().map(|(c, pm)| (c.worker.as_str(), *pm)).collect();
+        let candidates: Vec<Candidate> = looked.iter().map(|(c, _)| c.clone()).collect();
         let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
-        let mut ranked =
-            rank(&profile, &candidates, prompt_tokens, m.block_size, self.plan.tie, pick);
+        let topo = self.plan.topology.as_deref();
+        let pd = !m.prefill_workers.is_empty();
+        let (mut ranked, prefill) = if pd {
+            self.rank_pd(t, &looked, &hashes, prompt_tokens, load, now_ms, pick, cache_read)
+        } else {
+            let reaches = reach::reaches(topo, &looked, true, &|_| 0.0);
+            let ranked = rank_reached(
+                &profile,
+                &candidates,
+                &reaches,
+                prompt_tokens,
+                m.block_size,
+                self.plan.tie,
+                pick,
+            );
+            (ranked, Vec::new())
+        };
         let replicated =
-            self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, &matches, now_ms);
-        if let Some(p) = ranked.first() {
+            !pd && self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, &matches, now_ms);
+        // The prompt's computing worker: the prefill primary in a P/D pool.
+        if let Some(p) = prefill.first().or(ranked.first()) {
             self.knowledge.note_uncached_tokens(p.uncached_tokens);
         }
         let chosen = ranked
@@ -305,7 +292,57 @@ impl Router {
             tokenize_us: 0,
             replicated,
             blocks_from_peers: chosen.from_peers,
+            prefill,
+            topology: self.plan.topology.clone(),
         }
+    }
+
+    /// Each worker of `workers` that is up (all of them when none is) as a candidate, with its
+    /// prefix lookup.
+    fn candidates(
+        &self,
+        t: &Target,
+        workers: &[String],
+        hashes: &[u64],
+        load: &dyn Fn(&str) -> WorkerLoad,
+        now_ms: u64,
+        cache_read: bool,
+    ) -> Vec<(Candidate, PrefixMatch)> {
+        let m = &t.model;
+        // Workers that failed requests are left out, as primary and as fallback, unless every
+        // worker of the pool is down: then the choice is among all of them (never a refusal).
+        let up: Vec<&String> = workers.iter().filter(|w| !self.knowledge.is_down(w)).collect();
+        let eligible = if up.is_empty() { workers.iter().collect() } else { up };
+        eligible
+            .into_iter()
+            .map(|w| {
+                // The cache-blind ablation skips the lookup rather than discarding it, and so
+                // does a request the engine will not look up.
+                let pm = if self.plan.cache_aware && cache_read {
+                    self.knowledge.prefix_match(w, hashes, now_ms)
+                } else {
+                    Default::default()
+                };
+                let reported = self.knowledge.reported_load(w, now_ms);
+                let c = Candidate {
+                    worker: w.clone(),
+                    cached_blocks: pm.blocks,
+                    offloaded_blocks: pm.offloaded,
+                    // Other replicas' in-flight work adds to this replica's own.
+                    load: combine_load(
+                        load(w).plus(self.knowledge.peer_load(w, now_ms)),
+                        reported.as_ref(),
+                        self.knowledge.typical_uncached_tokens(),
+                    ),
+                    adapter_missing: t
+                        .adapter
+                        .as_deref()
+                        .is_some_and(|a| !self.knowledge.has_adapter(w, a)),
+                    deviation: self.calibration.deviation(&m.name, w),
+                };
+                (c, pm)
+            })
+            .collect()
     }
 
     /// Places a hot prefix on one more worker when the requests still to come for it would

@@ -10,6 +10,8 @@ fn score(worker: &str, cached: u64, wait: f64, prefill: f64) -> Score {
         prefill_ms: prefill,
         transfer_ms: 0.0,
         adapter_ms: 0.0,
+        network_ms: 0.0,
+        pull: None,
         ttft_ms: wait + prefill,
         load: Default::default(),
         deviation: 1.0,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::decision::audit::{classify, prediction_error, AuditClass};
 use crate::decision::cost::Score;
 use crate::decision::load::WorkerLoad;
+use crate::decision::topology::TopologyConfig;
 use crate::wire::snapshot::SnapshotLoad;
 
 use super::plan::ModelPlan;
@@ -84,6 +85,11 @@ pub struct Decision {
     /// The look-ahead placed this hot prefix on one more worker on purpose (the primary does
     /// not hold it although a worker does).
     pub replicated: bool,
+    /// A P/D pool's prefill workers in order of preference (empty for an aggregated pool):
+    /// `ranked` then holds its decode workers, the primary's estimate being the whole request's.
+    pub prefill: Vec<Score>,
+    /// The topology the decision was made with (`None`: all local).
+    pub topology: Option<Arc<TopologyConfig>>,
 }
 
 impl Decision {
@@ -91,9 +97,10 @@ impl Decision {
         self.ranked.first()
     }
 
-    /// Tokens the primary is expected to reuse.
+    /// Tokens the primary is expected to reuse: those it holds and those it pulls (an engine
+    /// reports KV received through a connector as cached).
     pub fn predicted_cached_tokens(&self) -> u64 {
-        self.primary().map_or(0, |s| s.cached_tokens)
+        self.primary().map_or(0, |s| s.cached_tokens + s.pull.as_ref().map_or(0, |p| p.tokens))
     }
 
     /// Tokens the primary must compute (what its load is charged with).
@@ -104,6 +111,43 @@ impl Decision {
     /// The destination header value: `primary,fallback`.
     pub fn header_value(&self) -> String {
         self.ranked.iter().take(2).map(|s| s.worker.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    /// Request headers to set besides the destination, `(name, value)`: the holder the primary
+    /// pulls the prefix from, and a P/D pool's prefill worker.
+    pub fn steering_headers(&self) -> Vec<(&str, &str)> {
+        let mut out = Vec::new();
+        if let (Some(t), Some(pull)) =
+            (self.topology.as_deref(), self.primary().and_then(|s| s.pull.as_ref()))
+        {
+            out.push((t.transfer.header.as_str(), pull.from.as_str()));
+        }
+        if let Some(p) = self.prefill.first() {
+            out.push((self.model.pd_header.as_str(), p.worker.as_str()));
+        }
+        out
+    }
+
+    /// The topology fields of the decision header for the worker that `served`:
+    /// `kv_source`, `prefill`, `network_ms`, `transfer_ms`, `site`, `cross_site`.
+    pub fn topology_fields(&self, served: &str) -> String {
+        let score = self.ranked.iter().find(|s| s.worker == served);
+        let pull = score.and_then(|s| s.pull.as_ref());
+        let placement = self.topology.as_deref().map(|t| (t.placement(served), &t.local_site));
+        let (site, cross) = match &placement {
+            Some((p, local)) if p.known => {
+                (p.site.as_deref().unwrap_or("unknown"), local.is_some() && p.site != **local)
+            }
+            _ => ("unknown", false),
+        };
+        format!(
+            "kv_source={}; prefill={}; network_ms={:.1}; transfer_ms={:.1}; site={site}; cross_site={}",
+            pull.map_or("none", |p| p.from.as_str()),
+            self.prefill.first().map_or("none", |p| p.worker.as_str()),
+            score.map_or(0.0, |s| s.network_ms),
+            pull.map_or(0.0, |p| p.ms),
+            u8::from(cross)
+        )
     }
 
     /// Classifies what the worker reported against this decision's prediction.

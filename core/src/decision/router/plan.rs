@@ -10,6 +10,7 @@ use crate::decision::config::{BundleRef, BundleSource, ConfigError, FilterConfig
 use crate::decision::cost::{Profile, TieBand};
 use crate::decision::tokenize::model::ModelBundle;
 use crate::decision::tokenize::tokcache::Cuts;
+use crate::decision::topology::TopologyConfig;
 use crate::wire::snapshot::ModelInfo;
 
 /// One model's pool and how its prompts are tokenized and costed.
@@ -29,6 +30,10 @@ pub struct ModelPlan {
     pub profile: Profile,
     /// Adapters of this base model named in the configuration.
     pub adapters: Vec<String>,
+    /// A disaggregated pool's prefill workers (empty: aggregated); `workers` decode then.
+    pub prefill_workers: Vec<String>,
+    /// The header naming the chosen prefill worker.
+    pub pd_header: String,
 }
 
 impl PartialEq for ModelPlan {
@@ -41,6 +46,8 @@ impl PartialEq for ModelPlan {
             && self.lora_name == o.lora_name
             && self.profile == o.profile
             && self.adapters == o.adapters
+            && self.prefill_workers == o.prefill_workers
+            && self.pd_header == o.pd_header
     }
 }
 
@@ -67,6 +74,8 @@ pub struct Plan {
     pub cache_aware: bool,
     pub max_prompt_tokens: usize,
     pub max_prompt_bytes: usize,
+    /// Where workers are and what moving KV costs; `None`: all local, no pulls.
+    pub topology: Option<Arc<TopologyConfig>>,
 }
 
 impl Plan {
@@ -123,6 +132,8 @@ impl Plan {
                 lora_name: m.lora_name.clone(),
                 profile: m.profile,
                 adapters: m.adapters.clone(),
+                prefill_workers: m.prefill_workers.clone(),
+                pd_header: m.pd_header.clone(),
             }
             .with_bundle(bundle);
             models.insert(m.name.clone(), Arc::new(entry));
@@ -134,6 +145,7 @@ impl Plan {
             cache_aware: cfg.knowledge.cache_aware,
             max_prompt_tokens: cfg.max_prompt_tokens,
             max_prompt_bytes: cfg.max_prompt_bytes,
+            topology: cfg.topology.clone().map(Arc::new),
         })
     }
 
@@ -159,9 +171,26 @@ impl Plan {
         self.adapters.get(adapter).map(String::as_str)
     }
 
-    /// Every configured worker, across models (a worker in two pools appears twice).
+    /// Every configured worker, across models (a worker in two pools appears twice), prefill
+    /// workers included.
     pub fn all_workers(&self) -> impl Iterator<Item = &str> {
-        self.models.values().flat_map(|m| m.workers.iter().map(String::as_str))
+        self.models
+            .values()
+            .flat_map(|m| m.workers.iter().chain(&m.prefill_workers).map(String::as_str))
+    }
+
+    /// Every header name a decision may set besides the destination (pull source, prefill
+    /// worker), the defaults included: a client's copies are removed before routing.
+    pub fn steering_headers(&self) -> Vec<&str> {
+        let mut out = vec![
+            crate::decision::topology::TransferConfig::DEFAULT_HEADER,
+            crate::decision::config::DEFAULT_PD_HEADER,
+        ];
+        out.extend(self.topology.as_deref().map(|t| t.transfer.header.as_str()));
+        out.extend(self.models.values().map(|m| m.pd_header.as_str()));
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Models fed by the updater whose plan entry lacks the bundle they should have now:

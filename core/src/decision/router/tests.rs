@@ -3,6 +3,7 @@
 
 mod lookahead;
 mod pools;
+mod topology;
 
 use super::*;
 use crate::decision::audit::AuditClass;
