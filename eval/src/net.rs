@@ -295,7 +295,6 @@ impl NetSpec {
                 "a": l.a, "b": l.b, "rtt_ms": l.rtt_ms, "gbps": l.gbps
             })).collect::<Vec<_>>(),
             "client_rtt_ms": self.client_rtt_ms,
-            "source": "config",
         });
         if let Some(s) = &self.local_site {
             t["local_site"] = json!(s);
@@ -477,6 +476,12 @@ mod tests {
         assert_eq!(f["links"]["wan"]["gbps"], 10.0);
         assert_eq!(f["transfer"]["header"], KV_SOURCE_HEADER);
         assert_eq!(f["client_rtt_ms"]["b"], 20.0);
+        // The filter reads it as its own configuration.
+        let cfg: kvroute_core::decision::topology::TopologyConfig =
+            serde_json::from_value(f.clone()).unwrap();
+        cfg.validate().unwrap();
+        assert!(cfg.pull_cost("127.0.0.1:8002", "127.0.0.1:8000").is_none(), "beyond the zone");
+        assert!(cfg.pull_cost("127.0.0.1:8001", "127.0.0.1:8000").is_some(), "within the zone");
         let d = n.describe();
         assert!(d.contains("a (2 workers, local, client RTT 0.3 ms)"), "{d}");
         assert!(d.contains("a-b 20 ms/5 Gb/s") || d.contains("b-a 20 ms/5 Gb/s"), "{d}");

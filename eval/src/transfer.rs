@@ -134,9 +134,29 @@ impl TransferOptions {
         self.transfer_ms(gbps) + self.suffix_prefill_ms(profile)
     }
 
+    /// The pull as the filter costs it (`TopologyConfig::pull_cost`) on the configuration an
+    /// administrator would write for this pool: H and P in one zone, that zone's link at
+    /// `gbps`, pulls allowed within the zone.
     fn transfer_ms(&self, gbps: f64) -> f64 {
-        let bits = self.prefix_tokens as f64 * self.kv_bytes_per_token as f64 * 8.0;
-        self.setup_ms + self.link_rtt_ms + bits / (gbps * 1e9) * 1000.0
+        let cfg = self.filter_topology(gbps);
+        cfg.pull_cost("H", "P").map_or(f64::INFINITY, |c| c.ms(self.prefix_tokens as u64))
+    }
+
+    /// The filter's `topology` section for the sweep's pool at `gbps`.
+    pub fn filter_topology(&self, gbps: f64) -> kvroute_core::decision::topology::TopologyConfig {
+        let place = |node: &str| json!({"site": "a", "zone": "a1", "node": node});
+        let v = json!({
+            "local_site": "a",
+            "workers": {"H": place("h"), "R": place("r"), "P": place("p")},
+            "links": {"zone": {"rtt_ms": self.link_rtt_ms, "gbps": gbps}},
+            "transfer": {
+                "enabled": true,
+                "max_level": "zone",
+                "setup_ms": self.setup_ms,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
+            },
+        });
+        serde_json::from_value(v).unwrap_or_default()
     }
 
     fn suffix_prefill_ms(&self, profile: &Profile) -> f64 {
@@ -175,12 +195,12 @@ impl TransferOptions {
 
     /// The bandwidth at which the predicted pull equals the predicted recompute.
     pub fn predicted_bandwidth_crossover(&self, profile: &Profile) -> Option<f64> {
-        let budget = self.predicted_recompute_ms(profile)
-            - self.suffix_prefill_ms(profile)
-            - self.setup_ms
-            - self.link_rtt_ms;
-        let bits = self.prefix_tokens as f64 * self.kv_bytes_per_token as f64 * 8.0;
-        (budget > 0.0).then(|| bits / (budget / 1000.0) / 1e9)
+        // The pull is fixed + bits / bandwidth: two bandwidths give both terms.
+        let (t1, t2) = (self.transfer_ms(1.0), self.transfer_ms(2.0));
+        let per_inverse_gbps = 2.0 * (t1 - t2);
+        let fixed = t1 - per_inverse_gbps;
+        let budget = self.predicted_recompute_ms(profile) - self.suffix_prefill_ms(profile) - fixed;
+        (budget > 0.0 && per_inverse_gbps.is_finite()).then(|| per_inverse_gbps / budget)
     }
 
     /// The holder queue at which the predicted wait equals the predicted pull over `gbps`.
@@ -554,6 +574,9 @@ mod tests {
     fn predictions_cross_where_the_costs_meet() {
         let o = TransferOptions::default();
         let p = Profile::default();
+        // The filter's own pull cost: setup + RTT + bytes at the link's bandwidth.
+        let bits = 8192.0 * 131_072.0 * 8.0;
+        assert!((o.transfer_ms(10.0) - (2.0 + 0.2 + bits / 10e9 * 1000.0)).abs() < 1e-9);
         let b = o.predicted_bandwidth_crossover(&p).expect("a crossover");
         assert!((o.predicted_pull_ms(&p, b) - o.predicted_recompute_ms(&p)).abs() < 1e-6);
         assert!(o.predicted_pull_ms(&p, b * 2.0) < o.predicted_recompute_ms(&p));
