@@ -77,8 +77,8 @@ pub struct FilterConfig {
     /// first-byte timeout (`core/src/shared/health.rs`).
     pub health: sync::HealthConfig,
     /// Where workers are and what moving KV between them costs
-    /// (`core/src/decision/topology.rs`); absent: every worker local, no pulls.
-    pub topology: Option<crate::decision::topology::TopologyConfig>,
+    /// (`core/src/decision/topology.rs`); absent (or empty): every worker local, no pulls.
+    pub topology: crate::decision::topology::TopologyConfig,
 }
 
 /// Deliberate faults, for proving that traffic survives them.
@@ -257,7 +257,7 @@ impl Default for FilterConfig {
             calibration: Default::default(),
             misdeployment: Default::default(),
             health: Default::default(),
-            topology: None,
+            topology: Default::default(),
         }
     }
 }
@@ -318,7 +318,13 @@ pub struct ModelConfig {
     /// workers, the destination header names a decode worker, and the request carries the
     /// chosen prefill worker in `pd_header`. Empty: an aggregated pool.
     #[serde(default)]
-    #[cfg_attr(feature = "schema", schemars(extend("uniqueItems" = true)))]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(
+            extend("uniqueItems" = true),
+            inner(regex(pattern = r"^([0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9a-fA-F:.]+(%[0-9]+)?\]):[0-9]+$"))
+        )
+    )]
     pub prefill_workers: Vec<String>,
     /// The request header naming the prefill worker (`host:port`) for the decode side's P/D
     /// proxy (llm-d's routing sidecar reads `x-prefiller-host-port`).
@@ -494,11 +500,9 @@ impl FilterConfig {
             }
         }
         self.admission.validate(&self.destination_header).map_err(ConfigError::Invalid)?;
-        if let Some(t) = &self.topology {
-            t.validate().map_err(ConfigError::Invalid)?;
-            if t.transfer.header == self.destination_header {
-                return bad("topology.transfer.header must differ from destination_header".into());
-            }
+        self.topology.validate().map_err(ConfigError::Invalid)?;
+        if self.topology.transfer.header == self.destination_header {
+            return bad("topology.transfer.header must differ from destination_header".into());
         }
         let mut names = HashSet::new();
         for m in &self.models {
@@ -531,7 +535,7 @@ impl ModelConfig {
             }
         }
         for w in &self.prefill_workers {
-            if w.parse::<SocketAddr>().is_err() || self.workers.contains(w) {
+            if w.parse::<SocketAddr>().is_err() || self.workers.contains(w) || !seen.insert(w) {
                 return Err(format!(
                     "prefill worker '{w}' is not an ip:port or is also a decode worker"
                 ));

@@ -39,10 +39,11 @@ pub struct Labels {
     pub node: Option<String>,
 }
 
-/// One link's cost: round trip and bandwidth.
+/// One link's cost: round trip and bandwidth (both given: a level's defaults are in
+/// [`Links::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct Link {
     /// Round-trip time (ms).
     #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
@@ -50,12 +51,6 @@ pub struct Link {
     /// Bandwidth (Gbit/s) available to one KV transfer; 0: no transfer over it.
     #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub gbps: f64,
-}
-
-impl Default for Link {
-    fn default() -> Self {
-        Link { rtt_ms: 0.0, gbps: 100.0 }
-    }
 }
 
 impl Link {

@@ -145,7 +145,9 @@ impl Plan {
             cache_aware: cfg.knowledge.cache_aware,
             max_prompt_tokens: cfg.max_prompt_tokens,
             max_prompt_bytes: cfg.max_prompt_bytes,
-            topology: cfg.topology.clone().map(Arc::new),
+            // An empty section is no topology: decisions stay exactly the topology-free ones.
+            topology: (cfg.topology != TopologyConfig::default())
+                .then(|| Arc::new(cfg.topology.clone())),
         })
     }
 

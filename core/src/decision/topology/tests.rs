@@ -116,12 +116,14 @@ fn invalid_topologies_are_refused() {
 fn the_section_parses_with_defaults() {
     let t: TopologyConfig = serde_json::from_str(
         r#"{"local_site":"a","workers":{"10.0.0.1:80":{"site":"b","node":"n"}},
-            "links":{"wan":{"rtt_ms":60}},"transfer":{"enabled":true,"max_level":"wan"}}"#,
+            "links":{"wan":{"rtt_ms":60,"gbps":5}},"transfer":{"enabled":true,"max_level":"wan"}}"#,
     )
     .unwrap();
-    assert_eq!(t.links.wan, Link { rtt_ms: 60.0, gbps: 100.0 });
+    assert_eq!(t.links.wan, Link { rtt_ms: 60.0, gbps: 5.0 });
     assert_eq!(t.links.rack, Links::default().rack);
     assert_eq!(t.transfer.max_level, Level::Wan);
     assert_eq!(t.transfer.header, "x-kvroute-kv-source");
     assert!(serde_json::from_str::<TopologyConfig>(r#"{"sites":{}}"#).is_err());
+    // A link is given whole: half of one would silently take another level's figure.
+    assert!(serde_json::from_str::<TopologyConfig>(r#"{"links":{"wan":{"rtt_ms":60}}}"#).is_err());
 }

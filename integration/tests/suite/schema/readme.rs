@@ -2,7 +2,7 @@
 //! both ways: every field a table names exists, its default column says the schema's default,
 //! and every leaf field of the schema is documented by exactly one row. The filter's fields are
 //! in "The filter" (whose `admission.*` / `calibration.*` rows point to the tables of
-//! "Admission" and "Calibration"); the singleton's are in "The singleton (snapshot sync)".
+//! "Admission", "Calibration" and "Topology"); the singleton's are in "The singleton (snapshot sync)".
 
 use std::collections::BTreeMap;
 
@@ -241,7 +241,7 @@ fn one_table(doc: &str, title: &str) -> Vec<Row> {
 /// The problems of `doc` for the filter's and the singleton's schemas.
 fn problems(doc: &str) -> Vec<String> {
     let filter: Vec<Vec<Row>> =
-        ["The filter", "Admission", "Calibration"].iter().map(|t| one_table(doc, t)).collect();
+        ["The filter", "Admission", "Calibration", "Topology"].iter().map(|t| one_table(doc, t)).collect();
     let sync = one_table(doc, "The singleton (snapshot sync)");
     let mut out = check(&(SCHEMAS[0].1)(), "", &filter);
     out.extend(check(&(SCHEMAS[1].1)(), "snapshot_sync.", &[sync]));
