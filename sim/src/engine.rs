@@ -25,6 +25,12 @@ use crate::cache::{engine_block_hash, engine_hashes, BlockCache, EngineHash};
 use crate::events::KvEvent;
 use crate::profile::HardwareProfile;
 
+mod histogram;
+mod kv;
+
+pub use histogram::{Histogram, BUCKETS};
+pub use kv::{KvLookup, KvOp};
+
 /// The prefill work of one sequence in a step: `new` tokens computed on top of `cached` tokens
 /// already in that sequence's KV (a reused prefix or its earlier chunks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,6 +222,8 @@ pub enum Command {
     /// What TTFT would this request get if it arrived now? Answered from a copy of the engine's
     /// state; see [`WhatIf`].
     WhatIf(WhatIf),
+    /// KV moved between workers: lookups for a pull and pulled blocks ([`KvOp`]).
+    Kv(KvOp),
 }
 
 /// Most scheduler steps a what-if simulates before giving up.
@@ -286,43 +294,6 @@ pub struct EngineStats {
 
 /// Granularity of tokio's timer.
 const TIMER_TICK: Duration = Duration::from_millis(1);
-
-/// Buckets in seconds, shared by the TTFT and step-lag histograms.
-pub const BUCKETS: [f64; 17] = [
-    0.0005, 0.001, 0.0015, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-    30.0, 60.0,
-];
-
-/// A fixed-bucket histogram (Prometheus style).
-#[derive(Debug, Default, Clone)]
-pub struct Histogram {
-    pub counts: [u64; BUCKETS.len()],
-    pub sum: f64,
-    pub count: u64,
-}
-
-impl Histogram {
-    pub fn observe(&mut self, secs: f64) {
-        if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
-            self.counts[i] += 1;
-        }
-        self.sum += secs;
-        self.count += 1;
-    }
-
-    /// Upper bound of the bucket holding quantile `q`.
-    pub fn quantile(&self, q: f64) -> f64 {
-        let target = (q * self.count as f64).ceil() as u64;
-        let mut cum = 0;
-        for (b, n) in BUCKETS.iter().zip(&self.counts) {
-            cum += n;
-            if cum >= target {
-                return *b;
-            }
-        }
-        f64::INFINITY
-    }
-}
 
 /// Where a sequence's token events go.
 #[derive(Debug, Clone)]
@@ -529,6 +500,7 @@ impl Core {
                 }
                 let _ = reply.send(ok);
             }
+            Command::Kv(op) => self.kv(op),
             Command::WhatIf(q) => {
                 let now = Instant::now();
                 let waited = self.next_start.max(now).saturating_duration_since(q.asked);

@@ -8,6 +8,7 @@ use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::api::Adapter;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
 use kvroute_sim::profile::{self, HardwareProfile};
+use kvroute_sim::topology::{parse_link, SimLink, SimRole, SimTopology};
 use kvroute_sim::worker::{LoraSpec, Ports, Worker, WorkerSpec};
 
 /// Simulated vLLM-like inference workers (OpenAI API, prefix cache, KV events, vLLM metrics).
@@ -88,6 +89,57 @@ struct Args {
     /// Batches kept for replay.
     #[arg(long, default_value_t = 10_000)]
     buffer_steps: usize,
+    /// Site label of the workers (`GET /sim/topology`; a peer's site picks the `--link` of a
+    /// pull from it).
+    #[arg(long)]
+    site: Option<String>,
+    /// Node label of the workers (`GET /sim/topology`).
+    #[arg(long)]
+    node: Option<String>,
+    /// P/D role: `decode` workers act on `x-prefiller-host-port`; `prefill` is a label.
+    #[arg(long, value_enum, default_value_t = SimRole::Both)]
+    role: SimRole,
+    /// Round trip between the client and the workers (ms, wall clock), applied on their HTTP
+    /// sockets: half before a request is read, every response byte half later.
+    #[arg(long, default_value_t = 0.0)]
+    client_rtt_ms: f64,
+    /// One-way delay of the KV-event PUB path (ms, wall clock; a delay line).
+    #[arg(long, default_value_t = 0.0)]
+    event_delay_ms: f64,
+    /// Link from the workers to workers in SITE, `SITE=RTT_MS:GBPS` (`*`: any site without a
+    /// link of its own; none: 0 ms, 100 Gbit/s). Repeatable.
+    #[arg(long = "link", value_parser = parse_link)]
+    links: Vec<(String, SimLink)>,
+    /// KV size of one token in bytes (what a pull moves per token).
+    #[arg(long, default_value_t = 131_072)]
+    kv_bytes_per_token: u64,
+    /// A pull sends 1/K of the KV's bytes over loopback, paced at 1/K of the link bandwidth
+    /// (its duration is the full-size transfer's).
+    #[arg(long, default_value_t = 1024)]
+    kv_wire_scale: u64,
+    /// Fixed cost of one pull (ms, wall clock): handshake, registration.
+    #[arg(long, default_value_t = 0.0)]
+    kv_setup_ms: f64,
+}
+
+fn topology(a: &Args) -> anyhow::Result<SimTopology> {
+    let finite = |v: f64| v.is_finite() && v >= 0.0;
+    anyhow::ensure!(finite(a.client_rtt_ms), "--client-rtt-ms must be >= 0");
+    anyhow::ensure!(finite(a.event_delay_ms), "--event-delay-ms must be >= 0");
+    anyhow::ensure!(finite(a.kv_setup_ms), "--kv-setup-ms must be >= 0");
+    anyhow::ensure!(a.kv_wire_scale > 0, "--kv-wire-scale must be > 0");
+    anyhow::ensure!(a.kv_bytes_per_token > 0, "--kv-bytes-per-token must be > 0");
+    Ok(SimTopology {
+        site: a.site.clone(),
+        node: a.node.clone(),
+        role: a.role,
+        client_rtt_ms: a.client_rtt_ms,
+        event_delay_ms: a.event_delay_ms,
+        links: a.links.clone(),
+        kv_bytes_per_token: a.kv_bytes_per_token,
+        kv_wire_scale: a.kv_wire_scale,
+        kv_setup_ms: a.kv_setup_ms,
+    })
 }
 
 fn profile(a: &Args) -> anyhow::Result<HardwareProfile> {
@@ -125,6 +177,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.speedup > 0.0, "--speedup must be > 0");
     let profile = profile(&args)?;
+    let topology = topology(&args)?;
     anyhow::ensure!(args.max_loras > 0, "--max-loras must be > 0");
     let bundle = match &args.model_dir {
         Some(dir) => ModelBundle::from_dir(dir)
@@ -153,6 +206,7 @@ async fn main() -> anyhow::Result<()> {
             events: events.clone(),
             root: args.model_dir.as_ref().map(|d| d.display().to_string()),
             lora: lora.clone(),
+            topology: topology.clone(),
         };
         let ports = Ports {
             http: port(args.base_port, i),

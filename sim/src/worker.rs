@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::Context;
 use kvroute_core::decision::tokenize::model::ModelBundle;
@@ -15,6 +16,8 @@ use crate::api::{self, Adapter, Serving};
 use crate::engine::{Engine, EngineConfig, Timing};
 use crate::events::{self, EventConfig, EventLog};
 use crate::profile::HardwareProfile;
+use crate::pull::KvNet;
+use crate::topology::SimTopology;
 
 /// Ports of one worker (0 = pick a free one at first start; restarts reuse the same ports).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,6 +41,8 @@ pub struct WorkerSpec {
     /// `None`.
     pub root: Option<String>,
     pub lora: LoraSpec,
+    /// Labels, role and network costs ([`SimTopology`]; the default changes nothing).
+    pub topology: SimTopology,
 }
 
 impl WorkerSpec {
@@ -53,6 +58,7 @@ impl WorkerSpec {
             events,
             root: None,
             lora: LoraSpec::default(),
+            topology: SimTopology::default(),
         }
     }
 }
@@ -114,7 +120,9 @@ impl Drop for Running {
 
 /// Serves `app` on `listener`; every connection task lives in a set owned by this future, so
 /// aborting it closes the listener and all open connections at once, like a crashed process.
-async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
+/// With a client round trip (`one_way` > 0) each connection goes through a delay line of
+/// `one_way` in each direction ([`crate::delay::delayed_connection`]).
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router, one_way: Duration) {
     use hyper::service::Service as _;
     let mut conns = tokio::task::JoinSet::new();
     while let Ok(stream) = accept(&listener).await {
@@ -123,10 +131,17 @@ async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
             decode_path(&mut req);
             inner.call(req)
         });
-        conns.spawn(async move {
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
-        });
+        if one_way.is_zero() {
+            conns.spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+            });
+        } else {
+            conns.spawn(crate::delay::delayed_connection(stream, one_way, |io| async move {
+                let io = hyper_util::rt::TokioIo::new(io);
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+            }));
+        }
         while conns.try_join_next().is_some() {}
     }
 }
@@ -267,22 +282,32 @@ impl Worker {
             root: self.spec.root.clone().unwrap_or_else(|| self.spec.model.clone()),
             adapters: Mutex::new(self.spec.lora.adapters.clone()),
             lora_load_ms: self.spec.lora.load_ms,
+            net: KvNet::new(self.spec.topology.clone()),
         });
         let app = api::router(Arc::clone(&serving));
-        let http_task = tokio::spawn(serve(listener, app));
-        let pub_task = tokio::spawn(events::run_publisher(
+        let topo = &self.spec.topology;
+        let http_task = tokio::spawn(serve(listener, app, topo.client_one_way()));
+        let mut tasks = vec![engine_task, http_task];
+        // The KV-event path: through a delay line when it has a delay.
+        let ev_rx = if topo.event_delay().is_zero() {
+            ev_rx
+        } else {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tasks.push(tokio::spawn(crate::delay::delay_channel(ev_rx, tx, topo.event_delay())));
+            rx
+        };
+        tasks.push(tokio::spawn(events::run_publisher(
             publisher,
             self.spec.events.clone(),
             Arc::clone(&log),
             ev_rx,
-        ));
-        let replay_task =
-            tokio::spawn(events::run_replay(replay, self.spec.events.clone(), Arc::clone(&log)));
-        *guard = Some(Running {
-            serving,
-            log,
-            tasks: vec![engine_task, http_task, pub_task, replay_task],
-        });
+        )));
+        tasks.push(tokio::spawn(events::run_replay(
+            replay,
+            self.spec.events.clone(),
+            Arc::clone(&log),
+        )));
+        *guard = Some(Running { serving, log, tasks });
         Ok(bound)
     }
 

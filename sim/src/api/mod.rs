@@ -13,13 +13,18 @@
 //! not check; the engine refuses while requests hold blocks) and `POST /sim/what_if`
 //! (`{"endpoint", "request"}`: the TTFT the request would get if it arrived now, from a forward
 //! simulation on a copy of the engine's state; see [`crate::engine::WhatIf`]).
+//!
+//! Topology ([`kv`], [`crate::pull`]): `GET /sim/topology` (labels, role, network settings),
+//! `POST /kv/pull` (a peer pulling this worker's KV), and on the generation routes the
+//! `x-kvroute-kv-source` (pull the prefix first) and `x-prefiller-host-port` (P/D, on a decode
+//! worker) request headers.
 
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -32,6 +37,7 @@ use tokio::sync::mpsc;
 use crate::engine::{Command, Engine, Finish, Submit, TokenEvent, WhatIfAnswer};
 use crate::metrics;
 
+mod kv;
 mod limits;
 mod messages;
 mod responses;
@@ -60,6 +66,8 @@ pub struct Serving {
     pub adapters: Mutex<Vec<Adapter>>,
     /// How long loading an adapter takes (a sim option; 0 by default).
     pub lora_load_ms: u64,
+    /// Labels, links and KV pulls ([`crate::pull`]).
+    pub net: crate::pull::KvNet,
 }
 
 /// A loaded LoRA adapter.
@@ -91,6 +99,8 @@ pub fn router(w: Arc<Worker>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/sim/what_if", post(what_if))
+        .route("/sim/topology", get(kv::topology))
+        .route("/kv/pull", post(kv::pull))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics_text))
         // Long prompts: accept bodies as large as any proxy in front would forward.
@@ -131,20 +141,24 @@ fn resolve(w: &Worker, model: &str) -> Option<Option<String>> {
     }
 }
 
-async fn chat(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
-    generate(w, Endpoint::Chat, &body).await
+async fn chat(State(w): State<Arc<Worker>>, headers: HeaderMap, body: Bytes) -> Response {
+    generate(w, Endpoint::Chat, &headers, &body).await
 }
 
-async fn completions(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
-    generate(w, Endpoint::Completions, &body).await
+async fn completions(State(w): State<Arc<Worker>>, headers: HeaderMap, body: Bytes) -> Response {
+    generate(w, Endpoint::Completions, &headers, &body).await
 }
 
-async fn responses_route(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
-    generate(w, Endpoint::Responses, &body).await
+async fn responses_route(
+    State(w): State<Arc<Worker>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(w, Endpoint::Responses, &headers, &body).await
 }
 
-async fn messages_route(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
-    generate(w, Endpoint::Messages, &body).await
+async fn messages_route(State(w): State<Arc<Worker>>, headers: HeaderMap, body: Bytes) -> Response {
+    generate(w, Endpoint::Messages, &headers, &body).await
 }
 
 fn now_s() -> u64 {
@@ -273,7 +287,12 @@ fn too_big(needed_blocks: usize) -> Response {
     error(too_big_error(needed_blocks))
 }
 
-async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
+async fn generate(
+    w: Arc<Worker>,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
     let Prepared { req, tokens, lora, max_tokens } = match prepare(&w, endpoint, body, true) {
         Ok(p) => p,
         Err(resp) => return *resp,
@@ -284,6 +303,9 @@ async fn generate(w: Arc<Worker>, endpoint: Endpoint, body: &[u8]) -> Response {
             return refuse(endpoint, ApiError::bad_request("invalid_value", Some("stop"), msg))
         }
     };
+    let prompt =
+        kv::Prompt { tokens: &tokens, salt: req.cache_salt.as_deref(), lora: lora.as_deref() };
+    kv::before_prefill(&w, headers, endpoint, body, &prompt).await;
     let (tx, rx) = mpsc::unbounded_channel();
     let seed = xxhash_rust::xxh3::xxh3_64(body);
     let prompt_tokens = tokens.len();
@@ -779,6 +801,10 @@ async fn tokenize(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
 
 async fn metrics_text(State(w): State<Arc<Worker>>) -> Response {
     let st = w.engine.stats.lock().map(|s| s.clone()).unwrap_or_default();
-    let text = metrics::render(&w.model, w.announced_block_size, w.num_gpu_blocks, &st);
+    let mut text = metrics::render(&w.model, w.announced_block_size, w.num_gpu_blocks, &st);
+    if w.net.shows_metrics() {
+        let pulls = w.net.stats.lock().map(|s| s.clone()).unwrap_or_default();
+        text.push_str(&crate::pull::render_metrics(&w.model, &pulls));
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
