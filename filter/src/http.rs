@@ -174,6 +174,13 @@ impl KvHttp {
         if decision.replicated {
             state.metrics.replicated();
         }
+        if let Some(t) = decision.topology.as_deref() {
+            let pull = decision.primary().is_some_and(|s| s.pull.is_some());
+            let (cross, known) = (t.is_cross_site(&primary), t.placement(&primary).known);
+            state.metrics.topology(pull, cross, !known, !decision.prefill.is_empty());
+        } else if !decision.prefill.is_empty() {
+            state.metrics.topology(false, false, false, true);
+        }
         let life = Lifecycle::new(&primary, first_byte_is_ttft);
         if let Effect::Journal { worker, source, retract } = life.routed() {
             self.journal(&worker, &decision.block_hashes, source, retract);

@@ -34,6 +34,9 @@ pub struct Metrics {
     errors: Option<u32>,
     /// Decisions that placed a hot prefix on one more worker on purpose (look-ahead).
     replications: Option<u32>,
+    /// Decisions by topology: a pull chosen, a primary in another site, a primary the
+    /// topology does not place, a P/D pool's decision.
+    topology: [Option<u32>; 4],
     shared: HashMap<Counter, u32>,
     /// This thread's bundle builds.
     pub bundles: BundleMetrics,
@@ -212,6 +215,12 @@ impl Metrics {
             tokenize_us: define(MetricType::Histogram, "kvroute.tokenize_time_us"),
             errors: define(c, "kvroute.rejected_requests"),
             replications: define(c, "kvroute.lookahead.replications"),
+            topology: [
+                define(c, "kvroute.topology.pulls"),
+                define(c, "kvroute.topology.cross_site"),
+                define(c, "kvroute.topology.unknown_site"),
+                define(c, "kvroute.topology.pd"),
+            ],
             bundles: BundleMetrics::define_thread(),
             readiness: Readiness {
                 bundled: define(MetricType::Gauge, "kvroute.threads.bundled"),
@@ -343,6 +352,16 @@ impl Metrics {
     /// The look-ahead placed a hot prefix on one more worker.
     pub fn replicated(&self) {
         add(self.replications, 1);
+    }
+
+    /// A decision made with a topology: whether it pulls, goes to another site, goes to a
+    /// worker of unknown site, or is a P/D pool's.
+    pub fn topology(&self, pull: bool, cross_site: bool, unknown_site: bool, pd: bool) {
+        for (id, yes) in self.topology.iter().zip([pull, cross_site, unknown_site, pd]) {
+            if yes {
+                add(*id, 1);
+            }
+        }
     }
 }
 

@@ -242,6 +242,12 @@ impl TopologyConfig {
         Placement { site: site.map(str::to_owned), known: l.is_some_and(|l| l.site.is_some()) }
     }
 
+    /// Whether `worker` is placed in a site other than this Envoy's.
+    pub fn is_cross_site(&self, worker: &str) -> bool {
+        let p = self.placement(worker);
+        p.known && self.local_site.is_some() && p.site != self.local_site
+    }
+
     /// The round trip from this Envoy to `worker` (ms).
     pub fn client_rtt_ms(&self, worker: &str) -> f64 {
         let (site, _) = self.labels(worker);

@@ -133,12 +133,13 @@ impl Decision {
     pub fn topology_fields(&self, served: &str) -> String {
         let score = self.ranked.iter().find(|s| s.worker == served);
         let pull = score.and_then(|s| s.pull.as_ref());
-        let placement = self.topology.as_deref().map(|t| (t.placement(served), &t.local_site));
-        let (site, cross) = match &placement {
-            Some((p, local)) if p.known => {
-                (p.site.as_deref().unwrap_or("unknown"), local.is_some() && p.site != **local)
+        let (site, cross) = match self.topology.as_deref() {
+            Some(t) => {
+                let p = t.placement(served);
+                let site = if p.known { p.site.unwrap_or_default() } else { "unknown".into() };
+                (site, t.is_cross_site(served))
             }
-            _ => ("unknown", false),
+            None => ("unknown".into(), false),
         };
         format!(
             "kv_source={}; prefill={}; network_ms={:.1}; transfer_ms={:.1}; site={site}; cross_site={}",
