@@ -12,6 +12,7 @@
 //! | `POST /admin/mute-events?ms=N` | an event outage: nothing is published on the PUB socket for N ms (0 ends it); replay keeps its most recent batches |
 //! | `POST /admin/misconfig` `{"chat_template": "...", "block_size": N}` | serve another template / cache with another block size than announced, from the next restart |
 //! | `GET /admin/status` | JSON: up, ports, next event sequence, cached blocks |
+//! | `GET /admin/events?from=SEQ` | JSON: the batches still in the replay buffer from SEQ on, as published (`[{"seq", "batch"}]`, the msgpack batch as JSON) |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,7 @@ pub fn router(w: Arc<Worker>) -> Router {
         .route("/admin/mute-events", post(mute_events))
         .route("/admin/misconfig", post(misconfig))
         .route("/admin/status", get(status))
+        .route("/admin/events", get(events))
         .with_state(w)
 }
 
@@ -180,4 +182,46 @@ async fn status(State(w): State<Arc<Worker>>) -> Response {
     Json(json!({"up": up, "http_port": ports.http, "events_port": ports.events,
         "replay_port": ports.replay, "next_seq": next_seq, "cached_blocks": cached}))
     .into_response()
+}
+
+#[derive(Deserialize)]
+struct EventsQ {
+    #[serde(default)]
+    from: u64,
+}
+
+/// A msgpack value as JSON (binary as an array of bytes, map keys as strings).
+fn to_json(v: &rmpv::Value) -> serde_json::Value {
+    use rmpv::Value as M;
+    match v {
+        M::Nil => serde_json::Value::Null,
+        M::Boolean(b) => json!(b),
+        M::Integer(i) => i.as_u64().map_or_else(|| json!(i.as_i64()), |u| json!(u)),
+        M::F32(f) => json!(f),
+        M::F64(f) => json!(f),
+        M::String(s) => json!(s.as_str()),
+        M::Binary(b) => json!(b),
+        M::Array(a) => serde_json::Value::Array(a.iter().map(to_json).collect()),
+        M::Map(m) => serde_json::Value::Object(
+            m.iter()
+                .map(|(k, v)| (k.as_str().map_or_else(|| k.to_string(), str::to_owned), to_json(v)))
+                .collect(),
+        ),
+        M::Ext(_, b) => json!(b),
+    }
+}
+
+async fn events(State(w): State<Arc<Worker>>, Query(q): Query<EventsQ>) -> Response {
+    let Some((_, log)) = w.current().await else {
+        return unavailable();
+    };
+    let batches: Vec<serde_json::Value> = log
+        .replay_from(q.from)
+        .iter()
+        .map(|(seq, payload)| {
+            let batch = rmpv::decode::read_value(&mut &payload[..]).map(|v| to_json(&v));
+            json!({"seq": seq, "batch": batch.unwrap_or(serde_json::Value::Null)})
+        })
+        .collect();
+    Json(json!(batches)).into_response()
 }

@@ -443,7 +443,8 @@ impl EventLog {
         self.shape.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn replay_from(&self, start: u64) -> Vec<(u64, Bytes)> {
+    /// The batches still in the replay buffer from sequence `start` on, as published.
+    pub fn replay_from(&self, start: u64) -> Vec<(u64, Bytes)> {
         let buf = self.buffer.lock().unwrap_or_else(|e| e.into_inner());
         buf.iter().filter(|(s, _)| *s >= start).cloned().collect()
     }
