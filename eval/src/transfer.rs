@@ -34,6 +34,10 @@ use kvroute_stack::stack::BundleFrom;
 const BLOCK_SIZE: u32 = 16;
 /// Token ids the prompts are drawn from (inside the demo model's vocabulary).
 const TOKEN_IDS: std::ops::Range<u32> = 10..1700;
+/// How long after H's background requests leave the probes do: they are at H and in its
+/// queue by then. (A worker reports a request running only once its prefill step ends, so
+/// waiting for the load to show would probe an H that has done the work already.)
+const HEAD_START: Duration = Duration::from_millis(20);
 
 /// The sweep's sizes and the link's fixed costs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -164,7 +168,8 @@ impl TransferOptions {
     }
 
     /// kvroute's TTFT estimate for the probe on a worker holding `cached` prompt tokens with
-    /// `n` background requests it routed itself (their sizes known) still in prefill.
+    /// `n` background requests it routed itself (their sizes known) still in prefill, sent
+    /// [`HEAD_START`] before it.
     fn score(&self, profile: &Profile, cached: usize, n: usize) -> f64 {
         let bg = self.background_tokens as u64;
         let load = WorkerLoad {
@@ -172,7 +177,7 @@ impl TransferOptions {
             prefilling_requests: n as u32,
             prefill_tokens: n as u64 * bg,
             prefill_sq_tokens: n as u64 * bg * bg,
-            ..Default::default()
+            prefill_elapsed_ms: if n > 0 { HEAD_START.as_millis() as u64 } else { 0 },
         };
         let c = Candidate {
             worker: "w".into(),
@@ -203,14 +208,22 @@ impl TransferOptions {
         (budget > 0.0 && per_inverse_gbps.is_finite()).then(|| per_inverse_gbps / budget)
     }
 
-    /// The holder queue at which the predicted wait equals the predicted pull over `gbps`.
+    /// The holder queue at which the predicted wait equals the predicted pull over `gbps`
+    /// (interpolated between whole requests; `None`: not below 10 000).
     pub fn predicted_queue_crossover(&self, profile: &Profile, gbps: f64) -> Option<f64> {
-        let (w0, w1) = (self.predicted_wait_ms(profile, 0), self.predicted_wait_ms(profile, 1));
         let pull = self.predicted_pull_ms(profile, gbps);
-        if pull <= w0 {
-            return Some(0.0);
+        let pts: Vec<(f64, f64)> = (0..10_000)
+            .map(|n| (n as f64, pull - self.predicted_wait_ms(profile, n)))
+            .take_while(|p| p.1 > 0.0)
+            .collect();
+        let next = pts.len();
+        if next == 10_000 {
+            return None;
         }
-        (w1 > w0).then(|| (pull - w0) / (w1 - w0))
+        let last = pts.last().copied();
+        let mut two: Vec<(f64, f64)> = last.into_iter().collect();
+        two.push((next as f64, pull - self.predicted_wait_ms(profile, next)));
+        zero_crossing(&two)
     }
 }
 
@@ -392,16 +405,9 @@ async fn run_bandwidth(
                 }
             }));
         }
-        kvroute_stack::eventually_every(
-            "H to report its background load",
-            opts.timeout,
-            Duration::from_millis(5),
-            || async {
-                let (r, w) = crate::runner::scrape_queue(&quick, &addrs[0]).await?;
-                ((r + w) as usize >= level).then_some(())
-            },
-        )
-        .await?;
+        if level > 0 {
+            tokio::time::sleep(HEAD_START).await;
+        }
         let (h, r, p) = tokio::join!(
             probe(&http, &addrs[0], &body, None),
             probe(&http, &addrs[1], &body, None),
@@ -441,6 +447,11 @@ pub async fn run(
         "bandwidths must be > 0"
     );
     let profile = topo.filter.profile();
+    let mut topo = topo.clone();
+    topo.workers.count = 3;
+    topo.workers.speedup = 1.0;
+    topo.net = None;
+    let topo = &topo;
     let dir = kvroute_stack::paths::scratch_dir("bench-transfer")?;
     let mut cells = Vec::new();
     for &b in &opts.bandwidths_gbps {
@@ -582,13 +593,15 @@ mod tests {
         assert!(o.predicted_pull_ms(&p, b * 2.0) < o.predicted_recompute_ms(&p));
         // Pulling never beats recomputing as bandwidth goes to 0.
         assert!(o.predicted_pull_ms(&p, 1e-6) > o.predicted_recompute_ms(&p));
+        let pull = o.predicted_pull_ms(&p, 40.0);
         let n = o.predicted_queue_crossover(&p, 40.0).expect("a queue crossover");
-        let at = |n: f64| {
-            let (w0, w1) = (o.predicted_wait_ms(&p, 0), o.predicted_wait_ms(&p, 1));
-            w0 + n * (w1 - w0)
-        };
-        assert!((at(n) - o.predicted_pull_ms(&p, 40.0)).abs() < 1e-6);
-        assert!((o.predicted_wait_ms(&p, 2) - at(2.0)).abs() < 1e-6, "linear in n");
+        let (lo, hi) = (n.floor() as usize, n.ceil() as usize);
+        assert!(o.predicted_wait_ms(&p, lo) <= pull && o.predicted_wait_ms(&p, hi) >= pull);
+        // A holder with more queued work waits longer.
+        assert!(o.predicted_wait_ms(&p, 4) > o.predicted_wait_ms(&p, 2));
+        // Even a free link costs a pull its setup: an idle holder still wins, but barely.
+        let free = o.predicted_queue_crossover(&p, 1e6).unwrap();
+        assert!(free > 0.0 && free < 1.0, "{free}");
     }
 
     #[test]
