@@ -324,13 +324,33 @@ pub fn merge(into: &mut Value, from: &Value) {
 }
 
 /// The filter configuration for `addrs` (one demo pool; `opts.pools` are ignored here, see
-/// [`pools_filter_config`]).
+/// [`pools_filter_config`]). In `opts.filter` and `opts.model_overrides`, a string or object
+/// key `$worker<i>` stands for `addrs[i]` (the workers' ports are known only once they run).
 pub fn filter_config(addrs: &[String], opts: &StackOptions) -> Value {
     let mut model = json!({"name": MODEL, "workers": addrs});
-    merge(&mut model, &opts.model_overrides);
+    merge(&mut model, &place_workers(&opts.model_overrides, addrs));
     let mut cfg = json!({"models": [model], "expose_decision_header": true});
-    merge(&mut cfg, &opts.filter);
+    merge(&mut cfg, &place_workers(&opts.filter, addrs));
     cfg
+}
+
+/// `v` with every string and object key `$worker<i>` replaced by `addrs[i]` (others kept).
+pub fn place_workers(v: &Value, addrs: &[String]) -> Value {
+    let place = |s: &str| {
+        s.strip_prefix("$worker")
+            .and_then(|i| i.parse::<usize>().ok())
+            .and_then(|i| addrs.get(i))
+            .cloned()
+            .unwrap_or_else(|| s.to_owned())
+    };
+    match v {
+        Value::String(s) => Value::String(place(s)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| place_workers(x, addrs)).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, x)| (place(k), place_workers(x, addrs))).collect())
+        }
+        other => other.clone(),
+    }
 }
 
 /// The filter configuration of a stack with several pools, `addrs[i]` the workers of
