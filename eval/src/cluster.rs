@@ -399,6 +399,38 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// The kvroute filter's configuration for `policy` on workers `addrs` (topology order):
+    /// the filter's own prior (never the simulator's profile), a P/D pool's prefill workers
+    /// (not for `kvroute-no-pd`), and the network's `topology` section (not for
+    /// `prefix-only`).
+    pub fn filter_config(
+        topo: &Topology,
+        policy: Policy,
+        addrs: &[String],
+    ) -> anyhow::Result<serde_json::Value> {
+        let profile = serde_json::to_value(topo.filter.profile())?;
+        let pool = topo.workers.model.pool(addrs.len(), Self::bundle_from(topo));
+        let (decode, prefill) = split_pool(topo, addrs);
+        let mut model = pool.filter_model(&decode)?;
+        model["profile"] = profile;
+        if !prefill.is_empty() && policy != Policy::KvrouteNoPd {
+            model["prefill_workers"] = json!(prefill);
+            model["pd_header"] = json!(crate::net::PREFILLER_HEADER);
+        }
+        let mut filter = json!({
+            "models": [model],
+            "expose_decision_header": true,
+            "knowledge": {
+                "max_event_age_ms": topo.knowledge.max_event_age_ms,
+                "cache_aware": policy != Policy::KvrouteLoadOnly,
+            },
+        });
+        if let (Some(net), true) = (&topo.net, policy.network_aware()) {
+            filter["topology"] = net.filter_section(addrs);
+        }
+        Ok(filter)
+    }
+
     fn config(
         topo: &Topology,
         policy: Policy,
@@ -408,27 +440,7 @@ impl Cluster {
         max_fault_delay_ms: u64,
     ) -> anyhow::Result<PathBuf> {
         if policy.filter() {
-            // The filter's own prior, never the simulator's profile.
-            let profile = serde_json::to_value(topo.filter.profile())?;
-            let pool = topo.workers.model.pool(addrs.len(), Self::bundle_from(topo));
-            let (decode, prefill) = split_pool(topo, addrs);
-            let mut model = pool.filter_model(&decode)?;
-            model["profile"] = profile;
-            if !prefill.is_empty() && policy != Policy::KvrouteNoPd {
-                model["prefill_workers"] = json!(prefill);
-                model["pd"] = json!({"header": crate::net::PREFILLER_HEADER});
-            }
-            let mut filter = json!({
-                "models": [model],
-                "expose_decision_header": true,
-                "knowledge": {
-                    "max_event_age_ms": topo.knowledge.max_event_age_ms,
-                    "cache_aware": policy != Policy::KvrouteLoadOnly,
-                },
-            });
-            if let (Some(net), true) = (&topo.net, policy.network_aware()) {
-                filter["topology"] = net.filter_section(addrs);
-            }
+            let filter = Self::filter_config(topo, policy, addrs)?;
             let (addrs, _) = split_pool(topo, addrs);
             let addrs = &addrs;
             // A knowledge-delay fault must delay, not cut off: the poll's timeout outlasts the
@@ -699,6 +711,31 @@ mod tests {
             assert!(!p.filter() && !p.events());
         }
         assert!(Policy::COMPARED.iter().all(|p| !p.is_peer()));
+    }
+
+    #[test]
+    fn network_and_pd_configs_are_ones_the_filter_accepts() {
+        let addrs: Vec<String> = (0..4).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
+        let parse = |topo: &Topology, p: Policy| {
+            let v = Cluster::filter_config(topo, p, &addrs).unwrap();
+            kvroute_core::decision::config::FilterConfig::from_json(v.to_string().as_bytes())
+                .unwrap_or_else(|e| panic!("{}: {e}", p.name()));
+            v
+        };
+        let two = crate::preset::preset("two-site", 1).unwrap().topology;
+        assert!(parse(&two, Policy::Kvroute)["topology"]["workers"].is_object());
+        assert!(parse(&two, Policy::KvroutePrefixOnly).get("topology").is_none(), "blind");
+        assert_eq!(parse(&two, Policy::KvrouteLoadOnly)["knowledge"]["cache_aware"], false);
+        let pd = crate::preset::preset("pd", 1).unwrap().topology;
+        let v = parse(&pd, Policy::Kvroute);
+        assert_eq!(v["models"][0]["prefill_workers"], json!(addrs[..2]));
+        assert_eq!(v["models"][0]["workers"], json!(addrs[2..]));
+        let v = parse(&pd, Policy::KvrouteNoPd);
+        assert!(v["models"][0].get("prefill_workers").is_none());
+        assert_eq!(v["models"][0]["workers"], json!(addrs[2..]), "decode workers only");
+        let v = parse(&pd, Policy::KvrouteLoadOnly);
+        assert_eq!(v["models"][0]["prefill_workers"], json!(addrs[..2]), "the same P/D config");
+        assert_eq!(split_pool(&Topology::default(), &addrs).0, addrs, "no net: one pool");
     }
 
     #[test]
