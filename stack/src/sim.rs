@@ -1,4 +1,5 @@
-//! Simulated workers, one process each (so a test can kill one).
+//! Simulated workers, one process each (so a test can kill one). Topology flags (`--site`,
+//! `--client-rtt-ms`, `--link`, `--role`, ...; see the `kvroute_sim` crate docs) go in `args`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -46,6 +47,26 @@ impl SimWorker {
             admin_port: port("admin")?,
             guard,
         })
+    }
+
+    /// The KV-event batches the worker published from sequence `from` on, still in its
+    /// replay buffer (`GET /admin/events`): `[{"seq", "batch": [ts, [event...], rank]}]`.
+    pub async fn kv_events(&self, from: u64) -> anyhow::Result<serde_json::Value> {
+        let url = format!("http://127.0.0.1:{}/admin/events?from={from}", self.admin_port);
+        let resp = reqwest::get(url).await?;
+        anyhow::ensure!(resp.status().is_success(), "admin events: {}", resp.status());
+        Ok(resp.json().await?)
+    }
+
+    /// A metric's value on the worker's `/metrics` (its first sample; `None` when absent).
+    pub async fn metric(&self, name: &str) -> anyhow::Result<Option<f64>> {
+        let text = reqwest::get(format!("http://{}/metrics", self.addr)).await?.text().await?;
+        let prefix = format!("{name}{{");
+        Ok(text
+            .lines()
+            .find(|l| l.starts_with(&prefix) || l.split_whitespace().next() == Some(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok()))
     }
 
     /// POSTs to the worker's fault endpoint, e.g. `evict?percent=50`.
