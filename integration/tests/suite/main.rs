@@ -32,7 +32,6 @@ mod shedding;
 mod siege;
 mod siege_envoy;
 mod siege_updater;
-mod topology_sim;
 mod topology_route;
 mod topology_sim;
 mod up;
