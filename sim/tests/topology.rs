@@ -157,3 +157,44 @@ async fn the_client_round_trip_delays_the_first_byte() {
     let first = first.unwrap();
     assert!(first >= rtt, "first byte after {first:?}, RTT {rtt:?}");
 }
+
+/// KV events reach a subscriber no earlier than `--event-delay-ms` after the step that made
+/// them (the request that stored the blocks was sent before).
+async fn recv(sub: &mut zeromq::SubSocket, d: Duration) -> Option<zeromq::ZmqMessage> {
+    use zeromq::SocketRecv;
+    tokio::time::timeout(d, sub.recv()).await.ok().and_then(Result::ok)
+}
+
+#[tokio::test]
+async fn kv_events_arrive_one_event_delay_late() {
+    use zeromq::Socket;
+    let delay = Duration::from_millis(250);
+    let topo = SimTopology { event_delay_ms: 250.0, ..SimTopology::default() };
+    let base = common::demo_worker();
+    let w = Worker::new(
+        WorkerSpec { topology: topo, ..base.spec.clone() },
+        ModelBundle::demo().unwrap(),
+        Ports::default(),
+    );
+    let ports = w.start().await.unwrap();
+    let addr = format!("127.0.0.1:{}", ports.http);
+    let mut sub = zeromq::SubSocket::new();
+    sub.connect(&format!("tcp://127.0.0.1:{}", ports.events)).await.unwrap();
+    sub.subscribe("").await.unwrap();
+    // ZMQ's slow joiner: requests until the subscription sees one, then drain the line.
+    let mut joined = false;
+    for seed in 100..140 {
+        complete_seed(&addr, seed, &[], 1).await;
+        if recv(&mut sub, Duration::from_millis(400)).await.is_some() {
+            joined = true;
+            break;
+        }
+    }
+    assert!(joined, "the subscriber never received an event");
+    while recv(&mut sub, delay * 2).await.is_some() {}
+    let t = Instant::now();
+    complete_seed(&addr, 999, &[], 1).await;
+    assert!(recv(&mut sub, Duration::from_secs(5)).await.is_some(), "no event");
+    let took = t.elapsed();
+    assert!(took >= delay, "event after {took:?}, delay {delay:?}");
+}
