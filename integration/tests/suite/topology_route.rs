@@ -112,3 +112,41 @@ async fn a_client_cannot_name_a_pull_source_or_a_prefill_worker() {
     assert_eq!(sim_counter(near, "kvroute_sim:kv_pull_failures_total").await, failures);
     assert_eq!(sim_counter(near, "kvroute_sim:kv_pull_blocks_total").await, pulled);
 }
+
+/// A P/D pool through Envoy: worker 0 decodes, workers 1 and 2 prefill. The filter names the
+/// decode worker as the destination and a prefill worker in `x-prefiller-host-port`; the
+/// decode worker (the simulator acting as vLLM with llm-d's routing sidecar) has it prefill
+/// the prompt, pulls the KV, and decodes. The next turn's prefill goes where the prefix is.
+#[tokio::test]
+async fn a_pd_pool_prefills_where_the_prefix_is_and_decodes_on_the_decode_worker() {
+    let stack = Stack::start(StackOptions {
+        workers: 3,
+        // Every simulator acts on `x-prefiller-host-port`; only worker 0 gets it from the filter.
+        sim_args: vec!["--role".into(), "decode".into()],
+        model_overrides: json!({"workers": ["$worker0"], "prefill_workers": ["$worker1", "$worker2"]}),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let decode = &stack.workers[0];
+    let pulled = sim_counter(decode, "kvroute_sim:kv_pull_blocks_total").await;
+    // Three conversations: a prefill placement right by chance would hold for all three turns
+    // one time in eight.
+    for id in 0..3 {
+        let c = Conversation::new(2502, id, 400, 30, 2);
+        let first = chat(&stack.base_url(), &c.body(MODEL, 0, 4, false), &[]).await;
+        assert_eq!(first.worker.as_deref(), Some(decode.addr.as_str()), "{:?}", first.decision);
+        let prefiller = first.decision_field("prefill").unwrap();
+        assert!(stack.workers[1..].iter().any(|w| w.addr == prefiller), "{:?}", first.decision);
+        // The decode worker computed nothing but the last block: the rest came with the
+        // hand-off.
+        let prompt = first.prompt_tokens.unwrap();
+        assert!(first.cached_tokens.unwrap_or(0) + 16 >= prompt, "{first:?}");
+        let next = chat(&stack.base_url(), &c.body(MODEL, 1, 4, false), &[]).await;
+        assert_eq!(next.worker.as_deref(), Some(decode.addr.as_str()));
+        assert_eq!(next.decision_field("prefill"), Some(prefiller), "{:?}", next.decision);
+    }
+    assert!(sim_counter(decode, "kvroute_sim:kv_pull_blocks_total").await > pulled);
+    let m = stack.envoy.prometheus().await.unwrap();
+    assert!(m.get("kvroute_topology_pd").copied().unwrap_or(0.0) >= 6.0, "{m:?}");
+}
