@@ -133,6 +133,20 @@ async fn a_decode_worker_pulls_the_prefill_workers_kv() {
     let topo: Value =
         reqwest::get(format!("http://{p}/sim/topology")).await.unwrap().json().await.unwrap();
     assert_eq!(topo["role"], "prefill");
+    // The prefiller names itself in kv_transfer_params, as vLLM's NixlConnector does.
+    let body = json!({"model": common::MODEL, "prompt": "x", "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": true}});
+    let r: Value = reqwest::Client::new()
+        .post(format!("http://{p}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["kv_transfer_params"]["remote_engine_id"], p.as_str(), "{r}");
+    assert_eq!(r["kv_transfer_params"]["do_remote_prefill"], true);
 }
 
 #[tokio::test]

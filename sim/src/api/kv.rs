@@ -162,3 +162,16 @@ pub(super) async fn before_prefill(
         pull_from(w, holder, p).await;
     }
 }
+
+/// What a prefill worker answers a request with `kv_transfer_params.do_remote_decode` (vLLM's
+/// NixlConnector: where the decode side fetches the KV): this worker's address. No block ids:
+/// the simulator's pull matches blocks by content. `None` for any other request.
+pub(super) fn transfer_params(id: &str, body: &[u8]) -> Option<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if v["kv_transfer_params"]["do_remote_decode"] != true {
+        return None;
+    }
+    let (host, port) = id.rsplit_once(':')?;
+    Some(json!({"do_remote_prefill": true, "do_remote_decode": false, "remote_engine_id": id,
+        "remote_host": host, "remote_port": port.parse::<u16>().ok()}))
+}

@@ -339,6 +339,7 @@ async fn generate(
         max_tokens,
         text: TextOut::new(stops),
         body: serde_json::from_slice(body).unwrap_or(Value::Null),
+        kv_transfer: kv::transfer_params(&w.id, body),
     };
     let mut resp = if req.stream { stream_response(out, rx) } else { full_response(out, rx).await };
     if let Ok(v) = HeaderValue::from_str(&w.id) {
@@ -367,6 +368,8 @@ pub(crate) struct Output {
     pub text: TextOut,
     /// The request body as JSON (the Responses answer echoes some of its fields).
     pub body: Value,
+    /// `kv_transfer_params` of a P/D prefill answer ([`kv::transfer_params`]).
+    pub kv_transfer: Option<Value>,
 }
 
 impl Output {
@@ -564,8 +567,12 @@ fn openai_full(out: &Output, finish: &Finish, usage: &Usage) -> Value {
                "stop_reason": stop_reason})
     };
     let object = if out.endpoint.is_chat() { "chat.completion" } else { "text_completion" };
-    json!({"id": out.id, "object": object, "created": out.created, "model": out.model,
-           "choices": [choice], "usage": Output::usage(usage)})
+    let mut v = json!({"id": out.id, "object": object, "created": out.created,
+        "model": out.model, "choices": [choice], "usage": Output::usage(usage)});
+    if let Some(t) = &out.kv_transfer {
+        v["kv_transfer_params"] = t.clone();
+    }
+    v
 }
 
 /// `POST /reset_prefix_cache`, vLLM's dev-mode endpoint: asks the engine to drop its prefix
