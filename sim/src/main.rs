@@ -106,8 +106,9 @@ struct Args {
     /// One-way delay of the KV-event PUB path (ms, wall clock; a delay line).
     #[arg(long, default_value_t = 0.0)]
     event_delay_ms: f64,
-    /// Link from the workers to workers in SITE, `SITE=RTT_MS:GBPS` (`*`: any site without a
-    /// link of its own; none: 0 ms, 100 Gbit/s). Repeatable.
+    /// Link from the workers to workers in SITE, `SITE=RTT_MS:GBPS`; SITE may name a peer's
+    /// node, which wins over its site (`*`: any peer without a link of its own; none: 0 ms,
+    /// 100 Gbit/s). Repeatable.
     #[arg(long = "link", value_parser = parse_link)]
     links: Vec<(String, SimLink)>,
     /// KV size of one token in bytes (what a pull moves per token).

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::cache::EngineHash;
 use crate::delay::PEER_HEADER;
 use crate::engine::Histogram;
-use crate::topology::{LinkClocks, SimLink, SimTopology};
+use crate::topology::{LinkClocks, PeerPlace, SimLink, SimTopology};
 
 /// Request header naming the worker to pull the prompt's prefix from.
 pub const KV_SOURCE_HEADER: &str = "x-kvroute-kv-source";
@@ -75,8 +75,8 @@ pub struct KvNet {
     links: LinkClocks,
     pub stats: Mutex<PullStats>,
     http: reqwest::Client,
-    /// Sites of the peers asked so far (`None`: the peer has no site).
-    sites: Mutex<HashMap<String, Option<String>>>,
+    /// Labels of the peers asked so far.
+    places: Mutex<HashMap<String, PeerPlace>>,
 }
 
 impl KvNet {
@@ -92,7 +92,7 @@ impl KvNet {
             links: LinkClocks::default(),
             stats: Mutex::default(),
             http,
-            sites: Mutex::default(),
+            places: Mutex::default(),
         }
     }
 
@@ -111,9 +111,9 @@ impl KvNet {
         !self.topology.is_default() || st.seconds.count > 0 || st.failures > 0
     }
 
-    /// The site of worker `peer` (`GET /sim/topology`, asked once).
-    async fn site_of(&self, peer: &str) -> Result<Option<String>, KvPullError> {
-        if let Some(s) = self.sites.lock().unwrap_or_else(|e| e.into_inner()).get(peer) {
+    /// The labels of worker `peer` (`GET /sim/topology`, asked once).
+    async fn place_of(&self, peer: &str) -> Result<PeerPlace, KvPullError> {
+        if let Some(s) = self.places.lock().unwrap_or_else(|e| e.into_inner()).get(peer) {
             return Ok(s.clone());
         }
         let url = format!("http://{peer}/sim/topology");
@@ -124,15 +124,16 @@ impl KvNet {
             return Err(KvPullError::Status { peer: peer.to_owned(), status: status.as_u16() });
         }
         let v: Value = resp.json().await.map_err(err)?;
-        let site = v.get("site").and_then(Value::as_str).map(str::to_owned);
-        self.sites.lock().unwrap_or_else(|e| e.into_inner()).insert(peer.into(), site.clone());
-        Ok(site)
+        let label = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        let place = PeerPlace { site: label("site"), node: label("node") };
+        self.places.lock().unwrap_or_else(|e| e.into_inner()).insert(peer.into(), place.clone());
+        Ok(place)
     }
 
-    /// The link to worker `peer`, by its site.
+    /// The link to worker `peer`, by its node or site.
     async fn link_to(&self, peer: &str) -> Result<(String, SimLink), KvPullError> {
-        let site = self.site_of(peer).await?;
-        Ok(self.topology.link_to(site.as_deref()))
+        let place = self.place_of(peer).await?;
+        Ok(self.topology.link_to(&place))
     }
 
     /// Pulls from `holder` the blocks of `hashes` after the first `from` (which this worker

@@ -64,7 +64,8 @@ pub fn ms(v: f64) -> Duration {
     Duration::from_secs_f64(if v.is_finite() && v > 0.0 { v / 1000.0 } else { 0.0 })
 }
 
-/// Parses `SITE=RTT_MS:GBPS` (`*` as the site: any site without a link of its own).
+/// Parses `SITE=RTT_MS:GBPS` (SITE may name a node too; `*`: any peer without a link of its
+/// own).
 pub fn parse_link(s: &str) -> Result<(String, SimLink), String> {
     let bad = || format!("'{s}' is not SITE=RTT_MS:GBPS (e.g. b=40:10)");
     let (site, cost) = s.split_once('=').ok_or_else(bad)?;
@@ -78,6 +79,19 @@ pub fn parse_link(s: &str) -> Result<(String, SimLink), String> {
         return Err(format!("'{s}': the bandwidth must be > 0 Gbit/s"));
     }
     Ok((site.to_owned(), SimLink { rtt_ms, gbps }))
+}
+
+/// Where a peer worker is: its labels, as its `GET /sim/topology` says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerPlace {
+    pub site: Option<String>,
+    pub node: Option<String>,
+}
+
+impl PeerPlace {
+    pub fn site(site: &str) -> PeerPlace {
+        PeerPlace { site: Some(site.to_owned()), node: None }
+    }
 }
 
 /// A worker's place in the topology and its network settings.
@@ -122,10 +136,15 @@ impl SimTopology {
         *self == SimTopology::default()
     }
 
-    /// The link to workers in `site` (unknown site: the `*` link, else [`SimLink::DEFAULT`]).
-    pub fn link_to(&self, site: Option<&str>) -> (String, SimLink) {
+    /// The link to a worker at `place` (its node, then its site, names a `--link`; else the
+    /// `*` link, else [`SimLink::DEFAULT`]).
+    pub fn link_to(&self, place: &PeerPlace) -> (String, SimLink) {
         let find = |name: &str| self.links.iter().find(|(s, _)| s == name);
-        site.and_then(find)
+        place
+            .node
+            .as_deref()
+            .and_then(find)
+            .or_else(|| place.site.as_deref().and_then(find))
             .or_else(|| find("*"))
             .map_or_else(|| ("*".to_owned(), SimLink::DEFAULT), |(s, l)| (s.clone(), *l))
     }
@@ -181,10 +200,14 @@ mod tests {
             links: vec![parse_link("a=0.2:100").unwrap(), parse_link("*=50:5").unwrap()],
             ..SimTopology::default()
         };
-        assert_eq!(t.link_to(Some("a")).1.rtt_ms, 0.2);
-        assert_eq!(t.link_to(Some("c")).1.gbps, 5.0);
-        assert_eq!(t.link_to(None).0, "*");
-        assert_eq!(SimTopology::default().link_to(Some("a")).1, SimLink::DEFAULT);
+        assert_eq!(t.link_to(&PeerPlace::site("a")).1.rtt_ms, 0.2);
+        assert_eq!(t.link_to(&PeerPlace::site("c")).1.gbps, 5.0);
+        assert_eq!(t.link_to(&PeerPlace::default()).0, "*");
+        assert_eq!(SimTopology::default().link_to(&PeerPlace::site("a")).1, SimLink::DEFAULT);
+        // A node's own link wins over its site's.
+        let n = SimTopology { links: vec![parse_link("n2=0:400").unwrap()], ..t.clone() };
+        let place = PeerPlace { site: Some("a".into()), node: Some("n2".into()) };
+        assert_eq!(n.link_to(&place).1.gbps, 400.0);
         assert!(SimTopology::default().is_default() && !t.is_default());
     }
 
