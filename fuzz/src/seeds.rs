@@ -22,7 +22,9 @@ use kvroute_core::wire::delta::{Delta, SetChange, WorkerDelta};
 use kvroute_core::wire::journal::JournalEntry;
 use kvroute_core::wire::journal::Source;
 use kvroute_core::wire::peers::{PeerCredit, PeerLoad, PeerReport, PeerSection};
-use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotLoad, SnapshotWorker};
+use kvroute_core::wire::snapshot::{
+    ModelInfo, Snapshot, SnapshotLoad, SnapshotWorker, WorkerPlacement,
+};
 use kvroute_updater::decode::{decode_batch, EngineEvent};
 use rmpv::Value;
 use serde_json::json;
@@ -429,6 +431,7 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
         peers: None,
         pool: false,
         down: vec![],
+        placements: vec![],
     };
     let b = Snapshot {
         version: a.version + 3,
@@ -447,6 +450,7 @@ fn two_snapshots() -> (Snapshot, Snapshot) {
         peers: None,
         pool: false,
         down: vec![],
+        placements: vec![],
     };
     (a, b)
 }
@@ -461,7 +465,9 @@ fn snapshot_decode() -> Seeds {
     // Workers down (Envoy's health checks dropped them), with and without the pool flag.
     let down = Snapshot { down: vec!["127.0.0.1:8001".into()], ..with_peers.clone() };
     let pool_down = Snapshot { pool: true, ..down.clone() };
-    for s in [&a, &b, &empty, &with_peers, &pool, &pool_peers, &down, &pool_down] {
+    // Placements the updater discovered, after the workers down.
+    let placed = Snapshot { placements: placements(), ..pool_down.clone() };
+    for s in [&a, &b, &empty, &with_peers, &pool, &pool_peers, &down, &pool_down, &placed] {
         assert_eq!(Snapshot::decode(&s.encode()).as_ref(), Ok(s));
     }
     let bytes = a.encode();
@@ -504,6 +510,26 @@ fn snapshot_decode() -> Seeds {
         ("workers-down.bin", down.encode()),
         ("pool-workers-down.bin", pool_down.encode()),
         ("workers-down-truncated.bin", truncated(&pool_down.encode())),
+        ("placements.bin", placed.encode()),
+        ("placements-truncated.bin", truncated(&placed.encode())),
+    ]
+}
+
+/// Two placements: one with zone and node known, one with only its site.
+fn placements() -> Vec<WorkerPlacement> {
+    vec![
+        WorkerPlacement {
+            worker: "127.0.0.1:8000".into(),
+            zone: Some("us-east-1a".into()),
+            node: Some("gpu-node-1".into()),
+            observed_at_ms: 1_700_000_000_050,
+            ..WorkerPlacement::default()
+        },
+        WorkerPlacement {
+            worker: "127.0.0.1:8002".into(),
+            site: Some("b".into()),
+            ..WorkerPlacement::default()
+        },
     ]
 }
 
@@ -564,6 +590,7 @@ fn delta_decode() -> Seeds {
         pool: false,
         removed: vec![],
         down: None,
+        placements: None,
         workers: vec![WorkerDelta {
             worker: "127.0.0.1:8002".into(),
             observed_at_ms: b.generated_at_ms + 90,
@@ -587,6 +614,7 @@ fn delta_decode() -> Seeds {
         pool: false,
         removed: vec![],
         down: None,
+        placements: None,
     };
     let with_peers = Delta { peers: Some(peer_section()), ..noop.clone() };
     // Format 4: a pool delta (a worker leaves the pool, one changes), and one with peers.
@@ -598,7 +626,10 @@ fn delta_decode() -> Seeds {
     // The list of workers down changed: one down, then nobody.
     let down = Delta { down: Some(vec!["127.0.0.1:8001".into()]), ..pool_peers.clone() };
     let up = Delta { down: Some(vec![]), ..noop.clone() };
-    for x in [&d, &reset, &composed, &noop, &with_peers, &pool, &pool_peers, &down, &up] {
+    // The placements changed: a new list, then none known.
+    let placed = Delta { placements: Some(placements()), ..down.clone() };
+    let unplaced = Delta { placements: Some(vec![]), ..noop.clone() };
+    for x in [&d, &reset, &composed, &noop, &with_peers, &pool, &pool_peers, &down, &up, &placed] {
         assert_eq!(Delta::decode(&x.encode()).as_ref(), Ok(x));
     }
     assert!(d.models.is_some(), "the model list changed between the two snapshots");
@@ -629,6 +660,9 @@ fn delta_decode() -> Seeds {
         ("workers-down.bin", down.encode()),
         ("nobody-down.bin", up.encode()),
         ("workers-down-truncated.bin", truncated(&down.encode())),
+        ("placements.bin", placed.encode()),
+        ("no-placement.bin", unplaced.encode()),
+        ("placements-truncated.bin", truncated(&placed.encode())),
     ]
 }
 

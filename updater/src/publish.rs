@@ -254,6 +254,7 @@ impl Publisher {
             pool: self.current.pool,
             removed: gone,
             down: None,
+            placements: None,
         };
         self.push(delta);
         true

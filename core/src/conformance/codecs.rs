@@ -6,7 +6,7 @@ use crate::wire::delta::{is_delta, Delta, DeltaError, SetChange, WorkerDelta};
 use crate::wire::journal::JournalEntry;
 use crate::wire::journal::Source;
 use crate::wire::peers::{PeerCredit, PeerError, PeerLoad, PeerReport};
-use crate::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker};
+use crate::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker, WorkerPlacement};
 use crate::wire::{DecodeLimits, SnapshotError};
 
 /// The journal entry of the golden bytes.
@@ -54,6 +54,7 @@ pub fn snapshot_sample() -> Snapshot {
         peers: None,
         pool: false,
         down: vec![],
+        placements: vec![],
     }
 }
 
@@ -91,6 +92,7 @@ pub fn delta_golden() {
         pool: false,
         removed: vec![],
         down: None,
+        placements: None,
         from_version: 3,
         to_version: 4,
         generated_at_ms: 40,
@@ -143,8 +145,8 @@ pub fn snapshot_pool_golden() {
     assert_eq!(pool.encode(), want);
     assert_eq!(Snapshot::decode(&want), Ok(pool));
     let mut bad = want.clone();
-    *bad.last_mut().unwrap() = 1 | 8;
-    assert_eq!(Snapshot::decode(&bad), Err(SnapshotError::Flags(9)));
+    *bad.last_mut().unwrap() = 1 | 16;
+    assert_eq!(Snapshot::decode(&bad), Err(SnapshotError::Flags(17)));
     assert_eq!(Snapshot::decode(&want[..want.len() - 1]), Err(SnapshotError::Truncated));
 }
 
@@ -204,6 +206,93 @@ pub fn delta_golden_with_workers_down() {
     assert_eq!(none.encode()[4], 2, "no change to the list: format 2, as before");
 }
 
+/// The placement of the golden bytes: zone and node known, site and rack not.
+pub fn placement_sample() -> WorkerPlacement {
+    WorkerPlacement {
+        worker: "127.0.0.1:8000".into(),
+        site: None,
+        zone: Some("z1".into()),
+        rack: None,
+        node: Some("n1".into()),
+        observed_at_ms: 998,
+    }
+}
+
+fn placement_bytes() -> Vec<u8> {
+    let mut want = 1u16.to_le_bytes().to_vec(); // one placement
+    want.extend_from_slice(&14u16.to_le_bytes());
+    want.extend_from_slice(b"127.0.0.1:8000");
+    want.extend_from_slice(&998u64.to_le_bytes());
+    want.extend_from_slice(&0u16.to_le_bytes()); // site unknown
+    want.extend_from_slice(&2u16.to_le_bytes());
+    want.extend_from_slice(b"z1");
+    want.extend_from_slice(&0u16.to_le_bytes()); // rack unknown
+    want.extend_from_slice(&2u16.to_le_bytes());
+    want.extend_from_slice(b"n1");
+    want
+}
+
+/// Format 5 with the placements (sections bit 8, after the workers down); without any the
+/// bytes are format 3's, as before. Unknown section bits are still refused.
+pub fn snapshot_placement_golden() {
+    let placed = Snapshot { placements: vec![placement_sample()], ..snapshot_sample() };
+    let mut want = snapshot_sample().encode();
+    assert_eq!(want[4], 3, "no placement: format 3");
+    let at = want.len();
+    want[4] = 5;
+    want.push(8); // sections: the placements follow
+    want.extend_from_slice(&placement_bytes());
+    assert_eq!(placed.encode(), want);
+    assert_eq!(Snapshot::decode(&want), Ok(placed.clone()));
+    let both = Snapshot { pool: true, down: vec!["w".into()], ..placed };
+    let mut want_both = want[..at].to_vec();
+    want_both.push(1 | 4 | 8);
+    want_both.extend_from_slice(&[1, 0, 1, 0, b'w']); // the workers down first
+    want_both.extend_from_slice(&placement_bytes());
+    assert_eq!(both.encode(), want_both);
+    assert_eq!(Snapshot::decode(&want_both), Ok(both));
+    for n in at..want.len() {
+        assert_eq!(Snapshot::decode(&want[..n]), Err(SnapshotError::Truncated));
+    }
+    let mut bad = want.clone();
+    bad[at] = 8 | 16;
+    assert_eq!(Snapshot::decode(&bad), Err(SnapshotError::Flags(24)));
+}
+
+/// Format 4: a delta whose only change is the list of placements (sections bit 16, after the
+/// workers down); an empty list (every placement forgotten) travels too.
+pub fn delta_golden_with_placements() {
+    let d = Delta {
+        from_version: 8,
+        to_version: 9,
+        generated_at_ms: 90,
+        placements: Some(vec![placement_sample()]),
+        ..Delta::default()
+    };
+    let mut want = b"KVRD\x04".to_vec();
+    for v in [8u64, 9, 90] {
+        want.extend_from_slice(&v.to_le_bytes());
+    }
+    want.push(0); // models unchanged
+    want.extend_from_slice(&0u32.to_le_bytes()); // no worker changed
+    want.push(16); // sections: the placements follow
+    want.extend_from_slice(&placement_bytes());
+    assert_eq!(d.encode(), want);
+    assert_eq!(Delta::decode(&want), Ok(d.clone()));
+    let mut s = Snapshot { version: 8, ..snapshot_sample() };
+    s.apply_delta(&d).unwrap();
+    assert_eq!(s.placements, vec![placement_sample()]);
+    let gone = Delta { from_version: 9, to_version: 10, placements: Some(vec![]), ..d.clone() };
+    let b = gone.encode();
+    assert_eq!(&b[34..], &[16, 0, 0], "an empty list: no placement known");
+    s.apply_delta(&Delta::decode(&b).unwrap()).unwrap();
+    assert!(s.placements.is_empty());
+    assert_eq!(Delta { placements: None, ..d }.encode()[4], 2, "no change: format 2");
+    let mut bad = want.clone();
+    bad[34] = 32;
+    assert_eq!(Delta::decode(&bad), Err(DeltaError::Body(SnapshotError::Flags(32))));
+}
+
 /// Format 4: a pool delta that removes two workers and changes none.
 pub fn delta_golden_removing_workers() {
     let d = Delta {
@@ -233,8 +322,8 @@ pub fn delta_golden_removing_workers() {
     s.apply_delta(&d).unwrap();
     assert!(s.workers.is_empty() && s.pool && s.version == 9);
     let mut bad = want.clone();
-    bad[34] = 0x10;
-    assert_eq!(Delta::decode(&bad), Err(DeltaError::Body(SnapshotError::Flags(0x10))));
+    bad[34] = 0x20;
+    assert_eq!(Delta::decode(&bad), Err(DeltaError::Body(SnapshotError::Flags(0x20))));
 }
 
 pub fn delta_golden_with_models_and_a_new_worker() {
@@ -243,6 +332,7 @@ pub fn delta_golden_with_models_and_a_new_worker() {
         pool: false,
         removed: vec![],
         down: None,
+        placements: None,
         from_version: 1,
         to_version: 2,
         generated_at_ms: 5,

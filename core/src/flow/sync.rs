@@ -265,9 +265,15 @@ impl SyncFlow {
     /// The next snapshot request's path: a long poll (`wait_ms`) when configured, asking for
     /// other replicas' decisions (but this replica's own) when peers are enabled. `pool=1`: the
     /// updater's worker list is the whole pool (it follows discovery), and deltas name the
-    /// workers that left; `health=1`: the workers Envoy's health checks dropped.
+    /// workers that left; `health=1`: the workers Envoy's health checks dropped; `placement=1`:
+    /// the workers' placements the updater discovered (site, zone, rack, node, with their age),
+    /// in [`crate::wire::snapshot::Snapshot::placements`] and `Delta::placements`.
+    // lead: the router takes them in `Knowledge::apply_snapshot` (`snap.placements`, the whole
+    // list) and `Knowledge::apply_delta` (`d.placements`: `Some` = the new whole list); not
+    // read there yet (core/src/decision is the lead's).
     pub fn snapshot_path(&self) -> String {
-        let mut path = format!("/v1/snapshot?since={}&pool=1&health=1", self.publisher.version());
+        let mut path =
+            format!("/v1/snapshot?since={}&pool=1&health=1&placement=1", self.publisher.version());
         if self.cfg.long_poll_ms > 0 {
             path.push_str(&format!("&wait_ms={}", self.cfg.long_poll_ms));
         }

@@ -23,6 +23,9 @@
 //! Sections bit 8: the new list of workers down follows (u16 count; each u16-length name;
 //! after the removed workers), when it changed ([`Snapshot::down`]); sent only to callers that
 //! ask (`health=1`).
+//! Sections bit 16: the new list of the workers' placements follows (after the workers down;
+//! laid out as in a snapshot), when it changed ([`Snapshot::placements`]); sent only to callers
+//! that ask (`placement=1`).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -30,13 +33,16 @@ use thiserror::Error;
 
 use crate::wire::peers::PeerSection;
 use crate::wire::snapshot::{
-    put_head, put_models, put_names, read_head, read_models, read_names, read_sections, ModelInfo,
-    Snapshot, SnapshotLoad, SnapshotWorker, WorkerHead, SECTION_PEERS, SECTION_POOL,
+    placements_len, put_head, put_models, put_names, put_placements, read_head, read_models,
+    read_names, read_placements, read_sections, ModelInfo, Snapshot, SnapshotLoad, SnapshotWorker,
+    WorkerHead, WorkerPlacement, SECTION_PEERS, SECTION_POOL,
 };
 use crate::wire::{hashes, put_hashes, put_str, read_str, DecodeLimits, SnapshotError};
 
 /// Sections byte: the new list of workers down follows.
 const SECTION_DOWN: u8 = 8;
+/// Sections byte: the new list of placements follows.
+const SECTION_PLACEMENT: u8 = 16;
 use crate::wire::Reader;
 
 /// Format version of the delta encoding.
@@ -141,6 +147,8 @@ pub struct Delta {
     pub removed: Vec<String>,
     /// The snapshot's new list of workers down, when it changed ([`Snapshot::down`]).
     pub down: Option<Vec<String>>,
+    /// The snapshot's new list of placements, when it changed ([`Snapshot::placements`]).
+    pub placements: Option<Vec<WorkerPlacement>>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -238,6 +246,7 @@ impl Delta {
             pool: new.pool,
             removed,
             down: (old.down != new.down).then(|| new.down.clone()),
+            placements: (old.placements != new.placements).then(|| new.placements.clone()),
         }
     }
 
@@ -340,6 +349,7 @@ impl Delta {
             pool: deltas.last().is_some_and(|d| d.pool),
             removed: removed.into_iter().map(str::to_owned).collect(),
             down: deltas.iter().rev().find_map(|d| d.down.clone()),
+            placements: deltas.iter().rev().find_map(|d| d.placements.clone()),
         })
     }
 
@@ -359,10 +369,14 @@ impl Delta {
             .sum::<usize>()
             + self.peers.as_ref().map_or(0, PeerSection::encoded_len)
             + self.removed.iter().map(|w| 2 + w.len()).sum::<usize>()
-            + self.down.iter().flatten().map(|w| 2 + w.len()).sum::<usize>();
+            + self.down.iter().flatten().map(|w| 2 + w.len()).sum::<usize>()
+            + self.placements.as_deref().map_or(0, placements_len);
         let mut out = Vec::with_capacity(37 + size);
         out.extend_from_slice(MAGIC);
-        let sections = self.pool || !self.removed.is_empty() || self.down.is_some();
+        let sections = self.pool
+            || !self.removed.is_empty()
+            || self.down.is_some()
+            || self.placements.is_some();
         out.push(match (sections, self.peers.is_some()) {
             (true, _) => DELTA_FORMAT_SECTIONS,
             (false, true) => DELTA_FORMAT_PEERS,
@@ -400,7 +414,8 @@ impl Delta {
                 if self.pool { SECTION_POOL } else { 0 }
                     | if self.peers.is_some() { SECTION_PEERS } else { 0 }
                     | if self.removed.is_empty() { 0 } else { SECTION_REMOVED }
-                    | if self.down.is_some() { SECTION_DOWN } else { 0 },
+                    | if self.down.is_some() { SECTION_DOWN } else { 0 }
+                    | if self.placements.is_some() { SECTION_PLACEMENT } else { 0 },
             );
         }
         if let Some(p) = &self.peers {
@@ -411,6 +426,9 @@ impl Delta {
         }
         if let Some(down) = &self.down {
             put_names(&mut out, down);
+        }
+        if let Some(p) = &self.placements {
+            put_placements(&mut out, p);
         }
         out
     }
@@ -475,7 +493,11 @@ impl Delta {
         let sections = match format {
             DELTA_FORMAT_PEERS => SECTION_PEERS,
             DELTA_FORMAT_SECTIONS => {
-                let known = SECTION_POOL | SECTION_PEERS | SECTION_REMOVED | SECTION_DOWN;
+                let known = SECTION_POOL
+                    | SECTION_PEERS
+                    | SECTION_REMOVED
+                    | SECTION_DOWN
+                    | SECTION_PLACEMENT;
                 read_sections(&mut r, known)?
             }
             _ => 0,
@@ -492,6 +514,10 @@ impl Delta {
             0 => None,
             _ => Some(read_names(&mut r, limits.max_workers)?),
         };
+        let placements = match sections & SECTION_PLACEMENT {
+            0 => None,
+            _ => Some(read_placements(&mut r, limits)?),
+        };
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing.into());
         }
@@ -506,6 +532,7 @@ impl Delta {
             pool,
             removed,
             down,
+            placements,
         })
     }
 }
@@ -566,6 +593,9 @@ impl Snapshot {
         }
         if let Some(down) = &d.down {
             self.down.clone_from(down);
+        }
+        if let Some(p) = &d.placements {
+            self.placements.clone_from(p);
         }
         self.pool = d.pool;
         self.version = d.to_version;

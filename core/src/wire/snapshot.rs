@@ -20,6 +20,10 @@
 //! (u16 count; each u16-length name; after the peer section), see [`Snapshot::down`]; sent only
 //! to callers that ask (`health=1`) and only while a worker is down, so a snapshot with no
 //! worker down is written as before.
+//! Sections bit 8: the workers' placements follow (after the workers down): u16 count; each:
+//! u16-length worker, `observed_at_ms` u64, then u16-length site, zone, rack and node (empty:
+//! unknown), see [`Snapshot::placements`]; sent only to callers that ask (`placement=1`) and
+//! only while some placement is known, so a snapshot without one is written as before.
 
 use crate::wire::peers::PeerSection;
 use crate::wire::{hashes, put_hashes, put_str, read_str, DecodeLimits, Reader, SnapshotError};
@@ -36,6 +40,8 @@ pub(crate) const SECTION_POOL: u8 = 1;
 pub(crate) const SECTION_PEERS: u8 = 2;
 /// Sections byte: the list of workers down follows.
 pub(crate) const SECTION_DOWN: u8 = 4;
+/// Sections byte: the workers' placements follow.
+pub(crate) const SECTION_PLACEMENT: u8 = 8;
 const MAGIC: &[u8; 4] = b"KVRS";
 
 /// A model the updater serves a tokenizer bundle for (`GET /v1/bundles/{fingerprint}/{part}`):
@@ -99,6 +105,85 @@ pub struct Snapshot {
     /// Workers Envoy's health checking or outlier detection dropped (the updater's
     /// non-members), sorted: decisions leave them out. Their knowledge, if any, stays listed.
     pub down: Vec<String>,
+    /// The workers' placements the updater discovered, sorted by worker (sections bit 8);
+    /// empty when none is known or the caller did not ask (`placement=1`).
+    pub placements: Vec<WorkerPlacement>,
+}
+
+/// Where a worker runs, as the updater discovered it (a Kubernetes EndpointSlice's `zone`
+/// and `nodeName`, a pod's `spec.nodeName`, the discovery source's `site`, or labels
+/// configured with a static worker), with the time it last saw them: placement is an
+/// observation with an age like any other. `None`: not known.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerPlacement {
+    /// `ip:port`, as in the filter's pool.
+    pub worker: String,
+    pub site: Option<String>,
+    pub zone: Option<String>,
+    pub rack: Option<String>,
+    pub node: Option<String>,
+    /// When the updater last saw these labels (unix ms).
+    pub observed_at_ms: u64,
+}
+
+impl WorkerPlacement {
+    fn encoded_len(&self) -> usize {
+        18 + self.worker.len()
+            + [&self.site, &self.zone, &self.rack, &self.node]
+                .iter()
+                .map(|l| l.as_ref().map_or(0, String::len))
+                .sum::<usize>()
+    }
+}
+
+/// Bytes [`put_placements`] writes.
+pub(crate) fn placements_len(list: &[WorkerPlacement]) -> usize {
+    2 + list.iter().map(WorkerPlacement::encoded_len).sum::<usize>()
+}
+
+/// Writes a u16-counted list of placements (at most `u16::MAX` of them).
+pub(crate) fn put_placements(out: &mut Vec<u8>, list: &[WorkerPlacement]) {
+    let list = &list[..list.len().min(u16::MAX as usize)];
+    out.extend_from_slice(&(list.len() as u16).to_le_bytes());
+    for p in list {
+        put_str(out, &p.worker);
+        out.extend_from_slice(&p.observed_at_ms.to_le_bytes());
+        for label in [&p.site, &p.zone, &p.rack, &p.node] {
+            put_str(out, label.as_deref().unwrap_or(""));
+        }
+    }
+}
+
+/// Reads a list of placements, refusing counts past `max_workers` or past the end of the
+/// payload; an empty label is an unknown one.
+pub(crate) fn read_placements(
+    r: &mut Reader<'_>,
+    limits: &DecodeLimits,
+) -> Result<Vec<WorkerPlacement>, SnapshotError> {
+    let t = || SnapshotError::Truncated;
+    let n = r.u16().ok_or_else(t)? as usize;
+    if n > limits.max_workers {
+        return Err(SnapshotError::TooLarge(n));
+    }
+    // Each entry is at least 18 bytes: five lengths and the time.
+    if r.remaining() / 18 < n {
+        return Err(t());
+    }
+    let label = |r: &mut Reader<'_>| read_str(r).map(|s| if s.is_empty() { None } else { Some(s) });
+    (0..n)
+        .map(|_| {
+            let worker = read_str(r)?;
+            let observed_at_ms = r.u64().ok_or_else(t)?;
+            Ok(WorkerPlacement {
+                worker,
+                observed_at_ms,
+                site: label(r)?,
+                zone: label(r)?,
+                rack: label(r)?,
+                node: label(r)?,
+            })
+        })
+        .collect()
 }
 
 /// The per-worker fields that full snapshots and deltas share.
@@ -216,9 +301,11 @@ impl Snapshot {
             + self.models.iter().map(|m| 14 + m.name.len()).sum::<usize>()
             + self.peers.as_ref().map_or(0, PeerSection::encoded_len);
         let size = size + self.down.iter().map(|w| 2 + w.len()).sum::<usize>();
+        let placed = !self.placements.is_empty();
+        let size = size + if placed { placements_len(&self.placements) } else { 0 };
         let mut out = Vec::with_capacity(26 + size);
         out.extend_from_slice(MAGIC);
-        let sections = self.pool || !self.down.is_empty();
+        let sections = self.pool || !self.down.is_empty() || placed;
         out.push(match (sections, self.peers.is_some()) {
             (true, _) => SNAPSHOT_FORMAT_SECTIONS,
             (false, true) => SNAPSHOT_FORMAT_PEERS,
@@ -239,7 +326,8 @@ impl Snapshot {
             out.push(
                 if self.pool { SECTION_POOL } else { 0 }
                     | if self.peers.is_some() { SECTION_PEERS } else { 0 }
-                    | if self.down.is_empty() { 0 } else { SECTION_DOWN },
+                    | if self.down.is_empty() { 0 } else { SECTION_DOWN }
+                    | if placed { SECTION_PLACEMENT } else { 0 },
             );
         }
         if let Some(p) = &self.peers {
@@ -247,6 +335,9 @@ impl Snapshot {
         }
         if !self.down.is_empty() {
             put_names(&mut out, &self.down);
+        }
+        if placed {
+            put_placements(&mut out, &self.placements);
         }
         out
     }
@@ -294,7 +385,8 @@ impl Snapshot {
         let sections = match format {
             SNAPSHOT_FORMAT_PEERS => SECTION_PEERS,
             SNAPSHOT_FORMAT_SECTIONS => {
-                read_sections(&mut r, SECTION_POOL | SECTION_PEERS | SECTION_DOWN)?
+                let known = SECTION_POOL | SECTION_PEERS | SECTION_DOWN | SECTION_PLACEMENT;
+                read_sections(&mut r, known)?
             }
             _ => 0,
         };
@@ -306,11 +398,15 @@ impl Snapshot {
             0 => Vec::new(),
             _ => read_names(&mut r, limits.max_workers)?,
         };
+        let placements = match sections & SECTION_PLACEMENT {
+            0 => Vec::new(),
+            _ => read_placements(&mut r, limits)?,
+        };
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing);
         }
         let pool = sections & SECTION_POOL != 0;
-        Ok(Snapshot { version, generated_at_ms, models, workers, peers, pool, down })
+        Ok(Snapshot { version, generated_at_ms, models, workers, peers, pool, down, placements })
     }
 }
 
@@ -339,6 +435,7 @@ mod tests {
     fn golden_bytes_of_a_pool() {
         crate::conformance::codecs::snapshot_pool_golden();
         crate::conformance::codecs::snapshot_down_golden();
+        crate::conformance::codecs::snapshot_placement_golden();
     }
 
     #[test]
@@ -384,6 +481,25 @@ mod tests {
     }
 
     #[test]
+    fn placement_counts_are_bounded_by_the_worker_bound() {
+        let mut s = sample();
+        s.placements = (0..3)
+            .map(|i| WorkerPlacement { worker: format!("w{i}"), ..WorkerPlacement::default() })
+            .collect();
+        let bytes = s.encode();
+        let tight = DecodeLimits { max_workers: 2, ..DecodeLimits::default() };
+        assert_eq!(Snapshot::decode_with(&bytes, &tight), Err(SnapshotError::TooLarge(3)));
+        assert_eq!(Snapshot::decode(&bytes).unwrap().placements.len(), 3);
+        // A count the payload cannot hold is refused before reading.
+        let mut short = bytes[..bytes.len() - 3 * 18 - 6].to_vec();
+        short.extend_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(Snapshot::decode(&short), Err(SnapshotError::Truncated));
+        for n in 0..bytes.len() {
+            assert!(Snapshot::decode(&bytes[..n]).is_err());
+        }
+    }
+
+    #[test]
     fn long_names_are_cut_at_a_character_boundary() {
         let mut s = sample();
         s.workers[0].model = "é".repeat(40_000);
@@ -409,7 +525,10 @@ mod tests {
                        hashes in proptest::collection::vec(any::<u64>(), 0..40),
                        adapters in proptest::collection::vec("[a-z-]{0,12}", 0..3)) {
             let models = vec![ModelInfo { name: "qwen".into(), fingerprint: v, block_size: v as u32 }];
-            let s = Snapshot { version: v, generated_at_ms: v / 2, models, down: vec![], workers: names.into_iter().map(|w| SnapshotWorker {
+            let placements = names.iter().map(|w| WorkerPlacement {
+                worker: w.clone(), site: Some("a".into()), zone: adapters.first().filter(|z| !z.is_empty()).cloned(),
+                rack: None, node: Some(w.clone()), observed_at_ms: v }).collect();
+            let s = Snapshot { version: v, generated_at_ms: v / 2, models, down: vec![], placements, workers: names.into_iter().map(|w| SnapshotWorker {
                 worker: w, observed_at_ms: 5, compatible: false, gpu: hashes.clone(), offloaded: hashes.clone(),
                 load: Some(SnapshotLoad { running: 3, waiting: v as u32, observed_at_ms: v }),
                 model: "qwen".into(), adapters: adapters.clone() }).collect(), peers: None, pool: v % 2 == 0 };

@@ -50,7 +50,7 @@ fn calls_go_to_the_updater_cluster_with_its_token_and_answers_are_counted() {
     assert_eq!(call.header(":method"), Some("GET"));
     assert_eq!(call.header(":authority"), Some("kvroute-updater"));
     assert_eq!(call.header("x-kvroute-token"), Some("0123456789abcdef"));
-    assert_eq!(call.path(), "/v1/snapshot?since=0&pool=1&health=1&wait_ms=1000");
+    assert_eq!(call.path(), "/v1/snapshot?since=0&pool=1&health=1&placement=1&wait_ms=1000");
     assert_eq!(call.timeout_ms, 2_000);
     let body = snapshot(9);
     sync.host().answer(200, &body);
@@ -61,7 +61,7 @@ fn calls_go_to_the_updater_cluster_with_its_token_and_answers_are_counted() {
     assert_eq!(h.metric("kvroute.sync.fetch_failures"), Some(0));
     // The long poll went out again at once, for what follows version 9.
     let next = h.take_sent();
-    assert_eq!(next[0].path(), "/v1/snapshot?since=9&pool=1&health=1&wait_ms=1000");
+    assert_eq!(next[0].path(), "/v1/snapshot?since=9&pool=1&health=1&placement=1&wait_ms=1000");
     h.answer(502, b"");
     sync.on_http_call_response(next[0].token, 0, 0, 0);
     assert_eq!(sync.host().metric("kvroute.sync.fetch_failures"), Some(1));

@@ -127,7 +127,7 @@ fn the_long_poll_goes_out_again_as_soon_as_it_is_answered() {
     assert_eq!(flow.tick_ms(), 100);
     flow.on_tick(&mut host);
     let sent = host.take();
-    assert_eq!(paths(&sent), ["/v1/snapshot?since=0&pool=1&health=1&wait_ms=1000"]);
+    assert_eq!(paths(&sent), ["/v1/snapshot?since=0&pool=1&health=1&placement=1&wait_ms=1000"]);
     assert_eq!(
         (sent[0].method.as_str(), sent[0].timeout_ms, sent[0].body.is_none()),
         ("GET", 2000, true)
@@ -142,7 +142,7 @@ fn the_long_poll_goes_out_again_as_soon_as_it_is_answered() {
     let head = read_head(&host.store).unwrap();
     assert_eq!((head.version, head.checked_at_ms), (7, 10_500));
     let again = host.take();
-    assert_eq!(paths(&again), ["/v1/snapshot?since=7&pool=1&health=1&wait_ms=1000"]);
+    assert_eq!(paths(&again), ["/v1/snapshot?since=7&pool=1&health=1&placement=1&wait_ms=1000"]);
     // A 304 after the whole wait confirms the version (a new head write) and polls again.
     host.now += 1000;
     answer(&mut flow, &mut host, &again[0], 304, Vec::new());

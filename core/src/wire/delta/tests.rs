@@ -24,6 +24,7 @@ fn snap(version: u64, workers: Vec<SnapshotWorker>) -> Snapshot {
         peers: None,
         pool: false,
         down: vec![],
+        placements: vec![],
     }
 }
 
@@ -36,6 +37,7 @@ fn golden_bytes() {
 fn golden_bytes_removing_workers() {
     crate::conformance::codecs::delta_golden_removing_workers();
     crate::conformance::codecs::delta_golden_with_workers_down();
+    crate::conformance::codecs::delta_golden_with_placements();
 }
 
 #[test]
@@ -175,6 +177,20 @@ fn evolve(seed: u64, steps: usize) -> Vec<Snapshot> {
         if rng.random_range(0..3) == 0 {
             s.models[0].block_size = rng.random_range(0..3) * 16;
         }
+        // Placements are learned, change and are forgotten with their worker.
+        let mut placements = Vec::new();
+        for w in &s.workers {
+            if rng.random_range(0..3) != 0 {
+                placements.push(WorkerPlacement {
+                    worker: w.worker.clone(),
+                    zone: Some(format!("z{}", rng.random_range(0..2))),
+                    node: (rng.random_range(0..2) == 0).then(|| "n1".to_string()),
+                    observed_at_ms: v as u64,
+                    ..WorkerPlacement::default()
+                });
+            }
+        }
+        s.placements = placements;
         out.push(s);
     }
     out
@@ -207,11 +223,13 @@ proptest! {
         let last = snaps.last().unwrap();
         prop_assert_eq!(&chained.workers, &last.workers);
         prop_assert_eq!(&chained.models, &last.models);
+        prop_assert_eq!(&chained.placements, &last.placements);
         prop_assert!(chained.pool);
         let mut composed = snaps[0].clone();
         composed.apply_delta(&Delta::compose(&deltas).unwrap()).unwrap();
         prop_assert_eq!(&composed.workers, &last.workers);
         prop_assert_eq!(&composed.models, &last.models);
+        prop_assert_eq!(&composed.placements, &last.placements);
         prop_assert_eq!(composed.version, last.version);
     }
 }
