@@ -116,6 +116,12 @@ async fn a_failed_pull_is_recomputed() {
     let got = complete(&b, &[("x-kvroute-kv-source", &gone)], 1).await;
     assert_eq!(cached(&got), 0);
     assert_eq!(metric(&b, "kvroute_sim:kv_pull_failures_total").await, 1.0);
+    // A decode worker whose prefiller is gone prefills by itself.
+    let decode = SimTopology { role: SimRole::Decode, ..SimTopology::default() };
+    let (_d, d) = worker(decode).await;
+    let got = complete(&d, &[("x-prefiller-host-port", &gone)], 3).await;
+    assert_eq!((cached(&got), got["usage"]["completion_tokens"].as_u64()), (0, Some(3)));
+    assert_eq!(metric(&d, "kvroute_sim:kv_pull_failures_total").await, 1.0);
 }
 
 #[tokio::test]
