@@ -32,6 +32,7 @@ mod shedding;
 mod siege;
 mod siege_envoy;
 mod siege_updater;
+mod topology_eval;
 mod topology_route;
 mod topology_sim;
 mod up;
