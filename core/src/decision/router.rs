@@ -31,6 +31,7 @@ use crate::decision::lookahead::{replica, Held};
 use crate::decision::request::{LoadOnly, ParsedRequest};
 use crate::decision::tokenize::model::{ModelBundle, ModelError};
 use crate::decision::tokenize::tokcache::{TokenCache, TokenCacheLimits};
+use crate::decision::topology::{DiscoveredLabels, TopologyConfig};
 use crate::wire::journal::Source;
 use crate::wire::snapshot::{ModelInfo, SnapshotLoad};
 
@@ -44,6 +45,25 @@ pub struct Router {
     clock: Option<fn() -> u64>,
     /// Learned cost profiles and per-worker deviations (online calibration), when in use.
     calibration: Arc<crate::decision::calib::Calibrated>,
+    /// The plan's topology with the labels the updater discovered filled in (`None`: no
+    /// topology at all).
+    topology: Option<Arc<TopologyConfig>>,
+    /// The labels the updater discovered, as last received.
+    discovered: Vec<DiscoveredLabels>,
+}
+
+/// A placement from the updater as the topology reads it.
+fn discovered(p: &crate::wire::snapshot::WorkerPlacement) -> DiscoveredLabels {
+    DiscoveredLabels {
+        worker: p.worker.clone(),
+        labels: crate::decision::topology::Labels {
+            site: p.site.clone(),
+            zone: p.zone.clone(),
+            rack: p.rack.clone(),
+            node: p.node.clone(),
+        },
+        observed_at_ms: p.observed_at_ms,
+    }
 }
 
 /// A request's `model` resolved against the plan: its base model's entry, and the adapter it
@@ -74,6 +94,8 @@ impl Router {
     /// A router over an already built plan, with empty knowledge sized by `cfg`.
     pub fn with_plan(cfg: &FilterConfig, plan: Arc<Plan>) -> Router {
         Router {
+            topology: plan.topology.clone(),
+            discovered: Vec::new(),
             plan,
             knowledge: Knowledge::new(cfg),
             tokens: RefCell::new(TokenCache::new(TokenCacheLimits::default())),
@@ -101,7 +123,30 @@ impl Router {
     /// made keep their model's entry of the plan they were made with.
     #[cfg(test)]
     pub(crate) fn swap_plan(&mut self, plan: Arc<Plan>) -> Arc<Plan> {
-        std::mem::replace(&mut self.plan, plan)
+        let old = std::mem::replace(&mut self.plan, plan);
+        self.topology = self.effective_topology();
+        old
+    }
+
+    /// Takes in the labels the updater discovered (the whole list each time).
+    pub fn set_discovered(&mut self, found: Vec<DiscoveredLabels>) {
+        if found != self.discovered {
+            self.discovered = found;
+            self.topology = self.effective_topology();
+        }
+    }
+
+    /// The topology decisions use: the plan's with discovered labels filled in.
+    pub fn topology(&self) -> Option<&Arc<TopologyConfig>> {
+        self.topology.as_ref()
+    }
+
+    fn effective_topology(&self) -> Option<Arc<TopologyConfig>> {
+        if self.discovered.is_empty() {
+            return self.plan.topology.clone();
+        }
+        let base = self.plan.topology.as_deref().cloned().unwrap_or_default();
+        Some(Arc::new(base.with_discovered(&self.discovered)))
     }
 
     /// Sets the bundle of a model fed by the updater (`None`: routed load-only, `no_bundle`)
@@ -249,7 +294,7 @@ impl Router {
             looked.iter().map(|(c, pm)| (c.worker.as_str(), *pm)).collect();
         let candidates: Vec<Candidate> = looked.iter().map(|(c, _)| c.clone()).collect();
         let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
-        let topo = self.plan.topology.as_deref();
+        let topo = self.topology.as_deref();
         let pd = !m.prefill_workers.is_empty();
         let (mut ranked, prefill) = if pd {
             self.rank_pd(t, &looked, &hashes, prompt_tokens, load, now_ms, pick, cache_read)
@@ -293,7 +338,7 @@ impl Router {
             replicated,
             blocks_from_peers: chosen.from_peers,
             prefill,
-            topology: self.plan.topology.clone(),
+            topology: self.topology.clone(),
         }
     }
 
@@ -397,12 +442,16 @@ impl Router {
     /// Takes in an updater snapshot (see [`Knowledge::apply_snapshot`]).
     pub fn apply_snapshot(&mut self, snap: &crate::wire::snapshot::Snapshot) {
         self.knowledge.apply_snapshot(snap);
+        self.set_discovered(snap.placements.iter().map(discovered).collect());
     }
 
     /// Takes in a delta of the updater's knowledge (the caller checks that it follows the
     /// version last applied).
     pub fn apply_delta(&mut self, d: &crate::wire::delta::Delta) {
         self.knowledge.apply_delta(d);
+        if let Some(p) = &d.placements {
+            self.set_discovered(p.iter().map(discovered).collect());
+        }
     }
 
     /// Records that the updater confirmed its knowledge at `at_ms`.

@@ -176,6 +176,11 @@ pub struct TopologyConfig {
     /// to first token. Sites not listed: 0 for the local site, `links.wan.rtt_ms` otherwise.
     pub client_rtt_ms: BTreeMap<String, f64>,
     pub transfer: TransferConfig,
+    /// Workers whose labels (some of them) the updater discovered, with when it last saw them
+    /// (unix ms); filled by [`TopologyConfig::with_discovered`], never configured.
+    #[serde(skip)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub discovered: BTreeMap<String, u64>,
 }
 
 /// Where one worker is, as a decision sees it.
@@ -183,8 +188,20 @@ pub struct TopologyConfig {
 pub struct Placement {
     /// Its site, or the local site when not known.
     pub site: Option<String>,
-    /// False: its site is not in the configuration (costed as local, flagged).
+    /// False: its site is not known (costed as local, flagged).
     pub known: bool,
+    /// Where its labels come from: `config`, `discovered` (by the updater, with
+    /// `observed_at_ms`), or `none`.
+    pub source: &'static str,
+    pub observed_at_ms: Option<u64>,
+}
+
+/// Labels the updater discovered for one worker, seen at `observed_at_ms` (unix ms).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveredLabels {
+    pub worker: String,
+    pub labels: Labels,
+    pub observed_at_ms: u64,
 }
 
 impl TopologyConfig {
@@ -239,7 +256,44 @@ impl TopologyConfig {
 
     pub fn placement(&self, worker: &str) -> Placement {
         let (site, l) = self.labels(worker);
-        Placement { site: site.map(str::to_owned), known: l.is_some_and(|l| l.site.is_some()) }
+        let observed_at_ms = self.discovered.get(worker).copied();
+        let source = match (l, observed_at_ms) {
+            (None, _) => "none",
+            (Some(_), Some(_)) => "discovered",
+            (Some(_), None) => "config",
+        };
+        Placement {
+            site: site.map(str::to_owned),
+            known: l.is_some_and(|l| l.site.is_some()),
+            source,
+            observed_at_ms,
+        }
+    }
+
+    /// This topology with the updater's discovered labels added: a label the configuration
+    /// gives a worker wins, the discovered ones fill in the rest (a worker placed by the
+    /// configuration alone keeps source `config`).
+    pub fn with_discovered(&self, found: &[DiscoveredLabels]) -> TopologyConfig {
+        let mut out = self.clone();
+        out.discovered.clear();
+        for d in found {
+            let entry = out.workers.entry(d.worker.clone()).or_default();
+            let before = entry.clone();
+            let fill = |mine: &mut Option<String>, theirs: &Option<String>| {
+                if mine.is_none() {
+                    mine.clone_from(theirs);
+                }
+            };
+            fill(&mut entry.site, &d.labels.site);
+            fill(&mut entry.zone, &d.labels.zone);
+            fill(&mut entry.rack, &d.labels.rack);
+            fill(&mut entry.node, &d.labels.node);
+            if *entry != before {
+                out.discovered.insert(d.worker.clone(), d.observed_at_ms);
+            }
+        }
+        out.workers.retain(|_, l| *l != Labels::default());
+        out
     }
 
     /// Whether `worker` is placed in a site other than this Envoy's.

@@ -129,20 +129,21 @@ impl Decision {
     }
 
     /// The topology fields of the decision header for the worker that `served`:
-    /// `kv_source`, `prefill`, `network_ms`, `transfer_ms`, `site`, `cross_site`.
+    /// `kv_source`, `prefill`, `network_ms`, `transfer_ms`, `site`, `cross_site`, and where the
+    /// site comes from (`site_source`: `config`, `discovered` or `none`).
     pub fn topology_fields(&self, served: &str) -> String {
         let score = self.ranked.iter().find(|s| s.worker == served);
         let pull = score.and_then(|s| s.pull.as_ref());
-        let (site, cross) = match self.topology.as_deref() {
+        let (site, cross, source) = match self.topology.as_deref() {
             Some(t) => {
                 let p = t.placement(served);
                 let site = if p.known { p.site.unwrap_or_default() } else { "unknown".into() };
-                (site, t.is_cross_site(served))
+                (site, t.is_cross_site(served), p.source)
             }
-            None => ("unknown".into(), false),
+            None => ("unknown".into(), false, "none"),
         };
         format!(
-            "kv_source={}; prefill={}; network_ms={:.1}; transfer_ms={:.1}; site={site}; cross_site={}",
+            "kv_source={}; prefill={}; network_ms={:.1}; transfer_ms={:.1}; site={site}; cross_site={}; site_source={source}",
             pull.map_or("none", |p| p.from.as_str()),
             self.prefill.first().map_or("none", |p| p.worker.as_str()),
             score.map_or(0.0, |s| s.network_ms),

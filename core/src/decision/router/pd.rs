@@ -27,7 +27,7 @@ impl Router {
     ) -> (Vec<Score>, Vec<Score>) {
         let m = &t.model;
         let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
-        let topo = self.plan.topology.as_deref();
+        let topo = self.topology.as_deref();
         let all = reusable_blocks(prompt_tokens, m.block_size) as usize;
         let handed: Vec<(Candidate, PrefixMatch)> = decode
             .iter()

@@ -127,3 +127,35 @@ fn the_section_parses_with_defaults() {
     // A link is given whole: half of one would silently take another level's figure.
     assert!(serde_json::from_str::<TopologyConfig>(r#"{"links":{"wan":{"rtt_ms":60}}}"#).is_err());
 }
+
+#[test]
+fn discovered_labels_fill_what_the_configuration_leaves_out() {
+    let mut t = topo();
+    t.workers.insert("10.0.0.8:80".into(), Labels { zone: Some("z".into()), ..Default::default() });
+    let found = |w: &str, site: &str, node: &str| DiscoveredLabels {
+        worker: w.into(),
+        labels: labels(site, "", "", node),
+        observed_at_ms: 77,
+    };
+    let merged = t.with_discovered(&[
+        // The configuration placed it: its site stays a, its labels stay the configured ones.
+        found("10.0.0.1:80", "b", "other"),
+        // The configuration gave a zone only: the site comes from discovery.
+        found("10.0.0.8:80", "b", "n8"),
+        // Not configured at all.
+        found("10.0.0.9:80", "b", ""),
+    ]);
+    let p = merged.placement("10.0.0.1:80");
+    assert_eq!((p.site.as_deref(), p.source, p.observed_at_ms), (Some("a"), "config", None));
+    assert_eq!(merged.workers["10.0.0.1:80"], t.workers["10.0.0.1:80"]);
+    let p = merged.placement("10.0.0.8:80");
+    assert_eq!((p.site.as_deref(), p.known, p.source), (Some("b"), true, "discovered"));
+    assert_eq!(p.observed_at_ms, Some(77));
+    assert_eq!(merged.workers["10.0.0.8:80"].zone.as_deref(), Some("z"));
+    assert!(merged.is_cross_site("10.0.0.9:80"));
+    assert_eq!(merged.level("10.0.0.9:80", "10.0.0.6:80"), Level::Site);
+    let p = merged.placement("10.9.9.9:80");
+    assert_eq!((p.known, p.source), (false, "none"));
+    // Nothing discovered: the configuration as it was.
+    assert_eq!(t.with_discovered(&[]), t);
+}

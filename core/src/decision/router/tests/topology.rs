@@ -60,7 +60,7 @@ fn an_idle_worker_pulls_the_prefix_from_a_busy_holder_next_to_it() {
     assert_eq!(d.steering_headers(), vec![("x-kvroute-kv-source", W[1])]);
     let fields = d.topology_fields(W[0]);
     assert!(fields.starts_with("kv_source=127.0.0.1:2; prefill=none;"), "{fields}");
-    assert!(fields.ends_with("site=a; cross_site=0"), "{fields}");
+    assert!(fields.ends_with("site=a; cross_site=0; site_source=config"), "{fields}");
 }
 
 #[test]
@@ -85,7 +85,7 @@ fn a_remote_holder_is_chosen_only_when_its_prefix_saves_more_than_the_round_trip
     held(&mut r, &short, W[1]);
     let d = r.decide(&short, 0, &idle, 10, 0).unwrap();
     assert_ne!(d.primary().unwrap().worker, W[1]);
-    assert!(d.topology_fields(W[1]).ends_with("site=b; cross_site=1"));
+    assert!(d.topology_fields(W[1]).contains("site=b; cross_site=1;"));
     // Without the round trip the holder wins the same decision.
     let mut near = pool(json!({"local_site":"a"}));
     held(&mut near, &short, W[1]);
@@ -136,4 +136,42 @@ fn a_pd_pool_names_a_decode_worker_and_the_prefill_worker_holding_the_prefix() {
     assert_eq!(d.primary().unwrap().ttft_ms, d.prefill[0].ttft_ms);
     assert!(r.plan().steering_headers().contains(&"x-prefiller-host-port"));
     assert!(r.routable_workers().contains(&prefill[0]));
+}
+
+#[test]
+fn discovered_labels_place_workers_the_configuration_does_not() {
+    use crate::decision::topology::{DiscoveredLabels, Labels};
+    let idle = |_: &str| WorkerLoad::default();
+    let mut r = pool(json!({"local_site":"a","client_rtt_ms":{"b":80.0}}));
+    let q = req(None, &LONG.repeat(8));
+    held(&mut r, &q, W[1]);
+    assert_eq!(r.decide(&q, 0, &idle, 10, 0).unwrap().primary().unwrap().worker, W[1]);
+    let site_b = |w: &str| DiscoveredLabels {
+        worker: w.into(),
+        labels: Labels { site: Some("b".into()), ..Default::default() },
+        observed_at_ms: 5,
+    };
+    r.set_discovered(vec![site_b(W[1])]);
+    let d = r.decide(&q, 0, &idle, 10, 0).unwrap();
+    assert_ne!(d.primary().unwrap().worker, W[1], "the holder is 80 ms away now");
+    assert!(d.topology_fields(W[1]).ends_with("site=b; cross_site=1; site_source=discovered"));
+    assert!(d.topology_fields(W[0]).ends_with("site=unknown; cross_site=0; site_source=none"));
+    // Gone from discovery: local again.
+    r.set_discovered(Vec::new());
+    assert_eq!(r.decide(&q, 0, &idle, 10, 0).unwrap().primary().unwrap().worker, W[1]);
+    // The same through the updater's snapshot and a delta.
+    let placed = crate::wire::snapshot::WorkerPlacement {
+        worker: W[1].into(),
+        site: Some("b".into()),
+        zone: None,
+        rack: None,
+        node: None,
+        observed_at_ms: 5,
+    };
+    let snap = crate::wire::snapshot::Snapshot { placements: vec![placed], ..Default::default() };
+    r.apply_snapshot(&snap);
+    assert!(r.topology().unwrap().is_cross_site(W[1]));
+    let delta = crate::wire::delta::Delta { placements: Some(Vec::new()), ..Default::default() };
+    r.apply_delta(&delta);
+    assert!(!r.topology().unwrap().is_cross_site(W[1]));
 }
