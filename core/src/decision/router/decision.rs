@@ -130,20 +130,22 @@ impl Decision {
 
     /// The topology fields of the decision header for the worker that `served`:
     /// `kv_source`, `prefill`, `network_ms`, `transfer_ms`, `site`, `cross_site`, and where the
-    /// site comes from (`site_source`: `config`, `discovered` or `none`).
-    pub fn topology_fields(&self, served: &str) -> String {
+    /// site comes from (`site_source`: `config`, `discovered` or `none`) and, when discovered,
+    /// how long ago the updater saw it (`site_age_ms`, at `now_ms`).
+    pub fn topology_fields(&self, served: &str, now_ms: u64) -> String {
         let score = self.ranked.iter().find(|s| s.worker == served);
         let pull = score.and_then(|s| s.pull.as_ref());
-        let (site, cross, source) = match self.topology.as_deref() {
+        let (site, cross, source, seen) = match self.topology.as_deref() {
             Some(t) => {
                 let p = t.placement(served);
                 let site = if p.known { p.site.unwrap_or_default() } else { "unknown".into() };
-                (site, t.is_cross_site(served), p.source)
+                (site, t.is_cross_site(served), p.source, p.observed_at_ms)
             }
-            None => ("unknown".into(), false, "none"),
+            None => ("unknown".into(), false, "none", None),
         };
+        let age = seen.map_or("none".into(), |at| now_ms.saturating_sub(at).to_string());
         format!(
-            "kv_source={}; prefill={}; network_ms={:.1}; transfer_ms={:.1}; site={site}; cross_site={}; site_source={source}",
+            "kv_source={}; prefill={}; network_ms={:.1}; transfer_ms={:.1}; site={site}; cross_site={}; site_source={source}; site_age_ms={age}",
             pull.map_or("none", |p| p.from.as_str()),
             self.prefill.first().map_or("none", |p| p.worker.as_str()),
             score.map_or(0.0, |s| s.network_ms),
