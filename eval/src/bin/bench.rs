@@ -23,7 +23,7 @@ use kvroute_stack::paths;
 #[derive(Parser, Debug)]
 #[command(about = "Compare routing policies on identical arrivals through real Envoy")]
 struct Args {
-    /// A preset plan: demo, full, full-70b, peers, stress or selfcheck.
+    /// A preset plan: demo, full, full-70b, peers, stress, selfcheck, two-site or pd.
     #[arg(long, default_value = "demo")]
     preset: String,
     /// A plan file (TOML) instead of a preset.
@@ -44,7 +44,8 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     workloads: Option<Vec<String>>,
     /// Only these policies (comma-separated): kvroute, kvroute-history, kvroute-load-only,
-    /// least-request, round-robin, random, oracle, pinned, and the peer routers
+    /// prefix-only, kvroute-no-pd, least-request, round-robin, random, oracle, pinned, and the
+    /// peer routers
     /// smg-cache-aware, vllm-router-cache-aware, vllm-router-kv-aware.
     #[arg(long, value_delimiter = ',')]
     policies: Option<Vec<String>>,
