@@ -4,7 +4,7 @@
 //!
 //! Everything here is configuration an admin knows (link speeds, placements), never an
 //! engine's speed. A worker whose site is not known is costed as local and flagged
-//! ([`Placement::known`]). Without a `topology` section nothing of this applies and decisions
+//! ([`SitePlacement::known`]). Without a `topology` section nothing of this applies and decisions
 //! are exactly those of a topology-free pool.
 
 use std::collections::BTreeMap;
@@ -185,7 +185,7 @@ pub struct TopologyConfig {
 
 /// Where one worker is, as a decision sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
+pub struct SitePlacement {
     /// Its site, or the local site when not known.
     pub site: Option<String>,
     /// False: its site is not known (costed as local, flagged).
@@ -254,7 +254,7 @@ impl TopologyConfig {
         (site, l)
     }
 
-    pub fn placement(&self, worker: &str) -> Placement {
+    pub fn placement(&self, worker: &str) -> SitePlacement {
         let (site, l) = self.labels(worker);
         let observed_at_ms = self.discovered.get(worker).copied();
         let source = match (l, observed_at_ms) {
@@ -262,7 +262,7 @@ impl TopologyConfig {
             (Some(_), Some(_)) => "discovered",
             (Some(_), None) => "config",
         };
-        Placement {
+        SitePlacement {
             site: site.map(str::to_owned),
             known: l.is_some_and(|l| l.site.is_some()),
             source,
