@@ -180,6 +180,10 @@ pub struct Args {
     /// `kube:`: the API server's CA bundle; default: the pod's service-account ca.crt.
     #[arg(long, value_name = "PATH")]
     pub discover_kube_ca_file: Option<PathBuf>,
+    /// The site the discovered (or listed) workers run in, for the filter's topology (one
+    /// cluster is one site). Config file: [discovery] site.
+    #[arg(long, value_name = "NAME")]
+    pub discover_site: Option<String>,
 }
 
 fn parse_worker(s: &str) -> Result<WorkerEntry, UpdaterConfigError> {
@@ -291,6 +295,7 @@ fn discovery_flags(args: &Args, given: &dyn Fn(&str) -> bool, cfg: &mut UpdaterC
         "discover_kube_api",
         "discover_kube_token_file",
         "discover_kube_ca_file",
+        "discover_site",
     ];
     if !ids.iter().any(|id| given(id)) {
         return;
@@ -310,6 +315,7 @@ fn discovery_flags(args: &Args, given: &dyn Fn(&str) -> bool, cfg: &mut UpdaterC
         discover_kube_api => kube_api,
         discover_kube_token_file => kube_token_file,
         discover_kube_ca_file => kube_ca_file,
+        discover_site => site,
     );
     if let (true, Some(s)) = (given("discover"), &args.discover) {
         d.source = s.clone();

@@ -142,7 +142,7 @@ impl std::str::FromStr for WorkerEntry {
         if http.is_empty() || parts.next().is_some() {
             return Err(UpdaterConfigError::WorkerSpec(spec.into()));
         }
-        Ok(WorkerEntry { http, events, replay })
+        Ok(WorkerEntry { http, events, replay, labels: Default::default() })
     }
 }
 

@@ -12,6 +12,13 @@
 //! [`dns`]: A/AAAA of a name (or SRV for the ports), re-resolved when the answer's TTL runs
 //! out (between a floor and a ceiling). [`kube`]: list + watch of the EndpointSlices of a
 //! Service (`discovery.k8s.io/v1`), ready endpoints only.
+//!
+//! Placement: each worker may carry [`Labels`] (site, zone, rack, node). A static worker's
+//! come from its `labels` table; an EndpointSlice endpoint gives `zone` and `nodeName`, an
+//! InferencePool's pod `spec.nodeName`; `[discovery] site` names the site of every worker
+//! this updater finds (one cluster is one site) unless its own labels name one. The
+//! [`Supervisor`] hands them to the [`State`] with the time it saw them; a change of labels
+//! alone does not restart a worker's tasks.
 
 pub mod dns;
 pub mod kube;
@@ -22,6 +29,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvroute_core::decision::topology::Labels;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::watch;
@@ -42,6 +50,30 @@ pub struct WorkerEntry {
     /// Its replay ROUTER endpoint; needs `events`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<String>,
+    /// Where it runs (`labels = { site = "a", zone = "a1", rack = "r1", node = "n1" }`; any
+    /// may be left out); discovery fills them from the workload's metadata.
+    #[serde(default, skip_serializing_if = "labels_unknown")]
+    pub labels: Labels,
+}
+
+/// Whether no label is known.
+pub fn labels_unknown(l: &Labels) -> bool {
+    l.site.is_none() && l.zone.is_none() && l.rack.is_none() && l.node.is_none()
+}
+
+impl WorkerEntry {
+    /// Whether `other` is the same worker at the same endpoints (labels aside).
+    pub fn same_endpoints(&self, other: &WorkerEntry) -> bool {
+        self.http == other.http && self.events == other.events && self.replay == other.replay
+    }
+
+    /// This entry with `site` as its site unless its labels name one.
+    pub fn in_site(mut self, site: Option<&str>) -> WorkerEntry {
+        if self.labels.site.is_none() {
+            self.labels.site = site.map(str::to_owned);
+        }
+        self
+    }
 }
 
 /// Defaults of the discovery settings.
@@ -190,6 +222,10 @@ pub struct DiscoveryConfig {
     /// Kubernetes: the API server's CA bundle (in-cluster: the service account's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kube_ca_file: Option<PathBuf>,
+    /// The site every worker found here runs in (one cluster, one DNS zone: one site), for
+    /// the filter's topology; a static worker's own `labels.site` wins.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
 }
 
 impl Default for DiscoveryConfig {
@@ -206,6 +242,7 @@ impl Default for DiscoveryConfig {
             kube_api: None,
             kube_token_file: None,
             kube_ca_file: None,
+            site: None,
         }
     }
 }
@@ -247,7 +284,9 @@ impl DiscoveryConfig {
         let at = |port: u16| format!("tcp://{}", SocketAddr::new(ip, port));
         let events = self.events_port.map(at);
         let replay = events.as_ref().and(self.replay_port).map(at);
-        WorkerEntry { http: SocketAddr::new(ip, http_port).to_string(), events, replay }
+        let http = SocketAddr::new(ip, http_port).to_string();
+        WorkerEntry { http, events, replay, labels: Labels::default() }
+            .in_site(self.site.as_deref())
     }
 
     /// The resolution floor and ceiling.
@@ -304,7 +343,8 @@ impl Supervisor {
 
     /// Makes `want` the pool: workers not in it are stopped and removed (their knowledge
     /// goes at once), new ones added and started. A worker whose endpoints changed is
-    /// restarted with a fresh entry.
+    /// restarted with a fresh entry. Every wanted worker's labels are handed to the state as
+    /// seen now (a change of labels alone restarts nothing).
     pub fn apply(&mut self, want: &[WorkerEntry]) -> Change {
         let wanted: BTreeMap<&str, &WorkerEntry> =
             want.iter().map(|w| (w.http.as_str(), w)).collect();
@@ -312,7 +352,9 @@ impl Supervisor {
         let stale: Vec<String> = self
             .tasks
             .iter()
-            .filter(|(name, t)| wanted.get(name.as_str()).is_none_or(|w| **w != t.entry))
+            .filter(|(name, t)| {
+                wanted.get(name.as_str()).is_none_or(|w| !w.same_endpoints(&t.entry))
+            })
             .map(|(name, _)| name.clone())
             .collect();
         for name in stale {
@@ -328,6 +370,10 @@ impl Supervisor {
             self.state.add_worker(name);
             self.tasks.insert(name.to_owned(), self.start(entry));
             change.added.push(name.to_owned());
+        }
+        let now = crate::state::now_ms();
+        for w in want {
+            self.state.set_labels(&w.http, &w.labels, now);
         }
         change
     }
@@ -376,6 +422,8 @@ pub async fn run(
 ) -> Result<(), DiscoveryError> {
     let mut sup = Supervisor::new(Arc::clone(&state), intervals);
     if !cfg.is_dynamic() {
+        let site = cfg.site.as_deref();
+        let workers: Vec<WorkerEntry> = workers.into_iter().map(|w| w.in_site(site)).collect();
         sup.apply(&workers);
         return futures::future::pending().await;
     }
@@ -466,6 +514,38 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(handles.iter().all(|h| h.is_finished()), "a removed worker's tasks are aborted");
         assert!(state.snapshot().workers.iter().all(|k| k.worker == "127.0.0.1:2"));
+    }
+
+    #[tokio::test]
+    async fn labels_reach_the_state_and_a_label_change_restarts_nothing() {
+        let state = Arc::new(State::for_models(
+            Arc::new(crate::models::Models::default()),
+            Vec::new(),
+            crate::limits::Limits::default(),
+        ));
+        let hour = Duration::from_secs(3600);
+        let mut sup = Supervisor::new(Arc::clone(&state), Intervals { scrape: hour, align: hour });
+        // A static worker as `[[workers]]` gives it; the source's site fills what it leaves out.
+        let toml = "http = \"127.0.0.1:1\"\nlabels = { zone = \"z1\", node = \"n1\" }\n";
+        let listed: WorkerEntry = toml::from_str(toml).unwrap();
+        let w = listed.in_site(Some("a"));
+        assert_eq!(w.labels.site.as_deref(), Some("a"));
+        sup.apply(std::slice::from_ref(&w));
+        let placed = state.answer_query(None, None, true, true, true);
+        let crate::publish::Answer::Full(s) = placed else { panic!("expected a snapshot") };
+        assert_eq!(s.placements.len(), 1);
+        assert_eq!(s.placements[0].zone.as_deref(), Some("z1"));
+        let handles: Vec<_> =
+            sup.tasks["127.0.0.1:1"].handles.iter().map(|h| h.abort_handle()).collect();
+        let mut moved = w.clone();
+        moved.labels.zone = Some("z2".into());
+        assert_eq!(sup.apply(&[moved]), Change::default(), "only the labels changed");
+        tokio::task::yield_now().await;
+        assert!(handles.iter().all(|h| !h.is_finished()), "its tasks kept running");
+        assert_eq!(state.snapshot().placements[0].zone.as_deref(), Some("z2"));
+        let cfg = DiscoveryConfig { site: Some("b".into()), ..Default::default() };
+        let found = cfg.worker("10.0.0.1".parse().unwrap(), 8000);
+        assert_eq!(found.labels.site.as_deref(), Some("b"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use kvroute_core::wire::delta::{Delta, SetChange, WorkerDelta};
 use kvroute_core::wire::peers::PeerSection;
-use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker};
+use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker, WorkerPlacement};
 
 /// What a caller at some version should receive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,22 @@ impl Answer {
             }
             Answer::Delta(mut d) => {
                 d.down = None;
+                Answer::Delta(d)
+            }
+            other => other,
+        }
+    }
+
+    /// The answer for a caller that does not read the workers' placements (`placement=1`):
+    /// without them, so that the bytes are what such a caller has always been sent.
+    pub fn without_placement(self) -> Answer {
+        match self {
+            Answer::Full(mut s) => {
+                s.placements.clear();
+                Answer::Full(s)
+            }
+            Answer::Delta(mut d) => {
+                d.placements = None;
                 Answer::Delta(d)
             }
             other => other,
@@ -155,6 +171,28 @@ impl Publisher {
             generated_at_ms: now_ms,
             pool: self.current.pool,
             down: Some(down),
+            ..Delta::default()
+        };
+        self.push(delta);
+        true
+    }
+
+    /// Sets the workers' placements (sorted by worker): a version of its own when the list
+    /// changed (a label or its age). True when it did.
+    pub fn set_placements(&mut self, placements: Vec<WorkerPlacement>, now_ms: u64) -> bool {
+        if self.current.placements == placements {
+            return false;
+        }
+        self.current.placements.clone_from(&placements);
+        self.current.generated_at_ms = now_ms;
+        let from = self.current.version;
+        self.current.version += 1;
+        let delta = Delta {
+            from_version: from,
+            to_version: self.current.version,
+            generated_at_ms: now_ms,
+            pool: self.current.pool,
+            placements: Some(placements),
             ..Delta::default()
         };
         self.push(delta);

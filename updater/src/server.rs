@@ -3,7 +3,8 @@
 //! `kvroute_core::wire::snapshot`; with `wait_ms=W` a long poll that answers as soon as a newer
 //! version exists, or 304 after W ms; with `peers=1&replica=R` including other replicas'
 //! decisions but R's own; with `pool=1` the pool flag and removed workers of a discovered pool,
-//! snapshot format 5 / delta format 4; with `health=1` the workers down), `POST /v1/peers` (a `kvroute_core::wire::peers::PeerReport` from an Envoy
+//! snapshot format 5 / delta format 4; with `health=1` the workers down; with `placement=1` the
+//! workers' discovered placements with their age), `POST /v1/peers` (a `kvroute_core::wire::peers::PeerReport` from an Envoy
 //! replica; 204), and the models' tokenizer bundles: `/v1/bundles` (JSON list) and
 //! `/v1/bundles/{fingerprint}/{part}` (binary: part `part` of
 //! `kvroute_core::wire::bundle::BundleFiles::encode()`, header `x-kvroute-bundle-parts`). Snapshots
@@ -135,6 +136,8 @@ struct Since {
     pool: Option<u8>,
     /// `1`: the caller reads the list of workers down (Envoy's health checks dropped them).
     health: Option<u8>,
+    /// `1`: the caller reads the workers' placements (site, zone, rack, node, with their age).
+    placement: Option<u8>,
 }
 
 /// A report of an Envoy replica's decisions and load: 204, 400 when malformed, 413 when too
@@ -179,7 +182,9 @@ async fn snapshot(
     let answer = loop {
         // Registered before the check: a change published in between still wakes it.
         let changed = c.state.changed();
-        match c.state.answer_health(q.since, replica, q.pool == Some(1), q.health == Some(1)) {
+        let (pool, health, placed) =
+            (q.pool == Some(1), q.health == Some(1), q.placement == Some(1));
+        match c.state.answer_query(q.since, replica, pool, health, placed) {
             Answer::NotModified if tokio::time::Instant::now() < deadline => {
                 if tokio::time::timeout_at(deadline, changed).await.is_err() {
                     break Answer::NotModified;

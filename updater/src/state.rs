@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker as Wire};
+use kvroute_core::decision::topology::Labels;
+use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker as Wire, WorkerPlacement};
 use tokio::sync::Notify;
 
 use crate::decode::Tier;
@@ -52,6 +53,10 @@ pub struct WorkerRecord {
     pub resync: Arc<Notify>,
     /// Woken to check the worker's alignment now (its base model changed).
     pub align_now: Arc<Notify>,
+    /// Where it runs, as discovery or the configuration last said (none known: all `None`).
+    pub labels: Labels,
+    /// When discovery last handed over `labels` (unix ms; 0: never).
+    pub labels_seen_ms: u64,
 }
 
 impl WorkerRecord {
@@ -106,6 +111,8 @@ struct Inner {
     peers: PeerStore,
     /// Workers that left the pool since the last publication.
     removed: BTreeSet<String>,
+    /// Some worker's placement labels were seen since the last publication.
+    placements_dirty: bool,
     /// Workers that joined / left the pool since the start.
     joined: u64,
     left: u64,
@@ -177,6 +184,7 @@ impl State {
             publisher,
             peers,
             removed: BTreeSet::new(),
+            placements_dirty: false,
             joined: 0,
             left: 0,
         };
@@ -231,6 +239,22 @@ impl State {
         inner.left += 1;
         self.changed.notify_waiters();
         true
+    }
+
+    /// Records where `worker` runs, as seen at `now_ms` (discovery's answer or the configured
+    /// labels): published to callers that ask (`placement=1`) with that time as its age. A
+    /// worker with no label known, before and now, changes nothing; an unknown worker neither.
+    pub fn set_labels(&self, worker: &str, labels: &Labels, now_ms: u64) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let Some(e) = inner.workers.get_mut(worker) else { return };
+        if crate::discovery::labels_unknown(labels) && crate::discovery::labels_unknown(&e.labels) {
+            return;
+        }
+        e.labels.clone_from(labels);
+        e.labels_seen_ms = now_ms;
+        inner.placements_dirty = true;
+        self.changed.notify_waiters();
     }
 
     /// Wakes when `worker`'s alignment should be checked now (see [`WorkerRecord::align_now`]).
@@ -439,6 +463,7 @@ impl State {
             && !inner.models_dirty
             && peers.is_none()
             && inner.removed.is_empty()
+            && !inner.placements_dirty
         {
             return;
         }
@@ -447,6 +472,10 @@ impl State {
         let down: Vec<String> =
             inner.workers.iter().filter(|(_, e)| !e.member).map(|(w, _)| w.clone()).collect();
         inner.publisher.set_down(down, now);
+        // Likewise the placements (the whole list, by worker; a worker gone takes its own).
+        inner.placements_dirty = false;
+        let placements = inner.workers.iter().filter_map(|(w, e)| placement(w, e)).collect();
+        inner.publisher.set_placements(placements, now);
         let models = std::mem::take(&mut inner.models_dirty).then(|| self.model_infos(inner));
         let dirty = std::mem::take(&mut inner.dirty);
         let removed: Vec<String> = std::mem::take(&mut inner.removed).into_iter().collect();
@@ -487,6 +516,24 @@ impl State {
     /// worker is sent as an incompatible worker that holds nothing.
     pub fn answer_with(&self, since: Option<u64>, replica: Option<u64>, pool: bool) -> Answer {
         self.answer_health(since, replica, pool, false)
+    }
+
+    /// [`State::answer_with`]; `health`: as in [`State::answer_health`]; `placement`: the caller
+    /// reads the workers' placements (`placement=1`, snapshot sections bit 8, delta bit 16).
+    pub fn answer_query(
+        &self,
+        since: Option<u64>,
+        replica: Option<u64>,
+        pool: bool,
+        health: bool,
+        placement: bool,
+    ) -> Answer {
+        let answer = self.answer_health(since, replica, pool, health);
+        if placement {
+            answer
+        } else {
+            answer.without_placement()
+        }
     }
 
     /// [`State::answer_with`]; `health`: the caller reads the list of workers down (`health=1`,
@@ -569,6 +616,11 @@ impl State {
                         "kv_cache_groups": k.group_kinds(),
                         "last_event_age_ms": age,
                         "stats": k.stats,
+                        "placement": placement(w, e).map(|p| serde_json::json!({
+                            "site": p.site, "zone": p.zone, "rack": p.rack, "node": p.node,
+                            "observed_at_ms": p.observed_at_ms,
+                            "age_ms": now.saturating_sub(p.observed_at_ms),
+                        })),
                     }),
                 )
             })
@@ -616,6 +668,22 @@ pub fn block_size_for_pages(page: u32) -> u32 {
     } else {
         page
     }
+}
+
+/// One worker's placement as published; `None` while no label is known.
+fn placement(worker: &str, e: &WorkerRecord) -> Option<WorkerPlacement> {
+    if crate::discovery::labels_unknown(&e.labels) {
+        return None;
+    }
+    let l = &e.labels;
+    Some(WorkerPlacement {
+        worker: worker.to_owned(),
+        site: l.site.clone(),
+        zone: l.zone.clone(),
+        rack: l.rack.clone(),
+        node: l.node.clone(),
+        observed_at_ms: e.labels_seen_ms,
+    })
 }
 
 /// One worker's entry as published (hash lists sorted).
@@ -753,3 +821,6 @@ mod tests {
         assert!(futures::FutureExt::now_or_never(resync.notified()).is_some());
     }
 }
+
+#[cfg(test)]
+mod placement_tests;

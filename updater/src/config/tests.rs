@@ -86,6 +86,7 @@ fn every_flag_has_a_config_key() {
         kube_api: Some("x".into()),
         kube_token_file: Some("x".into()),
         kube_ca_file: Some("x".into()),
+        site: Some("x".into()),
         ..Default::default()
     })
     .unwrap();

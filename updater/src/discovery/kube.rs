@@ -13,6 +13,9 @@
 //! `EndpointPort`; k8s.io/apimachinery `meta/v1` `ListMeta`, `ObjectMeta`, `Status`,
 //! `watch.Event`). An endpoint whose `conditions.ready` is absent counts as ready, as
 //! types.go says consumers should read an unknown state.
+//!
+//! Placement: an endpoint's `zone` and `nodeName` (discovery/v1 `Endpoint`) become the
+//! worker's zone and node labels; a pod's `spec.nodeName` (core/v1 `PodSpec`) its node.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -23,6 +26,8 @@ use futures::StreamExt;
 use serde::Deserialize;
 use thiserror::Error;
 use tokio::sync::watch;
+
+use kvroute_core::decision::topology::Labels;
 
 use super::WorkerEntry;
 use super::{defaults, log_line, DiscoveryConfig, DiscoverySource};
@@ -47,11 +52,26 @@ pub struct EndpointConditions {
 
 /// `discoveryv1.Endpoint`: the fields used.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct KubeEndpoint {
     #[serde(default)]
     pub addresses: Vec<String>,
     #[serde(default)]
     pub conditions: EndpointConditions,
+    /// The Node hosting this endpoint.
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// The zone this endpoint exists in (its Node's `topology.kubernetes.io/zone`).
+    #[serde(default)]
+    pub zone: Option<String>,
+}
+
+/// Ready addresses with where each runs.
+pub type Placed = BTreeMap<SocketAddr, Labels>;
+
+/// A label as Kubernetes gives it: empty or absent is unknown.
+fn label(v: Option<&String>) -> Option<String> {
+    v.filter(|s| !s.is_empty()).cloned()
 }
 
 /// `discoveryv1.EndpointPort`.
@@ -202,8 +222,13 @@ fn add_ca(b: reqwest::ClientBuilder, path: &PathBuf) -> Result<reqwest::ClientBu
 
 /// The ready endpoints of one slice, on its HTTP port (see [`DiscoveryConfig::http_port`]).
 pub fn ready(cfg: &DiscoveryConfig, slice: &EndpointSlice) -> BTreeSet<SocketAddr> {
+    ready_placed(cfg, slice).into_keys().collect()
+}
+
+/// [`ready`], with each endpoint's zone and node.
+pub fn ready_placed(cfg: &DiscoveryConfig, slice: &EndpointSlice) -> Placed {
     if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
-        return BTreeSet::new();
+        return Placed::new();
     }
     let ports = slice.ports.as_deref().unwrap_or_default();
     let port = match (&cfg.port_name, cfg.http_port) {
@@ -215,17 +240,20 @@ pub fn ready(cfg: &DiscoveryConfig, slice: &EndpointSlice) -> BTreeSet<SocketAdd
         (None, None) => None,
     };
     let Some(port) = port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p > 0) else {
-        return BTreeSet::new();
+        return Placed::new();
     };
-    slice
-        .endpoints
-        .iter()
-        .flatten()
-        .filter(|e| e.conditions.ready != Some(false))
-        .flat_map(|e| e.addresses.iter())
-        .filter_map(|a| a.parse::<IpAddr>().ok())
-        .map(|ip| SocketAddr::new(ip, port))
-        .collect()
+    let mut out = Placed::new();
+    for e in slice.endpoints.iter().flatten().filter(|e| e.conditions.ready != Some(false)) {
+        let labels = Labels {
+            zone: label(e.zone.as_ref()),
+            node: label(e.node_name.as_ref()),
+            ..Labels::default()
+        };
+        for ip in e.addresses.iter().filter_map(|a| a.parse::<IpAddr>().ok()) {
+            out.insert(SocketAddr::new(ip, port), labels.clone());
+        }
+    }
+    out
 }
 
 /// `corev1.PodCondition`: the fields used.
@@ -247,11 +275,22 @@ pub struct PodStatus {
     pub conditions: Option<Vec<PodCondition>>,
 }
 
+/// `corev1.PodSpec`: the fields used.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    /// The Node the pod is scheduled on.
+    #[serde(default)]
+    pub node_name: Option<String>,
+}
+
 /// `corev1.Pod`: the fields used (`metadata.deletionTimestamp` marks a terminating pod).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Pod {
     #[serde(default)]
     pub metadata: serde_json::Value,
+    #[serde(default)]
+    pub spec: PodSpec,
     #[serde(default)]
     pub status: PodStatus,
 }
@@ -267,6 +306,12 @@ pub fn ready_pod(pod: &Pod, port: u16) -> BTreeSet<SocketAddr> {
         Some(ip) if ready && !deleting => BTreeSet::from([SocketAddr::new(ip, port)]),
         _ => BTreeSet::new(),
     }
+}
+
+/// [`ready_pod`], with the pod's node.
+pub fn ready_pod_placed(pod: &Pod, port: u16) -> Placed {
+    let labels = Labels { node: label(pod.spec.node_name.as_ref()), ..Labels::default() };
+    ready_pod(pod, port).into_iter().map(|a| (a, labels.clone())).collect()
 }
 
 /// `inference.networking.k8s.io/v1` InferencePool: the fields used (gateway-api-inference-
@@ -333,8 +378,8 @@ fn percent(s: &str) -> String {
         .collect()
 }
 
-/// An object's ready addresses.
-pub type Addrs = Box<dyn Fn(&serde_json::Value) -> BTreeSet<SocketAddr> + Send + Sync>;
+/// An object's ready addresses, with where each runs.
+pub type Addrs = Box<dyn Fn(&serde_json::Value) -> Placed + Send + Sync>;
 
 /// One followed collection: where to list and watch it, and each object's ready addresses.
 pub struct Collection {
@@ -351,7 +396,7 @@ impl Collection {
             url: api.path(),
             addrs: Box::new(move |v| {
                 serde_json::from_value::<EndpointSlice>(v.clone())
-                    .map(|s| ready(&cfg, &s))
+                    .map(|s| ready_placed(&cfg, &s))
                     .unwrap_or_default()
             }),
         }
@@ -369,24 +414,37 @@ impl Collection {
             ),
             addrs: Box::new(move |v| {
                 serde_json::from_value::<Pod>(v.clone())
-                    .map(|p| ready_pod(&p, port))
+                    .map(|p| ready_pod_placed(&p, port))
                     .unwrap_or_default()
             }),
         }
     }
 }
 
-/// Every object's ready addresses, by object name.
+/// Every object's ready addresses (with their placement), by object name.
 #[derive(Debug, Default)]
 pub struct Objects {
-    by_name: BTreeMap<String, BTreeSet<SocketAddr>>,
+    by_name: BTreeMap<String, Placed>,
 }
 
 impl Objects {
-    /// The workers of every object.
+    /// The workers of every object, each with its zone and node (an address two objects
+    /// list takes the labels of the first by name that knows any) and the configured site.
     pub fn workers(&self, cfg: &DiscoveryConfig) -> Vec<WorkerEntry> {
-        let all: BTreeSet<&SocketAddr> = self.by_name.values().flatten().collect();
-        all.into_iter().map(|a| cfg.worker(a.ip(), a.port())).collect()
+        let mut all: BTreeMap<&SocketAddr, &Labels> = BTreeMap::new();
+        for (a, l) in self.by_name.values().flatten() {
+            let e = all.entry(a).or_insert(l);
+            if super::labels_unknown(e) {
+                *e = l;
+            }
+        }
+        all.into_iter()
+            .map(|(a, l)| {
+                let w = cfg.worker(a.ip(), a.port());
+                let labels = Labels { zone: l.zone.clone(), node: l.node.clone(), ..w.labels };
+                WorkerEntry { labels, ..w }
+            })
+            .collect()
     }
 
     fn set(&mut self, c: &Collection, obj: &serde_json::Value) {
@@ -680,7 +738,8 @@ mod tests {
             "addressType": "IPv4",
             "endpoints": [
                 {"addresses": ["10.0.0.1"], "conditions": {"ready": true, "serving": true, "terminating": false},
-                 "targetRef": {"kind": "Pod", "name": "vllm-0", "namespace": "ns"}, "nodeName": "n1"},
+                 "targetRef": {"kind": "Pod", "name": "vllm-0", "namespace": "ns"}, "nodeName": "n1",
+                 "zone": "us-east-1a"},
                 {"addresses": ["10.0.0.2"], "conditions": {"ready": false, "serving": true, "terminating": true}},
                 {"addresses": ["10.0.0.3"], "conditions": {}}
             ],
@@ -702,5 +761,74 @@ mod tests {
         assert!(ready(&cfg(), &slice()).is_empty());
         let fqdn = EndpointSlice { address_type: "FQDN".into(), ..slice() };
         assert!(ready(&by_port, &fqdn).is_empty());
+    }
+
+    #[test]
+    fn endpoints_carry_their_zone_and_node_and_the_source_its_site() {
+        let east = DiscoveryConfig { http_port: Some(8000), site: Some("east".into()), ..cfg() };
+        let placed = ready_placed(&east, &slice());
+        let first = &placed[&"10.0.0.1:8000".parse().unwrap()];
+        assert_eq!(
+            (first.zone.as_deref(), first.node.as_deref()),
+            (Some("us-east-1a"), Some("n1"))
+        );
+        assert_eq!(placed[&"10.0.0.3:8000".parse().unwrap()], Labels::default(), "none given");
+        let c = Collection {
+            url: String::new(),
+            addrs: Box::new(|v| {
+                serde_json::from_value::<EndpointSlice>(v.clone())
+                    .map(|s| ready_placed(&DiscoveryConfig { http_port: Some(8000), ..cfg() }, &s))
+                    .unwrap_or_default()
+            }),
+        };
+        let mut objects = Objects::default();
+        let obj = serde_json::to_value(serde_json::json!({
+            "metadata": {"name": "vllm-abc12"}, "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.1"], "nodeName": "n1", "zone": "us-east-1a"},
+                          {"addresses": ["10.0.0.3"], "nodeName": ""}],
+            "ports": [{"port": 8000}]
+        }))
+        .unwrap();
+        objects.set(&c, &obj);
+        let w = objects.workers(&east);
+        let labels: Vec<_> = w.iter().map(|w| (w.http.as_str(), w.labels.clone())).collect();
+        let east = |zone: Option<&str>, node: Option<&str>| Labels {
+            site: Some("east".into()),
+            zone: zone.map(Into::into),
+            node: node.map(Into::into),
+            rack: None,
+        };
+        assert_eq!(
+            labels,
+            [
+                ("10.0.0.1:8000", east(Some("us-east-1a"), Some("n1"))),
+                ("10.0.0.3:8000", east(None, None)),
+            ],
+            "an empty nodeName is unknown; the site is the source's"
+        );
+    }
+
+    /// A pod as the API server writes it (k8s.io/api core/v1): `spec.nodeName` is its node.
+    #[test]
+    fn a_ready_pod_carries_its_node() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "kind": "Pod", "apiVersion": "v1",
+            "metadata": {"name": "vllm-0", "namespace": "ns", "labels": {"app": "vllm"}},
+            "spec": {"nodeName": "gpu-node-7", "containers": [{"name": "vllm", "image": "vllm"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.9",
+                       "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+        let placed = ready_pod_placed(&pod, 8000);
+        let want = Labels { node: Some("gpu-node-7".into()), ..Labels::default() };
+        assert_eq!(
+            placed.into_iter().collect::<Vec<_>>(),
+            [("10.0.0.9:8000".parse().unwrap(), want)]
+        );
+        let unscheduled = Pod { spec: PodSpec::default(), ..pod };
+        assert_eq!(
+            ready_pod_placed(&unscheduled, 8000).into_values().next(),
+            Some(Labels::default())
+        );
     }
 }
