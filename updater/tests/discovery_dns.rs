@@ -161,6 +161,7 @@ async fn dns_records_bring_workers_in_and_take_them_out() {
         replay_port: Some(ports.replay),
         min_ttl_ms: 100,
         max_ttl_ms: 500,
+        site: Some("dc-1".into()),
         ..Default::default()
     };
     cfg.validate(0).unwrap();
@@ -229,6 +230,12 @@ async fn dns_records_bring_workers_in_and_take_them_out() {
     let snap = kvroute_core::wire::snapshot::Snapshot::decode(&new).unwrap();
     assert!(snap.pool && snap.workers.iter().any(|w| w.worker == name(b)));
     assert!(!kvroute_core::wire::snapshot::Snapshot::decode(&old).unwrap().pool);
+    // `placement=1`: the workers' placements (here the source's site), to that caller only.
+    assert!(snap.placements.is_empty(), "not asked for");
+    let placed = get("pool=1&placement=1").await;
+    let placed = kvroute_core::wire::snapshot::Snapshot::decode(&placed).unwrap().placements;
+    let sites: Vec<_> = placed.iter().map(|p| (p.worker.clone(), p.site.as_deref())).collect();
+    assert_eq!(sites, [(name(b), Some("dc-1"))]);
 
     // Joins and departures are counted (A, B, B again; A, and B at NXDOMAIN).
     let pool = &state.status()["pool"];

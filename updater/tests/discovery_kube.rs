@@ -133,6 +133,7 @@ fn slice(name: &str, rv: u64, endpoints: &[(&str, Option<bool>)]) -> Value {
                 "addresses": [addr],
                 "conditions": conditions,
                 "nodeName": "node-1",
+                "zone": "zone-a",
                 "targetRef": {"kind": "Pod", "namespace": "inference", "name": format!("vllm-{i}"),
                               "uid": format!("00000000-0000-0000-0000-00000000000{i}")},
             })
@@ -187,6 +188,7 @@ async fn the_watch_follows_slices_readiness_bookmarks_and_410() {
         kube_api: Some(api),
         kube_token_file: Some(token),
         min_ttl_ms: 100,
+        site: Some("east".into()),
         ..Default::default()
     };
     cfg.validate(0).unwrap();
@@ -201,6 +203,13 @@ async fn the_watch_follows_slices_readiness_bookmarks_and_410() {
     assert!(until(10, || workers() == names(&["127.0.72.1"])).await, "{:?}", workers());
     assert!(until(10, || fake.watching()).await);
     assert_eq!(fake.watches(), ["100"], "the watch starts at the list's version");
+    // Where it runs: the endpoint's zone and node, the source's site, seen just now.
+    let placed = state.snapshot().placements;
+    assert_eq!(placed.len(), 1, "{placed:?}");
+    let p = &placed[0];
+    let labels = (p.site.as_deref(), p.zone.as_deref(), p.rack.as_deref(), p.node.as_deref());
+    assert_eq!(labels, (Some("east"), Some("zone-a"), None, Some("node-1")));
+    assert!(p.observed_at_ms > 0 && p.worker == names(&["127.0.72.1"])[0]);
 
     // MODIFIED: the second endpoint became ready. ADDED: another slice of the Service.
     fake.send(
@@ -261,7 +270,7 @@ fn pod(name: &str, ip: &str, ready: bool, deleting: bool) -> Value {
         "kind": "Pod", "apiVersion": "v1",
         "metadata": {"name": name, "namespace": "inference", "resourceVersion": "5",
                      "labels": {"app": "vllm", "model": "qwen"}},
-        "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai",
+        "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "vllm", "image": "vllm/vllm-openai",
                                  "ports": [{"containerPort": 8000, "protocol": "TCP"}]}]},
         "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
                    "conditions": [{"type": "Initialized", "status": "True"},
@@ -325,6 +334,9 @@ async fn an_inference_pool_selects_ready_pods_on_its_target_port() {
 
     // Only the ready pod that is not being deleted, on the pool's target port.
     assert!(until(10, || workers() == ["127.0.73.1:8000"]).await, "{:?}", workers());
+    let placed = state.snapshot().placements;
+    let nodes: Vec<_> = placed.iter().map(|p| (p.worker.as_str(), p.node.as_deref())).collect();
+    assert_eq!(nodes, [("127.0.73.1:8000", Some("gpu-node-1"))], "the pod's spec.nodeName");
     assert_eq!(pods.selectors.lock().unwrap()[0], "app=vllm,model=qwen");
     assert!(until(10, || pods.watching()).await);
     pods.send("MODIFIED", pod("vllm-1", "127.0.73.2", true, false));
