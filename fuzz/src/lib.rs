@@ -431,7 +431,8 @@ pub fn watch_stream(
 /// Discovered workers as [`kvroute_updater::discovery::kube::Objects::workers`] makes them:
 /// each an `ip:port` on `port` (when the collection fixes one; never port 0), in ascending
 /// order without duplicates, its KV-event and replay endpoints on the configured ports of the
-/// same address (replay only with events).
+/// same address (replay only with events), in the configured site and on no rack (Kubernetes
+/// names none).
 pub fn check_workers(
     workers: &[kvroute_updater::discovery::WorkerEntry],
     cfg: &kvroute_updater::discovery::DiscoveryConfig,
@@ -448,6 +449,7 @@ pub fn check_workers(
         let at = |p: Option<u16>| p.map(|p| format!("tcp://{}", SocketAddr::new(http.ip(), p)));
         assert_eq!(w.events, at(cfg.events_port), "{w:?}");
         assert_eq!(w.replay, at(cfg.events_port.and(cfg.replay_port)), "{w:?}");
+        assert_eq!((&w.labels.site, &w.labels.rack), (&cfg.site, &None), "{w:?}");
     }
 }
 

@@ -1062,7 +1062,7 @@ fn kube_watch_event() -> Seeds {
     };
     let ep = |addr: &str, ready: serde_json::Value| {
         json!({"addresses": [addr], "conditions": {"ready": ready, "serving": ready,
-               "terminating": ready == json!(false)}, "nodeName": "n1"})
+               "terminating": ready == json!(false)}, "nodeName": "n1", "zone": "us-east-1a"})
     };
     let http_ports = json!([{"name": "http", "port": 8000, "protocol": "TCP"},
                             {"name": "kv-events", "port": 5557, "protocol": "TCP"}]);
