@@ -52,13 +52,8 @@ pub struct WorkerEntry {
     pub replay: Option<String>,
     /// Where it runs (`labels = { site = "a", zone = "a1", rack = "r1", node = "n1" }`; any
     /// may be left out); discovery fills them from the workload's metadata.
-    #[serde(default, skip_serializing_if = "labels_unknown")]
+    #[serde(default, skip_serializing_if = "crate::state::labels_unknown")]
     pub labels: Labels,
-}
-
-/// Whether no label is known.
-pub fn labels_unknown(l: &Labels) -> bool {
-    l.site.is_none() && l.zone.is_none() && l.rack.is_none() && l.node.is_none()
 }
 
 impl WorkerEntry {

@@ -248,7 +248,7 @@ impl State {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let Some(e) = inner.workers.get_mut(worker) else { return };
-        if crate::discovery::labels_unknown(labels) && crate::discovery::labels_unknown(&e.labels) {
+        if labels_unknown(labels) && labels_unknown(&e.labels) {
             return;
         }
         e.labels.clone_from(labels);
@@ -670,9 +670,14 @@ pub fn block_size_for_pages(page: u32) -> u32 {
     }
 }
 
+/// Whether no placement label is known.
+pub fn labels_unknown(l: &Labels) -> bool {
+    l.site.is_none() && l.zone.is_none() && l.rack.is_none() && l.node.is_none()
+}
+
 /// One worker's placement as published; `None` while no label is known.
 fn placement(worker: &str, e: &WorkerRecord) -> Option<WorkerPlacement> {
-    if crate::discovery::labels_unknown(&e.labels) {
+    if labels_unknown(&e.labels) {
         return None;
     }
     let l = &e.labels;

@@ -434,7 +434,7 @@ impl Objects {
         let mut all: BTreeMap<&SocketAddr, &Labels> = BTreeMap::new();
         for (a, l) in self.by_name.values().flatten() {
             let e = all.entry(a).or_insert(l);
-            if super::labels_unknown(e) {
+            if crate::state::labels_unknown(e) {
                 *e = l;
             }
         }
