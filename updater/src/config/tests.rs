@@ -341,3 +341,20 @@ fn help_is_complete() {
     assert!(missing.is_empty(), "arguments without help: {missing:?}");
     cmd.debug_assert();
 }
+
+#[test]
+fn a_listed_worker_may_say_where_it_runs_and_prints_back() {
+    let text =
+        "[[workers]]\nhttp = \"127.0.0.1:8000\"\nlabels = { zone = \"a1\", node = \"n1\" }\n\
+                [[workers]]\nhttp = \"127.0.0.1:8001\"\n[discovery]\nsite = \"a\"\n";
+    let cfg = UpdaterConfig::from_toml(text).unwrap();
+    assert_eq!(cfg.workers[0].labels.zone.as_deref(), Some("a1"));
+    assert_eq!(cfg.discovery().site.as_deref(), Some("a"));
+    let back = UpdaterConfig::from_toml(&cfg.to_toml()).unwrap();
+    assert_eq!(back.workers, cfg.workers, "{}", cfg.to_toml());
+    assert!(!cfg.to_toml().contains("labels = {}"), "no label: no table");
+    let bad = "[[workers]]\nhttp = \"127.0.0.1:8000\"\nlabels = { region = \"x\" }\n";
+    assert!(UpdaterConfig::from_toml(bad).is_err(), "an unknown label is refused");
+    let r = run(&["--worker", "127.0.0.1:1", "--discover-site", "b", "--token", &"t".repeat(16)]);
+    assert_eq!(r.unwrap().config.discovery().site.as_deref(), Some("b"));
+}
