@@ -121,6 +121,7 @@ fn hashes_in(d: &Delta) -> usize {
             })
             .sum::<usize>()
         + d.peers.as_ref().map_or(0, PeerSection::weight)
+        + d.placements.as_ref().map_or(0, Vec::len)
 }
 
 impl Publisher {
