@@ -268,9 +268,8 @@ impl SyncFlow {
     /// workers that left; `health=1`: the workers Envoy's health checks dropped; `placement=1`:
     /// the workers' placements the updater discovered (site, zone, rack, node, with their age),
     /// in [`crate::wire::snapshot::Snapshot::placements`] and `Delta::placements`.
-    // lead: the router takes them in `Knowledge::apply_snapshot` (`snap.placements`, the whole
-    // list) and `Knowledge::apply_delta` (`d.placements`: `Some` = the new whole list); not
-    // read there yet (core/src/decision is the lead's).
+    /// `Router::apply_snapshot` / `apply_delta` take them in (`Some` in a delta: the new whole
+    /// list).
     pub fn snapshot_path(&self) -> String {
         let mut path =
             format!("/v1/snapshot?since={}&pool=1&health=1&placement=1", self.publisher.version());
