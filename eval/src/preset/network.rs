@@ -114,7 +114,8 @@ pub fn pd_topology() -> Topology {
 /// Multi-turn chat with two tenants' long system prompts on the P/D pool, at its own rate and
 /// twice it: kvroute (P/D-aware: prefill worker by cache, queue and hand-off, decode worker by
 /// load), kvroute unaware of the split (decode workers only, each prefilling), and the
-/// load-only P/D baseline (the same P/D config, no cache credit).
+/// load-only P/D baseline (the same P/D config, no cache credit); least-request for the noise
+/// floor.
 pub fn pd(seed: u64) -> ComparisonPlan {
     let w = workload(
         "pd-multi-turn",
@@ -133,7 +134,8 @@ pub fn pd(seed: u64) -> ComparisonPlan {
     let mut p = plan(
         "pd",
         pd_topology(),
-        vec![Policy::Kvroute, Policy::KvrouteNoPd, Policy::KvrouteLoadOnly],
+        // Least-request (decode workers only, each prefilling) gives the noise floor.
+        vec![Policy::Kvroute, Policy::KvrouteNoPd, Policy::KvrouteLoadOnly, Policy::LeastRequest],
         vec![Scenario { rate_scales: Some(vec![1.0, 2.0]), ..scenario(w) }],
     );
     p.repeats = 2;
