@@ -73,7 +73,7 @@ impl Default for TransferOptions {
             background_tokens: 2048,
             output_tokens: 16,
             bandwidths_gbps: vec![5.0, 10.0, 20.0, 40.0, 80.0, 160.0],
-            levels: vec![0, 1, 2, 3, 4, 6, 8],
+            levels: vec![0, 1, 2, 3, 4, 6, 8, 12, 16],
             link_rtt_ms: 0.2,
             setup_ms: 2.0,
             kv_bytes_per_token: 131_072,
@@ -109,6 +109,10 @@ pub struct BandwidthRow {
     pub predicted_queue_crossover: Option<f64>,
     /// The same, measured (interpolated between levels; `None`: not inside the sweep).
     pub measured_queue_crossover: Option<f64>,
+    /// How much longer a pull took from a busy H than from an idle one (mean over n > 0 minus
+    /// n = 0, ms): what the cost model's pull does not include.
+    #[serde(default)]
+    pub busy_holder_pull_extra_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -270,7 +274,11 @@ pub fn summarize(
             let mut pts: Vec<(f64, f64)> =
                 here.iter().filter_map(|c| Some((c.level as f64, pull? - c.wait_ms?))).collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let idle = here.iter().find(|c| c.level == 0).and_then(|c| c.pull_ms);
+            let busy =
+                mean(here.iter().filter(|c| c.level > 0).filter_map(|c| c.pull_ms).collect());
             BandwidthRow {
+                busy_holder_pull_extra_ms: idle.zip(busy).map(|(i, b)| b - i),
                 bandwidth_gbps: b,
                 predicted_pull_ms: opts.predicted_pull_ms(&profile, b),
                 predicted_queue_crossover: opts.predicted_queue_crossover(&profile, b),
@@ -530,19 +538,21 @@ pub fn markdown(r: &TransferReport) -> String {
         err.map(|e| format!(" ({:.0} % apart)", e * 100.0)).unwrap_or_default()
     );
     md.push_str(
-        "| Gb/s | predicted pull (ms) | queue crossover n, predicted | measured | apart |\n",
+        "| Gb/s | predicted pull (ms) | queue crossover n, predicted | measured | apart | \
+         pull from a busy H minus from an idle H (ms) |\n",
     );
-    md.push_str("|---:|---:|---:|---:|---:|\n");
+    md.push_str("|---:|---:|---:|---:|---:|---:|\n");
     for row in &r.rows {
         let e = relative_error(row.measured_queue_crossover, row.predicted_queue_crossover);
         let _ = writeln!(
             md,
-            "| {} | {:.0} | {} | {} | {} |",
+            "| {} | {:.0} | {} | {} | {} | {} |",
             row.bandwidth_gbps,
             row.predicted_pull_ms,
             row.predicted_queue_crossover.map_or("-".into(), |v| format!("{v:.1}")),
             row.measured_queue_crossover.map_or("-".into(), |v| format!("{v:.1}")),
-            e.map_or("-".into(), |e| format!("{:.0} %", e * 100.0))
+            e.map_or("-".into(), |e| format!("{:.0} %", e * 100.0)),
+            num(row.busy_holder_pull_extra_ms)
         );
     }
     let _ = writeln!(
@@ -641,6 +651,7 @@ mod tests {
         let row = &r.rows[1];
         // pull - wait: +210 at 0, -110 at 4: n = 4 * 210 / 320.
         assert!((row.measured_queue_crossover.unwrap() - 2.625).abs() < 1e-9);
+        assert_eq!(row.busy_holder_pull_extra_ms, Some(0.0));
         let md = markdown(&r);
         assert!(md.contains("Bandwidth crossover"), "{md}");
         assert!(md.contains("| 40 | 4 | 330"), "{md}");

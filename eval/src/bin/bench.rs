@@ -76,7 +76,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     transfer_bandwidths: Option<Vec<f64>>,
     /// The transfer sweep's holder queues (background requests, comma-separated; default
-    /// 0,1,2,3,4,6,8).
+    /// 0,1,2,3,4,6,8,12,16).
     #[arg(long, value_delimiter = ',')]
     transfer_levels: Option<Vec<usize>>,
     /// Scale the filter's default cost profile by this (3: a prior three times too slow), to
