@@ -86,6 +86,7 @@ fn the_example_updater_config_with_discovery_checks() {
         "kube_api",
         "kube_token_file",
         "kube_ca_file",
+        "site",
     ];
     let mut shown: Vec<&str> = discovery.keys().map(String::as_str).collect();
     shown.sort_unstable();
