@@ -240,8 +240,10 @@ fn one_table(doc: &str, title: &str) -> Vec<Row> {
 
 /// The problems of `doc` for the filter's and the singleton's schemas.
 fn problems(doc: &str) -> Vec<String> {
-    let filter: Vec<Vec<Row>> =
-        ["The filter", "Admission", "Calibration", "Topology"].iter().map(|t| one_table(doc, t)).collect();
+    let filter: Vec<Vec<Row>> = ["The filter", "Admission", "Calibration", "Topology"]
+        .iter()
+        .map(|t| one_table(doc, t))
+        .collect();
     let sync = one_table(doc, "The singleton (snapshot sync)");
     let mut out = check(&(SCHEMAS[0].1)(), "", &filter);
     out.extend(check(&(SCHEMAS[1].1)(), "snapshot_sync.", &[sync]));
