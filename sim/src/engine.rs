@@ -425,6 +425,9 @@ struct Core {
     /// on this model timeline (a wake-up a little early or late does not accumulate); a step
     /// after an idle spell or a late wake-up starts when it is scheduled.
     next_start: Instant,
+    /// Commands that arrived during a step, other than a holder's read-only pull lookup
+    /// (answered at once): handled, in order, once the step ends.
+    deferred: VecDeque<Command>,
 }
 
 /// One scheduler step as planned: each running sequence's chunk (tokens computed this step)
@@ -453,6 +456,7 @@ impl Core {
             events,
             pending: Vec::new(),
             next_start: Instant::now(),
+            deferred: VecDeque::new(),
         }
     }
 
@@ -464,11 +468,14 @@ impl Core {
                     None => return,
                 }
             }
+            while let Some(c) = self.deferred.pop_front() {
+                self.handle(c).await;
+            }
             while let Ok(c) = rx.try_recv() {
                 self.handle(c).await;
             }
             if !self.running.is_empty() || !self.waiting.is_empty() {
-                self.step().await;
+                self.step(&mut rx).await;
             }
             self.flush_events();
         }
@@ -527,6 +534,7 @@ impl Core {
             events: None,
             pending: Vec::new(),
             next_start: self.next_start,
+            deferred: VecDeque::new(),
         }
     }
 
@@ -659,14 +667,31 @@ impl Core {
         }
     }
 
-    /// One real step: plans it, sleeps for its modelled duration, applies it.
-    async fn step(&mut self) {
+    /// One real step: plans it, sleeps for its modelled duration, applies it. While it runs,
+    /// a peer's pull lookup ([`KvOp::Held`]) is answered at once: serving a pull reads the
+    /// holder's cache and never waits for its GPU (as with LMCache's peer-to-peer sharing); any
+    /// other command waits for the step's end.
+    async fn step(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) {
         let plan = self.plan();
         let start = self.next_start.max(Instant::now());
         let deadline = start + self.cfg.timing.wall(plan.ms);
         // Tokio's timer wakes on the millisecond tick after a deadline; aiming one tick early
         // centres the wake-up on the intended time instead of always running late.
-        tokio::time::sleep_until(deadline.checked_sub(TIMER_TICK).unwrap_or(deadline)).await;
+        let wake = tokio::time::sleep_until(deadline.checked_sub(TIMER_TICK).unwrap_or(deadline));
+        tokio::pin!(wake);
+        let mut open = true;
+        loop {
+            tokio::select! {
+                () = &mut wake => break,
+                c = rx.recv(), if open => match c {
+                    Some(Command::Kv(KvOp::Held { hashes, reply })) => {
+                        let _ = reply.send(self.cache.longest_prefix(&hashes));
+                    }
+                    Some(other) => self.deferred.push_back(other),
+                    None => open = false,
+                },
+            }
+        }
         let now = Instant::now();
         {
             let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());

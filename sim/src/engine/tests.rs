@@ -76,8 +76,9 @@ async fn run_collect(
     let start = Instant::now();
     let mut ttft = vec![None; streams.len()];
     let mut seen = vec![Vec::new(); streams.len()];
+    let (_commands, mut rx) = mpsc::unbounded_channel();
     while !core.running.is_empty() || !core.waiting.is_empty() {
-        core.step().await;
+        core.step(&mut rx).await;
         core.flush_events();
         for (i, rx) in streams.iter_mut().enumerate() {
             while let Ok(ev) = rx.try_recv() {
@@ -569,4 +570,36 @@ async fn a_prefix_in_flight_is_shared_not_recomputed() {
     rx.push(submit(&mut c, third, 2).await);
     let (_, seen) = run_collect(&mut c, &mut rx).await;
     assert_eq!(cached(&seen), vec![0, 1600]);
+}
+
+/// A holder answers a peer's pull lookup while it is busy with a step (serving a pull reads
+/// its cache, never waits for its GPU); other commands wait for the step's end.
+#[tokio::test(start_paused = true)]
+async fn a_pull_lookup_is_answered_during_a_step() {
+    let (mut core, _events) = core(config(4096, 8192));
+    let prompt = tokens(1, 64);
+    let mut first = [submit(&mut core, prompt.clone(), 1).await];
+    run(&mut core, &mut first).await;
+    let hashes = crate::cache::engine_hashes(&prompt, 16, None, None);
+    // A long prefill: one step of 8000 tokens at 0.1 ms each.
+    let _busy = submit(&mut core, tokens(2, 8000), 1).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    tx.send(Command::Kv(KvOp::Held { hashes: hashes.clone(), reply })).unwrap();
+    tx.send(Command::Stall(Duration::from_millis(1))).unwrap();
+    let started = Instant::now();
+    {
+        let step = core.step(&mut rx);
+        tokio::pin!(step);
+        tokio::select! {
+            biased;
+            held = answer => {
+                assert_eq!(held.unwrap(), hashes.len());
+                assert_eq!(Instant::now(), started, "the clock moved: the step ended first");
+            }
+            () = &mut step => panic!("the lookup waited for the step"),
+        }
+        step.await;
+    }
+    assert_eq!(core.deferred.len(), 1, "the stall waits for the step's end");
 }
