@@ -173,15 +173,23 @@ pub struct LinkClocks {
 }
 
 impl LinkClocks {
-    /// Reserves `d` of transmission on link `name`; returns when that slot ends.
+    /// Reserves `d` of transmission on link `name`; returns when that slot ends. A slot that
+    /// ended within [`LinkClocks::SLACK`] of now is taken as still running: a transfer that
+    /// sleeps chunk by chunk wakes a little late each time (the timer's tick), and that lateness
+    /// must not add up over its chunks.
     pub fn reserve(&self, name: &str, d: Duration) -> Instant {
         let mut m = self.next_free.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         let slot = m.entry(name.to_owned()).or_insert(now);
-        let end = (*slot).max(now) + d;
+        let start = if now.saturating_duration_since(*slot) <= Self::SLACK { *slot } else { now };
+        let end = start + d;
         *slot = end;
         end
     }
+
+    /// How late a wake-up may be and still continue the link's last slot (tokio's timer
+    /// wakes on the millisecond tick after a deadline).
+    pub const SLACK: Duration = Duration::from_millis(2);
 }
 
 #[cfg(test)]
@@ -229,5 +237,22 @@ mod tests {
         // A second transfer on the same link queues behind the first; another link does not.
         assert_eq!(c.reserve("a", d), t0 + 2 * d);
         assert_eq!(c.reserve("b", d), t0 + d);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_wake_up_does_not_slow_a_transfer_down() {
+        let c = LinkClocks::default();
+        let t0 = Instant::now();
+        let d = Duration::from_millis(10);
+        let mut end = c.reserve("a", d);
+        for _ in 0..9 {
+            // Each chunk's sleep ends one tick late.
+            tokio::time::sleep_until(end + Duration::from_millis(1)).await;
+            end = c.reserve("a", d);
+        }
+        assert_eq!(end, t0 + 10 * d);
+        // An idle link starts a new transfer now.
+        tokio::time::sleep_until(end + LinkClocks::SLACK * 2).await;
+        assert_eq!(c.reserve("a", d), end + LinkClocks::SLACK * 2 + d);
     }
 }
