@@ -263,6 +263,9 @@ impl NetSpec {
         }
         if let Some(t) = &self.transfer {
             a.extend(["--kv-bytes-per-token".into(), t.kv_bytes_per_token.to_string()]);
+            // The pull mechanism's fixed cost is the network's, like the links: what the
+            // administrator configures is what the simulated transfer pays.
+            a.extend(["--kv-setup-ms".into(), t.setup_ms.to_string()]);
         }
         a
     }

@@ -317,6 +317,9 @@ async fn start_workers(
         "1".into(),
         "--kv-bytes-per-token".into(),
         opts.kv_bytes_per_token.to_string(),
+        // The pull's fixed cost, as the filter's `transfer.setup_ms` says (a network figure).
+        "--kv-setup-ms".into(),
+        opts.setup_ms.to_string(),
     ];
     base.extend(topo.workers.model.pool(0, BundleFrom::Updater).sim_args());
     let link = format!("a={}:{gbps}", opts.link_rtt_ms);
