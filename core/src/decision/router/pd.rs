@@ -1,13 +1,19 @@
-//! Disaggregated pools: the decode worker by load (the prefix arrives with the hand-off, so
-//! every decode worker holds all of it), then the prefill worker by cache, queue and the cost
-//! of handing its KV to that decode worker.
+//! Disaggregated pools: decode workers ranked by load (the prefix arrives with the hand-off,
+//! so each is credited with all of it), then, for each of the least loaded, the prefill worker
+//! by cache, queue and the cost of handing the KV that decode worker lacks over their link;
+//! the pair with the lowest estimate wins.
 
 use crate::decision::cost::{rank_reached, reusable_blocks, Candidate, Score};
 use crate::decision::index::PrefixMatch;
 use crate::decision::load::WorkerLoad;
 
+use crate::decision::topology::TopologyConfig;
+
 use super::reach::reaches;
 use super::{Router, Target};
+
+/// Decode workers (the least loaded first) each paired with its best prefill worker.
+const MAX_DECODE_CANDIDATES: usize = 8;
 
 impl Router {
     /// `(decode ranking, prefill ranking)` of a P/D pool whose decode workers are `decode`.
@@ -39,17 +45,49 @@ impl Router {
         let near = reaches(topo, &handed, true, &|_| 0.0);
         let mut ranked =
             rank_reached(&profile, &cands, &near, prompt_tokens, m.block_size, self.plan.tie, pick);
-        let Some(d) = ranked.first().cloned() else { return (ranked, Vec::new()) };
         let looked = self.candidates(t, &m.prefill_workers, hashes, load, now_ms, cache_read);
         let cands: Vec<Candidate> = looked.iter().map(|(c, _)| c.clone()).collect();
-        let handoff =
-            |p: &str| topo.map_or(0.0, |t| t.handoff_ms(p, &d.worker, prompt_tokens)) + d.ttft_ms;
-        // No pulls among prefill workers: the P/D proxy forwards the request's headers to the
-        // prefill worker, and a pull header meant for it would reach the decode engine too.
-        let mut near = reaches(topo, &looked, false, &handoff);
-        near.iter_mut().for_each(|r| r.pulls.clear());
-        let prefill =
-            rank_reached(&profile, &cands, &near, prompt_tokens, m.block_size, self.plan.tie, pick);
+        // Without a topology the hand-off still crosses a link: the default one within a site.
+        let fallback = TopologyConfig::default();
+        let net = topo.unwrap_or(&fallback);
+        // What a decode worker lacks of the prompt: a connector moves only the blocks its own
+        // prefix cache does not hold.
+        let bs = u64::from(m.block_size);
+        let lacks = |w: &str| {
+            let held =
+                decode.iter().find(|(c, _)| c.worker == w).map_or(0, |(c, _)| c.cached_blocks);
+            prompt_tokens - (held.min(all) as u64) * bs
+        };
+        // Each of the least loaded decode workers with its best prefill worker; the pair with
+        // the lowest estimate wins.
+        let mut best: Option<(usize, Vec<Score>)> = None;
+        for (i, d) in ranked.iter().enumerate().take(MAX_DECODE_CANDIDATES) {
+            let handoff = |p: &str| net.handoff_ms(p, &d.worker, lacks(&d.worker)) + d.ttft_ms;
+            // No pulls among prefill workers: the P/D proxy forwards the request's headers to
+            // the prefill worker, and a pull header meant for it would reach the decode engine
+            // too.
+            let mut near = reaches(topo, &looked, false, &handoff);
+            near.iter_mut().for_each(|r| r.pulls.clear());
+            let prefill = rank_reached(
+                &profile,
+                &cands,
+                &near,
+                prompt_tokens,
+                m.block_size,
+                self.plan.tie,
+                pick,
+            );
+            let total = prefill.first().map_or(f64::INFINITY, |p| p.ttft_ms);
+            if best
+                .as_ref()
+                .is_none_or(|(_, b)| total < b.first().map_or(f64::INFINITY, |p| p.ttft_ms))
+            {
+                best = Some((i, prefill));
+            }
+        }
+        let Some((i, prefill)) = best else { return (ranked, Vec::new()) };
+        let chosen = ranked.remove(i);
+        ranked.insert(0, chosen);
         if let (Some(first), Some(p)) = (ranked.first_mut(), prefill.first()) {
             first.ttft_ms = p.ttft_ms;
         }

@@ -182,3 +182,21 @@ fn discovered_labels_place_workers_the_configuration_does_not() {
     r.apply_delta(&delta);
     assert!(!r.topology().unwrap().is_cross_site(W[1]));
 }
+
+#[test]
+fn a_pd_request_decodes_where_less_kv_must_be_handed_over() {
+    let decode = ["127.0.0.1:11", "127.0.0.1:12"];
+    let prefill = ["127.0.0.1:21", "127.0.0.1:22"];
+    let mut r =
+        router_with(json!({"models":[{"name":"m","workers":decode,"prefill_workers":prefill}],
+        "tie_band":{"abs_ms":0.0,"rel":0.0}}));
+    let idle = |_: &str| WorkerLoad::default();
+    let q = req(None, &LONG.repeat(300));
+    // The second decode worker decoded this conversation before: it holds the prefix, and the
+    // hand-off moves only what it lacks (over the default link within a site).
+    held(&mut r, &q, decode[1]);
+    for pick in 0..4 {
+        let d = r.decide(&q, 0, &idle, 10, pick).unwrap();
+        assert_eq!(d.primary().unwrap().worker, decode[1], "pick {pick}: {:#?}", d.ranked);
+    }
+}
