@@ -163,6 +163,13 @@ impl Publisher {
             return false;
         }
         self.current.down.clone_from(&down);
+        self.push_section(now_ms, Delta { down: Some(down), ..Delta::default() });
+        true
+    }
+
+    /// A version of its own for a changed section of the snapshot: `section` is the delta
+    /// carrying it; its versions, time and pool flag are filled in here.
+    fn push_section(&mut self, now_ms: u64, section: Delta) {
         self.current.generated_at_ms = now_ms;
         let from = self.current.version;
         self.current.version += 1;
@@ -171,11 +178,9 @@ impl Publisher {
             to_version: self.current.version,
             generated_at_ms: now_ms,
             pool: self.current.pool,
-            down: Some(down),
-            ..Delta::default()
+            ..section
         };
         self.push(delta);
-        true
     }
 
     /// Sets the workers' placements (sorted by worker): a version of its own when the list
@@ -185,18 +190,7 @@ impl Publisher {
             return false;
         }
         self.current.placements.clone_from(&placements);
-        self.current.generated_at_ms = now_ms;
-        let from = self.current.version;
-        self.current.version += 1;
-        let delta = Delta {
-            from_version: from,
-            to_version: self.current.version,
-            generated_at_ms: now_ms,
-            pool: self.current.pool,
-            placements: Some(placements),
-            ..Delta::default()
-        };
-        self.push(delta);
+        self.push_section(now_ms, Delta { placements: Some(placements), ..Delta::default() });
         true
     }
 
