@@ -374,7 +374,13 @@ impl RootContext for KvRoot {
                     .map(|m| format!("{}={}", m.name, m.workers.len()))
                     .collect();
                 let now = host::now_ms();
-                let shard = Shard::register(&HostStore, &metrics, config.load, now);
+                // A random draw of this thread: the clock's nanoseconds hashed with this
+                // root context's address.
+                let nonce = xxhash_rust::xxh3::xxh3_64_with_seed(
+                    &host::now_nanos().to_le_bytes(),
+                    self as *const Self as usize as u64,
+                );
+                let shard = Shard::register(&HostStore, &metrics, config.load, now, nonce);
                 log::info!(
                     "kvroute: configured, pools {}, load shard {}",
                     pools.join(" "),

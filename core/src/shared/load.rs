@@ -158,22 +158,33 @@ pub struct Ticket(u64);
 
 impl Shard {
     /// Claims a new shard id and lists it in the registry.
+    ///
+    /// `nonce` is a random draw of the calling thread. Ids come from a shared counter; the
+    /// thread that creates the counter cannot know whether another created it at the same
+    /// instant (shared data has no compare-and-swap on an absent key), so it takes an id
+    /// from its nonce instead, in a range the counter does not reach.
     pub fn register<S: SharedStore + ?Sized>(
         store: &S,
         counters: &dyn Counters,
         limits: LoadLimits,
         now_ms: u64,
+        nonce: u64,
     ) -> Shard {
         let claimed = update(store, "kvroute.load.next_shard", |b| {
             let id = super::read_u64(b);
-            ((id + 1).to_le_bytes().to_vec(), id as u32)
+            ((id + 1).to_le_bytes().to_vec(), (id as u32, b.is_none()))
         });
-        let id = claimed.unwrap_or_else(|_| {
-            counters.count(Counter::LostUpdate, 1);
-            // Unlikely id from the clock: a shard that is not listed still counts for this
-            // thread, and the next heartbeat lists it.
-            (now_ms as u32) | 0x8000_0000
-        });
+        let unlikely = |seed: u64| (seed as u32) | 0x8000_0000;
+        let id = match claimed {
+            Ok((id, false)) => id,
+            Ok((_, true)) => unlikely(nonce),
+            Err(_) => {
+                counters.count(Counter::LostUpdate, 1);
+                // A shard that is not listed still counts for this thread, and the next
+                // heartbeat lists it.
+                unlikely(nonce ^ now_ms)
+            }
+        };
         let shard = Shard {
             id,
             data: ShardData { heartbeat_ms: now_ms, entries: Vec::new() },

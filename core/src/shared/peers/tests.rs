@@ -65,7 +65,7 @@ fn routing_credits_are_forwarded_batched_and_capped() {
 fn loads_are_sent_when_they_change_on_heartbeats_and_as_zero_when_gone() {
     let (store, t) = (MemStore::new(), Tally::default());
     let mut f = Forwarder::new(&store, cfg());
-    let mut shard = Shard::register(&store, &t, Default::default(), 0);
+    let mut shard = Shard::register(&store, &t, Default::default(), 0, 1);
     let ticket = shard.start(&t, W, 500, 0);
     shard.flush(&store, &t, 0);
     let r = f.poll(&store, &t, 7, 1).report.unwrap();
