@@ -299,7 +299,11 @@ impl Router {
         let (mut ranked, prefill) = if pd {
             self.rank_pd(t, &looked, &hashes, prompt_tokens, load, now_ms, pick, cache_read)
         } else {
-            let reaches = reach::reaches(topo, &looked, true, &|_| 0.0);
+            // Without a topology every reach is zero: nothing to build per request.
+            let reaches = match topo {
+                Some(_) => reach::reaches(topo, &looked, true, &|_| 0.0),
+                None => Vec::new(),
+            };
             let ranked = rank_reached(
                 &profile,
                 &candidates,

@@ -76,6 +76,8 @@ pub struct Plan {
     pub max_prompt_bytes: usize,
     /// Where workers are and what moving KV costs; `None`: all local, no pulls.
     pub topology: Option<Arc<TopologyConfig>>,
+    /// See [`Plan::steering_headers`] (computed once per plan, not per request).
+    steering: Vec<String>,
 }
 
 impl Plan {
@@ -148,6 +150,7 @@ impl Plan {
             // An empty section is no topology: decisions stay exactly the topology-free ones.
             topology: (cfg.topology != TopologyConfig::default())
                 .then(|| Arc::new(cfg.topology.clone())),
+            steering: steering_headers(cfg),
         })
     }
 
@@ -183,16 +186,8 @@ impl Plan {
 
     /// Every header name a decision may set besides the destination (pull source, prefill
     /// worker), the defaults included: a client's copies are removed before routing.
-    pub fn steering_headers(&self) -> Vec<&str> {
-        let mut out = vec![
-            crate::decision::topology::TransferConfig::DEFAULT_HEADER,
-            crate::decision::config::DEFAULT_PD_HEADER,
-        ];
-        out.extend(self.topology.as_deref().map(|t| t.transfer.header.as_str()));
-        out.extend(self.models.values().map(|m| m.pd_header.as_str()));
-        out.sort_unstable();
-        out.dedup();
-        out
+    pub fn steering_headers(&self) -> &[String] {
+        &self.steering
     }
 
     /// Models fed by the updater whose plan entry lacks the bundle they should have now:
@@ -209,6 +204,22 @@ impl Plan {
         out.sort();
         out
     }
+}
+
+/// The header names a decision of `cfg` may set besides the destination, sorted, each once.
+fn steering_headers(cfg: &FilterConfig) -> Vec<String> {
+    let mut out: Vec<String> = [
+        crate::decision::topology::TransferConfig::DEFAULT_HEADER,
+        crate::decision::config::DEFAULT_PD_HEADER,
+        cfg.topology.transfer.header.as_str(),
+    ]
+    .into_iter()
+    .chain(cfg.models.iter().map(|m| m.pd_header.as_str()))
+    .map(str::to_owned)
+    .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// The fingerprint a model fed by the updater should use.
