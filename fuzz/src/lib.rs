@@ -325,7 +325,7 @@ pub fn shared_protocol(data: &[u8]) {
             }
         }
     });
-    let shard = Shard::register(&store, &tally, LoadLimits::default(), 1_700_000_000_000);
+    let shard = Shard::register(&store, &tally, LoadLimits::default(), 1_700_000_000_000, 1);
     let view = LoadView::read(&store, &tally, &shard, 1_700_000_001_000);
     let _ = view.load("127.0.0.1:1");
 }
