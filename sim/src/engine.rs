@@ -462,7 +462,9 @@ impl Core {
 
     async fn run(&mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            // Idle only with nothing deferred: a request submitted during the last step waits
+            // in `deferred`, not in the channel.
+            if self.running.is_empty() && self.waiting.is_empty() && self.deferred.is_empty() {
                 match rx.recv().await {
                     Some(c) => self.handle(c).await,
                     None => return,
