@@ -2,7 +2,7 @@
 //! that model's bundle and block size, the canary uses that bundle, and the adapters each
 //! worker loaded are learned and published. Real simulated workers over real HTTP and ZMQ.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! `GET /v1/bundles/{fingerprint}/{part}` serves it in parts that join into
 //! `BundleFiles::encode()` of the model's files, both only with the token.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

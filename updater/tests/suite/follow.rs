@@ -2,7 +2,7 @@
 //! predicts exactly what the worker reports as reused, survives dropped events (replay) and
 //! publisher restarts (resync), and is served only with the token.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

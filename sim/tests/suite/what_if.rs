@@ -7,7 +7,7 @@ use kvroute_sim::profile::HardwareProfile;
 use kvroute_sim::worker::Worker;
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 use common::MODEL;
 
 async fn start() -> (Arc<Worker>, u16) {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use kvroute_sim::worker::Worker;
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 
 async fn start() -> (Arc<Worker>, u16, u16) {
     let w = common::demo_worker();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 
 use common::MODEL;
 

@@ -3,7 +3,7 @@
 //! reports (`POST /v1/peers`) are published at once, with the token only, and a replica gets
 //! every replica's decisions but its own.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

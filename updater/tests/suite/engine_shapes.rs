@@ -3,7 +3,7 @@
 //! SGLang's small and large pages and EAGLE token pairs): its knowledge still predicts exactly
 //! what the worker reports as reused, with evictions, and the worker stays compatible.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -11,7 +11,7 @@ use kvroute_sim::topology::{SimLink, SimRole, SimTopology};
 use kvroute_sim::worker::{Ports, Worker, WorkerSpec};
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 
 async fn worker(topology: SimTopology) -> (Arc<Worker>, String) {
     let base = common::demo_worker();

@@ -3,7 +3,7 @@
 //! the later-starting replay is applied on top of the blocks known before, and the last-event
 //! time only moves with batches (as of when the engine published them), never by the resync.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 //! (`conditions.ready`), restarts from a BOOKMARK's version when the server ends it, and lists
 //! again after `410 Gone` (as an ERROR event and as the watch's HTTP status).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -4,7 +4,7 @@
 //! updater's discovery following the records: a record added brings a worker in (subscribed,
 //! identified, in the snapshot of the pool), a record removed drops it and its knowledge.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

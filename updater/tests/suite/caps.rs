@@ -2,7 +2,7 @@
 //! hit is counted (in `/status` and `/metrics`), memory stays within the bound, and the
 //! worker's stream goes on.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@ use kvroute_sim::engine::{Finish, StopReason, StopRule};
 use kvroute_sim::worker::Worker;
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 
 async fn start() -> (Arc<Worker>, u16) {
     let w = common::demo_worker();
