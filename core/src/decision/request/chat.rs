@@ -88,12 +88,29 @@ const NAMED_PARAMS: [&str; 8] = [
 /// The chat part of a request body with `messages` (OpenAI chat, and what the other chat-like
 /// endpoints are converted to).
 pub(super) fn parse_chat(obj: &Map<String, Value>) -> Result<ChatPrompt, RequestError> {
-    let list = obj
-        .get("messages")
-        .and_then(Value::as_array)
-        .filter(|l| !l.is_empty())
-        .ok_or(RequestError::InvalidMessages)?;
-    let (messages, media) = conversation(list)?;
+    parse_chat_with(obj, None)
+}
+
+/// The messages as vLLM builds them, and where the first media part is.
+pub(super) type Messages = Result<(Vec<Value>, Option<MediaCut>), RequestError>;
+
+/// [`parse_chat`] with the messages already read by the body scan (`chat_scan`), if they were
+/// (then `obj` has no `messages`).
+pub(super) fn parse_chat_with(
+    obj: &Map<String, Value>,
+    early: Option<Messages>,
+) -> Result<ChatPrompt, RequestError> {
+    let (messages, media) = match early {
+        Some(messages) => messages?,
+        None => {
+            let list = obj
+                .get("messages")
+                .and_then(Value::as_array)
+                .filter(|l| !l.is_empty())
+                .ok_or(RequestError::InvalidMessages)?;
+            conversation(list)?
+        }
+    };
     let tools = match obj.get("tools") {
         None | Some(Value::Null) => None,
         Some(Value::Array(tools)) => Some(tools.iter().map(tool).collect::<Result<_, _>>()?),
@@ -200,9 +217,9 @@ fn text_key(kind: &str) -> Option<&'static str> {
 }
 
 /// The text of one content part (None for a part without text), counting media parts.
-fn part_text(part: &Value, media: &mut usize) -> Result<Option<String>, RequestError> {
+fn part_text<'a>(part: &'a Value, media: &mut usize) -> Result<Option<&'a str>, RequestError> {
     let p = match part {
-        Value::String(s) => return Ok(Some(s.clone())),
+        Value::String(s) => return Ok(Some(s)),
         Value::Object(p) => p,
         _ => return Err(RequestError::InvalidMessages),
     };
@@ -211,7 +228,7 @@ fn part_text(part: &Value, media: &mut usize) -> Result<Option<String>, RequestE
             if let Some(key) = text_key(kind) {
                 return match p.get(key) {
                     None | Some(Value::Null) => Ok(None),
-                    Some(Value::String(t)) => Ok(Some(t.clone())),
+                    Some(Value::String(t)) => Ok(Some(t)),
                     Some(_) => Err(RequestError::InvalidMessages),
                 };
             }
@@ -229,39 +246,81 @@ fn part_text(part: &Value, media: &mut usize) -> Result<Option<String>, RequestE
     }
 }
 
-/// The conversation vLLM builds from request messages, and where its first media part is.
-pub(super) fn conversation(raw: &[Value]) -> Result<(Vec<Value>, Option<MediaCut>), RequestError> {
-    let mut out = Vec::with_capacity(raw.len());
-    let mut first_media = None;
-    let mut items = 0;
-    for (i, msg) in raw.iter().enumerate() {
-        let obj = msg.as_object().ok_or(RequestError::InvalidMessages)?;
-        let role = match obj.get("role") {
-            Some(Value::String(r)) => r.as_str(),
-            _ => return Err(RequestError::InvalidMessages),
-        };
-        let parts: &[Value] = match obj.get("content") {
+/// A message's content, as the general path or the body scan (`chat_scan`) holds it.
+pub(super) enum Content<'a> {
+    /// Content parts (a string content is one part; a null or absent content none).
+    Parts(&'a [Value]),
+    /// A string content the caller owns: it becomes the message's text without a copy.
+    Text(String),
+}
+
+impl<'a> Content<'a> {
+    /// The content of a message object (the general path).
+    fn of(content: Option<&'a Value>) -> Result<Content<'a>, RequestError> {
+        Ok(Content::Parts(match content {
             None | Some(Value::Null) => &[],
             Some(s @ Value::String(_)) => std::slice::from_ref(s),
             Some(Value::Array(parts)) => parts,
             Some(_) => return Err(RequestError::InvalidMessages),
+        }))
+    }
+}
+
+/// The conversation vLLM builds from request messages, and where its first media part is.
+pub(super) fn conversation(raw: &[Value]) -> Result<(Vec<Value>, Option<MediaCut>), RequestError> {
+    let mut conv = Conversation::with_capacity(raw.len());
+    for msg in raw {
+        let obj = msg.as_object().ok_or(RequestError::InvalidMessages)?;
+        conv.push(|key| obj.get(key), Content::of(obj.get("content"))?)?;
+    }
+    Ok(conv.finish())
+}
+
+/// A conversation built message by message (see [`conversation`]).
+#[derive(Default)]
+pub(super) struct Conversation {
+    out: Vec<Value>,
+    first_media: Option<usize>,
+    items: usize,
+}
+
+impl Conversation {
+    pub(super) fn with_capacity(n: usize) -> Conversation {
+        Conversation { out: Vec::with_capacity(n), ..Conversation::default() }
+    }
+
+    /// Adds the next message: `get` reads its fields other than `content`.
+    pub(super) fn push<'v>(
+        &mut self,
+        get: impl Fn(&str) -> Option<&'v Value>,
+        content: Content<'_>,
+    ) -> Result<(), RequestError> {
+        let role = match get("role") {
+            Some(Value::String(r)) => r.as_str(),
+            _ => return Err(RequestError::InvalidMessages),
         };
-        let before = items;
-        let mut texts = Vec::with_capacity(parts.len());
-        for p in parts {
-            if let Some(t) = part_text(p, &mut items)?.filter(|t| !t.is_empty()) {
-                texts.push(t);
+        let before = self.items;
+        let text = match content {
+            Content::Text(t) => t,
+            Content::Parts(parts) => {
+                let mut texts = Vec::with_capacity(parts.len());
+                for p in parts {
+                    if let Some(t) = part_text(p, &mut self.items)?.filter(|t| !t.is_empty()) {
+                        texts.push(t);
+                    }
+                }
+                texts.join("\n")
             }
-        }
-        if items > before && first_media.is_none() {
-            first_media = Some(i);
+        };
+        if self.items > before && self.first_media.is_none() {
+            self.first_media = Some(self.out.len());
         }
         let mut m = Map::new();
         m.insert("role".into(), Value::String(role.to_owned()));
-        m.insert("content".into(), Value::String(texts.join("\n")));
+        m.insert("content".into(), Value::String(text));
         match role {
             "assistant" => {
-                match obj.get("tool_calls") {
+                match get("tool_calls") {
                     None | Some(Value::Null) => {}
                     Some(Value::Array(calls)) if calls.is_empty() => {}
                     Some(Value::Array(calls)) => {
@@ -270,7 +329,7 @@ pub(super) fn conversation(raw: &[Value]) -> Result<(Vec<Value>, Option<MediaCut
                     }
                     Some(_) => return Err(RequestError::InvalidMessages),
                 }
-                let reasoning = match (obj.get("reasoning"), obj.get("reasoning_content")) {
+                let reasoning = match (get("reasoning"), get("reasoning_content")) {
                     (Some(r), _) if !r.is_null() => Some(r),
                     (_, Some(r)) if !r.is_null() => Some(r),
                     _ => None,
@@ -284,24 +343,43 @@ pub(super) fn conversation(raw: &[Value]) -> Result<(Vec<Value>, Option<MediaCut
                 }
             }
             "tool" => {
-                if let Some(id) = obj.get("tool_call_id") {
+                if let Some(id) = get("tool_call_id") {
                     m.insert("tool_call_id".into(), id.clone());
                 }
             }
             _ => {}
         }
         for key in ["name", "task"] {
-            if let Some(v @ Value::String(_)) = obj.get(key) {
+            if let Some(v @ Value::String(_)) = get(key) {
                 m.insert(key.into(), v.clone());
             }
         }
         if role == "developer" {
-            m.insert("tools".into(), obj.get("tools").cloned().unwrap_or(Value::Null));
+            m.insert("tools".into(), get("tools").cloned().unwrap_or(Value::Null));
         }
-        out.push(Value::Object(m));
+        self.out.push(Value::Object(m));
+        Ok(())
     }
-    Ok((out, first_media.map(|message| MediaCut { message, items })))
+
+    /// The messages and where the first media part is.
+    pub(super) fn finish(self) -> (Vec<Value>, Option<MediaCut>) {
+        let items = self.items;
+        (self.out, self.first_media.map(|message| MediaCut { message, items }))
+    }
 }
+
+/// The message fields [`Conversation::push`] reads besides `content` (the body scan keeps
+/// these and skips the rest).
+pub(super) const MESSAGE_FIELDS: [&str; 8] = [
+    "role",
+    "tool_calls",
+    "reasoning",
+    "reasoning_content",
+    "tool_call_id",
+    "name",
+    "task",
+    "tools",
+];
 
 /// Whether `v` is a Python dict (not a number `pyjson` holds as an object).
 fn is_dict(v: &Value) -> bool {

@@ -4,30 +4,20 @@
 
 use std::fmt;
 
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::{Map, Value};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
 
+use super::scan::{self, give_up, maybe_python_int, Field, Skip};
 use super::{pyint, EarlyPrompt, LoadOnly, Prompt, RequestError};
 
-/// The body's top level in one pass, with `prompt` read on its own: token ids (tens of
-/// thousands of numbers in a long prompt) go straight into `u32`s instead of into one JSON
-/// value per number first. `None` when the body is not a JSON object (or not JSON): the
-/// caller's general parse then gives the error. The result equals the general parse
-/// (`tests::early_prompt`).
-///
-/// `serde_json` reads every body this path accepts as Python's `json` does (see `pyjson`),
-/// except for numbers that Python keeps as integers (`-0`, integers beyond 64 bits): a body
-/// with a float that may have been one of those also goes to the general parse.
-pub(super) fn split_prompt(body: &[u8]) -> Option<(Map<String, Value>, EarlyPrompt)> {
-    let top: Top = serde_json::from_slice(body).ok()?;
-    let other = match &top.prompt {
-        Some(PromptField::Other(v)) => Some(v),
-        _ => None,
-    };
-    if top.obj.values().chain(other).any(maybe_python_int) {
-        return None;
-    }
-    let early = match top.prompt {
+/// The body's top level in one pass (see `scan`), with `prompt` read on its own: token ids
+/// (tens of thousands of numbers in a long prompt) go straight into `u32`s instead of into
+/// one JSON value per number first. `None` when the scan gives up: the caller's general parse
+/// then gives the result or the error. The result equals the general parse
+/// (`tests::early_prompt`, `scan_tests`).
+pub(super) fn split_prompt(body: &[u8]) -> Option<(serde_json::Map<String, Value>, EarlyPrompt)> {
+    let top = scan::split::<PromptField>(body)?;
+    let early = match top.field {
         None => parse_prompt(None),
         Some(PromptField::Ids(ids)) if ids.is_empty() => Err(RequestError::InvalidPrompt),
         Some(PromptField::Ids(ids)) => Ok((Prompt::Tokens(ids), None)),
@@ -36,12 +26,6 @@ pub(super) fn split_prompt(body: &[u8]) -> Option<(Map<String, Value>, EarlyProm
         Some(PromptField::Invalid) => Err(RequestError::InvalidPrompt),
     };
     Some((top.obj, early))
-}
-
-/// A completions body's top level: every field but `prompt` as a JSON value.
-struct Top {
-    obj: Map<String, Value>,
-    prompt: Option<PromptField>,
 }
 
 /// A `prompt` as read in one pass.
@@ -55,28 +39,56 @@ enum PromptField {
     Invalid,
 }
 
-impl<'de> Deserialize<'de> for Top {
+impl Field for PromptField {
+    const KEY: &'static str = "prompt";
+}
+
+/// One item of a prompt array: a token id, or any other value.
+enum Item {
+    Id(u32),
+    Other(Value),
+}
+
+impl<'de> Deserialize<'de> for Item {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct TopVisitor;
-        impl<'de> Visitor<'de> for TopVisitor {
-            type Value = Top;
+        struct ItemVisitor;
+        impl<'de> Visitor<'de> for ItemVisitor {
+            type Value = Item;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
+                f.write_str("a prompt item")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
-                let mut top = Top { obj: Map::new(), prompt: None };
-                // Duplicate keys: the last one wins, as in a `serde_json::Map`.
-                while let Some(key) = map.next_key::<String>()? {
-                    if key == "prompt" {
-                        top.prompt = Some(map.next_value()?);
-                    } else {
-                        top.obj.insert(key, map.next_value()?);
-                    }
-                }
-                Ok(top)
+            fn visit_u64<E>(self, v: u64) -> Result<Item, E> {
+                Ok(u32::try_from(v).map_or_else(|_| Item::Other(v.into()), Item::Id))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Item, E> {
+                Ok(Item::Other(v.into()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Item, E> {
+                let n = serde_json::Number::from_f64(v).ok_or_else(give_up)?;
+                Ok(Item::Other(Value::Number(n)))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Item, E> {
+                Ok(Item::Other(v.into()))
+            }
+            fn visit_unit<E>(self) -> Result<Item, E> {
+                Ok(Item::Other(Value::Null))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Item, E> {
+                Ok(Item::Other(v.into()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Item, E> {
+                Ok(Item::Other(v.into()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Item, A::Error> {
+                let d = serde::de::value::SeqAccessDeserializer::new(seq);
+                Value::deserialize(d).map(Item::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Item, A::Error> {
+                let d = serde::de::value::MapAccessDeserializer::new(map);
+                Value::deserialize(d).map(Item::Other)
             }
         }
-        d.deserialize_map(TopVisitor)
+        d.deserialize_any(ItemVisitor)
     }
 }
 
@@ -90,18 +102,25 @@ impl<'de> Deserialize<'de> for PromptField {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PromptField, A::Error> {
                 let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
-                while let Some(v) = seq.next_element::<Value>()? {
-                    if let Some(id) = v.as_u64().and_then(|n| u32::try_from(n).ok()) {
-                        ids.push(id);
-                        continue;
-                    }
+                while let Some(item) = seq.next_element::<Item>()? {
+                    let v = match item {
+                        Item::Id(id) => {
+                            ids.push(id);
+                            continue;
+                        }
+                        Item::Other(v) => v,
+                    };
                     // Not token ids after all: the rest as JSON values.
                     let mut rest: Vec<Value> = ids.into_iter().map(Value::from).collect();
                     rest.push(v);
                     while let Some(v) = seq.next_element::<Value>()? {
                         rest.push(v);
                     }
-                    return Ok(PromptField::Other(Value::Array(rest)));
+                    let rest = Value::Array(rest);
+                    if maybe_python_int(&rest) {
+                        return Err(give_up());
+                    }
+                    return Ok(PromptField::Other(rest));
                 }
                 Ok(PromptField::Ids(ids))
             }
@@ -112,7 +131,7 @@ impl<'de> Deserialize<'de> for PromptField {
                 Ok(PromptField::Text(v))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<PromptField, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                while map.next_entry::<Skip, Skip>()?.is_some() {}
                 Ok(PromptField::Invalid)
             }
             fn visit_bool<E>(self, _: bool) -> Result<PromptField, E> {
@@ -133,26 +152,6 @@ impl<'de> Deserialize<'de> for PromptField {
         }
         d.deserialize_any(PromptVisitor)
     }
-}
-
-/// Whether `v` holds a float that Python may have read as an integer: -0.0 (from `-0`) or an
-/// integral float of at least 2^63 in size (from an integer beyond 64 bits).
-fn maybe_python_int(v: &Value) -> bool {
-    let mut todo = vec![v];
-    while let Some(v) = todo.pop() {
-        match v {
-            Value::Number(n) if n.is_f64() => {
-                let f = n.as_f64().unwrap_or(0.0);
-                if (f == 0.0 && f.is_sign_negative()) || (f.fract() == 0.0 && f.abs() >= 9.2e18) {
-                    return true;
-                }
-            }
-            Value::Array(items) => todo.extend(items),
-            Value::Object(m) => todo.extend(m.values()),
-            _ => {}
-        }
-    }
-    false
 }
 
 /// The items as token ids: with `lax`, as pydantic's lax `int` reads each (`1.0`, `"2"`,

@@ -9,10 +9,16 @@
 
 mod anthropic;
 mod chat;
+mod chat_scan;
 mod completions;
 pub mod path;
 pub mod pyint;
 mod responses;
+mod scan;
+#[cfg(test)]
+mod scan_bench;
+#[cfg(test)]
+mod scan_tests;
 #[cfg(test)]
 mod tests;
 
@@ -145,13 +151,31 @@ impl RequestError {
 }
 
 /// Parses a request body for `endpoint`.
+///
+/// Completions and chat bodies are read by the body scan (`scan`: one pass, no DOM of the
+/// whole body); a body the scan gives up on, and every other endpoint's, take the general
+/// path ([`parse_general`]). Both give the same result, errors included.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, RequestError> {
-    if endpoint == Endpoint::Completions {
-        if let Some((obj, prompt)) = completions::split_prompt(body) {
-            return parse_object(endpoint, &obj, Some(prompt));
+    match endpoint {
+        Endpoint::Completions => {
+            if let Some((obj, prompt)) = completions::split_prompt(body) {
+                return parse_object(endpoint, &obj, Early::Prompt(prompt));
+            }
         }
+        Endpoint::Chat => {
+            if let Some((obj, messages)) = chat_scan::split_messages(body) {
+                return parse_object(endpoint, &obj, Early::Messages(messages));
+            }
+        }
+        Endpoint::Messages | Endpoint::Responses => {}
     }
-    // vLLM reads the body with Python's `json` (see `pyjson`), not a strict JSON parser.
+    parse_general(endpoint, body)
+}
+
+/// [`parse`] by the general path: the whole body read as Python's `json` reads it (see
+/// `pyjson`), then its fields. The body scan must give the same result (the differential
+/// tests and the fuzz target `request_scan` check it).
+pub fn parse_general(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, RequestError> {
     let parsed = pyjson::from_body(body).map_err(|e| RequestError::InvalidJson(e.to_string()))?;
     let mut req = parse_value(endpoint, &parsed.value)?;
     if parsed.truncated && req.load_only.is_none() {
@@ -160,23 +184,35 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, RequestEr
     Ok(req)
 }
 
-/// [`parse`] for a body already parsed as JSON (the general path: the one-pass reading of a
-/// completions body must give the same result, which the fuzz target checks).
+/// [`parse`] for a body already parsed as JSON (the general path).
 pub fn parse_value(endpoint: Endpoint, value: &Value) -> Result<ParsedRequest, RequestError> {
     let obj = value.as_object().ok_or(RequestError::NotAnObject)?;
-    parse_object(endpoint, obj, None)
+    parse_object(endpoint, obj, Early::None)
 }
 
 /// A completion prompt parsed ahead of the rest of its body (see
 /// [`completions::split_prompt`]).
 type EarlyPrompt = Result<(Prompt, Option<LoadOnly>), RequestError>;
 
-/// The fields of a parsed body; `prompt` is a completions prompt parsed ahead, if it was.
+/// The big field of a body, when the body scan read it ahead of the rest (then the object
+/// does not have it).
+enum Early {
+    None,
+    Prompt(EarlyPrompt),
+    Messages(chat::Messages),
+}
+
+/// The fields of a parsed body, with its big field if the body scan read it ahead.
 fn parse_object(
     endpoint: Endpoint,
     obj: &Map<String, Value>,
-    prompt: Option<EarlyPrompt>,
+    early: Early,
 ) -> Result<ParsedRequest, RequestError> {
+    let (prompt, messages) = match early {
+        Early::None => (None, None),
+        Early::Prompt(p) => (Some(p), None),
+        Early::Messages(m) => (None, Some(m)),
+    };
     let model = match obj.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         Some(Value::String(_)) | None | Some(Value::Null) => {
@@ -194,7 +230,7 @@ fn parse_object(
     let (prompt, load_only, include_usage, cache_salt, max_keys): (_, _, _, _, &[&str]) =
         match endpoint {
             Endpoint::Chat => {
-                let chat = chat::parse_chat(obj)?;
+                let chat = chat::parse_chat_with(obj, messages)?;
                 (
                     Prompt::Chat(chat),
                     None,

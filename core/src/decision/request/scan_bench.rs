@@ -1,0 +1,122 @@
+//! Parse time of the body scan against the general path, token-id and chat bodies of about
+//! 1 k, 8 k and 32 k tokens, in one run. Ignored: a measurement, not a test. Run it optimised:
+//!
+//! `cargo test --release -p kvroute-core --lib request::scan_bench -- --ignored --nocapture`
+//!
+//! Each round times a batch of parses by each path, in turn: the general path twice (A and
+//! A', whose ratio is the noise floor) and the scan. The table gives the medians over the
+//! rounds, per parse, and the ratios scan / general and A' / A.
+
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::{parse, parse_general, Endpoint};
+
+/// A small deterministic generator (no dependency on a random crate).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 =
+            self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+
+    /// About `tokens` tokens of English-like text (4 bytes a token), with a few characters
+    /// JSON escapes.
+    fn text(&mut self, tokens: usize) -> String {
+        const WORDS: [&str; 12] = [
+            "the",
+            "cache",
+            "worker",
+            "prefix",
+            "request",
+            "model",
+            "\"quoted\"",
+            "token",
+            "route",
+            "line\nbreak",
+            "décision",
+            "and",
+        ];
+        let mut s = String::with_capacity(tokens * 4);
+        while s.len() < tokens * 4 {
+            s.push_str(WORDS[(self.next() % 12) as usize]);
+            s.push(' ');
+        }
+        s
+    }
+}
+
+fn token_body(tokens: usize) -> Vec<u8> {
+    let mut g = Lcg(tokens as u64);
+    let ids: Vec<u64> = (0..tokens).map(|_| g.next() % 151_000).collect();
+    json!({"model": "m", "prompt": ids, "max_tokens": 16, "stream": true}).to_string().into_bytes()
+}
+
+/// A conversation: a system prompt of a quarter of the tokens, then turns of about 500.
+fn chat_body(tokens: usize) -> Vec<u8> {
+    let mut g = Lcg(tokens as u64 + 1);
+    let mut messages = vec![json!({"role": "system", "content": g.text(tokens / 4)})];
+    let mut left = tokens - tokens / 4;
+    let mut user = true;
+    while left > 0 {
+        let n = left.min(500);
+        let role = if user || left == n { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": g.text(n)}));
+        left -= n;
+        user = !user;
+    }
+    json!({"model": "m", "messages": messages, "max_tokens": 64, "stream": true,
+        "stream_options": {"include_usage": true}, "temperature": 0.7})
+    .to_string()
+    .into_bytes()
+}
+
+/// Median seconds per call of `f` over `rounds` batches of `batch` calls, three functions
+/// timed in turn within each round.
+fn medians(rounds: usize, batch: usize, fs: [&dyn Fn(); 3]) -> [f64; 3] {
+    let mut samples: [Vec<f64>; 3] = Default::default();
+    for _ in 0..rounds {
+        for (f, s) in fs.iter().zip(samples.iter_mut()) {
+            let t = Instant::now();
+            for _ in 0..batch {
+                f();
+            }
+            s.push(t.elapsed().as_secs_f64() / batch as f64);
+        }
+    }
+    samples.map(|mut s| {
+        s.sort_by(f64::total_cmp);
+        s[s.len() / 2]
+    })
+}
+
+#[test]
+#[ignore = "a measurement: run optimised with --ignored --nocapture"]
+fn body_scan_parse_time() {
+    println!("| shape | tokens | body KiB | general µs | scan µs | scan / general | A' / A |");
+    println!("|---|---|---|---|---|---|---|");
+    for (shape, ep, make) in [
+        ("token ids", Endpoint::Completions, token_body as fn(usize) -> Vec<u8>),
+        ("chat", Endpoint::Chat, chat_body),
+    ] {
+        for tokens in [1_000, 8_000, 32_000] {
+            let body = make(tokens);
+            assert_eq!(parse(ep, &body), parse_general(ep, &body));
+            let batch = (256_000 / tokens).max(4);
+            let general = || drop(std::hint::black_box(parse_general(ep, &body)));
+            let scan = || drop(std::hint::black_box(parse(ep, &body)));
+            let [a, s, a2] = medians(41, batch, [&general, &scan, &general]);
+            println!(
+                "| {shape} | {tokens} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} |",
+                body.len() as f64 / 1024.0,
+                a * 1e6,
+                s * 1e6,
+                s / a,
+                a2 / a
+            );
+        }
+    }
+}
