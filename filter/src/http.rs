@@ -16,8 +16,9 @@ use kvroute_core::flow::admission;
 use kvroute_core::flow::lifecycle::{Effect, Intake, Lifecycle, Step};
 use kvroute_core::shared::load::Ticket;
 use kvroute_core::wire::journal::{JournalEntry, Source};
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, LogLevel};
+use proxy_wasm::types::{Action, BufferType, LogLevel};
 
 use crate::host;
 use crate::root::ThreadState;
@@ -99,10 +100,10 @@ impl KvHttp {
     }
 
     /// Deadline and priority class: reorders the decision for the request's class, or answers
-    /// 429 (`Some`) before the request takes any load or journal credit.
-    fn admit(&self, decision: &mut Decision) -> Option<Action> {
+    /// 429 (`Err`) before the request takes any load or journal credit.
+    fn admit(&self, decision: &mut Decision) -> Result<admission::Admission, Action> {
         let (deadline, priority) = &self.admission_headers;
-        let a = admission::admit(
+        let mut a = admission::admit(
             &self.state.config,
             &decision.model.name,
             &mut decision.ranked,
@@ -110,13 +111,43 @@ impl KvHttp {
             priority.as_deref(),
         );
         self.state.metrics.admission.outcome(&a.class, &a.verdict);
-        let shed = a.shed?;
+        let Some(shed) = a.shed.take() else { return Ok(a) };
         host::send_response(
             shed.error.status,
             &[("content-type", "application/json"), ("retry-after", &shed.retry_after)],
             &shed.error.body(),
         );
-        Some(Action::Pause)
+        Err(Action::Pause)
+    }
+
+    /// Writes the class's engine priority into the body forwarded (see
+    /// `admission::forwarded_body`), and its new length into `content-length` when the client
+    /// sent one: the body is still buffered here and the headers have not gone upstream yet,
+    /// so Envoy forwards both as set (a stale length would cut or stall the request).
+    fn forward_body(
+        &self,
+        a: &admission::Admission,
+        endpoint: Endpoint,
+        body: &[u8],
+    ) -> Result<(), ApiError> {
+        let new = match admission::forwarded_body(a, endpoint, body) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(ApiError::bad_request("invalid_body", None, e.to_string())),
+        };
+        if hostcalls::set_buffer(BufferType::HttpRequestBody, 0, body.len(), &new).is_err() {
+            return Err(ApiError {
+                status: 500,
+                kind: "server_error",
+                code: "body_rewrite_failed",
+                param: None,
+                message: "the request body could not be rewritten".into(),
+            });
+        }
+        if host::request_header("content-length").is_some() {
+            host::set_request_header("content-length", Some(&new.len().to_string()));
+        }
+        Ok(())
     }
 
     fn route(&mut self, endpoint: Endpoint, body: &[u8]) -> Action {
@@ -142,8 +173,12 @@ impl KvHttp {
         };
         let decided_ns = host::now_nanos();
         let first_byte_is_ttft = parsed.stream || parsed.max_tokens.is_some_and(|m| m <= 1);
-        if let Some(action) = self.admit(&mut decision) {
-            return action;
+        let admitted = match self.admit(&mut decision) {
+            Ok(a) => a,
+            Err(action) => return action,
+        };
+        if let Err(e) = self.forward_body(&admitted, endpoint, body) {
+            return self.reject(&e);
         }
         let Some(primary) = decision.primary().map(|s| s.worker.clone()) else {
             return Action::Continue;

@@ -11,7 +11,8 @@
 //! - `Admit` otherwise.
 //!
 //! An admitted or best-effort request is reordered for its class: workers whose estimate meets
-//! the deadline first, then by `ttft + (queue_weight - 1) * wait` (stable, so with weight 1 the
+//! the deadline first, then by `cost + (queue_weight - 1) * wait` (the router's cost: TTFT and the
+//! priced delay to running streams; stable, so with weight 1 the
 //! router's own order, its tie-breaking included, is kept). A class with `queue_weight` 1 and
 //! no `max_wait_ms` (the default `interactive`) is therefore decided exactly as without
 //! classes; other classes only move or drop their own requests, which can only leave the
@@ -25,10 +26,12 @@
 //! favoured one must have a trusted gateway set or strip the priority header.
 
 mod config;
+pub mod priority_field;
 #[cfg(test)]
 pub(crate) mod tests;
 
 pub use config::{AdmissionConfig, ClassConfig, MissPolicy};
+pub use priority_field::PriorityEdit;
 
 use crate::decision::cost::Score;
 use crate::decision::error::ApiError;
@@ -149,6 +152,17 @@ impl AdmissionConfig {
         Ask { deadline_ms: self.deadline_ms(deadline, class, model_default_ms), class }
     }
 
+    /// What the filter does to the `priority` member of the body of a request of class `i`:
+    /// sets the class's `engine_priority`; without one, removes a client's own when any class
+    /// sets one (the classes own the engine's queue order); else leaves the body alone.
+    pub fn priority_edit(&self, i: usize) -> PriorityEdit {
+        match self.classes.get(i).and_then(|c| c.engine_priority) {
+            Some(n) => PriorityEdit::Set(n),
+            None if self.sets_engine_priority() => PriorityEdit::Remove,
+            None => PriorityEdit::Keep,
+        }
+    }
+
     /// The name of class `i` (for counters and messages).
     pub fn class_name(&self, i: usize) -> &str {
         self.classes.get(i).map_or("", |c| c.name.as_str())
@@ -204,7 +218,7 @@ pub fn admit(ranked: &mut [Score], ask: &Ask, cfg: &AdmissionConfig) -> Admissio
     let misses = |s: &Score| ask.deadline_ms.is_some_and(|d| s.ttft_ms > d as f64);
     let extra = class.queue_weight - 1.0;
     if extra > 0.0 {
-        let cost = |s: &Score| s.ttft_ms + extra * s.wait_ms;
+        let cost = |s: &Score| s.cost_ms + extra * s.wait_ms;
         ranked.sort_by(|a, b| misses(a).cmp(&misses(b)).then(cost(a).total_cmp(&cost(b))));
     } else {
         ranked.sort_by_key(misses);

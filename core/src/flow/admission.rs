@@ -1,11 +1,15 @@
 //! Admission of a decided request: its deadline (header, else class default, else the model's
 //! `ttft_deadline_ms`) and priority class reorder the ranking, or shed it with a 429 and a
-//! `Retry-After` before it takes any load or routing credit.
+//! `Retry-After` before it takes any load or routing credit. An admitted request's class also
+//! says what becomes of the `priority` member of the body forwarded ([`PriorityEdit`]: the
+//! class's `engine_priority`, for engines that order their queue by it).
 
-use crate::decision::admission::{self, AdmissionVerdict};
+use crate::decision::admission::priority_field::{self, PriorityFieldError};
+use crate::decision::admission::{self, AdmissionVerdict, PriorityEdit};
 use crate::decision::config::FilterConfig;
 use crate::decision::cost::Score;
 use crate::decision::error::ApiError;
+use crate::decision::request::Endpoint;
 
 /// A request's admission.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,6 +19,8 @@ pub struct Admission {
     pub verdict: AdmissionVerdict,
     /// The answer of a shed request.
     pub shed: Option<Shed>,
+    /// What to do with the body's `priority` member.
+    pub priority: PriorityEdit,
 }
 
 /// A 429: its body and its `Retry-After` value (seconds).
@@ -45,5 +51,20 @@ pub fn admit(
         }),
         _ => None,
     };
-    Admission { class: adm.class_name(ask.class).to_owned(), verdict, shed }
+    let priority = adm.priority_edit(ask.class);
+    Admission { class: adm.class_name(ask.class).to_owned(), verdict, shed, priority }
+}
+
+/// The body to forward for an admitted request of `endpoint`, when it differs from `body`:
+/// the class's edit of the `priority` member on the endpoints whose engines read one (chat,
+/// completions, responses; vLLM's `/v1/messages` has no such field and ignores it).
+pub fn forwarded_body(
+    a: &Admission,
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<Option<Vec<u8>>, PriorityFieldError> {
+    if endpoint == Endpoint::Messages {
+        return Ok(None);
+    }
+    priority_field::rewrite(body, a.priority)
 }

@@ -43,6 +43,15 @@ pub struct ClassConfig {
     /// Overrides `admission.on_deadline_miss` for this class.
     #[serde(default)]
     pub on_deadline_miss: Option<MissPolicy>,
+    /// The engine's queue priority for this class's requests: written as `"priority": n` into
+    /// the JSON body forwarded (chat, completions, responses), replacing any the client sent.
+    /// Engines that schedule by priority (vLLM `--scheduling-policy priority`) serve lower
+    /// values first. Absent: the body is left alone, unless another class sets one, in which
+    /// case a client's own `priority` is removed (clients never choose their engine priority
+    /// once the classes do).
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(range(min = -2147483648, max = 2147483647)))]
+    pub engine_priority: Option<i64>,
 }
 
 fn one() -> f64 {
@@ -99,6 +108,7 @@ impl Default for AdmissionConfig {
                     max_wait_ms: None,
                     queue_weight: 1.0,
                     on_deadline_miss: None,
+                    engine_priority: None,
                 },
                 ClassConfig {
                     name: "batch".into(),
@@ -106,6 +116,7 @@ impl Default for AdmissionConfig {
                     max_wait_ms: None,
                     queue_weight: 2.0,
                     on_deadline_miss: None,
+                    engine_priority: None,
                 },
             ],
         }
@@ -164,6 +175,13 @@ impl AdmissionConfig {
             if c.max_wait_ms.is_some_and(|w| !(w.is_finite() && w >= 0.0)) {
                 return Err(format!("admission class '{}': max_wait_ms must be >= 0", c.name));
             }
+            if c.engine_priority.is_some_and(|p| i32::try_from(p).is_err()) {
+                return Err(format!(
+                    "admission class '{}': engine_priority must be a 32-bit integer \
+                     (-2147483648 to 2147483647)",
+                    c.name
+                ));
+            }
         }
         if self.class_index(&self.default_class).is_none() {
             return Err(format!(
@@ -172,6 +190,11 @@ impl AdmissionConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Whether the filter owns the body's `priority` field: some class sets `engine_priority`.
+    pub fn sets_engine_priority(&self) -> bool {
+        self.classes.iter().any(|c| c.engine_priority.is_some())
     }
 
     /// The index of the class named `name` (exactly).

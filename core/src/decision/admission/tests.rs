@@ -223,6 +223,11 @@ fn config_section_defaults_and_validation() {
             json!({"classes": [{"name": "a", "max_wait_ms": -1}], "default_class": "a"}),
             "max_wait_ms",
         ),
+        (
+            json!({"classes": [{"name": "a", "engine_priority": 2147483648u64}],
+                "default_class": "a"}),
+            "engine_priority",
+        ),
         (json!({"default_class": "nope"}), "default_class"),
         (json!({"on_deadline_miss": "drop"}), "unknown variant"),
         (json!({"shed": true}), "unknown field"),
@@ -231,6 +236,28 @@ fn config_section_defaults_and_validation() {
         let e = parse(v.clone()).unwrap_err();
         assert!(e.contains(needle), "{v}: {e}");
     }
+}
+
+#[test]
+fn engine_priority_sets_the_class_value_or_strips_clients_once_any_class_sets_one() {
+    // No class sets one: bodies are left alone.
+    let c = cfg();
+    assert_eq!((c.priority_edit(0), c.priority_edit(1)), (PriorityEdit::Keep, PriorityEdit::Keep));
+    let c = parse(json!({"classes": [
+        {"name": "interactive", "engine_priority": -5},
+        {"name": "batch", "engine_priority": 10},
+        {"name": "bulk"},
+    ]}))
+    .unwrap()
+    .admission;
+    assert_eq!(c.classes[0].engine_priority, Some(-5));
+    assert_eq!(c.priority_edit(0), PriorityEdit::Set(-5));
+    assert_eq!(c.priority_edit(1), PriorityEdit::Set(10));
+    // A class without one gets the engine's default: a client's own value is removed.
+    assert_eq!(c.priority_edit(2), PriorityEdit::Remove);
+    let edge = json!({"classes": [{"name": "a", "engine_priority": -2147483648i64}],
+        "default_class": "a"});
+    assert!(parse(edge).is_ok());
 }
 
 fn ranked_strategy() -> impl Strategy<Value = Vec<Score>> {

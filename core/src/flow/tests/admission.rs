@@ -3,7 +3,8 @@ use serde_json::json;
 use crate::decision::admission::tests::score;
 use crate::decision::admission::{AdmissionVerdict, Reason};
 use crate::decision::config::FilterConfig;
-use crate::flow::admission::admit;
+use crate::decision::request::Endpoint;
+use crate::flow::admission::{admit, forwarded_body};
 
 fn config() -> FilterConfig {
     let cfg = json!({"models": [
@@ -38,4 +39,25 @@ fn the_header_deadline_and_class_win_and_reorder_the_ranking() {
     assert_eq!(ranked[0].worker, "idle");
     let a = admit(&cfg, "slow", &mut ranked, Some(b"5000"), None);
     assert_eq!(a.verdict, AdmissionVerdict::Admit);
+}
+
+#[test]
+fn the_forwarded_body_carries_the_class_engine_priority() {
+    let cfg = json!({"models": [{"name": "m", "workers": ["127.0.0.1:1"]}],
+    "admission": {"classes": [
+        {"name": "interactive", "engine_priority": 0},
+        {"name": "batch", "engine_priority": 10},
+    ]}});
+    let cfg = FilterConfig::from_json(cfg.to_string().as_bytes()).unwrap();
+    let mut ranked = vec![score("a", 0.0, 100.0)];
+    let body = br#"{"model":"m","priority":-50,"prompt":"x"}"#;
+    let a = admit(&cfg, "m", &mut ranked, None, Some(b"batch"));
+    let out = forwarded_body(&a, Endpoint::Completions, body).unwrap().unwrap();
+    assert_eq!(out, br#"{"model":"m","priority":10,"prompt":"x"}"#);
+    // vLLM's Messages request has no such field: left alone.
+    assert_eq!(forwarded_body(&a, Endpoint::Messages, body), Ok(None));
+    // Without a header: the default class (interactive), the client's -50 overwritten.
+    let a = admit(&cfg, "m", &mut ranked, None, None);
+    let out = forwarded_body(&a, Endpoint::Chat, body).unwrap().unwrap();
+    assert_eq!(out, br#"{"model":"m","priority":0,"prompt":"x"}"#);
 }
