@@ -1,12 +1,14 @@
 //! The engine loop of one simulated worker: vLLM-style continuous batching with chunked
-//! prefill. Every step admits waiting requests FCFS (while `max_num_seqs` and KV blocks allow),
+//! prefill. Every step admits waiting requests in queue order (while `max_num_seqs` and KV
+//! blocks allow; the order is the scheduling policy's, [`SchedulingPolicy`]: arrival, or
+//! `priority` then arrival),
 //! gives each decoding sequence one token, spends the rest of `max_num_batched_tokens` on
 //! prefill chunks, sleeps for the step's modelled duration, then caches every block that became
 //! full (prompt or generated tokens) and publishes the matching KV events.
 //!
-//! Blocks are allocated as tokens are scheduled. When the cache is full, the most recently
-//! admitted running sequence is preempted: its blocks are freed (full ones stay cached) and it
-//! goes back to the front of the queue, to be recomputed, as vLLM does.
+//! Blocks are allocated as tokens are scheduled. When the cache is full, a running sequence is
+//! preempted (FCFS: the most recently admitted; priority: the least urgent): its blocks are
+//! freed (full ones stay cached) and it goes back to the queue, to be recomputed, as vLLM does.
 //!
 //! A request for a LoRA adapter is cached in that adapter's domain (its blocks never match the
 //! base model's or another adapter's). As in vLLM's scheduler, at most `max_loras` adapters run
@@ -23,75 +25,16 @@ use tokio::time::Instant;
 
 use crate::cache::{engine_block_hash, engine_hashes, BlockCache, EngineHash};
 use crate::events::KvEvent;
-use crate::profile::HardwareProfile;
 
 mod histogram;
 mod kv;
+mod sched;
+mod timing;
 
 pub use histogram::{Histogram, BUCKETS};
 pub use kv::{KvLookup, KvOp};
-
-/// The prefill work of one sequence in a step: `new` tokens computed on top of `cached` tokens
-/// already in that sequence's KV (a reused prefix or its earlier chunks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Chunk {
-    pub cached: usize,
-    pub new: usize,
-}
-
-/// How long a scheduler step takes, from the profile. `step_ms` is engine time; `step` divides
-/// it by `speedup`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Timing {
-    pub step_floor_ms: f64,
-    pub prefill_ms_per_token: f64,
-    pub prefill_ms_per_token_sq: f64,
-    pub decode_ms_per_seq: f64,
-    pub kv_ms_per_1k_tokens: f64,
-    pub speedup: f64,
-}
-
-impl Timing {
-    pub fn from_profile(p: &HardwareProfile, speedup: f64) -> Timing {
-        Timing {
-            step_floor_ms: p.step_floor_ms,
-            prefill_ms_per_token: p.prefill_ms_per_token,
-            prefill_ms_per_token_sq: p.prefill_ms_per_token_sq,
-            decode_ms_per_seq: p.decode_ms_per_seq,
-            kv_ms_per_1k_tokens: p.kv_ms_per_1k_tokens,
-            speedup,
-        }
-    }
-
-    /// Engine time (ms, speedup 1) of a step with these prefill chunks, `decoding` sequences and
-    /// `context` tokens of KV cache read by the decoding sequences.
-    ///
-    /// The quadratic coefficient is defined for a whole prompt of N new tokens (`sq * N^2`); it
-    /// applies per sequence, and a chunk of n new tokens over c tokens already in that
-    /// sequence's KV costs `sq * ((c + n)^2 - c^2)`: the chunks of one prompt sum to `sq * N^2`
-    /// however it is chunked, and a cached prefix still costs the new tokens' attention over it.
-    pub fn step_ms(&self, prefill: &[Chunk], decoding: usize, context: usize) -> f64 {
-        let new: usize = prefill.iter().map(|c| c.new).sum();
-        // (c + n)^2 - c^2 = n (2c + n), without the cancellation of two large squares.
-        let attention: f64 =
-            prefill.iter().map(|c| c.new as f64 * (2.0 * c.cached as f64 + c.new as f64)).sum();
-        self.step_floor_ms
-            + self.prefill_ms_per_token * new as f64
-            + self.prefill_ms_per_token_sq * attention
-            + self.decode_ms_per_seq * decoding as f64
-            + self.kv_ms_per_1k_tokens * context as f64 / 1000.0
-    }
-
-    /// Wall-clock duration of `ms` of engine time: divided by `speedup`.
-    pub fn wall(&self, ms: f64) -> Duration {
-        Duration::from_secs_f64((ms / self.speedup.max(1e-9)).max(0.0) / 1000.0)
-    }
-
-    /// Wall-clock duration of a step (`step_ms` divided by `speedup`).
-    pub fn step(&self, prefill: &[Chunk], decoding: usize, context: usize) -> Duration {
-        self.wall(self.step_ms(prefill, decoding, context))
-    }
-}
+pub use sched::SchedulingPolicy;
+pub use timing::{Chunk, Timing};
 
 /// Static engine parameters.
 #[derive(Debug, Clone)]
@@ -102,6 +45,8 @@ pub struct EngineConfig {
     pub max_num_batched_tokens: usize,
     /// Most distinct LoRA adapters among running requests (vLLM's `--max-loras`).
     pub max_loras: usize,
+    /// The waiting queue's order and whom KV pressure preempts (`--scheduling-policy`).
+    pub policy: SchedulingPolicy,
     pub timing: Timing,
     /// Token ids the engine "generates" from (each decodes to a clean word).
     pub output_vocab: Arc<Vec<u32>>,
@@ -196,6 +141,8 @@ pub struct Submit {
     /// The LoRA adapter the request names, if any.
     pub lora: Option<String>,
     pub max_tokens: usize,
+    /// The request's `priority` (lower first in priority mode; 0 by default).
+    pub priority: i64,
     /// Seeds the generated token ids.
     pub seed: u64,
     /// When generation ends before `max_tokens`.
@@ -249,6 +196,8 @@ pub struct WhatIf {
     pub salt: Option<String>,
     pub lora: Option<String>,
     pub max_tokens: usize,
+    /// Its `priority` (its place in a priority-ordered queue).
+    pub priority: i64,
     /// When the question arrived (the origin of the answer's TTFT).
     pub asked: Instant,
     pub reply: oneshot::Sender<WhatIfAnswer>,
@@ -342,6 +291,9 @@ struct Seq {
     stop: StopRule,
     /// Set when a stop condition is met.
     stopped: Option<Finish>,
+    /// The request's `priority`, and its arrival number (ties of equal arrival instants).
+    priority: i64,
+    order: u64,
     arrived: Instant,
     events: Sink,
 }
@@ -403,9 +355,11 @@ impl Engine {
         salt: Option<String>,
         lora: Option<String>,
         max_tokens: usize,
+        priority: i64,
     ) -> Option<WhatIfAnswer> {
         let (reply, rx) = oneshot::channel();
-        let q = WhatIf { tokens, salt, lora, max_tokens, asked: Instant::now(), reply };
+        let q =
+            WhatIf { tokens, salt, lora, max_tokens, priority, asked: Instant::now(), reply };
         if !self.command(Command::WhatIf(q)) {
             return None;
         }
@@ -428,6 +382,8 @@ struct Core {
     /// Commands that arrived during a step, other than a holder's read-only pull lookup
     /// (answered at once): handled, in order, once the step ends.
     deferred: VecDeque<Command>,
+    /// Requests submitted so far (each one's arrival number).
+    arrivals: u64,
 }
 
 /// One scheduler step as planned: each running sequence's chunk (tokens computed this step)
@@ -457,6 +413,7 @@ impl Core {
             pending: Vec::new(),
             next_start: Instant::now(),
             deferred: VecDeque::new(),
+            arrivals: 0,
         }
     }
 
@@ -485,7 +442,10 @@ impl Core {
 
     async fn handle(&mut self, c: Command) {
         match c {
-            Command::Submit(s) => self.waiting.push_back(self.new_seq(s)),
+            Command::Submit(s) => {
+                let seq = self.new_seq(s);
+                sched::enqueue(self.cfg.policy, &mut self.waiting, seq);
+            }
             Command::Stall(d) => tokio::time::sleep(d).await,
             Command::SetSpeedup(s) if s.is_finite() && s > 0.0 => self.cfg.timing.speedup = s,
             Command::SetSpeedup(_) => {}
@@ -537,6 +497,7 @@ impl Core {
             pending: Vec::new(),
             next_start: self.next_start,
             deferred: VecDeque::new(),
+            arrivals: self.arrivals,
         }
     }
 
@@ -556,11 +517,12 @@ impl Core {
             salt: q.salt,
             lora: q.lora,
             max_tokens: q.max_tokens,
+            priority: q.priority,
             seed: 0,
             stop: StopRule::default(),
             events: tx,
         });
-        self.waiting.push_back(seq);
+        sched::enqueue(self.cfg.policy, &mut self.waiting, seq);
         let mut total = offset_ms;
         let at = self.next_start;
         for _ in 0..WHAT_IF_MAX_STEPS {
@@ -606,7 +568,8 @@ impl Core {
         (q.reply, WhatIfAnswer::TooLong)
     }
 
-    fn new_seq(&self, s: Submit) -> Seq {
+    fn new_seq(&mut self, s: Submit) -> Seq {
+        self.arrivals += 1;
         Seq {
             prompt_len: s.tokens.len(),
             tokens: s.tokens,
@@ -622,6 +585,8 @@ impl Core {
             seed: s.seed,
             stop: s.stop,
             stopped: None,
+            priority: s.priority,
+            order: self.arrivals,
             arrived: Instant::now(),
             events: Sink::Client(s.events),
         }
@@ -637,8 +602,9 @@ impl Core {
         }
     }
 
-    /// Gives `running[i]` blocks for `n` more tokens, preempting the most recently admitted
-    /// other sequences (recompute later) when the cache is full. False if `i` itself had to go.
+    /// Gives `running[i]` blocks for `n` more tokens, preempting the policy's victims
+    /// ([`sched::victim`]; recomputed later) when the cache is full. False if `i` itself had
+    /// to go.
     fn reserve(&mut self, i: usize, n: usize, preempted: &mut [bool]) -> bool {
         let bs = self.cfg.block_size;
         loop {
@@ -655,7 +621,7 @@ impl Core {
                 self.running[i].allocated += more;
                 return true;
             }
-            let victim = (0..self.running.len()).rev().find(|&v| !preempted[v]).unwrap_or(i);
+            let victim = sched::victim(self.cfg.policy, &self.running, preempted, i);
             preempted[victim] = true;
             let mut seq = std::mem::replace(&mut self.running[victim], placeholder());
             release(&mut self.cache, &mut seq);
@@ -727,8 +693,16 @@ impl Core {
                 chunks[i] = n;
                 budget -= n;
             }
+            if self.cfg.policy == SchedulingPolicy::Priority {
+                // A victim already given tokens this step gives them back (vLLM).
+                for (c, _) in chunks.iter_mut().zip(&preempted).filter(|(c, p)| **p && **c > 0) {
+                    budget += *c;
+                    *c = 0;
+                }
+            }
         }
-        // Preempted sequences go back to the front of the queue, in their original order.
+        // Preempted sequences go back to the queue: FCFS at its front in their original order,
+        // by priority at their place.
         let mut kept = Vec::new();
         let mut kept_chunks = Vec::new();
         let mut back = Vec::new();
@@ -743,9 +717,7 @@ impl Core {
             }
         }
         let had_preemption = !back.is_empty();
-        for seq in back.into_iter().rev() {
-            self.waiting.push_front(seq);
-        }
+        sched::requeue(self.cfg.policy, &mut self.waiting, back);
         self.running = kept;
         chunks = kept_chunks;
         let bs = self.cfg.block_size;
@@ -969,6 +941,8 @@ fn placeholder() -> Seq {
         seed: 0,
         stop: StopRule::default(),
         stopped: None,
+        priority: 0,
+        order: 0,
         arrived: Instant::now(),
         events: Sink::Detached { closed: true },
     }

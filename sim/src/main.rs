@@ -6,6 +6,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_sim::api::Adapter;
+use kvroute_sim::engine::SchedulingPolicy;
 use kvroute_sim::events::{EventConfig, EventEncoding, ReplyShape};
 use kvroute_sim::profile::{self, HardwareProfile};
 use kvroute_sim::topology::{parse_link, SimLink, SimRole, SimTopology};
@@ -47,6 +48,11 @@ struct Args {
     /// Most distinct LoRA adapters among running requests (vLLM's `--max-loras`).
     #[arg(long, default_value_t = 1)]
     max_loras: usize,
+    /// Waiting-queue order (vLLM's `--scheduling-policy`): `fcfs`, or `priority` (each
+    /// request's `priority` field, lower first, then arrival; KV pressure preempts the least
+    /// urgent). In `fcfs` a request with a non-zero `priority` is refused (400), as in vLLM.
+    #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
+    scheduling_policy: SchedulingPolicy,
     /// How long loading an adapter through `POST /v1/load_lora_adapter` takes (ms).
     #[arg(long, default_value_t = 0)]
     lora_load_ms: u64,
@@ -208,6 +214,7 @@ async fn main() -> anyhow::Result<()> {
             root: args.model_dir.as_ref().map(|d| d.display().to_string()),
             lora: lora.clone(),
             topology: topology.clone(),
+            scheduling_policy: args.scheduling_policy,
         };
         let ports = Ports {
             http: port(args.base_port, i),

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use zeromq::Socket;
 
 use crate::api::{self, Adapter, Serving};
-use crate::engine::{Engine, EngineConfig, Timing};
+use crate::engine::{Engine, EngineConfig, SchedulingPolicy, Timing};
 use crate::events::{self, EventConfig, EventLog};
 use crate::profile::HardwareProfile;
 use crate::pull::KvNet;
@@ -43,6 +43,8 @@ pub struct WorkerSpec {
     pub lora: LoraSpec,
     /// Labels, role and network costs ([`SimTopology`]; the default changes nothing).
     pub topology: SimTopology,
+    /// vLLM's `--scheduling-policy`: FCFS by default, or by each request's `priority`.
+    pub scheduling_policy: SchedulingPolicy,
 }
 
 impl WorkerSpec {
@@ -59,6 +61,7 @@ impl WorkerSpec {
             root: None,
             lora: LoraSpec::default(),
             topology: SimTopology::default(),
+            scheduling_policy: SchedulingPolicy::Fcfs,
         }
     }
 }
@@ -266,6 +269,7 @@ impl Worker {
             max_num_seqs: p.max_num_seqs,
             max_num_batched_tokens: p.max_num_batched_tokens,
             max_loras: self.spec.lora.max_loras.max(1),
+            policy: self.spec.scheduling_policy,
             timing: Timing::from_profile(p, self.spec.speedup),
             output_vocab: Arc::clone(&self.output_vocab),
         };
@@ -282,6 +286,7 @@ impl Worker {
             root: self.spec.root.clone().unwrap_or_else(|| self.spec.model.clone()),
             adapters: Mutex::new(self.spec.lora.adapters.clone()),
             lora_load_ms: self.spec.lora.load_ms,
+            scheduling_policy: self.spec.scheduling_policy,
             net: KvNet::new(self.spec.topology.clone()),
         });
         let app = api::router(Arc::clone(&serving));

@@ -34,12 +34,13 @@ use kvroute_core::decision::tokenize::model::ModelBundle;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::engine::{Command, Engine, Finish, Submit, TokenEvent, WhatIfAnswer};
+use crate::engine::{Command, Engine, Finish, SchedulingPolicy, Submit, TokenEvent, WhatIfAnswer};
 use crate::metrics;
 
 mod kv;
 mod limits;
 mod messages;
+mod priority;
 mod responses;
 pub mod stop;
 
@@ -66,6 +67,8 @@ pub struct Serving {
     pub adapters: Mutex<Vec<Adapter>>,
     /// How long loading an adapter takes (a sim option; 0 by default).
     pub lora_load_ms: u64,
+    /// The engine's `--scheduling-policy` (whether a non-zero `priority` is taken).
+    pub scheduling_policy: SchedulingPolicy,
     /// Labels, links and KV pulls ([`crate::pull`]).
     pub net: crate::pull::KvNet,
 }
@@ -171,6 +174,8 @@ struct Prepared {
     tokens: Vec<u32>,
     lora: Option<String>,
     max_tokens: usize,
+    /// Its `priority` ([`priority`]).
+    priority: i64,
 }
 
 /// An error as `endpoint` answers it: Anthropic's shape (`{"type": "error", "error": {"type",
@@ -211,6 +216,8 @@ fn prepare(
     streamable: bool,
 ) -> Result<Prepared, Box<Response>> {
     let req = request::parse(endpoint, body).map_err(|e| Box::new(refuse(endpoint, e.into())))?;
+    let priority =
+        priority::read(endpoint, body).map_err(|r| Box::new(r.response(endpoint, false)))?;
     let Some(lora) = resolve(w, &req.model) else {
         if endpoint == Endpoint::Messages {
             let msg = format!("The model `{}` does not exist.", req.model);
@@ -257,7 +264,10 @@ fn prepare(
             return Err(Box::new(refuse(endpoint, e)));
         }
     };
-    Ok(Prepared { req, tokens, lora, max_tokens })
+    if let Some(refusal) = priority::check(w.scheduling_policy, priority) {
+        return Err(Box::new(refusal.response(endpoint, streamable && req.stream)));
+    }
+    Ok(Prepared { req, tokens, lora, max_tokens, priority })
 }
 
 fn engine_stopped_error() -> ApiError {
@@ -293,7 +303,8 @@ async fn generate(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    let Prepared { req, tokens, lora, max_tokens } = match prepare(&w, endpoint, body, true) {
+    let Prepared { req, tokens, lora, max_tokens, priority } = match prepare(&w, endpoint, body, true)
+    {
         Ok(p) => p,
         Err(resp) => return *resp,
     };
@@ -314,6 +325,7 @@ async fn generate(
         salt: req.cache_salt.clone(),
         lora,
         max_tokens,
+        priority,
         seed,
         stop: stops.rule(&w.bundle),
         events: tx,
@@ -624,7 +636,8 @@ async fn what_if(State(w): State<Arc<Worker>>, body: Bytes) -> Response {
         Ok(p) => p,
         Err(resp) => return *resp,
     };
-    let answer = w.engine.what_if(p.tokens, p.req.cache_salt.clone(), p.lora, p.max_tokens).await;
+    let salt = p.req.cache_salt.clone();
+    let answer = w.engine.what_if(p.tokens, salt, p.lora, p.max_tokens, p.priority).await;
     match answer {
         Some(WhatIfAnswer::Ttft { ttft_ms, cached_tokens, prompt_tokens, running, waiting }) => {
             axum::Json(json!({"ttft_ms": ttft_ms, "cached_tokens": cached_tokens,

@@ -126,6 +126,7 @@ mod tests {
             max_num_seqs: 4,
             max_num_batched_tokens: 64,
             max_loras: 1,
+            policy: crate::engine::SchedulingPolicy::Fcfs,
             timing: Timing {
                 step_floor_ms: 1.0,
                 prefill_ms_per_token: 0.0,

@@ -11,6 +11,7 @@ fn config(blocks: usize, batched: usize) -> EngineConfig {
         max_num_seqs: 64,
         max_num_batched_tokens: batched,
         max_loras: 1,
+        policy: SchedulingPolicy::Fcfs,
         timing: Timing {
             step_floor_ms: 5.0,
             prefill_ms_per_token: 0.1,
@@ -52,6 +53,7 @@ async fn submit_lora(
         salt: None,
         lora: lora.map(str::to_owned),
         max_tokens,
+        priority: 0,
         seed: 1,
         stop: Default::default(),
         events: tx,
@@ -403,7 +405,7 @@ async fn an_idle_engine_answers_the_modelled_prefill() {
     let cfg = EngineConfig { timing: full_timing(), ..config(4096, 8192) };
     let t = cfg.timing;
     let e = engine(cfg);
-    let a = e.what_if(tokens(1, 1000), None, None, 5).await.unwrap();
+    let a = e.what_if(tokens(1, 1000), None, None, 5, 0).await.unwrap();
     let want = t.step_ms(&[Chunk { cached: 0, new: 1000 }], 0, 0);
     assert_eq!(
         a,
@@ -425,13 +427,14 @@ async fn a_cached_prefix_lowers_the_answer() {
     let cfg = EngineConfig { timing: full_timing(), ..config(4096, 8192) };
     let e = engine(cfg);
     let prompt = tokens(2, 3000);
-    let before = e.what_if(prompt.clone(), None, None, 1).await.unwrap();
+    let before = e.what_if(prompt.clone(), None, None, 1, 0).await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     e.submit(Submit {
         tokens: prompt.clone(),
         salt: None,
         lora: None,
         max_tokens: 1,
+        priority: 0,
         seed: 1,
         stop: Default::default(),
         events: tx,
@@ -439,18 +442,18 @@ async fn a_cached_prefix_lowers_the_answer() {
     while rx.recv().await.is_some() {}
     // Past the end of the last step, so no part of a step is left to wait for.
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let after = e.what_if(prompt.clone(), None, None, 1).await.unwrap();
+    let after = e.what_if(prompt.clone(), None, None, 1, 0).await.unwrap();
     assert!(ttft_ms(&after) < ttft_ms(&before), "{after:?} vs {before:?}");
     assert!(matches!(after, WhatIfAnswer::Ttft { cached_tokens: 2992, .. }), "{after:?}");
     // Another tenant's salt reuses nothing.
-    let salted = e.what_if(prompt, Some("t".into()), None, 1).await.unwrap();
+    let salted = e.what_if(prompt, Some("t".into()), None, 1, 0).await.unwrap();
     assert_eq!(ttft_ms(&salted), ttft_ms(&before));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_request_too_big_for_the_cache_is_rejected_by_the_what_if_too() {
     let e = engine(config(10, 512));
-    let a = e.what_if(tokens(1, 400), None, None, 1).await.unwrap();
+    let a = e.what_if(tokens(1, 400), None, None, 1, 0).await.unwrap();
     assert_eq!(a, WhatIfAnswer::Rejected { needed_blocks: 26 });
 }
 
@@ -489,6 +492,7 @@ async fn the_what_if_predicts_the_real_ttft() {
                 salt: None,
                 lora: lora(&mut rng),
                 max_tokens: rng.random_range(1..200),
+                priority: 0,
                 seed: rng.random(),
                 stop: Default::default(),
                 events: tx,
@@ -506,6 +510,7 @@ async fn the_what_if_predicts_the_real_ttft() {
             salt: None,
             lora: l.clone(),
             max_tokens,
+            priority: 0,
             asked: t0,
             reply,
         };
@@ -516,6 +521,7 @@ async fn the_what_if_predicts_the_real_ttft() {
             salt: None,
             lora: l,
             max_tokens,
+            priority: 0,
             seed: 7,
             stop: Default::default(),
             events: tx,

@@ -1,5 +1,6 @@
 //! The simulator over its real sockets: admin and fault endpoints, the OpenAI endpoints, limits,
-//! LoRA, speed profiles, topology (KV pulls, link delays, P/D), what-if and its KV event wire.
+//! LoRA, scheduling policies, speed profiles, topology (KV pulls, link delays, P/D), what-if and
+//! its KV event wire.
 //!
 //! One test binary per crate (each binary links every dependency again, so separate files
 //! cost CI minutes and gigabytes of disk). Run one module with
@@ -10,6 +11,7 @@ mod common;
 mod endpoints;
 mod limits;
 mod lora;
+mod priority;
 mod profiles;
 mod topology;
 mod what_if;
