@@ -1,0 +1,86 @@
+//! Decision time, native: what the filter does for each request between the body's arrival
+//! and the destination header, minus the host calls — parse the body
+//! (`request::parse`), decide (`Router::decide`: prefix lookups on every worker of the pool,
+//! scoring, the look-ahead), and write the header value. The filter's journal catch-up is left
+//! out: it is bounded per request and does not depend on the fleet.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kvroute_core::decision::load::WorkerLoad;
+use kvroute_core::decision::request::{self, Endpoint};
+use kvroute_core::decision::router::Router;
+use kvroute_updater::state::now_ms;
+
+use crate::fleet::mix;
+
+/// Quantiles of one prompt's decisions at one point, and what they decided.
+#[derive(Debug, Clone, Copy)]
+pub struct Timed {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub samples: usize,
+    /// Tokens the chosen worker was predicted to hold.
+    pub cached_tokens: u64,
+}
+
+/// Router-tracked load as the filter's load view gives it: a few requests in flight on each
+/// worker, some still in prefill.
+pub fn loads(workers: &[String]) -> HashMap<String, WorkerLoad> {
+    workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let inflight = (mix(i as u64 ^ 0x10AD) % 6) as u32;
+            let prefilling = inflight.min((mix(i as u64 ^ 0x9F) % 2) as u32);
+            let tokens = u64::from(prefilling) * 2048;
+            let load = WorkerLoad {
+                inflight_requests: inflight,
+                prefilling_requests: prefilling,
+                prefill_tokens: tokens,
+                prefill_elapsed_ms: u64::from(prefilling) * 15,
+                prefill_sq_tokens: WorkerLoad::even_sq_tokens(tokens, prefilling),
+            };
+            (w.clone(), load)
+        })
+        .collect()
+}
+
+/// Times `iters` decisions on `body` (after a warm-up), stopping early after `budget`.
+pub fn time(
+    router: &Router,
+    loads: &HashMap<String, WorkerLoad>,
+    body: &[u8],
+    iters: usize,
+    budget: Duration,
+) -> anyhow::Result<Timed> {
+    let load = |w: &str| loads.get(w).copied().unwrap_or_default();
+    let now = now_ms();
+    let one = |pick: u64| -> anyhow::Result<(Duration, u64)> {
+        let t = Instant::now();
+        let parsed = request::parse(Endpoint::Completions, body)?;
+        let d = router
+            .decide(&parsed, body.len(), &load, now, pick)
+            .map_err(|e| anyhow::anyhow!("decide: {}", String::from_utf8_lossy(&e.body())))?;
+        black_box(d.header_value());
+        let el = t.elapsed();
+        Ok((el, d.predicted_cached_tokens()))
+    };
+    let mut cached = 0;
+    for i in 0..iters.min(50) {
+        cached = one(mix(i as u64))?.1;
+    }
+    let started = Instant::now();
+    let mut us = Vec::with_capacity(iters);
+    for i in 0..iters {
+        us.push(one(mix(i as u64 ^ 0xD1CE))?.0.as_secs_f64() * 1e6);
+        if started.elapsed() > budget && us.len() >= 20 {
+            break;
+        }
+    }
+    us.sort_by(f64::total_cmp);
+    let q = |p| kvroute_stack::nearest_rank(&us, p).context("no samples");
+    Ok(Timed { p50_us: q(0.5)?, p99_us: q(0.99)?, samples: us.len(), cached_tokens: cached })
+}
