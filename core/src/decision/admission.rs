@@ -24,6 +24,12 @@
 //! (no deadline is the most lenient), and with the default class the most favoured one, naming
 //! another class can only cost the sender. A deployment whose default class is not the most
 //! favoured one must have a trusted gateway set or strip the priority header.
+//!
+//! Admission alone orders nothing inside an engine. A class's `engine_priority` passes it on:
+//! [`AdmissionConfig::priority_edit`] says what becomes of the forwarded body's `priority`
+//! member ([`priority_field`]: the class's value written, or, once any class sets one, a
+//! client's own removed), for engines that order their queue by it (vLLM's
+//! `--scheduling-policy priority`: lower values first).
 
 mod config;
 pub mod priority_field;
