@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use kvroute_core::decision::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::decision::pyjson;
-use kvroute_core::decision::request::{parse, Endpoint};
+use kvroute_core::decision::request::{parse, parse_general, Endpoint};
 use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_core::decision::usage::UsageScanner;
 use kvroute_core::shared::knowledge::Head;
@@ -20,6 +20,8 @@ use kvroute_core::wire::journal::JournalEntry;
 use kvroute_core::wire::snapshot::Snapshot;
 
 #[cfg(test)]
+mod scan_seeds;
+#[cfg(test)]
 mod seeds;
 
 /// A target: its name (as in `Cargo.toml`'s `[[bin]]` and `corpus/`) and its body.
@@ -28,6 +30,7 @@ pub type FuzzTarget = (&'static str, fn(&[u8]));
 /// Every target.
 pub const TARGETS: &[FuzzTarget] = &[
     ("request_parse", request_parse),
+    ("request_scan", request_scan),
     ("journal_decode", journal_decode),
     ("usage_scan", usage_scan),
     ("config_parse", config_parse),
@@ -106,6 +109,23 @@ pub fn request_parse(data: &[u8]) {
             let _ = b.prompt_tokens(&req.prompt);
             let _ = b.routing_tokens(&req.prompt);
         }
+    }
+}
+
+/// The body scan (one pass, no DOM of the whole body) against the general path (the body as
+/// Python's `json` reads it, then its fields), on chat and completions bodies: any bytes give
+/// both the same request or the same error. The first byte picks a way to read the rest: as
+/// it is, as the `messages` of a chat body or as the `prompt` of a completions body (so that
+/// the fuzzer reaches the field readers without having to find the frame first).
+pub fn request_scan(data: &[u8]) {
+    let rest = data.get(1..).unwrap_or_default();
+    let body = match data.first().map(|b| b % 3) {
+        Some(1) => [&br#"{"model":"m","messages":"#[..], rest, b"}"].concat(),
+        Some(2) => [&br#"{"model":"m","prompt":"#[..], rest, b"}"].concat(),
+        _ => rest.to_vec(),
+    };
+    for ep in [Endpoint::Chat, Endpoint::Completions] {
+        assert_eq!(parse(ep, &body), parse_general(ep, &body), "{ep:?}");
     }
 }
 

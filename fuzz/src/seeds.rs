@@ -1019,6 +1019,7 @@ fn event_decode() -> Seeds {
 pub fn all() -> Vec<(&'static str, Seeds)> {
     vec![
         ("request_parse", request_parse()),
+        ("request_scan", crate::scan_seeds::request_scan()),
         ("journal_decode", journal_decode()),
         ("usage_scan", usage_scan()),
         ("config_parse", config_parse()),
