@@ -19,6 +19,7 @@
 mod decision;
 mod fleet;
 mod out;
+mod updater;
 mod wire;
 
 use std::path::PathBuf;
@@ -65,6 +66,31 @@ struct Args {
     /// How often the noise point is rebuilt and re-timed.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Leave out the updater's curves (ingest, fan-out): they start real processes
+    /// (`kvroute-sim`, `kvroute-updater`, release builds).
+    #[arg(long)]
+    skip_updater: bool,
+    /// Pool sizes of the updater's ingest curve.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+    ingest_workers: Vec<usize>,
+    /// Requests per second sent to the workers (open loop) while ingest and fan-out are measured.
+    #[arg(long, default_value_t = 100.0)]
+    rate: f64,
+    /// Seconds the updater is watched idle (its alignment checks and scrapes), then loaded.
+    #[arg(long, default_value_t = 5.0)]
+    idle_s: f64,
+    /// Seconds the updater is watched under load.
+    #[arg(long, default_value_t = 15.0)]
+    load_s: f64,
+    /// Pool size of the fan-out curve.
+    #[arg(long, default_value_t = 100)]
+    fanout_workers: usize,
+    /// Long-poll clients per point of the fan-out curve.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    clients: Vec<usize>,
+    /// Freshness probes per fan-out point (each seen by every client).
+    #[arg(long, default_value_t = 20)]
+    probes: usize,
 }
 
 /// This process's resident memory (MiB).
@@ -250,10 +276,67 @@ fn run(a: &Args) -> anyhow::Result<Vec<Curve>> {
     Ok(vec![by_workers, by_blocks, wire_curve, wire_times, deltas, noise])
 }
 
+/// The updater's curves: ingest and memory against the pool's size, fan-out to long polls.
+async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
+    let dir = kvroute_stack::paths::scratch_dir("scale")?;
+    let mut ingest = Curve::new(
+        "updater_vs_workers",
+        format!("one updater's ingest vs workers ({} req/s of fresh prompts)", a.rate),
+        &["workers", "events_per_s", "idle_cores", "load_cores", "events_per_core_s", "rss_mib"],
+    )
+    .plotting(&["events_per_s", "events_per_core_s", "rss_mib"], "events/s, MiB");
+    for &w in &a.ingest_workers {
+        let pool = updater::Pool::start(w, &dir).await?;
+        let i = updater::ingest(&pool, a.rate, a.idle_s, a.load_s).await?;
+        ingest.push(vec![
+            w as f64,
+            i.events_per_s,
+            i.idle_cores,
+            i.load_cores,
+            i.events_per_core_s,
+            i.rss_mib,
+        ]);
+        eprintln!("kvroute-scale: updater with {w} workers done");
+    }
+    let mut fanout = Curve::new(
+        "fanout_vs_clients",
+        format!("freshness vs long-poll clients ({} workers, {} req/s)", a.fanout_workers, a.rate),
+        &[
+            "clients",
+            "freshness_p50_ms",
+            "freshness_p99_ms",
+            "samples",
+            "updater_cores",
+            "bytes_per_s",
+        ],
+    )
+    .plotting(&["freshness_p50_ms", "freshness_p99_ms"], "ms");
+    if !a.clients.is_empty() {
+        let pool = updater::Pool::start(a.fanout_workers, &dir).await?;
+        for &c in &a.clients {
+            let f = updater::fanout(&pool, c, a.rate, a.probes).await?;
+            fanout.push(vec![
+                c as f64,
+                f.freshness_p50_ms,
+                f.freshness_p99_ms,
+                f.samples as f64,
+                f.updater_cores,
+                f.bytes_per_s,
+            ]);
+            eprintln!("kvroute-scale: fan-out to {c} clients done");
+        }
+    }
+    Ok(vec![ingest, fanout])
+}
+
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     std::fs::create_dir_all(&a.out)?;
-    let curves = run(&a)?;
+    let mut curves = run(&a)?;
+    if !a.skip_updater {
+        let rt = tokio::runtime::Runtime::new()?;
+        curves.extend(rt.block_on(run_updater(&a))?);
+    }
     for c in &curves {
         c.write(&a.out)?;
         println!("{} ({}):\n{}", c.name, c.title, c.csv());
@@ -295,6 +378,7 @@ mod tests {
             "2",
             "--repeats",
             "2",
+            "--skip-updater",
         ]);
         std::fs::create_dir_all(&a.out).unwrap();
         let curves = run(&a).unwrap();
