@@ -20,6 +20,8 @@ use kvroute_core::wire::journal::JournalEntry;
 use kvroute_core::wire::snapshot::Snapshot;
 
 #[cfg(test)]
+mod priority_seeds;
+#[cfg(test)]
 mod scan_seeds;
 #[cfg(test)]
 mod seeds;
@@ -46,6 +48,7 @@ pub const TARGETS: &[FuzzTarget] = &[
     ("admission_headers", admission_headers),
     ("calib_decode", calib_decode),
     ("kube_watch_event", kube_watch_event),
+    ("priority_field", priority_field),
 ];
 
 /// The deadline and priority headers come straight from clients, as bytes: the first byte
@@ -583,6 +586,37 @@ pub fn kube_watch_event(data: &[u8]) {
         assert_eq!(version, whole.version);
         assert!(objects.workers(cfg).is_empty(), "workers left after deleting {names:?}");
         first.get_or_insert(whole);
+    }
+}
+
+/// Request bodies come straight from clients, and the filter edits the engine priority of
+/// every admitted one: the first byte picks the value set (`byte - 128`), the rest is the body.
+/// Any bytes get an answer, never a panic; a body Python reads as an object is edited (never an
+/// error), and the edited body reads as the same object with only its top-level `priority` set
+/// (or removed): no spelling or duplicate of the key keeps a client's own value.
+pub fn priority_field(data: &[u8]) {
+    use kvroute_core::decision::admission::priority_field::{rewrite, PriorityEdit};
+    use serde_json::Value;
+    let n = i64::from(data.first().copied().unwrap_or(0)) - 128;
+    let body = data.get(1..).unwrap_or_default();
+    let before = pyjson::from_body(body).ok().map(|p| p.value).filter(Value::is_object);
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("priority");
+        }
+        v
+    };
+    for (edit, want) in [(PriorityEdit::Remove, None), (PriorityEdit::Set(n), Some(Value::from(n)))]
+    {
+        let out = rewrite(body, edit);
+        let Some(before) = &before else { continue };
+        let after = match out.expect("a body Python reads as an object is edited") {
+            Some(b) => pyjson::from_body(&b).expect("the edited body reads").value,
+            None => before.clone(),
+        };
+        assert_eq!(strip(&after), strip(before), "only `priority` changes");
+        assert_eq!(after.get("priority"), want.as_ref(), "{edit:?}");
     }
 }
 

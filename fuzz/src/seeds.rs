@@ -1035,6 +1035,7 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("peer_report_decode", peer_report_decode()),
         ("calib_decode", calib_decode()),
         ("kube_watch_event", kube_watch_event()),
+        ("priority_field", crate::priority_seeds::priority_field()),
     ]
 }
 
