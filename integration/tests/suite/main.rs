@@ -23,6 +23,7 @@ mod lora;
 mod misdeploy;
 mod models;
 mod peers;
+mod priority;
 mod replicas;
 mod robustness;
 mod routing;

@@ -1,0 +1,140 @@
+//! Priority classes that reach the engine, through real Envoy + the kvroute filter + simulated
+//! workers: with `admission.classes[].engine_priority` the filter writes the class's value into
+//! the forwarded body's `priority` (replacing the client's, with a correct `content-length`),
+//! and a worker scheduling by priority (`kvroute-sim --scheduling-policy priority`, one request
+//! at a time) serves a queued interactive request before batch requests that arrived earlier,
+//! whatever `priority` the clients wrote. Against an FCFS worker, which refuses a non-zero
+//! `priority` with a 400, the rewritten and the stripped bodies are taken over HTTP/1.1 and h2c.
+//! Nothing depends on timing: the queue is made by a stream held open, and the order checked is
+//! the order of first tokens.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use kvroute_stack::rawhttp::{self, Proto, RawRequest};
+use kvroute_stack::stack::{Stack, StackOptions, MODEL};
+use kvroute_stack::workload::Conversation;
+use serde_json::{json, Value};
+
+const CHAT: &str = "/v1/chat/completions";
+const PRIORITY: &str = "x-request-priority";
+const WITHIN: Duration = Duration::from_secs(30);
+
+fn classes() -> Value {
+    json!({"admission": {"classes": [
+        {"name": "interactive", "engine_priority": 0},
+        {"name": "batch", "engine_priority": 10, "queue_weight": 2},
+        {"name": "bulk"},
+    ]}})
+}
+
+fn body(id: usize, max_tokens: u64, stream: bool, client_priority: Option<i64>) -> Value {
+    let mut b = Conversation::new(11, id, 200, 10, 1).body(MODEL, 0, max_tokens, stream);
+    if let Some(p) = client_priority {
+        b["priority"] = json!(p);
+    }
+    b
+}
+
+async fn stream(base_url: &str, class: &str, body: &Value) -> reqwest::Response {
+    let send = reqwest::Client::new()
+        .post(format!("{base_url}{CHAT}"))
+        .header(PRIORITY, class)
+        .json(body)
+        .send();
+    let r = tokio::time::timeout(WITHIN, send).await.expect("no answer").unwrap();
+    assert_eq!(r.status(), 200, "{class}");
+    r
+}
+
+/// Reads a stream until its first content chunk.
+async fn first_token(mut r: reqwest::Response) -> Instant {
+    let read = async {
+        let mut seen = String::new();
+        while let Some(chunk) = r.chunk().await.unwrap() {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains("\"content\"") {
+                return Instant::now();
+            }
+        }
+        panic!("stream ended without a token: {seen}");
+    };
+    tokio::time::timeout(WITHIN, read).await.expect("no first token")
+}
+
+/// The worker's queue length, from its own `/metrics`.
+async fn waiting(stack: &Stack) -> Option<u64> {
+    let url = format!("http://{}/metrics", stack.workers[0].addr);
+    let text = reqwest::get(url).await.ok()?.text().await.ok()?;
+    let line = text.lines().find(|l| l.starts_with("vllm:num_requests_waiting{"))?;
+    Some(line.rsplit(' ').next()?.parse::<f64>().ok()? as u64)
+}
+
+async fn until_waiting(stack: &Stack, n: u64) {
+    kvroute_stack::eventually("the worker's queue", Duration::from_secs(20), || async {
+        waiting(stack).await.filter(|&w| w >= n)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: want {n} waiting"));
+}
+
+#[tokio::test]
+async fn the_engine_serves_interactive_before_earlier_batch_whatever_clients_wrote() {
+    let opts = StackOptions {
+        workers: 1,
+        envoy_concurrency: 1,
+        sim_args: ["--scheduling-policy", "priority", "--max-num-seqs", "1"]
+            .map(String::from)
+            .to_vec(),
+        filter: classes(),
+        ..Default::default()
+    };
+    let stack = Stack::start(opts).await.unwrap();
+    // A stream held open keeps the only slot: everything after it queues in the engine.
+    let url = stack.envoy.base_url();
+    let mut held = stream(&url, "interactive", &body(0, 3000, true, None)).await;
+    let ran = tokio::time::timeout(WITHIN, held.chunk()).await.expect("held stream silent");
+    assert!(ran.unwrap().is_some(), "the held stream sent nothing");
+    // Two batch requests, the second claiming the most urgent priority; then an interactive
+    // one claiming the least. The classes decide: 0 for interactive, 10 for both batch.
+    let queued = [("batch", None), ("batch", Some(-1000)), ("interactive", Some(1000))];
+    let mut tasks = Vec::new();
+    for (i, (class, claim)) in queued.into_iter().enumerate() {
+        let (url, b) = (url.clone(), body(i + 1, 2, true, claim));
+        tasks.push(tokio::spawn(async move { first_token(stream(&url, class, &b).await).await }));
+        until_waiting(&stack, i as u64 + 1).await;
+    }
+    drop(held);
+    let mut firsts = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        firsts.push((t.await.unwrap(), i));
+    }
+    firsts.sort();
+    let order: Vec<usize> = firsts.into_iter().map(|(_, i)| i).collect();
+    assert_eq!(order, vec![2, 0, 1], "interactive first, then batch in arrival order");
+}
+
+#[tokio::test]
+async fn rewritten_and_stripped_bodies_reach_an_fcfs_engine_over_both_protocols() {
+    // An FCFS worker refuses any non-zero priority: a 200 means the filter rewrote the body
+    // (and its content-length) before it went upstream.
+    let opts = StackOptions { workers: 1, filter: classes(), ..Default::default() };
+    let stack = Stack::start(opts).await.unwrap();
+    let listener = SocketAddr::from(([127, 0, 0, 1], stack.envoy.listen_port));
+    for proto in [Proto::Http1, Proto::H2c] {
+        // interactive: set to 0 over the client's 7; bulk (no engine_priority): the client's
+        // removed. A batch request gets 10, which this worker refuses: proof it was written.
+        for (i, (class, want)) in
+            [("interactive", 200), ("bulk", 200), ("batch", 400)].into_iter().enumerate()
+        {
+            let b = body(20 + i, 2, false, Some(7)).to_string();
+            let req = RawRequest::post(CHAT, b).header(PRIORITY, class.as_bytes().to_vec());
+            let r = rawhttp::send(listener, proto, &req, WITHIN).await.unwrap();
+            assert_eq!(r.status, want, "{} {class}: {}", proto.name(), r.text());
+            if want == 400 {
+                let msg = r.json().unwrap()["error"]["message"].clone();
+                assert_eq!(msg, "Got priority 10 but Priority scheduling is not enabled.");
+            }
+        }
+    }
+}
