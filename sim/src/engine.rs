@@ -358,8 +358,7 @@ impl Engine {
         priority: i64,
     ) -> Option<WhatIfAnswer> {
         let (reply, rx) = oneshot::channel();
-        let q =
-            WhatIf { tokens, salt, lora, max_tokens, priority, asked: Instant::now(), reply };
+        let q = WhatIf { tokens, salt, lora, max_tokens, priority, asked: Instant::now(), reply };
         if !self.command(Command::WhatIf(q)) {
             return None;
         }

@@ -303,11 +303,11 @@ async fn generate(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    let Prepared { req, tokens, lora, max_tokens, priority } = match prepare(&w, endpoint, body, true)
-    {
-        Ok(p) => p,
-        Err(resp) => return *resp,
-    };
+    let Prepared { req, tokens, lora, max_tokens, priority } =
+        match prepare(&w, endpoint, body, true) {
+            Ok(p) => p,
+            Err(resp) => return *resp,
+        };
     let stops = match Stops::parse(endpoint, body) {
         Ok(s) => s,
         Err(msg) => {
