@@ -52,7 +52,7 @@ struct Args {
     #[arg(long, default_value_t = 3000)]
     iters: usize,
     /// Time budget per prompt and point (ms).
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 2000)]
     budget_ms: u64,
     /// Events since the caller's version, per point of the delta curve.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000,10000")]
@@ -117,14 +117,19 @@ const DECISION_COLUMNS: &[&str] = &[
 fn decisions(
     a: &Args,
     workers: &[String],
-    router: &kvroute_core::decision::router::Router,
+    router: &mut kvroute_core::decision::router::Router,
 ) -> anyhow::Result<Vec<f64>> {
     let loads = decision::loads(workers);
     let budget = Duration::from_millis(a.budget_ms);
-    let hit =
-        decision::time(router, &loads, &fleet::body(&fleet::prompt_tokens(true)), a.iters, budget)?;
+    let hit = decision::time(
+        &mut *router,
+        &loads,
+        &fleet::body(&fleet::prompt_tokens(true)),
+        a.iters,
+        budget,
+    )?;
     let miss = decision::time(
-        router,
+        &mut *router,
         &loads,
         &fleet::body(&fleet::prompt_tokens(false)),
         a.iters,
@@ -187,7 +192,10 @@ fn run(a: &Args) -> anyhow::Result<Vec<Curve>> {
     );
     let mut deltas = Curve::new(
         "delta_vs_events",
-        format!("delta vs events since the caller's version ({} workers)", a.blocks_workers),
+        format!(
+            "delta vs events since the caller's version ({} workers, {} blocks each)",
+            a.blocks_workers, a.blocks_per_worker
+        ),
         &["events", "bytes", "bytes_per_event", "decode_us", "apply_us", "is_delta"],
     )
     .plotting(&["bytes", "decode_us", "apply_us"], "bytes / µs");
@@ -196,7 +204,7 @@ fn run(a: &Args) -> anyhow::Result<Vec<Curve>> {
         let (mut router, snap) = f.router()?;
         let held = Fleet::blocks_held(&snap) as f64;
         let mut row = vec![w as f64, held];
-        row.extend(decisions(a, &f.workers, &router)?);
+        row.extend(decisions(a, &f.workers, &mut router)?);
         row.extend([f.build_s, rss_mib()]);
         by_workers.push(row);
         let s = wire::snapshot(&snap, &mut router, a.reps)?;
@@ -228,8 +236,7 @@ fn run(a: &Args) -> anyhow::Result<Vec<Curve>> {
         eprintln!("kvroute-scale: {w} workers done ({held} blocks)");
     }
     {
-        let per = a.blocks.first().map_or(1, |b| b / a.blocks_workers.max(1)).max(1);
-        let mut f = Fleet::build(a.blocks_workers, per)?;
+        let mut f = Fleet::build(a.blocks_workers, a.blocks_per_worker)?;
         let (mut router, _) = f.router()?;
         for &events in &a.delta_events {
             let d = wire::delta(&mut f, &mut router, events, a.reps)?;
@@ -251,12 +258,12 @@ fn run(a: &Args) -> anyhow::Result<Vec<Curve>> {
     .plotting(&["hit_p50_us", "hit_p99_us", "miss_p50_us", "miss_p99_us"], "µs");
     for &b in &a.blocks {
         let f = Fleet::build(a.blocks_workers, (b / a.blocks_workers.max(1)).max(1))?;
-        let (router, snap) = f.router()?;
+        let (mut router, snap) = f.router()?;
         let mut row = vec![b as f64, Fleet::blocks_held(&snap) as f64];
         let (workers, build_s, rss) = (f.workers.clone(), f.build_s, rss_mib());
         // The updater's state and the snapshot are not part of a filter thread.
         drop((f, snap));
-        row.extend(decisions(a, &workers, &router)?);
+        row.extend(decisions(a, &workers, &mut router)?);
         row.extend([build_s, rss]);
         by_blocks.push(row);
         eprintln!("kvroute-scale: {b} blocks done");
@@ -268,9 +275,9 @@ fn run(a: &Args) -> anyhow::Result<Vec<Curve>> {
     );
     for r in 0..a.repeats {
         let f = Fleet::build(a.noise_workers, a.blocks_per_worker)?;
-        let (router, _) = f.router()?;
+        let (mut router, _) = f.router()?;
         let mut row = vec![r as f64 + 1.0];
-        row.extend(decisions(a, &f.workers, &router)?);
+        row.extend(decisions(a, &f.workers, &mut router)?);
         noise.push(row);
     }
     Ok(vec![by_workers, by_blocks, wire_curve, wire_times, deltas, noise])
@@ -332,14 +339,18 @@ async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     std::fs::create_dir_all(&a.out)?;
-    let mut curves = run(&a)?;
+    let write = |curves: &[Curve]| -> anyhow::Result<()> {
+        for c in curves {
+            c.write(&a.out)?;
+            println!("{} ({}):\n{}", c.name, c.title, c.csv());
+        }
+        Ok(())
+    };
+    // Each part's curves are written as soon as it ends.
+    write(&run(&a)?)?;
     if !a.skip_updater {
         let rt = tokio::runtime::Runtime::new()?;
-        curves.extend(rt.block_on(run_updater(&a))?);
-    }
-    for c in &curves {
-        c.write(&a.out)?;
-        println!("{} ({}):\n{}", c.name, c.title, c.csv());
+        write(&rt.block_on(run_updater(&a))?)?;
     }
     Ok(())
 }

@@ -200,7 +200,21 @@ async fn long_poll(
                 seen.send_modify(|s| *s = (s.0 + 1, at));
             }
         } else {
-            copy = Some(Snapshot::decode(&body)?);
+            let full = Snapshot::decode(&body)?;
+            // A full answer (a new client, or one too far behind for a delta) shows new blocks
+            // on worker 0 as hashes its copy did not hold.
+            let held = |s: &Snapshot| {
+                s.workers.iter().find(|w| w.worker == probe_worker).map(|w| w.gpu.clone())
+            };
+            let before = copy.as_ref().and_then(held);
+            let added = match (before, held(&full)) {
+                (Some(old), Some(new)) => new.iter().any(|h| old.binary_search(h).is_err()),
+                _ => false,
+            };
+            copy = Some(full);
+            if added {
+                seen.send_modify(|s| *s = (s.0 + 1, at));
+            }
         }
     }
     Ok(bytes)
