@@ -4,12 +4,14 @@
 //! `cargo test --release -p kvroute-core --lib request::scan_bench -- --ignored --nocapture`
 //!
 //! Each round times a batch of parses by each path, in turn: the general path twice (A and
-//! A', whose ratio is the noise floor) and the scan. The table gives the medians over the
-//! rounds, per parse, and the ratios scan / general and A' / A.
+//! A', whose ratio is the noise floor), what the filter ran before the scan (token ids: the
+//! earlier one-pass prompt reader, reproduced here without the rest of the request; chat:
+//! the general path), the scan, and the least `serde_json` can do with the body (a floor).
+//! The table gives the medians over the rounds, per parse, and the ratios.
 
 use std::time::Instant;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{parse, parse_general, Endpoint};
 
@@ -97,6 +99,50 @@ struct RoleContent {
     content: String,
 }
 
+/// The one-pass prompt reader before the body scan, reproduced: each id read as a JSON value
+/// first, then converted (`Other` holds any array that is not all ids).
+enum PreviousPrompt {
+    Ids(#[allow(dead_code)] Vec<u32>),
+    Other(#[allow(dead_code)] Value),
+}
+
+impl super::scan::Field for PreviousPrompt {
+    const KEY: &'static str = "prompt";
+}
+
+impl<'de> serde::Deserialize<'de> for PreviousPrompt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = PreviousPrompt;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a prompt")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<PreviousPrompt, A::Error> {
+                let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(v) = seq.next_element::<Value>()? {
+                    match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                        Some(id) => ids.push(id),
+                        None => {
+                            let mut rest: Vec<Value> = ids.into_iter().map(Value::from).collect();
+                            rest.push(v);
+                            while let Some(v) = seq.next_element::<Value>()? {
+                                rest.push(v);
+                            }
+                            return Ok(PreviousPrompt::Other(Value::Array(rest)));
+                        }
+                    }
+                }
+                Ok(PreviousPrompt::Ids(ids))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Median seconds per call of each function over `rounds` batches of `batch` calls, the
 /// functions timed in turn within each round.
 fn medians<const N: usize>(rounds: usize, batch: usize, fs: [&dyn Fn(); N]) -> [f64; N] {
@@ -120,10 +166,10 @@ fn medians<const N: usize>(rounds: usize, batch: usize, fs: [&dyn Fn(); N]) -> [
 #[ignore = "a measurement: run optimised with --ignored --nocapture"]
 fn body_scan_parse_time() {
     println!(
-        "| shape | tokens | body KiB | general µs | scan µs | serde floor µs | scan / general \
-         | floor / general | A' / A |"
+        "| shape | tokens | body KiB | general µs | before µs | scan µs | serde floor µs \
+         | scan / general | scan / before | floor / general | A' / A |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (shape, ep, make) in [
         ("token ids", Endpoint::Completions, token_body as fn(usize) -> Vec<u8>),
         ("chat", Endpoint::Chat, chat_body),
@@ -144,14 +190,27 @@ fn body_scan_parse_time() {
                 }
                 _ => drop(std::hint::black_box(serde_json::from_slice::<TextsOnly>(&body))),
             };
-            let [a, s, f, a2] = medians(61, batch, [&general, &scan, &floor, &general]);
+            // Token ids: the reader the filter had before the body scan (the general path
+            // for chat, which had none).
+            let previous = || match ep {
+                Endpoint::Completions => {
+                    let split = super::scan::split::<PreviousPrompt>(&body);
+                    drop(std::hint::black_box(split))
+                }
+                _ => drop(std::hint::black_box(parse_general(ep, &body))),
+            };
+            let [a, p, s, f, a2] =
+                medians(61, batch, [&general, &previous, &scan, &floor, &general]);
             println!(
-                "| {shape} | {tokens} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} |",
+                "| {shape} | {tokens} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} \
+                 | {:.2} | {:.2} |",
                 body.len() as f64 / 1024.0,
                 a * 1e6,
+                p * 1e6,
                 s * 1e6,
                 f * 1e6,
                 s / a,
+                s / p,
                 f / a,
                 a2 / a
             );
