@@ -688,15 +688,20 @@ impl Core {
                 continue;
             }
             let n = self.running[i].need().min(budget);
-            if self.reserve(i, n, &mut preempted) {
+            let fits = self.reserve(i, n, &mut preempted);
+            if fits {
                 chunks[i] = n;
                 budget -= n;
             }
             if self.cfg.policy == SchedulingPolicy::Priority {
-                // A victim already given tokens this step gives them back (vLLM).
+                // A victim already given tokens this step gives them back; a request that had
+                // to go itself ends the step's running pass (vLLM).
                 for (c, _) in chunks.iter_mut().zip(&preempted).filter(|(c, p)| **p && **c > 0) {
                     budget += *c;
                     *c = 0;
+                }
+                if !fits {
+                    break;
                 }
             }
         }

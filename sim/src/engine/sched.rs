@@ -7,7 +7,8 @@
 //!   vLLM; a preempted request rejoins it at its own place, not at the front); the victim is
 //!   the running request with the largest (`priority`, arrival): the least urgent, and among
 //!   equals the latest. It may be one already given tokens in this step (they are given back)
-//!   or the request being scheduled itself.
+//!   or the request being scheduled itself (then no other running request is scheduled in
+//!   this step).
 //!
 //! Neither policy preempts a running request for a more urgent waiting one: only KV pressure
 //! preempts (vLLM v1; SGLang's priority mode does, past a threshold).
