@@ -240,6 +240,8 @@ pub async fn fanout(
 ) -> anyhow::Result<Fanout> {
     let url = format!("http://127.0.0.1:{}", pool.updater.port);
     let (stop_tx, stop) = watch::channel(false);
+    let pid = pool.pid()?;
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
     let mut seen = Vec::new();
     let mut tasks = Vec::new();
     for _ in 0..clients {
@@ -256,29 +258,44 @@ pub async fn fanout(
     }
     let load = pool.background(rate, stop.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let pid = pool.pid()?;
-    let (c0, t0) = (cpu_seconds(pid), Instant::now());
     let probe_url = format!("http://{}", pool.addrs[0]);
     let mut lags = Vec::new();
     for p in 0..probes {
         let before: Vec<u64> = seen.iter().map(|s| s.borrow().0).collect();
         let sent = Instant::now();
-        let r = client::chat(&pool.http, &probe_url, &chat(0xF0_0000_0000 + p as u64, 200)).await?;
+        // A prompt new to worker 0 (each point's probes differ): it stores new blocks.
+        let r = client::chat(
+            &pool.http,
+            &probe_url,
+            &chat(0xF0_0000_0000 + ((clients as u64) << 20) + p as u64, 200),
+        )
+        .await?;
         anyhow::ensure!(r.status == 200, "probe failed: {}", r.status);
         for (s, b) in seen.iter_mut().zip(&before) {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            let got = tokio::time::timeout_at(deadline, s.wait_for(|v| v.0 > *b)).await;
-            let at = got.context("a client never saw the probe")??.1;
+            let got = tokio::time::timeout_at(deadline, s.wait_for(|v| v.0 > *b))
+                .await
+                .map(|r| r.map(|v| *v));
+            let at = match got {
+                Ok(r) => r?.1,
+                Err(_) => anyhow::bail!(
+                    "probe {p}: a client never saw it (answers with new blocks on {}: {} before, {} now)",
+                    pool.addrs[0],
+                    b,
+                    s.borrow().0
+                ),
+            };
             lags.push(at.saturating_duration_since(sent).as_secs_f64() * 1000.0);
         }
     }
-    let (cores, wall) = ((cpu_seconds(pid) - c0) / t0.elapsed().as_secs_f64(), t0.elapsed());
     stop_tx.send(true).ok();
     load.await?;
     let mut bytes = 0;
     for t in tasks {
         bytes += t.await??;
     }
+    // Over the whole point: the clients' first full snapshots, the warm-up and the probes.
+    let (cores, wall) = ((cpu_seconds(pid) - c0) / t0.elapsed().as_secs_f64(), t0.elapsed());
     lags.sort_by(f64::total_cmp);
     let q = |p| kvroute_stack::nearest_rank(&lags, p).unwrap_or(f64::NAN);
     Ok(Fanout {
