@@ -40,6 +40,9 @@ pub enum Policy {
     /// The kvroute filter unaware of a P/D split: only the decode workers, as one aggregated
     /// pool (each prefills locally); the prefill workers idle.
     KvrouteNoPd,
+    /// The kvroute filter ranking on TTFT alone (`stream_stall_weight: 0`): running streams'
+    /// delay unpriced, as before it was.
+    KvrouteTtftOnly,
     /// Envoy's LEAST_REQUEST.
     LeastRequest,
     /// Envoy's ROUND_ROBIN.
@@ -102,6 +105,7 @@ impl Policy {
             Policy::KvrouteLoadOnly => "kvroute-load-only",
             Policy::KvroutePrefixOnly => "prefix-only",
             Policy::KvrouteNoPd => "kvroute-no-pd",
+            Policy::KvrouteTtftOnly => "kvroute-ttft-only",
             Policy::LeastRequest => "least-request",
             Policy::RoundRobin => "round-robin",
             Policy::Random => "random",
@@ -141,7 +145,7 @@ impl Policy {
         if s == "kvroute-no-events" {
             return Ok(Policy::KvrouteHistory);
         }
-        [Policy::Pinned, Policy::KvroutePrefixOnly, Policy::KvrouteNoPd]
+        [Policy::Pinned, Policy::KvroutePrefixOnly, Policy::KvrouteNoPd, Policy::KvrouteTtftOnly]
             .into_iter()
             .chain(Policy::COMPARED)
             .chain(Policy::PEERS)
@@ -158,12 +162,19 @@ impl Policy {
                 | Policy::KvrouteLoadOnly
                 | Policy::KvroutePrefixOnly
                 | Policy::KvrouteNoPd
+                | Policy::KvrouteTtftOnly
         )
     }
 
     /// The updater follows the workers' KV events.
     pub fn events(self) -> bool {
-        matches!(self, Policy::Kvroute | Policy::KvroutePrefixOnly | Policy::KvrouteNoPd)
+        matches!(
+            self,
+            Policy::Kvroute
+                | Policy::KvroutePrefixOnly
+                | Policy::KvrouteNoPd
+                | Policy::KvrouteTtftOnly
+        )
     }
 
     /// The filter gets the topology's `topology` section.
@@ -427,6 +438,9 @@ impl Cluster {
         });
         if let (Some(net), true) = (&topo.net, policy.network_aware()) {
             filter["topology"] = net.filter_section(addrs);
+        }
+        if policy == Policy::KvrouteTtftOnly {
+            filter["stream_stall_weight"] = json!(0.0);
         }
         Ok(filter)
     }
@@ -725,6 +739,8 @@ mod tests {
         let two = crate::preset::preset("two-site", 1).unwrap().topology;
         assert!(parse(&two, Policy::Kvroute)["topology"]["workers"].is_object());
         assert!(parse(&two, Policy::KvroutePrefixOnly).get("topology").is_none(), "blind");
+        assert_eq!(parse(&two, Policy::KvrouteTtftOnly)["stream_stall_weight"], 0.0);
+        assert!(parse(&two, Policy::Kvroute).get("stream_stall_weight").is_none());
         assert_eq!(parse(&two, Policy::KvrouteLoadOnly)["knowledge"]["cache_aware"], false);
         let pd = crate::preset::preset("pd", 1).unwrap().topology;
         let v = parse(&pd, Policy::Kvroute);

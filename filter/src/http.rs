@@ -434,7 +434,7 @@ impl KvHttp {
             self.state.watch.borrow().header_field(host::now_ms()),
             // The deciding thread's load shard: which of Envoy's worker threads decided.
             self.state.shard.borrow().id(),
-            d.topology_fields(f.life.served(), host::now_ms())
+            d.detail_fields(f.life.served(), host::now_ms())
         ))
     }
 }

@@ -2,7 +2,8 @@
 //! not round ranks four workers (one holds the whole prompt but is busy with prefill done in
 //! part, one holds half of it, one is idle, one is decoding) for a fixed chat request. The
 //! order, the cached and uncached tokens and every float of every estimate (wait, prefill,
-//! TTFT) must equal the values computed on the host, to the last bit.
+//! TTFT, the stall it adds to running streams, and the cost ranked on) must equal the values
+//! computed on the host, to the last bit.
 
 use serde_json::json;
 
@@ -48,22 +49,62 @@ fn load(w: &str) -> WorkerLoad {
     }
 }
 
-/// One ranked worker: name, cached and uncached tokens, and the bits of its wait, prefill and
-/// TTFT estimates (ms).
-type Ranked = (&'static str, u64, u64, [u64; 3]);
+/// One ranked worker: name, cached and uncached tokens, and the bits of its wait, prefill,
+/// TTFT, stall (the delay to the streams it decodes) and cost estimates (ms).
+type Ranked = (&'static str, u64, u64, [u64; 5]);
 
-// Computed on x86_64 (the decimal values in the comments are for reading only): the holder
-// of the whole prefix wins although busy, the idle worker follows, the half holder comes last.
+// Computed on x86_64 (the decimal values in the comments are for reading only): the idle
+// worker wins; the holder of the whole prefix follows (its TTFT is the best, but its short
+// prefill would delay the 4 streams it decodes), then the half holder, then the worker decoding
+// 9 streams.
 const PROMPT_TOKENS: u64 = 895;
 const GOLDEN: [Ranked; 4] = [
-    // wait 34.5004365, prefill 4.33428625, TTFT 38.83472275
-    ("127.0.0.1:1", 880, 15, [0x4041400e4da09cc3, 0x4011564f227d028a, 0x40436ad831f03d14]),
-    // wait 0.0, prefill 41.285838250000005, TTFT 41.285838250000005
-    ("127.0.0.1:3", 0, 895, [0x0000000000000000, 0x4044a4965907d913, 0x4044a4965907d913]),
-    // wait 5.49, prefill 41.285838250000005, TTFT 46.77583825000001
-    ("127.0.0.1:4", 0, 895, [0x4015f5c28f5c28f6, 0x4044a4965907d913, 0x4047634eaaf35e32]),
-    // wait 34.2717, prefill 23.20985233, TTFT 57.48155233
-    ("127.0.0.1:2", 432, 463, [0x404122c710cb295f, 0x403735b8e1de56e3, 0x404cbda381ba54d0]),
+    // wait 0.0, prefill 41.28583825, TTFT 41.28583825, stall 0.0, cost 41.28583825
+    (
+        "127.0.0.1:3",
+        0,
+        895,
+        [0x0000000000000000, 0x4044a4965907d913, 0x4044a4965907d913, 0, 0x4044a4965907d913],
+    ),
+    // wait 34.5004365, prefill 4.33428625, TTFT 38.83472275, stall 17.337145, cost 56.17186775
+    (
+        "127.0.0.1:1",
+        880,
+        15,
+        [
+            0x4041400e4da09cc3,
+            0x4011564f227d028a,
+            0x40436ad831f03d14,
+            0x4031564f227d028a,
+            0x404c15ffc32ebe59,
+        ],
+    ),
+    // wait 34.2717, prefill 23.20985233, TTFT 57.48155233, stall 46.41970466, cost 103.90125699
+    (
+        "127.0.0.1:2",
+        432,
+        463,
+        [
+            0x404122c710cb295f,
+            0x403735b8e1de56e3,
+            0x404cbda381ba54d0,
+            0x404735b8e1de56e3,
+            0x4059f9ae31cc55da,
+        ],
+    ),
+    // wait 5.49, prefill 41.28583825, TTFT 46.77583825, stall 371.57254425, cost 418.3483825
+    (
+        "127.0.0.1:4",
+        0,
+        895,
+        [
+            0x4015f5c28f5c28f6,
+            0x4044a4965907d913,
+            0x4047634eaaf35e32,
+            0x407739292428d435,
+            0x407a2592f9873ffb,
+        ],
+    ),
 ];
 
 /// The ranking of the scenario: what the router decides.
@@ -85,7 +126,13 @@ pub fn scenario_ranking() -> (u64, Vec<Ranked>) {
         .ranked
         .iter()
         .map(|s| {
-            let bits = [s.wait_ms.to_bits(), s.prefill_ms.to_bits(), s.ttft_ms.to_bits()];
+            let bits = [
+                s.wait_ms.to_bits(),
+                s.prefill_ms.to_bits(),
+                s.ttft_ms.to_bits(),
+                s.stall_ms.to_bits(),
+                s.cost_ms.to_bits(),
+            ];
             (leak(&s.worker), s.cached_tokens, s.uncached_tokens, bits)
         })
         .collect();
@@ -97,7 +144,8 @@ pub fn ranking_golden() {
     let show = |r: &[Ranked]| {
         r.iter()
             .map(|(w, c, u, b)| {
-                format!("{w} cached {c} uncached {u} ms {:?}", b.map(f64::from_bits))
+                let hex = b.map(|x| format!("{x:#018x}")).join(", ");
+                format!("{w} cached {c} uncached {u} ms {:?} bits [{hex}]", b.map(f64::from_bits))
             })
             .collect::<Vec<_>>()
             .join("\n  ")

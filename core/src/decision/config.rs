@@ -37,6 +37,14 @@ pub struct FilterConfig {
     pub index: IndexConfig,
     /// Estimates within `max(abs_ms, rel · best)` of the best are a tie, broken at random.
     pub tie_band: TieBand,
+    /// The price of running streams' delay: how many milliseconds of a new request's TTFT one
+    /// millisecond of delay to one stream already decoding on a worker is worth. A prefill
+    /// placed on a worker runs in the steps its decoding streams share, so each of them waits
+    /// about that prefill's time; the ranking minimises `ttft + stream_stall_weight · stall`
+    /// (both in the decision header: `predicted_ttft_ms`, `stall_ms`). 1: a millisecond is a
+    /// millisecond, whoever waits; 0: TTFT alone (streams are not priced).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0, max = 100.0)))]
+    pub stream_stall_weight: f64,
     /// Prompts longer than this (tokens) are routed load-only without hashing.
     #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_prompt_tokens: usize,
@@ -80,6 +88,9 @@ pub struct FilterConfig {
     /// (`core/src/decision/topology.rs`); absent (or empty): every worker local, no pulls.
     pub topology: crate::decision::topology::TopologyConfig,
 }
+
+/// The default of [`FilterConfig::stream_stall_weight`].
+pub const DEFAULT_STREAM_STALL_WEIGHT: f64 = 1.0;
 
 /// Deliberate faults, for proving that traffic survives them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -243,6 +254,7 @@ impl Default for FilterConfig {
             destination_header: "x-gateway-destination-endpoint".into(),
             index: IndexConfig::default(),
             tie_band: TieBand::default(),
+            stream_stall_weight: DEFAULT_STREAM_STALL_WEIGHT,
             max_prompt_tokens: 262_144,
             max_prompt_bytes: 512 * 1024,
             max_body_bytes: 8 << 20,
@@ -471,6 +483,12 @@ impl FilterConfig {
         }
         if !(self.tie_band.abs_ms >= 0.0 && self.tie_band.rel >= 0.0) {
             return bad("tie_band values must be >= 0".into());
+        }
+        if !(0.0..=100.0).contains(&self.stream_stall_weight) {
+            return bad(format!(
+                "stream_stall_weight must be a number in [0, 100], got {}",
+                self.stream_stall_weight
+            ));
         }
         if self.knowledge.max_event_age_ms == 0 {
             return bad("knowledge.max_event_age_ms must be > 0".into());

@@ -152,6 +152,15 @@ pub fn attention_tokens(tokens: u64, cached: u64) -> f64 {
     n * (2.0 * c + n)
 }
 
+/// The delay a prefill of `prefill_ms` placed on a worker with `load` adds to the streams it
+/// is decoding, summed over them: an engine runs a new prompt's prefill in the same steps as
+/// its running decodes (vLLM's chunked prefill puts each chunk in a step with one token of
+/// every decoding sequence; SGLang runs the prefill batch between decode batches), so every
+/// decoding sequence waits about the prefill's compute time, in one gap or spread over a few.
+pub fn stall_ms(load: &WorkerLoad, prefill_ms: f64) -> f64 {
+    f64::from(load.decoding_requests()) * prefill_ms
+}
+
 /// One worker as seen at decision time.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
@@ -184,6 +193,12 @@ pub struct Score {
     /// The pull chosen for this worker, if pulling beats recomputing what it lacks.
     pub pull: Option<PullPlan>,
     pub ttft_ms: f64,
+    /// The delay this request's prefill adds to the streams the worker is decoding, summed over
+    /// them (ms): each shares the steps the prefill runs in, so each waits about its prefill
+    /// time ([`stall_ms`]).
+    pub stall_ms: f64,
+    /// What the ranking minimises: `ttft_ms + stall_weight · stall_ms` (see [`rank`]).
+    pub cost_ms: f64,
     /// The load the estimate saw, with the prefill done already taken off (online calibration
     /// learns from it).
     pub load: WorkerLoad,
@@ -316,25 +331,45 @@ pub fn score_reached(
         adapter_ms,
         network_ms,
         ttft_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms,
+        stall_ms: stall_ms(&load, prefill_ms),
+        cost_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms,
         pull,
         load,
         deviation,
     }
 }
 
-/// Ranks candidates: the primary is drawn (with `pick`, a random number) among those within the
-/// tie band of the best estimate that add the least prefill work (fewest uncached tokens,
-/// within a block); the rest follow by increasing estimate. Empty in, empty out.
+/// How candidates are weighed against each other.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Weigh {
+    /// Estimates this close are a tie.
+    pub tie: TieBand,
+    /// Milliseconds of this request's TTFT one millisecond of delay to a running stream is
+    /// worth ([`Score::stall_ms`]); 0 ranks on TTFT alone.
+    pub stall_weight: f64,
+}
+
+impl Weigh {
+    /// Ties within `tie`, TTFT alone otherwise (no price on running streams).
+    pub fn ties(tie: TieBand) -> Weigh {
+        Weigh { tie, stall_weight: 0.0 }
+    }
+}
+
+/// Ranks candidates by `cost = ttft + stall_weight · stall`: the primary is drawn (with `pick`,
+/// a random number) among those within the tie band of the best cost that add the least
+/// prefill work (fewest uncached tokens, within a block); the rest follow by increasing cost.
+/// Empty in, empty out.
 pub fn rank(
     profile: &Profile,
     candidates: &[Candidate],
     prompt_tokens: u64,
     block_size: u32,
-    tie: TieBand,
+    weigh: Weigh,
     pick: u64,
 ) -> Vec<Score> {
     let scores = candidates.iter().map(|c| score(profile, c, prompt_tokens, block_size)).collect();
-    order(scores, block_size, tie, pick)
+    order(scores, block_size, weigh, pick)
 }
 
 /// [`rank`] with each candidate's [`Reach`] (`reaches[i]` for `candidates[i]`; missing ones
@@ -345,7 +380,7 @@ pub fn rank_reached(
     reaches: &[Reach],
     prompt_tokens: u64,
     block_size: u32,
-    tie: TieBand,
+    weigh: Weigh,
     pick: u64,
 ) -> Vec<Score> {
     let none = Reach::default();
@@ -356,17 +391,22 @@ pub fn rank_reached(
             score_reached(profile, c, reaches.get(i).unwrap_or(&none), prompt_tokens, block_size)
         })
         .collect();
-    order(scores, block_size, tie, pick)
+    order(scores, block_size, weigh, pick)
 }
 
-/// Orders scores: the primary drawn among the least-work ties, then by increasing estimate.
-fn order(mut scores: Vec<Score>, block_size: u32, tie: TieBand, pick: u64) -> Vec<Score> {
-    scores.sort_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms).then_with(|| a.worker.cmp(&b.worker)));
-    let Some(best) = scores.first().map(|s| s.ttft_ms) else {
+/// Orders scores by cost: the primary drawn among the least-work ties, then by increasing cost.
+fn order(mut scores: Vec<Score>, block_size: u32, weigh: Weigh, pick: u64) -> Vec<Score> {
+    let w = if weigh.stall_weight.is_finite() { weigh.stall_weight.max(0.0) } else { 0.0 };
+    for s in &mut scores {
+        s.cost_ms = if w > 0.0 { s.ttft_ms + w * s.stall_ms } else { s.ttft_ms };
+    }
+    scores.sort_by(|a, b| a.cost_ms.total_cmp(&b.cost_ms).then_with(|| a.worker.cmp(&b.worker)));
+    let Some(best) = scores.first().map(|s| s.cost_ms) else {
         return scores;
     };
+    let tie = weigh.tie;
     let band = best + tie.abs_ms.max(tie.rel * best);
-    let ties = scores.iter().take_while(|s| s.ttft_ms <= band).count().max(1);
+    let ties = scores.iter().take_while(|s| s.cost_ms <= band).count().max(1);
     // Among ties, the least work added: a worker that shares more of the prompt (cached, or in
     // flight there) leaves the others free; equal work is drawn at random.
     let least = scores[..ties].iter().map(|s| s.uncached_tokens).min().unwrap_or(0);
@@ -381,6 +421,8 @@ fn order(mut scores: Vec<Score>, block_size: u32, tie: TieBand, pick: u64) -> Ve
 
 #[cfg(test)]
 mod reach_tests;
+#[cfg(test)]
+mod stall_tests;
 
 #[cfg(test)]
 mod tests {
@@ -388,6 +430,7 @@ mod tests {
     use proptest::prelude::*;
 
     const PROMPT: u64 = 4096;
+    const EXACT: TieBand = TieBand { abs_ms: 0.0, rel: 0.0 };
     const BS: u32 = 16;
 
     fn load(prefill_tokens: u64, prefilling: u32, inflight: u32) -> WorkerLoad {
@@ -433,9 +476,7 @@ mod tests {
     }
 
     fn winner(profile: Profile) -> String {
-        rank(&profile, &reference_cases(), PROMPT, BS, TieBand { abs_ms: 0.0, rel: 0.0 }, 0)
-            .remove(0)
-            .worker
+        rank(&profile, &reference_cases(), PROMPT, BS, Weigh::ties(EXACT), 0).remove(0).worker
     }
 
     fn profile(per_token: f64, interference: f64) -> Profile {
@@ -479,7 +520,7 @@ mod tests {
             .collect();
         let p = Profile::default();
         let firsts: std::collections::BTreeSet<String> = (0..3)
-            .map(|pick| rank(&p, &c, 100, BS, TieBand::default(), pick)[0].worker.clone())
+            .map(|pick| rank(&p, &c, 100, BS, Weigh::default(), pick)[0].worker.clone())
             .collect();
         assert_eq!(firsts.len(), 3);
     }
@@ -665,7 +706,7 @@ mod tests {
             c in arb_candidate(), others in 1usize..6, prompt in 0u64..32_768, pick in any::<u64>()
         ) {
             let p = Profile::default();
-            let exact = TieBand { abs_ms: 0.0, rel: 0.0 };
+            let exact = Weigh::ties(EXACT);
             let mut cs = vec![Candidate { worker: "loaded".into(), ..c.clone() }];
             cs.extend((0..others).map(|i| Candidate {
                 worker: format!("cold{i}"),
@@ -680,16 +721,21 @@ mod tests {
 
         #[test]
         fn ranking_is_a_permutation_with_primary_in_the_tie_band(
-            cs in proptest::collection::vec(arb_candidate(), 1..8), pick in any::<u64>()
+            cs in proptest::collection::vec(arb_candidate(), 1..8),
+            pick in any::<u64>(),
+            stall_weight in prop_oneof![Just(0.0), 0.0f64..4.0],
         ) {
             let p = Profile::default();
             let tie = TieBand::default();
-            let r = rank(&p, &cs, 4096, BS, tie, pick);
+            let r = rank(&p, &cs, 4096, BS, Weigh { tie, stall_weight }, pick);
             prop_assert_eq!(r.len(), cs.len());
-            let best = r.iter().map(|s| s.ttft_ms).fold(f64::INFINITY, f64::min);
-            prop_assert!(r[0].ttft_ms <= best + tie.abs_ms.max(tie.rel * best));
+            let best = r.iter().map(|s| s.cost_ms).fold(f64::INFINITY, f64::min);
+            prop_assert!(r[0].cost_ms <= best + tie.abs_ms.max(tie.rel * best));
+            for s in &r {
+                prop_assert_eq!(s.cost_ms, s.ttft_ms + stall_weight * s.stall_ms);
+            }
             for w in r[1..].windows(2) {
-                prop_assert!(w[0].ttft_ms <= w[1].ttft_ms);
+                prop_assert!(w[0].cost_ms <= w[1].cost_ms);
             }
             let mut a: Vec<_> = r.iter().map(|s| s.worker.clone()).collect();
             let mut b: Vec<_> = cs.iter().map(|c| c.worker.clone()).collect();

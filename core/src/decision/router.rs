@@ -310,7 +310,7 @@ impl Router {
                 &reaches,
                 prompt_tokens,
                 m.block_size,
-                self.plan.tie,
+                self.plan.weigh,
                 pick,
             );
             (ranked, Vec::new())

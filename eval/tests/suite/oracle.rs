@@ -79,7 +79,9 @@ async fn the_oracle_sends_every_request_to_the_worker_whose_what_if_was_best() {
     // speed, so each idle worker is best once.
     let mut sends = Vec::new();
     for i in 0..2u32 {
-        let s = scheduled(completions_body(model, &ids(100 + i * 50, 3000), 300), 300);
+        // 1 500 output tokens (seconds of decoding): the first is still running when the second's
+        // what-if is asked, however slow the host is.
+        let s = scheduled(completions_body(model, &ids(100 + i * 50, 3000), 1500), 1500);
         let (http2, url, ctx2) = (http.clone(), url.clone(), ctx.clone());
         sends.push(tokio::spawn(async move { send(&http2, &url, i as usize, &s, &ctx2).await }));
         kvroute_stack::eventually(

@@ -34,7 +34,7 @@ fn offer(from: &str, blocks: usize, fixed_ms: f64, gbps: f64) -> PullOffer {
     PullOffer { from: from.into(), blocks, cost: PullCost { fixed_ms, ms_per_token } }
 }
 
-const EXACT: TieBand = TieBand { abs_ms: 0.0, rel: 0.0 };
+const EXACT: Weigh = Weigh { tie: TieBand { abs_ms: 0.0, rel: 0.0 }, stall_weight: 0.0 };
 
 #[test]
 fn an_idle_peer_pulls_from_a_busy_holder_over_a_fast_link() {
@@ -82,12 +82,12 @@ proptest! {
         let p = Profile::default();
         let none = vec![Reach::default(); cs.len()];
         prop_assert_eq!(
-            rank_reached(&p, &cs, &none, prompt, BS, TieBand::default(), pick),
-            rank(&p, &cs, prompt, BS, TieBand::default(), pick)
+            rank_reached(&p, &cs, &none, prompt, BS, Weigh::default(), pick),
+            rank(&p, &cs, prompt, BS, Weigh::default(), pick)
         );
         prop_assert_eq!(
-            rank_reached(&p, &cs, &[], prompt, BS, TieBand::default(), pick),
-            rank(&p, &cs, prompt, BS, TieBand::default(), pick)
+            rank_reached(&p, &cs, &[], prompt, BS, Weigh::default(), pick),
+            rank(&p, &cs, prompt, BS, Weigh::default(), pick)
         );
     }
 

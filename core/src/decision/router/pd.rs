@@ -43,8 +43,15 @@ impl Router {
             .collect();
         let cands: Vec<Candidate> = handed.iter().map(|(c, _)| c.clone()).collect();
         let near = reaches(topo, &handed, true, &|_| 0.0);
-        let mut ranked =
-            rank_reached(&profile, &cands, &near, prompt_tokens, m.block_size, self.plan.tie, pick);
+        let mut ranked = rank_reached(
+            &profile,
+            &cands,
+            &near,
+            prompt_tokens,
+            m.block_size,
+            self.plan.weigh,
+            pick,
+        );
         let looked = self.candidates(t, &m.prefill_workers, hashes, load, now_ms, cache_read);
         let cands: Vec<Candidate> = looked.iter().map(|(c, _)| c.clone()).collect();
         // Without a topology the hand-off still crosses a link: the default one within a site.
@@ -74,7 +81,7 @@ impl Router {
                 &near,
                 prompt_tokens,
                 m.block_size,
-                self.plan.tie,
+                self.plan.weigh,
                 pick,
             );
             let total = prefill.first().map_or(f64::INFINITY, |p| p.ttft_ms);

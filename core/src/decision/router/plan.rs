@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::decision::config::{BundleRef, BundleSource, ConfigError, FilterConfig};
-use crate::decision::cost::{Profile, TieBand};
+use crate::decision::cost::{Profile, Weigh};
 use crate::decision::tokenize::model::ModelBundle;
 use crate::decision::tokenize::tokcache::Cuts;
 use crate::decision::topology::TopologyConfig;
@@ -69,7 +69,8 @@ pub struct Plan {
     models: HashMap<String, Arc<ModelPlan>>,
     /// Adapter name -> base model, from the configuration.
     adapters: HashMap<String, String>,
-    pub tie: TieBand,
+    /// The tie band and the price of running streams' delay.
+    pub weigh: Weigh,
     /// `knowledge.cache_aware`: false credits no worker with cached blocks (an ablation).
     pub cache_aware: bool,
     pub max_prompt_tokens: usize,
@@ -143,7 +144,7 @@ impl Plan {
         Ok(Plan {
             models,
             adapters,
-            tie: cfg.tie_band,
+            weigh: Weigh { tie: cfg.tie_band, stall_weight: cfg.stream_stall_weight },
             cache_aware: cfg.knowledge.cache_aware,
             max_prompt_tokens: cfg.max_prompt_tokens,
             max_prompt_bytes: cfg.max_prompt_bytes,

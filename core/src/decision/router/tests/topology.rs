@@ -58,8 +58,11 @@ fn an_idle_worker_pulls_the_prefix_from_a_busy_holder_next_to_it() {
     assert_eq!(d.predicted_cached_tokens(), pull.tokens);
     assert_eq!(d.uncached_tokens(), d.prompt_tokens - pull.tokens);
     assert_eq!(d.steering_headers(), vec![("x-kvroute-kv-source", W[1])]);
-    let fields = d.topology_fields(W[0], 10);
-    assert!(fields.starts_with("kv_source=127.0.0.1:2; prefill=none;"), "{fields}");
+    let fields = d.detail_fields(W[0], 10);
+    assert!(
+        fields.starts_with("stall_ms=0.0; decoding=0; kv_source=127.0.0.1:2; prefill=none;"),
+        "{fields}"
+    );
     assert!(
         fields.ends_with("site=a; cross_site=0; site_source=config; site_age_ms=none"),
         "{fields}"
@@ -88,7 +91,7 @@ fn a_remote_holder_is_chosen_only_when_its_prefix_saves_more_than_the_round_trip
     held(&mut r, &short, W[1]);
     let d = r.decide(&short, 0, &idle, 10, 0).unwrap();
     assert_ne!(d.primary().unwrap().worker, W[1]);
-    assert!(d.topology_fields(W[1], 10).contains("site=b; cross_site=1;"));
+    assert!(d.detail_fields(W[1], 10).contains("site=b; cross_site=1;"));
     // Without the round trip the holder wins the same decision.
     let mut near = pool(json!({"local_site":"a"}));
     held(&mut near, &short, W[1]);
@@ -158,10 +161,10 @@ fn discovered_labels_place_workers_the_configuration_does_not() {
     let d = r.decide(&q, 0, &idle, 10, 0).unwrap();
     assert_ne!(d.primary().unwrap().worker, W[1], "the holder is 80 ms away now");
     assert!(d
-        .topology_fields(W[1], 10)
+        .detail_fields(W[1], 10)
         .ends_with("site=b; cross_site=1; site_source=discovered; site_age_ms=5"));
     assert!(d
-        .topology_fields(W[0], 10)
+        .detail_fields(W[0], 10)
         .ends_with("site=unknown; cross_site=0; site_source=none; site_age_ms=none"));
     // Gone from discovery: local again.
     r.set_discovered(Vec::new());
