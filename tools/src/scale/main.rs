@@ -293,7 +293,7 @@ async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
     )
     .plotting(&["events_per_s", "events_per_core_s", "rss_mib"], "events/s, MiB");
     for &w in &a.ingest_workers {
-        let pool = updater::Pool::start(w, &dir).await?;
+        let pool = updater::SimPool::start(w, &dir).await?;
         let i = updater::ingest(&pool, a.rate, a.idle_s, a.load_s).await?;
         ingest.push(vec![
             w as f64,
@@ -319,7 +319,7 @@ async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
     )
     .plotting(&["freshness_p50_ms", "freshness_p99_ms"], "ms");
     if !a.clients.is_empty() {
-        let pool = updater::Pool::start(a.fanout_workers, &dir).await?;
+        let pool = updater::SimPool::start(a.fanout_workers, &dir).await?;
         for &c in &a.clients {
             let f = updater::fanout(&pool, c, a.rate, a.probes).await?;
             fanout.push(vec![

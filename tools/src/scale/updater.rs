@@ -38,7 +38,7 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// A simulated pool and the updater following it.
-pub struct Pool {
+pub struct SimPool {
     _sim: Guard,
     updater: Guard,
     port: u16,
@@ -47,8 +47,8 @@ pub struct Pool {
     http: reqwest::Client,
 }
 
-impl Pool {
-    pub async fn start(workers: usize, dir: &Path) -> anyhow::Result<Pool> {
+impl SimPool {
+    pub async fn start(workers: usize, dir: &Path) -> anyhow::Result<SimPool> {
         let mut cmd = Command::new(paths::sim_bin()?);
         cmd.args(["--workers", &workers.to_string(), "--base-port", "0"]);
         cmd.args(["--speedup", "20", "--num-gpu-blocks", "1024"]);
@@ -74,7 +74,7 @@ impl Pool {
         let log = dir.join(format!("updater-{workers}.log"));
         let mut updater = Guard::spawn("kvroute-updater", cmd, &log)?;
         updater.wait_line("listening on", Duration::from_secs(60)).await?;
-        let pool = Pool { _sim: sim, updater, port, addrs, http: reqwest::Client::new() };
+        let pool = SimPool { _sim: sim, updater, port, addrs, http: reqwest::Client::new() };
         pool.wait_compatible().await?;
         Ok(pool)
     }
@@ -148,7 +148,7 @@ pub struct Ingest {
 }
 
 /// Idle for `idle_s`, then `rate` requests/s for `load_s`.
-pub async fn ingest(pool: &Pool, rate: f64, idle_s: f64, load_s: f64) -> anyhow::Result<Ingest> {
+pub async fn ingest(pool: &SimPool, rate: f64, idle_s: f64, load_s: f64) -> anyhow::Result<Ingest> {
     let pid = pool.pid()?;
     let (c0, t0) = (cpu_seconds(pid), Instant::now());
     tokio::time::sleep(Duration::from_secs_f64(idle_s)).await;
@@ -249,7 +249,7 @@ pub struct Fanout {
 /// fresh prompts sent to worker 0, each timed from its sending until every client's copy
 /// shows new blocks on worker 0.
 pub async fn fanout(
-    pool: &Pool,
+    pool: &SimPool,
     clients: usize,
     rate: f64,
     probes: usize,
