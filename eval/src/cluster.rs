@@ -349,7 +349,7 @@ impl Cluster {
         // Envoy 0's admin port, known before Envoy starts so the updater can follow it.
         let admin0 = paths::free_port()?;
         let base_delay = Duration::from_millis(topo.knowledge.delay_ms);
-        let (updater, relay) = if policy.filter() {
+        let (mut updater, relay) = if policy.filter() {
             let model = topo.workers.model.pool(0, BundleFrom::Updater).updater_model();
             // Without events the updater still scrapes every worker's load.
             let endpoints = if policy.events() { endpoints } else { addrs.clone() };
@@ -384,11 +384,17 @@ impl Cluster {
             };
             let sub = dir.join(format!("envoy-{i}"));
             std::fs::create_dir_all(&sub)?;
-            let config = Self::config(topo, policy, &sub, ports, &addrs, max_fault_delay_ms)?;
-            let envoy =
-                Envoy::start(&config, ports.admin, ports.listen, &sub, topo.envoy.concurrency)
-                    .await
-                    .with_context(|| format!("starting Envoy {i} for {}", policy.name()))?;
+            let config = |admin, listen| {
+                let ports = StackPorts { admin, listen, ..ports };
+                Self::config(topo, policy, &sub, ports, &addrs, max_fault_delay_ms)
+            };
+            let first = (ports.admin, ports.listen);
+            let envoy = Envoy::start_retrying_ports(first, &sub, topo.envoy.concurrency, config)
+                .await
+                .with_context(|| format!("starting Envoy {i} for {}", policy.name()))?;
+            if let Some(u) = updater.as_mut().filter(|_| i == 0 && envoy.admin_port != admin0) {
+                u.follow_admin(envoy.admin_port).await?;
+            }
             envoys.push(envoy);
         }
         let cluster =

@@ -73,6 +73,40 @@ pub async fn validate(config: &Path) -> anyhow::Result<(bool, String)> {
     Ok((out.status.success(), text))
 }
 
+/// Envoy exited at startup because a port it was given was already taken.
+#[derive(Debug)]
+pub struct EnvoyLostAPort {
+    pub admin_port: u16,
+    pub listen_port: u16,
+    /// Envoy's warning, error and critical lines.
+    pub said: String,
+}
+
+impl std::fmt::Display for EnvoyLostAPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (a, l) = (self.admin_port, self.listen_port);
+        write!(f, "envoy could not bind its ports (admin {a}, listener {l}): {}", self.said)
+    }
+}
+
+impl std::error::Error for EnvoyLostAPort {}
+
+/// Envoy's log says a port it was to bind was in use.
+fn lost_a_port(log: &Path) -> bool {
+    complaints(log).lines().any(|l| l.contains("Address already in use"))
+}
+
+/// The warning, error and critical lines of Envoy's `log` (the reason it stopped is among
+/// them; its last lines are often the list of extensions it was built with).
+fn complaints(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| ["][warning][", "][error][", "][critical]["].iter().any(|k| l.contains(k)))
+        .collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
 /// A running Envoy.
 pub struct Envoy {
     pub guard: Guard,
@@ -104,7 +138,9 @@ impl Envoy {
             // so it never appears in the bootstrap or /config_dump.
             .env("KVROUTE_UPDATER_TOKEN", crate::stack::UPDATER_TOKEN);
         let mut guard = Guard::spawn("envoy", cmd, &log)?;
-        let http = reqwest::Client::new();
+        // Each probe is bounded: whatever else answers on a port taken from under Envoy may
+        // never reply, and the exit check below must still run.
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
         let ready = format!("http://127.0.0.1:{admin_port}/ready");
         let res = crate::eventually("envoy ready", Duration::from_secs(90), || {
             let http = http.clone();
@@ -121,9 +157,38 @@ impl Envoy {
         .await;
         if !matches!(res, Ok(true)) {
             let tail = crate::process::log_tail(&log, 20);
-            bail!("envoy did not become ready ({res:?}); log tail:\n{tail}");
+            let said = complaints(&log);
+            if lost_a_port(&log) {
+                bail!(EnvoyLostAPort { admin_port, listen_port, said });
+            }
+            bail!("envoy did not become ready ({res:?}); it said:\n{said}\nlog tail:\n{tail}");
         }
         Ok(Envoy { guard, admin_port, listen_port, log, startup: started.elapsed() })
+    }
+
+    /// [`Envoy::start`] on `admin` and `listen` with the bootstrap that `config(admin, listen)`
+    /// writes. [`paths::free_port`] releases the port it found, so another process (any
+    /// outgoing connection's local port) can take it before Envoy binds it, and Envoy exits at
+    /// startup. That case, and only that one, is tried again on fresh ports, at most twice: the
+    /// returned Envoy's `admin_port` and `listen_port` are the ones it has.
+    pub async fn start_retrying_ports(
+        (admin, listen): (u16, u16),
+        dir: &Path,
+        concurrency: u32,
+        mut config: impl FnMut(u16, u16) -> anyhow::Result<PathBuf>,
+    ) -> anyhow::Result<Envoy> {
+        let (mut admin, mut listen) = (admin, listen);
+        for _ in 0..2 {
+            let path = config(admin, listen)?;
+            match Envoy::start(&path, admin, listen, dir, concurrency).await {
+                Err(e) if e.downcast_ref::<EnvoyLostAPort>().is_some() => {
+                    eprintln!("kvroute-stack: {e}; starting Envoy again on other ports");
+                }
+                other => return other,
+            }
+            (admin, listen) = (paths::free_port()?, paths::free_port()?);
+        }
+        Envoy::start(&config(admin, listen)?, admin, listen, dir, concurrency).await
     }
 
     pub fn base_url(&self) -> String {

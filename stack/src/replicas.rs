@@ -70,9 +70,12 @@ impl Replicas {
         };
         let addrs = stack.addrs();
         let filter = filter_config(&addrs, &opts);
-        let config = write_config("kvroute.yaml", &dir, ports, &addrs, &filter)?;
-        let b =
-            Envoy::start(&config, ports.admin, ports.listen, &dir, opts.envoy_concurrency).await?;
+        let config = |admin, listen| {
+            let ports = StackPorts { admin, listen, ..ports };
+            write_config("kvroute.yaml", &dir, ports, &addrs, &filter)
+        };
+        let first = (ports.admin, ports.listen);
+        let b = Envoy::start_retrying_ports(first, &dir, opts.envoy_concurrency, config).await?;
         b.wait_healthy(addrs.len()).await?;
         Ok(Replicas { stack, b })
     }

@@ -276,6 +276,17 @@ impl Updater {
         Ok(guard)
     }
 
+    /// Starts it again following the Envoy whose admin is on `admin` (the `--envoy-admin` that
+    /// decides membership).
+    pub async fn follow_admin(&mut self, admin: u16) -> anyhow::Result<()> {
+        let at = self.args.iter().position(|a| a == "--envoy-admin");
+        let Some(value) = at.and_then(|i| self.args.get_mut(i + 1)) else {
+            anyhow::bail!("this updater follows no Envoy admin");
+        };
+        *value = format!("http://127.0.0.1:{admin}");
+        self.restart().await
+    }
+
     /// Kills the updater (an outage).
     pub async fn stop(&mut self) {
         self.guard.kill().await;
@@ -442,7 +453,7 @@ impl Stack {
             updater: paths::free_port()?,
         };
         let models: Vec<String> = opts.pools.iter().map(Pool::updater_model).collect();
-        let updater = match opts.updater {
+        let mut updater = match opts.updater {
             true => {
                 Some(Updater::start(ports.updater, ports.admin, &workers, &models, &dir).await?)
             }
@@ -454,21 +465,31 @@ impl Stack {
             let per_pool: Vec<Vec<String>> = pools.iter().map(|p| p.addrs.clone()).collect();
             pools_filter_config(&opts.pools, &per_pool, &opts)?
         };
-        let config = if opts.envoy_edits.is_empty() {
-            write_config(opts.policy.template(), &dir, ports, &addrs, &filter)?
-        } else {
-            let name = opts.policy.template();
+        let name = opts.policy.template();
+        let mut text = None;
+        if !opts.envoy_edits.is_empty() {
             let path = paths::repo_root().join("envoy").join(name);
-            let mut text = std::fs::read_to_string(&path)
+            let mut t = std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
             for (from, to) in &opts.envoy_edits {
-                anyhow::ensure!(text.contains(from.as_str()), "{name} has no {from:?} to edit");
-                text = text.replace(from.as_str(), to);
+                anyhow::ensure!(t.contains(from.as_str()), "{name} has no {from:?} to edit");
+                t = t.replace(from.as_str(), to);
             }
-            write_config_text(name, &text, &dir, ports, &addrs, &filter)?
+            text = Some(t);
+        }
+        let config = |admin, listen| {
+            let ports = StackPorts { admin, listen, ..ports };
+            match &text {
+                None => write_config(name, &dir, ports, &addrs, &filter),
+                Some(t) => write_config_text(name, t, &dir, ports, &addrs, &filter),
+            }
         };
+        let first = (ports.admin, ports.listen);
         let envoy =
-            Envoy::start(&config, ports.admin, ports.listen, &dir, opts.envoy_concurrency).await?;
+            Envoy::start_retrying_ports(first, &dir, opts.envoy_concurrency, config).await?;
+        if let Some(u) = updater.as_mut().filter(|_| envoy.admin_port != ports.admin) {
+            u.follow_admin(envoy.admin_port).await?;
+        }
         let n = workers.len();
         let stack = Stack { envoy, workers, pools, updater, dir, updater_port: ports.updater };
         stack.wait_healthy(n).await?;

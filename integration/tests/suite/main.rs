@@ -33,6 +33,7 @@ mod shedding;
 mod siege;
 mod siege_envoy;
 mod siege_updater;
+mod startup;
 mod topology_eval;
 mod topology_route;
 mod topology_sim;
