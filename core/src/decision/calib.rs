@@ -164,7 +164,7 @@ pub struct Sample {
 /// decides with. Cheap to clone behind an `Arc`; empty (the configured profiles) by default.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Calibrated {
-    models: HashMap<String, ModelView>,
+    models: HashMap<String, ModelView, foldhash::fast::RandomState>,
 }
 
 /// One model's calibrated view.
@@ -172,7 +172,7 @@ pub struct Calibrated {
 pub struct ModelView {
     pub profile: Profile,
     /// Deviation factor per worker with enough samples.
-    pub deviations: HashMap<String, f64>,
+    pub deviations: HashMap<String, f64, foldhash::fast::RandomState>,
     pub samples: u64,
 }
 

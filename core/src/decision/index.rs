@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use foldhash::fast::RandomState as Fast;
+
 use hashlink::LinkedHashMap;
 
 use crate::wire::journal::Source;
@@ -73,9 +75,9 @@ struct WorkerBlocks {
 /// A worker's blocks as its KV-event stream reports them (from snapshots and their deltas).
 #[derive(Debug, Default)]
 struct EventView {
-    blocks: std::collections::HashSet<u64>,
+    blocks: std::collections::HashSet<u64, Fast>,
     /// Blocks on lower tiers (CPU, storage).
-    offloaded: std::collections::HashSet<u64>,
+    offloaded: std::collections::HashSet<u64, Fast>,
     /// When the updater last heard from this worker's stream (unix ms).
     observed_at_ms: u64,
 }
@@ -113,7 +115,7 @@ pub struct KnowledgeIndex {
     trust: EventTrust,
     /// When the updater last confirmed its snapshot (unix ms); `None`: no event knowledge.
     events_checked_at_ms: Option<u64>,
-    workers: HashMap<String, WorkerBlocks>,
+    workers: HashMap<String, WorkerBlocks, Fast>,
 }
 
 impl KnowledgeIndex {
@@ -122,7 +124,7 @@ impl KnowledgeIndex {
     }
 
     pub fn with_trust(limits: IndexLimits, trust: EventTrust) -> Self {
-        KnowledgeIndex { limits, trust, events_checked_at_ms: None, workers: HashMap::new() }
+        KnowledgeIndex { limits, trust, events_checked_at_ms: None, workers: HashMap::default() }
     }
 
     /// Replaces `worker`'s event view with `gpu` and `offloaded` hashes, as last heard at

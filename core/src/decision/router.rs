@@ -288,20 +288,22 @@ impl Router {
         // The updater's pool when it sends one (a new pod joins once identified), else the
         // configured workers.
         let pool = self.knowledge.pool_members(&m.name).unwrap_or(&m.workers);
-        let looked = self.candidates(t, pool, &hashes, load, now_ms, cache_read);
-        // Each worker's lookup, kept for the header fields of the chosen one and the look-ahead.
-        let matches: HashMap<&str, PrefixMatch> =
-            looked.iter().map(|(c, pm)| (c.worker.as_str(), *pm)).collect();
-        let candidates: Vec<Candidate> = looked.iter().map(|(c, _)| c.clone()).collect();
+        // Each worker's lookup (`matches[i]` for `candidates[i]`), kept for the header fields
+        // of the chosen one and the look-ahead.
+        let (candidates, matches) = self.candidates(t, pool, &hashes, load, now_ms, cache_read);
+        let looked = (candidates.as_slice(), matches.as_slice());
+        let match_of = |w: &str| {
+            candidates.iter().position(|c| c.worker == w).and_then(|i| matches.get(i)).copied()
+        };
         let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
         let topo = self.topology.as_deref();
         let pd = !m.prefill_workers.is_empty();
         let (mut ranked, prefill) = if pd {
-            self.rank_pd(t, &looked, &hashes, prompt_tokens, load, now_ms, pick, cache_read)
+            self.rank_pd(t, &candidates, &hashes, prompt_tokens, load, now_ms, pick, cache_read)
         } else {
             // Without a topology every reach is zero: nothing to build per request.
             let reaches = match topo {
-                Some(_) => reach::reaches(topo, &looked, true, &|_| 0.0),
+                Some(_) => reach::reaches(topo, &candidates, true, &|_| 0.0),
                 None => Vec::new(),
             };
             let ranked = rank_reached(
@@ -316,16 +318,12 @@ impl Router {
             (ranked, Vec::new())
         };
         let replicated =
-            !pd && self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, &matches, now_ms);
+            !pd && self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, looked, now_ms);
         // The prompt's computing worker: the prefill primary in a P/D pool.
         if let Some(p) = prefill.first().or(ranked.first()) {
             self.knowledge.note_uncached_tokens(p.uncached_tokens);
         }
-        let chosen = ranked
-            .first()
-            .and_then(|s| matches.get(s.worker.as_str()))
-            .copied()
-            .unwrap_or_default();
+        let chosen = ranked.first().and_then(|s| match_of(&s.worker)).unwrap_or_default();
         let fallback = fallback
             .or_else(|| self.knowledge.events_stale(now_ms).then_some(FallbackReason::StaleEvents));
         Decision {
@@ -356,7 +354,7 @@ impl Router {
         load: &dyn Fn(&str) -> WorkerLoad,
         now_ms: u64,
         cache_read: bool,
-    ) -> Vec<(Candidate, PrefixMatch)> {
+    ) -> (Vec<Candidate>, Vec<PrefixMatch>) {
         let m = &t.model;
         // Workers that failed requests are left out, as primary and as fallback, unless every
         // worker of the pool is down: then the choice is among all of them (never a refusal).
@@ -391,12 +389,12 @@ impl Router {
                 };
                 (c, pm)
             })
-            .collect()
+            .unzip()
     }
 
     /// Places a hot prefix on one more worker when the requests still to come for it would
     /// queue longer on its holders than one recompute costs (see [`crate::decision::lookahead`]): moves
-    /// that worker to the front of `ranked` and says so. `matches` holds each worker's lookup;
+    /// that worker to the front of `ranked` and says so. `matches[i]` is `candidates[i]`'s lookup;
     /// its `routed_age_ms` is the youngest routing credit for this prompt: a prefix sent there
     /// that recently is still in prefill, and its remaining prefill is not a lasting queue.
     fn look_ahead(
@@ -405,7 +403,7 @@ impl Router {
         hashes: &[u64],
         block_size: u32,
         profile: &crate::decision::cost::Profile,
-        matches: &HashMap<&str, PrefixMatch>,
+        (candidates, matches): (&[Candidate], &[PrefixMatch]),
         now_ms: u64,
     ) -> bool {
         let hot = self.knowledge.hot();
@@ -419,10 +417,15 @@ impl Router {
         if expected < hot.config().min_arrivals {
             return false;
         }
+        let routed: HashMap<&str, Option<u64>> = candidates
+            .iter()
+            .zip(matches)
+            .map(|(c, pm)| (c.worker.as_str(), pm.routed_age_ms))
+            .collect();
         let held: Vec<Held<'_>> = ranked
             .iter()
             .map(|s| {
-                let routed_age = matches.get(s.worker.as_str()).and_then(|pm| pm.routed_age_ms);
+                let routed_age = routed.get(s.worker.as_str()).copied().flatten();
                 let inflight_ms = match routed_age {
                     Some(age) => {
                         (profile.prefill_ms(s.cached_tokens) * s.deviation - age as f64).max(0.0)

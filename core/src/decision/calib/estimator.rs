@@ -136,7 +136,7 @@ impl ModelState {
         if !cfg.enabled || self.samples < cfg.min_samples || !self.matches(prior) {
             return None;
         }
-        let deviations: HashMap<String, f64> = self
+        let deviations: HashMap<String, f64, foldhash::fast::RandomState> = self
             .workers
             .iter()
             .filter(|w| w.samples >= cfg.min_worker_samples)

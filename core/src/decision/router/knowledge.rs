@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use foldhash::fast::RandomState as Fast;
+
 use crate::decision::config::FilterConfig;
 use crate::decision::index::{EventChange, KnowledgeIndex, PrefixMatch};
 use crate::decision::load::WorkerLoad;
@@ -27,11 +29,11 @@ struct Serving {
 pub struct Knowledge {
     index: KnowledgeIndex,
     /// Workers whose announced config does not match kvroute's: no cache credit.
-    incompatible: HashSet<String>,
+    incompatible: HashSet<String, Fast>,
     /// What each worker last reported about its load (via the updater).
-    reported: HashMap<String, SnapshotLoad>,
+    reported: HashMap<String, SnapshotLoad, Fast>,
     max_load_age_ms: u64,
-    serving: HashMap<String, Serving>,
+    serving: HashMap<String, Serving, Fast>,
     /// Adapter -> base model -> how many workers report that pair.
     adapter_bases: HashMap<String, BTreeMap<String, u32>>,
     /// The models (and bundle fingerprints) the updater last named.
@@ -49,20 +51,20 @@ pub struct Knowledge {
     /// `pool` by base model: each model's members, sorted.
     members: HashMap<String, Vec<String>>,
     /// Workers to leave out of decisions now (failed requests, see `shared::health`).
-    down: HashSet<String>,
+    down: HashSet<String, Fast>,
     /// Workers the updater reports down (Envoy's health checking or outlier detection dropped
     /// them: [`Snapshot::down`]).
-    updater_down: HashSet<String>,
+    updater_down: HashSet<String, Fast>,
 }
 
 impl Knowledge {
     pub fn new(cfg: &FilterConfig) -> Knowledge {
         Knowledge {
             index: KnowledgeIndex::with_trust(cfg.index.limits(), cfg.knowledge.trust()),
-            incompatible: HashSet::new(),
-            reported: HashMap::new(),
+            incompatible: HashSet::default(),
+            reported: HashMap::default(),
             max_load_age_ms: cfg.knowledge.max_load_age_ms,
-            serving: HashMap::new(),
+            serving: HashMap::default(),
             adapter_bases: HashMap::new(),
             models: Vec::new(),
             hot: HotPrefixes::new(cfg.lookahead),
@@ -70,8 +72,8 @@ impl Knowledge {
             typical_uncached: std::cell::Cell::new(None),
             pool: None,
             members: HashMap::new(),
-            down: HashSet::new(),
-            updater_down: HashSet::new(),
+            down: HashSet::default(),
+            updater_down: HashSet::default(),
         }
     }
 

@@ -4,7 +4,6 @@
 //! the pair with the lowest estimate wins.
 
 use crate::decision::cost::{rank_reached, reusable_blocks, Candidate, Score};
-use crate::decision::index::PrefixMatch;
 use crate::decision::load::WorkerLoad;
 
 use crate::decision::topology::TopologyConfig;
@@ -23,7 +22,7 @@ impl Router {
     pub(super) fn rank_pd(
         &self,
         t: &Target,
-        decode: &[(Candidate, PrefixMatch)],
+        decode: &[Candidate],
         hashes: &[u64],
         prompt_tokens: u64,
         load: &dyn Fn(&str) -> WorkerLoad,
@@ -35,25 +34,21 @@ impl Router {
         let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
         let topo = self.topology.as_deref();
         let all = reusable_blocks(prompt_tokens, m.block_size) as usize;
-        let handed: Vec<(Candidate, PrefixMatch)> = decode
+        let handed: Vec<Candidate> = decode
             .iter()
-            .map(|(c, pm)| {
-                (Candidate { cached_blocks: all, offloaded_blocks: 0, ..c.clone() }, *pm)
-            })
+            .map(|c| Candidate { cached_blocks: all, offloaded_blocks: 0, ..c.clone() })
             .collect();
-        let cands: Vec<Candidate> = handed.iter().map(|(c, _)| c.clone()).collect();
         let near = reaches(topo, &handed, true, &|_| 0.0);
         let mut ranked = rank_reached(
             &profile,
-            &cands,
+            &handed,
             &near,
             prompt_tokens,
             m.block_size,
             self.plan.weigh,
             pick,
         );
-        let looked = self.candidates(t, &m.prefill_workers, hashes, load, now_ms, cache_read);
-        let cands: Vec<Candidate> = looked.iter().map(|(c, _)| c.clone()).collect();
+        let (cands, _) = self.candidates(t, &m.prefill_workers, hashes, load, now_ms, cache_read);
         // Without a topology the hand-off still crosses a link: the default one within a site.
         let fallback = TopologyConfig::default();
         let net = topo.unwrap_or(&fallback);
@@ -61,8 +56,7 @@ impl Router {
         // prefix cache does not hold.
         let bs = u64::from(m.block_size);
         let lacks = |w: &str| {
-            let held =
-                decode.iter().find(|(c, _)| c.worker == w).map_or(0, |(c, _)| c.cached_blocks);
+            let held = decode.iter().find(|c| c.worker == w).map_or(0, |c| c.cached_blocks);
             prompt_tokens - (held.min(all) as u64) * bs
         };
         // Each of the least loaded decode workers with its best prefill worker; the pair with
@@ -73,7 +67,7 @@ impl Router {
             // No pulls among prefill workers: the P/D proxy forwards the request's headers to
             // the prefill worker, and a pull header meant for it would reach the decode engine
             // too.
-            let mut near = reaches(topo, &looked, false, &handoff);
+            let mut near = reaches(topo, &cands, false, &handoff);
             near.iter_mut().for_each(|r| r.pulls.clear());
             let prefill = rank_reached(
                 &profile,

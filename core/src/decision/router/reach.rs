@@ -2,45 +2,40 @@
 //! Envoy and the pulls it could make from the other candidates that hold more of the prompt.
 
 use crate::decision::cost::{Candidate, PullOffer, Reach};
-use crate::decision::index::PrefixMatch;
 use crate::decision::topology::TopologyConfig;
 
-/// The reaches of `looked` (in order). `network`: whether the client talks to these workers
+/// The reaches of `cands` (in order). `network`: whether the client talks to these workers
 /// (false for a P/D pool's prefill workers); `extra` is added to each one's estimate. Without
 /// a topology there is no network time and no pull.
 pub(super) fn reaches(
     topo: Option<&TopologyConfig>,
-    looked: &[(Candidate, PrefixMatch)],
+    cands: &[Candidate],
     network: bool,
     extra: &dyn Fn(&str) -> f64,
 ) -> Vec<Reach> {
-    looked
+    cands
         .iter()
-        .map(|(c, _)| Reach {
+        .map(|c| Reach {
             network_ms: match topo {
                 Some(t) if network => t.client_rtt_ms(&c.worker),
                 _ => 0.0,
             },
             extra_ms: extra(&c.worker),
-            pulls: topo.map(|t| offers(t, c, looked)).unwrap_or_default(),
+            pulls: topo.map(|t| offers(t, c, cands)).unwrap_or_default(),
         })
         .collect()
 }
 
 /// The holders `c` could pull from: the other candidates believed to hold more leading
 /// blocks, over a link the topology allows.
-fn offers(
-    t: &TopologyConfig,
-    c: &Candidate,
-    looked: &[(Candidate, PrefixMatch)],
-) -> Vec<PullOffer> {
+fn offers(t: &TopologyConfig, c: &Candidate, cands: &[Candidate]) -> Vec<PullOffer> {
     if !t.transfer.enabled {
         return Vec::new();
     }
-    looked
+    cands
         .iter()
-        .filter(|(h, _)| h.worker != c.worker && h.cached_blocks > c.cached_blocks)
-        .filter_map(|(h, _)| {
+        .filter(|h| h.worker != c.worker && h.cached_blocks > c.cached_blocks)
+        .filter_map(|h| {
             let cost = t.pull_cost(&h.worker, &c.worker)?;
             Some(PullOffer { from: h.worker.clone(), blocks: h.cached_blocks, cost })
         })
