@@ -4,7 +4,10 @@
 //! (`docs/architecture.md`: prose, tables, code; the README was this input until it became a
 //! short first page). The fast path is measured with its piece cache cleared before every call
 //! (cold) and kept (warm: the same text again). The crate runs twice; the ratio of its two
-//! medians is the noise floor. Also prints the heap the fast encoder adds to a Qwen3 bundle.
+//! medians is the noise floor. Also prints the heap the fast encoder adds to a Qwen3 bundle,
+//! and what the bundle built from its compiled transfer form (as the updater sends it to the
+//! filter) costs: size, build time, peak and kept heap, and its encode time against the
+//! bundle built from the files (run twice: the noise floor).
 //! Run: `cargo bench -p kvroute-core --bench encode` (needs `./dev setup` for Qwen3).
 
 use std::sync::atomic::Ordering;
@@ -17,7 +20,7 @@ use serde_json::{json, Value};
 
 #[path = "common/alloc.rs"]
 mod alloc;
-use alloc::{Counting, LIVE};
+use alloc::{Counting, LIVE, PEAK};
 
 #[global_allocator]
 static A: Counting = Counting;
@@ -44,6 +47,7 @@ fn main() {
         let prose = prose(bundle);
         if name == "Qwen3" {
             cache_memory(fast, &[&chat, &prose]);
+            compiled(bundle, &chat);
         }
         println!("{name}:");
         for (what, text, runs) in [
@@ -86,7 +90,8 @@ fn memory(qwen: &ModelBundle) {
     let json = std::fs::read_to_string(qwen3_dir().join("tokenizer.json")).expect("tokenizer.json");
     let before = LIVE.load(Ordering::Relaxed);
     let t = Instant::now();
-    let fast = FastBpe::new(qwen.tokenizer(), &json).expect("fast encoder");
+    let fast =
+        FastBpe::new(qwen.tokenizer().expect("tokenizers model"), &json).expect("fast encoder");
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
     let after = LIVE.load(Ordering::Relaxed);
     fast.clear_cache();
@@ -104,6 +109,40 @@ fn memory(qwen: &ModelBundle) {
         t.elapsed().as_secs_f64() * 1e3
     );
     drop(b);
+}
+
+/// The Qwen3 bundle built from its compiled form, against the one built from the files.
+fn compiled(qwen: &ModelBundle, text: &str) {
+    let blob = qwen.compiled_encoder().expect("compiled encoder");
+    let config = std::fs::read_to_string(qwen3_dir().join("tokenizer_config.json"))
+        .expect("tokenizer_config.json");
+    let before = LIVE.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let t = Instant::now();
+    let b = ModelBundle::from_compiled(qwen.fingerprint(), &blob, &config).expect("compiled");
+    let build_ms = t.elapsed().as_secs_f64() * 1e3;
+    let peak = PEAK.load(Ordering::Relaxed).saturating_sub(before);
+    let kept = LIVE.load(Ordering::Relaxed).saturating_sub(before);
+    let (from_files, from_blob) =
+        (qwen.fast_encoder().expect("fast"), b.fast_encoder().expect("fast"));
+    assert_eq!(from_blob.encode(text, false), from_files.encode(text, false));
+    let cold = |f: &FastBpe| {
+        p50(100, || {
+            f.clear_cache();
+            drop(f.encode(text, false))
+        })
+    };
+    let (files_a, blob_us, files_b) = (cold(from_files), cold(from_blob), cold(from_files));
+    let files = files_a.min(files_b);
+    println!(
+        "Qwen3 compiled bundle: {:.2} MB; built in {build_ms:.0} ms, heap peak {:.2} MB, kept {:.2} MB; \
+         8k conversation cold {blob_us:.1} µs vs {files_a:.1} / {files_b:.1} µs from the files (x{:.2}, noise x{:.2})",
+        blob.len() as f64 / 1e6,
+        peak as f64 / 1e6,
+        kept as f64 / 1e6,
+        blob_us / files,
+        files_a.max(files_b) / files,
+    );
 }
 
 /// Live heap of the piece cache once it has seen many distinct pieces (it is cleared when full).

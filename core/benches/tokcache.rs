@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use kvroute_core::decision::tokenize::model::{qwen3, ModelBundle};
-use kvroute_core::decision::tokenize::tokcache::{Cuts, TokenCache, TokenCacheLimits};
+use kvroute_core::decision::tokenize::tokcache::{TokenCache, TokenCacheLimits};
 use kvroute_testkit::textgen::words;
 use serde_json::{json, Value};
 
@@ -22,7 +22,7 @@ fn main() {
         }
     };
     let (prev, last, turns) = conversation(&bundle);
-    let cuts = Cuts::of(bundle.tokenizer());
+    let cuts = bundle.cuts().clone();
     let cold_ids = bundle.encode(&last, false).expect("encode");
     let mut seeded = TokenCache::new(TokenCacheLimits::default());
     seeded.encode(&bundle, &cuts, &prev).expect("seed");

@@ -44,6 +44,7 @@ pub const TARGETS: &[FuzzTarget] = &[
     ("shared_protocol", shared_protocol),
     ("zmtp_frames", zmtp_frames),
     ("bundle_decode", bundle_decode),
+    ("compiled_encoder", compiled_encoder),
     ("peer_report_decode", peer_report_decode),
     ("admission_headers", admission_headers),
     ("calib_decode", calib_decode),
@@ -353,6 +354,22 @@ pub fn shared_protocol(data: &[u8]) {
     let _ = view.load("127.0.0.1:1");
 }
 
+/// A compiled encoder comes from the updater inside a compiled bundle, and every filter
+/// thread reads it back (`ModelBundle::from_compiled`): any bytes are read or refused, and an
+/// encoder that was read encodes any text without panicking and writes itself back to bytes
+/// that read to the same encoder.
+pub fn compiled_encoder(data: &[u8]) {
+    use kvroute_core::decision::tokenize::model::DEMO_TOKENIZER_CONFIG;
+    let Ok(b) = ModelBundle::from_compiled(1, data, DEMO_TOKENIZER_CONFIG) else { return };
+    for special in [false, true] {
+        let _ = b.encode("Hello <|eot_id|> wörld  \n\n 🦀 12345 e\u{301}", special);
+    }
+    let written = b.compiled_encoder().expect("a compiled bundle has its encoder");
+    let again = ModelBundle::from_compiled(1, &written, DEMO_TOKENIZER_CONFIG)
+        .expect("what was written reads back");
+    assert_eq!(again.compiled_encoder().as_deref(), Some(&written[..]));
+}
+
 /// Model bundles come from the updater (part by part) and sit in shared data with the bundle
 /// manifest; the updater's bundle list is JSON from it. Any bytes decode or fail cleanly, what
 /// is accepted round-trips, and a thread following a manifest made of these bytes (its parts
@@ -360,9 +377,9 @@ pub fn shared_protocol(data: &[u8]) {
 pub fn bundle_decode(data: &[u8]) {
     use kvroute_core::shared::bundles::{parse_list, BundleFollower, Manifest, MAX_MODELS};
     use kvroute_core::shared::fake::MemStore;
-    use kvroute_core::wire::bundle::BundleFiles;
-    if let Ok(f) = BundleFiles::decode(data) {
-        assert_eq!(BundleFiles::decode(&f.encode()), Ok(f));
+    use kvroute_core::wire::bundle::BundleBlob;
+    if let Ok(b) = BundleBlob::decode(data) {
+        assert_eq!(BundleBlob::decode(&b.encode()), Ok(b));
     }
     if let Ok(m) = Manifest::decode(data) {
         assert_eq!(Manifest::decode(&m.encode()), Ok(m.clone()));

@@ -13,6 +13,7 @@ use std::path::Path;
 use kvroute_core::decision::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::decision::request::{parse, Endpoint};
 use kvroute_core::decision::router::Router;
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_core::decision::usage::{Usage, UsageScanner};
 use kvroute_core::shared::knowledge::{Head, RingEntry, RING};
 use kvroute_core::shared::load::{
@@ -1031,6 +1032,7 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("shared_protocol", shared_protocol()),
         ("zmtp_frames", zmtp_frames()),
         ("bundle_decode", bundle_decode()),
+        ("compiled_encoder", compiled_encoder()),
         ("admission_headers", admission_headers()),
         ("peer_report_decode", peer_report_decode()),
         ("calib_decode", calib_decode()),
@@ -1229,6 +1231,49 @@ fn admission_headers() -> Seeds {
     ]
 }
 
+/// The demo tokenizer with only its first `merges` merges, compiled (small enough for a seed).
+fn small_compiled(merges: usize) -> Vec<u8> {
+    use kvroute_core::decision::tokenize::model::{DEMO_TOKENIZER_CONFIG, DEMO_TOKENIZER_JSON};
+    let mut v: serde_json::Value = serde_json::from_str(DEMO_TOKENIZER_JSON).unwrap();
+    let m = v["model"]["merges"].as_array_mut().unwrap();
+    m.truncate(merges);
+    let b = ModelBundle::from_hf(&v.to_string(), DEMO_TOKENIZER_CONFIG).unwrap();
+    b.compiled_encoder().unwrap()
+}
+
+/// A compiled encoder with a few merges; truncated; a merge count of `u32::MAX`; a split
+/// pattern that does not compile; a bad format byte.
+fn compiled_encoder() -> Seeds {
+    let enc = small_compiled(40);
+    // Magic, format, NFC flag, pattern count, then the first pattern's length and text.
+    let mut bad_pattern = enc.clone();
+    bad_pattern[14] = b'(';
+    let mut format = enc.clone();
+    format[4] = 7;
+    // Where the merge count is: after the patterns, the 256 byte ids and the added tokens.
+    let u32_at = |i: usize| u32::from_le_bytes(enc[i..i + 4].try_into().unwrap()) as usize;
+    let mut at = 10;
+    for _ in 0..u32_at(6) {
+        at += 4 + u32_at(at);
+    }
+    at += 1024;
+    let added = u32_at(at);
+    at += 4;
+    for _ in 0..added {
+        at += 8 + u32_at(at + 4);
+    }
+    assert_eq!(u32_at(at), 40, "the merge count");
+    let mut count_max = enc[..at].to_vec();
+    count_max.extend_from_slice(&u32::MAX.to_le_bytes());
+    vec![
+        ("compiled.bin", enc.clone()),
+        ("compiled-truncated.bin", truncated(&enc)),
+        ("compiled-merges-u32-max.bin", count_max),
+        ("compiled-bad-pattern.bin", bad_pattern),
+        ("compiled-format.bin", format),
+    ]
+}
+
 /// A small bundle, the manifest naming it, the updater's list; then truncations, a flipped
 /// checksum, absurd counts and lengths, and JSON the list parser must refuse.
 fn bundle_decode() -> Seeds {
@@ -1278,8 +1323,15 @@ fn bundle_decode() -> Seeds {
         {"model": "", "fingerprint": "xyz", "parts": 0, "bytes": 0},
         {"model": "m", "fingerprint": "0000000000000001", "parts": 99, "bytes": 1}
     ]}));
+    let compiled = kvroute_core::wire::bundle::CompiledBundle {
+        fingerprint: 0x77,
+        encoder: small_compiled(8),
+        tokenizer_config_json: files.tokenizer_config_json.clone(),
+    }
+    .encode();
     vec![
         ("bundle.bin", bundle.clone()),
+        ("bundle-compiled.bin", compiled),
         ("bundle-truncated.bin", truncated(&bundle)),
         ("bundle-checksum-flipped.bin", flipped),
         ("bundle-file-len-u32-max.bin", file_len_max),

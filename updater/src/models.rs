@@ -12,7 +12,7 @@ use std::sync::Arc;
 use kvroute_core::decision::tokenize::model::{
     ModelBundle, ModelError, DEMO_TOKENIZER_CONFIG, DEMO_TOKENIZER_JSON,
 };
-use kvroute_core::wire::bundle::{part_count, BundleFiles};
+use kvroute_core::wire::bundle::{part_count, BundleFiles, CompiledBundle};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -82,7 +82,9 @@ pub fn parse_block_size(s: &str) -> Result<(String, u32), ModelsError> {
 pub struct Model {
     pub name: String,
     pub bundle: ModelBundle,
-    /// `BundleFiles { tokenizer_json, tokenizer_config_json }.encode()` of its files.
+    /// Its transfer form (`kvroute_core::wire::bundle::BundleBlob`), encoded: the compiled
+    /// fast encoder when the tokenizer has one (what a filter thread builds in a few MB),
+    /// else `BundleFiles { tokenizer_json, tokenizer_config_json }`.
     pub encoded: Arc<Vec<u8>>,
     /// The block size its workers must use, when configured (else learned from them).
     pub block_size: Option<u32>,
@@ -106,7 +108,16 @@ impl Model {
             &utf8(&files.tokenizer_config_json)?,
         )
         .map_err(|source| ModelsError::Bundle { name: name.into(), source })?;
-        Ok(Model { name: name.into(), bundle, encoded: Arc::new(files.encode()), block_size })
+        let encoded = match bundle.compiled_encoder() {
+            Some(encoder) => CompiledBundle {
+                fingerprint: bundle.fingerprint(),
+                encoder,
+                tokenizer_config_json: files.tokenizer_config_json,
+            }
+            .encode(),
+            None => files.encode(),
+        };
+        Ok(Model { name: name.into(), bundle, encoded: Arc::new(encoded), block_size })
     }
 
     pub fn fingerprint(&self) -> u64 {

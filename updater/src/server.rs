@@ -7,7 +7,7 @@
 //! workers' discovered placements with their age), `POST /v1/peers` (a `kvroute_core::wire::peers::PeerReport` from an Envoy
 //! replica; 204), and the models' tokenizer bundles: `/v1/bundles` (JSON list) and
 //! `/v1/bundles/{fingerprint}/{part}` (binary: part `part` of
-//! `kvroute_core::wire::bundle::BundleFiles::encode()`, header `x-kvroute-bundle-parts`). Snapshots
+//! `kvroute_core::wire::bundle::BundleBlob::encode()`, header `x-kvroute-bundle-parts`). Snapshots
 //! and bundles require the shared token in `x-kvroute-token`, so that knowledge only ever comes
 //! from the updater.
 

@@ -108,10 +108,26 @@ pub fn check(model: &str, bundle: &ModelBundle, corpus: &str, golden: &str) -> u
     errors
 }
 
+/// `bundle` read back from its compiled encoder: the form a filter thread builds from what
+/// the updater serves (no `tokenizers` model), to be [`check`]ed like the bundle itself.
+pub fn recompiled(bundle: &ModelBundle, tokenizer_config_json: &str) -> ModelBundle {
+    let encoder = bundle.compiled_encoder().expect("the bundle has a fast encoder");
+    ModelBundle::from_compiled(bundle.fingerprint(), &encoder, tokenizer_config_json)
+        .unwrap_or_else(|e| panic!("compiled bundle: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::tokenize::model::shared_for_tests;
+    use crate::decision::tokenize::model::{qwen3_dir, shared_for_tests, DEMO_TOKENIZER_CONFIG};
+
+    #[test]
+    fn compiled_bundles_equal_the_oracle() {
+        let demo = recompiled(shared_for_tests::demo(), DEMO_TOKENIZER_CONFIG);
+        check("demo", &demo, CORPUS, GOLDEN_DEMO);
+        let cfg = std::fs::read_to_string(qwen3_dir().join("tokenizer_config.json")).unwrap();
+        check("qwen3", &recompiled(shared_for_tests::qwen(), &cfg), CORPUS, GOLDEN_QWEN3);
+    }
 
     #[test]
     fn demo_bundle_equals_the_oracle() {

@@ -6,12 +6,12 @@
 //! the HTTP calls and their answers, the clock, and what it reports ([`SyncEvent`]).
 
 use crate::shared::bundles::{
-    self, Fetcher, Housekeeping, PartRequest, Progress, LIST_PATH, PARTS_HEADER,
+    self, stated_fingerprint, Fetcher, Housekeeping, PartRequest, Progress, LIST_PATH, PARTS_HEADER,
 };
 use crate::shared::knowledge::{KnowledgePublisher, Taken};
 use crate::shared::peers::{read_replica, replica_id, Forwarder};
 use crate::shared::{Counter, Counters, SharedStore};
-use crate::wire::bundle::BundleFiles;
+use crate::wire::bundle::BundleBlob;
 
 use crate::decision::config::SnapshotSyncConfig;
 
@@ -399,12 +399,12 @@ impl BundleSync {
             Vec::new()
         };
         // The singleton checks the transfer (each part's size, the whole bundle's checksum in
-        // `BundleFiles::decode`) but does not build the tokenizer: a build here would keep one
-        // more copy of it (about 115 MiB for Qwen3) in this VM's memory for good. Every thread
-        // checks the fingerprint when it builds the bundle; one that does not match is refused
-        // there and retried with backoff.
+        // `BundleBlob::decode`, a compiled bundle's fingerprint) but does not build the
+        // tokenizer: a build here would keep one more copy of it in this VM's memory for good.
+        // Every thread checks the fingerprint when it builds the bundle; one that does not
+        // match is refused there and retried with backoff.
         let named = req.fingerprint;
-        let mut verify = |_: &BundleFiles| Ok(named);
+        let mut verify = |b: &BundleBlob| Ok(stated_fingerprint(b, named));
         let r = self.fetcher.received(
             host.store(),
             req,

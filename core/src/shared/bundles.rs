@@ -26,7 +26,7 @@ use thiserror::Error;
 use crate::decision::config::sync::BundleLimits;
 use crate::decision::config::{BundleRef, BundleSource, ModelConfig};
 use crate::decision::tokenize::model::ModelBundle;
-use crate::wire::bundle::{part_count, BundleError, BundleFiles, MAX_BUNDLE_BYTES, PART_BYTES};
+use crate::wire::bundle::{part_count, BundleBlob, BundleError, MAX_BUNDLE_BYTES, PART_BYTES};
 use crate::wire::Reader;
 
 use super::SharedStore;
@@ -274,13 +274,34 @@ pub fn parse_list(bytes: &[u8]) -> Result<(Vec<Listed>, usize), ListError> {
     Ok((out, bad))
 }
 
-/// Builds the bundle from its files and returns it, for its fingerprint to be checked.
-pub fn build(files: &BundleFiles) -> Result<ModelBundle, String> {
-    let tokenizer = std::str::from_utf8(&files.tokenizer_json)
-        .map_err(|_| "tokenizer.json is not UTF-8".to_string())?;
-    let config = std::str::from_utf8(&files.tokenizer_config_json)
-        .map_err(|_| "tokenizer_config.json is not UTF-8".to_string())?;
-    ModelBundle::from_hf(tokenizer, config).map_err(|e| e.to_string())
+/// Builds the bundle from its transfer form and returns it, for its fingerprint to be checked
+/// (a compiled bundle carries the fingerprint it was built with from its files).
+pub fn build(blob: &BundleBlob) -> Result<ModelBundle, String> {
+    let utf8 = |b: &[u8], what: &str| {
+        std::str::from_utf8(b).map(str::to_owned).map_err(|_| format!("{what} is not UTF-8"))
+    };
+    match blob {
+        BundleBlob::Files(files) => {
+            let tokenizer = utf8(&files.tokenizer_json, "tokenizer.json")?;
+            let config = utf8(&files.tokenizer_config_json, "tokenizer_config.json")?;
+            ModelBundle::from_hf(&tokenizer, &config)
+        }
+        BundleBlob::Compiled(c) => {
+            let config = utf8(&c.tokenizer_config_json, "tokenizer_config.json")?;
+            ModelBundle::from_compiled(c.fingerprint, &c.encoder, &config)
+        }
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// What the singleton checks a downloaded bundle against the `listed` fingerprint with,
+/// without building it: a compiled bundle states its fingerprint; files are only checked
+/// when a thread builds them (so `listed` is returned).
+pub fn stated_fingerprint(blob: &BundleBlob, listed: u64) -> u64 {
+    match blob {
+        BundleBlob::Compiled(c) => c.fingerprint,
+        BundleBlob::Files(_) => listed,
+    }
 }
 
 /// Reads and joins the `parts` parts of bundle `fingerprint`; `None` if one is missing or the
@@ -570,7 +591,7 @@ impl Fetcher {
         parts_header: Option<&[u8]>,
         body: &[u8],
         now_ms: u64,
-        verify: &mut dyn FnMut(&BundleFiles) -> Result<u64, String>,
+        verify: &mut dyn FnMut(&BundleBlob) -> Result<u64, String>,
     ) -> Result<Progress, FetchError> {
         let current = self
             .download
@@ -600,7 +621,7 @@ impl Fetcher {
         parts_header: Option<&[u8]>,
         body: &[u8],
         now_ms: u64,
-        verify: &mut dyn FnMut(&BundleFiles) -> Result<u64, String>,
+        verify: &mut dyn FnMut(&BundleBlob) -> Result<u64, String>,
     ) -> Result<Progress, FetchError> {
         let Some(d) = self.download.as_mut() else { return Ok(Progress::Ignored) };
         match status {
@@ -627,9 +648,9 @@ impl Fetcher {
         }
         let (fingerprint, parts, bytes) = (d.fingerprint, d.parts, d.bytes);
         let whole = read_parts(store, fingerprint, parts, bytes).ok_or(FetchError::ReadBack)?;
-        let files = BundleFiles::decode(&whole)?;
+        let blob = BundleBlob::decode(&whole)?;
         drop(whole);
-        let got = verify(&files).map_err(FetchError::Build)?;
+        let got = verify(&blob).map_err(FetchError::Build)?;
         if got != fingerprint {
             return Err(FetchError::Fingerprint { expected: fingerprint, got });
         }
@@ -784,8 +805,8 @@ impl BundleFollower {
         if let Some(p) = missing {
             match read_parts(store, p.fingerprint, p.parts, p.bytes)
                 .ok_or_else(|| "parts missing from shared data".to_string())
-                .and_then(|whole| BundleFiles::decode(&whole).map_err(|e| e.to_string()))
-                .and_then(|files| build(&files))
+                .and_then(|whole| BundleBlob::decode(&whole).map_err(|e| e.to_string()))
+                .and_then(|blob| build(&blob))
             {
                 Ok(b) if b.fingerprint() == p.fingerprint => {
                     self.built.insert(p.fingerprint, b);

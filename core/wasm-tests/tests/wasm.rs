@@ -83,6 +83,10 @@ fn cost_ranking_equals_the_host_bit_for_bit() {
 fn demo_bundle_equals_the_oracle() {
     let bundle = ModelBundle::demo().unwrap_or_else(|e| panic!("demo bundle: {e}"));
     oracle::check("demo", &bundle, oracle::CORPUS, oracle::GOLDEN_DEMO);
+    // As a filter thread builds it from the updater: from the compiled encoder.
+    let compiled =
+        oracle::recompiled(&bundle, kvroute_core::decision::tokenize::model::DEMO_TOKENIZER_CONFIG);
+    oracle::check("demo (compiled)", &compiled, oracle::CORPUS, oracle::GOLDEN_DEMO);
 }
 
 // Node's `fs`: the Qwen3 bundle (11 MB, not committed) is read at run time, not compiled in.
@@ -108,7 +112,11 @@ fn qwen3_equals_the_oracle() {
             panic!("Qwen3 bundle missing at {dir} (run ./dev setup): {name}: {e:?}")
         })
     };
-    let bundle = ModelBundle::from_hf(&read("tokenizer.json"), &read("tokenizer_config.json"))
+    let config = read("tokenizer_config.json");
+    let bundle = ModelBundle::from_hf(&read("tokenizer.json"), &config)
         .unwrap_or_else(|e| panic!("Qwen3 bundle at {dir}: {e}"));
     oracle::check("qwen3", &bundle, oracle::CORPUS, oracle::GOLDEN_QWEN3);
+    let compiled = oracle::recompiled(&bundle, &config);
+    drop(bundle);
+    oracle::check("qwen3 (compiled)", &compiled, oracle::CORPUS, oracle::GOLDEN_QWEN3);
 }

@@ -1,6 +1,7 @@
 //! Bundle serving over real HTTP: `GET /v1/bundles` lists every configured model's bundle,
-//! `GET /v1/bundles/{fingerprint}/{part}` serves it in parts that join into
-//! `BundleFiles::encode()` of the model's files, both only with the token.
+//! `GET /v1/bundles/{fingerprint}/{part}` serves it in parts that join into its transfer
+//! form (`BundleBlob`: the compiled encoder when the tokenizer has one), both only with the
+//! token.
 
 use crate::common;
 
@@ -8,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use kvroute_core::decision::tokenize::model::{qwen3_dir, ModelBundle};
-use kvroute_core::wire::bundle::{BundleFiles, PART_BYTES};
+use kvroute_core::wire::bundle::{BundleBlob, PART_BYTES};
 use kvroute_updater::limits::Limits;
 use kvroute_updater::models::{ModelSource, ModelSpec, Models};
 use kvroute_updater::state::State;
@@ -37,20 +38,9 @@ async fn bundles_are_listed_and_served_in_parts_with_the_token_only() {
     let names: Vec<&str> = bundles.iter().map(|b| b["model"].as_str().unwrap()).collect();
     assert_eq!(names, ["Qwen/Qwen3-8B", "kvroute-demo"]);
 
-    let files = |dir: &std::path::Path| BundleFiles {
-        tokenizer_json: std::fs::read(dir.join("tokenizer.json")).unwrap(),
-        tokenizer_config_json: std::fs::read(dir.join("tokenizer_config.json")).unwrap(),
-    };
-    let demo_files = BundleFiles {
-        tokenizer_json: kvroute_core::decision::tokenize::model::DEMO_TOKENIZER_JSON
-            .as_bytes()
-            .to_vec(),
-        tokenizer_config_json: kvroute_core::decision::tokenize::model::DEMO_TOKENIZER_CONFIG
-            .as_bytes()
-            .to_vec(),
-    };
-    let expected = [files(&qwen3_dir()), demo_files];
+    let expected = [ModelBundle::from_dir(&qwen3_dir()).unwrap(), ModelBundle::demo().unwrap()];
     let snapshot_models = state.snapshot().models;
+    let text = "<|im_start|>user\nHello, world! naïve café 日本語 🦀 x=1+2;<|im_end|>\n";
     for (b, want) in bundles.iter().zip(&expected) {
         let fp = b["fingerprint"].as_str().unwrap();
         assert_eq!(fp.len(), 16);
@@ -68,14 +58,18 @@ async fn bundles_are_listed_and_served_in_parts_with_the_token_only() {
             joined.extend_from_slice(&r.bytes().await.unwrap());
         }
         assert_eq!(joined.len(), bytes);
-        assert_eq!(joined, want.encode());
-        let decoded = BundleFiles::decode(&joined).unwrap();
-        let bundle = ModelBundle::from_hf(
-            std::str::from_utf8(&decoded.tokenizer_json).unwrap(),
-            std::str::from_utf8(&decoded.tokenizer_config_json).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(format!("{:016x}", bundle.fingerprint()), fp);
+        // Both tokenizers have the exact fast encoder: they travel compiled, and what a
+        // thread builds from that encodes as the bundle built from the files.
+        let decoded = BundleBlob::decode(&joined).unwrap();
+        assert!(matches!(decoded, BundleBlob::Compiled(_)), "{fp} travels compiled");
+        let bundle = kvroute_core::shared::bundles::build(&decoded).unwrap();
+        assert!(bundle.tokenizer().is_none(), "no tokenizers model is built from it");
+        assert_eq!(format!("{:016x}", want.fingerprint()), fp);
+        assert_eq!(bundle.fingerprint(), want.fingerprint());
+        for special in [false, true] {
+            assert_eq!(bundle.encode(text, special).unwrap(), want.encode(text, special).unwrap());
+        }
+        assert_eq!(bundle.cuts(), want.cuts());
         let info = snapshot_models.iter().find(|m| m.name == b["model"]).unwrap();
         assert_eq!(info.fingerprint, bundle.fingerprint(), "the snapshot names the same bundle");
         // Past the last part, and parts that are not numbers.

@@ -58,7 +58,7 @@ impl ModelPlan {
     }
 
     fn with_bundle(&self, bundle: Option<ModelBundle>) -> ModelPlan {
-        let cuts = bundle.as_ref().map(|b| Cuts::of(b.tokenizer())).unwrap_or_default();
+        let cuts = bundle.as_ref().map(|b| b.cuts().clone()).unwrap_or_default();
         ModelPlan { bundle, cuts, ..self.clone() }
     }
 }

@@ -148,6 +148,8 @@ type MergeMap = HashMap<u64, u64, BuildHasherDefault<PairHasher>>;
 pub struct FastBpe {
     /// Added tokens (raw text, leftmost-longest) and their ids.
     added: Option<(AhoCorasick, Vec<u32>)>,
+    /// The added tokens' texts, in the order of `added`'s ids (kept for [`compiled`]).
+    added_text: Vec<String>,
     nfc: bool,
     /// Applied in order, each to every piece of the previous one (`Isolated`).
     splits: Vec<Splitter>,
@@ -250,7 +252,7 @@ impl FastBpe {
         let nfc = normalizer(tokenizer)?;
         let splits = pre_tokenizer(tokenizer)?;
         let post = post_processor(tokenizer)?;
-        let added = added_tokens(tokenizer)?;
+        let (added, added_text) = added_tokens(tokenizer)?;
         let ModelWrapper::BPE(bpe) = tokenizer.get_model() else {
             return Err(Unsupported::Model("not BPE".into()));
         };
@@ -292,6 +294,7 @@ impl FastBpe {
         let merges = merge_map(bpe, tokenizer_json)?;
         let fast = FastBpe {
             added,
+            added_text,
             nfc,
             splits,
             byte_ids,
@@ -784,11 +787,11 @@ fn post_steps(v: &Value, out: &mut Vec<Vec<Part>>) -> Result<(), Unsupported> {
     }
 }
 
-fn added_tokens(tokenizer: &Tokenizer) -> Result<Option<(AhoCorasick, Vec<u32>)>, Unsupported> {
+/// The added tokens as an automaton with their ids, and their texts.
+type Added = (Option<(AhoCorasick, Vec<u32>)>, Vec<String>);
+
+fn added_tokens(tokenizer: &Tokenizer) -> Result<Added, Unsupported> {
     let mut tokens: Vec<_> = tokenizer.get_added_tokens_decoder().into_iter().collect();
-    if tokens.is_empty() {
-        return Ok(None);
-    }
     tokens.sort_by_key(|(id, _)| *id);
     let mut seen = std::collections::HashSet::new();
     for (id, t) in &tokens {
@@ -799,11 +802,23 @@ fn added_tokens(tokenizer: &Tokenizer) -> Result<Option<(AhoCorasick, Vec<u32>)>
             return Err(Unsupported::AddedToken(format!("{:?}: ambiguous id", t.content)));
         }
     }
-    let ac = AhoCorasickBuilder::new()
+    let (ids, text): (Vec<u32>, Vec<String>) =
+        tokens.into_iter().map(|(id, t)| (id, t.content)).unzip();
+    let ac = added_automaton(&text).map_err(Unsupported::AddedToken)?;
+    Ok((ac.map(|ac| (ac, ids)), text))
+}
+
+/// The automaton that finds `tokens` in raw text as the crate does (leftmost-longest); none
+/// for no tokens.
+fn added_automaton(tokens: &[String]) -> Result<Option<AhoCorasick>, String> {
+    if tokens.is_empty() {
+        return Ok(None);
+    }
+    AhoCorasickBuilder::new()
         .match_kind(MatchKind::LeftmostLongest)
-        .build(tokens.iter().map(|(_, t)| &t.content))
-        .map_err(|e| Unsupported::AddedToken(e.to_string()))?;
-    Ok(Some((ac, tokens.into_iter().map(|(id, _)| id).collect())))
+        .build(tokens)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// One entry of the `merges` list: `"a b"` or `["a", "b"]`.
@@ -933,5 +948,6 @@ fn whole_pieces(vocab: HashMap<String, u32>, chars: &[char; 256]) -> HashMap<Box
         .collect()
 }
 
+pub mod compiled;
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,8 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 use crate::decision::request::{ChatPrompt, Prompt};
 use crate::decision::template::{py_strip, ChatTemplate, RenderInput, TemplateError};
 use crate::decision::tokenize::fastbpe::{FastBpe, Unsupported};
+use crate::decision::tokenize::tokcache::Cuts;
+use crate::wire::Reader;
 
 /// The demo bundle's `tokenizer.json`, committed under `assets/demo-model/`.
 pub const DEMO_TOKENIZER_JSON: &str = include_str!("../../../../assets/demo-model/tokenizer.json");
@@ -33,9 +35,13 @@ pub enum ModelError {
 /// Tokenizer + chat template, able to turn any parsed prompt into the engine's token ids.
 #[derive(Clone)]
 pub struct ModelBundle {
-    tokenizer: Arc<Tokenizer>,
+    /// The `tokenizers` crate's model; `None` in a bundle read from a compiled encoder
+    /// ([`ModelBundle::from_compiled`]), which always has `fast`.
+    tokenizer: Option<Arc<Tokenizer>>,
     /// The exact fast encoder when the tokenizer's shape allows one (`Err`: why not).
     fast: Arc<Result<FastBpe, Unsupported>>,
+    /// Where a text may be cut without changing its ids (the token cache's segments).
+    cuts: Arc<Cuts>,
     template: Arc<ChatTemplate>,
     fingerprint: u64,
 }
@@ -65,13 +71,7 @@ impl ModelBundle {
     pub fn from_hf(tokenizer_json: &str, tokenizer_config_json: &str) -> Result<Self, ModelError> {
         let tokenizer = Tokenizer::from_bytes(tokenizer_json.as_bytes())
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        let cfg: Value = serde_json::from_str(tokenizer_config_json)
-            .map_err(|e| ModelError::Config(e.to_string()))?;
-        let chat_template = cfg
-            .get("chat_template")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ModelError::Config("no string 'chat_template'".into()))?;
-        let template = ChatTemplate::new(chat_template, &special_tokens(&cfg))?;
+        let (cfg, template) = config_and_template(tokenizer_config_json)?;
         // The tokenizer and the whole configuration (BOS, special tokens, template, ...) are
         // part of the cache domain, each in a canonical form, so that the same bundle gets the
         // same fingerprint whether it was read from its files (updater, simulator) or given
@@ -84,11 +84,51 @@ impl ModelBundle {
         fp.0.update(&[0xff]);
         fp.0.update(cfg.to_string().as_bytes());
         let fast = FastBpe::new(&tokenizer, tokenizer_json);
+        let cuts = Cuts::of(&tokenizer);
         Ok(ModelBundle {
-            tokenizer: Arc::new(tokenizer),
+            tokenizer: Some(Arc::new(tokenizer)),
             fast: Arc::new(fast),
+            cuts: Arc::new(cuts),
             template: Arc::new(template),
             fingerprint: fp.0.digest(),
+        })
+    }
+
+    /// The encoder's part of a compiled bundle: the fast encoder's tables and the cut tokens,
+    /// as [`ModelBundle::from_compiled`] reads them; `None` when this tokenizer has no fast
+    /// encoder (it must then travel as `tokenizer.json`).
+    pub fn compiled_encoder(&self) -> Option<Vec<u8>> {
+        let fast = self.fast.as_ref().as_ref().ok()?;
+        let mut out = Vec::new();
+        fast.write_compiled(&mut out);
+        self.cuts.write_compiled(&mut out);
+        Some(out)
+    }
+
+    /// A bundle from [`ModelBundle::compiled_encoder`]'s bytes and `tokenizer_config.json`,
+    /// with the `fingerprint` the bundle was built with from its files (it cannot be
+    /// recomputed without the `tokenizer.json` it came from). It encodes exactly as the
+    /// bundle it was compiled from and holds a few MB where the crate's model takes ~25 MB
+    /// (Qwen3) and ~150 MB to build; it cannot `decode` or `encode_with_crate`.
+    pub fn from_compiled(
+        fingerprint: u64,
+        encoder: &[u8],
+        tokenizer_config_json: &str,
+    ) -> Result<Self, ModelError> {
+        let (_, template) = config_and_template(tokenizer_config_json)?;
+        let compiled = |e: &dyn std::fmt::Display| ModelError::Tokenizer(e.to_string());
+        let mut r = Reader::new(encoder);
+        let fast = FastBpe::read_compiled(&mut r).map_err(|e| compiled(&e))?;
+        let cuts = Cuts::read_compiled(&mut r).map_err(|e| compiled(&e))?;
+        if r.remaining() != 0 {
+            return Err(compiled(&"trailing bytes after the compiled encoder"));
+        }
+        Ok(ModelBundle {
+            tokenizer: None,
+            fast: Arc::new(Ok(fast)),
+            cuts: Arc::new(cuts),
+            template: Arc::new(template),
+            fingerprint,
         })
     }
 
@@ -98,8 +138,9 @@ impl ModelBundle {
         let mut fp = self.fingerprint.to_le_bytes().to_vec();
         fp.extend_from_slice(source.as_bytes());
         Ok(ModelBundle {
-            tokenizer: Arc::clone(&self.tokenizer),
+            tokenizer: self.tokenizer.clone(),
             fast: Arc::clone(&self.fast),
+            cuts: Arc::clone(&self.cuts),
             template: Arc::new(template),
             fingerprint: xxh3_64(&fp),
         })
@@ -248,7 +289,7 @@ impl ModelBundle {
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, ModelError> {
         let enc = self
-            .tokenizer
+            .crate_tokenizer()?
             .encode(text, add_special_tokens)
             .map_err(|e| ModelError::Encode(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
@@ -256,7 +297,13 @@ impl ModelBundle {
 
     /// Decodes ids to text (used by the simulated engine to produce output).
     pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
-        self.tokenizer.decode(ids, false).map_err(|e| ModelError::Encode(e.to_string()))
+        self.crate_tokenizer()?.decode(ids, false).map_err(|e| ModelError::Encode(e.to_string()))
+    }
+
+    fn crate_tokenizer(&self) -> Result<&Tokenizer, ModelError> {
+        self.tokenizer
+            .as_deref()
+            .ok_or_else(|| ModelError::Encode("a compiled bundle has no tokenizers model".into()))
     }
 
     /// The engine's token ids for a prompt: chat prompts are rendered and encoded without
@@ -287,11 +334,28 @@ impl ModelBundle {
         self.fast.as_ref().as_ref()
     }
 
-    /// The tokenizer itself, for inspecting its configuration (the token cache reads which
-    /// added tokens cut a text at points where tokenization is stable).
-    pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+    /// The `tokenizers` crate's model, for inspecting its configuration; `None` in a bundle
+    /// read from a compiled encoder.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_deref()
     }
+
+    /// The added tokens after which a text may be cut (the token cache's segments).
+    pub fn cuts(&self) -> &Cuts {
+        &self.cuts
+    }
+}
+
+/// `tokenizer_config.json` parsed, and its chat template with the special tokens it names.
+fn config_and_template(tokenizer_config_json: &str) -> Result<(Value, ChatTemplate), ModelError> {
+    let cfg: Value = serde_json::from_str(tokenizer_config_json)
+        .map_err(|e| ModelError::Config(e.to_string()))?;
+    let chat_template = cfg
+        .get("chat_template")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ModelError::Config("no string 'chat_template'".into()))?;
+    let template = ChatTemplate::new(chat_template, &special_tokens(&cfg))?;
+    Ok((cfg, template))
 }
 
 /// The demo and Qwen3 bundles, each loaded once per test binary (tests of several modules

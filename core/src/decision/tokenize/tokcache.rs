@@ -133,7 +133,7 @@ impl TokenCache {
     }
 
     /// The ids of `bundle.encode(text, false)`, reusing and extending what is cached.
-    /// `cuts` must be `Cuts::of(bundle.tokenizer())`.
+    /// `cuts` must be `bundle.cuts()`.
     pub fn encode(
         &mut self,
         bundle: &ModelBundle,

@@ -9,20 +9,20 @@ use crate::shared::fake::MemStore;
 
 /// A demo-tokenizer bundle; `variant` changes its chat template (and so its fingerprint),
 /// `pad` appends whitespace to `tokenizer_config.json` (same fingerprint, more parts).
-fn files(variant: &str, pad: usize) -> BundleFiles {
+fn files(variant: &str, pad: usize) -> BundleBlob {
     let mut cfg: Value = serde_json::from_str(DEMO_TOKENIZER_CONFIG).unwrap();
     let t = cfg["chat_template"].as_str().unwrap().to_string();
     cfg["chat_template"] = json!(format!("{t}{{# {variant} #}}"));
     let mut cfg = cfg.to_string().into_bytes();
     cfg.resize(cfg.len() + pad, b' ');
-    BundleFiles {
+    BundleBlob::Files(crate::wire::bundle::BundleFiles {
         tokenizer_json: DEMO_TOKENIZER_JSON.as_bytes().to_vec(),
         tokenizer_config_json: cfg,
-    }
+    })
 }
 
 /// Fingerprints of built bundles, by encoding (building a tokenizer is the slow part).
-fn fingerprint(f: &BundleFiles) -> Result<u64, String> {
+fn fingerprint(f: &BundleBlob) -> Result<u64, String> {
     static CACHE: OnceLock<std::sync::Mutex<HashMap<u64, u64>>> = OnceLock::new();
     let key = xxhash_rust::xxh3::xxh3_64(&f.encode());
     let cache = CACHE.get_or_init(Default::default);
@@ -42,7 +42,7 @@ struct Served {
 }
 
 impl Served {
-    fn new(model: &str, f: &BundleFiles) -> Served {
+    fn new(model: &str, f: &BundleBlob) -> Served {
         Served { model: model.into(), fingerprint: fingerprint(f).unwrap(), encoded: f.encode() }
     }
 
@@ -106,7 +106,7 @@ fn drive(
         let (req, _) = f.next(store, now);
         let Some(req) = req else { return out };
         let (status, header, body) = u.answer(req);
-        let mut verify = |files: &BundleFiles| fingerprint(files);
+        let mut verify = |blob: &BundleBlob| fingerprint(blob);
         out.push(f.received(
             store,
             req,
@@ -218,6 +218,55 @@ fn a_bundle_is_fetched_part_by_part_then_published_and_built_by_threads() {
     let demo_cfg: ModelConfig =
         serde_json::from_value(json!({"name": "demo", "workers": ["127.0.0.1:1"]})).unwrap();
     assert!(BundleFollower::new(&[demo_cfg]).is_empty());
+}
+
+/// The demo bundle in its compiled form, as the updater serves it, with `fingerprint`.
+fn compiled(fingerprint: u64) -> BundleBlob {
+    let b = ModelBundle::demo().unwrap();
+    BundleBlob::Compiled(crate::wire::bundle::CompiledBundle {
+        fingerprint,
+        encoder: b.compiled_encoder().unwrap(),
+        tokenizer_config_json: DEMO_TOKENIZER_CONFIG.as_bytes().to_vec(),
+    })
+}
+
+#[test]
+fn a_compiled_bundle_is_published_and_threads_build_it_without_the_tokenizers_model() {
+    let store = MemStore::new();
+    let want = ModelBundle::demo().unwrap();
+    let fp = want.fingerprint();
+    let mut u = Updater::new(vec![Served::new("demo", &compiled(fp))]);
+    let mut f = Fetcher::new(limits(), &store);
+    f.set_wanted(&store, u.list());
+    let out = drive(&mut f, &store, &mut u, 0);
+    assert!(matches!(out.last(), Some(Ok(Progress::Published { .. }))), "{out:?}");
+    let mut thread = BundleFollower::new(&[model("demo", "updater")]);
+    let t = thread.tick(&store, 0);
+    assert_eq!(t.built.map(|b| b.0), Some(fp));
+    let built = t.changed[0].1.clone().unwrap();
+    assert!(built.tokenizer().is_none());
+    let text = "<|start_header_id|>user<|end_header_id|>\n\nhello there, wörld 🦀<|eot_id|>";
+    assert_eq!(built.encode(text, false).unwrap(), want.encode(text, false).unwrap());
+    assert_eq!(built.cuts(), want.cuts());
+}
+
+#[test]
+fn a_compiled_bundle_that_names_another_fingerprint_is_refused_by_the_singleton() {
+    // The singleton does not build bundles; a compiled one names its fingerprint, which must
+    // be the one the updater listed (the check `flow::sync` makes without building).
+    let store = MemStore::new();
+    let fp = ModelBundle::demo().unwrap().fingerprint();
+    let mut u = Updater::new(vec![Served::new("demo", &compiled(fp ^ 1))]);
+    u.served[0].fingerprint = fp;
+    let mut f = Fetcher::new(limits(), &store);
+    f.set_wanted(&store, u.list());
+    let (req, _) = f.next(&store, 0);
+    let req = req.unwrap();
+    let (s, h, b) = u.answer(req);
+    let mut named = |blob: &BundleBlob| Ok(stated_fingerprint(blob, req.fingerprint));
+    let r = f.received(&store, req, s, h.as_deref().map(str::as_bytes), &b, 0, &mut named);
+    assert_eq!(r, Err(FetchError::Fingerprint { expected: fp, got: fp ^ 1 }));
+    assert_eq!(read_manifest(&store), None);
 }
 
 #[test]

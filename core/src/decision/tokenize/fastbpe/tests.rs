@@ -363,7 +363,7 @@ fn unsupported_shapes_fall_back_to_the_crate() {
             continue; // random: no two encodes agree
         }
         for special in [false, true] {
-            let want = b.tokenizer().encode(text, special).unwrap().get_ids().to_vec();
+            let want = b.tokenizer().unwrap().encode(text, special).unwrap().get_ids().to_vec();
             assert_eq!(b.encode(text, special).unwrap(), want, "{name}");
         }
     }
@@ -392,4 +392,72 @@ fn nfc_shortcut_equals_full_nfc() {
             assert_eq!(f.normalize(&s), full(&s), "{:?}", s);
         }
     }
+}
+
+/// The bundle read back from `b`'s compiled encoder (no `tokenizers` model in it).
+fn recompiled(b: &ModelBundle, config: &str) -> ModelBundle {
+    let enc = b.compiled_encoder().expect("a fast encoder compiles");
+    let c = ModelBundle::from_compiled(b.fingerprint(), &enc, config).unwrap();
+    assert!(c.tokenizer().is_none());
+    assert_eq!(c.compiled_encoder().unwrap(), enc, "writing is deterministic and lossless");
+    assert_eq!(c.cuts(), b.cuts());
+    assert_eq!(c.fingerprint(), b.fingerprint());
+    c
+}
+
+fn compiled_bundles() -> &'static [(ModelBundle, ModelBundle)] {
+    static V: OnceLock<Vec<(ModelBundle, ModelBundle)>> = OnceLock::new();
+    V.get_or_init(|| {
+        let qwen_cfg = std::fs::read_to_string(
+            crate::decision::tokenize::model::qwen3_dir().join("tokenizer_config.json"),
+        )
+        .unwrap();
+        let mut all = vec![
+            (demo().clone(), recompiled(demo(), DEMO_TOKENIZER_CONFIG)),
+            (qwen().clone(), recompiled(qwen(), &qwen_cfg)),
+        ];
+        for b in variants() {
+            all.push((b.clone(), recompiled(b, DEMO_TOKENIZER_CONFIG)));
+        }
+        all
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// A bundle read from its compiled encoder encodes as the crate does, for both bundles and
+    /// every supported variant (ignore_merges, legacy merges, NFC, fancy Split, no template).
+    #[test]
+    fn compiled_encoders_equal_crate(t in text()) {
+        for (from_files, compiled) in compiled_bundles() {
+            for special in [false, true] {
+                let want = from_files.encode_with_crate(&t, special).unwrap();
+                prop_assert_eq!(compiled.encode(&t, special).unwrap(), want);
+            }
+        }
+    }
+}
+
+#[test]
+fn compiled_encoder_golden_and_corruptions() {
+    let enc = demo().compiled_encoder().unwrap();
+    // Pinned: a change of layout or of what is written shows here.
+    assert_eq!(&enc[..6], b"KVFB\x01\x00");
+    assert_eq!((enc.len(), xxhash_rust::xxh3::xxh3_64(&enc)), (25_247, 0xa787_7c4e_59fd_54b8));
+    let read = |b: &[u8]| ModelBundle::from_compiled(1, b, DEMO_TOKENIZER_CONFIG);
+    // Every cut in the header, then a stride through the tables (each read compiles the
+    // regexes again: every cut would take a minute).
+    for cut in (0..256).chain((256..enc.len()).step_by(37)) {
+        assert!(read(&enc[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut longer = enc.clone();
+    longer.push(0);
+    assert!(read(&longer).is_err(), "trailing bytes");
+    let mut format = enc.clone();
+    format[4] = 9;
+    assert!(read(&format).unwrap_err().to_string().contains("format 9"));
+    let c = read(&enc).unwrap();
+    assert!(c.decode(&[1, 2]).is_err(), "no tokenizers model to decode with");
+    assert!(c.encode_with_crate("hi", false).is_err());
 }

@@ -25,6 +25,9 @@
 use serde_json::Value;
 use tokenizers::{AddedToken, Tokenizer};
 
+use crate::decision::tokenize::fastbpe::compiled::CompiledError;
+use crate::wire::Reader;
+
 /// The added tokens after which a text may be cut.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Cuts {
@@ -52,16 +55,49 @@ impl Cuts {
             .filter(|t| !t.normalized)
             .collect();
         let single_word = raw.iter().any(|t| t.single_word);
-        let mut tokens: Vec<String> = raw
+        let tokens: Vec<String> = raw
             .iter()
             .filter(|t| is_cut(t, &raw, single_word))
             .map(|t| t.content.clone())
             .collect();
+        Cuts::from_tokens(tokens)
+    }
+
+    fn from_tokens(mut tokens: Vec<String>) -> Cuts {
         tokens.sort();
         let mut first: Vec<u8> = tokens.iter().filter_map(|t| t.bytes().next()).collect();
         first.sort_unstable();
         first.dedup();
         Cuts { tokens, first }
+    }
+
+    /// Appends the cut tokens (a `u32` count, then each as `u32` length + UTF-8), for a
+    /// compiled bundle.
+    pub fn write_compiled(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.tokens.len() as u32).to_le_bytes());
+        for t in &self.tokens {
+            out.extend_from_slice(&(t.len() as u32).to_le_bytes());
+            out.extend_from_slice(t.as_bytes());
+        }
+    }
+
+    /// Reads what [`Cuts::write_compiled`] wrote.
+    pub(crate) fn read_compiled(r: &mut Reader<'_>) -> Result<Cuts, CompiledError> {
+        let n = r.u32().ok_or(CompiledError::Truncated)? as usize;
+        if n.saturating_mul(4) > r.remaining() {
+            return Err(CompiledError::Truncated);
+        }
+        let mut tokens = Vec::with_capacity(n);
+        for _ in 0..n {
+            let len = r.u32().ok_or(CompiledError::Truncated)? as usize;
+            let bytes = r.take(len).ok_or(CompiledError::Truncated)?;
+            let t = std::str::from_utf8(bytes).map_err(|_| CompiledError::Utf8)?;
+            if t.is_empty() {
+                return Err(CompiledError::Bound("empty cut token"));
+            }
+            tokens.push(t.to_owned());
+        }
+        Ok(Cuts::from_tokens(tokens))
     }
 
     /// No token cuts: texts are always encoded whole.
@@ -144,7 +180,7 @@ mod tests {
 
     #[test]
     fn every_demo_special_token_cuts() {
-        let cuts = Cuts::of(ModelBundle::demo().unwrap().tokenizer());
+        let cuts = Cuts::of(ModelBundle::demo().unwrap().tokenizer().unwrap());
         assert_eq!(cuts.tokens().len(), 5, "{:?}", cuts.tokens());
         let text = "<|begin_of_text|>hi<|eot_id|>x<|eot_id|";
         assert_eq!(cuts.find(text), vec![17, 29]);
@@ -166,7 +202,7 @@ mod tests {
         assert!(prepends_first_only(&meta));
         let always = serde_json::json!({"type": "Metaspace", "prepend_scheme": "always"});
         assert!(!prepends_first_only(&always));
-        let mut tk = ModelBundle::demo().unwrap().tokenizer().clone();
+        let mut tk = ModelBundle::demo().unwrap().tokenizer().unwrap().clone();
         tk.set_encode_special_tokens(true);
         assert!(Cuts::of(&tk).is_empty());
     }

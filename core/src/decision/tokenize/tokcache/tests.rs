@@ -96,7 +96,7 @@ fn check(
     max_bytes: usize,
     texts: &[String],
 ) -> Result<TokenCacheStats, TestCaseError> {
-    let cuts = Cuts::of(b.tokenizer());
+    let cuts = b.cuts().clone();
     let mut cache = TokenCache::new(TokenCacheLimits { max_bytes });
     for t in texts {
         let cold = b.encode(t, false).unwrap();
@@ -109,7 +109,7 @@ fn check(
 /// The claim the cache rests on, directly: cutting a text at any of its cuts and encoding
 /// both sides alone gives the ids of the whole.
 fn cut_anywhere(b: &ModelBundle, text: &str) -> Result<(), TestCaseError> {
-    let cuts = Cuts::of(b.tokenizer());
+    let cuts = b.cuts().clone();
     let whole = b.encode(text, false).unwrap();
     for q in cuts.find(text) {
         let mut ids = b.encode(&text[..q], false).unwrap();
@@ -141,7 +141,7 @@ proptest! {
 
 #[test]
 fn qwen3_cuts_at_every_added_token() {
-    let cuts = Cuts::of(qwen().tokenizer());
+    let cuts = qwen().cuts().clone();
     for t in ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>"] {
         assert!(cuts.tokens().iter().any(|c| c == t), "{t} is not a cut: {:?}", cuts.tokens());
     }
@@ -169,7 +169,7 @@ fn the_bound_holds_and_evicted_segments_are_recomputed() {
     let off = check(b, 0, &texts).unwrap();
     assert_eq!((off.hits, off.misses, off.bypassed as usize), (0, 0, texts.len()));
     let mut cache = TokenCache::default();
-    let cuts = Cuts::of(b.tokenizer());
+    let cuts = b.cuts().clone();
     for t in &texts {
         cache.encode(b, &cuts, t).unwrap();
     }

@@ -24,6 +24,9 @@
 //! mark: the bytes read from shared data, the decoded snapshot and the index, as far as they
 //! were alive at once. RSS is the whole process's, so it carries some noise (allocator caches,
 //! code tier-up); the `/memory` heap line shows what grew outside the VMs.
+//!
+//! Then, unless `--no-bundle`, what Qwen3's model bundle costs each worker thread
+//! (`bundle.rs`: the real updater serves it; VM memory from the filter's build log lines).
 //! Run: `target/release/kvroute-envoymem` (after `./dev build`).
 
 use std::collections::HashMap;
@@ -37,7 +40,7 @@ use kvroute_core::decision::load::WorkerLoad;
 use kvroute_core::decision::request::{self, Endpoint};
 use kvroute_core::decision::router::Router;
 use kvroute_core::wire::delta::Delta;
-use kvroute_core::wire::snapshot::{Snapshot, SnapshotWorker};
+use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker};
 use kvroute_stack::envoy::Envoy;
 use kvroute_stack::sim::SimWorker;
 use kvroute_stack::stack::{self, StackOptions, StackPorts, MODEL, UPDATER_TOKEN};
@@ -63,7 +66,12 @@ struct Args {
     /// Seed of the probe prompt and of the snapshots' random block hashes.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Skip the Qwen3 bundle step.
+    #[arg(long)]
+    no_bundle: bool,
 }
+
+mod bundle;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -331,9 +339,17 @@ async fn main() -> anyhow::Result<()> {
                 gpu: vec![],
                 offloaded: vec![],
                 load: None,
+                model: MODEL.into(),
                 ..Default::default()
             })
             .collect(),
+        // What the updater names: the model, its bundle's fingerprint and block size.
+        models: vec![ModelInfo {
+            name: MODEL.into(),
+            fingerprint: kvroute_core::decision::tokenize::model::ModelBundle::demo()?
+                .fingerprint(),
+            block_size: cfg.models.first().map_or(16, |m| m.block_size),
+        }],
         ..Default::default()
     };
     let feed: Shared = Arc::new(Mutex::new(Feed {
@@ -484,6 +500,10 @@ async fn main() -> anyhow::Result<()> {
         credited.status,
         credited.decision.as_deref().unwrap_or("no decision header")
     );
+    drop(envoy);
+    if !a.no_bundle {
+        bundle::measure(a.concurrency).await?;
+    }
     Ok(())
 }
 
