@@ -13,8 +13,8 @@
 //! updater and is not used anywhere else.
 //!
 //! Steps: Envoy's RSS with an empty snapshot applied by every thread (before); the big snapshot
-//! fetched by the singleton only, no request sent yet, so no worker thread has read it
-//! (singleton side); the big snapshot applied by every worker thread (after); then one small
+//! fetched by the singleton, no request sent yet (singleton side; a worker thread also applies
+//! a new snapshot on its own tick, and the output says when one did before this reading); the big snapshot applied by every worker thread (after); then one small
 //! delta, followed by every thread through the delta chain.
 //!
 //! How the growth divides: the singleton side is measured on its own (its VM's decoded copy,
@@ -400,6 +400,9 @@ async fn main() -> anyhow::Result<()> {
     singleton(&envoy, "the singleton's big snapshot", |c| c.sync_full >= c0.sync_full + 1.0)
         .await?;
     let fetched = measure(pid, &envoy).await?;
+    // Worker threads apply a new snapshot on their own tick too, not only on a request: how
+    // many had already when the singleton side was read.
+    let early = (counters(&envoy).await?.thread_full - c0.thread_full).max(0.0);
     let (sent, ok) = drive(&envoy, &body, "every thread on the big snapshot", |c| {
         c.thread_full >= c0.thread_full + threads
     })
@@ -469,7 +472,12 @@ async fn main() -> anyhow::Result<()> {
         diff(fetched.heap, after.heap)
     );
     println!(
-        "  growth: total {total_mib:.1} MiB = singleton side {singleton_mib:.1} MiB (measured before any thread applied it) + worker threads {threads_mib:.1} MiB"
+        "  growth: total {total_mib:.1} MiB = singleton side {singleton_mib:.1} MiB + worker threads {threads_mib:.1} MiB ({})",
+        if early > 0.0 {
+            format!("{early} thread(s) applied it on their tick before the singleton side was read: the split is not clean, use the even split below")
+        } else {
+            "no thread had applied it when the singleton side was read".to_string()
+        }
     );
     println!(
         "  per worker thread: {:.1} MiB (the threads' growth / {}: each thread has its own VM and index)",
