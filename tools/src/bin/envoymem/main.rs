@@ -69,6 +69,12 @@ struct Args {
     /// Skip the Qwen3 bundle step.
     #[arg(long)]
     no_bundle: bool,
+    /// Envoy worker threads of the bundle step's points (Envoy RSS vs threads x models).
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    bundle_threads: Vec<u32>,
+    /// Where the bundle step writes its curve (CSV + SVG); none: printed only.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
 }
 
 mod bundle;
@@ -510,7 +516,7 @@ async fn main() -> anyhow::Result<()> {
     );
     drop(envoy);
     if !a.no_bundle {
-        bundle::measure(a.concurrency).await?;
+        bundle::measure(&a.bundle_threads, a.out.as_deref()).await?;
     }
     Ok(())
 }
