@@ -199,6 +199,7 @@ impl Models {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvroute_core::wire::bundle::BundleBlob;
 
     #[test]
     fn model_arguments() {
@@ -224,8 +225,16 @@ mod tests {
         assert_eq!(m.get("a").unwrap().fingerprint(), demo.fingerprint());
         assert_eq!(m.get("a").unwrap().block_size, None);
         assert_eq!(m.get("b").unwrap().block_size, Some(32));
-        let decoded = BundleFiles::decode(&m.get("a").unwrap().encoded).unwrap();
-        assert_eq!(decoded.tokenizer_json, DEMO_TOKENIZER_JSON.as_bytes());
+        // The demo tokenizer has the fast encoder: it is served compiled, naming its
+        // fingerprint, and builds a bundle that tokenizes as the one from the files.
+        let served = BundleBlob::decode(&m.get("a").unwrap().encoded).unwrap();
+        let BundleBlob::Compiled(c) = served else { panic!("served as files: {served:?}") };
+        assert_eq!(c.fingerprint, demo.fingerprint());
+        assert_eq!(c.tokenizer_config_json, DEMO_TOKENIZER_CONFIG.as_bytes());
+        let config = std::str::from_utf8(&c.tokenizer_config_json).unwrap();
+        let built = ModelBundle::from_compiled(c.fingerprint, &c.encoder, config).unwrap();
+        let text = "Compiled, then served: the same ids?";
+        assert_eq!(built.encode(text, false).unwrap(), demo.encode(text, false).unwrap());
         assert_eq!(m.by_fingerprint(demo.fingerprint()).unwrap().name, "a");
         assert!(matches!(
             Models::load(&[specs[0].clone(), specs[0].clone()], &[]),
