@@ -1,11 +1,24 @@
 //! The knowledge index: which block hashes each worker is believed to hold, from which source,
 //! and since when. Bounded per worker (LRU) and aged (TTL per source).
+//!
+//! Start at [`KnowledgeIndex`]. Each worker's knowledge lives in its own slot; [`holders`]
+//! keeps the same knowledge inside out (hash -> workers) so that a decision
+//! ([`KnowledgeIndex::prefix_matches`], in `batch.rs`) looks each prompt block up once for the
+//! whole pool. [`KnowledgeIndex::prefix_match`] walks one worker's slot: the reference the
+//! batch lookup is tested against.
+
+mod batch;
+pub mod holders;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 
 use foldhash::fast::RandomState as Fast;
 
 use hashlink::LinkedHashMap;
+
+use holders::{Holders, GPU, OBSERVED, OFFLOADED};
 
 use crate::wire::journal::Source;
 
@@ -68,6 +81,8 @@ pub struct PrefixMatch {
 
 #[derive(Debug, Default)]
 struct WorkerBlocks {
+    /// This worker's number in [`Holders`].
+    id: u32,
     blocks: LinkedHashMap<u64, Observation>,
     events: Option<EventView>,
 }
@@ -115,7 +130,13 @@ pub struct KnowledgeIndex {
     trust: EventTrust,
     /// When the updater last confirmed its snapshot (unix ms); `None`: no event knowledge.
     events_checked_at_ms: Option<u64>,
-    workers: HashMap<String, WorkerBlocks, Fast>,
+    /// Worker name -> its slot in `slots` (its id).
+    ids: HashMap<String, u32, Fast>,
+    slots: Vec<Option<WorkerBlocks>>,
+    /// Ids of emptied slots, reused first.
+    free_ids: Vec<u32>,
+    /// Every slot's blocks, by hash.
+    holders: Holders,
 }
 
 impl KnowledgeIndex {
@@ -124,7 +145,38 @@ impl KnowledgeIndex {
     }
 
     pub fn with_trust(limits: IndexLimits, trust: EventTrust) -> Self {
-        KnowledgeIndex { limits, trust, events_checked_at_ms: None, workers: HashMap::default() }
+        KnowledgeIndex {
+            limits,
+            trust,
+            events_checked_at_ms: None,
+            ids: HashMap::default(),
+            slots: Vec::new(),
+            free_ids: Vec::new(),
+            holders: Holders::default(),
+        }
+    }
+
+    fn slot(&self, worker: &str) -> Option<&WorkerBlocks> {
+        let id = *self.ids.get(worker)?;
+        self.slots.get(id as usize)?.as_ref()
+    }
+
+    /// `worker`'s slot, created empty if it has none, and the holders to keep in step with it.
+    fn slot_mut(&mut self, worker: &str) -> (&mut WorkerBlocks, &mut Holders) {
+        let id = match self.ids.get(worker) {
+            Some(&id) => id,
+            None => {
+                let id = self.free_ids.pop().unwrap_or(self.slots.len() as u32);
+                self.ids.insert(worker.to_owned(), id);
+                id
+            }
+        };
+        let at = id as usize;
+        if self.slots.len() <= at {
+            self.slots.resize_with(at + 1, || None);
+        }
+        let slot = self.slots[at].get_or_insert_with(|| WorkerBlocks { id, ..Default::default() });
+        (slot, &mut self.holders)
     }
 
     /// Replaces `worker`'s event view with `gpu` and `offloaded` hashes, as last heard at
@@ -136,30 +188,46 @@ impl KnowledgeIndex {
         offloaded: &[u64],
         observed_at_ms: u64,
     ) {
-        let w = self.workers.entry(worker.to_owned()).or_default();
-        w.events = Some(EventView {
+        let (w, holders) = self.slot_mut(worker);
+        if let Some(old) = w.events.take() {
+            unlist_view(holders, w.id, &old);
+        }
+        let view = EventView {
             blocks: gpu.iter().copied().collect(),
             offloaded: offloaded.iter().copied().collect(),
             observed_at_ms,
-        });
+        };
+        view.blocks.iter().for_each(|&h| holders.set(h, w.id, GPU));
+        view.offloaded.iter().for_each(|&h| holders.set(h, w.id, OFFLOADED));
+        w.events = Some(view);
     }
 
     /// Changes `worker`'s event view: optionally empties it, then removes and adds per tier.
     pub fn change_events(&mut self, worker: &str, change: EventChange<'_>, observed_at_ms: u64) {
-        let w = self.workers.entry(worker.to_owned()).or_default();
+        let (w, holders) = self.slot_mut(worker);
+        let id = w.id;
         let view = w.events.get_or_insert_with(EventView::default);
         if change.reset {
+            unlist_view(holders, id, view);
             view.blocks.clear();
             view.offloaded.clear();
         }
-        for h in change.gpu_remove {
-            view.blocks.remove(h);
+        let tiers = [
+            (&mut view.blocks, change.gpu_remove, change.gpu_add, GPU),
+            (&mut view.offloaded, change.offloaded_remove, change.offloaded_add, OFFLOADED),
+        ];
+        for (set, remove, add, flag) in tiers {
+            for h in remove {
+                if set.remove(h) {
+                    holders.clear(*h, id, flag);
+                }
+            }
+            for &h in add {
+                if set.insert(h) {
+                    holders.set(h, id, flag);
+                }
+            }
         }
-        view.blocks.extend(change.gpu_add.iter().copied());
-        for h in change.offloaded_remove {
-            view.offloaded.remove(h);
-        }
-        view.offloaded.extend(change.offloaded_add.iter().copied());
         view.observed_at_ms = observed_at_ms;
     }
 
@@ -180,22 +248,34 @@ impl KnowledgeIndex {
     /// recently observed blocks past the per-worker bound.
     pub fn insert(&mut self, worker: &str, hashes: &[u64], source: Source, now_ms: u64) {
         let limits = self.limits;
-        let w = self.workers.entry(worker.to_owned()).or_default();
+        let (w, holders) = self.slot_mut(worker);
         for &h in hashes {
             // `insert` replaces a known block's observation and moves it to the back (newest).
-            w.blocks.insert(h, Observation { source, at_ms: now_ms });
+            if w.blocks.insert(h, Observation { source, at_ms: now_ms }).is_none() {
+                holders.set(h, w.id, OBSERVED);
+            }
         }
         while w.blocks.len() > limits.max_blocks_per_worker {
-            w.blocks.pop_front();
+            if let Some((h, _)) = w.blocks.pop_front() {
+                holders.clear(h, w.id, OBSERVED);
+            }
         }
-        Self::purge(&limits, w, now_ms);
+        Self::purge(&limits, w, holders, now_ms);
+    }
+
+    fn slot_and_holders(&mut self, worker: &str) -> Option<(&mut WorkerBlocks, &mut Holders)> {
+        let id = *self.ids.get(worker)?;
+        let slot = self.slots.get_mut(id as usize)?.as_mut()?;
+        Some((slot, &mut self.holders))
     }
 
     /// Forgets `hashes` on `worker`.
     pub fn remove(&mut self, worker: &str, hashes: &[u64]) {
-        if let Some(w) = self.workers.get_mut(worker) {
-            for h in hashes {
-                w.blocks.remove(h);
+        if let Some((w, holders)) = self.slot_and_holders(worker) {
+            for &h in hashes {
+                if w.blocks.remove(&h).is_some() {
+                    holders.clear(h, w.id, OBSERVED);
+                }
             }
         }
     }
@@ -203,10 +283,11 @@ impl KnowledgeIndex {
     /// Takes back routing credit: forgets those of `hashes` on `worker` that only routing
     /// history vouches for (feedback and events stay).
     pub fn retract_routed(&mut self, worker: &str, hashes: &[u64]) {
-        if let Some(w) = self.workers.get_mut(worker) {
-            for h in hashes {
-                if w.blocks.get(h).is_some_and(|o| o.source == Source::Routed) {
-                    w.blocks.remove(h);
+        if let Some((w, holders)) = self.slot_and_holders(worker) {
+            for &h in hashes {
+                if w.blocks.get(&h).is_some_and(|o| o.source == Source::Routed) {
+                    w.blocks.remove(&h);
+                    holders.clear(h, w.id, OBSERVED);
                 }
             }
         }
@@ -214,69 +295,50 @@ impl KnowledgeIndex {
 
     /// Forgets everything about `worker`.
     pub fn clear_worker(&mut self, worker: &str) {
-        self.workers.remove(worker);
+        let Some(id) = self.ids.remove(worker) else { return };
+        let Some(w) = self.slots.get_mut(id as usize).and_then(Option::take) else { return };
+        for &h in w.blocks.keys() {
+            self.holders.clear(h, id, OBSERVED);
+        }
+        if let Some(view) = &w.events {
+            unlist_view(&mut self.holders, id, view);
+        }
+        self.free_ids.push(id);
     }
 
     /// Number of blocks currently remembered for `worker` (expired ones may still count
     /// until purged).
     pub fn len(&self, worker: &str) -> usize {
-        self.workers.get(worker).map_or(0, |w| w.blocks.len())
+        self.slot(worker).map_or(0, |w| w.blocks.len())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.workers.values().all(|w| w.blocks.is_empty())
+        self.slots.iter().flatten().all(|w| w.blocks.is_empty())
     }
 
     /// Longest run of leading `hashes` that `worker` is believed to hold, ignoring expired
     /// observations.
     pub fn prefix_match(&self, worker: &str, hashes: &[u64], now_ms: u64) -> PrefixMatch {
         let mut m = PrefixMatch::default();
-        let Some(w) = self.workers.get(worker) else {
+        let Some(w) = self.slot(worker) else {
             return m;
         };
-        let events = w.events.as_ref().filter(|_| self.event_state(now_ms).1);
-        // With fresh events, older guesses are superseded by what the engine reported.
-        let superseded_before =
-            events.map_or(0, |e| e.observed_at_ms.saturating_sub(self.trust.grace_ms));
-        for h in hashes {
-            if let Some(e) = events.filter(|e| e.blocks.contains(h)) {
-                m.blocks += 1;
-                m.from_events += 1;
-                m.oldest_age_ms = m.oldest_age_ms.max(now_ms.saturating_sub(e.observed_at_ms));
-                continue;
-            }
-            match w
-                .blocks
-                .get(h)
-                .filter(|o| self.limits.alive(o, now_ms) && o.at_ms >= superseded_before)
-            {
-                Some(o) => {
-                    m.blocks += 1;
-                    m.oldest_age_ms = m.oldest_age_ms.max(now_ms.saturating_sub(o.at_ms));
-                    if o.source == Source::KvEvent {
-                        m.from_events += 1;
-                    }
-                    if o.source == Source::Peer {
-                        m.from_peers += 1;
-                    }
-                    if matches!(o.source, Source::Routed | Source::Peer) {
-                        let age = now_ms.saturating_sub(o.at_ms);
-                        m.routed_age_ms = Some(m.routed_age_ms.map_or(age, |a| a.min(age)));
-                    }
-                }
-                None => match events.filter(|e| e.offloaded.contains(h)) {
-                    Some(e) => {
-                        m.blocks += 1;
-                        m.from_events += 1;
-                        m.offloaded += 1;
-                        m.oldest_age_ms =
-                            m.oldest_age_ms.max(now_ms.saturating_sub(e.observed_at_ms));
-                    }
-                    None => break,
-                },
+        let walk = Walk::new(self, w, now_ms);
+        for &h in hashes {
+            let flags = walk.w.events.as_ref().map_or(0, |e| {
+                u32::from(e.blocks.contains(&h)) * GPU
+                    | u32::from(e.offloaded.contains(&h)) * OFFLOADED
+            }) | u32::from(w.blocks.contains_key(&h)) * OBSERVED;
+            if !walk.credit(h, flags, &mut m) {
+                break;
             }
         }
-        // Credit from events fades over the second half of their allowed age.
+        self.fade(&mut m, now_ms);
+        m
+    }
+
+    /// Credit from events fades over the second half of their allowed age.
+    fn fade(&self, m: &mut PrefixMatch, now_ms: u64) {
         let w = self.event_weight(now_ms);
         if m.from_events > 0 && w < 1.0 {
             let kept = (m.from_events as f64 * w) as usize;
@@ -284,7 +346,6 @@ impl KnowledgeIndex {
             m.from_events = kept;
             m.offloaded = m.offloaded.min(kept);
         }
-        m
     }
 
     /// Weight of event knowledge at `now_ms`: 1 while younger than half the allowed age, then
@@ -301,179 +362,81 @@ impl KnowledgeIndex {
     }
 
     /// Drops expired observations from the old end of each worker's list.
-    fn purge(limits: &IndexLimits, w: &mut WorkerBlocks, now_ms: u64) {
+    fn purge(limits: &IndexLimits, w: &mut WorkerBlocks, holders: &mut Holders, now_ms: u64) {
         while let Some((_, o)) = w.blocks.front() {
             if limits.alive(o, now_ms) {
                 break;
             }
-            w.blocks.pop_front();
+            if let Some((h, _)) = w.blocks.pop_front() {
+                holders.clear(h, w.id, OBSERVED);
+            }
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::{rngs::StdRng, Rng, SeedableRng};
+/// One worker's prefix lookup at one instant: what each block is credited as.
+struct Walk<'a> {
+    w: &'a WorkerBlocks,
+    /// The event view, while the updater's confirmation is fresh.
+    events: Option<&'a EventView>,
+    /// With fresh events, older guesses are superseded by what the engine reported.
+    superseded_before: u64,
+    limits: &'a IndexLimits,
+    now_ms: u64,
+}
 
-    const LIMITS: IndexLimits = IndexLimits {
-        max_blocks_per_worker: 8,
-        routed_ttl_ms: 1000,
-        feedback_ttl_ms: 5000,
-        event_ttl_ms: 0,
-        peer_ttl_ms: 1000,
-    };
+impl<'a> Walk<'a> {
+    fn new(ix: &'a KnowledgeIndex, w: &'a WorkerBlocks, now_ms: u64) -> Walk<'a> {
+        let events = w.events.as_ref().filter(|_| ix.event_state(now_ms).1);
+        let superseded_before =
+            events.map_or(0, |e| e.observed_at_ms.saturating_sub(ix.trust.grace_ms));
+        Walk { w, events, superseded_before, limits: &ix.limits, now_ms }
+    }
 
-    #[test]
-    fn prefix_stops_at_first_gap_and_reports_age() {
-        let mut ix = KnowledgeIndex::new(LIMITS);
-        ix.insert("a", &[1, 2, 3], Source::Routed, 100);
-        ix.insert("a", &[5], Source::KvEvent, 200);
-        let m = ix.prefix_match("a", &[1, 2, 3, 4, 5], 300);
-        let want = PrefixMatch {
-            blocks: 3,
-            oldest_age_ms: 200,
-            from_events: 0,
-            offloaded: 0,
-            routed_age_ms: Some(200),
-            from_peers: 0,
+    /// Credits block `h` to `m` given where the worker has it (`flags`, see [`holders`]): its
+    /// event view's GPU tier first, then a live observation not superseded by events, then
+    /// its event view's lower tier. `false`: not credited, the match ends before it.
+    fn credit(&self, h: u64, flags: u32, m: &mut PrefixMatch) -> bool {
+        let now_ms = self.now_ms;
+        let event = |m: &mut PrefixMatch, e: &EventView| {
+            m.blocks += 1;
+            m.from_events += 1;
+            m.oldest_age_ms = m.oldest_age_ms.max(now_ms.saturating_sub(e.observed_at_ms));
         };
-        assert_eq!(m, want);
-        assert_eq!(ix.prefix_match("b", &[1], 300).blocks, 0);
-    }
-
-    #[test]
-    fn a_retraction_takes_back_routing_credit_only() {
-        let mut ix = KnowledgeIndex::new(LIMITS);
-        ix.insert("a", &[1, 2], Source::Feedback, 0);
-        ix.insert("a", &[3, 4], Source::Routed, 0);
-        ix.insert("b", &[1, 2, 3, 4], Source::Routed, 0);
-        ix.retract_routed("a", &[1, 2, 3, 4]);
-        assert_eq!(ix.prefix_match("a", &[1, 2, 3, 4], 10).blocks, 2, "feedback stays");
-        assert_eq!(ix.prefix_match("b", &[1, 2, 3, 4], 10).blocks, 4, "other workers untouched");
-        ix.retract_routed("nobody", &[1]);
-    }
-
-    #[test]
-    fn routed_knowledge_expires_events_do_not() {
-        let mut ix = KnowledgeIndex::new(LIMITS);
-        ix.insert("a", &[1], Source::Routed, 0);
-        ix.insert("a", &[2], Source::KvEvent, 0);
-        assert_eq!(ix.prefix_match("a", &[1], 999).blocks, 1);
-        assert_eq!(ix.prefix_match("a", &[1], 1000).blocks, 0);
-        assert_eq!(ix.prefix_match("a", &[2], 1_000_000).blocks, 1);
-    }
-
-    #[test]
-    fn memory_is_bounded_per_worker() {
-        let mut ix = KnowledgeIndex::new(LIMITS);
-        let hashes: Vec<u64> = (0..100).collect();
-        ix.insert("a", &hashes, Source::KvEvent, 0);
-        assert_eq!(ix.len("a"), 8);
-        assert_eq!(ix.prefix_match("a", &[92, 93], 0).blocks, 2);
-        ix.clear_worker("a");
-        assert!(ix.is_empty());
-    }
-
-    #[test]
-    fn fresh_events_supersede_older_guesses_and_stale_events_are_ignored() {
-        let trust = EventTrust { max_age_ms: 1000, grace_ms: 100 };
-        let mut ix = KnowledgeIndex::with_trust(LIMITS_LONG, trust);
-        ix.insert("a", &[1, 2, 3], Source::Feedback, 0);
-        assert_eq!(ix.prefix_match("a", &[1, 2, 3], 50).blocks, 3);
-        // Events at t=500 report only block 1: the older guesses about 2 and 3 give way.
-        ix.set_events("a", &[1], &[], 500);
-        ix.events_checked(500);
-        assert_eq!(ix.event_state(600), (true, true));
-        let m = ix.prefix_match("a", &[1, 2, 3], 600);
-        assert_eq!((m.blocks, m.from_events), (1, 1));
-        // A prediction made after the last event still counts.
-        ix.insert("a", &[1, 2], Source::Routed, 700);
-        assert_eq!(ix.prefix_match("a", &[1, 2, 3], 750).blocks, 2);
-        // Three quarters of the allowed age: event credit is halved.
-        ix.set_events("a", &[1, 2, 3, 4], &[], 500);
-        assert_eq!(ix.prefix_match("a", &[1, 2, 3, 4], 500 + 750).from_events, 2);
-        ix.set_events("a", &[1], &[], 500);
-        // Unconfirmed for longer than max_age: events are ignored, history counts again.
-        assert_eq!(ix.event_state(2000), (true, false));
-        assert_eq!(ix.prefix_match("a", &[1, 2, 3], 2000).from_events, 0);
-        assert_eq!(ix.prefix_match("a", &[1, 2, 3], 2000).blocks, 3);
-    }
-
-    const LIMITS_LONG: IndexLimits = IndexLimits {
-        max_blocks_per_worker: 64,
-        routed_ttl_ms: 100_000,
-        feedback_ttl_ms: 100_000,
-        event_ttl_ms: 0,
-        peer_ttl_ms: 1000,
-    };
-
-    /// The obviously-correct reference: a recency-ordered list per worker.
-    #[derive(Default)]
-    struct Naive {
-        workers: HashMap<String, Vec<(u64, Observation)>>,
-    }
-
-    impl Naive {
-        fn insert(&mut self, w: &str, hashes: &[u64], source: Source, now: u64) {
-            let list = self.workers.entry(w.into()).or_default();
-            for &h in hashes {
-                list.retain(|(x, _)| *x != h);
-                list.push((h, Observation { source, at_ms: now }));
-            }
-            while list.len() > LIMITS.max_blocks_per_worker {
-                list.remove(0);
-            }
-            while list.first().is_some_and(|(_, o)| !LIMITS.alive(o, now)) {
-                list.remove(0);
-            }
+        if let Some(e) = self.events.filter(|_| flags & GPU != 0) {
+            event(m, e);
+            return true;
         }
-        fn remove(&mut self, w: &str, hashes: &[u64]) {
-            if let Some(list) = self.workers.get_mut(w) {
-                list.retain(|(x, _)| !hashes.contains(x));
+        let observed = (flags & OBSERVED != 0)
+            .then(|| self.w.blocks.get(&h))
+            .flatten()
+            .filter(|o| self.limits.alive(o, now_ms) && o.at_ms >= self.superseded_before);
+        if let Some(o) = observed {
+            m.blocks += 1;
+            m.oldest_age_ms = m.oldest_age_ms.max(now_ms.saturating_sub(o.at_ms));
+            if o.source == Source::KvEvent {
+                m.from_events += 1;
             }
+            if o.source == Source::Peer {
+                m.from_peers += 1;
+            }
+            if matches!(o.source, Source::Routed | Source::Peer) {
+                let age = now_ms.saturating_sub(o.at_ms);
+                m.routed_age_ms = Some(m.routed_age_ms.map_or(age, |a| a.min(age)));
+            }
+            return true;
         }
-        fn prefix(&self, w: &str, hashes: &[u64], now: u64) -> usize {
-            let Some(list) = self.workers.get(w) else {
-                return 0;
-            };
-            hashes
-                .iter()
-                .take_while(|h| list.iter().any(|(x, o)| x == *h && LIMITS.alive(o, now)))
-                .count()
+        if let Some(e) = self.events.filter(|_| flags & OFFLOADED != 0) {
+            event(m, e);
+            m.offloaded += 1;
+            return true;
         }
+        false
     }
+}
 
-    #[test]
-    fn differential_against_naive_reference() {
-        for seed in 0..20u64 {
-            let mut rng = StdRng::seed_from_u64(seed);
-            let mut ix = KnowledgeIndex::new(LIMITS);
-            let mut naive = Naive::default();
-            let mut now = 0u64;
-            for _ in 0..400 {
-                now += rng.random_range(0..300);
-                let w = ["a", "b", "c"][rng.random_range(0..3)];
-                let hashes: Vec<u64> =
-                    (0..rng.random_range(1..6)).map(|_| rng.random_range(0..16)).collect();
-                match rng.random_range(0..10) {
-                    0..=4 => {
-                        let src = [Source::Routed, Source::KvEvent, Source::Feedback]
-                            [rng.random_range(0..3)];
-                        ix.insert(w, &hashes, src, now);
-                        naive.insert(w, &hashes, src, now);
-                    }
-                    5 => {
-                        ix.remove(w, &hashes);
-                        naive.remove(w, &hashes);
-                    }
-                    _ => assert_eq!(
-                        ix.prefix_match(w, &hashes, now).blocks,
-                        naive.prefix(w, &hashes, now),
-                        "seed {seed}"
-                    ),
-                }
-            }
-        }
-    }
+/// Takes every block of an event view off its worker's holder records.
+fn unlist_view(holders: &mut Holders, id: u32, view: &EventView) {
+    view.blocks.iter().for_each(|&h| holders.clear(h, id, GPU));
+    view.offloaded.iter().for_each(|&h| holders.clear(h, id, OFFLOADED));
 }

@@ -358,21 +358,24 @@ impl Router {
         let m = &t.model;
         // Workers that failed requests are left out, as primary and as fallback, unless every
         // worker of the pool is down: then the choice is among all of them (never a refusal).
-        let up: Vec<&String> = workers.iter().filter(|w| !self.knowledge.is_down(w)).collect();
-        let eligible = if up.is_empty() { workers.iter().collect() } else { up };
-        eligible
-            .into_iter()
-            .map(|w| {
-                // The cache-blind ablation skips the lookup rather than discarding it, and so
-                // does a request the engine will not look up.
-                let pm = if self.plan.cache_aware && cache_read {
-                    self.knowledge.prefix_match(w, hashes, now_ms)
-                } else {
-                    Default::default()
-                };
+        let up: Vec<&str> =
+            workers.iter().map(String::as_str).filter(|w| !self.knowledge.is_down(w)).collect();
+        let eligible =
+            if up.is_empty() { workers.iter().map(String::as_str).collect() } else { up };
+        // The cache-blind ablation skips the lookups rather than discarding them, and so does
+        // a request the engine will not look up.
+        let matches = if self.plan.cache_aware && cache_read {
+            self.knowledge.prefix_matches(&eligible, hashes, now_ms)
+        } else {
+            vec![PrefixMatch::default(); eligible.len()]
+        };
+        let candidates = eligible
+            .iter()
+            .zip(&matches)
+            .map(|(&w, pm)| {
                 let reported = self.knowledge.reported_load(w, now_ms);
-                let c = Candidate {
-                    worker: w.clone(),
+                Candidate {
+                    worker: w.to_owned(),
                     cached_blocks: pm.blocks,
                     offloaded_blocks: pm.offloaded,
                     // Other replicas' in-flight work adds to this replica's own.
@@ -386,10 +389,10 @@ impl Router {
                         .as_deref()
                         .is_some_and(|a| !self.knowledge.has_adapter(w, a)),
                     deviation: self.calibration.deviation(&m.name, w),
-                };
-                (c, pm)
+                }
             })
-            .unzip()
+            .collect();
+        (candidates, matches)
     }
 
     /// Places a hot prefix on one more worker when the requests still to come for it would

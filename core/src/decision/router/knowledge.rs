@@ -135,6 +135,25 @@ impl Knowledge {
         self.index.prefix_match(worker, hashes, now_ms)
     }
 
+    /// [`Knowledge::prefix_match`] of each of `workers` (`out[i]` for `workers[i]`), each
+    /// prompt block looked up once for all of them.
+    pub fn prefix_matches(
+        &self,
+        workers: &[&str],
+        hashes: &[u64],
+        now_ms: u64,
+    ) -> Vec<PrefixMatch> {
+        let mut out = self.index.prefix_matches(workers, hashes, now_ms);
+        if !self.incompatible.is_empty() {
+            for (w, m) in workers.iter().zip(out.iter_mut()) {
+                if self.incompatible.contains(*w) {
+                    *m = PrefixMatch::default();
+                }
+            }
+        }
+        out
+    }
+
     /// Event knowledge exists but the updater has not confirmed it within its age limit.
     pub fn events_stale(&self, now_ms: u64) -> bool {
         self.index.event_state(now_ms) == (true, false)
