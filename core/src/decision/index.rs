@@ -325,10 +325,11 @@ impl KnowledgeIndex {
         };
         let walk = Walk::new(self, w, now_ms);
         for &h in hashes {
-            let flags = walk.w.events.as_ref().map_or(0, |e| {
-                u32::from(e.blocks.contains(&h)) * GPU
-                    | u32::from(e.offloaded.contains(&h)) * OFFLOADED
-            }) | u32::from(w.blocks.contains_key(&h)) * OBSERVED;
+            let flag = |held: bool, f: u32| if held { f } else { 0 };
+            let view = walk.w.events.as_ref();
+            let flags = flag(view.is_some_and(|e| e.blocks.contains(&h)), GPU)
+                | flag(view.is_some_and(|e| e.offloaded.contains(&h)), OFFLOADED)
+                | flag(w.blocks.contains_key(&h), OBSERVED);
             if !walk.credit(h, flags, &mut m) {
                 break;
             }
