@@ -143,7 +143,7 @@ impl Holders {
 
     /// Hashes with at least one holder.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub fn hashes(&self) -> usize {
         self.map.len()
     }
 }
@@ -186,7 +186,7 @@ mod tests {
                 }
             }
             let used = naive.keys().map(|k| k.0).collect::<std::collections::BTreeSet<_>>();
-            assert_eq!(h.len(), used.len());
+            assert_eq!(h.hashes(), used.len());
         }
     }
 }
