@@ -395,28 +395,39 @@ pub fn rank_reached(
 }
 
 /// Orders scores by cost: the primary drawn among the least-work ties, then by increasing cost.
-fn order(mut scores: Vec<Score>, block_size: u32, weigh: Weigh, pick: u64) -> Vec<Score> {
+/// Equal costs are ordered by worker name. The sort moves `(cost, index)` keys, not scores.
+fn order(scores: Vec<Score>, block_size: u32, weigh: Weigh, pick: u64) -> Vec<Score> {
     let w = if weigh.stall_weight.is_finite() { weigh.stall_weight.max(0.0) } else { 0.0 };
+    let mut scores = scores;
     for s in &mut scores {
         s.cost_ms = if w > 0.0 { s.ttft_ms + w * s.stall_ms } else { s.ttft_ms };
     }
-    scores.sort_by(|a, b| a.cost_ms.total_cmp(&b.cost_ms).then_with(|| a.worker.cmp(&b.worker)));
-    let Some(best) = scores.first().map(|s| s.cost_ms) else {
+    let mut keys: Vec<(f64, usize)> = scores.iter().map(|s| s.cost_ms).zip(0..).collect();
+    // Pools come sorted by name: then the index orders equal costs as the name would.
+    if scores.is_sorted_by(|a, b| a.worker < b.worker) {
+        keys.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    } else {
+        keys.sort_unstable_by(|a, b| {
+            a.0.total_cmp(&b.0).then_with(|| scores[a.1].worker.cmp(&scores[b.1].worker))
+        });
+    }
+    let Some(&(best, _)) = keys.first() else {
         return scores;
     };
     let tie = weigh.tie;
     let band = best + tie.abs_ms.max(tie.rel * best);
-    let ties = scores.iter().take_while(|s| s.cost_ms <= band).count().max(1);
+    let ties = keys.iter().take_while(|k| k.0 <= band).count().max(1);
     // Among ties, the least work added: a worker that shares more of the prompt (cached, or in
     // flight there) leaves the others free; equal work is drawn at random.
-    let least = scores[..ties].iter().map(|s| s.uncached_tokens).min().unwrap_or(0);
+    let work = |k: &(f64, usize)| scores[k.1].uncached_tokens;
+    let least = keys[..ties].iter().map(work).min().unwrap_or(0);
     let near = u64::from(block_size.max(1));
-    let lightest: Vec<usize> =
-        (0..ties).filter(|&i| scores[i].uncached_tokens < least + near).collect();
+    let lightest: Vec<usize> = (0..ties).filter(|&i| work(&keys[i]) < least + near).collect();
     let chosen = lightest[(pick % lightest.len().max(1) as u64) as usize % lightest.len().max(1)];
-    let primary = scores.remove(chosen);
-    scores.insert(0, primary);
-    scores
+    let primary = keys.remove(chosen);
+    keys.insert(0, primary);
+    let mut slots: Vec<Option<Score>> = scores.into_iter().map(Some).collect();
+    keys.iter().filter_map(|&(_, i)| slots.get_mut(i).and_then(Option::take)).collect()
 }
 
 #[cfg(test)]
@@ -717,6 +728,31 @@ mod tests {
             // Queued prefill work on it that takes longer than loading the adapter: it loses.
             cs[0].load.prefill_tokens += (p.adapter_load_ms / p.prefill_ms_per_token) as u64 + 1;
             prop_assert_ne!(&rank(&p, &cs, prompt, BS, exact, pick)[0].worker, "loaded");
+        }
+
+        #[test]
+        fn after_the_primary_equal_costs_follow_in_name_order_whatever_the_input_order(
+            loads in proptest::collection::vec(0u64..3, 2..40),
+            rotate in 0usize..40,
+            pick in any::<u64>(),
+        ) {
+            // Few distinct loads: many exact ties, in name order or rotated out of it.
+            let mut cs: Vec<Candidate> = loads.iter().enumerate().map(|(i, &t)| Candidate {
+                worker: format!("w{i:03}"),
+                cached_blocks: 0,
+                offloaded_blocks: 0,
+                load: load(t * 1000, t.min(1) as u32, t as u32),
+                adapter_missing: false,
+                deviation: 1.0,
+            }).collect();
+            let n = cs.len();
+            cs.rotate_left(rotate % n);
+            let r = rank(&Profile::default(), &cs, 4096, BS, Weigh::ties(EXACT), pick);
+            let mut want: Vec<(f64, String)> =
+                r[1..].iter().map(|s| (s.cost_ms, s.worker.clone())).collect();
+            want.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+            let got: Vec<(f64, String)> = r[1..].iter().map(|s| (s.cost_ms, s.worker.clone())).collect();
+            prop_assert_eq!(got, want);
         }
 
         #[test]

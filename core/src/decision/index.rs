@@ -189,16 +189,19 @@ impl KnowledgeIndex {
         observed_at_ms: u64,
     ) {
         let (w, holders) = self.slot_mut(worker);
-        if let Some(old) = w.events.take() {
-            unlist_view(holders, w.id, &old);
-        }
         let view = EventView {
             blocks: gpu.iter().copied().collect(),
             offloaded: offloaded.iter().copied().collect(),
             observed_at_ms,
         };
-        view.blocks.iter().for_each(|&h| holders.set(h, w.id, GPU));
-        view.offloaded.iter().for_each(|&h| holders.set(h, w.id, OFFLOADED));
+        // Only what changed moves in the holders (a snapshot mostly repeats the views).
+        let old = w.events.take().unwrap_or_default();
+        for (was, now, flag) in
+            [(&old.blocks, &view.blocks, GPU), (&old.offloaded, &view.offloaded, OFFLOADED)]
+        {
+            was.iter().filter(|h| !now.contains(*h)).for_each(|&h| holders.clear(h, w.id, flag));
+            now.iter().filter(|h| !was.contains(*h)).for_each(|&h| holders.set(h, w.id, flag));
+        }
         w.events = Some(view);
     }
 

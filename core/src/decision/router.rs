@@ -369,6 +369,7 @@ impl Router {
         } else {
             vec![PrefixMatch::default(); eligible.len()]
         };
+        let deviations = self.calibration.model(&m.name).map(|v| &v.deviations);
         let candidates = eligible
             .iter()
             .zip(&matches)
@@ -388,7 +389,7 @@ impl Router {
                         .adapter
                         .as_deref()
                         .is_some_and(|a| !self.knowledge.has_adapter(w, a)),
-                    deviation: self.calibration.deviation(&m.name, w),
+                    deviation: deviations.and_then(|d| d.get(w)).copied().unwrap_or(1.0),
                 }
             })
             .collect();
