@@ -82,7 +82,7 @@ impl CalibThread {
             add(self.metrics.dropped, 1);
         }
         pending.push(Sample {
-            worker: score.worker.clone(),
+            worker: score.worker.to_string(),
             uncached_tokens: score.uncached_tokens,
             cached_tokens: score.cached_tokens,
             load: score.load,

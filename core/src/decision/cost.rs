@@ -18,6 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::decision::load::WorkerLoad;
+use crate::decision::worker::WorkerName;
 
 /// Per-model timing profile (milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -164,7 +165,7 @@ pub fn stall_ms(load: &WorkerLoad, prefill_ms: f64) -> f64 {
 /// One worker as seen at decision time.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
-    pub worker: String,
+    pub worker: WorkerName,
     /// Leading prompt blocks believed cached on this worker (any tier).
     pub cached_blocks: usize,
     /// How many of those sit only on a lower tier and must be transferred.
@@ -180,7 +181,7 @@ pub struct Candidate {
 /// A candidate's estimate.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Score {
-    pub worker: String,
+    pub worker: WorkerName,
     pub cached_tokens: u64,
     pub uncached_tokens: u64,
     pub wait_ms: f64,
@@ -487,7 +488,10 @@ mod tests {
     }
 
     fn winner(profile: Profile) -> String {
-        rank(&profile, &reference_cases(), PROMPT, BS, Weigh::ties(EXACT), 0).remove(0).worker
+        rank(&profile, &reference_cases(), PROMPT, BS, Weigh::ties(EXACT), 0)
+            .remove(0)
+            .worker
+            .to_string()
     }
 
     fn profile(per_token: f64, interference: f64) -> Profile {
@@ -521,7 +525,7 @@ mod tests {
         let c: Vec<Candidate> = ["x", "y", "z"]
             .iter()
             .map(|w| Candidate {
-                worker: w.to_string(),
+                worker: w.to_string().into(),
                 cached_blocks: 0,
                 offloaded_blocks: 0,
                 load: load(0, 0, 0),
@@ -531,7 +535,7 @@ mod tests {
             .collect();
         let p = Profile::default();
         let firsts: std::collections::BTreeSet<String> = (0..3)
-            .map(|pick| rank(&p, &c, 100, BS, Weigh::default(), pick)[0].worker.clone())
+            .map(|pick| rank(&p, &c, 100, BS, Weigh::default(), pick)[0].worker.to_string())
             .collect();
         assert_eq!(firsts.len(), 3);
     }
@@ -651,7 +655,7 @@ mod tests {
     fn arb_candidate() -> impl Strategy<Value = Candidate> {
         (0usize..300, 0u64..20_000, 0u32..8, 0u32..64, 0usize..300).prop_map(|(b, t, p, i, o)| {
             Candidate {
-                worker: format!("w{b}-{t}-{p}-{i}-{o}"),
+                worker: format!("w{b}-{t}-{p}-{i}-{o}").into(),
                 cached_blocks: b,
                 offloaded_blocks: o.min(b),
                 load: load(t, p, p + i),
@@ -720,7 +724,7 @@ mod tests {
             let exact = Weigh::ties(EXACT);
             let mut cs = vec![Candidate { worker: "loaded".into(), ..c.clone() }];
             cs.extend((0..others).map(|i| Candidate {
-                worker: format!("cold{i}"),
+                worker: format!("cold{i}").into(),
                 adapter_missing: true,
                 ..c.clone()
             }));
@@ -738,7 +742,7 @@ mod tests {
         ) {
             // Few distinct loads: many exact ties, in name order or rotated out of it.
             let mut cs: Vec<Candidate> = loads.iter().enumerate().map(|(i, &t)| Candidate {
-                worker: format!("w{i:03}"),
+                worker: format!("w{i:03}").into(),
                 cached_blocks: 0,
                 offloaded_blocks: 0,
                 load: load(t * 1000, t.min(1) as u32, t as u32),
@@ -749,9 +753,9 @@ mod tests {
             cs.rotate_left(rotate % n);
             let r = rank(&Profile::default(), &cs, 4096, BS, Weigh::ties(EXACT), pick);
             let mut want: Vec<(f64, String)> =
-                r[1..].iter().map(|s| (s.cost_ms, s.worker.clone())).collect();
+                r[1..].iter().map(|s| (s.cost_ms, s.worker.to_string())).collect();
             want.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-            let got: Vec<(f64, String)> = r[1..].iter().map(|s| (s.cost_ms, s.worker.clone())).collect();
+            let got: Vec<(f64, String)> = r[1..].iter().map(|s| (s.cost_ms, s.worker.to_string())).collect();
             prop_assert_eq!(got, want);
         }
 

@@ -45,3 +45,4 @@ pub mod template;
 pub mod tokenize;
 pub mod topology;
 pub mod usage;
+pub mod worker;

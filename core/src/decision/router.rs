@@ -32,6 +32,7 @@ use crate::decision::request::{LoadOnly, ParsedRequest};
 use crate::decision::tokenize::model::{ModelBundle, ModelError};
 use crate::decision::tokenize::tokcache::{TokenCache, TokenCacheLimits};
 use crate::decision::topology::{DiscoveredLabels, TopologyConfig};
+use crate::decision::worker::WorkerName;
 use crate::wire::journal::Source;
 use crate::wire::snapshot::{ModelInfo, SnapshotLoad};
 
@@ -170,13 +171,13 @@ impl Router {
     }
 
     /// The configured workers of base model `model`.
-    pub fn workers(&self, model: &str) -> Option<&[String]> {
+    pub fn workers(&self, model: &str) -> Option<&[WorkerName]> {
         self.plan.model(model).map(|m| m.workers.as_slice())
     }
 
     /// The workers `model`'s requests go to now: the updater's pool for it when the updater
     /// lists the whole pool and names members of `model`, else the configured workers.
-    pub fn pool(&self, model: &str) -> Option<&[String]> {
+    pub fn pool(&self, model: &str) -> Option<&[WorkerName]> {
         let m = self.plan.model(model)?;
         Some(self.knowledge.pool_members(model).unwrap_or(&m.workers))
     }
@@ -349,7 +350,7 @@ impl Router {
     fn candidates(
         &self,
         t: &Target,
-        workers: &[String],
+        workers: &[WorkerName],
         hashes: &[u64],
         load: &dyn Fn(&str) -> WorkerLoad,
         now_ms: u64,
@@ -358,14 +359,13 @@ impl Router {
         let m = &t.model;
         // Workers that failed requests are left out, as primary and as fallback, unless every
         // worker of the pool is down: then the choice is among all of them (never a refusal).
-        let up: Vec<&str> =
-            workers.iter().map(String::as_str).filter(|w| !self.knowledge.is_down(w)).collect();
-        let eligible =
-            if up.is_empty() { workers.iter().map(String::as_str).collect() } else { up };
+        let up: Vec<&WorkerName> = workers.iter().filter(|w| !self.knowledge.is_down(w)).collect();
+        let eligible = if up.is_empty() { workers.iter().collect() } else { up };
+        let names: Vec<&str> = eligible.iter().map(|w| w.as_str()).collect();
         // The cache-blind ablation skips the lookups rather than discarding them, and so does
         // a request the engine will not look up.
         let matches = if self.plan.cache_aware && cache_read {
-            self.knowledge.prefix_matches(&eligible, hashes, now_ms)
+            self.knowledge.prefix_matches(&names, hashes, now_ms)
         } else {
             vec![PrefixMatch::default(); eligible.len()]
         };
@@ -376,7 +376,7 @@ impl Router {
             .map(|(&w, pm)| {
                 let reported = self.knowledge.reported_load(w, now_ms);
                 Candidate {
-                    worker: w.to_owned(),
+                    worker: w.clone(),
                     cached_blocks: pm.blocks,
                     offloaded_blocks: pm.offloaded,
                     // Other replicas' in-flight work adds to this replica's own.
@@ -389,7 +389,7 @@ impl Router {
                         .adapter
                         .as_deref()
                         .is_some_and(|a| !self.knowledge.has_adapter(w, a)),
-                    deviation: deviations.and_then(|d| d.get(w)).copied().unwrap_or(1.0),
+                    deviation: deviations.and_then(|d| d.get(w.as_str())).copied().unwrap_or(1.0),
                 }
             })
             .collect();

@@ -78,7 +78,7 @@ proptest! {
         cs in proptest::collection::vec(arb_candidate(), 1..8), prompt in 0u64..16_384, pick in any::<u64>()
     ) {
         let cs: Vec<Candidate> = cs.into_iter().enumerate()
-            .map(|(i, c)| Candidate { worker: format!("w{i}"), ..c }).collect();
+            .map(|(i, c)| Candidate { worker: format!("w{i}").into(), ..c }).collect();
         let p = Profile::default();
         let none = vec![Reach::default(); cs.len()];
         prop_assert_eq!(

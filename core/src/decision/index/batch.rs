@@ -17,29 +17,42 @@ impl KnowledgeIndex {
         now_ms: u64,
     ) -> Vec<PrefixMatch> {
         let mut out = vec![PrefixMatch::default(); workers.len()];
-        // Slot id -> position in `workers`.
+        // Slot id -> position in `workers`; each position's walk, set up once.
         let mut at = vec![NONE; self.slots.len()];
+        let mut walks: Vec<Option<Walk<'_>>> = Vec::with_capacity(workers.len());
         let mut repeated = Vec::new();
         for (i, w) in workers.iter().enumerate() {
-            let Some(&id) = self.ids.get(*w) else { continue };
+            let slot =
+                self.ids.get(*w).and_then(|&id| Some((id, self.slots.get(id as usize)?.as_ref()?)));
+            let Some((id, slot)) = slot else {
+                walks.push(None);
+                continue;
+            };
             match at.get_mut(id as usize) {
-                Some(p) if *p == NONE => *p = i as u32,
+                Some(p) if *p == NONE => {
+                    *p = i as u32;
+                    walks.push(Some(Walk::new(self, slot, now_ms)));
+                }
                 // A worker named twice: its second position is answered on its own.
-                Some(_) => repeated.push(i),
-                None => {}
+                _ => {
+                    repeated.push(i);
+                    walks.push(None);
+                }
             }
         }
         for (b, &h) in hashes.iter().enumerate() {
             let mut advanced = false;
             for holder in self.holders.get(h) {
                 let Some(&p) = at.get(holder.id() as usize) else { continue };
-                let Some(m) = out.get_mut(p as usize) else { continue };
+                let (Some(m), Some(Some(walk))) = (out.get_mut(p as usize), walks.get(p as usize))
+                else {
+                    continue;
+                };
                 // Only a worker that matched every block before this one continues.
                 if m.blocks != b {
                     continue;
                 }
-                let Some(Some(w)) = self.slots.get(holder.id() as usize) else { continue };
-                advanced |= Walk::new(self, w, now_ms).credit(h, holder.flags(), m);
+                advanced |= walk.credit(h, holder.flags(), m);
             }
             if !advanced {
                 break;

@@ -11,6 +11,7 @@ use crate::decision::index::{EventChange, KnowledgeIndex, PrefixMatch};
 use crate::decision::load::WorkerLoad;
 use crate::decision::lookahead::HotPrefixes;
 use crate::decision::peers::PeerView;
+use crate::decision::worker::WorkerName;
 use crate::wire::delta::Delta;
 use crate::wire::journal::{JournalEntry, Source};
 use crate::wire::peers::PeerSection;
@@ -49,7 +50,7 @@ pub struct Knowledge {
     /// member's base model (empty while the updater has not identified it).
     pool: Option<BTreeMap<String, String>>,
     /// `pool` by base model: each model's members, sorted.
-    members: HashMap<String, Vec<String>>,
+    members: HashMap<String, Vec<WorkerName>>,
     /// Workers to leave out of decisions now (failed requests, see `shared::health`).
     down: HashSet<String, Fast>,
     /// Workers the updater reports down (Envoy's health checking or outlier detection dropped
@@ -81,13 +82,13 @@ impl Knowledge {
     /// and `model` has any; `None`: the configured pool applies (no pool from the updater, or
     /// none of its workers serves `model` yet). A worker joins once the updater identified
     /// its model.
-    pub fn pool_members(&self, model: &str) -> Option<&[String]> {
+    pub fn pool_members(&self, model: &str) -> Option<&[WorkerName]> {
         self.members.get(model).map(Vec::as_slice).filter(|m| !m.is_empty())
     }
 
     /// Every member of the updater's pools, across models (a worker may repeat).
     pub fn all_pool_members(&self) -> impl Iterator<Item = &str> {
-        self.members.values().flatten().map(String::as_str)
+        self.members.values().flatten().map(WorkerName::as_str)
     }
 
     /// Replaces the workers left out of decisions (see `shared::health`).
@@ -122,7 +123,7 @@ impl Knowledge {
         self.members.clear();
         for (w, model) in self.pool.iter().flatten() {
             if !model.is_empty() {
-                self.members.entry(model.clone()).or_default().push(w.clone());
+                self.members.entry(model.clone()).or_default().push(w.into());
             }
         }
     }

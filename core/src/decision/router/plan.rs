@@ -11,6 +11,7 @@ use crate::decision::cost::{Profile, Weigh};
 use crate::decision::tokenize::model::ModelBundle;
 use crate::decision::tokenize::tokcache::Cuts;
 use crate::decision::topology::TopologyConfig;
+use crate::decision::worker::WorkerName;
 use crate::wire::snapshot::ModelInfo;
 
 /// One model's pool and how its prompts are tokenized and costed.
@@ -23,7 +24,8 @@ pub struct ModelPlan {
     pub source: Option<BundleRef>,
     /// Where chat prompts of this bundle may be cut for the token cache.
     pub cuts: Cuts,
-    pub workers: Vec<String>,
+    /// The pool, in name order.
+    pub workers: Vec<WorkerName>,
     pub block_size: u32,
     /// LoRA name of the whole entry (part of every request's cache domain), if configured.
     pub lora_name: Option<String>,
@@ -31,9 +33,17 @@ pub struct ModelPlan {
     /// Adapters of this base model named in the configuration.
     pub adapters: Vec<String>,
     /// A disaggregated pool's prefill workers (empty: aggregated); `workers` decode then.
-    pub prefill_workers: Vec<String>,
+    pub prefill_workers: Vec<WorkerName>,
     /// The header naming the chosen prefill worker.
     pub pd_header: String,
+}
+
+/// A configured pool in name order (decisions break cost ties by name; a pool in that order
+/// breaks them by position, without comparing names).
+fn sorted_names(workers: &[String]) -> Vec<WorkerName> {
+    let mut names: Vec<WorkerName> = workers.iter().map(WorkerName::from).collect();
+    names.sort();
+    names
 }
 
 impl PartialEq for ModelPlan {
@@ -130,12 +140,12 @@ impl Plan {
                 bundle: None,
                 source,
                 cuts: Cuts::default(),
-                workers: m.workers.clone(),
+                workers: sorted_names(&m.workers),
                 block_size: m.block_size,
                 lora_name: m.lora_name.clone(),
                 profile: m.profile,
                 adapters: m.adapters.clone(),
-                prefill_workers: m.prefill_workers.clone(),
+                prefill_workers: sorted_names(&m.prefill_workers),
                 pd_header: m.pd_header.clone(),
             }
             .with_bundle(bundle);
@@ -182,7 +192,7 @@ impl Plan {
     pub fn all_workers(&self) -> impl Iterator<Item = &str> {
         self.models
             .values()
-            .flat_map(|m| m.workers.iter().chain(&m.prefill_workers).map(String::as_str))
+            .flat_map(|m| m.workers.iter().chain(&m.prefill_workers).map(WorkerName::as_str))
     }
 
     /// Every header name a decision may set besides the destination (pull source, prefill

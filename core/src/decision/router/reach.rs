@@ -37,7 +37,7 @@ fn offers(t: &TopologyConfig, c: &Candidate, cands: &[Candidate]) -> Vec<PullOff
         .filter(|h| h.worker != c.worker && h.cached_blocks > c.cached_blocks)
         .filter_map(|h| {
             let cost = t.pull_cost(&h.worker, &c.worker)?;
-            Some(PullOffer { from: h.worker.clone(), blocks: h.cached_blocks, cost })
+            Some(PullOffer { from: h.worker.to_string(), blocks: h.cached_blocks, cost })
         })
         .collect()
 }

@@ -360,7 +360,7 @@ fn workers_the_updater_reports_down_are_left_out_until_it_lists_them_up() {
     r.apply_delta(&crate::wire::delta::Delta::between(&s1, &s2));
     let named: Vec<String> = (0..10)
         .flat_map(|pick| r.decide(&q, 0, &idle, 0, pick).unwrap().ranked)
-        .map(|s| s.worker)
+        .map(|s| s.worker.to_string())
         .collect();
     assert!(named.iter().any(|w| w == "127.0.0.1:3"), "3 is back");
     assert!(!named.iter().any(|w| w == "127.0.0.1:1"), "1 is still down");
