@@ -120,7 +120,9 @@ mod tests {
         assert_eq!(w, "10.0.0.1:8000");
         assert_eq!("10.0.0.1:8000".to_string(), w);
         assert_eq!(format!("{w} {w:?}"), "10.0.0.1:8000 \"10.0.0.1:8000\"");
-        assert!(WorkerName::from("a") < WorkerName::from("b"));
+        let mut names: Vec<WorkerName> = ["b", "a"].into_iter().map(WorkerName::from).collect();
+        names.sort();
+        assert_eq!(names, ["a", "b"]);
         assert_eq!(String::from(w), "10.0.0.1:8000");
     }
 }
