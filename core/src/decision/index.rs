@@ -18,7 +18,7 @@ use foldhash::fast::RandomState as Fast;
 
 use hashlink::LinkedHashMap;
 
-use holders::{Holders, GPU, OBSERVED, OFFLOADED};
+use holders::{Holders, GPU, MAX_WORKERS, OBSERVED, OFFLOADED};
 
 use crate::wire::journal::Source;
 
@@ -161,12 +161,16 @@ impl KnowledgeIndex {
         self.slots.get(id as usize)?.as_ref()
     }
 
-    /// `worker`'s slot, created empty if it has none, and the holders to keep in step with it.
-    fn slot_mut(&mut self, worker: &str) -> (&mut WorkerBlocks, &mut Holders) {
+    /// `worker`'s slot, created empty if it has none, and the holders to keep in step with it;
+    /// `None` past [`MAX_WORKERS`] workers (nothing is then remembered about the newcomer).
+    fn slot_mut(&mut self, worker: &str) -> Option<(&mut WorkerBlocks, &mut Holders)> {
         let id = match self.ids.get(worker) {
             Some(&id) => id,
             None => {
                 let id = self.free_ids.pop().unwrap_or(self.slots.len() as u32);
+                if id > MAX_WORKERS {
+                    return None;
+                }
                 self.ids.insert(worker.to_owned(), id);
                 id
             }
@@ -175,8 +179,9 @@ impl KnowledgeIndex {
         if self.slots.len() <= at {
             self.slots.resize_with(at + 1, || None);
         }
-        let slot = self.slots[at].get_or_insert_with(|| WorkerBlocks { id, ..Default::default() });
-        (slot, &mut self.holders)
+        let slot = self.slots.get_mut(at)?;
+        let slot = slot.get_or_insert_with(|| WorkerBlocks { id, ..Default::default() });
+        Some((slot, &mut self.holders))
     }
 
     /// Replaces `worker`'s event view with `gpu` and `offloaded` hashes, as last heard at
@@ -188,7 +193,7 @@ impl KnowledgeIndex {
         offloaded: &[u64],
         observed_at_ms: u64,
     ) {
-        let (w, holders) = self.slot_mut(worker);
+        let Some((w, holders)) = self.slot_mut(worker) else { return };
         let view = EventView {
             blocks: gpu.iter().copied().collect(),
             offloaded: offloaded.iter().copied().collect(),
@@ -207,7 +212,7 @@ impl KnowledgeIndex {
 
     /// Changes `worker`'s event view: optionally empties it, then removes and adds per tier.
     pub fn change_events(&mut self, worker: &str, change: EventChange<'_>, observed_at_ms: u64) {
-        let (w, holders) = self.slot_mut(worker);
+        let Some((w, holders)) = self.slot_mut(worker) else { return };
         let id = w.id;
         let view = w.events.get_or_insert_with(EventView::default);
         if change.reset {
@@ -251,7 +256,7 @@ impl KnowledgeIndex {
     /// recently observed blocks past the per-worker bound.
     pub fn insert(&mut self, worker: &str, hashes: &[u64], source: Source, now_ms: u64) {
         let limits = self.limits;
-        let (w, holders) = self.slot_mut(worker);
+        let Some((w, holders)) = self.slot_mut(worker) else { return };
         for &h in hashes {
             // `insert` replaces a known block's observation and moves it to the back (newest).
             if w.blocks.insert(h, Observation { source, at_ms: now_ms }).is_none() {

@@ -222,7 +222,41 @@ fn prefix_matches_equal_the_per_worker_walk() {
                     }
                 }
             }
+            assert_holders_exact(&ix, 12, seed, step);
         }
+        for w in W {
+            ix.clear_worker(w);
+        }
+        assert_eq!(ix.holders.hashes(), 0, "seed {seed}: forgotten workers leave no holders");
+    }
+}
+
+/// Every worker's holder flags for hashes `0..hashes` are exactly where its slot has them.
+fn assert_holders_exact(ix: &KnowledgeIndex, hashes: u64, seed: u64, step: usize) {
+    for h in 0..hashes {
+        let mut want: Vec<(u32, u32)> = ix
+            .slots
+            .iter()
+            .flatten()
+            .map(|w| {
+                let view = w.events.as_ref();
+                let mut f = 0;
+                if view.is_some_and(|e| e.blocks.contains(&h)) {
+                    f |= holders::GPU;
+                }
+                if view.is_some_and(|e| e.offloaded.contains(&h)) {
+                    f |= holders::OFFLOADED;
+                }
+                if w.blocks.contains_key(&h) {
+                    f |= holders::OBSERVED;
+                }
+                (w.id, f)
+            })
+            .filter(|&(_, f)| f != 0)
+            .collect();
+        want.sort_unstable();
+        let got: Vec<(u32, u32)> = ix.holders.get(h).iter().map(|x| (x.id(), x.flags())).collect();
+        assert_eq!(got, want, "seed {seed} step {step} hash {h}");
     }
 }
 
