@@ -30,6 +30,7 @@ use crate::decision::load::WorkerLoad;
 use crate::decision::lookahead::{replica, Held};
 use crate::decision::request::{LoadOnly, ParsedRequest};
 use crate::decision::tokenize::model::{ModelBundle, ModelError};
+use crate::decision::tokenize::rendercache::RenderCache;
 use crate::decision::tokenize::tokcache::{TokenCache, TokenCacheLimits};
 use crate::decision::topology::{DiscoveredLabels, TopologyConfig};
 use crate::decision::worker::WorkerName;
@@ -42,6 +43,8 @@ pub struct Router {
     knowledge: Knowledge,
     /// Interior mutability: `decide` takes `&self`, and each thread has its own router.
     tokens: RefCell<TokenCache>,
+    /// Rendered chat prompts, so the next turn renders only its new messages.
+    renders: RefCell<RenderCache>,
     /// A monotonic-enough clock in nanoseconds, to time rendering + tokenization.
     clock: Option<fn() -> u64>,
     /// Learned cost profiles and per-worker deviations (online calibration), when in use.
@@ -100,6 +103,7 @@ impl Router {
             plan,
             knowledge: Knowledge::new(cfg),
             tokens: RefCell::new(TokenCache::new(TokenCacheLimits::default())),
+            renders: RefCell::default(),
             clock: None,
             calibration: Arc::default(),
         }
@@ -151,8 +155,12 @@ impl Router {
     }
 
     /// Sets the bundle of a model fed by the updater (`None`: routed load-only, `no_bundle`)
-    /// by swapping in a plan that differs in that entry only.
+    /// by swapping in a plan that differs in that entry only. Whether its template may be
+    /// rendered incrementally is checked here, off the request path.
     pub fn set_bundle(&mut self, model: &str, bundle: Option<ModelBundle>) {
+        if let Some(b) = &bundle {
+            b.template().incremental();
+        }
         self.plan = Arc::new(self.plan.with_bundle(model, bundle));
     }
 

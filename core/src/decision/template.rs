@@ -10,6 +10,7 @@
 //! `eos_token`, ... when set), then the template kwargs, then `messages`, `tools`, `documents`
 //! and `add_generation_prompt`.
 
+mod incremental;
 mod python;
 
 use std::sync::Arc;
@@ -49,6 +50,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     special: Vec<(String, Value)>,
     special_json: Map<String, Json>,
+    /// Whether rendering only a conversation's new messages is allowed (see
+    /// [`ChatTemplate::incremental`]), once checked.
+    incremental: std::sync::OnceLock<bool>,
 }
 
 const NAME: &str = "chat";
@@ -78,7 +82,12 @@ impl ChatTemplate {
         env.add_template_owned(NAME, source.to_owned())
             .map_err(|e| TemplateError::Compile(e.to_string()))?;
         let special = special_tokens.iter().map(|(k, v)| (k.clone(), jinja_value(v))).collect();
-        Ok(ChatTemplate { env, special, special_json: special_tokens.clone() })
+        Ok(ChatTemplate {
+            env,
+            special,
+            special_json: special_tokens.clone(),
+            incremental: std::sync::OnceLock::new(),
+        })
     }
 
     /// The special-token variables, as given to [`ChatTemplate::new`].

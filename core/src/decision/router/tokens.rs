@@ -1,13 +1,14 @@
-//! A prompt's routing tokens, with chat prompts encoded through the thread's token cache.
+//! A prompt's routing tokens, with chat prompts rendered through the thread's render cache
+//! and encoded through its token cache.
 
 use crate::decision::request::Prompt;
-use crate::decision::tokenize::model::{ModelBundle, ModelError, RoutingTokens};
+use crate::decision::tokenize::model::{ModelBundle, ModelError, RenderedChat, RoutingTokens};
 
 use super::{ModelPlan, Router};
 
 impl Router {
-    /// As [`ModelBundle::routing_tokens`], but the rendered text of a chat prompt is encoded
-    /// through the token cache.
+    /// As [`ModelBundle::routing_tokens`], but a chat prompt without media is rendered through
+    /// the render cache, and the rendered text is encoded through the token cache.
     pub(super) fn routing_tokens(
         &self,
         m: &ModelPlan,
@@ -17,7 +18,13 @@ impl Router {
         let Prompt::Chat(chat) = prompt else {
             return bundle.routing_tokens(prompt);
         };
-        bundle.render_for_routing(chat)?.tokens(|text| match self.tokens.try_borrow_mut() {
+        let rendered = match (chat.media, self.renders.try_borrow_mut()) {
+            (None, Ok(mut cache)) => {
+                RenderedChat { text: cache.render(bundle, chat)?, after_media: None }
+            }
+            _ => bundle.render_for_routing(chat)?,
+        };
+        rendered.tokens(|text| match self.tokens.try_borrow_mut() {
             Ok(mut cache) => cache.encode(bundle, &m.cuts, text),
             Err(_) => bundle.encode(text, false),
         })

@@ -167,6 +167,11 @@ impl ModelBundle {
         self.fingerprint
     }
 
+    /// The chat template.
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
     /// Renders normalized messages as the engine does, with the generation prompt.
     pub fn render_chat(&self, messages: &[Value]) -> Result<String, ModelError> {
         self.render_chat_with(messages, true)

@@ -87,7 +87,8 @@ impl Entry {
 #[derive(Clone)]
 pub struct TokenCache {
     limits: TokenCacheLimits,
-    entries: LruCache<u64, Entry>,
+    /// Keys are xxh3 digests already: a fast fixed hasher suffices.
+    entries: LruCache<u64, Entry, foldhash::fast::FixedState>,
     bytes: usize,
     stats: TokenCacheStats,
 }
@@ -111,7 +112,7 @@ impl TokenCache {
     pub fn new(limits: TokenCacheLimits) -> Self {
         TokenCache {
             limits,
-            entries: LruCache::new_unbounded(),
+            entries: LruCache::with_hasher(usize::MAX, foldhash::fast::FixedState::default()),
             bytes: 0,
             stats: TokenCacheStats::default(),
         }

@@ -177,3 +177,31 @@ fn the_bound_holds_and_evicted_segments_are_recomputed() {
     cache.set_limits(TokenCacheLimits { max_bytes: 1000 });
     assert!(cache.stats().entries < before && cache.stats().bytes <= 1000);
 }
+
+/// The old byte-by-byte scan, as the reference of the memchr one.
+fn find_naive(tokens: &[String], text: &str) -> Vec<usize> {
+    let (mut out, bytes, mut i) = (Vec::new(), text.as_bytes(), 0);
+    while i < bytes.len() {
+        match tokens.iter().find(|t| bytes[i..].starts_with(t.as_bytes())) {
+            Some(t) => {
+                i += t.len();
+                out.push(i);
+            }
+            None => i += 1,
+        }
+    }
+    out
+}
+
+proptest! {
+    #[test]
+    fn find_equals_the_byte_by_byte_scan(
+        tokens in prop::collection::vec("[<\\[{(|][a-z|/]{0,4}[>\\]}|]", 1..6),
+        text in "([a-z<>\\[\\]{}()|/ ]{0,6}){0,30}",
+    ) {
+        let mut sorted = tokens.clone();
+        sorted.sort();
+        let cuts = Cuts::from_tokens(tokens);
+        prop_assert_eq!(cuts.find(&text), find_naive(&sorted, &text));
+    }
+}
