@@ -108,6 +108,39 @@ pub fn check(model: &str, bundle: &ModelBundle, corpus: &str, golden: &str) -> u
     errors
 }
 
+/// The thread's render cache on a growing conversation (a system prompt, tools, a tool call
+/// and its result, then plain turns): the template passes its battery, every turn after the
+/// first starts from the one before, and each equals a full render.
+pub fn growing_conversation(model: &str, bundle: &ModelBundle) {
+    use crate::decision::request::ChatPrompt;
+    use crate::decision::tokenize::rendercache::RenderCache;
+    use serde_json::json;
+
+    assert!(bundle.template().incremental(), "{model}: the template fails its battery");
+    let mut cache = RenderCache::default();
+    let mut messages = vec![
+        json!({"role": "system", "content": "Answer briefly. ".repeat(20)}),
+        json!({"role": "user", "content": "What is the weather?"}),
+        json!({"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "weather", "arguments": {"city": "Paris"}}}]}),
+        json!({"role": "tool", "content": "sunny", "tool_call_id": "c1"}),
+    ];
+    let tools = vec![json!({"type": "function", "function": {"name": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})];
+    let turns = 6;
+    for turn in 0..turns {
+        let mut chat = ChatPrompt::new(messages.clone());
+        chat.tools = Some(tools.clone());
+        chat.kwargs.insert("enable_thinking".into(), json!(false));
+        let full = bundle.render(&chat).unwrap_or_else(|e| panic!("{model}: {e}"));
+        let cached = cache.render(bundle, &chat).unwrap_or_else(|e| panic!("{model}: {e}"));
+        assert_eq!(cached, full, "{model}: turn {turn} differs from a full render");
+        messages.push(json!({"role": "assistant", "content": format!("It is sunny ({turn}).")}));
+        messages.push(json!({"role": "user", "content": format!("And tomorrow {turn}?")}));
+    }
+    assert_eq!(cache.stats().hits, turns - 1, "{model}: {:?}", cache.stats());
+}
+
 /// `bundle` read back from its compiled encoder: the form a filter thread builds from what
 /// the updater serves (no `tokenizers` model), to be [`check`]ed like the bundle itself.
 pub fn recompiled(bundle: &ModelBundle, tokenizer_config_json: &str) -> ModelBundle {
@@ -138,5 +171,11 @@ mod tests {
     #[test]
     fn qwen3_equals_the_oracle() {
         check("qwen3", shared_for_tests::qwen(), CORPUS, GOLDEN_QWEN3);
+    }
+
+    #[test]
+    fn growing_conversations_render_from_the_cache() {
+        growing_conversation("demo", shared_for_tests::demo());
+        growing_conversation("qwen3", shared_for_tests::qwen());
     }
 }

@@ -87,6 +87,7 @@ fn demo_bundle_equals_the_oracle() {
     let compiled =
         oracle::recompiled(&bundle, kvroute_core::decision::tokenize::model::DEMO_TOKENIZER_CONFIG);
     oracle::check("demo (compiled)", &compiled, oracle::CORPUS, oracle::GOLDEN_DEMO);
+    oracle::growing_conversation("demo (compiled)", &compiled);
 }
 
 // Node's `fs`: the Qwen3 bundle (11 MB, not committed) is read at run time, not compiled in.
@@ -119,4 +120,5 @@ fn qwen3_equals_the_oracle() {
     let compiled = oracle::recompiled(&bundle, &config);
     drop(bundle);
     oracle::check("qwen3 (compiled)", &compiled, oracle::CORPUS, oracle::GOLDEN_QWEN3);
+    oracle::growing_conversation("qwen3 (compiled)", &compiled);
 }
