@@ -7,9 +7,9 @@
 //! sees besides the messages (tools, documents, kwargs) and then of each message in order;
 //! the digest after message `k` names the prompt made of the first `k`. A render looks for the
 //! longest of its message prefixes that is cached (the whole prompt included: a retry is a
-//! copy), renders the rest from it, and stores its own text. Prompts with media or
-//! `continue_final_message`, and templates that [`ChatTemplate::incremental`] does not allow,
-//! are rendered in full and not stored.
+//! copy), renders the rest from it, and stores its own text. Prompts of fewer than
+//! [`MIN_MESSAGES`] messages, with media or `continue_final_message`, and templates that
+//! [`ChatTemplate::incremental`] does not allow, are rendered in full and not stored.
 //!
 //! Eviction is least-recently-used under a byte bound ([`RenderCacheLimits`]). The texts stay
 //! in this thread's memory; nothing is exported but the counters ([`RenderCacheStats`]).
@@ -21,6 +21,10 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::decision::request::ChatPrompt;
 use crate::decision::template::{ChatTemplate, RenderInput};
 use crate::decision::tokenize::model::{ModelBundle, ModelError};
+
+/// Prompts with fewer messages are rendered in full and not stored: rendering them costs
+/// little, and most one-message prompts have no next turn (no hashing, no copy for them).
+pub const MIN_MESSAGES: usize = 5;
 
 /// What an entry costs besides its text: the map node, key, fields and allocation header.
 pub const ENTRY_OVERHEAD_BYTES: usize = 80;
@@ -49,8 +53,9 @@ pub struct RenderCacheStats {
     pub misses: u64,
     /// Of the misses, those where a cached prefix was found but the window's checks declined.
     pub declined: u64,
-    /// Renders not eligible (media, `continue_final_message`, template not allowed, cache
-    /// off): rendered in full, not stored.
+    /// Renders not eligible (fewer than [`MIN_MESSAGES`] messages, media,
+    /// `continue_final_message`, template not allowed, cache off): rendered in full, not
+    /// stored.
     pub bypassed: u64,
     /// Entries evicted to stay within the bound.
     pub evictions: u64,
@@ -123,7 +128,7 @@ impl RenderCache {
         let eligible = self.limits.max_bytes > 0
             && chat.media.is_none()
             && !chat.continue_final_message
-            && !chat.messages.is_empty()
+            && chat.messages.len() >= MIN_MESSAGES
             && template.incremental();
         if !eligible {
             self.stats.bypassed += 1;

@@ -8,6 +8,18 @@ fn chat(messages: &[Value]) -> ChatPrompt {
     ChatPrompt::new(messages.to_vec())
 }
 
+/// A conversation of `MIN_MESSAGES` messages ending with `last`.
+fn long_enough(last: &str) -> Vec<Value> {
+    let mut m: Vec<Value> = (1..MIN_MESSAGES)
+        .map(|i| {
+            let role = if i % 2 == 1 { "user" } else { "assistant" };
+            json!({"role": role, "content": format!("m{i}")})
+        })
+        .collect();
+    m.push(json!({"role": "user", "content": last}));
+    m
+}
+
 /// A conversation growing turn by turn through one cache renders each turn as a full render
 /// would, and every turn after the first starts from the previous one.
 #[test]
@@ -21,9 +33,10 @@ fn each_turn_equals_a_full_render_and_reuses_the_last() {
             assert_eq!(cache.render(bundle, &c).unwrap(), bundle.render(&c).unwrap());
             messages.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
         }
+        // Turns 1 and 2 (2 and 4 messages) are short: rendered in full, not stored.
         let s = cache.stats();
-        assert_eq!((s.hits, s.misses, s.declined, s.bypassed), (7, 1, 0, 0));
-        assert_eq!(s.entries, 8);
+        assert_eq!((s.hits, s.misses, s.declined, s.bypassed), (5, 1, 0, 2));
+        assert_eq!(s.entries, 6);
     }
 }
 
@@ -33,7 +46,7 @@ fn each_turn_equals_a_full_render_and_reuses_the_last() {
 fn context_is_part_of_the_key() {
     let bundle = qwen();
     let mut cache = RenderCache::default();
-    let messages = [json!({"role": "user", "content": "hi"})];
+    let messages = long_enough("hi");
     let plain = chat(&messages);
     let mut thinking = chat(&messages);
     thinking.kwargs.insert("enable_thinking".into(), json!(false));
@@ -84,22 +97,26 @@ fn bytes_stay_within_the_bound_and_zero_turns_it_off() {
     let bundle = demo();
     let mut cache = RenderCache::new(RenderCacheLimits { max_bytes: 2_000 });
     for i in 0..50 {
-        let c = chat(&[json!({"role": "user", "content": format!("conversation {i}")})]);
+        let c = chat(&long_enough(&format!("conversation {i}")));
         assert_eq!(cache.render(bundle, &c).unwrap(), bundle.render(&c).unwrap());
         assert!(cache.stats().bytes <= 2_000);
     }
     assert!(cache.stats().evictions > 0);
     let mut off = RenderCache::new(RenderCacheLimits { max_bytes: 0 });
-    let c = chat(&[json!({"role": "user", "content": "x"})]);
+    let c = chat(&long_enough("x"));
     assert_eq!(off.render(bundle, &c).unwrap(), bundle.render(&c).unwrap());
     assert_eq!((off.stats().bypassed, off.stats().entries), (1, 0));
+    // A short prompt is not stored either.
+    let mut on = RenderCache::default();
+    on.render(bundle, &chat(&[json!({"role": "user", "content": "x"})])).unwrap();
+    assert_eq!((on.stats().bypassed, on.stats().entries), (1, 0));
 }
 
 #[test]
 fn a_render_error_is_returned_and_nothing_is_stored() {
     let bundle = demo().with_chat_template("{{ raise_exception('no') }}").unwrap();
     let mut cache = RenderCache::default();
-    let c = chat(&[json!({"role": "user", "content": "x"})]);
+    let c = chat(&long_enough("x"));
     assert!(cache.render(&bundle, &c).is_err());
     assert_eq!(cache.stats().entries, 0);
 }
