@@ -19,7 +19,8 @@
 //! Jinja: [`ChatTemplate::incremental`] runs a battery of conversations (system prompts, tool
 //! calls and results, reasoning, contents that look like markers, every split point) once per
 //! template and allows the shortcut only when every answer equals a full render. The property
-//! tests in `incremental_tests.rs` check the shipped templates over random conversations.
+//! tests in `tokenize/rendercache/shipped_tests.rs` check the shipped templates over random
+//! conversations.
 
 use serde_json::{json, Value as Json};
 

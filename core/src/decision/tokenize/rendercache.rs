@@ -252,4 +252,6 @@ fn hash_object(h: &mut Xxh3, m: &serde_json::Map<String, Value>) {
 }
 
 #[cfg(test)]
+mod shipped_tests;
+#[cfg(test)]
 mod tests;
