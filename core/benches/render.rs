@@ -12,8 +12,12 @@ use kvroute_core::decision::tokenize::rendercache::RenderCache;
 use kvroute_testkit::textgen::words;
 use serde_json::{json, Value};
 
+#[path = "common/timing.rs"]
+mod timing;
+
+use timing::{report, sample, time};
+
 const TARGET_TOKENS: usize = 8192;
-const RUNS: usize = 300;
 
 fn main() {
     let bundle = match qwen3() {
@@ -33,10 +37,8 @@ fn main() {
         let mut seeded = RenderCache::default();
         seeded.render(&bundle, &prev).expect("seed");
         let full = || {
-            sample(|| {
-                let t = Instant::now();
+            time(|| {
                 bundle.render(&last).expect("render");
-                t.elapsed().as_nanos() as u64
             })
         };
         let full_a = full();
@@ -56,17 +58,7 @@ fn main() {
             last.messages.len(),
             full_text.len()
         );
-        for (name, t) in
-            [("full (1st run)", &full_a), ("full (2nd run)", &full_b), ("cached turn", &cached)]
-        {
-            println!("{name:>15}: p50 {:>8.1} µs, p99 {:>8.1} µs", q(t, 0.5), q(t, 0.99));
-        }
-        let floor = q(&full_a, 0.5) / q(&full_b, 0.5);
-        println!(
-            "full / cached at p50: x{:.1} (noise floor: full runs differ by x{:.2})",
-            q(&full_a, 0.5).min(q(&full_b, 0.5)) / q(&cached, 0.5),
-            floor.max(1.0 / floor)
-        );
+        report("full", "cached", &full_a, &full_b, &cached);
     }
     println!(
         "template battery: {allowed} in {:.1} ms (once per template per thread)",
@@ -95,14 +87,4 @@ fn conversation(
     }
     let last = chats.pop().expect("a turn");
     (chats.pop().expect("two turns"), last)
-}
-
-fn sample(mut f: impl FnMut() -> u64) -> Vec<u64> {
-    let mut v: Vec<u64> = (0..RUNS).map(|_| f()).collect();
-    v.sort_unstable();
-    v
-}
-
-fn q(sorted: &[u64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p) as usize] as f64 / 1000.0
 }

@@ -10,8 +10,12 @@ use kvroute_core::decision::tokenize::tokcache::{TokenCache, TokenCacheLimits};
 use kvroute_testkit::textgen::words;
 use serde_json::{json, Value};
 
+#[path = "common/timing.rs"]
+mod timing;
+
+use timing::{report, sample, time};
+
 const TARGET_TOKENS: usize = 8192;
-const RUNS: usize = 200;
 
 fn main() {
     let bundle = match qwen3() {
@@ -46,17 +50,7 @@ fn main() {
         "Qwen3 conversation of {turns} messages, {} tokens; turn k adds {new_tokens} tokens to turn k-1",
         cold_ids.len()
     );
-    for (name, t) in
-        [("cold (1st run)", &cold_a), ("cold (2nd run)", &cold_b), ("warm turn k", &warm)]
-    {
-        println!("{name:>15}: p50 {:>8.1} µs, p99 {:>8.1} µs", q(t, 0.5), q(t, 0.99));
-    }
-    let floor = q(&cold_a, 0.5) / q(&cold_b, 0.5);
-    println!(
-        "cold / warm at p50: x{:.1} (noise floor: cold runs differ by x{:.2})",
-        q(&cold_a, 0.5).min(q(&cold_b, 0.5)) / q(&warm, 0.5),
-        floor.max(1.0 / floor)
-    );
+    report("cold", "warm", &cold_a, &cold_b, &warm);
 }
 
 /// Messages alternating user / assistant until the rendered prompt passes the target; returns
@@ -76,22 +70,4 @@ fn conversation(bundle: &ModelBundle) -> (String, String, usize) {
     }
     let last = prompts.pop().unwrap_or_default();
     (prompts.pop().unwrap_or_default(), last, messages.len())
-}
-
-fn time(f: impl Fn()) -> Vec<u64> {
-    sample(|| {
-        let t = Instant::now();
-        f();
-        t.elapsed().as_nanos() as u64
-    })
-}
-
-fn sample(mut f: impl FnMut() -> u64) -> Vec<u64> {
-    let mut v: Vec<u64> = (0..RUNS).map(|_| f()).collect();
-    v.sort_unstable();
-    v
-}
-
-fn q(sorted: &[u64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p) as usize] as f64 / 1000.0
 }
