@@ -360,6 +360,8 @@ impl RootContext for KvRoot {
         let built = FilterConfig::from_json(&bytes).and_then(|cfg| {
             let mut router = Router::new(&cfg)?;
             router.set_clock(host::now_nanos);
+            // Off the request path: whether each template may be rendered incrementally.
+            router.check_templates();
             Ok((cfg, router))
         });
         match built {

@@ -154,6 +154,16 @@ impl Router {
         Some(Arc::new(base.with_discovered(&self.discovered)))
     }
 
+    /// Runs the battery of every configured template now ([`ChatTemplate::incremental`],
+    /// once per template), so that no request pays for it.
+    ///
+    /// [`ChatTemplate::incremental`]: crate::decision::template::ChatTemplate::incremental
+    pub fn check_templates(&self) {
+        for b in self.plan.models().filter_map(|m| m.bundle.as_ref()) {
+            b.template().incremental();
+        }
+    }
+
     /// Sets the bundle of a model fed by the updater (`None`: routed load-only, `no_bundle`)
     /// by swapping in a plan that differs in that entry only. Whether its template may be
     /// rendered incrementally is checked here, off the request path.

@@ -152,7 +152,9 @@ impl RenderCache {
                 template.render(&input)?
             }
         };
-        if let Some(&(key, check)) = keys.last() {
+        // A text over the whole bound is not stored: it would only evict everything else.
+        let fits = ENTRY_OVERHEAD_BYTES + text.len() <= self.limits.max_bytes;
+        if let (Some(&(key, check)), true) = (keys.last(), fits) {
             let e = Entry { check, text: text.clone(), agp: chat.add_generation_prompt };
             self.bytes += e.bytes();
             if let Some(old) = self.entries.insert(key, e) {

@@ -102,6 +102,11 @@ fn bytes_stay_within_the_bound_and_zero_turns_it_off() {
         assert!(cache.stats().bytes <= 2_000);
     }
     assert!(cache.stats().evictions > 0);
+    // A prompt over the whole bound is rendered, not stored, and evicts nothing.
+    let (entries, evictions) = (cache.stats().entries, cache.stats().evictions);
+    let huge = chat(&long_enough(&"x".repeat(3_000)));
+    assert_eq!(cache.render(bundle, &huge).unwrap(), bundle.render(&huge).unwrap());
+    assert_eq!((cache.stats().entries, cache.stats().evictions), (entries, evictions));
     let mut off = RenderCache::new(RenderCacheLimits { max_bytes: 0 });
     let c = chat(&long_enough("x"));
     assert_eq!(off.render(bundle, &c).unwrap(), bundle.render(&c).unwrap());
