@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use kvroute_core::decision::tokenize::fastbpe::FastBpe;
-use kvroute_core::decision::tokenize::model::{qwen3, qwen3_dir, ModelBundle};
+use kvroute_core::decision::tokenize::model::{qwen3_dir, ModelBundle};
 use kvroute_testkit::textgen::words;
 use serde_json::{json, Value};
 
@@ -25,17 +25,14 @@ use alloc::{Counting, LIVE, PEAK};
 #[global_allocator]
 static A: Counting = Counting;
 
+#[path = "common/bundle.rs"]
+mod bundle;
+
 const TARGET_TOKENS: usize = 8192;
 const PROSE: &str = include_str!("../../docs/architecture.md");
 
 fn main() {
-    let qwen = match qwen3() {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(1);
-        }
-    };
+    let qwen = bundle::qwen3_or_exit();
     let demo = ModelBundle::demo().expect("demo bundle");
     memory(&qwen);
     for (name, bundle) in [("Qwen3", &qwen), ("demo", &demo)] {

@@ -7,11 +7,13 @@
 use std::time::Instant;
 
 use kvroute_core::decision::request::ChatPrompt;
-use kvroute_core::decision::tokenize::model::{qwen3, ModelBundle};
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_core::decision::tokenize::rendercache::RenderCache;
 use kvroute_testkit::textgen::words;
 use serde_json::{json, Value};
 
+#[path = "common/bundle.rs"]
+mod bundle;
 #[path = "common/timing.rs"]
 mod timing;
 
@@ -20,13 +22,7 @@ use timing::{report, sample, time};
 const TARGET_TOKENS: usize = 8192;
 
 fn main() {
-    let bundle = match qwen3() {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(1);
-        }
-    };
+    let bundle = bundle::qwen3_or_exit();
     let t = Instant::now();
     let allowed = bundle.template().incremental();
     let battery = t.elapsed();
