@@ -7,7 +7,9 @@
 //! the filter's TTFT estimate (`predicted_ttft_ms` of the decision header) against the TTFT
 //! the client saw.
 //!
-//! After the overload, interactive requests carry a deadline an idle worker meets (a factor
+//! Before the overload, `--warmup` requests go one at a time to the idle pool: they give the
+//! idle TTFT and let the calibration learn the workers' speed, as on a pool that ran normally
+//! before it was overloaded. After the overload, interactive requests carry a deadline an idle worker meets (a factor
 //! above the idle TTFT): the report says whether they are admitted again, and how soon.
 //!
 //! Every prompt is new (a per-request number leads it), so no request is a cache hit: the
@@ -73,6 +75,10 @@ pub struct Args {
     /// priority as vLLM's `--scheduling-policy priority`).
     #[arg(long)]
     engine_priority: bool,
+    /// Requests sent one at a time before the overload (at least 5): the idle TTFT, and what
+    /// the calibration learns on a pool that ran normally before it was overloaded.
+    #[arg(long, default_value_t = 30)]
+    warmup: usize,
     /// Seed of the arrivals and the class draws.
     #[arg(long, default_value_t = 7)]
     seed: u64,
@@ -121,10 +127,11 @@ async fn fire(
     Outcome::of(arrival, sent, reply)
 }
 
-/// TTFT of the prompt on an idle pool (ms): the median of a few requests one at a time.
-async fn idle_ttft(http: &reqwest::Client, url: &str, text: &str) -> anyhow::Result<f64> {
+/// TTFT of the prompt on an idle pool (ms): the median of `n` requests (at least 5) sent one
+/// at a time.
+async fn idle_ttft(http: &reqwest::Client, url: &str, text: &str, n: usize) -> anyhow::Result<f64> {
     let mut t = Vec::new();
-    for i in 0..5 {
+    for i in 0..n.max(5) {
         let body = json!({"model": MODEL, "max_tokens": 4, "stream": true,
             "messages": [{"role": "user", "content": format!("idle-{i} {text}")}]});
         let r = client::chat(http, url, &body).await?;
@@ -144,7 +151,7 @@ async fn main() -> anyhow::Result<()> {
     let stack = Stack::start(options(&a)).await?;
     let url: Arc<str> = stack.base_url().into();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
-    let idle = idle_ttft(&http, &url, &text).await?;
+    let idle = idle_ttft(&http, &url, &text, a.warmup).await?;
     let after_deadline = (idle * a.after_deadline_factor).ceil() as u64;
     let arrivals = plan::arrivals(&a, after_deadline);
     println!(
