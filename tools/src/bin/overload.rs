@@ -37,7 +37,7 @@ use report::Outcome;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Admission under overload: per class, admitted, shed, promises kept, TTFT")]
-pub struct Args {
+pub(crate) struct Args {
     /// Simulated workers in the pool.
     #[arg(long, default_value_t = 3)]
     workers: usize,
