@@ -1,8 +1,17 @@
 //! Seeded multi-turn conversations (the evaluation harness turns them into schedules, see
 //! `eval::workloads`).
 
+use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_testkit::textgen;
 use serde_json::{json, Value};
+
+/// Words of `textgen` text per token of `bundle`, measured on a 2 000-word sample, so that a
+/// tool can size a prompt in tokens.
+pub fn words_per_token(bundle: &ModelBundle) -> anyhow::Result<f64> {
+    let words = 2000;
+    let tokens = bundle.encode(&textgen::words(11, words), false)?.len();
+    Ok(words as f64 / tokens.max(1) as f64)
+}
 
 /// A conversation: a long system prompt (its shared context) and the user's turns. Assistant
 /// answers in the history are synthetic and fixed, so every policy sends identical bodies.

@@ -45,13 +45,6 @@ fn user_text(seed: u64, words: usize) -> String {
     kvroute_testkit::textgen::words(seed, words)
 }
 
-/// Words per Qwen3 token of `textgen` text, measured on the bundle (so sizes come out right).
-fn words_per_token() -> anyhow::Result<f64> {
-    let b = kvroute_core::decision::tokenize::model::qwen3()?;
-    let text = user_text(7, 4000);
-    Ok(4000.0 / b.encode(&text, false)?.len() as f64)
-}
-
 #[derive(Default)]
 struct Timings {
     decision: Vec<f64>,
@@ -131,7 +124,9 @@ async fn wait_ready(http: &reqwest::Client, url: &str, models: &[&str]) -> anyho
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    let wpt = words_per_token()?;
+    let wpt = kvroute_stack::workload::words_per_token(
+        &kvroute_core::decision::tokenize::model::qwen3()?,
+    )?;
     let threads = 2;
     let opts = StackOptions {
         pools: vec![Pool::demo(1), Pool::qwen3(2)],

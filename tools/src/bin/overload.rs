@@ -32,7 +32,7 @@ use kvroute_stack::client;
 use kvroute_stack::stack::{Stack, StackOptions, MODEL};
 use serde_json::json;
 
-use plan::{Arrival, Class, Phase};
+use plan::Arrival;
 use report::Outcome;
 
 #[derive(Parser, Debug, Clone)]
@@ -104,6 +104,12 @@ fn options(a: &Args) -> StackOptions {
     }
 }
 
+/// A short streamed chat request: `text` led by `tag`, so that no two requests share a prefix.
+fn chat_body(tag: &str, text: &str) -> serde_json::Value {
+    json!({"model": MODEL, "max_tokens": 4, "stream": true,
+        "messages": [{"role": "user", "content": format!("{tag} {text}")}]})
+}
+
 /// Sends one request as `arrival` says, at its time.
 async fn fire(
     http: reqwest::Client,
@@ -113,8 +119,7 @@ async fn fire(
     text: Arc<str>,
 ) -> Outcome {
     tokio::time::sleep_until((start + arrival.at).into()).await;
-    let body = json!({"model": MODEL, "max_tokens": 4, "stream": true,
-        "messages": [{"role": "user", "content": format!("{} {text}", arrival.id)}]});
+    let body = chat_body(&arrival.id.to_string(), &text);
     let deadline = arrival.deadline_ms.map(|d| d.to_string());
     let mut headers = vec![("x-request-priority", arrival.class.name())];
     if let Some(d) = &deadline {
@@ -132,8 +137,7 @@ async fn fire(
 async fn idle_ttft(http: &reqwest::Client, url: &str, text: &str, n: usize) -> anyhow::Result<f64> {
     let mut t = Vec::new();
     for i in 0..n.max(5) {
-        let body = json!({"model": MODEL, "max_tokens": 4, "stream": true,
-            "messages": [{"role": "user", "content": format!("idle-{i} {text}")}]});
+        let body = chat_body(&format!("idle-{i}"), text);
         let r = client::chat(http, url, &body).await?;
         anyhow::ensure!(r.status == 200, "idle request answered {}: {}", r.status, r.body);
         t.push(r.ttft.as_secs_f64() * 1e3);
@@ -221,15 +225,12 @@ async fn calibration(stack: &Stack) -> Vec<(String, f64)> {
     out
 }
 
-/// The phases and classes, for the report.
-pub const PHASES: [Phase; 2] = [Phase::Overload, Phase::After];
-pub const CLASSES: [Class; 2] = [Class::Interactive, Class::Batch];
-
 kvroute_stack::help_test!(Args);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use plan::{Class, Phase};
 
     fn args(extra: &[&str]) -> Args {
         Args::parse_from(["kvroute-overload"].iter().chain(extra))

@@ -17,6 +17,9 @@ pub enum Class {
 }
 
 impl Class {
+    /// Both classes, in report order.
+    pub const ALL: [Class; 2] = [Class::Interactive, Class::Batch];
+
     pub fn name(self) -> &'static str {
         match self {
             Class::Interactive => "interactive",
@@ -33,6 +36,9 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Both phases, in report order.
+    pub const ALL: [Phase; 2] = [Phase::Overload, Phase::After];
+
     pub fn name(self) -> &'static str {
         match self {
             Phase::Overload => "overload",
@@ -99,8 +105,7 @@ pub fn arrivals(a: &Args, after_deadline_ms: u64) -> Vec<Arrival> {
 /// English-like text of about `tokens` demo-model tokens (each request prefixes its number).
 pub fn prompt_text(tokens: usize) -> anyhow::Result<String> {
     let bundle = kvroute_core::decision::tokenize::model::ModelBundle::demo()?;
-    let probe = kvroute_testkit::textgen::words(11, 2000);
-    let per_word = bundle.encode(&probe, false)?.len() as f64 / 2000.0;
-    let words = (tokens as f64 / per_word.max(0.01)).round() as usize;
+    let words =
+        (tokens as f64 * kvroute_stack::workload::words_per_token(&bundle)?).round() as usize;
     Ok(kvroute_testkit::textgen::words(11, words.max(1)))
 }

@@ -6,7 +6,6 @@ use kvroute_stack::client::Reply;
 use kvroute_stack::nearest_rank;
 
 use super::plan::{Arrival, Class, Phase};
-use super::{CLASSES, PHASES};
 
 /// One request's fate.
 #[derive(Debug, Clone)]
@@ -90,8 +89,8 @@ pub fn print(all: &[Outcome], idle_ms: f64, max_wait_ms: f64, overload_end: Dura
         "est err p50",
         "within 15 %"
     );
-    for class in CLASSES {
-        for phase in PHASES {
+    for class in Class::ALL {
+        for phase in Phase::ALL {
             let rows: Vec<&Outcome> = all
                 .iter()
                 .filter(|o| o.arrival.class == class && o.arrival.phase == phase)
