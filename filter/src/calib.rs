@@ -142,7 +142,7 @@ impl CalibThread {
 #[derive(Debug, Default)]
 struct CalibMetrics {
     /// Per model: base µs, ns per token, ps per token², interference µs, samples, in use.
-    coefficients: HashMap<String, [Option<u32>; 6]>,
+    coefficients: HashMap<String, [Option<u32>; 10]>,
     /// (model, worker) → deviation in permille.
     deviations: HashMap<(String, String), Option<u32>>,
     samples: Option<u32>,
@@ -171,9 +171,17 @@ impl CalibMetrics {
         };
         for (model, _) in models {
             let seg = worker_segment(model);
-            let names =
-                ["base_us", "prefill_ns_per_token", "prefill_sq_ps_per_token2", "interference_us"];
-            let mut ids = [None; 6];
+            let names = [
+                "base_us",
+                "prefill_ns_per_token",
+                "prefill_sq_ps_per_token2",
+                "interference_us",
+                "queue_base_us",
+                "queue_prefill_ns_per_token",
+                "batch_fill_us",
+                "promise_margin_permille",
+            ];
+            let mut ids = [None; 10];
             for (i, n) in names.iter().chain(&["samples", "active"]).enumerate() {
                 ids[i] = define(g, &format!("kvroute.calibration.{seg}.{n}"));
             }
@@ -193,8 +201,19 @@ impl CalibMetrics {
     /// Sets the gauges of `model` from its state.
     fn publish(&self, model: &str, st: &ModelState) {
         let Some(ids) = self.coefficients.get(model) else { return };
-        let [base, per_token, sq, interference] = st.coefficients();
-        let values = [base * 1e3, per_token * 1e6, sq * 1e9, interference * 1e3, st.samples as f64];
+        let [base, per_token, sq, interference, queue_base, queue_per_token, _, fill] =
+            st.coefficients();
+        let values = [
+            base * 1e3,
+            per_token * 1e6,
+            sq * 1e9,
+            interference * 1e3,
+            queue_base * 1e3,
+            queue_per_token * 1e6,
+            fill * 1e3,
+            st.promise_log.exp() * 1e3,
+            st.samples as f64,
+        ];
         for (id, v) in ids.iter().zip(values) {
             gauge(*id, v.round() as u64);
         }
@@ -208,7 +227,7 @@ impl CalibMetrics {
     /// Whether `model` decides with its calibrated profile.
     fn active(&self, model: &str, on: bool) {
         if let Some(ids) = self.coefficients.get(model) {
-            gauge(ids[5], u64::from(on));
+            gauge(ids[9], u64::from(on));
         }
     }
 }

@@ -54,9 +54,9 @@ fn load(w: &str) -> WorkerLoad {
 type Ranked = (&'static str, u64, u64, [u64; 5]);
 
 // Computed on x86_64 (the decimal values in the comments are for reading only): the idle
-// worker wins; the holder of the whole prefix follows (its TTFT is the best, but its short
-// prefill would delay the 4 streams it decodes), then the half holder, then the worker decoding
-// 9 streams.
+// worker wins; the holder of the whole prefix follows (its own prefill is the shortest, but it
+// is busy: it waits for its queue and a batch that fills behind it, and its short prefill would
+// delay the 4 streams it decodes), then the half holder, then the worker decoding 9 streams.
 const PROMPT_TOKENS: u64 = 895;
 const GOLDEN: [Ranked; 4] = [
     // wait 0.0, prefill 41.28583825, TTFT 41.28583825, stall 0.0, cost 41.28583825
@@ -66,30 +66,30 @@ const GOLDEN: [Ranked; 4] = [
         895,
         [0x0000000000000000, 0x4044a4965907d913, 0x4044a4965907d913, 0, 0x4044a4965907d913],
     ),
-    // wait 34.5004365, prefill 4.33428625, TTFT 38.83472275, stall 17.337145, cost 56.17186775
+    // wait 41.3325645, prefill 4.33428625, TTFT 45.66685075, stall 17.337145, cost 63.00399575
     (
         "127.0.0.1:1",
         880,
         15,
         [
-            0x4041400e4da09cc3,
+            0x4044aa917939a7c1,
             0x4011564f227d028a,
-            0x40436ad831f03d14,
+            0x4046d55b5d894812,
             0x4031564f227d028a,
-            0x404c15ffc32ebe59,
+            0x404f8082eec7c957,
         ],
     ),
-    // wait 34.2717, prefill 23.20985233, TTFT 57.48155233, stall 46.41970466, cost 103.90125699
+    // wait 41.103828, prefill 23.20985233, TTFT 64.31368033, stall 46.41970466, cost 110.73338499
     (
         "127.0.0.1:2",
         432,
         463,
         [
-            0x404122c710cb295f,
+            0x40448d4a3c64345d,
             0x403735b8e1de56e3,
-            0x404cbda381ba54d0,
+            0x4050141356a9afe7,
             0x404735b8e1de56e3,
-            0x4059f9ae31cc55da,
+            0x405baeefc798db58,
         ],
     ),
     // wait 5.49, prefill 41.28583825, TTFT 46.77583825, stall 371.57254425, cost 418.3483825

@@ -89,25 +89,29 @@ pub fn calibration_state_golden() {
     let bytes = st.encode();
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     let f = |v: f64| v.to_le_bytes().iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let mut want = String::from("4b564301");
-    for v in [1.0, 0.5, 0.0, 2.0] {
+    let mut want = String::from("4b564302");
+    // Own base, per token, per token², interference; the queue's base, per token, per token²;
+    // the batch fill (2 % of a default 8 192-token step at 0.5 ms per token).
+    for v in [1.0, 0.5, 0.0, 2.0, 1.0, 0.5, 0.0, 0.02 * 8192.0 * 0.5] {
         want += &f(v);
     }
     want += "0300000000000000";
-    for _ in 0..15 {
+    // weight, a[36], b[8]
+    for _ in 0..45 {
         want += &f(0.0);
     }
-    for _ in 0..4 {
+    for _ in 0..8 {
         want += &f(1.0);
     }
     want += &f(INITIAL_SCALE);
+    want += &f(0.0) /* promise margin 1 */;
     want += "0100" /* one worker */;
     want += "03613a31" /* "a:1" */;
     want += &f(0.0);
     want += "02000000";
     assert_eq!(hex, want);
-    assert_eq!(bytes.len(), 4 + 8 * 4 + 8 + 8 * 20 + 2 + 4 + 8 + 4);
-    assert_eq!(hex[..24], *"4b564301000000000000f03f", "magic, version, prior base 1.0");
+    assert_eq!(bytes.len(), 4 + 8 * 8 + 8 + 8 * 55 + 2 + 4 + 8 + 4);
+    assert_eq!(hex[..24], *"4b564302000000000000f03f", "magic, version, prior base 1.0");
     assert_eq!(ModelState::decode(&bytes), Ok(st));
 }
 

@@ -18,6 +18,13 @@
 //! classes; other classes only move or drop their own requests, which can only leave the
 //! interactive ones less queued work.
 //!
+//! Every check uses the estimate admission can promise ([`Score::promise_ttft_ms`],
+//! [`Score::promise_wait_ms`]): on a worker with a queue, the estimate times the calibrated
+//! upper quantile of observed over estimated (see [`crate::decision::calib`]). The estimate is
+//! an average over traffic it cannot see (how the batches behind the request fill), and
+//! admission selects the requests whose estimate happens to be low, so promising the average
+//! breaks about half the promises made behind a queue.
+//!
 //! Header values are untrusted bytes: anything that is not a plain positive decimal number of
 //! milliseconds, or not a class name, falls back to the defaults. They come from clients on
 //! purpose and steer nothing in their favour: a deadline can only get a request shed sooner
@@ -199,7 +206,7 @@ fn min_of(ranked: &[Score], f: impl Fn(&Score) -> f64) -> Option<f64> {
 pub fn admit(ranked: &mut [Score], ask: &Ask, cfg: &AdmissionConfig) -> AdmissionVerdict {
     let Some(class) = cfg.classes.get(ask.class) else { return AdmissionVerdict::Admit };
     let (Some(best_ttft), Some(best_wait)) =
-        (min_of(ranked, |s| s.ttft_ms), min_of(ranked, |s| s.wait_ms))
+        (min_of(ranked, Score::promise_ttft_ms), min_of(ranked, Score::promise_wait_ms))
     else {
         return AdmissionVerdict::Admit;
     };
@@ -221,7 +228,7 @@ pub fn admit(ranked: &mut [Score], ask: &Ask, cfg: &AdmissionConfig) -> Admissio
             }
         }
     }
-    let misses = |s: &Score| ask.deadline_ms.is_some_and(|d| s.ttft_ms > d as f64);
+    let misses = |s: &Score| ask.deadline_ms.is_some_and(|d| s.promise_ttft_ms() > d as f64);
     let extra = class.queue_weight - 1.0;
     if extra > 0.0 {
         let cost = |s: &Score| s.cost_ms + extra * s.wait_ms;
@@ -243,7 +250,7 @@ pub fn shed_error(
     let class = cfg.class_name(ask.class);
     let (code, message) = match reason {
         Reason::Deadline => {
-            let best = min_of(ranked, |s| s.ttft_ms).unwrap_or(f64::INFINITY);
+            let best = min_of(ranked, Score::promise_ttft_ms).unwrap_or(f64::INFINITY);
             (
                 "ttft_deadline_unmeetable",
                 format!(
@@ -254,7 +261,7 @@ pub fn shed_error(
             )
         }
         Reason::Saturated => {
-            let wait = min_of(ranked, |s| s.wait_ms).unwrap_or(f64::INFINITY);
+            let wait = min_of(ranked, Score::promise_wait_ms).unwrap_or(f64::INFINITY);
             let limit = cfg.classes.get(ask.class).and_then(|c| c.max_wait_ms).unwrap_or(0.0);
             (
                 "pool_saturated",

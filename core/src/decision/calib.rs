@@ -5,16 +5,24 @@
 //! The cost model is linear in its coefficients once the decision's features are fixed:
 //!
 //! ```text
-//! ttft - transfer - adapter = base · (1 + steps)             + per_token · (uncached + queued)
-//!                           + per_token_sq · (uncached · (2 · cached + uncached) + queued²)
+//! ttft - transfer - adapter = base + per_token · uncached
+//!                           + per_token_sq · uncached · (2 · cached + uncached)
 //!                           + interference · decoding
+//!                           + queue_base · steps + queue_per_token · queued
+//!                           + queue_per_token_sq · queued²
 //! ```
 //!
 //! where `steps` are the step floors waited for ([`crate::decision::cost::queued_steps`]: one per
 //! prefilling request), `queued²` is the sum of the
 //! queued prompts' squares (see [`crate::decision::cost::Profile::wait_ms`] and
-//! [`crate::decision::cost::Profile::prefill_with_context_ms`]). The [`estimator`] fits the coefficients
-//! (the two per-token ones as one prefill speed) by weighted least squares with exponential
+//! [`crate::decision::cost::Profile::prefill_with_context_ms`]). The queue has coefficients of
+//! its own ([`crate::decision::cost::QueueTerms`]): behind a queue an engine's batching adds
+//! what the prompts arriving after a request cost it, which is traffic, not the worker's
+//! speed; learned apart, it cannot drag the request's own prefill coefficients along, so a
+//! request on an idle worker is estimated right as soon as an overload ends. The queue's
+//! coefficients are held to the own ones by a fraction of one pseudo-observation of their
+//! difference, which queued samples soon overcome. The [`estimator`] fits the coefficients
+//! (each pair of per-token ones as one prefill speed) by weighted least squares with exponential
 //! forgetting, in units relative to the configured profile (the prior, kept as a ridge of
 //! `prior_weight` pseudo-observations) and on relative errors (each sample is divided by the
 //! prior's estimate, so a 20 ms and a 2 s request weigh alike). Coefficients stay within

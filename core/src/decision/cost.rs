@@ -44,7 +44,57 @@ pub struct Profile {
     /// and moving them to the GPU), paid by a request for that adapter before its prefill.
     #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub adapter_load_ms: f64,
+    /// The most prompt tokens the engine prefills in one step (vLLM's
+    /// `--max-num-batched-tokens`, SGLang's `--chunked-prefill-size`): behind a busy worker a
+    /// request's first token comes when the step carrying its last chunk ends, and that step
+    /// fills up with the prompts that arrive after it. The prior of that wait is
+    /// [`BATCH_FILL_PRIOR`] of a step of this many tokens; calibration learns the real one.
+    /// 0: the engine does not batch prefills (no such wait).
+    pub step_token_budget: u64,
+    /// What the queued prefill ahead of a request costs it, where calibration learned it apart
+    /// from the request's own prefill ([`QueueTerms`]); `None` (always, in a configured
+    /// profile): the queue costs what the same prefill would cost the request itself.
+    #[serde(skip)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub queue: Option<QueueTerms>,
 }
+
+/// The coefficients of the queued prefill a request waits for, learned apart from its own.
+///
+/// Queued work costs a new request more than its compute alone: an engine batches the prefill
+/// of every request waiting when a step starts, up to its token budget (vLLM's
+/// `max_num_batched_tokens`, SGLang's chunked prefill size), so a request's first token comes
+/// when the step carrying its last chunk ends, and that step also carries the requests that
+/// arrived after it. How much that adds depends on the traffic, not on the worker's speed, so
+/// calibration learns it as the queue's own coefficients and a request with nothing queued
+/// ahead is estimated at the worker's speed alone (see [`crate::decision::calib`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueTerms {
+    /// Per request still in prefill ahead.
+    pub step_ms: f64,
+    /// Per queued uncached token.
+    pub ms_per_token: f64,
+    /// Per queued token squared (the queued prompts' attention).
+    pub ms_per_token_sq: f64,
+    /// Once on a busy worker (a prefill queued or running): the share of the last step that the
+    /// prompts arriving after the request fill ([`Profile::step_token_budget`]).
+    pub batch_fill_ms: f64,
+    /// What admission multiplies a busy worker's estimate by before it promises a deadline or
+    /// a class's `max_wait_ms` (>= 1): the calibrated upper quantile of observed over
+    /// estimated TTFT behind a queue, where the estimate is an average over traffic it cannot
+    /// see (see [`Score::promise_ttft_ms`]).
+    pub promise_margin: f64,
+}
+
+/// The share of a step's token budget that a request behind a busy worker is expected to wait
+/// for beyond the queue ahead of it, before calibration learns it. Small: at light load the
+/// steps are short and nothing fills them (a large prior would price every busy worker as if
+/// overloaded and undo cache-aware routing); under a sustained overload the steps run full and
+/// the learned share rises towards half a step (where a request's prompt ends in its last step
+/// is uniform), at most a whole one ([`BATCH_FILL_MAX`]).
+pub const BATCH_FILL_PRIOR: f64 = 0.02;
+/// The most a learned batch fill may be: a whole step's budget.
+pub const BATCH_FILL_MAX: f64 = 1.0;
 
 impl Default for Profile {
     /// An 8B-class model on one H100: ~30 k prefill tokens/s, ~5 ms decode step floor.
@@ -59,6 +109,9 @@ impl Default for Profile {
             transfer_ms_per_token: 0.0026,
             // A rank-16 adapter of an 8B model (tens of MB) read from local disk.
             adapter_load_ms: 250.0,
+            // vLLM's default for its OpenAI server on an 80 GB H100.
+            step_token_budget: 8192,
+            queue: None,
         }
     }
 }
@@ -113,10 +166,25 @@ impl Profile {
     /// prefill (linear and attention terms, one base per request) and the decoding requests'
     /// interference.
     pub fn wait_ms(&self, load: &WorkerLoad) -> f64 {
-        let queued = load.prefill_tokens as f64 * self.prefill_ms_per_token
-            + load.prefill_sq_tokens as f64 * self.prefill_ms_per_token_sq
-            + queued_steps(load) * self.prefill_base_ms;
+        let q = self.queue_terms();
+        let queued = load.prefill_tokens as f64 * q.ms_per_token
+            + load.prefill_sq_tokens as f64 * q.ms_per_token_sq
+            + queued_steps(load) * q.step_ms
+            + busy(load) * q.batch_fill_ms;
         queued + f64::from(load.decoding_requests()) * self.decode_interference_ms
+    }
+
+    /// The coefficients of queued prefill: the learned ones, else the request's own.
+    pub fn queue_terms(&self) -> QueueTerms {
+        self.queue.unwrap_or(QueueTerms {
+            step_ms: self.prefill_base_ms,
+            ms_per_token: self.prefill_ms_per_token,
+            ms_per_token_sq: self.prefill_ms_per_token_sq,
+            batch_fill_ms: BATCH_FILL_PRIOR
+                * self.step_token_budget as f64
+                * self.prefill_ms_per_token,
+            promise_margin: 1.0,
+        })
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -144,6 +212,12 @@ impl Profile {
 /// one per request still in prefill.
 pub fn queued_steps(load: &WorkerLoad) -> f64 {
     f64::from(load.prefilling_requests)
+}
+
+/// 1 on a busy worker (a prefill queued or running), else 0: whether a request waits for a
+/// step that later arrivals fill ([`QueueTerms::batch_fill_ms`]).
+pub fn busy(load: &WorkerLoad) -> f64 {
+    f64::from(u8::from(load.prefilling_requests > 0))
 }
 
 /// The attention work of `tokens` new tokens on top of `cached` ones: `n · (2c + n)`, i.e.
@@ -205,6 +279,21 @@ pub struct Score {
     pub load: WorkerLoad,
     /// The deviation factor applied to `wait_ms` and `prefill_ms`.
     pub deviation: f64,
+    /// The factor admission applies to this estimate before promising anything: the model's
+    /// [`QueueTerms::promise_margin`] on a busy worker, 1 on one with nothing queued.
+    pub promise_margin: f64,
+}
+
+impl Score {
+    /// The TTFT admission promises: the estimate times [`Score::promise_margin`].
+    pub fn promise_ttft_ms(&self) -> f64 {
+        self.ttft_ms * self.promise_margin
+    }
+
+    /// The wait admission promises against a class's `max_wait_ms`.
+    pub fn promise_wait_ms(&self) -> f64 {
+        self.wait_ms * self.promise_margin
+    }
 }
 
 /// How a candidate is reached and what it could receive (see the module docs).
@@ -337,6 +426,11 @@ pub fn score_reached(
         pull,
         load,
         deviation,
+        promise_margin: if busy(&load) > 0.0 {
+            profile.queue_terms().promise_margin.max(1.0)
+        } else {
+            1.0
+        },
     }
 }
 
@@ -502,6 +596,8 @@ mod tests {
             decode_interference_ms: interference,
             transfer_ms_per_token: 0.0,
             adapter_load_ms: 0.0,
+            step_token_budget: 0,
+            queue: None,
         }
     }
 
@@ -579,7 +675,9 @@ mod tests {
             prefill_elapsed_ms: 0,
         };
         let behind = score(&p, &Candidate { load: one, ..idle.clone() }, 0, BS);
-        assert!((behind.wait_ms - own.prefill_ms).abs() < 1e-9, "{behind:?} {own:?}");
+        let fill = p.queue_terms().batch_fill_ms;
+        assert!(fill > 0.0, "a busy worker's batch fills behind the request");
+        assert!((behind.wait_ms - fill - own.prefill_ms).abs() < 1e-9, "{behind:?} {own:?}");
         // Eight 1 k-token prompts queue less attention than one 8 k-token prompt.
         let eight = WorkerLoad {
             prefilling_requests: 8,

@@ -214,8 +214,15 @@ async fn calibration(stack: &Stack) -> Vec<(String, f64)> {
         .into_iter()
         .filter_map(|(k, v)| {
             let rest = k.strip_prefix("kvroute_calibration_")?;
-            let keep =
-                ["base_us", "per_token", "per_token2", "interference_us", "_samples", "permille"];
+            let keep = [
+                "base_us",
+                "per_token",
+                "per_token2",
+                "interference_us",
+                "_samples",
+                "permille",
+                "fill_us",
+            ];
             let model_gauge =
                 !rest.starts_with("estimate") && keep.iter().any(|s| rest.ends_with(s));
             model_gauge.then(|| (rest.to_owned(), v))

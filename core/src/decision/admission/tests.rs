@@ -121,6 +121,55 @@ fn a_deadline_no_worker_meets_is_shed_or_best_effort() {
     assert_eq!(admit(&mut far, &ask(None, INTERACTIVE), &c), AdmissionVerdict::Admit);
 }
 
+/// Behind a queue admission promises the estimate times the calibrated margin; a worker with
+/// nothing queued is promised its estimate. Scored through the cost model, so the margin comes
+/// from where the router puts it.
+#[test]
+fn a_busy_workers_estimate_is_promised_with_the_calibrated_margin() {
+    let profile = crate::decision::cost::Profile {
+        queue: Some(crate::decision::cost::QueueTerms {
+            promise_margin: 1.5,
+            ..crate::decision::cost::Profile::default().queue_terms()
+        }),
+        ..Default::default()
+    };
+    let worker = |name: &str, queued: u32| crate::decision::cost::Candidate {
+        worker: name.into(),
+        cached_blocks: 0,
+        offloaded_blocks: 0,
+        load: crate::decision::load::WorkerLoad {
+            inflight_requests: queued,
+            prefilling_requests: queued,
+            prefill_tokens: u64::from(queued) * 2_000,
+            ..Default::default()
+        },
+        adapter_missing: false,
+        deviation: 1.0,
+    };
+    let busy = crate::decision::cost::score(&profile, &worker("busy", 1), 2_000, 16);
+    let idle = crate::decision::cost::score(&profile, &worker("idle", 0), 2_000, 16);
+    assert_eq!((busy.promise_margin, idle.promise_margin), (1.5, 1.0));
+    // A deadline the busy worker's estimate meets but its promise does not: shed.
+    let deadline = ((busy.ttft_ms + busy.promise_ttft_ms()) / 2.0) as u64;
+    let verdict = admit(&mut [busy.clone()], &ask(Some(deadline), INTERACTIVE), &cfg());
+    assert!(matches!(verdict, AdmissionVerdict::Shed { reason: Reason::Deadline, .. }));
+    // An idle worker's estimate is promised as it is.
+    let deadline = idle.ttft_ms.ceil() as u64;
+    let verdict = admit(&mut [idle.clone()], &ask(Some(deadline), INTERACTIVE), &cfg());
+    assert_eq!(verdict, AdmissionVerdict::Admit);
+    // With both, the one whose promise meets the deadline goes first.
+    let mut r = vec![busy.clone(), idle.clone()];
+    let deadline = idle.ttft_ms.max(busy.ttft_ms).ceil() as u64;
+    assert!(busy.promise_ttft_ms() > deadline as f64);
+    assert_eq!(admit(&mut r, &ask(Some(deadline), INTERACTIVE), &cfg()), AdmissionVerdict::Admit);
+    assert_eq!(workers(&r), ["idle", "busy"]);
+    // A class's max_wait_ms is checked against the promised wait.
+    let mut c = cfg();
+    c.classes[BATCH].max_wait_ms = Some((busy.wait_ms + busy.promise_wait_ms()) / 2.0);
+    let verdict = admit(&mut [busy], &ask(None, BATCH), &c);
+    assert!(matches!(verdict, AdmissionVerdict::Shed { reason: Reason::Saturated, .. }));
+}
+
 #[test]
 fn workers_that_meet_the_deadline_go_first() {
     // The router's tie band may put a slightly slower worker first.

@@ -1,22 +1,24 @@
 //! The binary form of a [`ModelState`] in shared data, little-endian:
 //!
 //! ```text
-//! "KVC" version(u8 = 1)
-//! prior[4] f64 · samples u64 · weight f64 · a[10] f64 · b[4] f64 · theta[4] f64 · scale f64
+//! "KVC" version(u8 = 2)
+//! prior[8] f64 · samples u64 · weight f64 · a[36] f64 · b[8] f64 · theta[8] f64 · scale f64
+//! promise_log f64 (within [0, ln 4])
 //! workers u16, then per worker (sorted by name, unique):
 //!     name_len u8 · name (UTF-8) · log_dev f64 · samples u32
 //! ```
 //!
 //! The decoder checks every length before reading, accepts only finite numbers, a positive
 //! scale, and canonical worker order, so whatever it accepts encodes back to the same bytes.
-//! It never panics.
+//! It never panics. A state of another version (1 held four coefficients, without the queue's
+//! own and the batch fill) is not decoded, and the model starts afresh from its prior.
 
 use thiserror::Error;
 
-use super::estimator::{ModelState, WorkerDev, DIM, PACKED};
+use super::estimator::{ModelState, WorkerDev, DIM, PACKED, PROMISE_MARGIN_MAX};
 
 pub const MAGIC: &[u8; 3] = b"KVC";
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Most workers one model's state may carry.
 pub const MAX_WORKERS: usize = 4096;
 
@@ -40,7 +42,8 @@ pub enum CodecError {
 
 impl ModelState {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(4 + 23 * 8 + 2 + self.workers.len() * 40);
+        let mut out =
+            Vec::with_capacity(4 + (3 * DIM + PACKED + 3) * 8 + 2 + self.workers.len() * 40);
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         let floats = self.prior.iter();
@@ -53,7 +56,7 @@ impl ModelState {
             .chain(&self.a)
             .chain(&self.b)
             .chain(&self.theta)
-            .chain([&self.scale])
+            .chain([&self.scale, &self.promise_log])
         {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -94,6 +97,10 @@ impl ModelState {
         if scale <= 0.0 {
             return Err(CodecError::Number);
         }
+        let promise_log = r.f64()?;
+        if !(0.0..=PROMISE_MARGIN_MAX.ln()).contains(&promise_log) {
+            return Err(CodecError::Number);
+        }
         let n = usize::from(u16::from_le_bytes(r.array()?));
         if n > MAX_WORKERS {
             return Err(CodecError::TooManyWorkers);
@@ -112,7 +119,7 @@ impl ModelState {
         if !r.0.is_empty() {
             return Err(CodecError::Trailing);
         }
-        Ok(ModelState { prior, samples, weight, a, b, theta, scale, workers })
+        Ok(ModelState { prior, samples, weight, a, b, theta, scale, promise_log, workers })
     }
 }
 

@@ -1,16 +1,24 @@
 //! The estimator of one model: weighted least squares with exponential forgetting over the
-//! cost model's four coefficients (relative to the prior; the prefill's per-token and
-//! per-token² terms as one speed, see [`ModelState::observe`]), a ridge towards the prior,
-//! Huber down-weighting of outliers, a box constraint, and per-worker deviations.
+//! cost model's eight coefficients (relative to the prior; each pair of per-token and
+//! per-token² terms as one speed, see [`ModelState::observe`]), a ridge towards the prior, a
+//! coupling of the queue's coefficients to the request's own, Huber down-weighting of
+//! outliers, a box constraint, and per-worker deviations.
 
 use std::collections::HashMap;
 use std::f64::consts::LN_2;
 
 use super::{CalibrationConfig, ModelView, Sample};
-use crate::decision::cost::Profile;
+use crate::decision::cost::{Profile, QueueTerms};
 
-/// Learned coefficients: prefill base, per token, per token², decode interference.
-pub const DIM: usize = 4;
+/// Learned coefficients: the request's own prefill (base, per token, per token²), decode
+/// interference, then the queued prefill ahead of it (per request, per token, per token²) and
+/// the batch fill of a busy worker.
+pub const DIM: usize = 8;
+/// The queue's base, coupled to the request's own (see [`ModelState::coupled`]); the queue's
+/// coefficients run from it to [`BATCH_FILL`] (excluded).
+const QUEUE_BASE: usize = 4;
+/// The batch fill of a busy worker: learned on its own, not coupled.
+const BATCH_FILL: usize = 7;
 /// Entries of the packed upper triangle of a `DIM`×`DIM` matrix.
 pub const PACKED: usize = DIM * (DIM + 1) / 2;
 /// Floor of the robust residual scale (relative): noiseless data must not lock it at 0.
@@ -20,6 +28,22 @@ pub const INITIAL_SCALE: f64 = 0.5;
 /// Ridge towards the prior for directions the data do not excite (in units of one sample
 /// that is all one term).
 const RIDGE: f64 = 0.01;
+/// Pseudo-observations (in units of one sample that is all one term) of "the queue's
+/// coefficient equals its own counterpart": enough that a pool seldom queued learns its queue
+/// from its own prefill, little enough that a few dozen queued samples tell them apart.
+const COUPLING: f64 = 0.3;
+/// The ridge of the queue's coefficients: much weaker than their coupling to the own ones
+/// (`RIDGE`), so that without queued samples they follow those, not the prior.
+const QUEUE_RIDGE: f64 = RIDGE / 100.0;
+/// The quantile of observed over estimated TTFT behind a queue that admission promises with:
+/// the share of promises made behind a queue it means to keep.
+pub const PROMISE_QUANTILE: f64 = 0.95;
+/// The step of the quantile tracker (log units): a sample above the quantile raises it by
+/// `PROMISE_STEP · q`, one below lowers it by `PROMISE_STEP · (1 − q)`, so it settles where a
+/// share `q` of samples lie below, rising within a few dozen samples of an overload.
+const PROMISE_STEP: f64 = 0.04;
+/// The largest promise margin.
+pub const PROMISE_MARGIN_MAX: f64 = 4.0;
 /// Rate of the robust scale's moving average.
 const SCALE_RATE: f64 = 0.05;
 /// A worker's samples before it counts in the pool's median deviation.
@@ -27,9 +51,19 @@ const MEDIAN_MIN_SAMPLES: u32 = 3;
 /// The median is moved into the model once it is this far from 1 (log units).
 const RECENTRE_LOG: f64 = 0.02;
 
-/// The prior's four learned coefficients.
+/// The prior's learned coefficients, in the order of [`DIM`].
 pub fn prior_coefficients(p: &Profile) -> [f64; DIM] {
-    [p.prefill_base_ms, p.prefill_ms_per_token, p.prefill_ms_per_token_sq, p.decode_interference_ms]
+    let q = p.queue_terms();
+    [
+        p.prefill_base_ms,
+        p.prefill_ms_per_token,
+        p.prefill_ms_per_token_sq,
+        p.decode_interference_ms,
+        q.step_ms,
+        q.ms_per_token,
+        q.ms_per_token_sq,
+        q.batch_fill_ms,
+    ]
 }
 
 /// One worker's deviation from the model.
@@ -57,6 +91,10 @@ pub struct ModelState {
     pub theta: [f64; DIM],
     /// Robust scale of the relative residuals.
     pub scale: f64,
+    /// The tracked [`PROMISE_QUANTILE`] of `ln(observed / estimated)` over samples from busy
+    /// workers (a prefill queued or running), within `[0, ln PROMISE_MARGIN_MAX]`: the log of
+    /// [`crate::decision::cost::QueueTerms::promise_margin`].
+    pub promise_log: f64,
     /// Sorted by worker, unique.
     pub workers: Vec<WorkerDev>,
 }
@@ -85,6 +123,7 @@ impl ModelState {
             b: [0.0; DIM],
             theta: [1.0; DIM],
             scale: INITIAL_SCALE,
+            promise_log: 0.0,
             workers: Vec::new(),
         }
     }
@@ -105,12 +144,20 @@ impl ModelState {
 
     /// `prior` with the learned coefficients in place of its own.
     pub fn profile(&self, prior: &Profile) -> Profile {
-        let [base, per_token, sq, interference] = self.coefficients();
+        let [base, per_token, sq, interference, step_ms, ms_per_token, ms_per_token_sq, batch_fill_ms] =
+            self.coefficients();
         Profile {
             prefill_base_ms: base,
             prefill_ms_per_token: per_token,
             prefill_ms_per_token_sq: sq,
             decode_interference_ms: interference,
+            queue: Some(QueueTerms {
+                step_ms,
+                ms_per_token,
+                ms_per_token_sq,
+                batch_fill_ms,
+                promise_margin: self.promise_log.exp(),
+            }),
             ..*prior
         }
     }
@@ -154,10 +201,11 @@ impl ModelState {
         let x = features(s);
         let mut scaled: Vec<f64> = (0..DIM).map(|i| x[i] * self.prior[i]).collect();
         let prior_ms: f64 = scaled.iter().sum();
-        // The attention term is learned with the per-token term, as one prefill speed.
-        let (keep, fold) = self.tied();
-        scaled[keep] += scaled[fold];
-        scaled[fold] = 0.0;
+        // Each attention term is learned with its per-token term, as one prefill speed.
+        for (keep, fold) in self.tied() {
+            scaled[keep] += scaled[fold];
+            scaled[fold] = 0.0;
+        }
         if !(prior_ms.is_finite() && prior_ms > 0.0) {
             return CalibOutcome::Rejected;
         }
@@ -165,6 +213,9 @@ impl ModelState {
         let dev = self.deviation(&s.worker);
         let t = y / dev / prior_ms;
         let fitted: f64 = (0..DIM).map(|i| u[i] * self.theta[i]).sum();
+        if crate::decision::cost::busy(&s.load) > 0.0 {
+            self.track_promise(t / fitted);
+        }
         let r = t - fitted;
         let clip = cfg.outlier_clip * self.scale;
         let weight = if r.abs() <= clip { 1.0 } else { clip / r.abs() };
@@ -181,25 +232,60 @@ impl ModelState {
         self.samples = self.samples.saturating_add(1);
         self.solve(cfg);
         self.update_deviation(cfg, &s.worker, y / (prior_ms * fitted.max(f64::MIN_POSITIVE)));
-        self.recentre(cfg);
+        // A pool-wide change of speed is read where nothing is queued ahead: behind a queue,
+        // what the model misses at first is the traffic's (how batches fill, learned as the
+        // batch fill), alike on every worker, and recentring it would move it into every
+        // coefficient, the request's own prefill included, and into all past samples.
+        if crate::decision::cost::busy(&s.load) == 0.0 {
+            self.recentre(cfg);
+        }
         CalibOutcome::Used { weight }
     }
 
     /// The box-constrained solution with the prior as `prior_weight` pseudo-observations
-    /// spread like the data (`A · w0 / n`, so it pulls hardest where the data say most) plus
-    /// a small ridge for directions the data never excite; by projected Gauss–Seidel (the
-    /// matrix is symmetric positive definite, so it converges; warm-started).
+    /// spread like the data (`A · w0 / n`, so it pulls hardest where the data say most; all but
+    /// the batch fill), a
+    /// small ridge for directions the data never excite, and each queue coefficient held to
+    /// its own counterpart by [`COUPLING`] pseudo-observations of their difference (so
+    /// without queued samples the queue costs what the request's own prefill does, and
+    /// samples behind a queue move it apart); by projected Gauss–Seidel (the matrix is
+    /// symmetric positive definite, so it converges; warm-started).
     #[allow(clippy::needless_range_loop)] // matrix code reads best with indices
     fn solve(&mut self, cfg: &CalibrationConfig) {
         let k = if self.weight > 0.0 { cfg.prior_weight / self.weight } else { 0.0 };
-        let m =
-            |i: usize, j: usize| self.a[idx(i, j)] * (1.0 + k) + if i == j { RIDGE } else { 0.0 };
+        // The coupling, in the relative units of theta: `mu · (r_q θ_q − r_o θ_o)²` with `r`
+        // the prior ratio, which is 1 for a configured profile.
+        let mu = COUPLING;
+        let pairs = self.coupled();
+        let coupling = |i: usize, j: usize| -> f64 {
+            pairs
+                .iter()
+                .filter(|(q, o)| self.prior[*q] > 0.0 && self.prior[*o] > 0.0)
+                .map(|&(q, o)| {
+                    let r = |x: usize| self.prior[x] / self.prior[q].max(self.prior[o]);
+                    match (i, j) {
+                        _ if i == j && (i == q || i == o) => mu * r(i) * r(i),
+                        _ if (i, j) == (q, o) || (i, j) == (o, q) => -mu * r(q) * r(o),
+                        _ => 0.0,
+                    }
+                })
+                .sum()
+        };
+        let ridge =
+            |i: usize| if (QUEUE_BASE..BATCH_FILL).contains(&i) { QUEUE_RIDGE } else { RIDGE };
+        // The batch fill's prior is a small start, not a belief: the prior's pull leaves it out.
+        let pulled = |i: usize| if i == BATCH_FILL { 0.0 } else { k };
+        let pull = |i: usize, j: usize| if pulled(i) > 0.0 { pulled(j) } else { 0.0 };
+        let m = |i: usize, j: usize| {
+            self.a[idx(i, j)] * (1.0 + pull(i, j))
+                + coupling(i, j)
+                + if i == j { ridge(i) } else { 0.0 }
+        };
         let mut c = [0.0; DIM];
         for (i, ci) in c.iter_mut().enumerate() {
-            let prior_pull: f64 = (0..DIM).map(|j| self.a[idx(i, j)] * k).sum();
-            *ci = self.b[i] + prior_pull + RIDGE;
+            let prior_pull: f64 = (0..DIM).map(|j| self.a[idx(i, j)] * pull(i, j)).sum();
+            *ci = self.b[i] + prior_pull + ridge(i);
         }
-        let (lo, hi) = (1.0 / cfg.coefficient_bound, cfg.coefficient_bound);
         for _ in 0..64 {
             let mut moved = 0.0f64;
             for i in 0..DIM {
@@ -212,6 +298,7 @@ impl ModelState {
                 for j in (0..DIM).filter(|&j| j != i) {
                     rhs -= m(i, j) * self.theta[j];
                 }
+                let (lo, hi) = theta_bounds(cfg, i);
                 let next = (rhs / diag).clamp(lo, hi);
                 if next.is_finite() {
                     moved = moved.max((next - self.theta[i]).abs());
@@ -222,24 +309,41 @@ impl ModelState {
                 break;
             }
         }
-        let (keep, fold) = self.tied();
-        if self.prior[fold] > 0.0 {
-            self.theta[fold] = self.theta[keep];
+        for (keep, fold) in self.tied() {
+            if self.prior[fold] > 0.0 {
+                self.theta[fold] = self.theta[keep];
+            }
         }
     }
 
-    /// The prefill's two per-token coefficients move together: `(kept, folded)` indices, the
-    /// folded one following the kept one. The ratio of attention to linear work is a property
+    /// A prefill's two per-token coefficients move together (the request's own and the
+    /// queue's): `(kept, folded)` indices, the folded one following the kept one. The ratio of attention to linear work is a property
     /// of the model's shape (layers, heads, hidden size), which the configured profile states;
     /// the GPU, its clocks and its neighbours change the speed of both alike. Learned apart,
     /// the two are nearly collinear over the few prompt lengths a pool sees in a while, and the
     /// square term (the least excited) wanders several times off while their sum fits.
-    fn tied(&self) -> (usize, usize) {
-        if self.prior[1] > 0.0 {
-            (1, 2)
-        } else {
-            (2, 1)
+    /// Moves the promise quantile towards `ratio` (observed over what the decision estimated).
+    fn track_promise(&mut self, ratio: f64) {
+        if !(ratio.is_finite() && ratio > 0.0) {
+            return;
         }
+        let step = if ratio.ln() > self.promise_log {
+            PROMISE_STEP * PROMISE_QUANTILE
+        } else {
+            -PROMISE_STEP * (1.0 - PROMISE_QUANTILE)
+        };
+        self.promise_log = (self.promise_log + step).clamp(0.0, PROMISE_MARGIN_MAX.ln());
+    }
+
+    /// Each queue coefficient and the own one it is held to, `(queue, own)`: the bases and the
+    /// kept per-token terms (the folded ones follow those).
+    fn coupled(&self) -> [(usize, usize); 2] {
+        let [own, queue] = self.tied();
+        [(QUEUE_BASE, 0), (queue.0, own.0)]
+    }
+
+    fn tied(&self) -> [(usize, usize); 2] {
+        [(1, 2), (5, 6)].map(|(a, b)| if self.prior[a] > 0.0 { (a, b) } else { (b, a) })
     }
 
     fn update_deviation(&mut self, cfg: &CalibrationConfig, worker: &str, ratio: f64) {
@@ -292,21 +396,36 @@ impl ModelState {
         for v in &mut self.b {
             *v *= factor;
         }
-        let bound = cfg.coefficient_bound;
-        for t in &mut self.theta {
-            *t = (*t * factor).clamp(1.0 / bound, bound);
+        for (i, t) in self.theta.iter_mut().enumerate() {
+            let (lo, hi) = theta_bounds(cfg, i);
+            *t = (*t * factor).clamp(lo, hi);
         }
+    }
+}
+
+/// The bounds of coefficient `i` relative to its prior: `[1 / bound, bound]`, except that the
+/// batch fill may grow from its small prior to a whole step
+/// ([`crate::decision::cost::BATCH_FILL_MAX`]) at up to `bound` times the prior's speed.
+pub fn theta_bounds(cfg: &CalibrationConfig, i: usize) -> (f64, f64) {
+    use crate::decision::cost::{BATCH_FILL_MAX, BATCH_FILL_PRIOR};
+    let (lo, hi) = (1.0 / cfg.coefficient_bound, cfg.coefficient_bound);
+    if i == BATCH_FILL {
+        (lo, hi * (BATCH_FILL_MAX / BATCH_FILL_PRIOR).max(1.0))
+    } else {
+        (lo, hi)
     }
 }
 
 /// The sample's features, in the order of [`prior_coefficients`].
 pub fn features(s: &Sample) -> [f64; DIM] {
-    let n = s.uncached_tokens as f64;
     [
-        1.0 + crate::decision::cost::queued_steps(&s.load),
-        n + s.load.prefill_tokens as f64,
-        crate::decision::cost::attention_tokens(s.uncached_tokens, s.cached_tokens)
-            + s.load.prefill_sq_tokens as f64,
+        1.0,
+        s.uncached_tokens as f64,
+        crate::decision::cost::attention_tokens(s.uncached_tokens, s.cached_tokens),
         f64::from(s.load.decoding_requests()),
+        crate::decision::cost::queued_steps(&s.load),
+        s.load.prefill_tokens as f64,
+        s.load.prefill_sq_tokens as f64,
+        crate::decision::cost::busy(&s.load),
     ]
 }

@@ -17,6 +17,7 @@ fn score(worker: &str, cached: u64, wait: f64, prefill: f64) -> Score {
         cost_ms: wait + prefill,
         load: Default::default(),
         deviation: 1.0,
+        promise_margin: 1.0,
     }
 }
 
