@@ -829,14 +829,14 @@ mod tests {
         assert!(a(n as u32) > c[2] && a(n as u32 - 1) <= c[2]);
         // Waiting requests kvroute did not send cost a prefill's base and a typical request's
         // tokens (here the probe's 100, with their attention) each, instead of the decode
-        // interference of running ones.
+        // interference of running ones, and the worker is busy: a batch fills behind the probe.
         let w = model_estimates(&p, 100, &[0], &[(0, 4)]);
         let r = model_estimates(&p, 100, &[0], &[(4, 0)]);
         let each = p.prefill_base_ms
             + 100.0 * p.prefill_ms_per_token
             + 100.0 * 100.0 * p.prefill_ms_per_token_sq
             - p.decode_interference_ms;
-        let want = 4.0 * each;
+        let want = 4.0 * each + p.queue_terms().batch_fill_ms;
         assert!((w[0] - r[0] - want).abs() < 1e-9, "{} vs {want}", w[0] - r[0]);
     }
 

@@ -30,6 +30,13 @@ fn features(rng: &mut StdRng, worker: &str) -> Sample {
     let prefilling = rng.random_range(0..4u32);
     let decoding = rng.random_range(0..48u32);
     let queued: Vec<u64> = (0..prefilling).map(|_| rng.random_range(0..2048u64)).collect();
+    sample(worker, uncached, cached, &queued, decoding)
+}
+
+/// A sample (not yet observed) of a request behind prompts of `queued` tokens still in
+/// prefill, on a worker decoding `decoding` requests.
+fn sample(worker: &str, uncached: u64, cached: u64, queued: &[u64], decoding: u32) -> Sample {
+    let prefilling = queued.len() as u32;
     Sample {
         worker: worker.into(),
         uncached_tokens: uncached,
@@ -427,20 +434,7 @@ fn an_overload_moves_the_queue_and_batch_fill_and_the_idle_estimate_stays_right(
         let w = WORKERS[rng.random_range(0..3)];
         let uncached = rng.random_range(1800..2200u64);
         let tokens: Vec<u64> = (0..queued).map(|_| rng.random_range(1800..2200u64)).collect();
-        let mut s = Sample {
-            worker: w.into(),
-            uncached_tokens: uncached,
-            cached_tokens: 0,
-            load: WorkerLoad {
-                inflight_requests: queued,
-                prefilling_requests: queued,
-                prefill_tokens: tokens.iter().sum(),
-                prefill_elapsed_ms: 0,
-                prefill_sq_tokens: tokens.iter().map(|n| n * n).sum(),
-            },
-            fixed_ms: 0.0,
-            observed_ms: 0.0,
-        };
+        let mut s = sample(w, uncached, 0, &tokens, 0);
         let queue = Profile { queue: None, step_token_budget: 0, ..sim }.wait_ms(&s.load);
         let fill = if queued > 0 { rng.random::<f64>() * step_ms } else { 0.0 };
         s.observed_ms = (sim.prefill_ms(uncached) + queue + fill) * noise(rng);
@@ -463,14 +457,7 @@ fn an_overload_moves_the_queue_and_batch_fill_and_the_idle_estimate_stays_right(
         let c = st.coefficients();
         // The first idle request after the overload, without noise: the deviation times the
         // model against the workers' true time.
-        let idle = Sample {
-            worker: WORKERS[0].into(),
-            uncached_tokens: 2000,
-            cached_tokens: 0,
-            load: WorkerLoad::default(),
-            fixed_ms: 0.0,
-            observed_ms: 0.0,
-        };
+        let idle = sample(WORKERS[0], 2000, 0, &[], 0);
         let model_err = st.model_ms(&idle) / sim.prefill_ms(2000) - 1.0;
         let idle_err = st.deviation(WORKERS[0]) * (1.0 + model_err) - 1.0;
         let late = median(&overload[200..].iter().map(|e| e.abs()).collect::<Vec<_>>());
