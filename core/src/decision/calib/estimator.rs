@@ -144,7 +144,7 @@ impl ModelState {
 
     /// `prior` with the learned coefficients in place of its own.
     pub fn profile(&self, prior: &Profile) -> Profile {
-        let [base, per_token, sq, interference, step_ms, ms_per_token, ms_per_token_sq, batch_fill_ms] =
+        let [base, per_token, sq, interference, step_ms, ms_per_token, ms_per_token_sq, fill] =
             self.coefficients();
         Profile {
             prefill_base_ms: base,
@@ -155,7 +155,7 @@ impl ModelState {
                 step_ms,
                 ms_per_token,
                 ms_per_token_sq,
-                batch_fill_ms,
+                batch_fill_ms: fill,
                 promise_margin: self.promise_log.exp(),
             }),
             ..*prior
@@ -242,14 +242,16 @@ impl ModelState {
         CalibOutcome::Used { weight }
     }
 
-    /// The box-constrained solution with the prior as `prior_weight` pseudo-observations
-    /// spread like the data (`A · w0 / n`, so it pulls hardest where the data say most; all but
-    /// the batch fill), a
-    /// small ridge for directions the data never excite, and each queue coefficient held to
-    /// its own counterpart by [`COUPLING`] pseudo-observations of their difference (so
-    /// without queued samples the queue costs what the request's own prefill does, and
-    /// samples behind a queue move it apart); by projected Gauss–Seidel (the matrix is
-    /// symmetric positive definite, so it converges; warm-started).
+    /// The box-constrained solution with:
+    /// - the prior as `prior_weight` pseudo-observations spread like the data (`A · w0 / n`,
+    ///   so it pulls hardest where the data say most), for all but the batch fill;
+    /// - a small ridge for directions the data never excite;
+    /// - each queue coefficient held to its own counterpart by [`COUPLING`] pseudo-observations
+    ///   of their difference (so without queued samples the queue costs what the request's own
+    ///   prefill does, and samples behind a queue move it apart).
+    ///
+    /// Solved by projected Gauss–Seidel (the matrix is symmetric positive definite, so it
+    /// converges; warm-started).
     #[allow(clippy::needless_range_loop)] // matrix code reads best with indices
     fn solve(&mut self, cfg: &CalibrationConfig) {
         let k = if self.weight > 0.0 { cfg.prior_weight / self.weight } else { 0.0 };
@@ -316,12 +318,6 @@ impl ModelState {
         }
     }
 
-    /// A prefill's two per-token coefficients move together (the request's own and the
-    /// queue's): `(kept, folded)` indices, the folded one following the kept one. The ratio of attention to linear work is a property
-    /// of the model's shape (layers, heads, hidden size), which the configured profile states;
-    /// the GPU, its clocks and its neighbours change the speed of both alike. Learned apart,
-    /// the two are nearly collinear over the few prompt lengths a pool sees in a while, and the
-    /// square term (the least excited) wanders several times off while their sum fits.
     /// Moves the promise quantile towards `ratio` (observed over what the decision estimated).
     fn track_promise(&mut self, ratio: f64) {
         if !(ratio.is_finite() && ratio > 0.0) {
@@ -342,6 +338,13 @@ impl ModelState {
         [(QUEUE_BASE, 0), (queue.0, own.0)]
     }
 
+    /// A prefill's two per-token coefficients move together (the request's own and the
+    /// queue's): `(kept, folded)` indices, the folded one following the kept one. The ratio of
+    /// attention to linear work is a property of the model's shape (layers, heads, hidden
+    /// size), which the configured profile states; the GPU, its clocks and its neighbours
+    /// change the speed of both alike. Learned apart, the two are nearly collinear over the few
+    /// prompt lengths a pool sees in a while, and the square term (the least excited) wanders
+    /// several times off while their sum fits.
     fn tied(&self) -> [(usize, usize); 2] {
         [(1, 2), (5, 6)].map(|(a, b)| if self.prior[a] > 0.0 { (a, b) } else { (b, a) })
     }
