@@ -213,7 +213,8 @@ impl ModelState {
         let dev = self.deviation(&s.worker);
         let t = y / dev / prior_ms;
         let fitted: f64 = (0..DIM).map(|i| u[i] * self.theta[i]).sum();
-        if crate::decision::cost::busy(&s.load) > 0.0 {
+        let queued = crate::decision::cost::busy(&s.load) > 0.0;
+        if queued {
             self.track_promise(t / fitted);
         }
         let r = t - fitted;
@@ -236,7 +237,7 @@ impl ModelState {
         // what the model misses at first is the traffic's (how batches fill, learned as the
         // batch fill), alike on every worker, and recentring it would move it into every
         // coefficient, the request's own prefill included, and into all past samples.
-        if crate::decision::cost::busy(&s.load) == 0.0 {
+        if !queued {
             self.recentre(cfg);
         }
         CalibOutcome::Used { weight }
@@ -276,8 +277,7 @@ impl ModelState {
         let ridge =
             |i: usize| if (QUEUE_BASE..BATCH_FILL).contains(&i) { QUEUE_RIDGE } else { RIDGE };
         // The batch fill's prior is a small start, not a belief: the prior's pull leaves it out.
-        let pulled = |i: usize| if i == BATCH_FILL { 0.0 } else { k };
-        let pull = |i: usize, j: usize| if pulled(i) > 0.0 { pulled(j) } else { 0.0 };
+        let pull = |i: usize, j: usize| if i == BATCH_FILL || j == BATCH_FILL { 0.0 } else { k };
         let m = |i: usize, j: usize| {
             self.a[idx(i, j)] * (1.0 + pull(i, j))
                 + coupling(i, j)
