@@ -20,6 +20,9 @@ use serde::{Deserialize, Serialize};
 use crate::decision::load::WorkerLoad;
 use crate::decision::worker::WorkerName;
 
+mod order;
+pub use order::{rank, rank_reached, MAX_RANKED};
+
 /// Per-model timing profile (milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -449,80 +452,6 @@ impl Weigh {
     pub fn ties(tie: TieBand) -> Weigh {
         Weigh { tie, stall_weight: 0.0 }
     }
-}
-
-/// Ranks candidates by `cost = ttft + stall_weight · stall`: the primary is drawn (with `pick`,
-/// a random number) among those within the tie band of the best cost that add the least
-/// prefill work (fewest uncached tokens, within a block); the rest follow by increasing cost.
-/// Empty in, empty out.
-pub fn rank(
-    profile: &Profile,
-    candidates: &[Candidate],
-    prompt_tokens: u64,
-    block_size: u32,
-    weigh: Weigh,
-    pick: u64,
-) -> Vec<Score> {
-    let scores = candidates.iter().map(|c| score(profile, c, prompt_tokens, block_size)).collect();
-    order(scores, block_size, weigh, pick)
-}
-
-/// [`rank`] with each candidate's [`Reach`] (`reaches[i]` for `candidates[i]`; missing ones
-/// are zero).
-pub fn rank_reached(
-    profile: &Profile,
-    candidates: &[Candidate],
-    reaches: &[Reach],
-    prompt_tokens: u64,
-    block_size: u32,
-    weigh: Weigh,
-    pick: u64,
-) -> Vec<Score> {
-    let none = Reach::default();
-    let scores = candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            score_reached(profile, c, reaches.get(i).unwrap_or(&none), prompt_tokens, block_size)
-        })
-        .collect();
-    order(scores, block_size, weigh, pick)
-}
-
-/// Orders scores by cost: the primary drawn among the least-work ties, then by increasing cost.
-/// Equal costs are ordered by worker name. The sort moves `(cost, index)` keys, not scores.
-fn order(scores: Vec<Score>, block_size: u32, weigh: Weigh, pick: u64) -> Vec<Score> {
-    let w = if weigh.stall_weight.is_finite() { weigh.stall_weight.max(0.0) } else { 0.0 };
-    let mut scores = scores;
-    for s in &mut scores {
-        s.cost_ms = if w > 0.0 { s.ttft_ms + w * s.stall_ms } else { s.ttft_ms };
-    }
-    let mut keys: Vec<(f64, usize)> = scores.iter().map(|s| s.cost_ms).zip(0..).collect();
-    // Pools come sorted by name: then the index orders equal costs as the name would.
-    if scores.is_sorted_by(|a, b| a.worker < b.worker) {
-        keys.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    } else {
-        keys.sort_unstable_by(|a, b| {
-            a.0.total_cmp(&b.0).then_with(|| scores[a.1].worker.cmp(&scores[b.1].worker))
-        });
-    }
-    let Some(&(best, _)) = keys.first() else {
-        return scores;
-    };
-    let tie = weigh.tie;
-    let band = best + tie.abs_ms.max(tie.rel * best);
-    let ties = keys.iter().take_while(|k| k.0 <= band).count().max(1);
-    // Among ties, the least work added: a worker that shares more of the prompt (cached, or in
-    // flight there) leaves the others free; equal work is drawn at random.
-    let work = |k: &(f64, usize)| scores[k.1].uncached_tokens;
-    let least = keys[..ties].iter().map(work).min().unwrap_or(0);
-    let near = u64::from(block_size.max(1));
-    let lightest: Vec<usize> = (0..ties).filter(|&i| work(&keys[i]) < least + near).collect();
-    let chosen = lightest[(pick % lightest.len().max(1) as u64) as usize % lightest.len().max(1)];
-    let primary = keys.remove(chosen);
-    keys.insert(0, primary);
-    let mut slots: Vec<Option<Score>> = scores.into_iter().map(Some).collect();
-    keys.iter().filter_map(|&(_, i)| slots.get_mut(i).and_then(Option::take)).collect()
 }
 
 #[cfg(test)]

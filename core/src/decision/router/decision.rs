@@ -60,7 +60,9 @@ impl FallbackReason {
 /// What the router decided for one request; holds no prompt text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
-    /// Workers in order of preference: primary first, then fallbacks.
+    /// Workers in order of preference: primary first, then fallbacks; at most
+    /// [`MAX_RANKED`](crate::decision::cost::MAX_RANKED) of them and the few that admission
+    /// and the look-ahead read beyond those (see [`crate::decision::cost::rank`]).
     pub ranked: Vec<Score>,
     pub block_hashes: Vec<u64>,
     pub prompt_tokens: u64,

@@ -199,3 +199,39 @@ fn the_updaters_pool_replaces_the_configured_one_while_it_names_members() {
     let db = r.decide(&req("b", "hi"), 0, &idle, 1, 0).unwrap();
     assert_eq!(workers(&db), BTreeSet::from([W[2], W[3]]));
 }
+
+#[test]
+fn a_large_pool_keeps_its_best_the_least_waiting_and_the_longest_holder() {
+    let names: Vec<String> =
+        (0..300).map(|i| format!("10.0.{}.{}:8000", i / 100, i % 100)).collect();
+    let cfg = json!({"models": [{"name": "a", "workers": names}]});
+    let mut r = Router::new(&FilterConfig::from_json(cfg.to_string().as_bytes()).unwrap()).unwrap();
+    let q = req("a", &LONG.repeat(40));
+    let hashes = r.decide(&q, 0, &idle, 0, 0).unwrap().block_hashes;
+    // The last worker holds the prompt and has the longest queue; every other worker's queue
+    // grows with its position, so the first one waits least.
+    let holder = names[299].as_str();
+    r.observe(holder, &hashes, Source::Feedback, 0);
+    let position = |w: &str| names.iter().position(|n| n == w).unwrap_or(0) as u64;
+    let load = |w: &str| WorkerLoad {
+        inflight_requests: 1,
+        prefilling_requests: 1,
+        prefill_tokens: 1_000 + 400 * position(w),
+        prefill_elapsed_ms: 0,
+        prefill_sq_tokens: 0,
+    };
+    for pick in 0..4 {
+        let d = r.decide(&q, 0, &load, 1, pick).unwrap();
+        assert!(d.ranked.len() <= crate::decision::cost::MAX_RANKED + 3, "{}", d.ranked.len());
+        let kept = workers(&d);
+        assert!(kept.contains(names[0].as_str()), "the least waiting worker is kept");
+        assert!(kept.contains(holder), "the holder of the longest match is kept");
+        let holder_score = d.ranked.iter().find(|s| s.worker == holder).unwrap();
+        assert_eq!(
+            holder_score.cached_tokens,
+            d.ranked.iter().map(|s| s.cached_tokens).max().unwrap()
+        );
+        // The kept workers past the primary follow in cost order.
+        assert!(d.ranked[1..].windows(2).all(|p| p[0].cost_ms <= p[1].cost_ms));
+    }
+}
