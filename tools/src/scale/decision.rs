@@ -4,14 +4,15 @@
 //! scoring, the look-ahead), and write the header value. The filter's journal catch-up is left
 //! out: it is bounded per request and does not depend on the fleet.
 
-use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kvroute_core::decision::load::WorkerLoad;
+use kvroute_core::decision::config::sync::LoadLimits;
 use kvroute_core::decision::request::{self, Endpoint};
 use kvroute_core::decision::router::Router;
+use kvroute_core::shared::fake::{MemStore, Tally};
+use kvroute_core::shared::load::{LoadView, Shard};
 use kvroute_updater::state::now_ms;
 
 use crate::fleet::mix;
@@ -26,37 +27,36 @@ pub struct Timed {
     pub cached_tokens: u64,
 }
 
-/// Router-tracked load as the filter's load view gives it: a few requests in flight on each
+/// Router-tracked load as the filter reads it: its own load view, read from a thread's load
+/// shard in shared data (an in-memory store here), with a few requests in flight on each
 /// worker, some still in prefill.
-pub fn loads(workers: &[String]) -> HashMap<String, WorkerLoad> {
-    workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            let inflight = (mix(i as u64 ^ 0x10AD) % 6) as u32;
-            let prefilling = inflight.min((mix(i as u64 ^ 0x9F) % 2) as u32);
-            let tokens = u64::from(prefilling) * 2048;
-            let load = WorkerLoad {
-                inflight_requests: inflight,
-                prefilling_requests: prefilling,
-                prefill_tokens: tokens,
-                prefill_elapsed_ms: u64::from(prefilling) * 15,
-                prefill_sq_tokens: WorkerLoad::even_sq_tokens(tokens, prefilling),
-            };
-            (w.clone(), load)
-        })
-        .collect()
+pub fn loads(workers: &[String]) -> LoadView {
+    let (store, counters) = (MemStore::new(), Tally::default());
+    let now = now_ms();
+    let mut shard = Shard::register(&store, &counters, LoadLimits::default(), now, 1);
+    for (i, w) in workers.iter().enumerate() {
+        let inflight = (mix(i as u64 ^ 0x10AD) % 6) as u32;
+        let prefilling = inflight.min((mix(i as u64 ^ 0x9F) % 2) as u32);
+        for r in 0..inflight {
+            let started = now.saturating_sub(15);
+            let t = shard.start(&counters, w, 2048, started);
+            if r >= prefilling {
+                shard.first_byte(t);
+            }
+        }
+    }
+    LoadView::read(&store, &counters, &shard, now)
 }
 
 /// One decision as the filter makes it; its time and the tokens it predicted cached.
 fn one(
     router: &Router,
-    loads: &HashMap<String, WorkerLoad>,
+    loads: &LoadView,
     body: &[u8],
     now: u64,
     pick: u64,
 ) -> anyhow::Result<(Duration, u64)> {
-    let load = |w: &str| loads.get(w).copied().unwrap_or_default();
+    let load = |w: &str| loads.load(w);
     let t = Instant::now();
     let parsed = request::parse(Endpoint::Completions, body)?;
     let d = router
@@ -71,7 +71,7 @@ fn one(
 /// (event knowledge older than its trusted age would be credited less, then not at all).
 pub fn time(
     router: &mut Router,
-    loads: &HashMap<String, WorkerLoad>,
+    loads: &LoadView,
     body: &[u8],
     iters: usize,
     budget: Duration,
