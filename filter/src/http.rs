@@ -165,8 +165,7 @@ impl KvHttp {
         state.refresh_calibration(now);
         let health = state.refresh_health(now);
         let view = state.load_view(now);
-        let load = |w: &str| view.load(w);
-        let decided = state.router.borrow().decide(&parsed, body.len(), &load, now, self.pick(now));
+        let decided = state.router.borrow().decide(&parsed, body.len(), &view, now, self.pick(now));
         let mut decision = match decided {
             Ok(d) => d,
             Err(e) => return self.reject(&e),

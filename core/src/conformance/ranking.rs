@@ -115,7 +115,7 @@ pub fn scenario_ranking() -> (u64, Vec<Ranked>) {
     let q = parse(Endpoint::Chat, body.to_string().as_bytes())
         .unwrap_or_else(|e| panic!("scenario request: {e}"));
     let first =
-        r.decide(&q, 0, &|_| WorkerLoad::default(), 0, 0).unwrap_or_else(|e| panic!("{e:?}"));
+        r.decide(&q, 0, &|_: &str| WorkerLoad::default(), 0, 0).unwrap_or_else(|e| panic!("{e:?}"));
     let hashes = &first.block_hashes;
     r.observe(WORKERS[0], hashes, Source::Routed, 100);
     r.observe(WORKERS[1], &hashes[..hashes.len() / 2], Source::Feedback, 100);

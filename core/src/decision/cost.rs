@@ -21,6 +21,7 @@ use crate::decision::load::WorkerLoad;
 use crate::decision::worker::WorkerName;
 
 mod order;
+pub(crate) use order::rank_pool;
 pub use order::{rank, rank_reached, MAX_RANKED};
 
 /// Per-model timing profile (milliseconds).
@@ -381,6 +382,79 @@ pub fn score_reached(
     prompt_tokens: u64,
     block_size: u32,
 ) -> Score {
+    estimate(profile, c, reach, prompt_tokens, block_size).named(c.worker.clone())
+}
+
+/// A [`Score`] without the worker's name: what ranking a whole pool computes per worker.
+/// Cloning a name touches its allocation, a cache miss per worker of a large pool; only the
+/// workers a decision keeps are named.
+#[derive(Debug, Clone)]
+pub(crate) struct Estimate {
+    cached_tokens: u64,
+    uncached_tokens: u64,
+    wait_ms: f64,
+    prefill_ms: f64,
+    transfer_ms: f64,
+    adapter_ms: f64,
+    network_ms: f64,
+    pull: Option<PullPlan>,
+    ttft_ms: f64,
+    stall_ms: f64,
+    load: WorkerLoad,
+    deviation: f64,
+    promise_margin: f64,
+}
+
+impl Estimate {
+    pub(crate) fn named(self, worker: WorkerName) -> Score {
+        let e = self;
+        Score {
+            worker,
+            cached_tokens: e.cached_tokens,
+            uncached_tokens: e.uncached_tokens,
+            wait_ms: e.wait_ms,
+            prefill_ms: e.prefill_ms,
+            transfer_ms: e.transfer_ms,
+            adapter_ms: e.adapter_ms,
+            network_ms: e.network_ms,
+            pull: e.pull,
+            ttft_ms: e.ttft_ms,
+            stall_ms: e.stall_ms,
+            cost_ms: e.ttft_ms,
+            load: e.load,
+            deviation: e.deviation,
+            promise_margin: e.promise_margin,
+        }
+    }
+
+    /// What the ranking minimises: `ttft + stall_weight · stall` (see [`Score::cost_ms`]).
+    pub(crate) fn cost_ms(&self, stall_weight: f64) -> f64 {
+        if stall_weight > 0.0 {
+            self.ttft_ms + stall_weight * self.stall_ms
+        } else {
+            self.ttft_ms
+        }
+    }
+
+    /// [`Score::promise_ttft_ms`].
+    pub(crate) fn promise_ttft_ms(&self) -> f64 {
+        self.ttft_ms * self.promise_margin
+    }
+
+    /// [`Score::promise_wait_ms`].
+    pub(crate) fn promise_wait_ms(&self) -> f64 {
+        self.wait_ms * self.promise_margin
+    }
+}
+
+/// [`score_reached`] without naming the worker.
+pub(crate) fn estimate(
+    profile: &Profile,
+    c: &Candidate,
+    reach: &Reach,
+    prompt_tokens: u64,
+    block_size: u32,
+) -> Estimate {
     let reusable = reusable_blocks(prompt_tokens, block_size);
     let blocks = (c.cached_blocks as u64).min(reusable);
     let bs = u64::from(block_size);
@@ -414,8 +488,7 @@ pub fn score_reached(
     let transfer_ms = transferred as f64 * profile.transfer_ms_per_token;
     let adapter_ms = if c.adapter_missing { profile.adapter_load_ms } else { 0.0 };
     let network_ms = reach.network_ms + reach.extra_ms;
-    Score {
-        worker: c.worker.clone(),
+    Estimate {
         cached_tokens: cached,
         uncached_tokens: prompt_tokens - cached - pulled,
         wait_ms,
@@ -425,7 +498,6 @@ pub fn score_reached(
         network_ms,
         ttft_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms,
         stall_ms: stall_ms(&load, prefill_ms),
-        cost_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms,
         pull,
         load,
         deviation,

@@ -20,6 +20,7 @@ use hashlink::LinkedHashMap;
 
 use holders::{Holders, GPU, MAX_WORKERS, OBSERVED, OFFLOADED};
 
+use crate::decision::load::worker_key;
 use crate::wire::journal::Source;
 
 /// One observation of a block on a worker.
@@ -130,8 +131,8 @@ pub struct KnowledgeIndex {
     trust: EventTrust,
     /// When the updater last confirmed its snapshot (unix ms); `None`: no event knowledge.
     events_checked_at_ms: Option<u64>,
-    /// Worker name -> its slot in `slots` (its id).
-    ids: HashMap<String, u32, Fast>,
+    /// Worker key ([`worker_key`] of its name) -> its slot in `slots` (its id).
+    ids: HashMap<u64, u32, Fast>,
     slots: Vec<Option<WorkerBlocks>>,
     /// Ids of emptied slots, reused first.
     free_ids: Vec<u32>,
@@ -157,21 +158,27 @@ impl KnowledgeIndex {
     }
 
     fn slot(&self, worker: &str) -> Option<&WorkerBlocks> {
-        let id = *self.ids.get(worker)?;
+        self.slot_of(worker_key(worker))
+    }
+
+    /// The slot of the worker whose [`worker_key`] is `key`.
+    fn slot_of(&self, key: u64) -> Option<&WorkerBlocks> {
+        let id = *self.ids.get(&key)?;
         self.slots.get(id as usize)?.as_ref()
     }
 
     /// `worker`'s slot, created empty if it has none, and the holders to keep in step with it;
     /// `None` past [`MAX_WORKERS`] workers (nothing is then remembered about the newcomer).
     fn slot_mut(&mut self, worker: &str) -> Option<(&mut WorkerBlocks, &mut Holders)> {
-        let id = match self.ids.get(worker) {
+        let key = worker_key(worker);
+        let id = match self.ids.get(&key) {
             Some(&id) => id,
             None => {
                 let id = self.free_ids.pop().unwrap_or(self.slots.len() as u32);
                 if id > MAX_WORKERS {
                     return None;
                 }
-                self.ids.insert(worker.to_owned(), id);
+                self.ids.insert(key, id);
                 id
             }
         };
@@ -272,7 +279,7 @@ impl KnowledgeIndex {
     }
 
     fn slot_and_holders(&mut self, worker: &str) -> Option<(&mut WorkerBlocks, &mut Holders)> {
-        let id = *self.ids.get(worker)?;
+        let id = *self.ids.get(&worker_key(worker))?;
         let slot = self.slots.get_mut(id as usize)?.as_mut()?;
         Some((slot, &mut self.holders))
     }
@@ -303,7 +310,7 @@ impl KnowledgeIndex {
 
     /// Forgets everything about `worker`.
     pub fn clear_worker(&mut self, worker: &str) {
-        let Some(id) = self.ids.remove(worker) else { return };
+        let Some(id) = self.ids.remove(&worker_key(worker)) else { return };
         let Some(w) = self.slots.get_mut(id as usize).and_then(Option::take) else { return };
         for &h in w.blocks.keys() {
             self.holders.clear(h, id, OBSERVED);
@@ -327,8 +334,13 @@ impl KnowledgeIndex {
     /// Longest run of leading `hashes` that `worker` is believed to hold, ignoring expired
     /// observations.
     pub fn prefix_match(&self, worker: &str, hashes: &[u64], now_ms: u64) -> PrefixMatch {
+        self.prefix_match_of(worker_key(worker), hashes, now_ms)
+    }
+
+    /// [`KnowledgeIndex::prefix_match`] of the worker whose [`worker_key`] is `key`.
+    pub(crate) fn prefix_match_of(&self, key: u64, hashes: &[u64], now_ms: u64) -> PrefixMatch {
         let mut m = PrefixMatch::default();
-        let Some(w) = self.slot(worker) else {
+        let Some(w) = self.slot_of(key) else {
             return m;
         };
         let walk = Walk::new(self, w, now_ms);

@@ -1,9 +1,19 @@
 //! Router-tracked load of one worker, as a decision sees it: summed over every Envoy thread's
 //! in-flight requests by the load shards in shared data.
 
-/// The key of a worker address in load shards and in peers' reports.
-pub fn worker_key(worker: &str) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(worker.as_bytes())
+pub use crate::decision::worker::worker_key;
+use crate::decision::worker::WorkerName;
+
+/// Where a decision reads each worker's router-tracked load. A closure over the name serves
+/// (it reads the name's bytes); the filter's load view reads [`WorkerName::key`] only.
+pub trait LoadSource {
+    fn load(&self, worker: &WorkerName) -> WorkerLoad;
+}
+
+impl<F: Fn(&str) -> WorkerLoad> LoadSource for F {
+    fn load(&self, worker: &WorkerName) -> WorkerLoad {
+        self(worker.as_str())
+    }
 }
 
 /// What kvroute itself has sent to a worker and not yet seen finish.

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::decision::load::{worker_key, WorkerLoad};
+use crate::decision::load::WorkerLoad;
 use crate::wire::peers::{PeerCredit, PeerLoad, PeerSection};
 
 /// Peer loads by worker key, and which replica this thread belongs to.
@@ -50,13 +50,14 @@ impl PeerView {
         section.credits.iter().filter(move |c| c.replica != own)
     }
 
-    /// The in-flight work other replicas sent to `worker` and still hold, per their last
-    /// live report (nothing when no peer has any: no hashing on the common path).
-    pub fn load(&self, worker: &str, now_ms: u64) -> WorkerLoad {
+    /// The in-flight work other replicas sent to the worker whose
+    /// [`worker_key`](crate::decision::load::worker_key) is `worker` and still hold, per their
+    /// last live report.
+    pub fn load(&self, worker: u64, now_ms: u64) -> WorkerLoad {
         if self.loads.is_empty() {
             return WorkerLoad::default();
         }
-        let Some(list) = self.loads.get(&worker_key(worker)) else {
+        let Some(list) = self.loads.get(&worker) else {
             return WorkerLoad::default();
         };
         list.iter()

@@ -22,10 +22,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::decision::config::{ConfigError, FilterConfig};
-use crate::decision::cost::{rank_reached, Candidate};
+use crate::decision::cost::{rank_pool, Candidate};
 use crate::decision::error::ApiError;
 use crate::decision::hash::{block_hashes, CacheDomain};
 use crate::decision::index::PrefixMatch;
+use crate::decision::load::LoadSource;
+#[cfg(test)]
 use crate::decision::load::WorkerLoad;
 use crate::decision::lookahead::{replica, Held};
 use crate::decision::request::{LoadOnly, ParsedRequest};
@@ -239,7 +241,7 @@ impl Router {
         &self,
         req: &ParsedRequest,
         body_len: usize,
-        load: &dyn Fn(&str) -> WorkerLoad,
+        load: &dyn LoadSource,
         now_ms: u64,
         pick: u64,
     ) -> Result<Decision, ApiError> {
@@ -297,7 +299,7 @@ impl Router {
         t: &Target,
         hashes: Vec<u64>,
         prompt_tokens: u64,
-        load: &dyn Fn(&str) -> WorkerLoad,
+        load: &dyn LoadSource,
         now_ms: u64,
         pick: u64,
         fallback: Option<FallbackReason>,
@@ -311,8 +313,9 @@ impl Router {
         // of the chosen one and the look-ahead.
         let (candidates, matches) = self.candidates(t, pool, &hashes, load, now_ms, cache_read);
         let looked = (candidates.as_slice(), matches.as_slice());
-        let match_of = |w: &str| {
-            candidates.iter().position(|c| c.worker == w).and_then(|i| matches.get(i)).copied()
+        // Names compare by key first: a scan of the pool reads no name but the chosen one's.
+        let match_of = |w: &WorkerName| {
+            candidates.iter().position(|c| c.worker == *w).and_then(|i| matches.get(i)).copied()
         };
         let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
         let topo = self.topology.as_deref();
@@ -325,15 +328,8 @@ impl Router {
                 Some(_) => reach::reaches(topo, &candidates, true, &|_| 0.0),
                 None => Vec::new(),
             };
-            let ranked = rank_reached(
-                &profile,
-                &candidates,
-                &reaches,
-                prompt_tokens,
-                m.block_size,
-                self.plan.weigh,
-                pick,
-            );
+            let prompt = (prompt_tokens, m.block_size);
+            let ranked = rank_pool(&profile, &candidates, &reaches, prompt, self.plan.weigh, pick);
             (ranked, Vec::new())
         };
         let replicated =
@@ -370,36 +366,37 @@ impl Router {
         t: &Target,
         workers: &[WorkerName],
         hashes: &[u64],
-        load: &dyn Fn(&str) -> WorkerLoad,
+        load: &dyn LoadSource,
         now_ms: u64,
         cache_read: bool,
     ) -> (Vec<Candidate>, Vec<PrefixMatch>) {
         let m = &t.model;
         // Workers that failed requests are left out, as primary and as fallback, unless every
         // worker of the pool is down: then the choice is among all of them (never a refusal).
-        let up: Vec<&WorkerName> = workers.iter().filter(|w| !self.knowledge.is_down(w)).collect();
+        // Workers are looked up by key, never by name: a name's bytes are a cache miss each.
+        let up: Vec<&WorkerName> =
+            workers.iter().filter(|w| !self.knowledge.is_down_key(w.key())).collect();
         let eligible = if up.is_empty() { workers.iter().collect() } else { up };
-        let names: Vec<&str> = eligible.iter().map(|w| w.as_str()).collect();
         // The cache-blind ablation skips the lookups rather than discarding them, and so does
         // a request the engine will not look up.
         let matches = if self.plan.cache_aware && cache_read {
-            self.knowledge.prefix_matches(&names, hashes, now_ms)
+            self.knowledge.prefix_matches(&eligible, hashes, now_ms)
         } else {
             vec![PrefixMatch::default(); eligible.len()]
         };
-        let deviations = self.calibration.model(&m.name).map(|v| &v.deviations);
+        let calibrated = self.calibration.model(&m.name);
         let candidates = eligible
             .iter()
             .zip(&matches)
             .map(|(&w, pm)| {
-                let reported = self.knowledge.reported_load(w, now_ms);
+                let reported = self.knowledge.reported_load_key(w.key(), now_ms);
                 Candidate {
                     worker: w.clone(),
                     cached_blocks: pm.blocks,
                     offloaded_blocks: pm.offloaded,
                     // Other replicas' in-flight work adds to this replica's own.
                     load: combine_load(
-                        load(w).plus(self.knowledge.peer_load(w, now_ms)),
+                        load.load(w).plus(self.knowledge.peer_load_key(w.key(), now_ms)),
                         reported.as_ref(),
                         self.knowledge.typical_uncached_tokens(),
                     ),
@@ -407,7 +404,7 @@ impl Router {
                         .adapter
                         .as_deref()
                         .is_some_and(|a| !self.knowledge.has_adapter(w, a)),
-                    deviation: deviations.and_then(|d| d.get(w.as_str())).copied().unwrap_or(1.0),
+                    deviation: calibrated.map_or(1.0, |v| v.deviation_of(w)),
                 }
             })
             .collect();
@@ -439,15 +436,15 @@ impl Router {
         if expected < hot.config().min_arrivals {
             return false;
         }
-        let routed: HashMap<&str, Option<u64>> = candidates
+        let routed: HashMap<u64, Option<u64>> = candidates
             .iter()
             .zip(matches)
-            .map(|(c, pm)| (c.worker.as_str(), pm.routed_age_ms))
+            .map(|(c, pm)| (c.worker.key(), pm.routed_age_ms))
             .collect();
         let held: Vec<Held<'_>> = ranked
             .iter()
             .map(|s| {
-                let routed_age = routed.get(s.worker.as_str()).copied().flatten();
+                let routed_age = routed.get(&s.worker.key()).copied().flatten();
                 let inflight_ms = match routed_age {
                     Some(age) => {
                         (profile.prefill_ms(s.cached_tokens) * s.deviation - age as f64).max(0.0)

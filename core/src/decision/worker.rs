@@ -1,19 +1,73 @@
 //! [`WorkerName`]: a worker's name as decisions carry it. Shared, not copied: a decision over a
 //! pool of a thousand workers holds a thousand names, and cloning one is a count, not an
-//! allocation. It reads, compares and prints as the `str` it holds.
+//! allocation. It reads, compares and prints as the `str` it holds, and carries its
+//! [`worker_key`] beside the pointer: a decision looks each worker up by that key, so it never
+//! reads a name's bytes (each a separate allocation, and so a cache miss per worker).
 
 use std::borrow::Borrow;
+use std::cmp::Ordering;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 use std::sync::Arc;
 
-/// A worker's name (`host:port`, as Envoy's original-destination cluster reads it).
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct WorkerName(Arc<str>);
+/// The key of a worker address in load shards, in peers' reports and in the knowledge index
+/// (64-bit xxh3: two addresses of one fleet sharing a key are not expected).
+pub fn worker_key(worker: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(worker.as_bytes())
+}
+
+/// A worker's name (`host:port`, as Envoy's original-destination cluster reads it) and its
+/// [`worker_key`].
+#[derive(Clone)]
+pub struct WorkerName(Arc<str>, u64);
 
 impl WorkerName {
+    fn new(name: Arc<str>) -> Self {
+        let key = worker_key(&name);
+        WorkerName(name, key)
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// [`worker_key`] of the name, computed once.
+    pub fn key(&self) -> u64 {
+        self.1
+    }
+}
+
+impl Default for WorkerName {
+    fn default() -> Self {
+        WorkerName::new(Arc::from(""))
+    }
+}
+
+impl PartialEq for WorkerName {
+    fn eq(&self, o: &Self) -> bool {
+        self.1 == o.1 && self.0 == o.0
+    }
+}
+
+impl Eq for WorkerName {}
+
+impl PartialOrd for WorkerName {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for WorkerName {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.0.cmp(&o.0)
+    }
+}
+
+/// Hashes as the `str` (a map keyed by names is looked up with a `&str`).
+impl Hash for WorkerName {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
     }
 }
 
@@ -50,19 +104,19 @@ impl fmt::Debug for WorkerName {
 
 impl From<&str> for WorkerName {
     fn from(s: &str) -> Self {
-        WorkerName(Arc::from(s))
+        WorkerName::new(Arc::from(s))
     }
 }
 
 impl From<String> for WorkerName {
     fn from(s: String) -> Self {
-        WorkerName(Arc::from(s))
+        WorkerName::new(Arc::from(s))
     }
 }
 
 impl From<&String> for WorkerName {
     fn from(s: &String) -> Self {
-        WorkerName(Arc::from(s.as_str()))
+        WorkerName::new(Arc::from(s.as_str()))
     }
 }
 
@@ -123,6 +177,8 @@ mod tests {
         let mut names: Vec<WorkerName> = ["b", "a"].into_iter().map(WorkerName::from).collect();
         names.sort();
         assert_eq!(names, ["a", "b"]);
+        assert_eq!(w.key(), worker_key("10.0.0.1:8000"));
+        assert_eq!(WorkerName::default().key(), worker_key(""));
         assert_eq!(String::from(w), "10.0.0.1:8000");
     }
 }

@@ -416,7 +416,12 @@ impl LoadView {
 
     /// The router-tracked load of `worker` across all live threads.
     pub fn load(&self, worker: &str) -> WorkerLoad {
-        self.by_worker.get(&worker_key(worker)).map(|(l, _)| *l).unwrap_or_default()
+        self.load_key(worker_key(worker))
+    }
+
+    /// [`LoadView::load`] of the worker whose [`worker_key`] is `key`.
+    pub fn load_key(&self, key: u64) -> WorkerLoad {
+        self.by_worker.get(&key).map(|(l, _)| *l).unwrap_or_default()
     }
 
     /// Every worker with tracked load, by worker key ([`worker_key`]).
@@ -449,6 +454,13 @@ fn sweep<S: SharedStore + ?Sized>(store: &S, counters: &dyn Counters, dead: &[(u
     }
     let lost: usize = removed.iter().map(|(_, n)| n).sum();
     counters.count(Counter::ShardDropped, lost as u64);
+}
+
+/// A decision reads the view by key: no worker name is read.
+impl crate::decision::load::LoadSource for LoadView {
+    fn load(&self, worker: &crate::decision::worker::WorkerName) -> WorkerLoad {
+        self.load_key(worker.key())
+    }
 }
 
 #[cfg(test)]

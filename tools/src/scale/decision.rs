@@ -56,11 +56,10 @@ fn one(
     now: u64,
     pick: u64,
 ) -> anyhow::Result<(Duration, u64)> {
-    let load = |w: &str| loads.load(w);
     let t = Instant::now();
     let parsed = request::parse(Endpoint::Completions, body)?;
     let d = router
-        .decide(&parsed, body.len(), &load, now, pick)
+        .decide(&parsed, body.len(), loads, now, pick)
         .map_err(|e| anyhow::anyhow!("decide: {}", String::from_utf8_lossy(&e.body())))?;
     black_box(d.header_value());
     Ok((t.elapsed(), d.predicted_cached_tokens()))

@@ -189,7 +189,7 @@ impl ModelState {
             .filter(|w| w.samples >= cfg.min_worker_samples)
             .map(|w| (w.worker.clone(), w.log_dev.exp()))
             .collect();
-        Some(ModelView { profile: self.profile(prior), deviations, samples: self.samples })
+        Some(ModelView::new(self.profile(prior), deviations, self.samples))
     }
 
     /// Takes in one sample.

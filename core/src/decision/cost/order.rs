@@ -14,7 +14,7 @@
 //! score moved or dropped per worker. The ranking's prefix equals the whole ranking's (a
 //! differential test checks it over seeded random pools).
 
-use super::{score_reached, Candidate, Reach, Score, Weigh};
+use super::{estimate, Candidate, Estimate, Reach, Score, Weigh};
 use crate::decision::cost::Profile;
 
 /// How many workers a decision ranks in full: its primary and fallbacks.
@@ -47,7 +47,24 @@ pub fn rank_reached(
     weigh: Weigh,
     pick: u64,
 ) -> Vec<Score> {
-    rank_bounded(profile, candidates, reaches, (prompt_tokens, block_size), weigh, pick, MAX_RANKED)
+    let sorted = candidates.is_sorted_by(|a, b| a.worker < b.worker);
+    let prompt = (prompt_tokens, block_size);
+    rank_bounded(profile, candidates, reaches, prompt, weigh, pick, (MAX_RANKED, sorted))
+}
+
+/// [`rank_reached`] of a pool known to be in name order (the plan's and the updater's pools
+/// are): equal costs are ordered by position, so no worker's name is read, only those of the
+/// workers kept.
+pub(crate) fn rank_pool(
+    profile: &Profile,
+    candidates: &[Candidate],
+    reaches: &[Reach],
+    prompt: (u64, u32),
+    weigh: Weigh,
+    pick: u64,
+) -> Vec<Score> {
+    debug_assert!(candidates.is_sorted_by(|a, b| a.worker < b.worker), "a pool in name order");
+    rank_bounded(profile, candidates, reaches, prompt, weigh, pick, (MAX_RANKED, true))
 }
 
 /// One scored candidate as the ordering sees it.
@@ -70,7 +87,8 @@ impl Least {
     }
 }
 
-/// [`rank_reached`] keeping at most `keep` workers in full (`keep` >= 1).
+/// [`rank_reached`] keeping at most `keep` workers in full (`keep` >= 1); `sorted`: the
+/// candidates are in name order.
 pub(super) fn rank_bounded(
     profile: &Profile,
     candidates: &[Candidate],
@@ -78,42 +96,45 @@ pub(super) fn rank_bounded(
     (prompt_tokens, block_size): (u64, u32),
     weigh: Weigh,
     pick: u64,
-    keep: usize,
+    (keep, sorted): (usize, bool),
 ) -> Vec<Score> {
     let none = Reach::default();
     let w = if weigh.stall_weight.is_finite() { weigh.stall_weight.max(0.0) } else { 0.0 };
-    let score_of = |i: usize| {
-        let c = &candidates[i];
-        let mut s =
-            score_reached(profile, c, reaches.get(i).unwrap_or(&none), prompt_tokens, block_size);
-        s.cost_ms = if w > 0.0 { s.ttft_ms + w * s.stall_ms } else { s.ttft_ms };
+    let estimate_of = |i: usize| {
+        let reach = reaches.get(i).unwrap_or(&none);
+        estimate(profile, &candidates[i], reach, prompt_tokens, block_size)
+    };
+    let score_of = |i: usize, e: Estimate| {
+        let cost = e.cost_ms(w);
+        let mut s = e.named(candidates[i].worker.clone());
+        s.cost_ms = cost;
         s
     };
     let whole = candidates.len() <= keep;
-    let mut scores = Vec::with_capacity(if whole { candidates.len() } else { 0 });
+    let mut estimates = Vec::with_capacity(if whole { candidates.len() } else { 0 });
     let mut keys = Vec::with_capacity(candidates.len());
     let (mut ttft, mut wait, mut holder) = (Least::default(), Least::default(), Least::default());
     let mut longest = 0;
     for i in 0..candidates.len() {
-        let s = score_of(i);
-        let key = Key { cost: s.cost_ms, index: i, uncached: s.uncached_tokens };
+        let e = estimate_of(i);
+        let key = Key { cost: e.cost_ms(w), index: i, uncached: e.uncached_tokens };
         keys.push(key);
         if whole {
-            scores.push(s);
+            estimates.push(e);
             continue;
         }
-        ttft.offer(s.promise_ttft_ms(), key);
-        wait.offer(s.promise_wait_ms(), key);
-        if s.cached_tokens > longest {
-            longest = s.cached_tokens;
+        ttft.offer(e.promise_ttft_ms(), key);
+        wait.offer(e.promise_wait_ms(), key);
+        if e.cached_tokens > longest {
+            longest = e.cached_tokens;
             holder = Least::default();
         }
-        if s.cached_tokens == longest && longest > 0 {
-            holder.offer(s.ttft_ms, key);
+        if e.cached_tokens == longest && longest > 0 {
+            holder.offer(e.ttft_ms, key);
         }
     }
     // Pools come sorted by name: then the index orders equal costs as the name would.
-    let by_name = !candidates.is_sorted_by(|a, b| a.worker < b.worker);
+    let by_name = !sorted;
     let cmp = |a: &Key, b: &Key| {
         let by_cost = a.cost.total_cmp(&b.cost);
         if by_name {
@@ -124,8 +145,11 @@ pub(super) fn rank_bounded(
     };
     let order = order(&mut keys, &cmp, block_size, weigh, pick, keep);
     if whole {
-        let mut slots: Vec<Option<Score>> = scores.into_iter().map(Some).collect();
-        return order.iter().filter_map(|&i| slots.get_mut(i).and_then(Option::take)).collect();
+        let mut slots: Vec<Option<Estimate>> = estimates.into_iter().map(Some).collect();
+        return order
+            .iter()
+            .filter_map(|&i| Some(score_of(i, slots.get_mut(i)?.take()?)))
+            .collect();
     }
     let mut chosen = order;
     let mut extra: Vec<Key> = [ttft, wait, holder]
@@ -136,7 +160,7 @@ pub(super) fn rank_bounded(
     extra.sort_by(&cmp);
     extra.dedup_by_key(|k| k.index);
     chosen.extend(extra.iter().map(|k| k.index));
-    chosen.into_iter().map(score_of).collect()
+    chosen.into_iter().map(|i| score_of(i, estimate_of(i))).collect()
 }
 
 /// The indices of the first `keep` keys in ranking order (all of them when there are no more

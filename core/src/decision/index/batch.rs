@@ -8,14 +8,10 @@ use super::{KnowledgeIndex, PrefixMatch, Walk};
 const NONE: u32 = u32::MAX;
 
 impl KnowledgeIndex {
-    /// [`KnowledgeIndex::prefix_match`] of each of `workers` (`out[i]` for `workers[i]`), equal
-    /// to asking for each in turn.
-    pub fn prefix_matches(
-        &self,
-        workers: &[&str],
-        hashes: &[u64],
-        now_ms: u64,
-    ) -> Vec<PrefixMatch> {
+    /// [`KnowledgeIndex::prefix_match`] of each of `workers`, given by their
+    /// [`worker_key`](crate::decision::load::worker_key) (`out[i]` for `workers[i]`), equal to
+    /// asking for each in turn.
+    pub fn prefix_matches(&self, workers: &[u64], hashes: &[u64], now_ms: u64) -> Vec<PrefixMatch> {
         let mut out = vec![PrefixMatch::default(); workers.len()];
         // Slot id -> position in `workers`; each position's walk, set up once.
         let mut at = vec![NONE; self.slots.len()];
@@ -23,7 +19,7 @@ impl KnowledgeIndex {
         let mut repeated = Vec::new();
         for (i, w) in workers.iter().enumerate() {
             let slot =
-                self.ids.get(*w).and_then(|&id| Some((id, self.slots.get(id as usize)?.as_ref()?)));
+                self.ids.get(w).and_then(|&id| Some((id, self.slots.get(id as usize)?.as_ref()?)));
             let Some((id, slot)) = slot else {
                 walks.push(None);
                 continue;
@@ -62,8 +58,8 @@ impl KnowledgeIndex {
             self.fade(m, now_ms);
         }
         for i in repeated {
-            if let (Some(m), Some(w)) = (out.get_mut(i), workers.get(i)) {
-                *m = self.prefix_match(w, hashes, now_ms);
+            if let (Some(m), Some(&w)) = (out.get_mut(i), workers.get(i)) {
+                *m = self.prefix_match_of(w, hashes, now_ms);
             }
         }
         out

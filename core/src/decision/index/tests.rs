@@ -1,6 +1,10 @@
 use super::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+fn keys(names: &[&str]) -> Vec<u64> {
+    names.iter().map(|w| worker_key(w)).collect()
+}
+
 const LIMITS: IndexLimits = IndexLimits {
     max_blocks_per_worker: 8,
     routed_ttl_ms: 1000,
@@ -212,7 +216,8 @@ fn prefix_matches_equal_the_per_worker_walk() {
                     let prompt: Vec<u64> = (0..rng.random_range(0..10))
                         .map(|i| if rng.random_bool(0.8) { i } else { rng.random_range(0..12) })
                         .collect();
-                    let got = ix.prefix_matches(&asked, &prompt, now);
+                    let keys: Vec<u64> = asked.iter().map(|w| worker_key(w)).collect();
+                    let got = ix.prefix_matches(&keys, &prompt, now);
                     for (w, m) in asked.iter().zip(&got) {
                         assert_eq!(
                             *m,
@@ -267,7 +272,7 @@ fn a_block_nobody_holds_ends_every_match_and_forgotten_workers_leave_no_holders(
     ix.set_events("a", &[1, 2, 3], &[4], 0);
     ix.set_events("b", &[1, 2], &[], 0);
     ix.insert("b", &[3], Source::Routed, 0);
-    let got = ix.prefix_matches(&["a", "b", "c"], &[1, 2, 3, 4, 9, 5], 10);
+    let got = ix.prefix_matches(&keys(&["a", "b", "c"]), &[1, 2, 3, 4, 9, 5], 10);
     let blocks: Vec<usize> = got.iter().map(|m| m.blocks).collect();
     assert_eq!(blocks, [4, 3, 0]);
     assert_eq!((got[0].offloaded, got[1].routed_age_ms), (1, Some(10)));
@@ -276,6 +281,6 @@ fn a_block_nobody_holds_ends_every_match_and_forgotten_workers_leave_no_holders(
     assert_eq!(ix.holders.hashes(), 0, "every record taken off");
     // Ids are reused: a new worker starts empty.
     ix.insert("c", &[7], Source::Feedback, 0);
-    assert_eq!(ix.prefix_matches(&["c", "a"], &[1, 7], 10)[0].blocks, 0);
-    assert_eq!(ix.prefix_matches(&["c"], &[7, 1], 10)[0].blocks, 1);
+    assert_eq!(ix.prefix_matches(&keys(&["c", "a"]), &[1, 7], 10)[0].blocks, 0);
+    assert_eq!(ix.prefix_matches(&keys(&["c"]), &[7, 1], 10)[0].blocks, 1);
 }

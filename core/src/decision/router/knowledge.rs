@@ -8,7 +8,7 @@ use foldhash::fast::RandomState as Fast;
 
 use crate::decision::config::FilterConfig;
 use crate::decision::index::{EventChange, KnowledgeIndex, PrefixMatch};
-use crate::decision::load::WorkerLoad;
+use crate::decision::load::{worker_key, WorkerLoad};
 use crate::decision::lookahead::HotPrefixes;
 use crate::decision::peers::PeerView;
 use crate::decision::worker::WorkerName;
@@ -29,10 +29,12 @@ struct Serving {
 /// One thread's knowledge of every worker.
 pub struct Knowledge {
     index: KnowledgeIndex,
-    /// Workers whose announced config does not match kvroute's: no cache credit.
-    incompatible: HashSet<String, Fast>,
+    /// Workers whose announced config does not match kvroute's: no cache credit. This set,
+    /// `reported` and the down sets are keyed by [`worker_key`], so that a decision looks a
+    /// worker up by [`WorkerName::key`] without reading its name.
+    incompatible: HashSet<u64, Fast>,
     /// What each worker last reported about its load (via the updater).
-    reported: HashMap<String, SnapshotLoad, Fast>,
+    reported: HashMap<u64, SnapshotLoad, Fast>,
     max_load_age_ms: u64,
     serving: HashMap<String, Serving, Fast>,
     /// Adapter -> base model -> how many workers report that pair.
@@ -52,10 +54,10 @@ pub struct Knowledge {
     /// `pool` by base model: each model's members, sorted.
     members: HashMap<String, Vec<WorkerName>>,
     /// Workers to leave out of decisions now (failed requests, see `shared::health`).
-    down: HashSet<String, Fast>,
+    down: HashSet<u64, Fast>,
     /// Workers the updater reports down (Envoy's health checking or outlier detection dropped
     /// them: [`Snapshot::down`]).
-    updater_down: HashSet<String, Fast>,
+    updater_down: HashSet<u64, Fast>,
 }
 
 impl Knowledge {
@@ -94,13 +96,18 @@ impl Knowledge {
     /// Replaces the workers left out of decisions (see `shared::health`).
     pub fn set_down<'a>(&mut self, down: impl IntoIterator<Item = &'a str>) {
         self.down.clear();
-        self.down.extend(down.into_iter().map(str::to_owned));
+        self.down.extend(down.into_iter().map(worker_key));
     }
 
     /// Whether `worker` is left out of decisions now: it failed requests, or Envoy's health
     /// checking dropped it (as the updater reports).
     pub fn is_down(&self, worker: &str) -> bool {
-        self.down.contains(worker) || self.updater_down.contains(worker)
+        self.is_down_key(worker_key(worker))
+    }
+
+    /// [`Knowledge::is_down`] of the worker whose [`worker_key`] is `key`.
+    pub fn is_down_key(&self, key: u64) -> bool {
+        self.down.contains(&key) || self.updater_down.contains(&key)
     }
 
     /// Whether the updater's snapshots list the whole pool.
@@ -112,8 +119,8 @@ impl Knowledge {
     /// Forgets everything known about `worker` (it left the pool).
     fn forget(&mut self, worker: &str) {
         self.index.clear_worker(worker);
-        self.reported.remove(worker);
-        self.incompatible.remove(worker);
+        self.reported.remove(&worker_key(worker));
+        self.incompatible.remove(&worker_key(worker));
         if let Some(prev) = self.serving.remove(worker) {
             self.count_bases(&prev, false);
         }
@@ -130,7 +137,7 @@ impl Knowledge {
 
     /// The leading `hashes` known on `worker` (none for an incompatible worker).
     pub fn prefix_match(&self, worker: &str, hashes: &[u64], now_ms: u64) -> PrefixMatch {
-        if self.incompatible.contains(worker) {
+        if self.incompatible.contains(&worker_key(worker)) {
             return PrefixMatch::default();
         }
         self.index.prefix_match(worker, hashes, now_ms)
@@ -140,14 +147,15 @@ impl Knowledge {
     /// prompt block looked up once for all of them.
     pub fn prefix_matches(
         &self,
-        workers: &[&str],
+        workers: &[&WorkerName],
         hashes: &[u64],
         now_ms: u64,
     ) -> Vec<PrefixMatch> {
-        let mut out = self.index.prefix_matches(workers, hashes, now_ms);
+        let keys: Vec<u64> = workers.iter().map(|w| w.key()).collect();
+        let mut out = self.index.prefix_matches(&keys, hashes, now_ms);
         if !self.incompatible.is_empty() {
-            for (w, m) in workers.iter().zip(out.iter_mut()) {
-                if self.incompatible.contains(*w) {
+            for (w, m) in keys.iter().zip(out.iter_mut()) {
+                if self.incompatible.contains(w) {
                     *m = PrefixMatch::default();
                 }
             }
@@ -162,8 +170,13 @@ impl Knowledge {
 
     /// What `worker` last reported about its load, if younger than the allowed age.
     pub fn reported_load(&self, worker: &str, now_ms: u64) -> Option<SnapshotLoad> {
+        self.reported_load_key(worker_key(worker), now_ms)
+    }
+
+    /// [`Knowledge::reported_load`] of the worker whose [`worker_key`] is `key`.
+    pub fn reported_load_key(&self, key: u64, now_ms: u64) -> Option<SnapshotLoad> {
         self.reported
-            .get(worker)
+            .get(&key)
             .filter(|r| now_ms.saturating_sub(r.observed_at_ms) <= self.max_load_age_ms)
             .copied()
     }
@@ -221,7 +234,7 @@ impl Knowledge {
     pub fn apply_snapshot(&mut self, snap: &Snapshot) {
         self.apply_peers(snap.peers.as_ref(), true);
         self.models.clone_from(&snap.models);
-        self.updater_down = snap.down.iter().cloned().collect();
+        self.updater_down = snap.down.iter().map(|w| worker_key(w)).collect();
         if snap.pool {
             // Whoever is not listed left the pool: forgotten, with its routing credit.
             let listed: HashSet<&str> = snap.workers.iter().map(|w| w.worker.as_str()).collect();
@@ -257,7 +270,7 @@ impl Knowledge {
             self.models.clone_from(models);
         }
         if let Some(down) = &d.down {
-            self.updater_down = down.iter().cloned().collect();
+            self.updater_down = down.iter().map(|w| worker_key(w)).collect();
         }
         for w in &d.removed {
             self.forget(w);
@@ -325,26 +338,31 @@ impl Knowledge {
 
     /// Other replicas' in-flight work on `worker` (see [`PeerView::load`]).
     pub fn peer_load(&self, worker: &str, now_ms: u64) -> WorkerLoad {
-        self.peers.load(worker, now_ms)
+        self.peers.load(worker_key(worker), now_ms)
+    }
+
+    /// [`Knowledge::peer_load`] of the worker whose [`worker_key`] is `key`.
+    pub fn peer_load_key(&self, key: u64, now_ms: u64) -> WorkerLoad {
+        self.peers.load(key, now_ms)
     }
 
     /// When the updater last scraped `worker`'s load, however old (`None`: never).
     pub fn load_seen_at(&self, worker: &str) -> Option<u64> {
-        self.reported.get(worker).map(|r| r.observed_at_ms)
+        self.reported.get(&worker_key(worker)).map(|r| r.observed_at_ms)
     }
 
     fn set_reported(&mut self, worker: &str, load: Option<SnapshotLoad>) {
         match load {
-            Some(l) => self.reported.insert(worker.to_owned(), l),
-            None => self.reported.remove(worker),
+            Some(l) => self.reported.insert(worker_key(worker), l),
+            None => self.reported.remove(&worker_key(worker)),
         };
     }
 
     fn verdict(&mut self, worker: &str, compatible: bool) {
         if compatible {
-            self.incompatible.remove(worker);
+            self.incompatible.remove(&worker_key(worker));
         } else {
-            self.incompatible.insert(worker.to_owned());
+            self.incompatible.insert(worker_key(worker));
         }
     }
 

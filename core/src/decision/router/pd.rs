@@ -4,7 +4,7 @@
 //! the pair with the lowest estimate wins.
 
 use crate::decision::cost::{rank_reached, reusable_blocks, Candidate, Score};
-use crate::decision::load::WorkerLoad;
+use crate::decision::load::LoadSource;
 
 use crate::decision::topology::TopologyConfig;
 
@@ -25,7 +25,7 @@ impl Router {
         decode: &[Candidate],
         hashes: &[u64],
         prompt_tokens: u64,
-        load: &dyn Fn(&str) -> WorkerLoad,
+        load: &dyn LoadSource,
         now_ms: u64,
         pick: u64,
         cache_read: bool,

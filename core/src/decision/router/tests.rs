@@ -152,7 +152,7 @@ fn tenants_never_share_cache_credit() {
 fn busy_holder_loses_to_recompute_once_waiting_costs_more() {
     let mut r = router();
     let q = req(None, &LONG.repeat(20));
-    let d = r.decide(&q, 0, &|_| WorkerLoad::default(), 0, 0).unwrap();
+    let d = r.decide(&q, 0, &|_: &str| WorkerLoad::default(), 0, 0).unwrap();
     r.observe("127.0.0.1:1", &d.block_hashes, Source::Routed, 0);
     let busy = |w: &str| {
         if w == "127.0.0.1:1" {

@@ -88,7 +88,7 @@ fn an_idle_thread_past_the_ring_catches_up_from_the_full_snapshot_off_the_reques
     fresh.apply_snapshot(&snap(p.head().version));
     fresh.events_checked(now);
     let probe = |r: &Router| {
-        let d = r.decide(&request(), 100, &|_| Default::default(), now, 0).unwrap();
+        let d = r.decide(&request(), 100, &|_: &str| Default::default(), now, 0).unwrap();
         let mut c: Vec<_> = d.ranked.iter().map(|s| (s.worker.clone(), s.cached_tokens)).collect();
         c.sort();
         c

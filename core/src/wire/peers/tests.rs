@@ -118,16 +118,16 @@ fn a_view_ignores_its_own_replica_and_expires_loads() {
     };
     let credits: Vec<u64> = v.apply(&s, true).map(|c| c.replica).collect();
     assert_eq!(credits, [8], "its own credit is not returned");
-    let l = v.load(w, 200);
+    let l = v.load(worker_key(w), 200);
     assert_eq!((l.prefilling_requests, l.inflight_requests, l.prefill_tokens), (3, 5, 300));
-    assert_eq!(v.load("127.0.0.1:2", 200), WorkerLoad::default());
-    assert_eq!(v.load(w, 600), WorkerLoad::default(), "expired");
+    assert_eq!(v.load(worker_key("127.0.0.1:2"), 200), WorkerLoad::default());
+    assert_eq!(v.load(worker_key(w), 600), WorkerLoad::default(), "expired");
     // A delta's zero load removes replica 8's.
     let gone = PeerSection { loads: vec![load(8, key, 150, 0)], credits: vec![], ..s.clone() };
     let zero = PeerLoad { inflight: 0, ..gone.loads[0] };
     let gone = PeerSection { loads: vec![zero], ..gone };
     let _ = v.apply(&gone, false).count();
-    assert_eq!(v.load(w, 200).prefilling_requests, 1);
+    assert_eq!(v.load(worker_key(w), 200).prefilling_requests, 1);
 }
 
 proptest! {

@@ -65,8 +65,9 @@ proptest! {
         q.promise_margin = margin;
         p.queue = Some(q);
         let weigh = Weigh { tie: TieBand::default(), stall_weight };
-        let whole = rank_bounded(&p, &cs, &[], (PROMPT, BS), weigh, pick, usize::MAX);
-        let bounded = rank_bounded(&p, &cs, &[], (PROMPT, BS), weigh, pick, keep);
+        let sorted = rotate % cs.len().max(1) == 0;
+        let whole = rank_bounded(&p, &cs, &[], (PROMPT, BS), weigh, pick, (usize::MAX, sorted));
+        let bounded = rank_bounded(&p, &cs, &[], (PROMPT, BS), weigh, pick, (keep, sorted));
         prop_assert_eq!(whole.len(), cs.len());
         let head = keep.min(whole.len());
         prop_assert_eq!(&bounded[..head], &whole[..head]);
