@@ -179,27 +179,16 @@ pub struct Calibrated {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelView {
     pub profile: Profile,
-    /// Deviation factor per worker with enough samples.
-    pub deviations: HashMap<String, f64, foldhash::fast::RandomState>,
-    /// `deviations` by [`worker_key`](crate::decision::load::worker_key), for decisions.
-    by_key: HashMap<u64, f64, foldhash::fast::RandomState>,
+    /// Deviation factor per worker with enough samples, by
+    /// [`worker_key`](crate::decision::load::worker_key): a decision reads it without the name.
+    pub deviations: HashMap<u64, f64, foldhash::fast::RandomState>,
     pub samples: u64,
 }
 
 impl ModelView {
-    pub fn new(
-        profile: Profile,
-        deviations: HashMap<String, f64, foldhash::fast::RandomState>,
-        samples: u64,
-    ) -> ModelView {
-        let by_key =
-            deviations.iter().map(|(w, &d)| (crate::decision::load::worker_key(w), d)).collect();
-        ModelView { profile, deviations, by_key, samples }
-    }
-
     /// The deviation factor of `worker` (1 without enough samples), read without its name.
     pub fn deviation_of(&self, worker: &crate::decision::worker::WorkerName) -> f64 {
-        self.by_key.get(&worker.key()).copied().unwrap_or(1.0)
+        self.deviations.get(&worker.key()).copied().unwrap_or(1.0)
     }
 }
 
@@ -225,7 +214,8 @@ impl Calibrated {
 
     /// `worker`'s deviation factor within `model` (1.0 when none is known).
     pub fn deviation(&self, model: &str, worker: &str) -> f64 {
-        self.models.get(model).and_then(|v| v.deviations.get(worker)).copied().unwrap_or(1.0)
+        let key = crate::decision::load::worker_key(worker);
+        self.models.get(model).and_then(|v| v.deviations.get(&key)).copied().unwrap_or(1.0)
     }
 
     pub fn model(&self, model: &str) -> Option<&ModelView> {

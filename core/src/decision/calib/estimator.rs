@@ -183,13 +183,13 @@ impl ModelState {
         if !cfg.enabled || self.samples < cfg.min_samples || !self.matches(prior) {
             return None;
         }
-        let deviations: HashMap<String, f64, foldhash::fast::RandomState> = self
+        let deviations: HashMap<u64, f64, foldhash::fast::RandomState> = self
             .workers
             .iter()
             .filter(|w| w.samples >= cfg.min_worker_samples)
-            .map(|w| (w.worker.clone(), w.log_dev.exp()))
+            .map(|w| (crate::decision::load::worker_key(&w.worker), w.log_dev.exp()))
             .collect();
-        Some(ModelView::new(self.profile(prior), deviations, self.samples))
+        Some(ModelView { profile: self.profile(prior), deviations, samples: self.samples })
     }
 
     /// Takes in one sample.

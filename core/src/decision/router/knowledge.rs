@@ -119,8 +119,9 @@ impl Knowledge {
     /// Forgets everything known about `worker` (it left the pool).
     fn forget(&mut self, worker: &str) {
         self.index.clear_worker(worker);
-        self.reported.remove(&worker_key(worker));
-        self.incompatible.remove(&worker_key(worker));
+        let key = worker_key(worker);
+        self.reported.remove(&key);
+        self.incompatible.remove(&key);
         if let Some(prev) = self.serving.remove(worker) {
             self.count_bases(&prev, false);
         }
