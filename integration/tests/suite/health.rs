@@ -72,7 +72,6 @@ async fn a_frozen_worker_holds_no_new_request_past_the_per_try_timeout() {
     let bound = PER_TRY_MAX + Duration::from_millis(2_500);
     let r = workers::freeze_under_load(
         &stack,
-        2,
         &shape(Duration::from_secs(8)),
         Duration::from_secs(2),
         Duration::from_secs(6),

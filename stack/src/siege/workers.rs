@@ -8,7 +8,8 @@
 //!   of requests in flight at the kill against those sent after it.
 //! - [`freeze_under_load`]: `SIGSTOP` of one worker (continued again on every path, see
 //!   [`Frozen`]); counts requests sent after the freeze that waited past a bound, and those in
-//!   flight at the freeze.
+//!   flight at the freeze. One of them is the next turn of a conversation the worker served
+//!   just before (a long prompt it holds), so that the freeze is met by at least one request.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -178,16 +179,7 @@ impl Traffic {
                         let body = c.body(&shape.model, n % 4, shape.max_tokens, true);
                         n += 1;
                         let at = started.elapsed();
-                        let t0 = Instant::now();
-                        let got =
-                            tokio::time::timeout(shape.deadline, client::chat(&http, &url, &body))
-                                .await;
-                        let (status, worker, timed_out) = match got {
-                            Ok(Ok(r)) => (Some(r.status), r.worker, false),
-                            Ok(Err(_)) => (None, None, false),
-                            Err(_) => (None, None, true),
-                        };
-                        let s = ClientRequest { at, took: t0.elapsed(), status, timed_out, worker };
+                        let s = send_timed(&http, &url, &body, shape.deadline, at).await;
                         sent.lock().unwrap_or_else(|e| e.into_inner()).push(s);
                     }
                 })
@@ -317,6 +309,8 @@ impl Drop for Frozen {
 /// What [`freeze_under_load`] measured.
 #[derive(Debug, Clone, Default)]
 pub struct FreezeReport {
+    /// The worker frozen: the one that served the held conversation's first turn.
+    pub frozen: String,
     /// Requests sent after the freeze.
     pub sent_after: usize,
     /// Of them, those that waited longer than the bound (the goal: 0).
@@ -330,30 +324,37 @@ pub struct FreezeReport {
     pub hung_in_flight: usize,
     /// Tries Envoy timed out on the frozen worker.
     pub try_timeouts: u64,
+    /// How long the next turn of the conversation the worker held took (sent at the freeze:
+    /// about one per-try timeout when it met the frozen worker).
+    pub held_turn_took: Duration,
     /// Whether the worker served requests again after it was continued (within the wait).
     pub served_again: bool,
 }
 
-/// Freezes `victim` after `warmup` of traffic for `frozen_for`, then continues it and waits
+/// Freezes a worker after `warmup` of traffic for `frozen_for` (the one that served the first
+/// turn of a conversation whose next turn is sent at the freeze), then continues it and waits
 /// up to `recovery` for it to serve again. `bound`: the longest a request sent after the
 /// freeze may take (the per-try timeout plus the request's own time).
 pub async fn freeze_under_load(
     stack: &Stack,
-    victim: usize,
     shape: &TrafficShape,
     warmup: Duration,
     frozen_for: Duration,
     bound: Duration,
     recovery: Duration,
 ) -> anyhow::Result<FreezeReport> {
-    let addr = stack.workers[victim].addr.clone();
-    let pid = stack.workers[victim].guard.pid().context("the worker is not running")?;
-    let before = host_counters(stack, &addr).await?;
     let traffic = Traffic::start(&stack.base_url(), shape);
     tokio::time::sleep(warmup).await;
+    let (held, addr) = held_conversation(stack, &shape.model).await?;
+    let victim = stack.workers.iter().position(|w| w.addr == addr);
+    let victim = victim.with_context(|| format!("{addr} is not a worker of the stack"))?;
+    let pid = stack.workers[victim].guard.pid().context("the worker is not running")?;
+    let before = host_counters(stack, &addr).await?;
     let frozen_at = traffic.now();
     let mut frozen = Frozen::stop(pid)?;
+    let probe = probe_held(stack, &traffic, &held, shape);
     tokio::time::sleep(frozen_for).await;
+    let probe = probe.await.context("the probe of the frozen worker panicked")?;
     let thawed_at = traffic.now();
     frozen.cont()?;
     let served_again = crate::eventually("the continued worker serves again", recovery, || {
@@ -367,19 +368,69 @@ pub async fn freeze_under_load(
     })
     .await
     .is_ok();
-    let sent = traffic.stop().await;
+    let mut sent = traffic.stop().await;
+    let held_turn_took = probe.took;
+    sent.push(probe);
     let end = host_counters(stack, &addr).await?;
     let window: Vec<&ClientRequest> =
         sent.iter().filter(|s| s.at >= frozen_at && s.at < thawed_at).collect();
     Ok(FreezeReport {
+        frozen: addr,
         sent_after: window.len(),
         waited_past_bound: window.iter().filter(|s| s.took > bound || s.timed_out).count(),
         errors_after: window.iter().filter(|s| !s.ok()).count(),
         slowest_after: window.iter().map(|s| s.took).max().unwrap_or_default(),
         hung_in_flight: sent.iter().filter(|s| s.at < frozen_at && s.timed_out).count(),
         try_timeouts: end.since(&before).rq_timeout,
+        held_turn_took,
         served_again,
     })
+}
+
+/// A fresh conversation with a long system prompt, and the worker that served its first
+/// turn: that worker is the cheapest place for its next turn, so that freezing it is met by
+/// at least that request whatever the loads at the freeze (the traffic's own requests may all
+/// avoid a frozen worker, whose stuck streams count as load).
+async fn held_conversation(stack: &Stack, model: &str) -> anyhow::Result<(Conversation, String)> {
+    let c = Conversation::new(47, 0, 1500, 12, 2);
+    let r = client::chat(&reqwest::Client::new(), &stack.base_url(), &c.body(model, 0, 2, true))
+        .await?;
+    anyhow::ensure!(r.status == 200, "the held conversation's first turn got {}", r.status);
+    let worker = r.worker.context("the held conversation's first turn named no worker")?;
+    Ok((c, worker))
+}
+
+/// Sends the next turn of `held` now, as one more client of `traffic`.
+fn probe_held(
+    stack: &Stack,
+    traffic: &Traffic,
+    held: &Conversation,
+    shape: &TrafficShape,
+) -> tokio::task::JoinHandle<ClientRequest> {
+    let (url, body, deadline) =
+        (stack.base_url(), held.body(&shape.model, 1, 2, true), shape.deadline);
+    let at = traffic.now();
+    tokio::spawn(
+        async move { send_timed(&reqwest::Client::new(), &url, &body, deadline, at).await },
+    )
+}
+
+/// Sends one chat request, abandoned after `deadline`; `at`: when, on the traffic's clock.
+async fn send_timed(
+    http: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+    deadline: Duration,
+    at: Duration,
+) -> ClientRequest {
+    let t0 = Instant::now();
+    let (status, worker, timed_out) =
+        match tokio::time::timeout(deadline, client::chat(http, url, body)).await {
+            Ok(Ok(r)) => (Some(r.status), r.worker, false),
+            Ok(Err(_)) => (None, None, false),
+            Err(_) => (None, None, true),
+        };
+    ClientRequest { at, took: t0.elapsed(), status, timed_out, worker }
 }
 
 #[cfg(test)]

@@ -74,7 +74,6 @@ pub async fn frozen_worker() -> anyhow::Result<Measured> {
     let bound = stacks::PER_TRY_MAX + Duration::from_millis(2_500);
     let r = workers::freeze_under_load(
         &stack,
-        2,
         &traffic(Duration::from_secs(8)),
         Duration::from_secs(2),
         Duration::from_secs(6),
