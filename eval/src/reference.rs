@@ -31,6 +31,7 @@ use crate::topology::Topology;
 use crate::whatif::{self, WhatIfReply};
 use kvroute_core::decision::cost::{self, Candidate, Profile};
 use kvroute_core::decision::load::WorkerLoad;
+use kvroute_core::decision::worker::WorkerName;
 
 /// The workers' roles, in topology order.
 pub const ROLES: [&str; 3] = ["A", "B", "C"];
@@ -190,7 +191,7 @@ pub fn model_estimates(
                 waiting: *waiting,
                 observed_at_ms: 0,
             };
-            let candidate = Candidate {
+            let candidate = Candidate::<WorkerName> {
                 worker: ROLES.get(i).copied().unwrap_or("?").into(),
                 cached_blocks: (*c / u64::from(BLOCK_SIZE)) as usize,
                 offloaded_blocks: 0,

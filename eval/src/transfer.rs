@@ -27,6 +27,7 @@ use crate::schedule::{completions_body, COMPLETIONS};
 use crate::topology::Topology;
 use kvroute_core::decision::cost::{self, Candidate, Profile};
 use kvroute_core::decision::load::WorkerLoad;
+use kvroute_core::decision::worker::WorkerName;
 use kvroute_stack::sim::SimWorker;
 use kvroute_stack::stack::BundleFrom;
 
@@ -183,7 +184,7 @@ impl TransferOptions {
             prefill_sq_tokens: n as u64 * bg * bg,
             prefill_elapsed_ms: if n > 0 { HEAD_START.as_millis() as u64 } else { 0 },
         };
-        let c = Candidate {
+        let c = Candidate::<WorkerName> {
             worker: "w".into(),
             cached_blocks: cached / BLOCK_SIZE as usize,
             offloaded_blocks: 0,

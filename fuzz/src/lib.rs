@@ -65,7 +65,7 @@ pub fn admission_headers(data: &[u8]) {
     let ask = cfg.ask(Some(deadline), Some(priority), 0);
     assert!(ask.class < cfg.classes.len());
     assert!(ask.deadline_ms.is_none_or(|d| d > 0));
-    let c = kvroute_core::decision::cost::Candidate {
+    let c = kvroute_core::decision::cost::Candidate::<kvroute_core::decision::worker::WorkerName> {
         worker: "127.0.0.1:1".into(),
         cached_blocks: 0,
         offloaded_blocks: 0,

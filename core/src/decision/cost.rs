@@ -15,6 +15,8 @@
 //! prefill(the rest))` over the offered holders. Without a topology every reach is zero and
 //! the estimates are exactly the topology-free ones.
 
+use std::borrow::Borrow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::decision::load::WorkerLoad;
@@ -240,10 +242,12 @@ pub fn stall_ms(load: &WorkerLoad, prefill_ms: f64) -> f64 {
     f64::from(load.decoding_requests()) * prefill_ms
 }
 
-/// One worker as seen at decision time.
+/// One worker as seen at decision time. `W`: its name, owned or borrowed from the pool (a
+/// router's decisions borrow it: cloning a name writes to its allocation, a cache miss per
+/// worker of a large pool).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
-    pub worker: WorkerName,
+pub struct Candidate<W = WorkerName> {
+    pub worker: W,
     /// Leading prompt blocks believed cached on this worker (any tier).
     pub cached_blocks: usize,
     /// How many of those sit only on a lower tier and must be transferred.
@@ -254,6 +258,13 @@ pub struct Candidate {
     /// This worker's learned speed relative to the model's profile (online calibration;
     /// 1.0 without it): its wait and prefill estimates are multiplied by it.
     pub deviation: f64,
+}
+
+impl<W: Borrow<WorkerName>> Candidate<W> {
+    /// The worker's name.
+    pub fn name(&self) -> &WorkerName {
+        self.worker.borrow()
+    }
 }
 
 /// A candidate's estimate.
@@ -369,20 +380,25 @@ pub fn reusable_tokens(prompt_tokens: u64, block_size: u32) -> u64 {
 
 /// Scores every candidate for a prompt of `prompt_tokens` tokens. Only the blocks the engine
 /// will reuse ([`reusable_blocks`]) are credited, whatever the worker holds.
-pub fn score(profile: &Profile, c: &Candidate, prompt_tokens: u64, block_size: u32) -> Score {
+pub fn score<W: Borrow<WorkerName>>(
+    profile: &Profile,
+    c: &Candidate<W>,
+    prompt_tokens: u64,
+    block_size: u32,
+) -> Score {
     score_reached(profile, c, &Reach::default(), prompt_tokens, block_size)
 }
 
 /// [`score`] with the candidate's [`Reach`]: its network time, and the best of the pulls it
 /// is offered where one beats recomputing what it lacks.
-pub fn score_reached(
+pub fn score_reached<W: Borrow<WorkerName>>(
     profile: &Profile,
-    c: &Candidate,
+    c: &Candidate<W>,
     reach: &Reach,
     prompt_tokens: u64,
     block_size: u32,
 ) -> Score {
-    estimate(profile, c, reach, prompt_tokens, block_size).named(c.worker.clone())
+    estimate(profile, c, reach, prompt_tokens, block_size).named(c.name().clone())
 }
 
 /// A [`Score`] without the worker's name: what ranking a whole pool computes per worker.
@@ -448,9 +464,9 @@ impl Estimate {
 }
 
 /// [`score_reached`] without naming the worker.
-pub(crate) fn estimate(
+pub(crate) fn estimate<W>(
     profile: &Profile,
-    c: &Candidate,
+    c: &Candidate<W>,
     reach: &Reach,
     prompt_tokens: u64,
     block_size: u32,
@@ -727,7 +743,7 @@ mod tests {
         let p = Profile::default();
         for blocks in 1..8u64 {
             let prompt = blocks * u64::from(BS);
-            let c = Candidate {
+            let c = Candidate::<WorkerName> {
                 worker: "w".into(),
                 cached_blocks: blocks as usize,
                 offloaded_blocks: blocks as usize,

@@ -315,7 +315,7 @@ impl Router {
         let looked = (candidates.as_slice(), matches.as_slice());
         // Names compare by key first: a scan of the pool reads no name but the chosen one's.
         let match_of = |w: &WorkerName| {
-            candidates.iter().position(|c| c.worker == *w).and_then(|i| matches.get(i)).copied()
+            candidates.iter().position(|c| c.worker == w).and_then(|i| matches.get(i)).copied()
         };
         let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
         let topo = self.topology.as_deref();
@@ -361,15 +361,15 @@ impl Router {
 
     /// Each worker of `workers` that is up (all of them when none is) as a candidate, with its
     /// prefix lookup.
-    fn candidates(
+    fn candidates<'w>(
         &self,
         t: &Target,
-        workers: &[WorkerName],
+        workers: &'w [WorkerName],
         hashes: &[u64],
         load: &dyn LoadSource,
         now_ms: u64,
         cache_read: bool,
-    ) -> (Vec<Candidate>, Vec<PrefixMatch>) {
+    ) -> (Vec<Candidate<&'w WorkerName>>, Vec<PrefixMatch>) {
         let m = &t.model;
         // Workers that failed requests are left out, as primary and as fallback, unless every
         // worker of the pool is down: then the choice is among all of them (never a refusal).
@@ -391,7 +391,7 @@ impl Router {
             .map(|(&w, pm)| {
                 let reported = self.knowledge.reported_load_key(w.key(), now_ms);
                 Candidate {
-                    worker: w.clone(),
+                    worker: w,
                     cached_blocks: pm.blocks,
                     offloaded_blocks: pm.offloaded,
                     // Other replicas' in-flight work adds to this replica's own.
@@ -422,7 +422,7 @@ impl Router {
         hashes: &[u64],
         block_size: u32,
         profile: &crate::decision::cost::Profile,
-        (candidates, matches): (&[Candidate], &[PrefixMatch]),
+        (candidates, matches): (&[Candidate<&WorkerName>], &[PrefixMatch]),
         now_ms: u64,
     ) -> bool {
         let hot = self.knowledge.hot();

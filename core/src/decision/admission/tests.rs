@@ -7,7 +7,7 @@ use crate::decision::config::FilterConfig;
 /// A score with these times, built through the cost model (the flow's tests use it too).
 pub(crate) fn score(worker: &str, wait_ms: f64, ttft_ms: f64) -> Score {
     // Built through the cost model so that fields added to `Score` need no change here.
-    let c = crate::decision::cost::Candidate {
+    let c = crate::decision::cost::Candidate::<crate::decision::worker::WorkerName> {
         worker: worker.into(),
         cached_blocks: 0,
         offloaded_blocks: 0,
@@ -133,7 +133,9 @@ fn a_busy_workers_estimate_is_promised_with_the_calibrated_margin() {
         }),
         ..Default::default()
     };
-    let worker = |name: &str, queued: u32| crate::decision::cost::Candidate {
+    let worker = |name: &str, queued: u32| crate::decision::cost::Candidate::<
+        crate::decision::worker::WorkerName,
+    > {
         worker: name.into(),
         cached_blocks: 0,
         offloaded_blocks: 0,

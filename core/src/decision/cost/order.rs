@@ -14,8 +14,11 @@
 //! score moved or dropped per worker. The ranking's prefix equals the whole ranking's (a
 //! differential test checks it over seeded random pools).
 
+use std::borrow::Borrow;
+
 use super::{estimate, Candidate, Estimate, Reach, Score, Weigh};
 use crate::decision::cost::Profile;
+use crate::decision::worker::WorkerName;
 
 /// How many workers a decision ranks in full: its primary and fallbacks.
 pub const MAX_RANKED: usize = 64;
@@ -25,9 +28,9 @@ pub const MAX_RANKED: usize = 64;
 /// prefill work (fewest uncached tokens, within a block); the rest follow by increasing cost.
 /// Equal costs are ordered by worker name. Empty in, empty out; a pool larger than
 /// [`MAX_RANKED`] keeps its best and the workers the module documentation lists.
-pub fn rank(
+pub fn rank<W: Borrow<WorkerName>>(
     profile: &Profile,
-    candidates: &[Candidate],
+    candidates: &[Candidate<W>],
     prompt_tokens: u64,
     block_size: u32,
     weigh: Weigh,
@@ -38,16 +41,16 @@ pub fn rank(
 
 /// [`rank`] with each candidate's [`Reach`] (`reaches[i]` for `candidates[i]`; missing ones
 /// are zero).
-pub fn rank_reached(
+pub fn rank_reached<W: Borrow<WorkerName>>(
     profile: &Profile,
-    candidates: &[Candidate],
+    candidates: &[Candidate<W>],
     reaches: &[Reach],
     prompt_tokens: u64,
     block_size: u32,
     weigh: Weigh,
     pick: u64,
 ) -> Vec<Score> {
-    let sorted = candidates.is_sorted_by(|a, b| a.worker < b.worker);
+    let sorted = candidates.is_sorted_by(|a, b| a.name() < b.name());
     let prompt = (prompt_tokens, block_size);
     rank_bounded(profile, candidates, reaches, prompt, weigh, pick, (MAX_RANKED, sorted))
 }
@@ -55,15 +58,15 @@ pub fn rank_reached(
 /// [`rank_reached`] of a pool known to be in name order (the plan's and the updater's pools
 /// are): equal costs are ordered by position, so no worker's name is read, only those of the
 /// workers kept.
-pub(crate) fn rank_pool(
+pub(crate) fn rank_pool<W: Borrow<WorkerName>>(
     profile: &Profile,
-    candidates: &[Candidate],
+    candidates: &[Candidate<W>],
     reaches: &[Reach],
     prompt: (u64, u32),
     weigh: Weigh,
     pick: u64,
 ) -> Vec<Score> {
-    debug_assert!(candidates.is_sorted_by(|a, b| a.worker < b.worker), "a pool in name order");
+    debug_assert!(candidates.is_sorted_by(|a, b| a.name() < b.name()), "a pool in name order");
     rank_bounded(profile, candidates, reaches, prompt, weigh, pick, (MAX_RANKED, true))
 }
 
@@ -89,9 +92,9 @@ impl Least {
 
 /// [`rank_reached`] keeping at most `keep` workers in full (`keep` >= 1); `sorted`: the
 /// candidates are in name order.
-pub(super) fn rank_bounded(
+pub(super) fn rank_bounded<W: Borrow<WorkerName>>(
     profile: &Profile,
-    candidates: &[Candidate],
+    candidates: &[Candidate<W>],
     reaches: &[Reach],
     (prompt_tokens, block_size): (u64, u32),
     weigh: Weigh,
@@ -106,7 +109,7 @@ pub(super) fn rank_bounded(
     };
     let score_of = |i: usize, e: Estimate| {
         let cost = e.cost_ms(w);
-        let mut s = e.named(candidates[i].worker.clone());
+        let mut s = e.named(candidates[i].name().clone());
         s.cost_ms = cost;
         s
     };
@@ -138,7 +141,7 @@ pub(super) fn rank_bounded(
     let cmp = |a: &Key, b: &Key| {
         let by_cost = a.cost.total_cmp(&b.cost);
         if by_name {
-            by_cost.then_with(|| candidates[a.index].worker.cmp(&candidates[b.index].worker))
+            by_cost.then_with(|| candidates[a.index].name().cmp(candidates[b.index].name()))
         } else {
             by_cost.then(a.index.cmp(&b.index))
         }

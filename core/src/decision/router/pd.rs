@@ -7,6 +7,7 @@ use crate::decision::cost::{rank_reached, reusable_blocks, Candidate, Score};
 use crate::decision::load::LoadSource;
 
 use crate::decision::topology::TopologyConfig;
+use crate::decision::worker::WorkerName;
 
 use super::reach::reaches;
 use super::{Router, Target};
@@ -22,7 +23,7 @@ impl Router {
     pub(super) fn rank_pd(
         &self,
         t: &Target,
-        decode: &[Candidate],
+        decode: &[Candidate<&WorkerName>],
         hashes: &[u64],
         prompt_tokens: u64,
         load: &dyn LoadSource,
@@ -34,7 +35,7 @@ impl Router {
         let profile = self.calibration.profile_for(&m.name).unwrap_or(m.profile);
         let topo = self.topology.as_deref();
         let all = reusable_blocks(prompt_tokens, m.block_size) as usize;
-        let handed: Vec<Candidate> = decode
+        let handed: Vec<Candidate<&WorkerName>> = decode
             .iter()
             .map(|c| Candidate { cached_blocks: all, offloaded_blocks: 0, ..c.clone() })
             .collect();
@@ -56,7 +57,7 @@ impl Router {
         // prefix cache does not hold.
         let bs = u64::from(m.block_size);
         let lacks = |w: &str| {
-            let held = decode.iter().find(|c| c.worker == w).map_or(0, |c| c.cached_blocks);
+            let held = decode.iter().find(|c| c.name() == w).map_or(0, |c| c.cached_blocks);
             prompt_tokens - (held.min(all) as u64) * bs
         };
         // Each of the least loaded decode workers with its best prefill worker; the pair with
