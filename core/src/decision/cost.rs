@@ -147,6 +147,10 @@ impl Profile {
     /// (`prefill_sq_tokens / prefill_tokens` of the squared term); the squares shrink with the
     /// tokens left (as if every queued prompt had been worked on alike).
     pub fn remaining(&self, load: &WorkerLoad, deviation: f64) -> WorkerLoad {
+        // Nothing queued (an idle or decoding-only worker, most of a large pool): nothing left.
+        if load.prefill_tokens == 0 {
+            return WorkerLoad { prefill_sq_tokens: 0, prefill_elapsed_ms: 0, ..*load };
+        }
         let tokens = load.prefill_tokens as f64;
         let sq = load.prefill_sq_tokens as f64;
         let attention_per_token = if tokens > 0.0 { sq / tokens } else { 0.0 };

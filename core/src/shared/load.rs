@@ -15,6 +15,8 @@
 
 use std::collections::HashMap;
 
+use foldhash::fast::RandomState as Fast;
+
 use super::{update, Counter, Counters, SharedStore};
 use crate::decision::config::sync::LoadLimits;
 use crate::decision::load::{worker_key, WorkerLoad};
@@ -335,7 +337,11 @@ impl Shard {
 /// Everything the live shards hold, by worker key.
 #[derive(Debug, Default, Clone)]
 pub struct LoadView {
-    by_worker: HashMap<u64, (WorkerLoad, Vec<u64>)>,
+    /// Keyed by worker key (already a hash: the fast hasher suffices); a decision probes it
+    /// once per worker of the pool, so the loads sit apart from the start times.
+    by_worker: HashMap<u64, WorkerLoad, Fast>,
+    /// When each tracked request started, by worker key.
+    starts: HashMap<u64, Vec<u64>, Fast>,
 }
 
 impl LoadView {
@@ -400,7 +406,7 @@ impl LoadView {
 
     fn add(&mut self, entries: &[InflightEntry], limits: &LoadLimits, now_ms: u64) {
         for e in entries.iter().filter(|e| now_ms.saturating_sub(e.started_ms) < limits.lease_ms) {
-            let (load, starts) = self.by_worker.entry(e.worker).or_default();
+            let load = self.by_worker.entry(e.worker).or_default();
             load.inflight_requests = load.inflight_requests.saturating_add(1);
             if e.prefilling {
                 load.prefilling_requests = load.prefilling_requests.saturating_add(1);
@@ -410,7 +416,7 @@ impl LoadView {
                 let elapsed = now_ms.saturating_sub(e.started_ms);
                 load.prefill_elapsed_ms = load.prefill_elapsed_ms.max(elapsed);
             }
-            starts.push(e.started_ms);
+            self.starts.entry(e.worker).or_default().push(e.started_ms);
         }
     }
 
@@ -421,19 +427,19 @@ impl LoadView {
 
     /// [`LoadView::load`] of the worker whose [`worker_key`] is `key`.
     pub fn load_key(&self, key: u64) -> WorkerLoad {
-        self.by_worker.get(&key).map(|(l, _)| *l).unwrap_or_default()
+        self.by_worker.get(&key).copied().unwrap_or_default()
     }
 
     /// Every worker with tracked load, by worker key ([`worker_key`]).
     pub fn loads(&self) -> impl Iterator<Item = (u64, WorkerLoad)> + '_ {
-        self.by_worker.iter().map(|(k, (l, _))| (*k, *l))
+        self.by_worker.iter().map(|(k, l)| (*k, *l))
     }
 
     /// How many tracked requests to `worker` started at or before `at_ms`.
     pub fn started_before(&self, worker: &str, at_ms: u64) -> u64 {
-        self.by_worker
+        self.starts
             .get(&worker_key(worker))
-            .map_or(0, |(_, s)| s.iter().filter(|t| **t <= at_ms).count() as u64)
+            .map_or(0, |s| s.iter().filter(|t| **t <= at_ms).count() as u64)
     }
 }
 

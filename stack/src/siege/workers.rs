@@ -354,9 +354,10 @@ pub async fn freeze_under_load(
     let mut frozen = Frozen::stop(pid)?;
     let probe = probe_held(stack, &traffic, &held, shape);
     tokio::time::sleep(frozen_for).await;
-    let probe = probe.await.context("the probe of the frozen worker panicked")?;
     let thawed_at = traffic.now();
     frozen.cont()?;
+    // Awaited after the thaw: a probe still held there ends with it, never extends the freeze.
+    let probe = probe.await.context("the probe of the frozen worker panicked")?;
     let served_again = crate::eventually("the continued worker serves again", recovery, || {
         let http = reqwest::Client::new();
         let (url, addr, model) = (stack.base_url(), addr.clone(), shape.model.clone());

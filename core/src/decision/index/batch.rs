@@ -12,56 +12,53 @@ impl KnowledgeIndex {
     /// [`worker_key`](crate::decision::load::worker_key) (`out[i]` for `workers[i]`), equal to
     /// asking for each in turn.
     pub fn prefix_matches(&self, workers: &[u64], hashes: &[u64], now_ms: u64) -> Vec<PrefixMatch> {
-        let mut out = vec![PrefixMatch::default(); workers.len()];
-        // Slot id -> position in `workers`; each position's walk, set up once.
-        let mut at = vec![NONE; self.slots.len()];
-        let mut walks: Vec<Option<Walk<'_>>> = Vec::with_capacity(workers.len());
-        let mut repeated = Vec::new();
-        for (i, w) in workers.iter().enumerate() {
-            let slot =
-                self.ids.get(w).and_then(|&id| Some((id, self.slots.get(id as usize)?.as_ref()?)));
-            let Some((id, slot)) = slot else {
-                walks.push(None);
-                continue;
-            };
-            match at.get_mut(id as usize) {
-                Some(p) if *p == NONE => {
-                    *p = i as u32;
-                    walks.push(Some(Walk::new(self, slot, now_ms)));
-                }
-                // A worker named twice: its second position is answered on its own.
-                _ => {
-                    repeated.push(i);
-                    walks.push(None);
-                }
+        // Each asked worker's slot id (NONE: not in the index). The matches are kept by slot
+        // id: holder lists are sorted by id, so a block many workers share is credited in
+        // memory order. A worker named twice shares its slot's match.
+        let ids: Vec<u32> =
+            workers.iter().map(|w| self.ids.get(w).copied().unwrap_or(NONE)).collect();
+        let mut asked = vec![false; self.slots.len()];
+        for &id in &ids {
+            if let Some(a) = asked.get_mut(id as usize) {
+                *a = true;
             }
         }
+        // A slot's walk is set up when one of its blocks is first met: a worker that holds
+        // none of the prompt is never read.
+        let mut state: Vec<(PrefixMatch, Option<Walk<'_>>)> = Vec::new();
+        state.resize_with(self.slots.len(), Default::default);
         for (b, &h) in hashes.iter().enumerate() {
             let mut advanced = false;
             for holder in self.holders.get(h) {
-                let Some(&p) = at.get(holder.id() as usize) else { continue };
-                let (Some(m), Some(Some(walk))) = (out.get_mut(p as usize), walks.get(p as usize))
-                else {
+                let id = holder.id() as usize;
+                let (Some(true), Some((m, walk))) = (asked.get(id), state.get_mut(id)) else {
                     continue;
                 };
                 // Only a worker that matched every block before this one continues.
                 if m.blocks != b {
                     continue;
                 }
-                advanced |= walk.credit(h, holder.flags(), m);
+                if walk.is_none() {
+                    *walk = self
+                        .slots
+                        .get(id)
+                        .and_then(Option::as_ref)
+                        .map(|slot| Walk::new(self, slot, now_ms));
+                }
+                if let Some(walk) = walk {
+                    advanced |= walk.credit(h, holder.flags(), m);
+                }
             }
             if !advanced {
                 break;
             }
         }
-        for m in &mut out {
-            self.fade(m, now_ms);
-        }
-        for i in repeated {
-            if let (Some(m), Some(&w)) = (out.get_mut(i), workers.get(i)) {
-                *m = self.prefix_match_of(w, hashes, now_ms);
-            }
-        }
-        out
+        ids.iter()
+            .map(|&id| {
+                let mut m = state.get(id as usize).map(|s| s.0).unwrap_or_default();
+                self.fade(&mut m, now_ms);
+                m
+            })
+            .collect()
     }
 }

@@ -107,7 +107,9 @@ impl Knowledge {
 
     /// [`Knowledge::is_down`] of the worker whose [`worker_key`] is `key`.
     pub fn is_down_key(&self, key: u64) -> bool {
-        self.down.contains(&key) || self.updater_down.contains(&key)
+        // Both sets are usually empty: then no key is hashed.
+        (!self.down.is_empty() && self.down.contains(&key))
+            || (!self.updater_down.is_empty() && self.updater_down.contains(&key))
     }
 
     /// Whether the updater's snapshots list the whole pool.
