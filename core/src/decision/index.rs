@@ -400,6 +400,8 @@ struct Walk<'a> {
     w: &'a WorkerBlocks,
     /// The event view, while the updater's confirmation is fresh.
     events: Option<&'a EventView>,
+    /// Its `observed_at_ms`, read once.
+    events_at_ms: u64,
     /// With fresh events, older guesses are superseded by what the engine reported.
     superseded_before: u64,
     limits: &'a IndexLimits,
@@ -409,9 +411,10 @@ struct Walk<'a> {
 impl<'a> Walk<'a> {
     fn new(ix: &'a KnowledgeIndex, w: &'a WorkerBlocks, now_ms: u64) -> Walk<'a> {
         let events = w.events.as_ref().filter(|_| ix.event_state(now_ms).1);
+        let events_at_ms = events.map_or(0, |e| e.observed_at_ms);
         let superseded_before =
-            events.map_or(0, |e| e.observed_at_ms.saturating_sub(ix.trust.grace_ms));
-        Walk { w, events, superseded_before, limits: &ix.limits, now_ms }
+            events.map_or(0, |_| events_at_ms.saturating_sub(ix.trust.grace_ms));
+        Walk { w, events, events_at_ms, superseded_before, limits: &ix.limits, now_ms }
     }
 
     /// Credits block `h` to `m` given where the worker has it (`flags`, see [`holders`]): its
@@ -419,13 +422,14 @@ impl<'a> Walk<'a> {
     /// its event view's lower tier. `false`: not credited, the match ends before it.
     fn credit(&self, h: u64, flags: u32, m: &mut PrefixMatch) -> bool {
         let now_ms = self.now_ms;
-        let event = |m: &mut PrefixMatch, e: &EventView| {
+        let events = self.events.is_some();
+        let event = |m: &mut PrefixMatch| {
             m.blocks += 1;
             m.from_events += 1;
-            m.oldest_age_ms = m.oldest_age_ms.max(now_ms.saturating_sub(e.observed_at_ms));
+            m.oldest_age_ms = m.oldest_age_ms.max(now_ms.saturating_sub(self.events_at_ms));
         };
-        if let Some(e) = self.events.filter(|_| flags & GPU != 0) {
-            event(m, e);
+        if events && flags & GPU != 0 {
+            event(m);
             return true;
         }
         let observed = (flags & OBSERVED != 0)
@@ -447,8 +451,8 @@ impl<'a> Walk<'a> {
             }
             return true;
         }
-        if let Some(e) = self.events.filter(|_| flags & OFFLOADED != 0) {
-            event(m, e);
+        if events && flags & OFFLOADED != 0 {
+            event(m);
             m.offloaded += 1;
             return true;
         }

@@ -4,8 +4,12 @@
 
 use super::{KnowledgeIndex, PrefixMatch, Walk};
 
-/// Not a worker asked about.
+/// Not a worker in the index.
 const NONE: u32 = u32::MAX;
+/// A slot no asked worker has.
+const NOT_ASKED: u32 = u32::MAX;
+/// A slot asked about whose match has not started.
+const ASKED: u32 = u32::MAX - 1;
 
 impl KnowledgeIndex {
     /// [`KnowledgeIndex::prefix_match`] of each of `workers`, given by their
@@ -17,37 +21,34 @@ impl KnowledgeIndex {
         // memory order. A worker named twice shares its slot's match.
         let ids: Vec<u32> =
             workers.iter().map(|w| self.ids.get(w).copied().unwrap_or(NONE)).collect();
-        let mut asked = vec![false; self.slots.len()];
+        // Slot id -> NOT_ASKED, ASKED, or the position of its match in `visited`: a slot's
+        // match and walk are set up when one of its blocks is first met (holder lists are
+        // sorted by id, so in memory order), and a worker that holds none of the prompt is
+        // never read.
+        let mut state = vec![NOT_ASKED; self.slots.len()];
         for &id in &ids {
-            if let Some(a) = asked.get_mut(id as usize) {
-                *a = true;
+            if let Some(s) = state.get_mut(id as usize) {
+                *s = ASKED;
             }
         }
-        // A slot's walk is set up when one of its blocks is first met: a worker that holds
-        // none of the prompt is never read.
-        let mut state: Vec<(PrefixMatch, Option<Walk<'_>>)> = Vec::new();
-        state.resize_with(self.slots.len(), Default::default);
+        let mut visited: Vec<(PrefixMatch, Walk<'_>)> = Vec::new();
         for (b, &h) in hashes.iter().enumerate() {
             let mut advanced = false;
             for holder in self.holders.get(h) {
                 let id = holder.id() as usize;
-                let (Some(true), Some((m, walk))) = (asked.get(id), state.get_mut(id)) else {
-                    continue;
-                };
+                let Some(s) = state.get_mut(id) else { continue };
                 // Only a worker that matched every block before this one continues.
+                if *s == ASKED {
+                    let slot = self.slots.get(id).and_then(Option::as_ref);
+                    let Some(slot) = slot.filter(|_| b == 0) else { continue };
+                    *s = visited.len() as u32;
+                    visited.push((PrefixMatch::default(), Walk::new(self, slot, now_ms)));
+                }
+                let Some((m, walk)) = visited.get_mut(*s as usize) else { continue };
                 if m.blocks != b {
                     continue;
                 }
-                if walk.is_none() {
-                    *walk = self
-                        .slots
-                        .get(id)
-                        .and_then(Option::as_ref)
-                        .map(|slot| Walk::new(self, slot, now_ms));
-                }
-                if let Some(walk) = walk {
-                    advanced |= walk.credit(h, holder.flags(), m);
-                }
+                advanced |= walk.credit(h, holder.flags(), m);
             }
             if !advanced {
                 break;
@@ -55,7 +56,8 @@ impl KnowledgeIndex {
         }
         ids.iter()
             .map(|&id| {
-                let mut m = state.get(id as usize).map(|s| s.0).unwrap_or_default();
+                let at = state.get(id as usize).copied().unwrap_or(NOT_ASKED);
+                let mut m = visited.get(at as usize).map(|v| v.0).unwrap_or_default();
                 self.fade(&mut m, now_ms);
                 m
             })
