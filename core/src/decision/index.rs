@@ -398,9 +398,9 @@ impl KnowledgeIndex {
 /// One worker's prefix lookup at one instant: what each block is credited as.
 struct Walk<'a> {
     w: &'a WorkerBlocks,
-    /// The event view, while the updater's confirmation is fresh.
-    events: Option<&'a EventView>,
-    /// Its `observed_at_ms`, read once.
+    /// The worker's event view counts: the updater's confirmation is fresh.
+    events: bool,
+    /// The event view's `observed_at_ms`, read once.
     events_at_ms: u64,
     /// With fresh events, older guesses are superseded by what the engine reported.
     superseded_before: u64,
@@ -414,6 +414,7 @@ impl<'a> Walk<'a> {
         let events_at_ms = events.map_or(0, |e| e.observed_at_ms);
         let superseded_before =
             events.map_or(0, |_| events_at_ms.saturating_sub(ix.trust.grace_ms));
+        let events = events.is_some();
         Walk { w, events, events_at_ms, superseded_before, limits: &ix.limits, now_ms }
     }
 
@@ -422,7 +423,7 @@ impl<'a> Walk<'a> {
     /// its event view's lower tier. `false`: not credited, the match ends before it.
     fn credit(&self, h: u64, flags: u32, m: &mut PrefixMatch) -> bool {
         let now_ms = self.now_ms;
-        let events = self.events.is_some();
+        let events = self.events;
         let event = |m: &mut PrefixMatch| {
             m.blocks += 1;
             m.from_events += 1;

@@ -16,15 +16,14 @@ impl KnowledgeIndex {
     /// [`worker_key`](crate::decision::load::worker_key) (`out[i]` for `workers[i]`), equal to
     /// asking for each in turn.
     pub fn prefix_matches(&self, workers: &[u64], hashes: &[u64], now_ms: u64) -> Vec<PrefixMatch> {
-        // Each asked worker's slot id (NONE: not in the index). The matches are kept by slot
-        // id: holder lists are sorted by id, so a block many workers share is credited in
-        // memory order. A worker named twice shares its slot's match.
+        // Each asked worker's slot id (NONE: not in the index); a worker named twice shares
+        // its slot's match.
         let ids: Vec<u32> =
             workers.iter().map(|w| self.ids.get(w).copied().unwrap_or(NONE)).collect();
-        // Slot id -> NOT_ASKED, ASKED, or the position of its match in `visited`: a slot's
-        // match and walk are set up when one of its blocks is first met (holder lists are
-        // sorted by id, so in memory order), and a worker that holds none of the prompt is
-        // never read.
+        // Slot id -> NOT_ASKED, ASKED, or the position of its match in `visited`. A match (and
+        // its walk) starts when its worker is met as a holder of the prompt's first block, so
+        // `visited` is in slot order, the order of holder lists: a block many workers share is
+        // credited in memory order, and a worker that holds none of the prompt is never read.
         let mut state = vec![NOT_ASKED; self.slots.len()];
         for &id in &ids {
             if let Some(s) = state.get_mut(id as usize) {
