@@ -138,6 +138,9 @@ pub struct KnowledgeIndex {
     free_ids: Vec<u32>,
     /// Every slot's blocks, by hash.
     holders: Holders,
+    /// Each slot's event view's `observed_at_ms` (`None`: no view), kept beside the slots so
+    /// that a decision starts a worker's match without reading its slot.
+    events_at: Vec<Option<u64>>,
 }
 
 impl KnowledgeIndex {
@@ -154,6 +157,7 @@ impl KnowledgeIndex {
             slots: Vec::new(),
             free_ids: Vec::new(),
             holders: Holders::default(),
+            events_at: Vec::new(),
         }
     }
 
@@ -215,6 +219,19 @@ impl KnowledgeIndex {
             now.iter().filter(|h| !was.contains(*h)).for_each(|&h| holders.set(h, w.id, flag));
         }
         w.events = Some(view);
+        let id = w.id;
+        self.note_events(id, Some(observed_at_ms));
+    }
+
+    /// Records slot `id`'s event view time in [`KnowledgeIndex::events_at`].
+    fn note_events(&mut self, id: u32, at_ms: Option<u64>) {
+        let at = id as usize;
+        if self.events_at.len() <= at {
+            self.events_at.resize(at + 1, None);
+        }
+        if let Some(e) = self.events_at.get_mut(at) {
+            *e = at_ms;
+        }
     }
 
     /// Changes `worker`'s event view: optionally empties it, then removes and adds per tier.
@@ -244,6 +261,7 @@ impl KnowledgeIndex {
             }
         }
         view.observed_at_ms = observed_at_ms;
+        self.note_events(id, Some(observed_at_ms));
     }
 
     /// Records that the updater confirmed its knowledge at `at_ms`.
@@ -318,6 +336,7 @@ impl KnowledgeIndex {
         if let Some(view) = &w.events {
             unlist_view(&mut self.holders, id, view);
         }
+        self.note_events(id, None);
         self.free_ids.push(id);
     }
 
@@ -360,13 +379,7 @@ impl KnowledgeIndex {
 
     /// Credit from events fades over the second half of their allowed age.
     fn fade(&self, m: &mut PrefixMatch, now_ms: u64) {
-        let w = self.event_weight(now_ms);
-        if m.from_events > 0 && w < 1.0 {
-            let kept = (m.from_events as f64 * w) as usize;
-            m.blocks -= m.from_events - kept;
-            m.from_events = kept;
-            m.offloaded = m.offloaded.min(kept);
-        }
+        batch::fade(m, self.event_weight(now_ms));
     }
 
     /// Weight of event knowledge at `now_ms`: 1 while younger than half the allowed age, then

@@ -1,65 +1,119 @@
 //! Prefix lookups for a whole pool at once, driven by the [`Holders`](super::holders::Holders) of each prompt block:
 //! a block is looked up once, and only the workers that hold it are visited. A block nobody
 //! holds ends every match with one probe, whatever the pool's size.
+//!
+//! A block every worker shares (a system prompt) is credited once per holder, so the loop over
+//! a holder list reads only a small [`Progress`] per slot: a block on the GPU tier of a fresh
+//! event view (the common case) is counted there. Only the other cases read the worker's slot,
+//! through its [`Walk`], made the first time one is needed.
 
-use super::{KnowledgeIndex, PrefixMatch, Walk};
+use super::{holders::GPU, KnowledgeIndex, PrefixMatch, Walk};
 
-/// Not a worker in the index.
-const NONE: u32 = u32::MAX;
-/// A slot no asked worker has.
+/// A slot no asked worker has (also: a worker not in the index).
 const NOT_ASKED: u32 = u32::MAX;
 /// A slot asked about whose match has not started.
 const ASKED: u32 = u32::MAX - 1;
+/// A slot whose match started and has no [`Walk`] yet (every block so far was counted in its
+/// [`Progress`]).
+const STARTED: u32 = u32::MAX - 2;
+
+/// One slot's match as the loop over holders sees it (16 bytes: a thousand workers' fit in
+/// L1).
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    /// [`NOT_ASKED`], [`ASKED`], [`STARTED`], or the position of the slot's match and walk.
+    at: u32,
+    /// Leading blocks credited so far (the match's `blocks`).
+    blocks: u32,
+    /// How many of them were credited from the fresh event view's GPU tier here, not through
+    /// [`Walk::credit`]: added to the match's `from_events` at the end.
+    gpu: u32,
+    /// The slot has an event view and it counts (as [`Walk`]'s `events`).
+    fresh: bool,
+}
 
 impl KnowledgeIndex {
     /// [`KnowledgeIndex::prefix_match`] of each of `workers`, given by their
     /// [`worker_key`](crate::decision::load::worker_key) (`out[i]` for `workers[i]`), equal to
     /// asking for each in turn.
     pub fn prefix_matches(&self, workers: &[u64], hashes: &[u64], now_ms: u64) -> Vec<PrefixMatch> {
-        // Each asked worker's slot id (NONE: not in the index); a worker named twice shares
-        // its slot's match.
+        // Each asked worker's slot id; a worker named twice shares its slot's match.
         let ids: Vec<u32> =
-            workers.iter().map(|w| self.ids.get(w).copied().unwrap_or(NONE)).collect();
-        // Slot id -> NOT_ASKED, ASKED, or the position of its match in `visited`. A match (and
-        // its walk) starts when its worker is met as a holder of the prompt's first block, so
-        // `visited` is in slot order, the order of holder lists: a block many workers share is
-        // credited in memory order, and a worker that holds none of the prompt is never read.
-        let mut state = vec![NOT_ASKED; self.slots.len()];
+            workers.iter().map(|w| self.ids.get(w).copied().unwrap_or(NOT_ASKED)).collect();
+        let idle = Progress { at: NOT_ASKED, blocks: 0, gpu: 0, fresh: false };
+        let mut progress = vec![idle; self.slots.len()];
         for &id in &ids {
-            if let Some(s) = state.get_mut(id as usize) {
-                *s = ASKED;
+            if let Some(p) = progress.get_mut(id as usize) {
+                p.at = ASKED;
             }
         }
-        let mut visited: Vec<(PrefixMatch, Walk<'_>)> = Vec::new();
-        for (b, &h) in hashes.iter().enumerate() {
+        // A match starts when its worker is met as a holder of the prompt's first block, so
+        // `walks` are in slot order, the order of holder lists, and a worker that holds none of
+        // the prompt is never read.
+        let fresh = self.event_state(now_ms).1;
+        let mut walks: Vec<(PrefixMatch, Walk<'_>)> = Vec::new();
+        for (b, &h) in (0..u32::MAX).zip(hashes) {
             let mut advanced = false;
             for holder in self.holders.get(h) {
                 let id = holder.id() as usize;
-                let Some(s) = state.get_mut(id) else { continue };
-                // Only a worker that matched every block before this one continues.
-                if *s == ASKED {
-                    let slot = self.slots.get(id).and_then(Option::as_ref);
-                    let Some(slot) = slot.filter(|_| b == 0) else { continue };
-                    *s = visited.len() as u32;
-                    visited.push((PrefixMatch::default(), Walk::new(self, slot, now_ms)));
+                let Some(p) = progress.get_mut(id) else { continue };
+                if p.at == ASKED && b == 0 {
+                    p.at = STARTED;
+                    p.fresh = fresh && self.events_at.get(id).is_some_and(Option::is_some);
                 }
-                let Some((m, walk)) = visited.get_mut(*s as usize) else { continue };
-                if m.blocks != b {
+                // Only a started match that credited every block before this one continues.
+                if p.at >= ASKED || p.blocks != b {
                     continue;
                 }
-                advanced |= walk.credit(h, holder.flags(), m);
+                // `Walk::credit`'s first case, counted without reading the slot.
+                if p.fresh && holder.flags() & GPU != 0 {
+                    p.blocks += 1;
+                    p.gpu += 1;
+                    advanced = true;
+                    continue;
+                }
+                if p.at == STARTED {
+                    let Some(slot) = self.slots.get(id).and_then(Option::as_ref) else { continue };
+                    p.at = walks.len() as u32;
+                    walks.push((PrefixMatch::default(), Walk::new(self, slot, now_ms)));
+                }
+                let Some((m, walk)) = walks.get_mut(p.at as usize) else { continue };
+                if walk.credit(h, holder.flags(), m) {
+                    p.blocks += 1;
+                    advanced = true;
+                }
             }
             if !advanced {
                 break;
             }
         }
+        let weight = self.event_weight(now_ms);
         ids.iter()
             .map(|&id| {
-                let at = state.get(id as usize).copied().unwrap_or(NOT_ASKED);
-                let mut m = visited.get(at as usize).map(|v| v.0).unwrap_or_default();
-                self.fade(&mut m, now_ms);
+                let p = progress.get(id as usize).unwrap_or(&idle);
+                if p.at >= ASKED {
+                    return PrefixMatch::default();
+                }
+                let credited = walks.get(p.at as usize).map(|w| w.0).unwrap_or_default();
+                let mut m = PrefixMatch { blocks: p.blocks as usize, ..credited };
+                if p.gpu > 0 {
+                    let at = self.events_at.get(id as usize).copied().flatten().unwrap_or(now_ms);
+                    m.from_events += p.gpu as usize;
+                    m.oldest_age_ms = m.oldest_age_ms.max(now_ms.saturating_sub(at));
+                }
+                fade(&mut m, weight);
                 m
             })
             .collect()
+    }
+}
+
+/// Fades `m`'s event credit by the event `weight` ([`KnowledgeIndex::event_weight`]).
+pub(super) fn fade(m: &mut PrefixMatch, weight: f64) {
+    if m.from_events > 0 && weight < 1.0 {
+        let kept = (m.from_events as f64 * weight) as usize;
+        m.blocks -= m.from_events - kept;
+        m.from_events = kept;
+        m.offloaded = m.offloaded.min(kept);
     }
 }

@@ -263,6 +263,11 @@ fn assert_holders_exact(ix: &KnowledgeIndex, hashes: u64, seed: u64, step: usize
         let got: Vec<(u32, u32)> = ix.holders.get(h).iter().map(|x| (x.id(), x.flags())).collect();
         assert_eq!(got, want, "seed {seed} step {step} hash {h}");
     }
+    for (id, slot) in ix.slots.iter().enumerate() {
+        let want = slot.as_ref().and_then(|w| w.events.as_ref()).map(|e| e.observed_at_ms);
+        let got = ix.events_at.get(id).copied().flatten();
+        assert_eq!(got, want, "seed {seed} step {step}: slot {id}'s event time");
+    }
 }
 
 #[test]
