@@ -3,7 +3,7 @@
 //! by cache, queue and the cost of handing the KV that decode worker lacks over their link;
 //! the pair with the lowest estimate wins.
 
-use crate::decision::cost::{rank_reached, reusable_blocks, Candidate, Score};
+use crate::decision::cost::{rank_pool, reusable_blocks, Candidate, Score};
 use crate::decision::load::LoadSource;
 
 use crate::decision::topology::TopologyConfig;
@@ -40,15 +40,10 @@ impl Router {
             .map(|c| Candidate { cached_blocks: all, offloaded_blocks: 0, ..c.clone() })
             .collect();
         let near = reaches(topo, &handed, true, &|_| 0.0);
-        let mut ranked = rank_reached(
-            &profile,
-            &handed,
-            &near,
-            prompt_tokens,
-            m.block_size,
-            self.plan.weigh,
-            pick,
-        );
+        // Both pools are in name order (the plan's and the updater's are), so the ranking
+        // reads no name but those it keeps.
+        let prompt = (prompt_tokens, m.block_size);
+        let mut ranked = rank_pool(&profile, &handed, &near, prompt, self.plan.weigh, pick);
         let (cands, _) = self.candidates(t, &m.prefill_workers, hashes, load, now_ms, cache_read);
         // Without a topology the hand-off still crosses a link: the default one within a site.
         let fallback = TopologyConfig::default();
@@ -56,7 +51,7 @@ impl Router {
         // What a decode worker lacks of the prompt: a connector moves only the blocks its own
         // prefix cache does not hold.
         let bs = u64::from(m.block_size);
-        let lacks = |w: &str| {
+        let lacks = |w: &WorkerName| {
             let held = decode.iter().find(|c| c.name() == w).map_or(0, |c| c.cached_blocks);
             prompt_tokens - (held.min(all) as u64) * bs
         };
@@ -64,21 +59,14 @@ impl Router {
         // the lowest estimate wins.
         let mut best: Option<(usize, Vec<Score>)> = None;
         for (i, d) in ranked.iter().enumerate().take(MAX_DECODE_CANDIDATES) {
-            let handoff = |p: &str| net.handoff_ms(p, &d.worker, lacks(&d.worker)) + d.ttft_ms;
+            let lacking = lacks(&d.worker);
+            let handoff = |p: &str| net.handoff_ms(p, &d.worker, lacking) + d.ttft_ms;
             // No pulls among prefill workers: the P/D proxy forwards the request's headers to
             // the prefill worker, and a pull header meant for it would reach the decode engine
             // too.
             let mut near = reaches(topo, &cands, false, &handoff);
             near.iter_mut().for_each(|r| r.pulls.clear());
-            let prefill = rank_reached(
-                &profile,
-                &cands,
-                &near,
-                prompt_tokens,
-                m.block_size,
-                self.plan.weigh,
-                pick,
-            );
+            let prefill = rank_pool(&profile, &cands, &near, prompt, self.plan.weigh, pick);
             let total = prefill.first().map_or(f64::INFINITY, |p| p.ttft_ms);
             if best
                 .as_ref()
