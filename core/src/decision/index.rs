@@ -379,7 +379,7 @@ impl KnowledgeIndex {
 
     /// Credit from events fades over the second half of their allowed age.
     fn fade(&self, m: &mut PrefixMatch, now_ms: u64) {
-        batch::fade(m, self.event_weight(now_ms));
+        fade(m, self.event_weight(now_ms));
     }
 
     /// Weight of event knowledge at `now_ms`: 1 while younger than half the allowed age, then
@@ -471,6 +471,16 @@ impl<'a> Walk<'a> {
             return true;
         }
         false
+    }
+}
+
+/// Fades `m`'s event credit by the event `weight` ([`KnowledgeIndex::event_weight`]).
+fn fade(m: &mut PrefixMatch, weight: f64) {
+    if m.from_events > 0 && weight < 1.0 {
+        let kept = (m.from_events as f64 * weight) as usize;
+        m.blocks -= m.from_events - kept;
+        m.from_events = kept;
+        m.offloaded = m.offloaded.min(kept);
     }
 }
 

@@ -7,7 +7,7 @@
 //! event view (the common case) is counted there. Only the other cases read the worker's slot,
 //! through its [`Walk`], made the first time one is needed.
 
-use super::{holders::GPU, KnowledgeIndex, PrefixMatch, Walk};
+use super::{fade, holders::GPU, KnowledgeIndex, PrefixMatch, Walk};
 
 /// A slot no asked worker has (also: a worker not in the index).
 const NOT_ASKED: u32 = u32::MAX;
@@ -105,15 +105,5 @@ impl KnowledgeIndex {
                 m
             })
             .collect()
-    }
-}
-
-/// Fades `m`'s event credit by the event `weight` ([`KnowledgeIndex::event_weight`]).
-pub(super) fn fade(m: &mut PrefixMatch, weight: f64) {
-    if m.from_events > 0 && weight < 1.0 {
-        let kept = (m.from_events as f64 * weight) as usize;
-        m.blocks -= m.from_events - kept;
-        m.from_events = kept;
-        m.offloaded = m.offloaded.min(kept);
     }
 }
