@@ -199,7 +199,7 @@ impl ModelState {
             return CalibOutcome::Rejected;
         }
         let x = features(s);
-        let mut scaled: Vec<f64> = (0..DIM).map(|i| x[i] * self.prior[i]).collect();
+        let mut scaled: [f64; DIM] = std::array::from_fn(|i| x[i] * self.prior[i]);
         let prior_ms: f64 = scaled.iter().sum();
         // Each attention term is learned with its per-token term, as one prefill speed.
         for (keep, fold) in self.tied() {
@@ -209,7 +209,7 @@ impl ModelState {
         if !(prior_ms.is_finite() && prior_ms > 0.0) {
             return CalibOutcome::Rejected;
         }
-        let u: Vec<f64> = scaled.iter().map(|v| v / prior_ms).collect();
+        let u = scaled.map(|v| v / prior_ms);
         let dev = self.deviation(&s.worker);
         let t = y / dev / prior_ms;
         let fitted: f64 = (0..DIM).map(|i| u[i] * self.theta[i]).sum();
@@ -258,31 +258,23 @@ impl ModelState {
         let k = if self.weight > 0.0 { cfg.prior_weight / self.weight } else { 0.0 };
         // The coupling, in the relative units of theta: `mu · (r_q θ_q − r_o θ_o)²` with `r`
         // the prior ratio, which is 1 for a configured profile.
-        let mu = COUPLING;
-        let pairs = self.coupled();
-        let coupling = |i: usize, j: usize| -> f64 {
-            pairs
-                .iter()
-                .filter(|(q, o)| self.prior[*q] > 0.0 && self.prior[*o] > 0.0)
-                .map(|&(q, o)| {
-                    let r = |x: usize| self.prior[x] / self.prior[q].max(self.prior[o]);
-                    match (i, j) {
-                        _ if i == j && (i == q || i == o) => mu * r(i) * r(i),
-                        _ if (i, j) == (q, o) || (i, j) == (o, q) => -mu * r(q) * r(o),
-                        _ => 0.0,
-                    }
-                })
-                .sum()
-        };
+        let coupling = self.coupling();
         let ridge =
             |i: usize| if (QUEUE_BASE..BATCH_FILL).contains(&i) { QUEUE_RIDGE } else { RIDGE };
         // The batch fill's prior is a small start, not a belief: the prior's pull leaves it out.
         let pull = |i: usize, j: usize| if i == BATCH_FILL || j == BATCH_FILL { 0.0 } else { k };
         let m = |i: usize, j: usize| {
             self.a[idx(i, j)] * (1.0 + pull(i, j))
-                + coupling(i, j)
+                + coupling[i][j]
                 + if i == j { ridge(i) } else { 0.0 }
         };
+        // The system's matrix, built once: the iterations below only read it.
+        let mut mat = [[0.0; DIM]; DIM];
+        for (i, row) in mat.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = m(i, j);
+            }
+        }
         let mut c = [0.0; DIM];
         for (i, ci) in c.iter_mut().enumerate() {
             let prior_pull: f64 = (0..DIM).map(|j| self.a[idx(i, j)] * pull(i, j)).sum();
@@ -295,10 +287,10 @@ impl ModelState {
                     self.theta[i] = 1.0;
                     continue;
                 }
-                let diag = m(i, i);
+                let diag = mat[i][i];
                 let mut rhs = c[i];
                 for j in (0..DIM).filter(|&j| j != i) {
-                    rhs -= m(i, j) * self.theta[j];
+                    rhs -= mat[i][j] * self.theta[j];
                 }
                 let (lo, hi) = theta_bounds(cfg, i);
                 let next = (rhs / diag).clamp(lo, hi);
@@ -316,6 +308,23 @@ impl ModelState {
                 self.theta[fold] = self.theta[keep];
             }
         }
+    }
+
+    /// The coupling's terms of the system's matrix: for each coupled pair `(q, o)` whose
+    /// priors are both set, `mu · r_q²` and `mu · r_o²` on the diagonal and `−mu · r_q · r_o`
+    /// off it, summed over the pairs in order.
+    fn coupling(&self) -> [[f64; DIM]; DIM] {
+        let mut c = [[0.0; DIM]; DIM];
+        for (q, o) in self.coupled() {
+            if !(self.prior[q] > 0.0 && self.prior[o] > 0.0) {
+                continue;
+            }
+            let r = |x: usize| self.prior[x] / self.prior[q].max(self.prior[o]);
+            for (i, j) in [(q, q), (o, o), (q, o), (o, q)] {
+                c[i][j] += if i == j { COUPLING * r(i) * r(i) } else { -COUPLING * r(q) * r(o) };
+            }
+        }
+        c
     }
 
     /// Moves the promise quantile towards `ratio` (observed over what the decision estimated).
