@@ -6,6 +6,7 @@
 //! Most blocks have one holder, stored inline; blocks many workers share (system prompts)
 //! point into a list of holders sorted by worker id.
 
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::HashMap;
 
 use foldhash::fast::RandomState as Fast;
@@ -69,22 +70,19 @@ impl Holders {
 
     /// Adds `flag` to worker `id`'s record of `hash`.
     pub fn set(&mut self, hash: u64, id: u32, flag: u32) {
-        let entry = match self.map.get(&hash) {
-            None => {
-                self.map.insert(hash, Entry::One(Holder::new(id, flag)));
+        let slot = match self.map.entry(hash) {
+            MapEntry::Vacant(v) => {
+                v.insert(Entry::One(Holder::new(id, flag)));
                 return;
             }
-            Some(e) => *e,
+            MapEntry::Occupied(o) => o.into_mut(),
         };
-        match entry {
-            Entry::One(h) if h.id() == id => {
-                self.map.insert(hash, Entry::One(Holder::new(id, h.flags() | flag)));
-            }
+        match *slot {
+            Entry::One(h) if h.id() == id => *slot = Entry::One(Holder::new(id, h.flags() | flag)),
             Entry::One(h) => {
                 let mut list = vec![h, Holder::new(id, flag)];
                 list.sort_unstable_by_key(|h| h.id());
-                let i = self.new_list(list);
-                self.map.insert(hash, Entry::Many(i));
+                *slot = Entry::Many(new_list(&mut self.lists, &mut self.free, list));
             }
             Entry::Many(i) => {
                 let Some(list) = self.lists.get_mut(i as usize) else { return };
@@ -99,14 +97,14 @@ impl Holders {
     /// Takes `flag` off worker `id`'s record of `hash`; a worker with no flag left is no
     /// longer a holder, and a hash without holders is forgotten.
     pub fn clear(&mut self, hash: u64, id: u32, flag: u32) {
-        let Some(&entry) = self.map.get(&hash) else { return };
-        match entry {
+        let MapEntry::Occupied(mut o) = self.map.entry(hash) else { return };
+        match *o.get() {
             Entry::One(h) if h.id() == id => {
                 let left = h.flags() & !flag;
                 if left == 0 {
-                    self.map.remove(&hash);
+                    o.remove();
                 } else {
-                    self.map.insert(hash, Entry::One(Holder::new(id, left)));
+                    *o.get_mut() = Entry::One(Holder::new(id, left));
                 }
             }
             Entry::One(_) => {}
@@ -124,21 +122,10 @@ impl Holders {
                     list.clear();
                     list.shrink_to_fit();
                     self.free.push(i);
-                    self.map.insert(hash, Entry::One(only));
+                    *o.get_mut() = Entry::One(only);
                 }
             }
         }
-    }
-
-    fn new_list(&mut self, list: Vec<Holder>) -> u32 {
-        if let Some(i) = self.free.pop() {
-            if let Some(slot) = self.lists.get_mut(i as usize) {
-                *slot = list;
-                return i;
-            }
-        }
-        self.lists.push(list);
-        (self.lists.len() - 1) as u32
     }
 
     /// Hashes with at least one holder.
@@ -146,6 +133,18 @@ impl Holders {
     pub fn hashes(&self) -> usize {
         self.map.len()
     }
+}
+
+/// Stores `list` in a freed slot of `lists`, or a new one; its index.
+fn new_list(lists: &mut Vec<Vec<Holder>>, free: &mut Vec<u32>, list: Vec<Holder>) -> u32 {
+    if let Some(i) = free.pop() {
+        if let Some(slot) = lists.get_mut(i as usize) {
+            *slot = list;
+            return i;
+        }
+    }
+    lists.push(list);
+    (lists.len() - 1) as u32
 }
 
 #[cfg(test)]
