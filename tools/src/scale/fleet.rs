@@ -63,6 +63,20 @@ pub fn prompt_tokens(hit: bool) -> Vec<u32> {
     }
 }
 
+/// A prompt of [`PROMPT_TOKENS`] tokens that starts with one of the shared system prompts
+/// (chosen by `seed`) and continues with tokens nobody else has (named by `seed`).
+pub fn fill_prompt(seed: u64) -> Vec<u32> {
+    let shared = SHARED_BLOCKS * 16;
+    tokens(system_seed(seed % SYSTEM_PROMPTS), 0, shared)
+        .chain(tokens(mix(seed ^ 0xF111), 0, PROMPT_TOKENS - shared))
+        .collect()
+}
+
+/// A prompt of [`PROMPT_TOKENS`] tokens that shares nothing with any other (named by `seed`).
+pub fn fresh_prompt(seed: u64) -> Vec<u32> {
+    tokens(mix(seed ^ 0xF5E5), 0, PROMPT_TOKENS).collect()
+}
+
 fn system_seed(s: u64) -> u64 {
     0x5157_0000 + s
 }

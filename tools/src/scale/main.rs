@@ -11,12 +11,16 @@
 //!   take-in time; the delta the updater's publisher composes after 1, 100 events, its bytes,
 //!   decode and take-in time; and at a fixed pool, the delta against the events since the
 //!   caller's version (event rate × long-poll interval).
+//! - `decision_in_envoy_vs_workers`: the same decision inside Envoy (the filter's own timing
+//!   in each answer's `x-kvroute-decision`), a real updater following simulated workers' KV
+//!   events (see `envoy.rs`); with the updater's curves (`--skip-updater` leaves it out).
 //! - `noise`: one point (the workers sweep's pool at `--noise-workers`) rebuilt and re-timed
 //!   `--repeats` times: the spread to read the curves against.
 //!
 //! Run: `target/release/kvroute-scale --out results/scale` (minutes; flags shrink it).
 
 mod decision;
+mod envoy;
 mod fleet;
 mod out;
 mod updater;
@@ -91,6 +95,15 @@ struct Args {
     /// Freshness probes per fan-out point (each seen by every client).
     #[arg(long, default_value_t = 20)]
     probes: usize,
+    /// Pool sizes of the in-Envoy decision curve (empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "4,16,64,256,1024")]
+    envoy_workers: Vec<usize>,
+    /// Prompts of 4 096 tokens each worker is filled with before the in-Envoy decisions.
+    #[arg(long, default_value_t = 2)]
+    envoy_fill: usize,
+    /// Hit and miss decisions timed per point inside Envoy.
+    #[arg(long, default_value_t = 200)]
+    envoy_iters: usize,
 }
 
 /// This process's resident memory (MiB).
@@ -333,7 +346,23 @@ async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
             eprintln!("kvroute-scale: fan-out to {c} clients done");
         }
     }
-    Ok(vec![ingest, fanout])
+    let mut in_envoy = Curve::new(
+        "decision_in_envoy_vs_workers",
+        format!(
+            "decision time inside Envoy vs workers ({} prompts of 4 096 tokens per worker)",
+            a.envoy_fill
+        ),
+        &[&["workers"], envoy::COLUMNS].concat(),
+    )
+    .plotting(&["hit_p50_us", "hit_p99_us", "miss_p50_us", "miss_p99_us"], "µs");
+    for &w in &a.envoy_workers {
+        let pool = updater::SimPool::start(w, &dir).await?;
+        let mut row = vec![w as f64];
+        row.extend(envoy::point(&pool, &dir, a.envoy_fill, a.envoy_iters).await?);
+        in_envoy.push(row);
+        eprintln!("kvroute-scale: in-Envoy decisions with {w} workers done");
+    }
+    Ok(vec![ingest, fanout, in_envoy])
 }
 
 fn main() -> anyhow::Result<()> {

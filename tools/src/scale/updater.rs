@@ -41,7 +41,8 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 pub struct SimPool {
     _sim: Guard,
     updater: Guard,
-    port: u16,
+    /// The updater's HTTP port.
+    pub port: u16,
     /// Workers' HTTP addresses; worker 0 gets no background load (freshness probes).
     pub addrs: Vec<String>,
     http: reqwest::Client,

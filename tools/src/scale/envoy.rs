@@ -1,0 +1,145 @@
+//! Decision time inside Envoy against the pool's size: the filter in a real Envoy (2 worker
+//! threads) in front of a [`SimPool`] (simulated workers in one process, the real updater
+//! following their KV events over ZMQ, its snapshots long-polled by the filter's singleton).
+//!
+//! Each worker is filled straight (not through Envoy) with `fill` prompts of
+//! [`fleet::PROMPT_TOKENS`] tokens, and the middle worker with the hit prompt, so the filter
+//! knows them from the engines' events, as in production. Then, through Envoy, one client
+//! connection sends the hit prompt (one worker holds it) and fresh prompts (nobody holds them),
+//! as token ids (no tokenization). Each answer's `x-kvroute-decision` gives the filter's own
+//! timing (Envoy's clock): `decision_us` minus `parse_us` (the body) and `catchup_us` (the
+//! journal and the updater's knowledge) is the decision proper, which the native curve times.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use kvroute_stack::client::{self, Reply};
+use kvroute_stack::envoy::Envoy;
+use kvroute_stack::nearest_rank;
+use kvroute_stack::paths;
+use kvroute_stack::stack::{write_config, StackPorts, MODEL};
+use serde_json::json;
+
+use crate::fleet;
+use crate::updater::SimPool;
+
+/// Envoy worker threads.
+const THREADS: u32 = 2;
+
+/// The columns of one point, after `workers`.
+pub const COLUMNS: &[&str] = &[
+    "hit_p50_us",
+    "hit_p99_us",
+    "miss_p50_us",
+    "miss_p99_us",
+    "hit_catchup_p50_us",
+    "miss_catchup_p50_us",
+    "parse_p50_us",
+    "hit_cached_tokens",
+    "miss_cached_tokens",
+    "samples",
+];
+
+/// One decision's timing from its header: (decision proper, catch-up, parse, predicted
+/// cached tokens).
+fn timing(r: &Reply) -> anyhow::Result<(f64, f64, f64, f64)> {
+    anyhow::ensure!(r.status == 200, "request failed: {} {}", r.status, r.body);
+    let field = |k: &str| -> anyhow::Result<f64> {
+        r.decision_field(k)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no {k} in x-kvroute-decision {:?}", r.decision))
+    };
+    let (d, p, c) = (field("decision_us")?, field("parse_us")?, field("catchup_us")?);
+    Ok(((d - p - c).max(0.0), c, p, field("predicted_cached_tokens")?))
+}
+
+fn p(v: &[f64], q: f64) -> anyhow::Result<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    nearest_rank(&s, q).context("no samples")
+}
+
+/// Measures one point: `iters` hits and `iters` misses through Envoy in front of `pool`.
+pub async fn point(
+    pool: &SimPool,
+    dir: &Path,
+    fill: usize,
+    iters: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let http = reqwest::Client::new();
+    let n = pool.addrs.len();
+    // Fill every worker straight, a few at a time.
+    let mut sent = Vec::new();
+    for (i, addr) in pool.addrs.iter().enumerate() {
+        for k in 0..fill {
+            let body = fleet::body(&fleet::fill_prompt((i * fill + k) as u64));
+            let (http, url) = (http.clone(), format!("http://{addr}"));
+            sent.push(tokio::spawn(async move {
+                client::send(&http, &url, "/v1/completions", body, &[]).await
+            }));
+            if sent.len() >= 16 {
+                for h in sent.drain(..) {
+                    h.await??;
+                }
+            }
+        }
+    }
+    for h in sent.drain(..) {
+        h.await??;
+    }
+    let hit = fleet::body(&fleet::prompt_tokens(true));
+    let holder = format!("http://{}", pool.addrs[n / 2]);
+    client::send(&http, &holder, "/v1/completions", hit.clone(), &[]).await?;
+
+    let filter = json!({"models": [{"name": MODEL, "workers": pool.addrs}],
+                        "expose_decision_header": true});
+    // Ports picked free can be taken by then (a thousand workers' connections use ephemeral
+    // ports): Envoy starts again on others.
+    let first = (paths::free_port()?, paths::free_port()?);
+    let envoy = Envoy::start_retrying_ports(first, dir, THREADS, |admin, listen| {
+        let ports = StackPorts { admin, listen, updater: pool.port };
+        write_config("kvroute.yaml", dir, ports, &pool.addrs, &filter)
+    })
+    .await?;
+    envoy.wait_healthy(n).await?;
+    let url = envoy.base_url();
+    // One connection: the decisions stay on one Envoy thread, as a conversation's would.
+    let conn = reqwest::Client::builder().pool_max_idle_per_host(1).build()?;
+    let ask = |body: Vec<u8>| client::send(&conn, &url, "/v1/completions", body, &[]);
+    // Until the filter holds the updater's knowledge of the hit prompt (its snapshot
+    // carries every worker's events).
+    let mut known = false;
+    for _ in 0..300 {
+        if timing(&ask(hit.clone()).await?)?.3 >= (fleet::PROMPT_TOKENS / 2) as f64 {
+            known = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::ensure!(known, "the filter never learned the hit prompt's holder ({n} workers)");
+    let (mut hits, mut misses) = (Vec::new(), Vec::new());
+    for i in 0..iters {
+        hits.push(timing(&ask(hit.clone()).await?)?);
+        let fresh = fleet::body(&fleet::fresh_prompt(0x3155_0000_0000 + i as u64));
+        misses.push(timing(&ask(fresh).await?)?);
+    }
+    drop(envoy);
+    let col = |v: &[(f64, f64, f64, f64)], f: fn(&(f64, f64, f64, f64)) -> f64| -> Vec<f64> {
+        v.iter().map(f).collect()
+    };
+    let (hd, md) = (col(&hits, |t| t.0), col(&misses, |t| t.0));
+    let parse: Vec<f64> = hits.iter().chain(&misses).map(|t| t.2).collect();
+    Ok(vec![
+        p(&hd, 0.5)?,
+        p(&hd, 0.99)?,
+        p(&md, 0.5)?,
+        p(&md, 0.99)?,
+        p(&col(&hits, |t| t.1), 0.5)?,
+        p(&col(&misses, |t| t.1), 0.5)?,
+        p(&parse, 0.5)?,
+        p(&col(&hits, |t| t.3), 0.5)?,
+        p(&col(&misses, |t| t.3), 0.5)?,
+        iters as f64,
+    ])
+}
