@@ -41,9 +41,16 @@ pub const COLUMNS: &[&str] = &[
     "samples",
 ];
 
-/// One decision's timing from its header: (decision proper, catch-up, parse, predicted
-/// cached tokens).
-fn timing(r: &Reply) -> anyhow::Result<(f64, f64, f64, f64)> {
+/// One decision as its header tells it (µs, tokens).
+struct Timed {
+    /// `decision_us` without the body parse and the catch-up.
+    proper: f64,
+    catchup: f64,
+    parse: f64,
+    cached_tokens: f64,
+}
+
+fn timing(r: &Reply) -> anyhow::Result<Timed> {
     anyhow::ensure!(r.status == 200, "request failed: {} {}", r.status, r.body);
     let field = |k: &str| -> anyhow::Result<f64> {
         r.decision_field(k)
@@ -51,7 +58,8 @@ fn timing(r: &Reply) -> anyhow::Result<(f64, f64, f64, f64)> {
             .with_context(|| format!("no {k} in x-kvroute-decision {:?}", r.decision))
     };
     let (d, p, c) = (field("decision_us")?, field("parse_us")?, field("catchup_us")?);
-    Ok(((d - p - c).max(0.0), c, p, field("predicted_cached_tokens")?))
+    let cached_tokens = field("predicted_cached_tokens")?;
+    Ok(Timed { proper: (d - p - c).max(0.0), catchup: c, parse: p, cached_tokens })
 }
 
 fn p(v: &[f64], q: f64) -> anyhow::Result<f64> {
@@ -111,7 +119,7 @@ pub async fn point(
     // carries every worker's events).
     let mut known = false;
     for _ in 0..300 {
-        if timing(&ask(hit.clone()).await?)?.3 >= (fleet::PROMPT_TOKENS / 2) as f64 {
+        if timing(&ask(hit.clone()).await?)?.cached_tokens >= (fleet::PROMPT_TOKENS / 2) as f64 {
             known = true;
             break;
         }
@@ -125,21 +133,19 @@ pub async fn point(
         misses.push(timing(&ask(fresh).await?)?);
     }
     drop(envoy);
-    let col = |v: &[(f64, f64, f64, f64)], f: fn(&(f64, f64, f64, f64)) -> f64| -> Vec<f64> {
-        v.iter().map(f).collect()
-    };
-    let (hd, md) = (col(&hits, |t| t.0), col(&misses, |t| t.0));
-    let parse: Vec<f64> = hits.iter().chain(&misses).map(|t| t.2).collect();
+    let col = |v: &[Timed], f: fn(&Timed) -> f64| -> Vec<f64> { v.iter().map(f).collect() };
+    let (hd, md) = (col(&hits, |t| t.proper), col(&misses, |t| t.proper));
+    let parse: Vec<f64> = hits.iter().chain(&misses).map(|t| t.parse).collect();
     Ok(vec![
         p(&hd, 0.5)?,
         p(&hd, 0.99)?,
         p(&md, 0.5)?,
         p(&md, 0.99)?,
-        p(&col(&hits, |t| t.1), 0.5)?,
-        p(&col(&misses, |t| t.1), 0.5)?,
+        p(&col(&hits, |t| t.catchup), 0.5)?,
+        p(&col(&misses, |t| t.catchup), 0.5)?,
         p(&parse, 0.5)?,
-        p(&col(&hits, |t| t.3), 0.5)?,
-        p(&col(&misses, |t| t.3), 0.5)?,
+        p(&col(&hits, |t| t.cached_tokens), 0.5)?,
+        p(&col(&misses, |t| t.cached_tokens), 0.5)?,
         iters as f64,
     ])
 }

@@ -95,7 +95,7 @@ struct Args {
     /// Freshness probes per fan-out point (each seen by every client).
     #[arg(long, default_value_t = 20)]
     probes: usize,
-    /// Pool sizes of the in-Envoy decision curve (empty: none).
+    /// Pool sizes of the in-Envoy decision curve.
     #[arg(long, value_delimiter = ',', default_value = "4,16,64,256,1024")]
     envoy_workers: Vec<usize>,
     /// Prompts of 4 096 tokens each worker is filled with before the in-Envoy decisions.
