@@ -61,6 +61,16 @@ impl EngineMetrics {
         EngineMetrics { samples }
     }
 
+    /// [`EngineMetrics::parse`] of only the lines of the metrics named in `names` (their
+    /// samples, `# TYPE` and `# HELP` lines, by exact name): what a reader of a few gauges
+    /// needs, without parsing the rest. An engine exports hundreds of lines, mostly histogram
+    /// buckets, and the updater reads three gauges of them on every scrape of every worker.
+    pub fn parse_only(text: &str, names: &[&str]) -> EngineMetrics {
+        let wanted = |l: &&str| metric_name(l).is_some_and(|n| names.contains(&n));
+        let kept: Vec<&str> = text.lines().filter(wanted).collect();
+        EngineMetrics::parse(&kept.join("\n"))
+    }
+
     /// Every plain sample of `name` with its value (histograms and summaries left out).
     fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = (&'a Sample, f64)> + 'a {
         self.samples.iter().filter(move |s| s.metric == name).filter_map(|s| match s.value {
@@ -173,9 +183,21 @@ impl EngineMetrics {
     }
 }
 
-/// The load in an engine's `/metrics` text (see [`EngineMetrics::load`]).
+/// The gauges [`EngineMetrics::load`] reads.
+pub const LOAD_GAUGES: [&str; 7] = [
+    "vllm:num_requests_running",
+    "sglang:num_running_reqs",
+    "vllm:num_requests_waiting",
+    "sglang:num_queue_reqs",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+];
+
+/// The load in an engine's `/metrics` text (see [`EngineMetrics::load`]); only the lines of
+/// [`LOAD_GAUGES`] are parsed.
 pub fn parse_load(text: &str, observed_at_ms: u64) -> EngineLoad {
-    EngineMetrics::parse(text).load(observed_at_ms)
+    EngineMetrics::parse_only(text, &LOAD_GAUGES).load(observed_at_ms)
 }
 
 /// A number as Prometheus writes it (`+Inf`, `-Inf`, `NaN` included).
@@ -187,6 +209,28 @@ fn prom_float(v: &str) -> Option<f64> {
     }
 }
 
+/// Where the metric name of `l` (a sample, `# TYPE` or `# HELP` line, leading blanks already
+/// trimmed) is: `l[start..end]`; `None` for any other comment and for a line without a name.
+fn name_span(l: &str) -> Option<(usize, usize)> {
+    let start = match l.strip_prefix('#') {
+        Some(comment) => {
+            let c = comment.trim_start();
+            let after = c.strip_prefix("TYPE").or_else(|| c.strip_prefix("HELP"))?;
+            l.len() - after.trim_start().len()
+        }
+        None => 0,
+    };
+    let rest = &l[start..];
+    let end = start + rest.find(|c: char| c == '{' || c.is_whitespace()).unwrap_or(rest.len());
+    (end > start).then_some((start, end))
+}
+
+/// The metric name of `line` (see [`name_span`]).
+fn metric_name(line: &str) -> Option<&str> {
+    let l = line.trim_start();
+    name_span(l).map(|(start, end)| &l[start..end])
+}
+
 /// `line` with the colons of its metric name (of a sample, `# TYPE` or `# HELP` line)
 /// spelled as [`COLON`].
 fn colon_free(line: &str) -> Cow<'_, str> {
@@ -194,23 +238,13 @@ fn colon_free(line: &str) -> Cow<'_, str> {
         return Cow::Borrowed(line);
     }
     let l = line.trim_start();
-    let start = match l.strip_prefix('#') {
-        Some(comment) => {
-            let c = comment.trim_start();
-            let Some(after) = c.strip_prefix("TYPE").or_else(|| c.strip_prefix("HELP")) else {
-                return Cow::Borrowed(line);
-            };
-            l.len() - after.trim_start().len()
+    match name_span(l) {
+        Some((start, end)) if l[start..end].contains(':') => {
+            let name = l[start..end].replace(':', COLON);
+            Cow::Owned(format!("{}{name}{}", &l[..start], &l[end..]))
         }
-        None => 0,
-    };
-    let rest = &l[start..];
-    let end = start + rest.find(|c: char| c == '{' || c.is_whitespace()).unwrap_or(rest.len());
-    let name = &l[start..end];
-    if !name.contains(':') {
-        return Cow::Borrowed(line);
+        _ => Cow::Borrowed(line),
     }
-    Cow::Owned(format!("{}{}{}", &l[..start], name.replace(':', COLON), &l[end..]))
 }
 
 #[cfg(test)]

@@ -11,7 +11,9 @@ use std::collections::VecDeque;
 
 use kvroute_core::wire::delta::{Delta, SetChange, WorkerDelta};
 use kvroute_core::wire::peers::PeerSection;
-use kvroute_core::wire::snapshot::{ModelInfo, Snapshot, SnapshotWorker, WorkerPlacement};
+use kvroute_core::wire::snapshot::{
+    ModelInfo, Snapshot, SnapshotLoad, SnapshotWorker, WorkerPlacement,
+};
 
 /// What a caller at some version should receive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +86,19 @@ impl Answer {
             other => other,
         }
     }
+}
+
+/// What changed since the last publication ([`Publisher::publish_changes`]).
+#[derive(Debug, Clone, Default)]
+pub struct Changes {
+    /// Workers whose state changed (hash lists sorted), each sent as it is now.
+    pub workers: Vec<SnapshotWorker>,
+    /// Workers the snapshot lists whose scraped load alone changed: only their head is sent,
+    /// and their hash lists are neither rebuilt nor compared. A worker the snapshot does not
+    /// list yet is skipped: it belongs in `workers`.
+    pub loads: Vec<(String, Option<SnapshotLoad>)>,
+    /// Workers that left the pool.
+    pub removed: Vec<String>,
 }
 
 /// Bounds of the delta ring.
@@ -232,24 +247,39 @@ impl Publisher {
         peers: Option<PeerSection>,
         now_ms: u64,
     ) -> bool {
-        self.publish_changes(changed, &[], models, peers, now_ms)
+        self.publish_changes(
+            Changes { workers: changed, ..Changes::default() },
+            models,
+            peers,
+            now_ms,
+        )
     }
 
-    /// [`Publisher::publish_with_peers`] with workers that left the pool (`removed`): they
-    /// leave the snapshot, and the delta names them.
+    /// Whether the snapshot lists `worker` (its hash lists are there to keep).
+    pub fn lists(&self, worker: &str) -> bool {
+        self.position(worker).is_ok()
+    }
+
+    /// Where `worker` is in the snapshot's workers (kept in name order), or where it would go.
+    fn position(&self, worker: &str) -> Result<usize, usize> {
+        self.current.workers.binary_search_by(|k| k.worker.as_str().cmp(worker))
+    }
+
+    /// [`Publisher::publish_with_peers`] of `changes`: workers whose state changed, workers
+    /// whose load alone changed, and workers that left the pool (they leave the snapshot, and
+    /// the delta names them).
     pub fn publish_changes(
         &mut self,
-        changed: Vec<SnapshotWorker>,
-        removed: &[String],
+        changes: Changes,
         models: Option<Vec<ModelInfo>>,
         peers: Option<PeerSection>,
         now_ms: u64,
     ) -> bool {
         let mut gone: Vec<String> = Vec::new();
-        for w in removed {
-            if let Some(i) = self.current.workers.iter().position(|k| k.worker == *w) {
+        for w in changes.removed {
+            if let Ok(i) = self.position(&w) {
                 self.current.workers.remove(i);
-                gone.push(w.clone());
+                gone.push(w);
             }
         }
         gone.sort();
@@ -258,18 +288,36 @@ impl Publisher {
             self.current.models.clone_from(m);
         }
         let mut workers = Vec::new();
-        for w in changed {
-            let i = self.current.workers.iter().position(|k| k.worker == w.worker);
-            if let Some(d) = WorkerDelta::between(i.map(|i| &self.current.workers[i]), &w) {
+        for w in changes.workers {
+            let i = self.position(&w.worker);
+            if let Some(d) = WorkerDelta::between(i.ok().map(|i| &self.current.workers[i]), &w) {
                 workers.push(d);
             }
             match i {
-                Some(i) => self.current.workers[i] = w,
-                None => {
-                    self.current.workers.push(w);
-                    self.current.workers.sort_by(|a, b| a.worker.cmp(&b.worker));
-                }
+                Ok(i) => self.current.workers[i] = w,
+                Err(i) => self.current.workers.insert(i, w),
             }
+        }
+        for (name, load) in changes.loads {
+            let Ok(i) = self.position(&name) else { continue };
+            let w = &mut self.current.workers[i];
+            if w.load == load {
+                continue;
+            }
+            w.load = load;
+            // What `WorkerDelta::between` makes of a change of the load alone, without
+            // reading the hash lists.
+            workers.push(WorkerDelta {
+                worker: name,
+                observed_at_ms: w.observed_at_ms,
+                compatible: w.compatible,
+                load,
+                reset: false,
+                model: None,
+                adapters: None,
+                gpu: SetChange::default(),
+                offloaded: SetChange::default(),
+            });
         }
         self.current.generated_at_ms = now_ms;
         if workers.is_empty() && models.is_none() && peers.is_none() && gone.is_empty() {
@@ -319,6 +367,7 @@ impl Publisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn w(name: &str, gpu: &[u64]) -> SnapshotWorker {
         SnapshotWorker {
@@ -409,5 +458,66 @@ mod tests {
         }
         assert!(p.ring_hashes <= 50);
         assert!(p.ring.len() < 20);
+    }
+
+    /// A change of the load alone, published as a head (`Changes::loads`), gives the same
+    /// deltas and snapshots as the whole worker published again: seeded random histories of
+    /// stores, loads, removals and returns, side by side.
+    #[test]
+    fn a_load_alone_publishes_as_the_whole_worker_would() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        const NAMES: [&str; 5] = ["w3", "w1", "w4", "w0", "w2"];
+        for seed in 0..100u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let limits = RingLimits { max_deltas: 8, max_hashes: 200 };
+            let (mut whole, mut heads) = (Publisher::new(1, limits), Publisher::new(1, limits));
+            let mut state: BTreeMap<&str, SnapshotWorker> = BTreeMap::new();
+            for step in 0..60u64 {
+                let now = 10 + step;
+                let name = NAMES[rng.random_range(0..NAMES.len())];
+                let (mut a, mut b) = (Changes::default(), Changes::default());
+                match rng.random_range(0..6) {
+                    0 | 1 => {
+                        let gpu: Vec<u64> =
+                            (0..rng.random_range(0..5)).map(|_| rng.random_range(0..9)).collect();
+                        let mut sw = w(name, &gpu);
+                        sw.gpu.sort_unstable();
+                        sw.gpu.dedup();
+                        sw.observed_at_ms = now;
+                        sw.load = state.get(name).and_then(|s| s.load);
+                        state.insert(name, sw.clone());
+                        a.workers.push(sw.clone());
+                        b.workers.push(sw);
+                    }
+                    2..=4 => {
+                        let load = rng.random_bool(0.8).then(|| SnapshotLoad {
+                            running: rng.random_range(0..3),
+                            waiting: rng.random_range(0..2),
+                            observed_at_ms: now,
+                        });
+                        let Some(sw) = state.get_mut(name) else { continue };
+                        sw.load = load;
+                        a.workers.push(sw.clone());
+                        b.loads.push((name.to_owned(), load));
+                    }
+                    _ => {
+                        if state.remove(name).is_some() {
+                            a.removed.push(name.to_owned());
+                            b.removed.push(name.to_owned());
+                        }
+                    }
+                }
+                let before = whole.version();
+                assert_eq!(
+                    whole.publish_changes(a, None, None, now),
+                    heads.publish_changes(b, None, None, now),
+                    "seed {seed} step {step}"
+                );
+                assert_eq!(whole.full(), heads.full(), "seed {seed} step {step}");
+                for since in [None, Some(before), Some(whole.version()), Some(2000)] {
+                    assert_eq!(whole.answer(since), heads.answer(since), "seed {seed} step {step}");
+                }
+            }
+        }
     }
 }

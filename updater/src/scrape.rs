@@ -61,7 +61,7 @@ async fn scrape_once(state: &crate::state::State, http: &reqwest::Client, w: &st
     }
     if let Ok(text) = text {
         let load = parse_load(&text, crate::state::now_ms());
-        state.update(w, |e| e.load = Some(load));
+        state.set_load(w, load);
     }
     let served = crate::alignment::fetch_served(
         http,

@@ -15,7 +15,7 @@ use crate::ingest::{DomainBase, WorkerKnowledge};
 use crate::limits::Limits;
 use crate::models::Models;
 use crate::peers::{PeerStore, Refused};
-use crate::publish::{Answer, Publisher, RingLimits};
+use crate::publish::{Answer, Changes, Publisher, RingLimits};
 use crate::worker_check::{AlignmentOutcome, AlignmentVerdict, ServedModels};
 
 /// vLLM's default KV block size: used for a worker that announces none (SGLang, older
@@ -102,6 +102,8 @@ struct Inner {
     workers: BTreeMap<String, WorkerRecord>,
     /// Workers changed since the last publication.
     dirty: BTreeSet<String>,
+    /// Workers whose scraped load alone changed since the last publication.
+    load_dirty: BTreeSet<String>,
     /// Block sizes learned from workers, for models without a configured one.
     learned: BTreeMap<String, u32>,
     /// The model list changed since the last publication.
@@ -179,6 +181,7 @@ impl State {
         let inner = Inner {
             workers,
             dirty,
+            load_dirty: BTreeSet::new(),
             learned: BTreeMap::new(),
             models_dirty: true,
             publisher,
@@ -302,6 +305,17 @@ impl State {
             self.changed.notify_waiters();
         }
         out
+    }
+
+    /// Records what `worker` reported about its load on a scrape. Only its head is published
+    /// (see [`Changes::loads`]): its hash lists are not rebuilt for it.
+    pub fn set_load(&self, worker: &str, load: crate::engine_metrics::EngineLoad) {
+        let mut inner = self.lock();
+        if let Some(e) = inner.workers.get_mut(worker) {
+            e.load = Some(load);
+            inner.load_dirty.insert(worker.to_owned());
+            self.changed.notify_waiters();
+        }
     }
 
     /// Takes another Envoy replica's report; waiting long polls answer with it at once.
@@ -460,6 +474,7 @@ impl State {
         inner.peers.expire(now);
         let peers = inner.peers.take_pending();
         if inner.dirty.is_empty()
+            && inner.load_dirty.is_empty()
             && !inner.models_dirty
             && peers.is_none()
             && inner.removed.is_empty()
@@ -477,11 +492,30 @@ impl State {
         let placements = inner.workers.iter().filter_map(|(w, e)| placement(w, e)).collect();
         inner.publisher.set_placements(placements, now);
         let models = std::mem::take(&mut inner.models_dirty).then(|| self.model_infos(inner));
-        let dirty = std::mem::take(&mut inner.dirty);
-        let removed: Vec<String> = std::mem::take(&mut inner.removed).into_iter().collect();
-        let changed =
-            dirty.iter().filter_map(|w| inner.workers.get(w).map(|e| wire(w, e))).collect();
-        inner.publisher.publish_changes(changed, &removed, models, peers, now);
+        let mut dirty = std::mem::take(&mut inner.dirty);
+        // A scrape changes a worker's load alone: its head goes out without its hash lists,
+        // unless the snapshot does not list it yet.
+        let mut loads = Vec::new();
+        for w in std::mem::take(&mut inner.load_dirty) {
+            match inner.workers.get(&w) {
+                Some(e) if !dirty.contains(&w) && inner.publisher.lists(&w) => {
+                    loads.push((w, snapshot_load(e)));
+                }
+                Some(_) => {
+                    dirty.insert(w);
+                }
+                None => {}
+            }
+        }
+        let changes = Changes {
+            workers: dirty
+                .iter()
+                .filter_map(|w| inner.workers.get(w).map(|e| wire(w, e)))
+                .collect(),
+            loads,
+            removed: std::mem::take(&mut inner.removed).into_iter().collect(),
+        };
+        inner.publisher.publish_changes(changes, models, peers, now);
     }
 
     /// The published snapshot version (after publishing pending changes).
@@ -692,6 +726,17 @@ fn placement(worker: &str, e: &WorkerRecord) -> Option<WorkerPlacement> {
 }
 
 /// One worker's entry as published (hash lists sorted).
+/// The load a snapshot carries for `e`: whole requests, as last scraped.
+fn snapshot_load(e: &WorkerRecord) -> Option<kvroute_core::wire::snapshot::SnapshotLoad> {
+    e.load.as_ref().and_then(|l| {
+        Some(kvroute_core::wire::snapshot::SnapshotLoad {
+            running: l.running? as u32,
+            waiting: l.waiting? as u32,
+            observed_at_ms: l.observed_at_ms,
+        })
+    })
+}
+
 fn wire(worker: &str, e: &WorkerRecord) -> Wire {
     let mut offloaded = e.knowledge.blocks(Tier::Cpu);
     offloaded.extend(e.knowledge.blocks(Tier::Storage));
@@ -703,13 +748,7 @@ fn wire(worker: &str, e: &WorkerRecord) -> Wire {
         compatible: e.compatible,
         gpu: e.knowledge.blocks(Tier::Gpu),
         offloaded,
-        load: e.load.as_ref().and_then(|l| {
-            Some(kvroute_core::wire::snapshot::SnapshotLoad {
-                running: l.running? as u32,
-                waiting: l.waiting? as u32,
-                observed_at_ms: l.observed_at_ms,
-            })
-        }),
+        load: snapshot_load(e),
         model: e.model.clone().unwrap_or_default(),
         adapters: e.adapters.clone(),
     }

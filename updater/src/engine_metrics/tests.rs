@@ -162,3 +162,57 @@ fn histogram_buckets_summed_over_label_sets() {
     let ttft = vllm.histogram("vllm:time_to_first_token_seconds");
     assert_eq!(ttft, Some(vec![(0.001, 0), (f64::INFINITY, 9)]));
 }
+
+/// The load read from only the load gauges' lines equals the load read from the whole
+/// exposition: on the vLLM-shaped one, the simulator's, and seeded random mixes of wanted and
+/// unwanted lines (other metrics, histograms, comments, labels with colons and braces).
+#[test]
+fn the_load_gauges_alone_read_as_the_whole_exposition() {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    let st = kvroute_sim::engine::EngineStats {
+        running: 4,
+        waiting: 1,
+        kv_usage: 0.5,
+        ..Default::default()
+    };
+    let sim = kvroute_sim::metrics::render("org/model", 16, 1000, &st);
+    let mut texts = vec![VLLM_LIKE.to_owned(), sim];
+    let names = [
+        "vllm:num_requests_running",
+        "vllm:num_requests_running_total",
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_waiting_by_reason",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "vllm:time_to_first_token_seconds",
+        "python_gc_objects_collected_total",
+    ];
+    let kinds = ["gauge", "counter", "histogram", "untyped"];
+    for seed in 0..200u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut t = String::new();
+        for _ in 0..rng.random_range(0..30) {
+            let n = names[rng.random_range(0..names.len())];
+            match rng.random_range(0..8) {
+                0 => t += &format!("# TYPE {n} {}\n", kinds[rng.random_range(0..kinds.len())]),
+                1 => t += &format!("# HELP {n} at 10:00 {{x}}\n"),
+                2 => t += "# a comment: no name\n",
+                3 => t += &format!("{n}_bucket{{le=\"{}\"}} 3\n", rng.random_range(0..4)),
+                4 => t += &format!("  {n} {}\n", rng.random_range(0..9)),
+                _ => {
+                    let (e, p, v) =
+                        (rng.random_range(0..3), rng.random_range(0..3), rng.random_range(0..90));
+                    t += &format!("{n}{{engine=\"{e}\",priority=\"{p}\",x=\"a:{{b}}\"}} {v}.5\n");
+                }
+            }
+        }
+        texts.push(t);
+    }
+    for t in &texts {
+        let whole = EngineMetrics::parse(t).load(3);
+        assert_eq!(parse_load(t, 3), whole, "{t}");
+    }
+}
