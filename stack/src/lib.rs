@@ -69,3 +69,10 @@ pub fn nearest_rank(sorted: &[f64], p: f64) -> Option<f64> {
     let rank = (p.clamp(0.0, 1.0) * n as f64).ceil() as usize;
     sorted.get(rank.clamp(1, n) - 1).copied()
 }
+
+/// [`nearest_rank`] of `values` in any order (a sorted copy is read; NaNs sort last).
+pub fn quantile(values: &[f64], p: f64) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    nearest_rank(&sorted, p)
+}

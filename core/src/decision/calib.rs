@@ -181,7 +181,7 @@ pub struct ModelView {
     pub profile: Profile,
     /// Deviation factor per worker with enough samples, by
     /// [`worker_key`](crate::decision::load::worker_key): a decision reads it without the name.
-    pub deviations: HashMap<u64, f64, foldhash::fast::RandomState>,
+    pub deviations: HashMap<u64, f64, crate::decision::worker::ByKey>,
     pub samples: u64,
 }
 

@@ -132,7 +132,7 @@ pub struct KnowledgeIndex {
     /// When the updater last confirmed its snapshot (unix ms); `None`: no event knowledge.
     events_checked_at_ms: Option<u64>,
     /// Worker key ([`worker_key`] of its name) -> its slot in `slots` (its id).
-    ids: HashMap<u64, u32, Fast>,
+    ids: HashMap<u64, u32, crate::decision::worker::ByKey>,
     slots: Vec<Option<WorkerBlocks>>,
     /// Ids of emptied slots, reused first.
     free_ids: Vec<u32>,

@@ -11,7 +11,7 @@ use crate::wire::peers::{PeerCredit, PeerLoad, PeerSection};
 pub struct PeerView {
     replica: u64,
     load_ttl_ms: u64,
-    loads: HashMap<u64, Vec<PeerLoad>>,
+    loads: HashMap<u64, Vec<PeerLoad>, crate::decision::worker::ByKey>,
 }
 
 impl PeerView {

@@ -17,6 +17,32 @@ pub fn worker_key(worker: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(worker.as_bytes())
 }
 
+/// The hasher of maps keyed by [`worker_key`]: the key is already a 64-bit xxh3 of the name,
+/// so it is its own hash. A decision probes several such maps for every worker of the pool;
+/// a general hasher would hash each key again (on 32-bit wasm, foldhash's 64 × 64 → 128-bit
+/// multiply is a call). Only for worker keys: names come from the operator's pool, not from
+/// clients; maps keyed by block hashes, which clients' prompts choose, keep a seeded hasher.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyHash(u64);
+
+impl Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not reached for `u64` keys (`write_u64`); any other key is folded in as xxh3 would.
+        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, self.0);
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
+}
+
+/// [`KeyHash`] as a map's hasher.
+pub type ByKey = std::hash::BuildHasherDefault<KeyHash>;
+
 /// A worker's name (`host:port`, as Envoy's original-destination cluster reads it) and its
 /// [`worker_key`].
 #[derive(Clone)]

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use foldhash::fast::RandomState as Fast;
+use crate::decision::worker::ByKey;
 
 use super::{update, Counter, Counters, SharedStore};
 use crate::decision::config::sync::LoadLimits;
@@ -337,11 +337,11 @@ impl Shard {
 /// Everything the live shards hold, by worker key.
 #[derive(Debug, Default, Clone)]
 pub struct LoadView {
-    /// Keyed by worker key (already a hash: the fast hasher suffices); a decision probes it
+    /// Keyed by worker key (already a hash: it is its own, see [`ByKey`]); a decision probes it
     /// once per worker of the pool, so the loads sit apart from the start times.
-    by_worker: HashMap<u64, WorkerLoad, Fast>,
+    by_worker: HashMap<u64, WorkerLoad, ByKey>,
     /// When each tracked request started, by worker key.
-    starts: HashMap<u64, Vec<u64>, Fast>,
+    starts: HashMap<u64, Vec<u64>, ByKey>,
 }
 
 impl LoadView {

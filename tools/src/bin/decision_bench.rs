@@ -23,7 +23,6 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use kvroute_stack::client;
-use kvroute_stack::nearest_rank;
 use kvroute_stack::stack::{Pool, RoutePolicy, Stack, StackOptions, QWEN3_MODEL};
 use serde_json::{json, Value};
 
@@ -77,9 +76,7 @@ impl Timings {
 
 /// Nearest-rank quantile of `v` (NaN when empty).
 fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    nearest_rank(&s, q).unwrap_or(f64::NAN)
+    kvroute_stack::quantile(v, q).unwrap_or(f64::NAN)
 }
 
 fn row(name: &str, tokens: u64, t: &Timings) {

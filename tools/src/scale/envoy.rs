@@ -16,7 +16,6 @@ use std::time::Duration;
 use anyhow::Context;
 use kvroute_stack::client::{self, Reply};
 use kvroute_stack::envoy::Envoy;
-use kvroute_stack::nearest_rank;
 use kvroute_stack::paths;
 use kvroute_stack::stack::{write_config, StackPorts, MODEL};
 use serde_json::json;
@@ -63,9 +62,7 @@ fn timing(r: &Reply) -> anyhow::Result<Timed> {
 }
 
 fn p(v: &[f64], q: f64) -> anyhow::Result<f64> {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    nearest_rank(&s, q).context("no samples")
+    kvroute_stack::quantile(v, q).context("no samples")
 }
 
 /// Measures one point: `iters` hits and `iters` misses through Envoy in front of `pool`.

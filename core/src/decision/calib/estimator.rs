@@ -183,7 +183,7 @@ impl ModelState {
         if !cfg.enabled || self.samples < cfg.min_samples || !self.matches(prior) {
             return None;
         }
-        let deviations: HashMap<u64, f64, foldhash::fast::RandomState> = self
+        let deviations: HashMap<u64, f64, crate::decision::worker::ByKey> = self
             .workers
             .iter()
             .filter(|w| w.samples >= cfg.min_worker_samples)

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use foldhash::fast::RandomState as Fast;
 
+use crate::decision::worker::ByKey;
+
 use crate::decision::config::FilterConfig;
 use crate::decision::index::{EventChange, KnowledgeIndex, PrefixMatch};
 use crate::decision::load::{worker_key, WorkerLoad};
@@ -32,9 +34,9 @@ pub struct Knowledge {
     /// Workers whose announced config does not match kvroute's: no cache credit. This set,
     /// `reported` and the down sets are keyed by [`worker_key`], so that a decision looks a
     /// worker up by [`WorkerName::key`] without reading its name.
-    incompatible: HashSet<u64, Fast>,
+    incompatible: HashSet<u64, ByKey>,
     /// What each worker last reported about its load (via the updater).
-    reported: HashMap<u64, SnapshotLoad, Fast>,
+    reported: HashMap<u64, SnapshotLoad, ByKey>,
     max_load_age_ms: u64,
     serving: HashMap<String, Serving, Fast>,
     /// Adapter -> base model -> how many workers report that pair.
@@ -54,10 +56,10 @@ pub struct Knowledge {
     /// `pool` by base model: each model's members, sorted.
     members: HashMap<String, Vec<WorkerName>>,
     /// Workers to leave out of decisions now (failed requests, see `shared::health`).
-    down: HashSet<u64, Fast>,
+    down: HashSet<u64, ByKey>,
     /// Workers the updater reports down (Envoy's health checking or outlier detection dropped
     /// them: [`Snapshot::down`]).
-    updater_down: HashSet<u64, Fast>,
+    updater_down: HashSet<u64, ByKey>,
 }
 
 impl Knowledge {

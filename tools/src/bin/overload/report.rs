@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use kvroute_stack::client::Reply;
-use kvroute_stack::nearest_rank;
 
 use super::plan::{Arrival, Class, Phase};
 
@@ -60,9 +59,8 @@ impl Outcome {
     }
 }
 
-fn quantile(mut v: Vec<f64>, p: f64) -> String {
-    v.sort_by(f64::total_cmp);
-    nearest_rank(&v, p).map_or("-".into(), |x| format!("{x:.0}"))
+fn quantile(v: Vec<f64>, p: f64) -> String {
+    kvroute_stack::quantile(&v, p).map_or("-".into(), |x| format!("{x:.0}"))
 }
 
 fn pct(n: usize, of: usize) -> String {
