@@ -22,6 +22,9 @@ use crate::fleet::mix;
 pub struct Timed {
     pub p50_us: f64,
     pub p99_us: f64,
+    /// p50 of the core's decision alone (`Router::decide` and the header value, the body
+    /// already parsed): what grows with the pool.
+    pub decide_p50_us: f64,
     pub samples: usize,
     /// Tokens the chosen worker was predicted to hold.
     pub cached_tokens: u64,
@@ -48,21 +51,23 @@ pub fn loads(workers: &[String]) -> LoadView {
     LoadView::read(&store, &counters, &shard, now)
 }
 
-/// One decision as the filter makes it; its time and the tokens it predicted cached.
+/// One decision as the filter makes it: its time, the time after the body was parsed, and
+/// the tokens it predicted cached.
 fn one(
     router: &Router,
     loads: &LoadView,
     body: &[u8],
     now: u64,
     pick: u64,
-) -> anyhow::Result<(Duration, u64)> {
+) -> anyhow::Result<(Duration, Duration, u64)> {
     let t = Instant::now();
     let parsed = request::parse(Endpoint::Completions, body)?;
+    let parsed_at = Instant::now();
     let d = router
         .decide(&parsed, body.len(), loads, now, pick)
         .map_err(|e| anyhow::anyhow!("decide: {}", String::from_utf8_lossy(&e.body())))?;
     black_box(d.header_value());
-    Ok((t.elapsed(), d.predicted_cached_tokens()))
+    Ok((t.elapsed(), parsed_at.elapsed(), d.predicted_cached_tokens()))
 }
 
 /// Times `iters` decisions on `body` (after a warm-up), stopping early after `budget`. The
@@ -79,21 +84,28 @@ pub fn time(
     router.events_checked(now);
     let mut cached = 0;
     for i in 0..iters.min(50) {
-        cached = one(router, loads, body, now, mix(i as u64))?.1;
+        cached = one(router, loads, body, now, mix(i as u64))?.2;
     }
     let started = Instant::now();
-    let mut us = Vec::with_capacity(iters);
+    let (mut us, mut decide_us) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
     for i in 0..iters {
         if i % 64 == 63 {
             now = now_ms();
             router.events_checked(now);
         }
-        us.push(one(router, loads, body, now, mix(i as u64 ^ 0xD1CE))?.0.as_secs_f64() * 1e6);
+        let (all, decide, _) = one(router, loads, body, now, mix(i as u64 ^ 0xD1CE))?;
+        us.push(all.as_secs_f64() * 1e6);
+        decide_us.push(decide.as_secs_f64() * 1e6);
         if started.elapsed() > budget && us.len() >= 20 {
             break;
         }
     }
-    us.sort_by(f64::total_cmp);
-    let q = |p| kvroute_stack::nearest_rank(&us, p).context("no samples");
-    Ok(Timed { p50_us: q(0.5)?, p99_us: q(0.99)?, samples: us.len(), cached_tokens: cached })
+    let q = |v: &[f64], p| kvroute_stack::quantile(v, p).context("no samples");
+    Ok(Timed {
+        p50_us: q(&us, 0.5)?,
+        p99_us: q(&us, 0.99)?,
+        decide_p50_us: q(&decide_us, 0.5)?,
+        samples: us.len(),
+        cached_tokens: cached,
+    })
 }

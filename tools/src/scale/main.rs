@@ -124,6 +124,8 @@ const DECISION_COLUMNS: &[&str] = &[
     "hit_cached_tokens",
     "miss_cached_tokens",
     "samples",
+    "hit_decide_p50_us",
+    "miss_decide_p50_us",
 ];
 
 /// Times the hit and the miss prompt on `router`: the decision columns.
@@ -156,6 +158,8 @@ fn decisions(
         hit.cached_tokens as f64,
         miss.cached_tokens as f64,
         hit.samples.min(miss.samples) as f64,
+        hit.decide_p50_us,
+        miss.decide_p50_us,
     ])
 }
 
