@@ -15,7 +15,7 @@ use kvroute_core::decision::request::{parse, Endpoint};
 use kvroute_core::decision::router::Router;
 use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_core::decision::usage::{Usage, UsageScanner};
-use kvroute_core::shared::knowledge::{Head, RingEntry, RING};
+use kvroute_core::shared::knowledge::Head;
 use kvroute_core::shared::load::{
     decode_registry, encode_registry, InflightEntry, ShardData, MAX_SHARDS,
 };
@@ -669,41 +669,33 @@ fn delta_decode() -> Seeds {
 
 fn shared_head_decode() -> Seeds {
     let v0 = 1_700_000_000_000_000u64;
-    let entry = |i: u64| RingEntry { slot: (i % RING as u64) as u8, from: v0 + i, to: v0 + i + 1 };
-    let head = |n: u64, full| Head {
-        version: v0 + n,
+    let head = |seq: u64, full| Head {
+        version: v0 + seq,
         checked_at_ms: 1_700_000_000_500,
         full_version: full,
-        ring: (0..n).map(entry).collect(),
+        seq,
     };
     let three = head(3, v0);
-    let full_ring = head(RING as u64, v0 + 8);
+    let lapped = head(5_000, v0 + 4_800);
     let fresh = Head::default();
-    for h in [&three, &full_ring, &fresh] {
+    for h in [&three, &lapped, &fresh] {
         assert_eq!(Head::decode(&h.encode()).as_ref(), Some(h));
     }
     let bytes = three.encode();
-    let mut too_long = full_ring.encode();
-    too_long[24] = RING as u8 + 1;
-    too_long.extend_from_slice(&ring_entry_bytes(&entry(RING as u64)));
     let mut trailing = bytes.clone();
     trailing.push(0);
+    // The head of before the sequence number: a ring table after the three versions.
+    let mut table = bytes[..24].to_vec();
+    table.push(1);
+    table.extend_from_slice(&[3; 17]);
     vec![
         ("three-deltas.bin", bytes.clone()),
-        ("full-ring.bin", full_ring.encode()),
+        ("lapped-ring.bin", lapped.encode()),
         ("fresh.bin", fresh.encode()),
         ("truncated.bin", truncated(&bytes)),
-        ("ring-count-over-max.bin", too_long),
+        ("ring-table.bin", table),
         ("trailing-byte.bin", trailing),
     ]
-}
-
-/// One ring entry as [`Head::encode`] writes it.
-fn ring_entry_bytes(e: &RingEntry) -> Vec<u8> {
-    let mut b = vec![e.slot];
-    b.extend_from_slice(&e.from.to_le_bytes());
-    b.extend_from_slice(&e.to.to_le_bytes());
-    b
 }
 
 fn shared_load_decode() -> Seeds {
@@ -1446,7 +1438,7 @@ fn shared_protocol() -> Seeds {
         ("healthy.bin", healthy.clone()),
         ("truncated.bin", truncated(&healthy)),
         ("head-garbage.bin", damaged(&keys[0], b"\x01\x02\x03")),
-        ("delta-slot-garbage.bin", damaged(&keys[2], b"KVRD\x01\xff\xff")),
+        ("delta-slot-garbage.bin", damaged(&keys[3], b"KVRD\x01\xff\xff")),
         ("journal-head-far-ahead.bin", damaged(&keys[6], &u64::MAX.to_le_bytes())),
         ("registry-garbage.bin", damaged(&keys[11], &[0xff; 9])),
         ("shard-truncated.bin", damaged(&keys[12], &[1, 2, 3])),

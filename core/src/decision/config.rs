@@ -189,6 +189,16 @@ pub struct SnapshotSyncConfig {
     #[serde(default = "default_long_poll")]
     #[cfg_attr(feature = "schema", schemars(range(max = 30_000)))]
     pub long_poll_ms: u64,
+    /// Long poll: its pace (ms) while the updater answers faster. Up to 8 requests go out
+    /// back to back (a few changes in quick succession each arrive at once), then at most one
+    /// per `min_poll_gap_ms` on average: the next request waits and its answer carries every
+    /// change since. Knowledge arrives up to this much later, only while it changes that fast.
+    /// It bounds the deltas each filter thread applies (`1000 / min_poll_gap_ms` a second):
+    /// for a pool whose knowledge changes faster than the shared ring holds between two ticks
+    /// of an idle thread. 0 (the default): the next request goes out as soon as one answers.
+    #[serde(default = "default_min_poll_gap")]
+    #[cfg_attr(feature = "schema", schemars(range(max = 1_000)))]
+    pub min_poll_gap_ms: u64,
     /// Cross-replica knowledge: report this replica's decisions, receive other replicas'.
     #[serde(default)]
     pub peers: sync::PeerSyncConfig,
@@ -205,6 +215,9 @@ fn default_timeout() -> u64 {
 }
 fn default_long_poll() -> u64 {
     1000
+}
+fn default_min_poll_gap() -> u64 {
+    0
 }
 
 impl SnapshotSyncConfig {
@@ -242,6 +255,11 @@ impl SnapshotSyncConfig {
         cfg.peers.validate().map_err(|e| ConfigError::Invalid(format!("snapshot_sync.{e}")))?;
         if cfg.long_poll_ms > 30_000 {
             return Err(ConfigError::Invalid("snapshot_sync.long_poll_ms must be <= 30000".into()));
+        }
+        if cfg.min_poll_gap_ms > 1_000 {
+            return Err(ConfigError::Invalid(
+                "snapshot_sync.min_poll_gap_ms must be <= 1000".into(),
+            ));
         }
         Ok(Some(cfg))
     }

@@ -116,7 +116,13 @@ pub struct SyncFlow {
     next_bundles_ms: u64,
     /// When the outstanding snapshot request was sent.
     sent_ms: u64,
+    /// The long polls' pace: when the next would be due had every one kept the gap.
+    poll_pace_ms: u64,
 }
+
+/// Long polls that may go out back to back before `min_poll_gap_ms` paces them: a few
+/// changes in quick succession (a request's load, then its blocks) each arrive at once.
+const POLL_BURST: u64 = 8;
 
 fn status_of(raw: Option<Vec<u8>>) -> u16 {
     raw.and_then(|s| std::str::from_utf8(&s).ok()?.parse().ok()).unwrap_or(0)
@@ -144,6 +150,7 @@ impl SyncFlow {
             next_poll_ms: 0,
             next_bundles_ms: 0,
             sent_ms: 0,
+            poll_pace_ms: 0,
         }
     }
 
@@ -153,10 +160,15 @@ impl SyncFlow {
 
     /// The tick period (ms): the poll fallback, or the forwarding period if shorter.
     pub fn tick_ms(&self) -> u64 {
-        match &self.forwarder {
-            Some(f) => self.cfg.interval_ms.min(f.config().forward_ms),
-            None => self.cfg.interval_ms,
+        let mut ms = self.cfg.interval_ms;
+        if let Some(f) = &self.forwarder {
+            ms = ms.min(f.config().forward_ms);
         }
+        // A long poll held back by the gap goes out on the tick.
+        if self.cfg.long_poll_ms > 0 && self.cfg.min_poll_gap_ms > 0 {
+            ms = ms.min(self.cfg.min_poll_gap_ms);
+        }
+        ms
     }
 
     /// The knowledge version published (0: none yet).
@@ -254,11 +266,18 @@ impl SyncFlow {
             }
             Err(e) => host.event(SyncEvent::SnapshotFailed(Some(e))),
         }
-        // The long poll goes out again at once; after a failure (or a 304 long before the
-        // wait: an updater without long polls) the tick sends the next one.
+        // The long poll goes out again at once, or, while answers come faster than one per
+        // `min_poll_gap_ms` (past a burst), when its pace allows (the tick sends it); after a
+        // failure (or a 304 long before the wait: an updater without long polls) the tick
+        // sends the next one.
         if answered && self.cfg.long_poll_ms > 0 && !early_304 {
             let now = host.now_ms();
-            self.poll_snapshot(host, now);
+            let due = self.poll_due_ms();
+            if now >= due {
+                self.poll_snapshot(host, now);
+            } else {
+                self.next_poll_ms = due;
+            }
         }
     }
 
@@ -282,7 +301,15 @@ impl SyncFlow {
         path
     }
 
+    /// When the next snapshot request may go out: at most one per `min_poll_gap_ms` on
+    /// average, [`POLL_BURST`] at once (a pace kept as its theoretical arrival time).
+    fn poll_due_ms(&self) -> u64 {
+        let tolerance = (POLL_BURST - 1).saturating_mul(self.cfg.min_poll_gap_ms);
+        self.poll_pace_ms.saturating_sub(tolerance)
+    }
+
     fn poll_snapshot(&mut self, host: &mut dyn SyncHost, now: u64) {
+        self.poll_pace_ms = self.poll_pace_ms.max(now).saturating_add(self.cfg.min_poll_gap_ms);
         if let Some(id) = read_replica(host.store()) {
             self.replica = id;
         }

@@ -1,15 +1,19 @@
 //! The updater's knowledge in shared data: the singleton publishes, every thread follows.
 //!
 //! - `kvroute.snapshot.head`: see [`Head`] — the current version, when the updater last
-//!   confirmed it, the version of the full snapshot in shared data, and which delta sits in
-//!   which ring slot;
-//! - `kvroute.snapshot.data`: a full snapshot (rewritten every [`FULL_EVERY`] deltas, so a
-//!   thread that fell behind the ring still finds a chain from it);
-//! - `kvroute.snapshot.delta.<slot>`: the last [`RING`] deltas as received.
+//!   confirmed it, the version of the full snapshot in shared data, and the sequence number of
+//!   the last delta published;
+//! - `kvroute.snapshot.data`: a full snapshot, after the sequence number of the last delta it
+//!   includes (rewritten every [`FULL_EVERY`] deltas, or sooner once the deltas since add up to
+//!   its size, so a thread that fell behind the ring still finds a chain from it);
+//! - `kvroute.snapshot.delta.<slot>`: delta number `n` as received, in slot `n %` [`RING`]
+//!   (a slot older than the full snapshot before the current one is blanked).
 //!
 //! [`KnowledgePublisher`] is the singleton's side (it keeps the full snapshot in memory and applies
-//! each delta to it); [`Follower`] is a thread's side: it follows the chain of deltas from its
-//! own version, and reads the full snapshot only on a gap.
+//! each delta to it); [`Follower`] is a thread's side: it follows the deltas from its own
+//! version and sequence number, each checked to start where the thread stands, and reads the
+//! full snapshot only on a gap. The head stays a few bytes however long the ring: every thread
+//! reads it on every request.
 
 use crate::decision::router::Router;
 use crate::wire::delta::{is_delta, Delta};
@@ -21,21 +25,22 @@ use super::{Counter, Counters, SharedStore};
 
 pub const HEAD_KEY: &str = "kvroute.snapshot.head";
 pub const DATA_KEY: &str = "kvroute.snapshot.data";
-/// Delta ring slots in shared data.
-pub const RING: usize = 16;
-/// The full snapshot in shared data is rewritten after this many deltas.
+/// Delta slots in shared data. A large pool's loads alone make hundreds of deltas a second
+/// (each worker's load every scrape); an idle filter thread catches up on its tick (250 ms by
+/// default), and must find its chain still in the ring to avoid reading the full snapshot.
+pub const RING: usize = 512;
+/// The full snapshot in shared data is rewritten after at most this many deltas.
 pub const FULL_EVERY: usize = RING / 2;
+/// Deltas a thread applies on the request path; the rest wait for its tick.
+pub const REQUEST_DELTAS: usize = 16;
 
-pub fn delta_key(slot: u8) -> String {
+pub fn delta_key(slot: usize) -> String {
     format!("kvroute.snapshot.delta.{slot}")
 }
 
-/// One delta in the ring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingEntry {
-    pub slot: u8,
-    pub from: u64,
-    pub to: u64,
+/// The slot of delta number `seq`.
+fn slot_of(seq: u64) -> usize {
+    (seq % RING as u64) as usize
 }
 
 /// The small key every thread reads on each request.
@@ -46,41 +51,33 @@ pub struct Head {
     pub checked_at_ms: u64,
     /// Version of the full snapshot under [`DATA_KEY`].
     pub full_version: u64,
-    pub ring: Vec<RingEntry>,
+    /// Sequence number of the last delta published (in slot `seq %` [`RING`]).
+    pub seq: u64,
 }
 
 impl Head {
+    pub const BYTES: usize = 32;
+
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(25 + 17 * self.ring.len());
-        for v in [self.version, self.checked_at_ms, self.full_version] {
+        let mut b = Vec::with_capacity(Self::BYTES);
+        for v in [self.version, self.checked_at_ms, self.full_version, self.seq] {
             b.extend_from_slice(&v.to_le_bytes());
-        }
-        b.push(self.ring.len().min(RING) as u8);
-        for e in self.ring.iter().take(RING) {
-            b.push(e.slot);
-            b.extend_from_slice(&e.from.to_le_bytes());
-            b.extend_from_slice(&e.to.to_le_bytes());
         }
         b
     }
 
     /// Decodes a head; `None` for anything malformed (never panics).
     pub fn decode(b: &[u8]) -> Option<Head> {
-        let mut r = Reader::new(b);
-        let (version, checked_at_ms, full_version) = (r.u64()?, r.u64()?, r.u64()?);
-        let n = r.u8()? as usize;
-        if n > RING || r.remaining() != 17 * n {
+        if b.len() != Self::BYTES {
             return None;
         }
-        let ring = (0..n)
-            .map(|_| Some(RingEntry { slot: r.u8()?, from: r.u64()?, to: r.u64()? }))
-            .collect::<Option<Vec<_>>>()?;
-        Some(Head { version, checked_at_ms, full_version, ring })
-    }
-
-    /// The ring entry continuing from `version`.
-    pub fn next_after(&self, version: u64) -> Option<RingEntry> {
-        self.ring.iter().copied().find(|e| e.from == version)
+        let mut r = Reader::new(b);
+        Some(Head {
+            version: r.u64()?,
+            checked_at_ms: r.u64()?,
+            full_version: r.u64()?,
+            seq: r.u64()?,
+        })
     }
 }
 
@@ -89,16 +86,37 @@ pub fn read_head<S: SharedStore + ?Sized>(store: &S) -> Option<Head> {
     Head::decode(&store.get(HEAD_KEY).0?)
 }
 
-/// Reads the delta of ring entry `e`, if the slot still holds it.
-fn read_delta<S: SharedStore + ?Sized>(store: &S, e: RingEntry, l: &DecodeLimits) -> Option<Delta> {
-    let d = Delta::decode_with(&store.get(&delta_key(e.slot)).0?, l).ok()?;
-    (d.from_version == e.from && d.to_version == e.to).then_some(d)
+/// Reads delta number `seq`, if its slot holds a delta that decodes.
+fn read_delta<S: SharedStore + ?Sized>(store: &S, seq: u64, l: &DecodeLimits) -> Option<Delta> {
+    Delta::decode_with(&store.get(&delta_key(slot_of(seq))).0?, l).ok()
+}
+
+/// The full snapshot's value: the sequence number of the last delta it includes, then the
+/// snapshot.
+fn full_value(seq: u64, snapshot: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + snapshot.len());
+    v.extend_from_slice(&seq.to_le_bytes());
+    v.extend_from_slice(snapshot);
+    v
+}
+
+/// Reads the full snapshot and the sequence number it stands at; `Err` for a value that does
+/// not decode.
+fn read_full<S: SharedStore + ?Sized>(
+    store: &S,
+    l: &DecodeLimits,
+) -> Option<Result<(u64, Snapshot), ()>> {
+    let v = store.get(DATA_KEY).0?;
+    let Some((seq, snap)) = v.split_first_chunk::<8>() else { return Some(Err(())) };
+    Some(Snapshot::decode_with(snap, l).map(|s| (u64::from_le_bytes(*seq), s)).map_err(|_| ()))
 }
 
 /// A thread's position in the knowledge chain.
 #[derive(Debug, Default)]
 pub struct Follower {
     version: u64,
+    /// The sequence number of the last delta applied (or included in the full snapshot read).
+    seq: u64,
     limits: DecodeLimits,
 }
 
@@ -111,7 +129,7 @@ pub struct Followed {
 
 impl Follower {
     pub fn new(limits: DecodeLimits) -> Self {
-        Follower { version: 0, limits }
+        Follower { version: 0, seq: 0, limits }
     }
 
     pub fn version(&self) -> u64 {
@@ -120,7 +138,8 @@ impl Follower {
 
     /// Brings `router` to the published version: along the ring's deltas from this thread's
     /// version, or from the full snapshot when the chain has a gap. With `allow_full` false
-    /// (the request path) a gap is left for the next tick instead of decoding megabytes.
+    /// (the request path) a gap is left for the next tick instead of decoding megabytes, and
+    /// at most [`REQUEST_DELTAS`] deltas are applied.
     pub fn catch_up<S: SharedStore + ?Sized>(
         &mut self,
         store: &S,
@@ -134,37 +153,45 @@ impl Follower {
         if head.version == self.version {
             return done;
         }
-        self.chain(store, router, &head, &mut done);
+        let budget = if allow_full { RING } else { REQUEST_DELTAS };
+        self.chain(store, router, (&head, budget), &mut done);
         // The full snapshot helps only if it is not the one this thread already stands on.
         if allow_full && self.version != head.version && self.version != head.full_version {
-            let full = store.get(DATA_KEY).0.map(|b| Snapshot::decode_with(&b, &self.limits));
-            match full {
-                Some(Ok(full)) => {
+            match read_full(store, &self.limits) {
+                Some(Ok((seq, full))) => {
                     router.apply_snapshot(&full);
-                    self.version = full.version;
+                    (self.version, self.seq) = (full.version, seq);
                     done.full += 1;
-                    self.chain(store, router, &head, &mut done);
+                    self.chain(store, router, (&head, budget), &mut done);
                 }
-                Some(Err(_)) => counters.count(Counter::Corrupt, 1),
+                Some(Err(())) => counters.count(Counter::Corrupt, 1),
                 None => {}
             }
         }
         done
     }
 
+    /// Applies the deltas after this thread's, up to the head and at most `budget`: each must
+    /// start at the thread's version (a slot already overwritten by a later delta, or not yet
+    /// written, does not, and ends the chain).
     fn chain<S: SharedStore + ?Sized>(
         &mut self,
         store: &S,
         router: &mut Router,
-        head: &Head,
+        (head, budget): (&Head, usize),
         done: &mut Followed,
     ) {
-        for _ in 0..RING {
-            let Some(e) = head.next_after(self.version) else { break };
-            let Some(d) = read_delta(store, e, &self.limits) else { break };
+        for _ in 0..budget {
+            if self.version == head.version || self.seq >= head.seq {
+                break;
+            }
+            let Some(d) = read_delta(store, self.seq + 1, &self.limits) else { break };
+            if d.from_version != self.version {
+                break;
+            }
             router.apply_delta(&d);
             done.deltas += 1;
-            self.version = d.to_version;
+            (self.version, self.seq) = (d.to_version, self.seq + 1);
         }
     }
 }
@@ -185,8 +212,13 @@ pub enum PublishError {
 pub struct KnowledgePublisher {
     full: Option<Snapshot>,
     head: Head,
-    next_slot: u8,
     deltas_since_full: usize,
+    /// Bytes of the deltas since the full snapshot was last written, and that snapshot's.
+    bytes_since_full: usize,
+    full_bytes: usize,
+    /// The sequence numbers of the last two full snapshots written: the slots before the
+    /// older one are blanked.
+    full_seqs: [u64; 2],
     limits: DecodeLimits,
 }
 
@@ -244,12 +276,20 @@ impl KnowledgePublisher {
         let _ = store.set(HEAD_KEY, &self.head.encode(), None);
     }
 
+    /// Writes the full snapshot at the current sequence number, then blanks the slots that
+    /// only a thread behind the one before it could still use (such a thread reads this one).
     fn publish_full<S: SharedStore + ?Sized>(&mut self, store: &S, encoded: Option<Vec<u8>>) {
         let Some(full) = &self.full else { return };
         let bytes = encoded.unwrap_or_else(|| full.encode());
-        let _ = store.set(DATA_KEY, &bytes, None);
+        let seq = self.head.seq;
+        let _ = store.set(DATA_KEY, &full_value(seq, &bytes), None);
         self.head.full_version = full.version;
-        self.deltas_since_full = 0;
+        (self.deltas_since_full, self.bytes_since_full, self.full_bytes) = (0, 0, bytes.len());
+        let [older, newer] = self.full_seqs;
+        for n in (older + 1).max(seq.saturating_sub(RING as u64) + 1)..=newer {
+            let _ = store.set(&delta_key(slot_of(n)), &[], None);
+        }
+        self.full_seqs = [newer, seq];
     }
 
     fn take_full<S: SharedStore + ?Sized>(
@@ -259,7 +299,6 @@ impl KnowledgePublisher {
     ) -> Result<(), PublishError> {
         let snap = Snapshot::decode_with(&body, &self.limits)?;
         self.head.version = snap.version;
-        self.head.ring.clear();
         self.full = Some(snap);
         self.publish_full(store, Some(body));
         Ok(())
@@ -273,16 +312,15 @@ impl KnowledgePublisher {
         let d = Delta::decode_with(&body, &self.limits)?;
         let full = self.full.as_mut().ok_or(PublishError::NoBase)?;
         full.apply_delta(&d)?;
-        let slot = self.next_slot;
-        self.next_slot = ((slot as usize + 1) % RING) as u8;
-        // Unlist the slot before overwriting it, so no thread trusts a half-written chain.
-        self.head.ring.retain(|e| e.slot != slot);
-        self.write_head(store);
-        let _ = store.set(&delta_key(slot), &body, None);
-        self.head.ring.push(RingEntry { slot, from: d.from_version, to: d.to_version });
+        // The head naming it is written after (`confirmed`); a slot overwritten while a thread
+        // reads it fails that thread's version check.
+        self.head.seq += 1;
+        let _ = store.set(&delta_key(slot_of(self.head.seq)), &body, None);
         self.head.version = d.to_version;
         self.deltas_since_full += 1;
-        if self.deltas_since_full >= FULL_EVERY {
+        self.bytes_since_full += body.len();
+        // Rewriting the full snapshot costs its size: at most once per as many bytes of deltas.
+        if self.deltas_since_full >= FULL_EVERY || self.bytes_since_full >= self.full_bytes {
             self.publish_full(store, None);
         }
         Ok(())

@@ -552,7 +552,13 @@ impl Snapshot {
             self.workers.retain(|k| !gone.contains(k.worker.as_str()));
         }
         for w in &d.workers {
-            let i = match self.workers.iter().position(|k| k.worker == w.worker) {
+            // Workers come in name order (the updater's): a binary search finds one of a large
+            // pool, and only a worker it misses (new, or a list out of order) costs a scan.
+            let found = match self.workers.binary_search_by(|k| k.worker.as_str().cmp(&w.worker)) {
+                Ok(i) => Some(i),
+                Err(_) => self.workers.iter().position(|k| k.worker == w.worker),
+            };
+            let i = match found {
                 Some(i) => i,
                 None => {
                     // Kept in name order, as the updater lists workers.

@@ -11,7 +11,7 @@
 //! journal and the updater's knowledge) is the decision proper, which the native curve times.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kvroute_stack::client::{self, Reply};
@@ -21,7 +21,7 @@ use kvroute_stack::stack::{write_config, StackPorts, MODEL};
 use serde_json::json;
 
 use crate::fleet;
-use crate::updater::SimPool;
+use crate::updater::{self, SimPool};
 
 /// Envoy worker threads.
 const THREADS: u32 = 2;
@@ -38,7 +38,46 @@ pub const COLUMNS: &[&str] = &[
     "hit_cached_tokens",
     "miss_cached_tokens",
     "samples",
+    "idle_main_cores",
+    "idle_worker_cores",
+    "idle_deltas_per_s",
+    "idle_full_reads_per_s",
 ];
+
+/// CPU seconds of Envoy's main thread (the filter's singleton follows the updater there) and
+/// of all its other threads (the worker threads, where the filter's threads decide).
+fn thread_cpu(pid: u32) -> (f64, f64) {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    let (mut main, mut rest) = (0.0, 0.0);
+    for t in tasks {
+        let tid = t.file_name().to_string_lossy().into_owned();
+        let s = updater::stat_cpu_seconds(&format!("/proc/{pid}/task/{tid}/stat"));
+        match tid == pid.to_string() {
+            true => main += s,
+            false => rest += s,
+        }
+    }
+    (main, rest)
+}
+
+/// Envoy's upkeep with no requests for `idle`: cores of its main thread and of the others,
+/// deltas the singleton took in and full snapshots the filter threads read, per second.
+async fn idle_upkeep(envoy: &Envoy, idle: Duration) -> anyhow::Result<[f64; 4]> {
+    let pid = envoy.guard.pid().context("envoy exited")?;
+    let counts = || async {
+        let m = envoy.prometheus().await?;
+        let get = |k: &str| m.get(k).copied().unwrap_or(0.0);
+        anyhow::Ok((
+            get("kvroute_sync_deltas"),
+            get("kvroute_knowledge_updates{kvroute_kind=\"full\"}"),
+        ))
+    };
+    let ((d0, f0), (m0, w0), t0) = (counts().await?, thread_cpu(pid), Instant::now());
+    tokio::time::sleep(idle).await;
+    let ((d1, f1), (m1, w1)) = (counts().await?, thread_cpu(pid));
+    let s = t0.elapsed().as_secs_f64();
+    Ok([(m1 - m0) / s, (w1 - w0) / s, (d1 - d0) / s, (f1 - f0) / s])
+}
 
 /// One decision as its header tells it (µs, tokens).
 struct Timed {
@@ -65,12 +104,13 @@ fn p(v: &[f64], q: f64) -> anyhow::Result<f64> {
     kvroute_stack::quantile(v, q).context("no samples")
 }
 
-/// Measures one point: `iters` hits and `iters` misses through Envoy in front of `pool`.
+/// Measures one point: `iters` hits and `iters` misses through Envoy in front of `pool`, then
+/// Envoy's upkeep during `idle` without requests.
 pub async fn point(
     pool: &SimPool,
     dir: &Path,
     fill: usize,
-    iters: usize,
+    (iters, idle): (usize, Duration),
 ) -> anyhow::Result<Vec<f64>> {
     let http = reqwest::Client::new();
     let n = pool.addrs.len();
@@ -129,6 +169,7 @@ pub async fn point(
         let fresh = fleet::body(&fleet::fresh_prompt(0x3155_0000_0000 + i as u64));
         misses.push(timing(&ask(fresh).await?)?);
     }
+    let upkeep = idle_upkeep(&envoy, idle).await?;
     drop(envoy);
     let col = |v: &[Timed], f: fn(&Timed) -> f64| -> Vec<f64> { v.iter().map(f).collect() };
     let (hd, md) = (col(&hits, |t| t.proper), col(&misses, |t| t.proper));
@@ -144,5 +185,9 @@ pub async fn point(
         p(&col(&hits, |t| t.cached_tokens), 0.5)?,
         p(&col(&misses, |t| t.cached_tokens), 0.5)?,
         iters as f64,
+        upkeep[0],
+        upkeep[1],
+        upkeep[2],
+        upkeep[3],
     ])
 }

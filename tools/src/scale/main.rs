@@ -104,6 +104,9 @@ struct Args {
     /// Hit and miss decisions timed per point inside Envoy.
     #[arg(long, default_value_t = 200)]
     envoy_iters: usize,
+    /// Seconds without requests after each in-Envoy point, to measure Envoy's upkeep.
+    #[arg(long, default_value_t = 3.0)]
+    envoy_idle_s: f64,
 }
 
 /// This process's resident memory (MiB).
@@ -362,7 +365,8 @@ async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
     for &w in &a.envoy_workers {
         let pool = updater::SimPool::start(w, &dir).await?;
         let mut row = vec![w as f64];
-        row.extend(envoy::point(&pool, &dir, a.envoy_fill, a.envoy_iters).await?);
+        let idle = Duration::from_secs_f64(a.envoy_idle_s.max(0.1));
+        row.extend(envoy::point(&pool, &dir, a.envoy_fill, (a.envoy_iters, idle)).await?);
         in_envoy.push(row);
         eprintln!("kvroute-scale: in-Envoy decisions with {w} workers done");
     }

@@ -23,7 +23,12 @@ use tokio::sync::watch;
 
 /// utime + stime of `pid` in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+}
+
+/// utime + stime in seconds from a `/proc/…/stat` file (a process's or one of its threads').
+pub fn stat_cpu_seconds(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
     let rest = stat.rsplit(')').next().unwrap_or_default();
     let f: Vec<&str> = rest.split_whitespace().collect();
     let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);

@@ -280,6 +280,9 @@ impl Knowledge {
         for w in &d.removed {
             self.forget(w);
         }
+        // The members per model are rebuilt only when the pool changes (a worker joins, leaves
+        // or changes model): most deltas carry loads, and a rebuild reads the whole pool.
+        let mut members_moved = !d.removed.is_empty() || d.pool != self.pool.is_some();
         if d.pool {
             // A pool delta over a partial view (not sent by the updater, which answers a
             // change of kind with a full snapshot): every worker known is taken as a member.
@@ -320,11 +323,16 @@ impl Knowledge {
             };
             self.index.change_events(&w.worker, change, w.observed_at_ms);
             if let Some(pool) = self.pool.as_mut() {
-                let model = self.serving.get(&w.worker).map(|s| s.model.clone());
-                pool.insert(w.worker.clone(), model.unwrap_or_default());
+                let model = self.serving.get(&w.worker).map_or("", |s| s.model.as_str());
+                if pool.get(&w.worker).map(String::as_str) != Some(model) {
+                    pool.insert(w.worker.clone(), model.to_owned());
+                    members_moved = true;
+                }
             }
         }
-        self.rebuild_members();
+        if members_moved {
+            self.rebuild_members();
+        }
     }
 
     /// Credits other replicas' routed blocks (source `Peer`) and takes in their loads.
@@ -496,6 +504,71 @@ mod tests {
             &Snapshot { version: 4, workers: vec![], ..s3.clone() },
         ));
         assert!(k.has_pool() && k.pool_members("m").is_none());
+    }
+
+    /// Members follow the pool through deltas as they do through full snapshots, whether a
+    /// delta moves the pool (joins, leaves, model changes) or only loads.
+    #[test]
+    fn pool_members_after_deltas_equal_those_of_the_snapshot() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let models = ["m", "n", ""];
+        for _history in 0..20 {
+            let mut k = knowledge();
+            let mut prev = Snapshot { pool: true, ..Default::default() };
+            k.apply_snapshot(&prev);
+            for v in 1..40u64 {
+                let mut s = Snapshot { version: v, ..prev.clone() };
+                s.pool = next(10) != 0;
+                match next(4) {
+                    0 => {
+                        let name = format!("10.0.0.{}:80", next(12));
+                        if !s.workers.iter().any(|w| w.worker == name) {
+                            s.workers.push(SnapshotWorker {
+                                worker: name,
+                                compatible: true,
+                                model: models[next(3) as usize].into(),
+                                ..Default::default()
+                            });
+                            s.workers.sort_by(|a, b| a.worker.cmp(&b.worker));
+                        }
+                    }
+                    1 if !s.workers.is_empty() => {
+                        s.workers.remove(next(s.workers.len() as u64) as usize);
+                    }
+                    2 if !s.workers.is_empty() => {
+                        let i = next(s.workers.len() as u64) as usize;
+                        s.workers[i].model = models[next(3) as usize].into();
+                    }
+                    _ => {
+                        for w in &mut s.workers {
+                            w.observed_at_ms = v;
+                        }
+                    }
+                }
+                // A delta over a partial view is not what the updater sends: whole instead.
+                match prev.pool && s.pool {
+                    true => k.apply_delta(&Delta::between(&prev, &s)),
+                    false => k.apply_snapshot(&s),
+                }
+                let mut whole = knowledge();
+                whole.apply_snapshot(&s);
+                for m in models {
+                    assert_eq!(
+                        k.pool_members(m),
+                        whole.pool_members(m),
+                        "version {v}, model {m:?}"
+                    );
+                }
+                assert_eq!(k.has_pool(), whole.has_pool());
+                prev = s;
+            }
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::shared::journal::append;
 use crate::shared::knowledge::{read_head, Taken};
 use crate::shared::SharedStore;
 use crate::wire::bundle::PART_BYTES;
+use crate::wire::delta::Delta;
 use crate::wire::journal::JournalEntry;
 use crate::wire::journal::Source;
 use crate::wire::snapshot::Snapshot;
@@ -149,6 +150,65 @@ fn the_long_poll_goes_out_again_as_soon_as_it_is_answered() {
     assert_eq!(host.events(), [SyncEvent::Snapshot(None), SyncEvent::Version(7)]);
     assert_eq!(read_head(&host.store).unwrap().checked_at_ms, 11_500);
     assert_eq!(host.take().len(), 1);
+}
+
+#[test]
+fn answers_faster_than_the_gap_pace_the_long_polls_past_a_burst() {
+    let mut host = FakeHost::at(10_000);
+    let mut flow = SyncFlow::new(config(json!({"min_poll_gap_ms": 50})), &host, 1);
+    assert_eq!(flow.tick_ms(), 50);
+    flow.on_tick(&mut host);
+    let mut sent = host.take();
+    // Each answered 1 ms after it went out: the first eight polls go out at once.
+    for v in 1..=8u64 {
+        assert_eq!(sent.len(), 1, "poll {v}");
+        host.now += 1;
+        let d = Delta::between(
+            &Snapshot { version: v - 1, ..Default::default() },
+            &Snapshot { version: v, generated_at_ms: v, ..Default::default() },
+        );
+        let body = if v == 1 { snapshot(1) } else { d.encode() };
+        answer(&mut flow, &mut host, &sent[0], 200, body);
+        assert_eq!(flow.version(), v, "published at once");
+        sent = host.take();
+    }
+    // Then one per 50 ms: the ninth waits until 400 ms of pace are spent (10 050).
+    assert!(sent.is_empty());
+    host.now = 10_049;
+    flow.on_tick(&mut host);
+    assert!(host.take().is_empty());
+    host.now = 10_050;
+    flow.on_tick(&mut host);
+    let sent = host.take();
+    assert_eq!(paths(&sent), ["/v1/snapshot?since=8&pool=1&health=1&placement=1&wait_ms=1000"]);
+    // An answer after the pace (a 304 after the whole wait): the next one goes out at once.
+    host.now += 1000;
+    answer(&mut flow, &mut host, &sent[0], 304, Vec::new());
+    assert_eq!(
+        paths(&host.take()),
+        ["/v1/snapshot?since=8&pool=1&health=1&placement=1&wait_ms=1000"]
+    );
+}
+
+#[test]
+fn without_a_gap_the_long_poll_goes_out_again_at_once() {
+    let mut host = FakeHost::at(10_000);
+    let mut flow = SyncFlow::new(config(json!({"min_poll_gap_ms": 0})), &host, 1);
+    assert_eq!(flow.tick_ms(), 100);
+    flow.on_tick(&mut host);
+    let sent = host.take();
+    host.now += 1;
+    answer(&mut flow, &mut host, &sent[0], 200, snapshot(7));
+    assert_eq!(host.take().len(), 1);
+}
+
+#[test]
+fn a_gap_over_a_second_is_refused() {
+    let bytes = json!({"snapshot_sync": {"cluster": "u", "token": "0123456789abcdef",
+        "min_poll_gap_ms": 1001}})
+    .to_string();
+    let e = SnapshotSyncConfig::from_json(bytes.as_bytes(), &|_| None).unwrap_err();
+    assert!(e.to_string().contains("min_poll_gap_ms"), "{e}");
 }
 
 #[test]

@@ -20,9 +20,13 @@ fn request() -> crate::decision::request::ParsedRequest {
 
 /// The request's first `k` block hashes, sorted as the updater sends them.
 fn blocks(k: usize) -> Vec<u64> {
-    let seed = router().domain(&request()).map(|d| d.seed()).unwrap_or_default();
-    let tokens: Vec<u32> = (0..1024).collect();
-    let mut h = crate::decision::hash::block_hashes(seed, 16, &tokens);
+    static CHAIN: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+    let chain = CHAIN.get_or_init(|| {
+        let seed = router().domain(&request()).map(|d| d.seed()).unwrap_or_default();
+        let tokens: Vec<u32> = (0..1024).collect();
+        crate::decision::hash::block_hashes(seed, 16, &tokens)
+    });
+    let mut h = chain.clone();
     h.truncate(k);
     h.sort_unstable();
     h
@@ -50,6 +54,11 @@ fn publish_chain(store: &MemStore, p: &mut KnowledgePublisher, from: u64, to: u6
     }
 }
 
+/// The full snapshot in shared data and the sequence number it stands at.
+fn full_in(store: &MemStore) -> (u64, Snapshot) {
+    read_full(store, &DecodeLimits::default()).unwrap().unwrap()
+}
+
 #[test]
 fn a_thread_that_keeps_up_applies_only_deltas() {
     let (store, t) = (MemStore::new(), Tally::default());
@@ -58,13 +67,87 @@ fn a_thread_that_keeps_up_applies_only_deltas() {
     p.confirmed(&store, 1);
     let (mut f, mut r) = (Follower::default(), router());
     assert_eq!(f.catch_up(&store, &t, &mut r, true), Followed { deltas: 0, full: 1 });
-    for v in 1..40 {
+    for v in 1..=40 {
         publish_chain(&store, &mut p, v, v + 1);
         assert_eq!(f.catch_up(&store, &t, &mut r, false), Followed { deltas: 1, full: 0 });
         assert_eq!(f.version(), v + 1);
+        assert_eq!(p.head().seq, v);
+        // The full snapshot follows, within its rewrite rule, at the sequence number it says.
+        let (seq, full) = full_in(&store);
+        assert!(p.head().seq - seq <= FULL_EVERY as u64);
+        assert_eq!((full.version, p.head().full_version), (seq + 1, seq + 1));
     }
-    assert_eq!(p.head().ring.len(), RING);
-    assert_eq!(p.head().full_version, 33, "rewritten every {FULL_EVERY} deltas");
+}
+
+/// A snapshot of version `v` whose second worker holds `blocks` other blocks: a full snapshot
+/// much larger than the deltas, as a pool's is.
+fn big(v: u64, blocks: u64) -> Snapshot {
+    let mut s = snap(v);
+    s.workers.push(SnapshotWorker {
+        worker: "127.0.0.1:2".into(),
+        compatible: true,
+        gpu: (1..=blocks).map(|h| h * 0x9E37_79B9).collect(),
+        ..Default::default()
+    });
+    s
+}
+
+fn publish_big(store: &MemStore, p: &mut KnowledgePublisher, from: u64, to: u64) {
+    for v in from..to {
+        let d = Delta::between(&big(v, 4096), &big(v + 1, 4096));
+        assert_eq!(p.take(store, d.encode()).unwrap(), Taken::Delta);
+        p.confirmed(store, v + 1);
+    }
+}
+
+#[test]
+fn a_thread_idle_for_hundreds_of_deltas_catches_up_on_deltas_alone() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
+    p.take(&store, big(1, 4096).encode()).unwrap();
+    p.confirmed(&store, 1);
+    let (mut f, mut r) = (Follower::default(), router());
+    f.catch_up(&store, &t, &mut r, true);
+    let behind = FULL_EVERY as u64 + 100;
+    publish_big(&store, &mut p, 1, 1 + behind);
+    assert!(p.head().full_version > 1, "the full snapshot was rewritten meanwhile");
+    // The request path applies a bounded share; the tick the rest, without the full snapshot.
+    let first = f.catch_up(&store, &t, &mut r, false);
+    assert_eq!(first, Followed { deltas: REQUEST_DELTAS as u64, full: 0 });
+    let rest = f.catch_up(&store, &t, &mut r, true);
+    assert_eq!(rest, Followed { deltas: behind - REQUEST_DELTAS as u64, full: 0 });
+    assert_eq!(f.version(), p.head().version);
+}
+
+#[test]
+fn the_ring_keeps_the_deltas_since_the_full_snapshot_before_the_last() {
+    let store = MemStore::new();
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
+    p.take(&store, big(1, 4096).encode()).unwrap();
+    let n = 3 * FULL_EVERY as u64 + 5;
+    publish_big(&store, &mut p, 1, 1 + n);
+    let kept: Vec<u64> = (0..RING as u64)
+        .filter(|&slot| store.get(&delta_key(slot as usize)).0.is_some_and(|v| !v.is_empty()))
+        .collect();
+    // Fulls at FULL_EVERY, 2 FULL_EVERY, 3 FULL_EVERY: the deltas after the second are kept.
+    assert_eq!(kept.len(), FULL_EVERY + 5, "{} slots", kept.len());
+    assert_eq!(full_in(&store).0, 3 * FULL_EVERY as u64);
+    // Small snapshots: the full snapshot is rewritten once the deltas add up to its size, and
+    // the ring never holds much more than two of them.
+    let store = MemStore::new();
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
+    p.take(&store, snap(1).encode()).unwrap();
+    let (mut full, mut delta) = (p.full_bytes, 0);
+    for v in 1..200 {
+        publish_chain(&store, &mut p, v, v + 1);
+        let ring: usize =
+            (0..RING).filter_map(|s| store.get(&delta_key(s)).0).map(|v| v.len()).sum();
+        full = full.max(p.full_bytes);
+        delta = delta.max(Delta::between(&snap(v), &snap(v + 1)).encode().len());
+        // The deltas before the last full snapshot (less than the one before it, and one more)
+        // and those since (less than it).
+        assert!(ring < 2 * full + delta, "version {v}: {ring} bytes of deltas, full {full}");
+    }
 }
 
 #[test]
@@ -101,14 +184,14 @@ fn an_idle_thread_past_the_ring_catches_up_from_the_full_snapshot_off_the_reques
 fn corrupt_values_stop_the_chain_without_panicking() {
     let (store, t) = (MemStore::new(), Tally::default());
     let mut p = KnowledgePublisher::new(DecodeLimits::default());
-    p.take(&store, snap(1).encode()).unwrap();
+    p.take(&store, big(1, 4096).encode()).unwrap();
     p.confirmed(&store, 1);
     p.confirmed(&store, 1);
     let (mut f, mut r) = (Follower::default(), router());
     f.catch_up(&store, &t, &mut r, true);
-    publish_chain(&store, &mut p, 1, 3);
-    let e = p.head().next_after(1).unwrap();
-    store.poke(&delta_key(e.slot), b"KVRD\x01garbage");
+    publish_big(&store, &mut p, 1, 3);
+    assert_eq!(p.head().full_version, 1);
+    store.poke(&delta_key(slot_of(1)), b"KVRD\x01garbage");
     assert_eq!(f.catch_up(&store, &t, &mut r, false).deltas, 0);
     // The thread stands on the full snapshot already: it does not re-read it, even on a tick.
     store.poke(DATA_KEY, b"not a snapshot");
