@@ -63,6 +63,10 @@ pub struct Args {
     /// How often each worker's `/metrics` is scraped (ms).
     #[arg(long, default_value_t = defaults::SCRAPE_INTERVAL_MS)]
     pub scrape_interval_ms: u64,
+    /// Scraped loads are published to the long polls at most this often (ms; at most the
+    /// scrape interval); KV events and peer reports go out at once. 0: each scrape at once.
+    #[arg(long, default_value_t = defaults::LOAD_PUBLISH_MS)]
+    pub load_publish_ms: u64,
     /// Envoy's admin address (e.g. `http://127.0.0.1:9901`): its health checks decide which
     /// workers are in the pool. Without it, every configured worker is.
     #[arg(long)]
@@ -238,6 +242,7 @@ pub fn resolve(args: &Args, m: &ArgMatches) -> Result<Resolved, UpdaterConfigErr
         envoy_cluster,
         align_interval_ms,
         scrape_interval_ms,
+        load_publish_ms,
         max_adapters_per_worker,
         max_adapter_name_bytes,
         max_blocks_per_tier,

@@ -35,6 +35,7 @@ pub mod defaults {
     pub const MAX_ADAPTER_NAME_BYTES: usize = 256;
     pub const ALIGN_INTERVAL_MS: u64 = 10_000;
     pub const SCRAPE_INTERVAL_MS: u64 = 500;
+    pub const LOAD_PUBLISH_MS: u64 = crate::limits::LOAD_PUBLISH_MS;
     pub const ENVOY_CLUSTER: &str = "workers";
     pub const MAX_BLOCKS_PER_TIER: usize = 1 << 20;
     pub const MAX_ENGINE_KEYS: usize = 3 << 20;
@@ -160,6 +161,7 @@ pub struct UpdaterConfig {
     pub envoy_cluster: String,
     pub align_interval_ms: u64,
     pub scrape_interval_ms: u64,
+    pub load_publish_ms: u64,
     pub max_adapters_per_worker: usize,
     pub max_adapter_name_bytes: usize,
     pub max_blocks_per_tier: usize,
@@ -199,6 +201,7 @@ impl Default for UpdaterConfig {
             envoy_cluster: d::ENVOY_CLUSTER.into(),
             align_interval_ms: d::ALIGN_INTERVAL_MS,
             scrape_interval_ms: d::SCRAPE_INTERVAL_MS,
+            load_publish_ms: d::LOAD_PUBLISH_MS,
             max_adapters_per_worker: d::MAX_ADAPTERS_PER_WORKER,
             max_adapter_name_bytes: d::MAX_ADAPTER_NAME_BYTES,
             max_blocks_per_tier: d::MAX_BLOCKS_PER_TIER,
@@ -409,6 +412,7 @@ impl UpdaterConfig {
                 max_hashes: self.max_peer_hashes,
                 max_report_bytes: self.max_peer_report_bytes.max(1024),
             },
+            load_publish_ms: self.load_publish_ms.min(self.scrape_interval_ms),
         }
     }
 

@@ -198,6 +198,12 @@ impl Default for AdapterLimits {
     }
 }
 
+/// How often scraped loads alone are published by default (ms): a fifth of the default scrape
+/// interval, so a load reaches the filters at most that much after its scrape (its age counts
+/// from the scrape), and a pool's scrapes wake the long polls ten times a second, not once per
+/// worker scraped.
+pub const LOAD_PUBLISH_MS: u64 = 100;
+
 /// Every bound of the updater.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -209,6 +215,10 @@ pub struct Limits {
     pub adapters: AdapterLimits,
     /// Other Envoy replicas' decisions (see [`crate::peers`]).
     pub peers: crate::peers::PeerLimits,
+    /// Scraped loads are published at most this often (ms): each scrape changes a worker's
+    /// load, and every change wakes every long poll. Other changes go out at once. 0: each
+    /// scrape is published at once.
+    pub load_publish_ms: u64,
 }
 
 impl Default for Limits {
@@ -221,6 +231,7 @@ impl Default for Limits {
             max_http_body_bytes: 4 << 20,
             adapters: AdapterLimits::default(),
             peers: crate::peers::PeerLimits::default(),
+            load_publish_ms: LOAD_PUBLISH_MS,
         }
     }
 }

@@ -26,6 +26,7 @@ async fn main() -> anyhow::Result<()> {
     }
     // Workers join through discovery (the static list at once).
     let state = Arc::new(State::for_models(Arc::new(models), Vec::new(), config.limits()));
+    tokio::spawn(Arc::clone(&state).pace_loads());
     let intervals = Intervals { scrape: config.scrape_interval(), align: config.align_interval() };
     let discovered = tokio::spawn(discovery::run(
         Arc::clone(&state),

@@ -104,6 +104,9 @@ struct Inner {
     dirty: BTreeSet<String>,
     /// Workers whose scraped load alone changed since the last publication.
     load_dirty: BTreeSet<String>,
+    /// When loads were last published (unix ms): loads wait for
+    /// [`Limits::load_publish_ms`] after it.
+    loads_published_ms: u64,
     /// Block sizes learned from workers, for models without a configured one.
     learned: BTreeMap<String, u32>,
     /// The model list changed since the last publication.
@@ -190,6 +193,7 @@ impl State {
             placements_dirty: false,
             joined: 0,
             left: 0,
+            loads_published_ms: 0,
         };
         State { limits, models, fixed, changed: Notify::new(), inner: Mutex::new(inner) }
     }
@@ -308,13 +312,46 @@ impl State {
     }
 
     /// Records what `worker` reported about its load on a scrape. Only its head is published
-    /// (see [`Changes::loads`]): its hash lists are not rebuilt for it.
+    /// (see [`Changes::loads`]): its hash lists are not rebuilt for it. Loads wake the
+    /// long polls at most once per [`Limits::load_publish_ms`] (see [`State::pace_loads`]).
     pub fn set_load(&self, worker: &str, load: crate::engine_metrics::EngineLoad) {
         let mut inner = self.lock();
         if let Some(e) = inner.workers.get_mut(worker) {
             e.load = Some(load);
             inner.load_dirty.insert(worker.to_owned());
-            self.changed.notify_waiters();
+            if self.loads_due(&inner, now_ms()) {
+                self.changed.notify_waiters();
+            }
+        }
+    }
+
+    /// The workers marked changed since the last publication (tests).
+    #[cfg(test)]
+    fn dirty(&self) -> Vec<String> {
+        self.lock().dirty.iter().cloned().collect()
+    }
+
+    /// Whether loads may be published at `now`.
+    fn loads_due(&self, inner: &Inner, now: u64) -> bool {
+        now >= inner.loads_published_ms.saturating_add(self.limits.load_publish_ms)
+    }
+
+    /// Wakes the long polls every [`Limits::load_publish_ms`] while scraped loads wait to be
+    /// published (the scrapes themselves do not, within that time). Runs until the task is
+    /// dropped; returns at once when loads are published as they come.
+    pub async fn pace_loads(self: Arc<Self>) {
+        let every = self.limits.load_publish_ms;
+        if every == 0 {
+            return;
+        }
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(every));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let inner = self.lock();
+            if !inner.load_dirty.is_empty() && self.loads_due(&inner, now_ms()) {
+                self.changed.notify_waiters();
+            }
         }
     }
 
@@ -422,6 +459,15 @@ impl State {
     /// Applies a scrape of `worker`'s `/v1/models`: its adapters; a base model other than the
     /// one identified makes it incompatible until the alignment check (woken now) ran again.
     pub fn apply_served(&self, worker: &str, served: ServedModels) {
+        // Every scrape asks; most answers repeat the last. Those change nothing: no new
+        // version, and the worker's hash lists are not rebuilt for it.
+        let same = self.lock().workers.get(worker).is_some_and(|e| {
+            let model = self.fixed.is_some() || served.base.is_none() || e.model == served.base;
+            model && e.adapters == served.adapters
+        });
+        if same {
+            return;
+        }
         if self.fixed.is_some() {
             self.update(worker, |e| e.adapters = served.adapters);
             return;
@@ -473,13 +519,15 @@ impl State {
         let now = now_ms();
         inner.peers.expire(now);
         let peers = inner.peers.take_pending();
-        if inner.dirty.is_empty()
-            && inner.load_dirty.is_empty()
-            && !inner.models_dirty
-            && peers.is_none()
-            && inner.removed.is_empty()
-            && !inner.placements_dirty
-        {
+        let others = !inner.dirty.is_empty()
+            || inner.models_dirty
+            || peers.is_some()
+            || !inner.removed.is_empty()
+            || inner.placements_dirty;
+        // Loads go out once their pace allows, not with other changes: a change that makes no
+        // new version (a worker touched but unchanged) would otherwise carry them every time.
+        let loads_out = !inner.load_dirty.is_empty() && self.loads_due(inner, now);
+        if !others && !loads_out {
             return;
         }
         // Envoy's health checking (membership) decides who is down; a change is published
@@ -496,6 +544,12 @@ impl State {
         // A scrape changes a worker's load alone: its head goes out without its hash lists,
         // unless the snapshot does not list it yet.
         let mut loads = Vec::new();
+        let waiting = if loads_out {
+            inner.loads_published_ms = now;
+            Vec::new()
+        } else {
+            std::mem::take(&mut inner.load_dirty).into_iter().collect()
+        };
         for w in std::mem::take(&mut inner.load_dirty) {
             match inner.workers.get(&w) {
                 Some(e) if !dirty.contains(&w) && inner.publisher.lists(&w) => {
@@ -516,6 +570,8 @@ impl State {
             removed: std::mem::take(&mut inner.removed).into_iter().collect(),
         };
         inner.publisher.publish_changes(changes, models, peers, now);
+        // Loads not due wait, but for workers that just went out whole (with their load).
+        inner.load_dirty.extend(waiting.into_iter().filter(|w| !dirty.contains(w)));
     }
 
     /// The published snapshot version (after publishing pending changes).
@@ -866,5 +922,7 @@ mod tests {
     }
 }
 
+#[cfg(test)]
+mod load_pace_tests;
 #[cfg(test)]
 mod placement_tests;
