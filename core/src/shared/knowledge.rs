@@ -7,7 +7,8 @@
 //!   includes (rewritten every [`FULL_EVERY`] deltas, or sooner once the deltas since add up to
 //!   its size, so a thread that fell behind the ring still finds a chain from it);
 //! - `kvroute.snapshot.delta.<slot>`: delta number `n` as received, in slot `n %` [`RING`]
-//!   (a slot older than the full snapshot before the current one is blanked).
+//!   (a slot older than the full snapshot before the current one is blanked, but the last
+//!   [`KEEP_DELTAS`]).
 //!
 //! [`KnowledgePublisher`] is the singleton's side (it keeps the full snapshot in memory and applies
 //! each delta to it); [`Follower`] is a thread's side: it follows the deltas from its own
@@ -33,6 +34,9 @@ pub const RING: usize = 512;
 pub const FULL_EVERY: usize = RING / 2;
 /// Deltas a thread applies on the request path; the rest wait for its tick.
 pub const REQUEST_DELTAS: usize = 16;
+/// The latest deltas are never blanked, however often small full snapshots are rewritten: a
+/// thread this far behind still catches up on a request.
+pub const KEEP_DELTAS: u64 = 64;
 
 pub fn delta_key(slot: usize) -> String {
     format!("kvroute.snapshot.delta.{slot}")
@@ -216,9 +220,11 @@ pub struct KnowledgePublisher {
     /// Bytes of the deltas since the full snapshot was last written, and that snapshot's.
     bytes_since_full: usize,
     full_bytes: usize,
-    /// The sequence numbers of the last two full snapshots written: the slots before the
-    /// older one are blanked.
-    full_seqs: [u64; 2],
+    /// The sequence number of the last full snapshot written: the slots up to the one before
+    /// it are blanked, but the last [`KEEP_DELTAS`].
+    full_seq: u64,
+    /// The slots of the deltas up to this sequence number are blanked.
+    blanked: u64,
     limits: DecodeLimits,
 }
 
@@ -285,11 +291,12 @@ impl KnowledgePublisher {
         let _ = store.set(DATA_KEY, &full_value(seq, &bytes), None);
         self.head.full_version = full.version;
         (self.deltas_since_full, self.bytes_since_full, self.full_bytes) = (0, 0, bytes.len());
-        let [older, newer] = self.full_seqs;
-        for n in (older + 1).max(seq.saturating_sub(RING as u64) + 1)..=newer {
+        let upto = self.full_seq.min(seq.saturating_sub(KEEP_DELTAS));
+        for n in (self.blanked + 1).max(seq.saturating_sub(RING as u64) + 1)..=upto {
             let _ = store.set(&delta_key(slot_of(n)), &[], None);
         }
-        self.full_seqs = [newer, seq];
+        self.blanked = self.blanked.max(upto);
+        self.full_seq = seq;
     }
 
     fn take_full<S: SharedStore + ?Sized>(

@@ -133,7 +133,7 @@ fn the_ring_keeps_the_deltas_since_the_full_snapshot_before_the_last() {
     assert_eq!(kept.len(), FULL_EVERY + 5, "{} slots", kept.len());
     assert_eq!(full_in(&store).0, 3 * FULL_EVERY as u64);
     // Small snapshots: the full snapshot is rewritten once the deltas add up to its size, and
-    // the ring never holds much more than two of them.
+    // the ring never holds much more than two of them and the last KEEP_DELTAS deltas.
     let store = MemStore::new();
     let mut p = KnowledgePublisher::new(DecodeLimits::default());
     p.take(&store, snap(1).encode()).unwrap();
@@ -145,8 +145,9 @@ fn the_ring_keeps_the_deltas_since_the_full_snapshot_before_the_last() {
         full = full.max(p.full_bytes);
         delta = delta.max(Delta::between(&snap(v), &snap(v + 1)).encode().len());
         // The deltas before the last full snapshot (less than the one before it, and one more)
-        // and those since (less than it).
-        assert!(ring < 2 * full + delta, "version {v}: {ring} bytes of deltas, full {full}");
+        // and those since (less than it), and at most the last KEEP_DELTAS besides.
+        let most = 2 * full + delta + KEEP_DELTAS as usize * delta;
+        assert!(ring <= most, "version {v}: {ring} bytes of deltas, full {full}");
     }
 }
 
@@ -229,4 +230,29 @@ fn decode_limits_bound_what_is_accepted() {
 #[test]
 fn head_round_trips_and_rejects_truncation() {
     crate::conformance::shared_data::head_round_trips_and_rejects_truncation();
+}
+
+/// Small snapshots are rewritten every few deltas; a thread up to [`KEEP_DELTAS`] behind still
+/// catches up from deltas, on a request (16 at a time) and on its tick.
+#[test]
+fn with_small_snapshots_a_thread_behind_by_the_kept_deltas_catches_up_on_requests() {
+    for behind in [2u64, 8, 16, 32, KEEP_DELTAS] {
+        let (store, t) = (MemStore::new(), Tally::default());
+        let mut p = KnowledgePublisher::new(DecodeLimits::default());
+        p.take(&store, snap(1).encode()).unwrap();
+        p.confirmed(&store, 1);
+        publish_chain(&store, &mut p, 1, 41);
+        let (mut f, mut r) = (Follower::default(), router());
+        f.catch_up(&store, &t, &mut r, true);
+        let v = f.version();
+        publish_chain(&store, &mut p, v, v + behind);
+        assert!(p.head().full_version > v, "the full snapshot was rewritten meanwhile");
+        let mut applied = 0;
+        for _ in 0..behind.div_ceil(REQUEST_DELTAS as u64) {
+            let got = f.catch_up(&store, &t, &mut r, false);
+            assert_eq!(got.full, 0);
+            applied += got.deltas;
+        }
+        assert_eq!((applied, f.version()), (behind, v + behind), "{behind} behind");
+    }
 }
