@@ -385,6 +385,8 @@ impl Router {
             vec![PrefixMatch::default(); eligible.len()]
         };
         let calibrated = self.calibration.model(&m.name);
+        // Read once per decision, not per worker (a float rounded each time).
+        let unseen_tokens = self.knowledge.typical_uncached_tokens();
         let candidates = eligible
             .iter()
             .zip(&matches)
@@ -398,7 +400,7 @@ impl Router {
                     load: combine_load(
                         load.load(w).plus(self.knowledge.peer_load_key(w.key(), now_ms)),
                         reported.as_ref(),
-                        self.knowledge.typical_uncached_tokens(),
+                        unseen_tokens,
                     ),
                     adapter_missing: t
                         .adapter

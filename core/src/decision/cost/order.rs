@@ -169,9 +169,9 @@ pub(super) fn rank_bounded<W: Borrow<WorkerName>>(
 /// The indices of the first `keep` keys in ranking order (all of them when there are no more
 /// than `keep`): the primary, drawn among the least-work ties of the best cost, then by
 /// increasing cost. Sorts only the ties and the first `keep`.
-fn order(
+fn order<F: Fn(&Key, &Key) -> std::cmp::Ordering>(
     keys: &mut [Key],
-    cmp: &dyn Fn(&Key, &Key) -> std::cmp::Ordering,
+    cmp: &F,
     block_size: u32,
     weigh: Weigh,
     pick: u64,

@@ -191,13 +191,22 @@ pub fn combine_load(
     let prefilling = own.prefilling_requests.max(r.waiting);
     let decoding = own.decoding_requests().max(r.running);
     let unseen = u64::from(prefilling - own.prefilling_requests.min(prefilling));
+    // Most workers report no request the router did not see: no products to take (a 64-bit
+    // product checked for overflow is a call on 32-bit wasm).
+    let (prefill_tokens, prefill_sq_tokens) = if unseen == 0 {
+        (own.prefill_tokens, own.prefill_sq_tokens)
+    } else {
+        (
+            own.prefill_tokens.saturating_add(unseen.saturating_mul(unseen_tokens)),
+            own.prefill_sq_tokens
+                .saturating_add(unseen.saturating_mul(unseen_tokens.saturating_mul(unseen_tokens))),
+        )
+    };
     WorkerLoad {
         inflight_requests: prefilling.saturating_add(decoding),
         prefilling_requests: prefilling,
-        prefill_tokens: own.prefill_tokens.saturating_add(unseen.saturating_mul(unseen_tokens)),
+        prefill_tokens,
         prefill_elapsed_ms: own.prefill_elapsed_ms,
-        prefill_sq_tokens: own
-            .prefill_sq_tokens
-            .saturating_add(unseen.saturating_mul(unseen_tokens.saturating_mul(unseen_tokens))),
+        prefill_sq_tokens,
     }
 }
