@@ -74,8 +74,27 @@ pub(crate) fn rank_pool<W: Borrow<WorkerName>>(
 #[derive(Debug, Clone, Copy)]
 struct Key {
     cost: f64,
+    /// `cost` in [`f64::total_cmp`]'s order as an integer ([`total_order`]): a selection over
+    /// a large pool compares integers.
+    ord: u64,
     index: usize,
     uncached: u64,
+}
+
+impl Key {
+    fn new(cost: f64, index: usize, uncached: u64) -> Key {
+        Key { cost, ord: total_order(cost), index, uncached }
+    }
+}
+
+/// `x`'s position in [`f64::total_cmp`]'s order, as an unsigned integer: `total_order(a) <
+/// total_order(b)` exactly when `a.total_cmp(&b)` is `Less`.
+fn total_order(x: f64) -> u64 {
+    let bits = x.to_bits() as i64;
+    // As `total_cmp` does: negative values' magnitude bits flipped, then compared signed...
+    let signed = bits ^ ((((bits >> 63) as u64) >> 1) as i64);
+    // ...and a signed order is the unsigned one with the sign bit flipped.
+    (signed as u64) ^ (1 << 63)
 }
 
 /// The key of the least value offered so far (the first one among equals).
@@ -120,7 +139,7 @@ pub(super) fn rank_bounded<W: Borrow<WorkerName>>(
     let mut longest = 0;
     for i in 0..candidates.len() {
         let e = estimate_of(i);
-        let key = Key { cost: e.cost_ms(w), index: i, uncached: e.uncached_tokens };
+        let key = Key::new(e.cost_ms(w), i, e.uncached_tokens);
         keys.push(key);
         if whole {
             estimates.push(e);
@@ -139,11 +158,11 @@ pub(super) fn rank_bounded<W: Borrow<WorkerName>>(
     // Pools come sorted by name: then the index orders equal costs as the name would.
     let by_name = !sorted;
     let cmp = |a: &Key, b: &Key| {
-        let by_cost = a.cost.total_cmp(&b.cost);
         if by_name {
+            let by_cost = a.ord.cmp(&b.ord);
             by_cost.then_with(|| candidates[a.index].name().cmp(candidates[b.index].name()))
         } else {
-            by_cost.then(a.index.cmp(&b.index))
+            (a.ord, a.index).cmp(&(b.ord, b.index))
         }
     };
     let order = order(&mut keys, &cmp, block_size, weigh, pick, keep);

@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::super::{Candidate, Profile, Score, TieBand, Weigh};
-use super::rank_bounded;
+use super::{rank_bounded, total_order};
 use crate::decision::load::WorkerLoad;
 
 const BS: u32 = 16;
@@ -80,5 +80,22 @@ proptest! {
         prop_assert_eq!(least(&bounded, Score::promise_ttft_ms), least(&whole, Score::promise_ttft_ms));
         prop_assert_eq!(least(&bounded, Score::promise_wait_ms), least(&whole, Score::promise_wait_ms));
         prop_assert_eq!(best_holder(&bounded), best_holder(&whole));
+    }
+}
+
+proptest! {
+    /// The integer key orders costs exactly as `f64::total_cmp` does (signs, zeros,
+    /// infinities and NaNs included), so ranking by it changes no order.
+    #[test]
+    fn the_integer_order_of_costs_is_total_cmps(
+        a in prop_oneof![any::<f64>(), Just(0.0), Just(-0.0), Just(f64::INFINITY),
+                         Just(f64::NEG_INFINITY), Just(f64::NAN), Just(-f64::NAN),
+                         Just(f64::MIN_POSITIVE), Just(f64::MAX), Just(f64::MIN)],
+        b in prop_oneof![any::<f64>(), Just(0.0), Just(-0.0), Just(f64::INFINITY),
+                         Just(f64::NEG_INFINITY), Just(f64::NAN), Just(-f64::NAN),
+                         Just(1.0), Just(-1.0), Just(f64::MAX), Just(f64::MIN)],
+    ) {
+        prop_assert_eq!(total_order(a).cmp(&total_order(b)), a.total_cmp(&b));
+        prop_assert_eq!(total_order(a).cmp(&total_order(a)), std::cmp::Ordering::Equal);
     }
 }
