@@ -176,7 +176,12 @@ impl Profile {
     /// prefill (linear and attention terms, one base per request) and the decoding requests'
     /// interference.
     pub fn wait_ms(&self, load: &WorkerLoad) -> f64 {
-        let q = self.queue_terms();
+        self.wait_with(&self.queue_terms(), load)
+    }
+
+    /// [`Profile::wait_ms`] with the queue's coefficients `q` already taken
+    /// ([`Profile::queue_terms`]; a decision takes them once, not per worker).
+    fn wait_with(&self, q: &QueueTerms, load: &WorkerLoad) -> f64 {
         let queued = load.prefill_tokens as f64 * q.ms_per_token
             + load.prefill_sq_tokens as f64 * q.ms_per_token_sq
             + queued_steps(load) * q.step_ms
@@ -402,7 +407,30 @@ pub fn score_reached<W: Borrow<WorkerName>>(
     prompt_tokens: u64,
     block_size: u32,
 ) -> Score {
-    estimate(profile, c, reach, prompt_tokens, block_size).named(c.name().clone())
+    estimate(profile, &Prompt::new(profile, prompt_tokens, block_size), c, reach)
+        .named(c.name().clone())
+}
+
+/// What every worker's estimate of one prompt shares, taken once per decision.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prompt {
+    tokens: u64,
+    block_size: u64,
+    /// [`reusable_blocks`] of the prompt.
+    reusable: u64,
+    /// [`Profile::queue_terms`].
+    queue: QueueTerms,
+}
+
+impl Prompt {
+    pub(crate) fn new(profile: &Profile, tokens: u64, block_size: u32) -> Prompt {
+        Prompt {
+            tokens,
+            block_size: u64::from(block_size),
+            reusable: reusable_blocks(tokens, block_size),
+            queue: profile.queue_terms(),
+        }
+    }
 }
 
 /// A [`Score`] without the worker's name: what ranking a whole pool computes per worker.
@@ -470,19 +498,17 @@ impl Estimate {
 /// [`score_reached`] without naming the worker.
 pub(crate) fn estimate<W>(
     profile: &Profile,
+    p: &Prompt,
     c: &Candidate<W>,
     reach: &Reach,
-    prompt_tokens: u64,
-    block_size: u32,
 ) -> Estimate {
-    let reusable = reusable_blocks(prompt_tokens, block_size);
+    let (prompt_tokens, reusable, bs) = (p.tokens, p.reusable, p.block_size);
     let blocks = (c.cached_blocks as u64).min(reusable);
-    let bs = u64::from(block_size);
     let cached = blocks * bs;
     let transferred = ((c.offloaded_blocks as u64).min(blocks)) * bs;
     let deviation = if c.deviation.is_finite() && c.deviation > 0.0 { c.deviation } else { 1.0 };
     let load = profile.remaining(&c.load, deviation);
-    let wait_ms = profile.wait_ms(&load) * deviation;
+    let wait_ms = profile.wait_with(&p.queue, &load) * deviation;
     let prefill = |pulled: u64| {
         profile.prefill_with_context_ms(prompt_tokens - cached - pulled, cached + pulled)
             * deviation
@@ -521,11 +547,7 @@ pub(crate) fn estimate<W>(
         pull,
         load,
         deviation,
-        promise_margin: if busy(&load) > 0.0 {
-            profile.queue_terms().promise_margin.max(1.0)
-        } else {
-            1.0
-        },
+        promise_margin: if busy(&load) > 0.0 { p.queue.promise_margin.max(1.0) } else { 1.0 },
     }
 }
 

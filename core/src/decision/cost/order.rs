@@ -16,7 +16,7 @@
 
 use std::borrow::Borrow;
 
-use super::{estimate, Candidate, Estimate, Reach, Score, Weigh};
+use super::{estimate, Candidate, Estimate, Prompt, Reach, Score, Weigh};
 use crate::decision::cost::Profile;
 use crate::decision::worker::WorkerName;
 
@@ -122,9 +122,10 @@ pub(super) fn rank_bounded<W: Borrow<WorkerName>>(
 ) -> Vec<Score> {
     let none = Reach::default();
     let w = if weigh.stall_weight.is_finite() { weigh.stall_weight.max(0.0) } else { 0.0 };
+    let prompt = Prompt::new(profile, prompt_tokens, block_size);
     let estimate_of = |i: usize| {
         let reach = reaches.get(i).unwrap_or(&none);
-        estimate(profile, &candidates[i], reach, prompt_tokens, block_size)
+        estimate(profile, &prompt, &candidates[i], reach)
     };
     let score_of = |i: usize, e: Estimate| {
         let cost = e.cost_ms(w);
