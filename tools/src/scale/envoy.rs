@@ -21,6 +21,7 @@ use kvroute_stack::stack::{write_config, StackPorts, MODEL};
 use serde_json::json;
 
 use crate::fleet;
+use crate::pin::Pinning;
 use crate::updater::{self, SimPool};
 
 /// Envoy worker threads.
@@ -105,12 +106,13 @@ fn p(v: &[f64], q: f64) -> anyhow::Result<f64> {
 }
 
 /// Measures one point: `iters` hits and `iters` misses through Envoy in front of `pool`, then
-/// Envoy's upkeep during `idle` without requests.
+/// Envoy's upkeep during `idle` without requests; with `pinning`, Envoy runs on its own CPU.
 pub async fn point(
     pool: &SimPool,
     dir: &Path,
     fill: usize,
     (iters, idle): (usize, Duration),
+    pinning: Option<&Pinning>,
 ) -> anyhow::Result<Vec<f64>> {
     let http = reqwest::Client::new();
     let n = pool.addrs.len();
@@ -147,6 +149,9 @@ pub async fn point(
         write_config("kvroute.yaml", dir, ports, &pool.addrs, &filter)
     })
     .await?;
+    if let Some(p) = pinning {
+        p.apply_envoy(envoy.guard.pid().context("envoy exited before it was pinned")?)?;
+    }
     envoy.wait_healthy(n).await?;
     let url = envoy.base_url();
     // One connection: the decisions stay on one Envoy thread, as a conversation's would.

@@ -23,6 +23,7 @@ mod decision;
 mod envoy;
 mod fleet;
 mod out;
+mod pin;
 mod updater;
 mod wire;
 
@@ -107,6 +108,12 @@ struct Args {
     /// Seconds without requests after each in-Envoy point, to measure Envoy's upkeep.
     #[arg(long, default_value_t = 3.0)]
     envoy_idle_s: f64,
+    /// Run Envoy alone on the last CPU of this process and everything else (this process, the
+    /// simulated workers, the updater) on the others, with util-linux's `taskset` (Linux,
+    /// two CPUs or more): on a small machine the simulator and the updater otherwise share
+    /// Envoy's core, which shows in the in-Envoy decision time's tail.
+    #[arg(long)]
+    pin_envoy: bool,
 }
 
 /// This process's resident memory (MiB).
@@ -362,11 +369,21 @@ async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
         &[&["workers"], envoy::COLUMNS].concat(),
     )
     .plotting(&["hit_p50_us", "hit_p99_us", "miss_p50_us", "miss_p99_us"], "µs");
+    // Pinned before the pools start, so that their processes inherit it.
+    let pinning = match a.pin_envoy && !a.envoy_workers.is_empty() {
+        true => {
+            let p = pin::Pinning::from_proc()?;
+            p.apply_rest()?;
+            Some(p)
+        }
+        false => None,
+    };
     for &w in &a.envoy_workers {
         let pool = updater::SimPool::start(w, &dir).await?;
         let mut row = vec![w as f64];
         let idle = Duration::from_secs_f64(a.envoy_idle_s.max(0.1));
-        row.extend(envoy::point(&pool, &dir, a.envoy_fill, (a.envoy_iters, idle)).await?);
+        let timed = (a.envoy_iters, idle);
+        row.extend(envoy::point(&pool, &dir, a.envoy_fill, timed, pinning.as_ref()).await?);
         in_envoy.push(row);
         eprintln!("kvroute-scale: in-Envoy decisions with {w} workers done");
     }
