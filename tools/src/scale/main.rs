@@ -370,13 +370,12 @@ async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
     )
     .plotting(&["hit_p50_us", "hit_p99_us", "miss_p50_us", "miss_p99_us"], "µs");
     // Pinned before the pools start, so that their processes inherit it.
-    let pinning = match a.pin_envoy && !a.envoy_workers.is_empty() {
-        true => {
-            let p = pin::Pinning::from_proc()?;
-            p.apply_rest()?;
-            Some(p)
-        }
-        false => None,
+    let pinning = if a.pin_envoy && !a.envoy_workers.is_empty() {
+        let p = pin::Pinning::from_proc()?;
+        p.apply_rest()?;
+        Some(p)
+    } else {
+        None
     };
     for &w in &a.envoy_workers {
         let pool = updater::SimPool::start(w, &dir).await?;
