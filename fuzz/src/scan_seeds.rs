@@ -54,6 +54,9 @@ pub fn request_scan() -> Vec<(&'static str, Vec<u8>)> {
             seed(b'1', r#"[{"role":"user","content":"x"},7,{"role":1,"content":{"a":NaN}}]"#),
         ),
         ("prompt-ids.txt", seed(b'2', "[1,2,3,4294967295]")),
+        ("prompt-ids-spaced.txt", seed(b'2', "[ 1 ,\n2,\t3\r\n, 0 ]  ")),
+        ("prompt-ids-edges.txt", seed(b'2', "[0,01,00,9999999999,10000000000,-7,7E0]")),
+        ("body-spaced.json", seed(b'0', " {\n \"prompt\" : [ 5 , 6 ] ,\t\"model\":\"m\" } \r\n")),
         ("prompt-not-ids.txt", seed(b'2', "[1,2,-0,4294967296,1.0,\"3\",[4],1e400]")),
         ("prompt-object-long-int.txt", seed(b'2', &format!(r#"{{"a":{long_int}}}"#))),
     ];

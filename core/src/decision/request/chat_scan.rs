@@ -20,7 +20,7 @@ pub(super) fn split_messages(body: &[u8]) -> Option<(Map<String, Value>, Message
 }
 
 /// `messages` as [`super::chat::conversation`] makes it of the same value.
-struct MessagesField(Messages);
+pub(super) struct MessagesField(Messages);
 
 impl Field for MessagesField {
     const KEY: &'static str = "messages";

@@ -8,11 +8,11 @@ use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::scan::{self, give_up, maybe_python_int, Field, Skip};
-use super::{pyint, EarlyPrompt, LoadOnly, Prompt, RequestError};
+use super::{id_array, pyint, EarlyPrompt, LoadOnly, Prompt, RequestError};
 
 /// The body's top level in one pass (see `scan`), with `prompt` read on its own: token ids
-/// (tens of thousands of numbers in a long prompt) go straight into `u32`s instead of into
-/// one JSON value per number first. `None` when the scan gives up: the caller's general parse
+/// (tens of thousands of numbers in a long prompt) go straight into `u32`s, read by hand in
+/// their usual form (`id_array`), else by `serde_json` without a JSON value per number. `None` when the scan gives up: the caller's general parse
 /// then gives the result or the error. The result equals the general parse
 /// (`tests::early_prompt`, `scan_tests`).
 pub(super) fn split_prompt(body: &[u8]) -> Option<(serde_json::Map<String, Value>, EarlyPrompt)> {
@@ -29,7 +29,7 @@ pub(super) fn split_prompt(body: &[u8]) -> Option<(serde_json::Map<String, Value
 }
 
 /// A `prompt` as read in one pass.
-enum PromptField {
+pub(super) enum PromptField {
     /// An array of numbers that all fit a token id.
     Ids(Vec<u32>),
     Text(String),
@@ -41,6 +41,10 @@ enum PromptField {
 
 impl Field for PromptField {
     const KEY: &'static str = "prompt";
+
+    fn read_fast(text: &[u8]) -> Option<(Self, usize)> {
+        id_array::read(text).map(|(ids, len)| (PromptField::Ids(ids), len))
+    }
 }
 
 /// One item of a prompt array: a token id, or any other value.

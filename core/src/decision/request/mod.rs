@@ -11,6 +11,7 @@ mod anthropic;
 mod chat;
 mod chat_scan;
 mod completions;
+mod id_array;
 pub mod path;
 pub mod pyint;
 mod responses;

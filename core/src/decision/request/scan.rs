@@ -1,15 +1,17 @@
-//! The body scan: a request body read in one pass with `serde_json`, the one big field of its
-//! shape (a completion's `prompt`, a chat's `messages`) read straight into what kvroute keeps
-//! of it, every other top-level field as a JSON value (they are small). No DOM of the whole
+//! The body scan: a request body read in one pass, the one big field of its shape (a
+//! completion's `prompt`, a chat's `messages`) read straight into what kvroute keeps of it,
+//! every other top-level field as a JSON value (they are small). The top level's punctuation
+//! is read here, each key and value by `serde_json`, except a prompt of token ids in the usual
+//! form (`id_array`: digits read by hand, no number-by-number visitor). No DOM of the whole
 //! body is built; the result must equal the general path's (`pyjson` then the field readers),
 //! which the differential tests (`scan_tests`) and the fuzz target `request_scan` check.
 //!
-//! `serde_json` reads as Python's `json` does every body the scan accepts, except where noted
+//! `serde_json` (and `id_array`, a subset of it) reads as Python's `json` does every body the scan accepts, except where noted
 //! here; each of those makes the scan give up ([`split`] returns `None`) and the caller take
 //! the general path, which then gives the result or the error Python would:
 //!
 //! - not UTF-8, a byte-order mark, NaN / Infinity, a float beyond a double (`1e400`), a lone
-//!   surrogate escape, nesting beyond `serde_json`'s 128 levels: `serde_json` refuses them
+//!   surrogate escape, a value nested beyond `serde_json`'s 128 levels: `serde_json` refuses them
 //!   (the whole body is checked as UTF-8 first: `serde_json` does not check the strings it
 //!   skips);
 //! - numbers that Python keeps as integers where `serde_json` makes floats (`-0`, integers
@@ -20,7 +22,6 @@
 //! which lets numbers out of range through), so what the scan accepts is JSON to Python.
 
 use std::fmt;
-use std::marker::PhantomData;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -29,6 +30,13 @@ use serde_json::{Map, Value};
 pub(super) trait Field: for<'de> Deserialize<'de> {
     /// Its key at the top level.
     const KEY: &'static str;
+
+    /// A reader faster than `serde_json` for the common form of the value at the start of
+    /// `text`: the value and the bytes it took, or `None` to have `serde_json` read it (from
+    /// the same start). It must give what the `Deserialize` impl gives wherever it answers.
+    fn read_fast(_text: &[u8]) -> Option<(Self, usize)> {
+        None
+    }
 }
 
 /// A body's top level: `field` is the last value of [`Field::KEY`] (a duplicate key's last
@@ -40,38 +48,74 @@ pub(super) struct Split<F> {
 
 /// The top level of `body` with its big field read as `F`, or `None` when the body is not an
 /// object, not JSON, or one where `serde_json` and Python may differ (see the module doc).
+///
+/// The object's own punctuation (`{`, `:`, `,`, `}` and the whitespace between) is read here;
+/// each key and each value is read by `serde_json` on its own, the big field first by
+/// [`Field::read_fast`]. A value thus has `serde_json`'s 128 levels below the top level
+/// rather than 127: Python reads such a value too, and the same.
 pub(super) fn split<F: Field>(body: &[u8]) -> Option<Split<F>> {
     let text = std::str::from_utf8(body).ok()?;
-    let top: Split<F> = serde_json::from_str(text).ok()?;
+    let top = read_top::<F>(text)?;
     if top.obj.values().any(maybe_python_int) {
         return None;
     }
     Some(top)
 }
 
-impl<'de, F: Field> Deserialize<'de> for Split<F> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct TopVisitor<F>(PhantomData<F>);
-        impl<'de, F: Field> Visitor<'de> for TopVisitor<F> {
-            type Value = Split<F>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
+fn read_top<F: Field>(text: &str) -> Option<Split<F>> {
+    let bytes = text.as_bytes();
+    let mut top = Split { obj: Map::new(), field: None };
+    let mut at = skip_ws(bytes, 0);
+    if bytes.get(at) != Some(&b'{') {
+        return None;
+    }
+    at = skip_ws(bytes, at + 1);
+    if bytes.get(at) != Some(&b'}') {
+        loop {
+            let (key, end) = read_one::<String>(text, at)?;
+            at = skip_ws(bytes, end);
+            if bytes.get(at) != Some(&b':') {
+                return None;
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Split<F>, A::Error> {
-                let mut top = Split { obj: Map::new(), field: None };
-                // Duplicate keys: the last one wins, as in a `serde_json::Map`.
-                while let Some(key) = map.next_key::<String>()? {
-                    if key == F::KEY {
-                        top.field = Some(map.next_value()?);
-                    } else {
-                        top.obj.insert(key, map.next_value()?);
-                    }
-                }
-                Ok(top)
+            at = skip_ws(bytes, at + 1);
+            // Duplicate keys: the last one wins, as in a `serde_json::Map`.
+            at = if key == F::KEY {
+                let fast = F::read_fast(&bytes[at..]).map(|(f, len)| (f, at + len));
+                let (field, end) = fast.or_else(|| read_one::<F>(text, at))?;
+                top.field = Some(field);
+                end
+            } else {
+                let (value, end) = read_one::<Value>(text, at)?;
+                top.obj.insert(key, value);
+                end
+            };
+            at = skip_ws(bytes, at);
+            match bytes.get(at) {
+                Some(b',') => at = skip_ws(bytes, at + 1),
+                Some(b'}') => break,
+                _ => return None,
             }
         }
-        d.deserialize_map(TopVisitor(PhantomData))
     }
+    // Only whitespace after the object.
+    (skip_ws(bytes, at + 1) == bytes.len()).then_some(top)
+}
+
+/// The first index at or after `at` that is not JSON whitespace (Python's `json` has the same
+/// four bytes).
+pub(super) fn skip_ws(bytes: &[u8], mut at: usize) -> usize {
+    while let Some(b' ' | b'\t' | b'\n' | b'\r') = bytes.get(at) {
+        at += 1;
+    }
+    at
+}
+
+/// One JSON value of `text` starting at `at` (no whitespace before it), read by `serde_json`,
+/// and the index just after it.
+fn read_one<T: for<'de> Deserialize<'de>>(text: &str, at: usize) -> Option<(T, usize)> {
+    let mut values = serde_json::Deserializer::from_str(text.get(at..)?).into_iter::<T>();
+    let value = values.next()?.ok()?;
+    Some((value, at + values.byte_offset()))
 }
 
 /// A value read and checked as `serde_json` reads a [`Value`] (numbers in range, strings

@@ -4,15 +4,18 @@
 //! `cargo test --release -p kvroute-core --lib request::scan_bench -- --ignored --nocapture`
 //!
 //! Each round times a batch of parses by each path, in turn: the general path twice (A and
-//! A', whose ratio is the noise floor), what the filter ran before the scan (token ids: the
-//! earlier one-pass prompt reader, reproduced here without the rest of the request; chat:
-//! the general path), the scan, and the least `serde_json` can do with the body (a floor).
+//! A', whose ratio is the noise floor), what the filter ran before the top level and token
+//! ids were read by hand (`serde_json` over the whole body, reproduced here without the rest of
+//! the request), the same part of the scan now (*split*), the whole scan, and the least `serde_json` can do with the body (a floor).
 //! The table gives the medians over the rounds, per parse, and the ratios.
 
 use std::time::Instant;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
+use super::chat_scan::MessagesField;
+use super::completions::PromptField;
+use super::scan::{Field, Split};
 use super::{parse, parse_general, Endpoint};
 
 /// A small deterministic generator (no dependency on a random crate).
@@ -99,48 +102,41 @@ struct RoleContent {
     content: String,
 }
 
-/// The one-pass prompt reader before the body scan, reproduced: each id read as a JSON value
-/// first, then converted (`Other` holds any array that is not all ids).
-enum PreviousPrompt {
-    Ids(#[allow(dead_code)] Vec<u32>),
-    Other(#[allow(dead_code)] Value),
-}
+/// The body scan before the top level was read by hand (`serde_json` over the whole body, a
+/// visitor per token id), reproduced for the *before* column.
+struct SerdeSplit<F>(#[allow(dead_code)] Split<F>);
 
-impl super::scan::Field for PreviousPrompt {
-    const KEY: &'static str = "prompt";
-}
-
-impl<'de> serde::Deserialize<'de> for PreviousPrompt {
+impl<'de, F: Field> serde::Deserialize<'de> for SerdeSplit<F> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = PreviousPrompt;
+        struct TopVisitor<F>(std::marker::PhantomData<F>);
+        impl<'de, F: Field> serde::de::Visitor<'de> for TopVisitor<F> {
+            type Value = SerdeSplit<F>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a prompt")
+                f.write_str("a JSON object")
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
-                mut seq: A,
-            ) -> Result<PreviousPrompt, A::Error> {
-                let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
-                while let Some(v) = seq.next_element::<Value>()? {
-                    match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
-                        Some(id) => ids.push(id),
-                        None => {
-                            let mut rest: Vec<Value> = ids.into_iter().map(Value::from).collect();
-                            rest.push(v);
-                            while let Some(v) = seq.next_element::<Value>()? {
-                                rest.push(v);
-                            }
-                            return Ok(PreviousPrompt::Other(Value::Array(rest)));
-                        }
+                mut map: A,
+            ) -> Result<SerdeSplit<F>, A::Error> {
+                let mut top = Split { obj: serde_json::Map::new(), field: None };
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == F::KEY {
+                        top.field = Some(map.next_value()?);
+                    } else {
+                        top.obj.insert(key, map.next_value()?);
                     }
                 }
-                Ok(PreviousPrompt::Ids(ids))
+                Ok(SerdeSplit(top))
             }
         }
-        d.deserialize_any(V)
+        d.deserialize_map(TopVisitor(std::marker::PhantomData))
     }
+}
+
+/// What the filter read a body with before the hand-read top level and token ids.
+fn before<F: Field>(body: &[u8]) -> Option<SerdeSplit<F>> {
+    let top: SerdeSplit<F> = serde_json::from_str(std::str::from_utf8(body).ok()?).ok()?;
+    (!top.0.obj.values().any(super::scan::maybe_python_int)).then_some(top)
 }
 
 /// Median seconds per call of each function over `rounds` batches of `batch` calls, the
@@ -166,10 +162,10 @@ fn medians<const N: usize>(rounds: usize, batch: usize, fs: [&dyn Fn(); N]) -> [
 #[ignore = "a measurement: run optimised with --ignored --nocapture"]
 fn body_scan_parse_time() {
     println!(
-        "| shape | tokens | body KiB | general µs | before µs | scan µs | serde floor µs \
-         | scan / general | scan / before | floor / general | A' / A |"
+        "| shape | tokens | body KiB | general µs | before µs | split µs | scan µs \
+         | serde floor µs | scan / general | split / before | floor / general | A' / A |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (shape, ep, make) in [
         ("token ids", Endpoint::Completions, token_body as fn(usize) -> Vec<u8>),
         ("chat", Endpoint::Chat, chat_body),
@@ -190,27 +186,42 @@ fn body_scan_parse_time() {
                 }
                 _ => drop(std::hint::black_box(serde_json::from_slice::<TextsOnly>(&body))),
             };
-            // Token ids: the reader the filter had before the body scan (the general path
-            // for chat, which had none).
+            // The scan before the hand-read top level (the big field and the rest only).
             let previous = || match ep {
-                Endpoint::Completions => {
-                    let split = super::scan::split::<PreviousPrompt>(&body);
-                    drop(std::hint::black_box(split))
-                }
-                _ => drop(std::hint::black_box(parse_general(ep, &body))),
+                Endpoint::Completions => drop(std::hint::black_box(before::<PromptField>(&body))),
+                _ => drop(std::hint::black_box(before::<MessagesField>(&body))),
             };
-            let [a, p, s, f, a2] =
-                medians(61, batch, [&general, &previous, &scan, &floor, &general]);
+            // The same part of the scan now: the top level with the big field.
+            let split = || match ep {
+                Endpoint::Completions => {
+                    drop(std::hint::black_box(super::scan::split::<PromptField>(&body)))
+                }
+                _ => drop(std::hint::black_box(super::scan::split::<MessagesField>(&body))),
+            };
+            let read = match ep {
+                Endpoint::Completions => {
+                    before::<PromptField>(&body).is_some()
+                        && super::scan::split::<PromptField>(&body).is_some()
+                }
+                _ => {
+                    before::<MessagesField>(&body).is_some()
+                        && super::scan::split::<MessagesField>(&body).is_some()
+                }
+            };
+            assert!(read, "both scans read the body");
+            let [a, p, sp, s, f, a2] =
+                medians(61, batch, [&general, &previous, &split, &scan, &floor, &general]);
             println!(
-                "| {shape} | {tokens} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} \
-                 | {:.2} | {:.2} |",
+                "| {shape} | {tokens} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} \
+                 | {:.2} | {:.2} | {:.2} |",
                 body.len() as f64 / 1024.0,
                 a * 1e6,
                 p * 1e6,
+                sp * 1e6,
                 s * 1e6,
                 f * 1e6,
                 s / a,
-                s / p,
+                sp / p,
                 f / a,
                 a2 / a
             );
