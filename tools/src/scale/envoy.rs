@@ -3,12 +3,14 @@
 //! following their KV events over ZMQ, its snapshots long-polled by the filter's singleton).
 //!
 //! Each worker is filled straight (not through Envoy) with `fill` prompts of
-//! [`fleet::PROMPT_TOKENS`] tokens, and the middle worker with the hit prompt, so the filter
+//! [`fleet::PROMPT_TOKENS`] tokens, and the middle worker with the hit prompt (of the length
+//! asked, 4 096 tokens by default), so the filter
 //! knows them from the engines' events, as in production. Then, through Envoy, one client
 //! connection sends the hit prompt (one worker holds it) and fresh prompts (nobody holds them),
 //! as token ids (no tokenization). Each answer's `x-kvroute-decision` gives the filter's own
 //! timing (Envoy's clock): `decision_us` minus `parse_us` (the body) and `catchup_us` (the
-//! journal and the updater's knowledge) is the decision proper, which the native curve times.
+//! journal and the updater's knowledge) is the decision proper, which the native curve times;
+//! `decision_us` itself is the whole decision (the `whole` columns).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -43,6 +45,10 @@ pub const COLUMNS: &[&str] = &[
     "idle_worker_cores",
     "idle_deltas_per_s",
     "idle_full_reads_per_s",
+    "hit_whole_p50_us",
+    "hit_whole_p99_us",
+    "miss_whole_p50_us",
+    "miss_whole_p99_us",
 ];
 
 /// CPU seconds of Envoy's main thread (the filter's singleton follows the updater there) and
@@ -84,6 +90,8 @@ async fn idle_upkeep(envoy: &Envoy, idle: Duration) -> anyhow::Result<[f64; 4]> 
 struct Timed {
     /// `decision_us` without the body parse and the catch-up.
     proper: f64,
+    /// `decision_us` whole (no tokenization: the prompt is token ids).
+    whole: f64,
     catchup: f64,
     parse: f64,
     cached_tokens: f64,
@@ -98,21 +106,27 @@ fn timing(r: &Reply) -> anyhow::Result<Timed> {
     };
     let (d, p, c) = (field("decision_us")?, field("parse_us")?, field("catchup_us")?);
     let cached_tokens = field("predicted_cached_tokens")?;
-    Ok(Timed { proper: (d - p - c).max(0.0), catchup: c, parse: p, cached_tokens })
+    Ok(Timed { proper: (d - p - c).max(0.0), whole: d, catchup: c, parse: p, cached_tokens })
 }
 
 fn p(v: &[f64], q: f64) -> anyhow::Result<f64> {
     kvroute_stack::quantile(v, q).context("no samples")
 }
 
-/// Measures one point: `iters` hits and `iters` misses through Envoy in front of `pool`, then
-/// Envoy's upkeep during `idle` without requests; with `pinning`, Envoy runs on its own CPU.
+/// The header of [`point`]'s per-decision lines.
+pub const SAMPLE_COLUMNS: &str = "workers,kind,seq,decision_us,parse_us,catchup_us,proper_us";
+
+/// Measures one point: `iters` hits and `iters` misses of `tokens` tokens through Envoy in
+/// front of `pool`, then Envoy's upkeep during `idle` without requests; with `pinning`, Envoy
+/// runs on its own CPU. Each decision's timing goes to `samples` as a CSV line
+/// ([`SAMPLE_COLUMNS`]).
 pub async fn point(
     pool: &SimPool,
     dir: &Path,
     fill: usize,
-    (iters, idle): (usize, Duration),
+    (iters, idle, tokens): (usize, Duration, usize),
     pinning: Option<&Pinning>,
+    samples: &mut Vec<String>,
 ) -> anyhow::Result<Vec<f64>> {
     let http = reqwest::Client::new();
     let n = pool.addrs.len();
@@ -135,7 +149,7 @@ pub async fn point(
     for h in sent.drain(..) {
         h.await??;
     }
-    let hit = fleet::body(&fleet::prompt_tokens(true));
+    let hit = fleet::body(&fleet::prompt_of(true, tokens));
     let holder = format!("http://{}", pool.addrs[n / 2]);
     client::send(&http, &holder, "/v1/completions", hit.clone(), &[]).await?;
 
@@ -161,7 +175,7 @@ pub async fn point(
     // carries every worker's events).
     let mut known = false;
     for _ in 0..300 {
-        if timing(&ask(hit.clone()).await?)?.cached_tokens >= (fleet::PROMPT_TOKENS / 2) as f64 {
+        if timing(&ask(hit.clone()).await?)?.cached_tokens >= (tokens / 2) as f64 {
             known = true;
             break;
         }
@@ -171,8 +185,14 @@ pub async fn point(
     let (mut hits, mut misses) = (Vec::new(), Vec::new());
     for i in 0..iters {
         hits.push(timing(&ask(hit.clone()).await?)?);
-        let fresh = fleet::body(&fleet::fresh_prompt(0x3155_0000_0000 + i as u64));
+        let fresh = fleet::body(&fleet::fresh_prompt(0x3155_0000_0000 + i as u64, tokens));
         misses.push(timing(&ask(fresh).await?)?);
+    }
+    for (kind, timed) in [("hit", &hits), ("miss", &misses)] {
+        for (seq, t) in timed.iter().enumerate() {
+            let (w, p, c, d) = (t.whole, t.parse, t.catchup, t.proper);
+            samples.push(format!("{n},{kind},{seq},{w},{p},{c},{d}"));
+        }
     }
     let upkeep = idle_upkeep(&envoy, idle).await?;
     drop(envoy);
@@ -194,5 +214,9 @@ pub async fn point(
         upkeep[1],
         upkeep[2],
         upkeep[3],
+        p(&col(&hits, |t| t.whole), 0.5)?,
+        p(&col(&hits, |t| t.whole), 0.99)?,
+        p(&col(&misses, |t| t.whole), 0.5)?,
+        p(&col(&misses, |t| t.whole), 0.99)?,
     ])
 }

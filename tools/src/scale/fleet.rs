@@ -54,12 +54,18 @@ pub fn worker_name(i: usize) -> String {
 
 /// The prompt tokens of the hit (`hit`) or miss prompt: the hit starts with system prompt 0.
 pub fn prompt_tokens(hit: bool) -> Vec<u32> {
-    let block = 16;
+    prompt_of(hit, PROMPT_TOKENS)
+}
+
+/// [`prompt_tokens`] of `n` tokens (at least the shared system prompt's): a longer hit prompt
+/// starts with the shorter one.
+pub fn prompt_of(hit: bool, n: usize) -> Vec<u32> {
     if hit {
-        let shared = SHARED_BLOCKS * block;
-        tokens(system_seed(0), 0, shared).chain(tokens(0x417, 0, PROMPT_TOKENS - shared)).collect()
+        let shared = SHARED_BLOCKS * 16;
+        let n = n.max(shared);
+        tokens(system_seed(0), 0, shared).chain(tokens(0x417, 0, n - shared)).collect()
     } else {
-        tokens(0x3155, 0, PROMPT_TOKENS).collect()
+        tokens(0x3155, 0, n).collect()
     }
 }
 
@@ -72,9 +78,9 @@ pub fn fill_prompt(seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// A prompt of [`PROMPT_TOKENS`] tokens that shares nothing with any other (named by `seed`).
-pub fn fresh_prompt(seed: u64) -> Vec<u32> {
-    tokens(mix(seed ^ 0xF5E5), 0, PROMPT_TOKENS).collect()
+/// A prompt of `n` tokens that shares nothing with any other (named by `seed`).
+pub fn fresh_prompt(seed: u64, n: usize) -> Vec<u32> {
+    tokens(mix(seed ^ 0xF5E5), 0, n).collect()
 }
 
 fn system_seed(s: u64) -> u64 {

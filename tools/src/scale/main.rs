@@ -105,6 +105,9 @@ struct Args {
     /// Hit and miss decisions timed per point inside Envoy.
     #[arg(long, default_value_t = 200)]
     envoy_iters: usize,
+    /// Tokens of the hit and miss prompts of the in-Envoy decisions (token ids).
+    #[arg(long, default_value_t = 4096)]
+    envoy_prompt_tokens: usize,
     /// Seconds without requests after each in-Envoy point, to measure Envoy's upkeep.
     #[arg(long, default_value_t = 3.0)]
     envoy_idle_s: f64,
@@ -363,8 +366,9 @@ async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
     let mut in_envoy = Curve::new(
         "decision_in_envoy_vs_workers",
         format!(
-            "decision time inside Envoy vs workers ({} prompts of 4 096 tokens per worker)",
-            a.envoy_fill
+            "decision time inside Envoy vs workers ({} prompts of 4 096 tokens per worker, \
+             prompts of {} tokens timed)",
+            a.envoy_fill, a.envoy_prompt_tokens
         ),
         &[&["workers"], envoy::COLUMNS].concat(),
     )
@@ -377,14 +381,22 @@ async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
     } else {
         None
     };
+    let mut samples = vec![envoy::SAMPLE_COLUMNS.to_owned()];
     for &w in &a.envoy_workers {
         let pool = updater::SimPool::start(w, &dir).await?;
         let mut row = vec![w as f64];
         let idle = Duration::from_secs_f64(a.envoy_idle_s.max(0.1));
-        let timed = (a.envoy_iters, idle);
-        row.extend(envoy::point(&pool, &dir, a.envoy_fill, timed, pinning.as_ref()).await?);
+        let timed = (a.envoy_iters, idle, a.envoy_prompt_tokens);
+        let pin = pinning.as_ref();
+        row.extend(envoy::point(&pool, &dir, a.envoy_fill, timed, pin, &mut samples).await?);
         in_envoy.push(row);
         eprintln!("kvroute-scale: in-Envoy decisions with {w} workers done");
+    }
+    if samples.len() > 1 {
+        std::fs::create_dir_all(&a.out)?;
+        let path = a.out.join("decision_in_envoy_samples.csv");
+        std::fs::write(&path, samples.join("\n") + "\n")
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     }
     Ok(vec![ingest, fanout, in_envoy])
 }
