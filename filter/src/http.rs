@@ -43,8 +43,10 @@ struct InFlight {
     /// spent parsing the body.
     decision_us: u64,
     parse_us: u64,
-    /// The part spent applying other threads' journal and the updater's knowledge.
+    /// The part spent applying the threads' journal and the updater's knowledge, and of that
+    /// the journal alone.
     catchup_us: u64,
+    journal_us: u64,
     /// When the decision was made (ns): online calibration times the first byte from it.
     decided_ns: u64,
 }
@@ -159,7 +161,7 @@ impl KvHttp {
         let parse_us = host::now_nanos().saturating_sub(started) / 1000;
         let state = Rc::clone(&self.state);
         let caught_up = host::now_nanos();
-        state.catch_up(true);
+        let journal_us = state.catch_up(true) / 1000;
         let catchup_us = host::now_nanos().saturating_sub(caught_up) / 1000;
         let now = host::now_ms();
         state.refresh_calibration(now);
@@ -241,6 +243,7 @@ impl KvHttp {
             decision_us: us,
             parse_us,
             catchup_us,
+            journal_us,
             decided_ns,
         });
         Action::Continue
@@ -410,7 +413,7 @@ impl KvHttp {
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; tokenize_us={}; misdeployed={}; thread={}; {}",
+            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; journal_us={}; tokenize_us={}; misdeployed={}; thread={}; {}",
             f.life.served(),
             d.predicted_cached_tokens(),
             // The estimate for the worker actually served (a fallback when the primary failed),
@@ -429,6 +432,7 @@ impl KvHttp {
             f.decision_us,
             f.parse_us,
             f.catchup_us,
+            f.journal_us,
             d.tokenize_us,
             self.state.watch.borrow().header_field(host::now_ms()),
             // The deciding thread's load shard: which of Envoy's worker threads decided.

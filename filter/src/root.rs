@@ -64,7 +64,8 @@ impl ThreadState {
     /// Applies knowledge journaled by every thread since the last call, and the updater's
     /// snapshot when its version moved. On the request path the work is bounded: at most one
     /// poll of journal, deltas only (a thread with no knowledge yet may read the full snapshot).
-    pub fn catch_up(&self, on_request: bool) {
+    /// Returns the time spent on the journal (ns; the rest was the updater's knowledge).
+    pub fn catch_up(&self, on_request: bool) -> u64 {
         let limit = self.config.journal.max_hashes_per_poll;
         let polls = if on_request { 1 } else { TICK_POLLS };
         let mut router = self.router.borrow_mut();
@@ -73,6 +74,7 @@ impl ThreadState {
         let done = follower.catch_up(&HostStore, &self.metrics, &mut router, allow_full);
         self.metrics.knowledge_updates("delta", done.deltas);
         self.metrics.knowledge_updates("full", done.full);
+        let journal_from = host::now_nanos();
         let mut cursor = self.cursor.borrow_mut();
         for _ in 0..polls {
             let (entries, more) = cursor.poll(&HostStore, &self.metrics, limit);
@@ -83,6 +85,7 @@ impl ThreadState {
                 break;
             }
         }
+        host::now_nanos().saturating_sub(journal_from)
     }
 
     /// The router-tracked load of every worker, across all live threads.

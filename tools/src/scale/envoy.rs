@@ -93,6 +93,8 @@ struct Timed {
     /// `decision_us` whole (no tokenization: the prompt is token ids).
     whole: f64,
     catchup: f64,
+    /// The journal's part of `catchup` (the rest is the updater's knowledge).
+    journal: f64,
     parse: f64,
     cached_tokens: f64,
 }
@@ -105,8 +107,17 @@ fn timing(r: &Reply) -> anyhow::Result<Timed> {
             .with_context(|| format!("no {k} in x-kvroute-decision {:?}", r.decision))
     };
     let (d, p, c) = (field("decision_us")?, field("parse_us")?, field("catchup_us")?);
+    // Filters before the field was added give none.
+    let journal = field("journal_us").unwrap_or(f64::NAN);
     let cached_tokens = field("predicted_cached_tokens")?;
-    Ok(Timed { proper: (d - p - c).max(0.0), whole: d, catchup: c, parse: p, cached_tokens })
+    Ok(Timed {
+        proper: (d - p - c).max(0.0),
+        whole: d,
+        catchup: c,
+        journal,
+        parse: p,
+        cached_tokens,
+    })
 }
 
 fn p(v: &[f64], q: f64) -> anyhow::Result<f64> {
@@ -114,7 +125,8 @@ fn p(v: &[f64], q: f64) -> anyhow::Result<f64> {
 }
 
 /// The header of [`point`]'s per-decision lines.
-pub const SAMPLE_COLUMNS: &str = "workers,kind,seq,decision_us,parse_us,catchup_us,proper_us";
+pub const SAMPLE_COLUMNS: &str =
+    "workers,kind,seq,decision_us,parse_us,catchup_us,journal_us,proper_us";
 
 /// Measures one point: `iters` hits and `iters` misses of `tokens` tokens through Envoy in
 /// front of `pool`, then Envoy's upkeep during `idle` without requests; with `pinning`, Envoy
@@ -190,8 +202,8 @@ pub async fn point(
     }
     for (kind, timed) in [("hit", &hits), ("miss", &misses)] {
         for (seq, t) in timed.iter().enumerate() {
-            let (w, p, c, d) = (t.whole, t.parse, t.catchup, t.proper);
-            samples.push(format!("{n},{kind},{seq},{w},{p},{c},{d}"));
+            let (w, p, c, j, d) = (t.whole, t.parse, t.catchup, t.journal, t.proper);
+            samples.push(format!("{n},{kind},{seq},{w},{p},{c},{j},{d}"));
         }
     }
     let upkeep = idle_upkeep(&envoy, idle).await?;
