@@ -6,14 +6,15 @@
 //! body is built; the result must equal the general path's (`pyjson` then the field readers),
 //! which the differential tests (`scan_tests`) and the fuzz target `request_scan` check.
 //!
-//! `serde_json` (and `id_array`, a subset of it) reads as Python's `json` does every body the scan accepts, except where noted
-//! here; each of those makes the scan give up ([`split`] returns `None`) and the caller take
-//! the general path, which then gives the result or the error Python would:
+//! `serde_json` (and `id_array`, a subset of it) reads as Python's `json` does every body the
+//! scan accepts, except where noted here; each of those makes the scan give up ([`split`]
+//! returns `None`) and the caller take the general path, which then gives the result or the
+//! error Python would:
 //!
 //! - not UTF-8, a byte-order mark, NaN / Infinity, a float beyond a double (`1e400`), a lone
-//!   surrogate escape, a value nested beyond `serde_json`'s 128 levels: `serde_json` refuses them
-//!   (the whole body is checked as UTF-8 first: `serde_json` does not check the strings it
-//!   skips);
+//!   surrogate escape, a value nested beyond `serde_json`'s 128 levels: `serde_json` refuses
+//!   them (the whole body is checked as UTF-8 first: `serde_json` does not check the strings
+//!   it skips);
 //! - numbers that Python keeps as integers where `serde_json` makes floats (`-0`, integers
 //!   beyond 64 bits) in any value kept ([`maybe_python_int`]); in a skipped value they change
 //!   nothing, and an integer beyond Python's 4 300 digits is beyond a double too.
@@ -80,7 +81,7 @@ fn read_top<F: Field>(text: &str) -> Option<Split<F>> {
             at = skip_ws(bytes, at + 1);
             // Duplicate keys: the last one wins, as in a `serde_json::Map`.
             at = if key == F::KEY {
-                let fast = F::read_fast(&bytes[at..]).map(|(f, len)| (f, at + len));
+                let fast = bytes.get(at..).and_then(F::read_fast).map(|(f, n)| (f, at + n));
                 let (field, end) = fast.or_else(|| read_one::<F>(text, at))?;
                 top.field = Some(field);
                 end
