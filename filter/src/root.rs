@@ -281,6 +281,8 @@ impl ThreadState {
             self.refresh_bundles(now_ms);
         }
         self.catch_up(false);
+        // Tables grow here, so that a request's catch-up does not pay for a whole copy.
+        self.router.borrow_mut().make_room();
         self.refresh_replica();
         self.calibration_tick(now_ms);
         let view = self.load_view(now_ms);

@@ -9,6 +9,7 @@
 
 mod batch;
 pub mod holders;
+pub mod room;
 #[cfg(test)]
 mod tests;
 
@@ -19,6 +20,7 @@ use foldhash::fast::RandomState as Fast;
 use hashlink::LinkedHashMap;
 
 use holders::{Holders, GPU, MAX_WORKERS, OBSERVED, OFFLOADED};
+use room::Room;
 
 use crate::decision::load::worker_key;
 use crate::wire::journal::Source;
@@ -85,6 +87,8 @@ struct WorkerBlocks {
     /// This worker's number in [`Holders`].
     id: u32,
     blocks: LinkedHashMap<u64, Observation>,
+    /// `blocks`' room (see [`room`]).
+    room: Room,
     events: Option<EventView>,
 }
 
@@ -96,6 +100,8 @@ struct EventView {
     offloaded: std::collections::HashSet<u64, Fast>,
     /// When the updater last heard from this worker's stream (unix ms).
     observed_at_ms: u64,
+    /// The room of `blocks` and of `offloaded` (see [`room`]).
+    room: [Room; 2],
 }
 
 /// A change to one worker's event view (see [`KnowledgeIndex::change_events`]).
@@ -138,6 +144,8 @@ pub struct KnowledgeIndex {
     free_ids: Vec<u32>,
     /// Every slot's blocks, by hash.
     holders: Holders,
+    /// `holders`' room (see [`room`]).
+    holders_room: Room,
     /// Each slot's event view's `observed_at_ms` (`None`: no view), kept beside the slots so
     /// that a decision starts a worker's match without reading its slot.
     events_at: Vec<Option<u64>>,
@@ -157,8 +165,24 @@ impl KnowledgeIndex {
             slots: Vec::new(),
             free_ids: Vec::new(),
             holders: Holders::default(),
+            holders_room: Room::default(),
             events_at: Vec::new(),
         }
+    }
+
+    /// Makes room ahead in every large table of the index (each worker's observations and
+    /// event views, the holders; see [`room`]). For the tick. Returns how many tables it
+    /// reserved in.
+    pub fn make_room(&mut self) -> usize {
+        let mut grown = 0;
+        for w in self.slots.iter_mut().flatten() {
+            grown += usize::from(w.room.make(&mut w.blocks));
+            if let Some(e) = w.events.as_mut() {
+                grown += usize::from(e.room[0].make(&mut e.blocks));
+                grown += usize::from(e.room[1].make(&mut e.offloaded));
+            }
+        }
+        grown + usize::from(self.holders_room.make(&mut self.holders))
     }
 
     fn slot(&self, worker: &str) -> Option<&WorkerBlocks> {
@@ -209,6 +233,7 @@ impl KnowledgeIndex {
             blocks: gpu.iter().copied().collect(),
             offloaded: offloaded.iter().copied().collect(),
             observed_at_ms,
+            room: [Room::default(); 2],
         };
         // Only what changed moves in the holders (a snapshot mostly repeats the views).
         let old = w.events.take().unwrap_or_default();

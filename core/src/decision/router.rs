@@ -492,6 +492,12 @@ impl Router {
         self.knowledge.observe(worker, hashes, source, now_ms);
     }
 
+    /// Grows the knowledge's large tables ahead, for the tick: a table then grows (or drops its
+    /// tombstones) there, not during a request's catch-up. How many grew.
+    pub fn make_room(&mut self) -> usize {
+        self.knowledge.make_room()
+    }
+
     /// Applies a journal entry: a credit, or a routing credit taken back.
     pub fn apply_journal(&mut self, e: &crate::wire::journal::JournalEntry) {
         self.knowledge.apply_journal(e);

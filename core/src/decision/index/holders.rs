@@ -135,6 +135,18 @@ impl Holders {
     }
 }
 
+impl super::room::Table for Holders {
+    fn entries(&self) -> usize {
+        self.map.len()
+    }
+    fn takes(&self) -> usize {
+        self.map.capacity()
+    }
+    fn reserve_more(&mut self, more: usize) {
+        self.map.reserve(more);
+    }
+}
+
 /// Stores `list` in a freed slot of `lists`, or a new one; its index.
 fn new_list(lists: &mut Vec<Vec<Holder>>, free: &mut Vec<u32>, list: Vec<Holder>) -> u32 {
     if let Some(i) = free.pop() {

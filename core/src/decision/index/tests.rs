@@ -1,3 +1,4 @@
+use super::room::ROOM_FROM;
 use super::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -288,4 +289,45 @@ fn a_block_nobody_holds_ends_every_match_and_forgotten_workers_leave_no_holders(
     ix.insert("c", &[7], Source::Feedback, 0);
     assert_eq!(ix.prefix_matches(&keys(&["c", "a"]), &[1, 7], 10)[0].blocks, 0);
     assert_eq!(ix.prefix_matches(&keys(&["c"]), &[7, 1], 10)[0].blocks, 1);
+}
+
+/// Each large table's `capacity()` for worker "a": its observations, its event view's GPU
+/// tier, the holders. Without removals, it changes only when a table grows.
+fn capacities(ix: &KnowledgeIndex) -> [usize; 3] {
+    let w = ix.slot("a").expect("a slot");
+    let events = w.events.as_ref().map_or(0, |e| e.blocks.capacity());
+    [w.blocks.capacity(), events, room::Table::takes(&ix.holders)]
+}
+
+/// Credits block `h` to worker "a" both ways: observed, and in its event view.
+fn hold(ix: &mut KnowledgeIndex, h: u64) {
+    ix.insert("a", &[h], Source::Routed, 0);
+    let change = EventChange { gpu_add: &[h], ..Default::default() };
+    ix.change_events("a", change, 0);
+}
+
+#[test]
+fn room_made_ahead_spares_the_next_inserts_a_growth() {
+    let limits = IndexLimits { max_blocks_per_worker: 1 << 20, ..LIMITS };
+    for ahead in [false, true] {
+        let mut ix = KnowledgeIndex::new(limits);
+        // Fill until every table has less than an eighth of its size left before it grows.
+        let mut n = 1u64;
+        hold(&mut ix, n);
+        while capacities(&ix)[0] - n as usize >= (n as usize / 8).max(1) || n < ROOM_FROM as u64 {
+            n += 1;
+            hold(&mut ix, n);
+            assert!(n < 1 << 16, "never near full");
+        }
+        if ahead {
+            assert_eq!(ix.make_room(), 3, "observations, event view, holders");
+            assert_eq!(ix.make_room(), 0, "room enough now");
+        }
+        let before = capacities(&ix);
+        for h in n + 1..=n + n / 8 {
+            hold(&mut ix, h);
+        }
+        let grew: Vec<bool> = before.iter().zip(capacities(&ix)).map(|(b, a)| a != *b).collect();
+        assert_eq!(grew, vec![!ahead; 3], "an eighth more after make_room: {ahead}");
+    }
 }

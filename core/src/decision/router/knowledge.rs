@@ -389,6 +389,12 @@ impl Knowledge {
         self.index.insert(worker, hashes, source, now_ms);
     }
 
+    /// Grows the index's large tables ahead, off the request path (see
+    /// [`KnowledgeIndex::make_room`]); how many grew.
+    pub fn make_room(&mut self) -> usize {
+        self.index.make_room()
+    }
+
     /// Applies a journal entry: a credit, or a routing credit taken back.
     pub fn apply_journal(&mut self, e: &JournalEntry) {
         if e.retract {
