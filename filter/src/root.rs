@@ -63,24 +63,35 @@ pub struct ThreadState {
 impl ThreadState {
     /// Applies knowledge journaled by every thread since the last call, and the updater's
     /// snapshot when its version moved. On the request path the work is bounded: at most one
-    /// poll of journal, deltas only (a thread with no knowledge yet may read the full snapshot).
+    /// poll of journal, deltas only (a thread with no knowledge yet may read the full snapshot),
+    /// and `knowledge.catch_up_budget_us` of time, checked after each delta and entry.
     /// Returns the time spent on the journal (ns; the rest was the updater's knowledge).
     pub fn catch_up(&self, on_request: bool) -> u64 {
         let limit = self.config.journal.max_hashes_per_poll;
         let polls = if on_request { 1 } else { TICK_POLLS };
+        let budget_ns = self.config.knowledge.catch_up_budget_us.saturating_mul(1000);
+        let deadline =
+            (on_request && budget_ns > 0).then(|| host::now_nanos().saturating_add(budget_ns));
+        let mut go_on = || deadline.is_none_or(|d| host::now_nanos() < d);
         let mut router = self.router.borrow_mut();
         let mut follower = self.follower.borrow_mut();
         let allow_full = !on_request || follower.version() == 0;
-        let done = follower.catch_up(&HostStore, &self.metrics, &mut router, allow_full);
+        let done = follower.catch_up_within(
+            &HostStore,
+            &self.metrics,
+            &mut router,
+            allow_full,
+            &mut go_on,
+        );
         self.metrics.knowledge_updates("delta", done.deltas);
         self.metrics.knowledge_updates("full", done.full);
         let journal_from = host::now_nanos();
         let mut cursor = self.cursor.borrow_mut();
         for _ in 0..polls {
-            let (entries, more) = cursor.poll(&HostStore, &self.metrics, limit);
-            for e in &entries {
-                router.apply_journal(e);
-            }
+            let more = cursor.each(&HostStore, &self.metrics, limit, |e| {
+                router.apply_journal(&e);
+                go_on()
+            });
             if !more {
                 break;
             }

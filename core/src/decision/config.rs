@@ -118,6 +118,11 @@ pub struct KnowledgeConfig {
     pub event_grace_ms: u64,
     /// Worker-reported load older than this is not used.
     pub max_load_age_ms: u64,
+    /// Time a request may spend applying what the updater and the other threads published
+    /// since the thread's last catch-up (deltas, then the journal), checked after each one; the
+    /// rest waits for the next request or the thread's tick. Bounds the tail a burst of
+    /// knowledge adds to one request. 0: no time limit (the count limits still hold).
+    pub catch_up_budget_us: u64,
     /// Bounds the snapshot and delta decoders enforce before allocating.
     pub decode_limits: crate::wire::DecodeLimits,
     /// `false` is an ablation, not a deployment setting: the decision then credits no worker
@@ -133,6 +138,7 @@ impl Default for KnowledgeConfig {
             max_event_age_ms: 5_000,
             event_grace_ms: 2_000,
             max_load_age_ms: 2_000,
+            catch_up_budget_us: 500,
             decode_limits: Default::default(),
             cache_aware: true,
         }

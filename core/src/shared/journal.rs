@@ -70,25 +70,46 @@ impl JournalCursor {
         counters: &dyn Counters,
         max_hashes: usize,
     ) -> (Vec<JournalEntry>, bool) {
+        let mut out = Vec::new();
+        let more = self.each(store, counters, max_hashes, |e| {
+            out.push(e);
+            true
+        });
+        (out, more)
+    }
+
+    /// Hands the entries [`JournalCursor::poll`] would return to `apply`, one at a time, as
+    /// they are read; `apply` returning `false` stops the read after that entry (the rest
+    /// waits, counted as deferred). Returns whether more are waiting.
+    pub fn each<S: SharedStore + ?Sized>(
+        &mut self,
+        store: &S,
+        counters: &dyn Counters,
+        max_hashes: usize,
+        mut apply: impl FnMut(JournalEntry) -> bool,
+    ) -> bool {
         let head = read_u64(store.get(HEAD_KEY).0.as_deref());
         if head.saturating_sub(self.next) > SLOTS {
             let start = head - SLOTS;
             counters.count(Counter::JournalSkipped, start - self.next);
             self.next = start;
         }
-        let mut out = Vec::new();
-        let mut hashes = 0usize;
+        let (mut hashes, mut read, mut go_on) = (0usize, 0usize, true);
         while self.next < head {
-            if !out.is_empty() && hashes >= max_hashes {
+            if !go_on || (read > 0 && hashes >= max_hashes) {
                 counters.count(Counter::JournalDeferred, head - self.next);
-                return (out, true);
+                return true;
             }
             let slot = store.get(&slot_key(self.next)).0;
             let entry = slot.as_deref().map(JournalEntry::decode);
             match entry {
                 Some(Ok(e)) if e.seq == self.next => {
                     hashes += e.hashes.len();
-                    out.push(e);
+                    read += 1;
+                    self.next += 1;
+                    self.stalled = 0;
+                    go_on = apply(e);
+                    continue;
                 }
                 // The writer claimed the slot but has not filled it yet: wait a few polls.
                 None | Some(Ok(_)) if self.stalled < STALL_POLLS => {
@@ -105,7 +126,7 @@ impl JournalCursor {
             self.next += 1;
             self.stalled = 0;
         }
-        (out, false)
+        false
     }
 }
 

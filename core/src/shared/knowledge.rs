@@ -151,6 +151,19 @@ impl Follower {
         router: &mut Router,
         allow_full: bool,
     ) -> Followed {
+        self.catch_up_within(store, counters, router, allow_full, &mut || true)
+    }
+
+    /// [`Follower::catch_up`], asking `go_on` after each delta whether to apply another (a
+    /// request's time budget, `knowledge.catch_up_budget_us`): the rest waits for the next call.
+    pub fn catch_up_within<S: SharedStore + ?Sized>(
+        &mut self,
+        store: &S,
+        counters: &dyn Counters,
+        router: &mut Router,
+        allow_full: bool,
+        go_on: &mut dyn FnMut() -> bool,
+    ) -> Followed {
         let mut done = Followed::default();
         let Some(head) = read_head(store) else { return done };
         router.events_checked(head.checked_at_ms);
@@ -158,7 +171,7 @@ impl Follower {
             return done;
         }
         let budget = if allow_full { RING } else { REQUEST_DELTAS };
-        self.chain(store, router, (&head, budget), &mut done);
+        self.chain(store, router, (&head, budget), &mut done, go_on);
         // The full snapshot helps only if it is not the one this thread already stands on.
         if allow_full && self.version != head.version && self.version != head.full_version {
             match read_full(store, &self.limits) {
@@ -166,7 +179,7 @@ impl Follower {
                     router.apply_snapshot(&full);
                     (self.version, self.seq) = (full.version, seq);
                     done.full += 1;
-                    self.chain(store, router, (&head, budget), &mut done);
+                    self.chain(store, router, (&head, budget), &mut done, go_on);
                 }
                 Some(Err(())) => counters.count(Counter::Corrupt, 1),
                 None => {}
@@ -175,17 +188,21 @@ impl Follower {
         done
     }
 
-    /// Applies the deltas after this thread's, up to the head and at most `budget`: each must
-    /// start at the thread's version (a slot already overwritten by a later delta, or not yet
-    /// written, does not, and ends the chain).
+    /// Applies the deltas after this thread's, up to the head, at most `budget` and while
+    /// `go_on` says so: each must start at the thread's version (a slot already overwritten by
+    /// a later delta, or not yet written, does not, and ends the chain).
     fn chain<S: SharedStore + ?Sized>(
         &mut self,
         store: &S,
         router: &mut Router,
         (head, budget): (&Head, usize),
         done: &mut Followed,
+        go_on: &mut dyn FnMut() -> bool,
     ) {
-        for _ in 0..budget {
+        for i in 0..budget {
+            if i > 0 && !go_on() {
+                break;
+            }
             if self.version == head.version || self.seq >= head.seq {
                 break;
             }

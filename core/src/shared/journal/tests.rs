@@ -131,3 +131,25 @@ fn corrupt_slots_are_skipped_and_counted() {
     store.poke(HEAD_KEY, b"xyz");
     assert!(drain(&store, &mut JournalCursor::default(), &t).is_empty());
 }
+
+#[test]
+fn a_read_stopped_by_its_applier_leaves_the_rest_in_order() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    for i in 0..6 {
+        assert!(append(&store, &t, &LIMITS, entry(&format!("w{i}"), 10)));
+    }
+    let mut cursor = JournalCursor::default();
+    let mut seen = Vec::new();
+    // The applier stops after the second entry: the four others wait, counted as deferred.
+    let more = cursor.each(&store, &t, LIMITS.max_hashes_per_poll, |e| {
+        seen.push(e.seq);
+        seen.len() < 2
+    });
+    assert!(more);
+    assert_eq!(seen, vec![0, 1]);
+    assert_eq!(t.get(Counter::JournalDeferred), 4);
+    // The next read starts where it stopped; nothing is lost or read twice.
+    let rest: Vec<u64> = drain(&store, &mut cursor, &t).iter().map(|e| e.seq).collect();
+    assert_eq!(rest, vec![2, 3, 4, 5]);
+    assert_eq!(t.get(Counter::JournalSkipped), 0);
+}

@@ -256,3 +256,30 @@ fn with_small_snapshots_a_thread_behind_by_the_kept_deltas_catches_up_on_request
         assert_eq!((applied, f.version()), (behind, v + behind), "{behind} behind");
     }
 }
+
+#[test]
+fn a_request_out_of_time_leaves_the_next_deltas_for_later() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
+    p.take(&store, snap(1).encode()).unwrap();
+    p.confirmed(&store, 1);
+    let (mut f, mut r) = (Follower::default(), router());
+    f.catch_up(&store, &t, &mut r, true);
+    publish_chain(&store, &mut p, 1, 11);
+    // The budget allows two more after the first delta (at least one is always applied).
+    let mut asked = 0;
+    let mut go_on = || {
+        asked += 1;
+        asked <= 2
+    };
+    let first = f.catch_up_within(&store, &t, &mut r, false, &mut go_on);
+    assert_eq!(first, Followed { deltas: 3, full: 0 });
+    assert_eq!(f.version(), 4);
+    // Out of time from the start: still one delta, in order.
+    let one = f.catch_up_within(&store, &t, &mut r, false, &mut || false);
+    assert_eq!((one, f.version()), (Followed { deltas: 1, full: 0 }, 5));
+    // The next catch-up with time goes on from there, without the full snapshot.
+    let rest = f.catch_up(&store, &t, &mut r, false);
+    assert_eq!(rest, Followed { deltas: 6, full: 0 });
+    assert_eq!(f.version(), p.head().version);
+}
