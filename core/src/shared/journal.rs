@@ -51,6 +51,11 @@ pub struct JournalCursor {
     stalled: u32,
 }
 
+/// A reader this many entries behind reads on even when its applier asks it to stop (see
+/// [`JournalCursor::each`]): a time budget must not cost entries, which the ring overwrites
+/// [`SLOTS`] entries later.
+pub const FAR_BEHIND: u64 = SLOTS / 4;
+
 /// Polls a claimed-but-unwritten slot may hold the reader before it is given up (its writer
 /// lost the write, or its VM died between claiming and writing).
 const STALL_POLLS: u32 = 3;
@@ -80,7 +85,8 @@ impl JournalCursor {
 
     /// Hands the entries [`JournalCursor::poll`] would return to `apply`, one at a time, as
     /// they are read; `apply` returning `false` stops the read after that entry (the rest
-    /// waits, counted as deferred). Returns whether more are waiting.
+    /// waits, counted as deferred), unless the reader is more than [`FAR_BEHIND`] entries
+    /// behind. Returns whether more are waiting.
     pub fn each<S: SharedStore + ?Sized>(
         &mut self,
         store: &S,
@@ -108,7 +114,7 @@ impl JournalCursor {
                     read += 1;
                     self.next += 1;
                     self.stalled = 0;
-                    go_on = apply(e);
+                    go_on = apply(e) || head - self.next > FAR_BEHIND;
                     continue;
                 }
                 // The writer claimed the slot but has not filled it yet: wait a few polls.

@@ -34,6 +34,10 @@ pub const RING: usize = 512;
 pub const FULL_EVERY: usize = RING / 2;
 /// Deltas a thread applies on the request path; the rest wait for its tick.
 pub const REQUEST_DELTAS: usize = 16;
+/// A thread this many deltas behind applies the request path's [`REQUEST_DELTAS`] whatever
+/// its time budget says (see [`Follower::catch_up_within`]): falling further behind would
+/// cost it a full snapshot read once the ring moves past its chain.
+pub const FAR_BEHIND: u64 = RING as u64 / 4;
 /// The latest deltas are never blanked, however often small full snapshots are rewritten: a
 /// thread this far behind still catches up on a request.
 pub const KEEP_DELTAS: u64 = 64;
@@ -155,7 +159,8 @@ impl Follower {
     }
 
     /// [`Follower::catch_up`], asking `go_on` after each delta whether to apply another (a
-    /// request's time budget, `knowledge.catch_up_budget_us`): the rest waits for the next call.
+    /// request's time budget, `knowledge.catch_up_budget_us`): the rest waits for the next
+    /// call. A thread more than [`FAR_BEHIND`] deltas behind does not ask.
     pub fn catch_up_within<S: SharedStore + ?Sized>(
         &mut self,
         store: &S,
@@ -200,7 +205,8 @@ impl Follower {
         go_on: &mut dyn FnMut() -> bool,
     ) {
         for i in 0..budget {
-            if i > 0 && !go_on() {
+            let far = head.seq.saturating_sub(self.seq) > FAR_BEHIND;
+            if i > 0 && !far && !go_on() {
                 break;
             }
             if self.version == head.version || self.seq >= head.seq {

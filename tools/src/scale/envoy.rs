@@ -130,13 +130,13 @@ pub const SAMPLE_COLUMNS: &str =
 
 /// Measures one point: `iters` hits and `iters` misses of `tokens` tokens through Envoy in
 /// front of `pool`, then Envoy's upkeep during `idle` without requests; with `pinning`, Envoy
-/// runs on its own CPU. Each decision's timing goes to `samples` as a CSV line
-/// ([`SAMPLE_COLUMNS`]).
+/// runs on its own CPU; `budget_us` sets the filter's `knowledge.catch_up_budget_us`. Each
+/// decision's timing goes to `samples` as a CSV line ([`SAMPLE_COLUMNS`]).
 pub async fn point(
     pool: &SimPool,
     dir: &Path,
     fill: usize,
-    (iters, idle, tokens): (usize, Duration, usize),
+    (iters, idle, tokens, budget_us): (usize, Duration, usize, Option<u64>),
     pinning: Option<&Pinning>,
     samples: &mut Vec<String>,
 ) -> anyhow::Result<Vec<f64>> {
@@ -165,8 +165,11 @@ pub async fn point(
     let holder = format!("http://{}", pool.addrs[n / 2]);
     client::send(&http, &holder, "/v1/completions", hit.clone(), &[]).await?;
 
-    let filter = json!({"models": [{"name": MODEL, "workers": pool.addrs}],
-                        "expose_decision_header": true});
+    let mut filter = json!({"models": [{"name": MODEL, "workers": pool.addrs}],
+                            "expose_decision_header": true});
+    if let Some(us) = budget_us {
+        filter["knowledge"] = json!({"catch_up_budget_us": us});
+    }
     // Ports picked free can be taken by then (a thousand workers' connections use ephemeral
     // ports): Envoy starts again on others.
     let first = (paths::free_port()?, paths::free_port()?);

@@ -117,6 +117,10 @@ struct Args {
     /// Envoy's core, which shows in the in-Envoy decision time's tail.
     #[arg(long)]
     pin_envoy: bool,
+    /// The filter's `knowledge.catch_up_budget_us` for the in-Envoy decisions (its default
+    /// when not given; 0: no time limit).
+    #[arg(long)]
+    envoy_catch_up_budget_us: Option<u64>,
 }
 
 /// This process's resident memory (MiB).
@@ -386,7 +390,7 @@ async fn run_updater(a: &Args) -> anyhow::Result<Vec<Curve>> {
         let pool = updater::SimPool::start(w, &dir).await?;
         let mut row = vec![w as f64];
         let idle = Duration::from_secs_f64(a.envoy_idle_s.max(0.1));
-        let timed = (a.envoy_iters, idle, a.envoy_prompt_tokens);
+        let timed = (a.envoy_iters, idle, a.envoy_prompt_tokens, a.envoy_catch_up_budget_us);
         let pin = pinning.as_ref();
         row.extend(envoy::point(&pool, &dir, a.envoy_fill, timed, pin, &mut samples).await?);
         in_envoy.push(row);

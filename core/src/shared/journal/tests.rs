@@ -153,3 +153,22 @@ fn a_read_stopped_by_its_applier_leaves_the_rest_in_order() {
     assert_eq!(rest, vec![2, 3, 4, 5]);
     assert_eq!(t.get(Counter::JournalSkipped), 0);
 }
+
+#[test]
+fn a_reader_far_behind_reads_on_out_of_time() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let n = FAR_BEHIND + 10;
+    for _ in 0..n {
+        assert!(append(&store, &t, &LIMITS, entry("w", 1)));
+    }
+    let mut cursor = JournalCursor::default();
+    let mut seen = 0;
+    // Out of time after every entry: it reads on until no more than FAR_BEHIND are left.
+    let more = cursor.each(&store, &t, usize::MAX, |_| {
+        seen += 1;
+        false
+    });
+    assert!(more);
+    assert_eq!(seen, 10);
+    assert_eq!(t.get(Counter::JournalDeferred), FAR_BEHIND);
+}

@@ -283,3 +283,18 @@ fn a_request_out_of_time_leaves_the_next_deltas_for_later() {
     assert_eq!(rest, Followed { deltas: 6, full: 0 });
     assert_eq!(f.version(), p.head().version);
 }
+
+#[test]
+fn a_thread_far_behind_applies_its_deltas_out_of_time() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
+    p.take(&store, big(1, 4096).encode()).unwrap();
+    p.confirmed(&store, 1);
+    let (mut f, mut r) = (Follower::default(), router());
+    f.catch_up(&store, &t, &mut r, true);
+    publish_big(&store, &mut p, 1, 1 + FAR_BEHIND + 5);
+    // Out of time from the start, but more than FAR_BEHIND behind: it applies until it is not.
+    let done = f.catch_up_within(&store, &t, &mut r, false, &mut || false);
+    assert_eq!(done, Followed { deltas: 5, full: 0 });
+    assert_eq!(p.head().seq - f.seq, FAR_BEHIND);
+}
