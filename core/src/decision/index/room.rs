@@ -21,29 +21,28 @@ pub trait Table {
     fn reserve_more(&mut self, more: usize);
 }
 
-impl<V, S: BuildHasher> Table for LinkedHashMap<u64, V, S> {
-    fn entries(&self) -> usize {
-        self.len()
-    }
-    fn takes(&self) -> usize {
-        self.capacity()
-    }
-    fn reserve_more(&mut self, more: usize) {
-        self.reserve(more);
-    }
+/// [`Table`] for a map or set type whose `len`, `capacity` and `reserve` are `hashbrown`'s.
+macro_rules! table {
+    ($($generics:ident),* ; $t:ty) => {
+        impl<$($generics),*> Table for $t
+        where
+            S: BuildHasher,
+        {
+            fn entries(&self) -> usize {
+                self.len()
+            }
+            fn takes(&self) -> usize {
+                self.capacity()
+            }
+            fn reserve_more(&mut self, more: usize) {
+                self.reserve(more);
+            }
+        }
+    };
 }
 
-impl<S: BuildHasher> Table for HashSet<u64, S> {
-    fn entries(&self) -> usize {
-        self.len()
-    }
-    fn takes(&self) -> usize {
-        self.capacity()
-    }
-    fn reserve_more(&mut self, more: usize) {
-        self.reserve(more);
-    }
-}
+table!(V, S; LinkedHashMap<u64, V, S>);
+table!(S; HashSet<u64, S>);
 
 /// One table's use of its room since the last [`Room::make`].
 #[derive(Debug, Default, Clone, Copy)]

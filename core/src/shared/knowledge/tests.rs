@@ -59,6 +59,21 @@ fn full_in(store: &MemStore) -> (u64, Snapshot) {
     read_full(store, &DecodeLimits::default()).unwrap().unwrap()
 }
 
+/// A publisher that took `first` as its full snapshot, and a thread that follows it from there.
+fn following(
+    store: &MemStore,
+    t: &Tally,
+    first: Snapshot,
+) -> (KnowledgePublisher, Follower, Router) {
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
+    let version = first.version;
+    p.take(store, first.encode()).unwrap();
+    p.confirmed(store, version);
+    let (mut f, mut r) = (Follower::default(), router());
+    f.catch_up(store, t, &mut r, true);
+    (p, f, r)
+}
+
 #[test]
 fn a_thread_that_keeps_up_applies_only_deltas() {
     let (store, t) = (MemStore::new(), Tally::default());
@@ -103,11 +118,7 @@ fn publish_big(store: &MemStore, p: &mut KnowledgePublisher, from: u64, to: u64)
 #[test]
 fn a_thread_idle_for_hundreds_of_deltas_catches_up_on_deltas_alone() {
     let (store, t) = (MemStore::new(), Tally::default());
-    let mut p = KnowledgePublisher::new(DecodeLimits::default());
-    p.take(&store, big(1, 4096).encode()).unwrap();
-    p.confirmed(&store, 1);
-    let (mut f, mut r) = (Follower::default(), router());
-    f.catch_up(&store, &t, &mut r, true);
+    let (mut p, mut f, mut r) = following(&store, &t, big(1, 4096));
     let behind = FULL_EVERY as u64 + 100;
     publish_big(&store, &mut p, 1, 1 + behind);
     assert!(p.head().full_version > 1, "the full snapshot was rewritten meanwhile");
@@ -154,11 +165,7 @@ fn the_ring_keeps_the_deltas_since_the_full_snapshot_before_the_last() {
 #[test]
 fn an_idle_thread_past_the_ring_catches_up_from_the_full_snapshot_off_the_request_path() {
     let (store, t) = (MemStore::new(), Tally::default());
-    let mut p = KnowledgePublisher::new(DecodeLimits::default());
-    p.take(&store, snap(1).encode()).unwrap();
-    p.confirmed(&store, 1);
-    let (mut f, mut r) = (Follower::default(), router());
-    f.catch_up(&store, &t, &mut r, true);
+    let (mut p, mut f, mut r) = following(&store, &t, snap(1));
     publish_chain(&store, &mut p, 1, 1 + 3 * RING as u64);
     // The request path only follows deltas: the chain from v1 is gone, so it waits.
     assert_eq!(f.catch_up(&store, &t, &mut r, false), Followed::default());
@@ -260,11 +267,7 @@ fn with_small_snapshots_a_thread_behind_by_the_kept_deltas_catches_up_on_request
 #[test]
 fn a_request_out_of_time_leaves_the_next_deltas_for_later() {
     let (store, t) = (MemStore::new(), Tally::default());
-    let mut p = KnowledgePublisher::new(DecodeLimits::default());
-    p.take(&store, snap(1).encode()).unwrap();
-    p.confirmed(&store, 1);
-    let (mut f, mut r) = (Follower::default(), router());
-    f.catch_up(&store, &t, &mut r, true);
+    let (mut p, mut f, mut r) = following(&store, &t, snap(1));
     publish_chain(&store, &mut p, 1, 11);
     // The budget allows two more after the first delta (at least one is always applied).
     let mut asked = 0;
@@ -287,11 +290,7 @@ fn a_request_out_of_time_leaves_the_next_deltas_for_later() {
 #[test]
 fn a_thread_far_behind_applies_its_deltas_out_of_time() {
     let (store, t) = (MemStore::new(), Tally::default());
-    let mut p = KnowledgePublisher::new(DecodeLimits::default());
-    p.take(&store, big(1, 4096).encode()).unwrap();
-    p.confirmed(&store, 1);
-    let (mut f, mut r) = (Follower::default(), router());
-    f.catch_up(&store, &t, &mut r, true);
+    let (mut p, mut f, mut r) = following(&store, &t, big(1, 4096));
     publish_big(&store, &mut p, 1, 1 + FAR_BEHIND + 5);
     // Out of time from the start, but more than FAR_BEHIND behind: it applies until it is not.
     let done = f.catch_up_within(&store, &t, &mut r, false, &mut || false);
