@@ -37,7 +37,7 @@
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
@@ -109,7 +109,8 @@ enum Splitter {
     /// leaves the run to `\s+`. So the match is shortened by one character in that case.
     /// Anything unexpected (no match where one must be, an empty match) falls back to
     /// `fancy` for the whole text.
-    Known { re: regex_automata::meta::Regex, fancy: Regex },
+    /// ASCII text skips the regex engine: `ascii` splits it by the same rules.
+    Known { re: regex_automata::meta::Regex, fancy: Regex, ascii: ascii::Known },
 }
 
 /// One post-processing template (`TemplateProcessing`'s `single`).
@@ -144,6 +145,11 @@ impl Hasher for PairHasher {
 
 type MergeMap = HashMap<u64, u64, BuildHasherDefault<PairHasher>>;
 
+/// Maps keyed by a piece's bytes, looked up once or twice per piece of every prompt. Pieces
+/// come from clients, so the hash is seeded per process (foldhash's, not the default SipHash:
+/// SipHash was a tenth of a prompt's tokenization inside Envoy).
+type PieceMap<V> = HashMap<Box<[u8]>, V, foldhash::fast::RandomState>;
+
 /// The fast encoder; see the module documentation.
 pub struct FastBpe {
     /// Added tokens (raw text, leftmost-longest) and their ids.
@@ -158,7 +164,7 @@ pub struct FastBpe {
     /// `left << 32 | right` → `rank << 32 | merged`.
     merges: MergeMap,
     /// `ignore_merges`: whole pieces (as bytes) that are in the vocabulary.
-    whole: Option<HashMap<Box<[u8]>, u32>>,
+    whole: Option<PieceMap<u32>>,
     /// Post-processors, in order.
     post: Vec<Vec<Part>>,
     state: Mutex<State>,
@@ -210,7 +216,7 @@ impl State {
 /// Ids of recently seen pieces; cleared whole when full.
 #[derive(Default)]
 struct PieceCache {
-    map: HashMap<Box<[u8]>, (u32, u32), RandomState>,
+    map: PieceMap<(u32, u32)>,
     ids: Vec<u32>,
 }
 
@@ -372,14 +378,19 @@ impl FastBpe {
         };
         let fancy = match splitter {
             Splitter::Fancy(re) => re,
-            Splitter::Known { re, fancy } => {
+            Splitter::Known { re, fancy, ascii } => {
                 if st.bounds.len() <= level {
                     st.bounds.resize_with(level + 1, Vec::new);
                     st.regex.resize_with(level + 1, || None);
                 }
                 let mut bounds = std::mem::take(&mut st.bounds[level]);
-                let cache = st.regex[level].get_or_insert_with(|| re.create_cache());
-                let ok = known_bounds(re, cache, s, &mut bounds);
+                let ok = if s.is_ascii() {
+                    ascii.bounds(s.as_bytes(), &mut bounds);
+                    true
+                } else {
+                    let cache = st.regex[level].get_or_insert_with(|| re.create_cache());
+                    known_bounds(re, cache, s, &mut bounds)
+                };
                 if ok {
                     let mut prev = 0;
                     for &end in &bounds {
@@ -713,12 +724,18 @@ fn pre_tokenizer(tokenizer: &Tokenizer) -> Result<Vec<Splitter>, Unsupported> {
 fn splitter(pattern: &str) -> Result<Splitter, Unsupported> {
     let err = |e: &dyn std::fmt::Display| Unsupported::PreTokenizer(e.to_string());
     let fancy = Regex::new(pattern).map_err(|e| err(&e))?;
-    let known = [GPT2_PATTERN, QWEN2_PATTERN, LLAMA3_PATTERN].contains(&pattern);
-    match pattern.strip_suffix(WHITESPACE_TAIL) {
-        Some(prefix) if known => {
+    let known = [
+        (GPT2_PATTERN, ascii::Known::Gpt2),
+        (QWEN2_PATTERN, ascii::Known::Qwen2),
+        (LLAMA3_PATTERN, ascii::Known::Llama3),
+    ]
+    .into_iter()
+    .find_map(|(p, k)| (p == pattern).then_some(k));
+    match (pattern.strip_suffix(WHITESPACE_TAIL), known) {
+        (Some(prefix), Some(ascii)) => {
             let re =
                 regex_automata::meta::Regex::new_many(&[prefix, r"\s+"]).map_err(|e| err(&e))?;
-            Ok(Splitter::Known { re, fancy })
+            Ok(Splitter::Known { re, fancy, ascii })
         }
         _ => Ok(Splitter::Fancy(fancy)),
     }
@@ -937,7 +954,7 @@ fn merge_map(
 }
 
 /// `ignore_merges`: every vocabulary entry spelled in the byte alphabet, as bytes.
-fn whole_pieces(vocab: HashMap<String, u32>, chars: &[char; 256]) -> HashMap<Box<[u8]>, u32> {
+fn whole_pieces(vocab: HashMap<String, u32>, chars: &[char; 256]) -> PieceMap<u32> {
     let byte_of: HashMap<char, u8> = (0..=255u8).zip(chars.iter()).map(|(b, &c)| (c, b)).collect();
     vocab
         .into_iter()
@@ -948,6 +965,7 @@ fn whole_pieces(vocab: HashMap<String, u32>, chars: &[char; 256]) -> HashMap<Box
         .collect()
 }
 
+mod ascii;
 pub mod compiled;
 #[cfg(test)]
 mod tests;

@@ -15,12 +15,11 @@
 //! count). Every count is checked against the bytes left before anything is allocated; the
 //! decoder never panics (fuzz target `compiled_encoder`).
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use thiserror::Error;
 
-use super::{added_automaton, splitter, FastBpe, MergeMap, Part, Splitter, State};
+use super::{added_automaton, splitter, FastBpe, MergeMap, Part, PieceMap, Splitter, State};
 use crate::wire::Reader;
 
 const MAGIC: &[u8; 4] = b"KVFB";
@@ -168,7 +167,7 @@ impl FastBpe {
             0 => None,
             1 => {
                 let n = count(r, usize::MAX, 8, "whole pieces")?;
-                let mut w = HashMap::with_capacity(n);
+                let mut w = PieceMap::with_capacity_and_hasher(n, Default::default());
                 for _ in 0..n {
                     let id = u32_of(r)?;
                     let len = count(r, usize::MAX, 1, "whole piece")?;

@@ -168,6 +168,24 @@ fn text() -> impl Strategy<Value = String> {
     prop::collection::vec(piece(), 0..24).prop_map(|p| p.concat())
 }
 
+/// The end of every piece `fancy-regex` cuts `s` into, gaps between matches included.
+fn fancy_bounds(fancy: &Regex, s: &str) -> Vec<usize> {
+    let mut want = Vec::new();
+    let mut prev = 0;
+    for m in fancy.find_iter(s) {
+        let m = m.unwrap();
+        if m.start() > prev {
+            want.push(m.start());
+        }
+        want.push(m.end());
+        prev = m.end();
+    }
+    if prev < s.len() {
+        want.push(s.len());
+    }
+    want
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(3000))]
 
@@ -205,26 +223,32 @@ proptest! {
     #[test]
     fn known_splitters_equal_fancy_regex(t in text(), ws in "[ \t\r\n\u{a0}\u{3000}\u{2028}\u{85}\u{b}\u{c}a1.'é]{0,40}") {
         for pattern in [GPT2_PATTERN, QWEN2_PATTERN, LLAMA3_PATTERN] {
-            let Ok(Splitter::Known { re, fancy }) = splitter(pattern) else {
+            let Ok(Splitter::Known { re, fancy, .. }) = splitter(pattern) else {
                 panic!("{pattern} is known");
             };
             for s in [t.as_str(), ws.as_str()] {
                 let mut bounds = Vec::new();
                 prop_assert!(known_bounds(&re, &mut re.create_cache(), s, &mut bounds));
-                let mut want = Vec::new();
-                let mut prev = 0;
-                for m in fancy.find_iter(s) {
-                    let m = m.unwrap();
-                    if m.start() > prev {
-                        want.push(m.start());
-                    }
-                    want.push(m.end());
-                    prev = m.end();
-                }
-                if prev < s.len() {
-                    want.push(s.len());
-                }
-                prop_assert_eq!(&bounds, &want, "{} on {:?}", pattern, s);
+                prop_assert_eq!(&bounds, &fancy_bounds(&fancy, s), "{} on {:?}", pattern, s);
+            }
+        }
+    }
+
+    /// On ASCII text the known patterns' byte scanner cuts where `fancy-regex` runs of the
+    /// very pattern do.
+    #[test]
+    fn ascii_splitters_equal_fancy_regex(
+        t in text().prop_map(|t| t.chars().filter(char::is_ascii).collect::<String>()),
+        mixed in "([ \t\r\n\x0b\x0c\x1c\x1fa-zA-Z0-9.,!?'\"_-]|'[sStTmMdD]|'[rRvV][eE]|'[lL][lL]| [a-z]| [0-9]| [.!]){0,60}",
+    ) {
+        for pattern in [GPT2_PATTERN, QWEN2_PATTERN, LLAMA3_PATTERN] {
+            let Ok(Splitter::Known { fancy, ascii, .. }) = splitter(pattern) else {
+                panic!("{pattern} is known");
+            };
+            for s in [t.as_str(), mixed.as_str()] {
+                let mut bounds = Vec::new();
+                ascii.bounds(s.as_bytes(), &mut bounds);
+                prop_assert_eq!(&bounds, &fancy_bounds(&fancy, s), "{} on {:?}", pattern, s);
             }
         }
     }
