@@ -389,7 +389,7 @@ impl FastBpe {
                     true
                 } else {
                     let cache = st.regex[level].get_or_insert_with(|| re.create_cache());
-                    known_bounds(re, cache, s, &mut bounds)
+                    known_bounds(re, cache, *ascii, s, &mut bounds)
                 };
                 if ok {
                     let mut prev = 0;
@@ -609,10 +609,13 @@ fn apply_template(template: &[Part], ids: Vec<u32>, add_special_tokens: bool) ->
 }
 
 /// The end of every piece of `s` for a `Known` splitter (see there), gaps between matches
-/// included; false if something unexpected happened.
+/// included; false if something unexpected happened. A piece whose bytes, and those read to
+/// find it, are ASCII comes from the byte scanner (a match depends on nothing before its
+/// start); the others from the regex engine.
 fn known_bounds(
     re: &regex_automata::meta::Regex,
     cache: &mut regex_automata::meta::Cache,
+    ascii: ascii::Known,
     s: &str,
     bounds: &mut Vec<usize>,
 ) -> bool {
@@ -620,6 +623,12 @@ fn known_bounds(
     bounds.clear();
     let mut pos = 0;
     while pos < s.len() {
+        let (end, read) = ascii.piece(s.as_bytes(), pos);
+        if s.as_bytes()[pos..read].is_ascii() {
+            bounds.push(end);
+            pos = end;
+            continue;
+        }
         let input = Input::new(s).range(pos..).anchored(Anchored::Yes);
         let m = match re.search_with(cache, &input) {
             Some(m) => m,

@@ -6,8 +6,9 @@
 //! `[\t\n\x0B\x0C\r ]` (Unicode's White_Space below 0x80), and `(?i)` folds ASCII letters only.
 //! Inside Envoy a regex search per piece was most of the tokenizer's time (a search call's
 //! setup for each of a prompt's thousands of pieces); this is a few comparisons per byte. The
-//! property test `ascii_splitters_equal_fancy_regex` checks the pieces against `fancy-regex`
-//! running the very pattern; text with any other byte takes the regex path.
+//! property tests `ascii_splitters_equal_fancy_regex` and `known_splitters_equal_fancy_regex`
+//! check the pieces against `fancy-regex` running the very pattern. In text with other bytes,
+//! a piece whose reading met one is found by the regex engine instead (`known_bounds`).
 
 /// Which known pattern (see `GPT2_PATTERN`, `QWEN2_PATTERN`, `LLAMA3_PATTERN`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,72 +46,83 @@ impl Known {
         bounds.clear();
         let mut pos = 0;
         while pos < s.len() {
-            // Every alternative consumes at least one byte; `max` keeps the loop finite anyway.
-            pos = self.piece_end(s, pos).max(pos + 1).min(s.len());
+            pos = self.piece(s, pos).0;
             bounds.push(pos);
         }
     }
 
-    fn piece_end(self, s: &[u8], pos: usize) -> usize {
+    /// The piece of `s` that starts at `pos` (`pos < s.len()`): its end, and the end of the
+    /// bytes read to find it. The piece is the pattern's when those bytes are ASCII (a match
+    /// depends on nothing before `pos`); other bytes count as neither letter, digit nor space,
+    /// so the caller must check them.
+    pub(super) fn piece(self, s: &[u8], pos: usize) -> (usize, usize) {
+        let (end, read) = self.piece_end(s, pos);
+        // Every alternative consumes at least one byte; `max` keeps a caller's loop finite.
+        let end = end.max(pos + 1).min(s.len());
+        // The contraction check reads up to two bytes past `pos`.
+        (end, read.max(end).max(pos + 3).min(s.len()))
+    }
+
+    /// The piece's end and the end of the last run read (its first byte outside the run
+    /// included).
+    fn piece_end(self, s: &[u8], pos: usize) -> (usize, usize) {
         if let Some(end) = self.contraction(s, pos) {
-            return end;
+            return (end, end);
         }
         let c = s[pos];
         let next = s.get(pos + 1).copied();
         let after_space = c == b' ' && next.is_some();
         let n = |f: fn(u8) -> bool| next.is_some_and(f);
+        let ran = |end: usize| (end, end + 1);
         match self {
             Known::Gpt2 => {
                 // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: the space only with a class
                 // byte after it.
                 for class in [u8::is_ascii_alphabetic as fn(&u8) -> bool, u8::is_ascii_digit] {
                     if after_space && next.as_ref().is_some_and(class) {
-                        return run(s, pos + 1, |b| class(&b));
+                        return ran(run(s, pos + 1, |b| class(&b)));
                     }
                     if class(&c) {
-                        return run(s, pos, |b| class(&b));
+                        return ran(run(s, pos, |b| class(&b)));
                     }
                 }
                 if after_space && n(other) {
-                    return run(s, pos + 1, other);
+                    return ran(run(s, pos + 1, other));
                 }
                 if other(c) {
-                    return run(s, pos, other);
+                    return ran(run(s, pos, other));
                 }
             }
             Known::Qwen2 | Known::Llama3 => {
                 // `[^\r\n\p{L}\p{N}]?\p{L}+`
                 if !newline(c) && !c.is_ascii_alphanumeric() && n(|b| b.is_ascii_alphabetic()) {
-                    return run(s, pos + 1, |b| b.is_ascii_alphabetic());
+                    return ran(run(s, pos + 1, |b| b.is_ascii_alphabetic()));
                 }
                 if c.is_ascii_alphabetic() {
-                    return run(s, pos, |b| b.is_ascii_alphabetic());
+                    return ran(run(s, pos, |b| b.is_ascii_alphabetic()));
                 }
                 // `\p{N}` or `\p{N}{1,3}`
                 if c.is_ascii_digit() {
                     let most = if self == Known::Llama3 { 3 } else { 1 };
-                    return run(s, pos, |b| b.is_ascii_digit()).min(pos + most);
+                    return ran(run(s, pos, |b| b.is_ascii_digit()).min(pos + most));
                 }
                 // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
                 let start = if after_space && n(other) { pos + 1 } else { pos };
                 if other(s[start]) {
-                    return run(s, run(s, start, other), newline);
+                    return ran(run(s, run(s, start, other), newline));
                 }
                 // `\s*[\r\n]+`: the whitespace run up to its last line break.
                 let end = run(s, pos, space);
                 if let Some(last) = s[pos..end].iter().rposition(|&b| newline(b)) {
-                    return pos + last + 1;
+                    return (pos + last + 1, end + 1);
                 }
             }
         }
         // `\s+(?!\S)|\s+`: the whitespace run, less its last byte when more follows and the
         // run has two bytes or more.
         let end = run(s, pos, space);
-        if end < s.len() && end - pos >= 2 {
-            end - 1
-        } else {
-            end
-        }
+        let piece = if end < s.len() && end - pos >= 2 { end - 1 } else { end };
+        (piece, end + 1)
     }
 
     /// `'s|'t|'re|'ve|'m|'ll|'d` at `pos` (case-insensitive but for GPT-2).
