@@ -52,21 +52,29 @@ fn push_opt(buf: &mut Vec<u8>, s: Option<&str>) {
 
 /// Hash of one block given its parent's hash (or the domain seed for block 0).
 pub fn block_hash(parent: u64, tokens: &[u32]) -> u64 {
-    let mut bytes = Vec::with_capacity(tokens.len() * 4);
+    block_hash_in(&mut Vec::new(), parent, tokens)
+}
+
+/// [`block_hash`] with the block's bytes written to `buf` (reused: a prompt's blocks cost one
+/// allocation, not one each).
+fn block_hash_in(buf: &mut Vec<u8>, parent: u64, tokens: &[u32]) -> u64 {
+    buf.clear();
+    buf.reserve(tokens.len() * 4);
     for t in tokens {
-        bytes.extend_from_slice(&t.to_le_bytes());
+        buf.extend_from_slice(&t.to_le_bytes());
     }
-    xxh3_64_with_seed(&bytes, parent)
+    xxh3_64_with_seed(buf, parent)
 }
 
 /// Chained hashes of every full block of `tokens`.
 pub fn block_hashes(seed: u64, block_size: u32, tokens: &[u32]) -> Vec<u64> {
     let bs = block_size.max(1) as usize;
     let mut parent = seed;
+    let mut buf = Vec::with_capacity(bs * 4);
     tokens
         .chunks_exact(bs)
         .map(|block| {
-            parent = block_hash(parent, block);
+            parent = block_hash_in(&mut buf, parent, block);
             parent
         })
         .collect()
