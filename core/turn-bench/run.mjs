@@ -2,7 +2,7 @@
 // preopened. Run Node with `--no-liftoff`, the flag Envoy's V8 runtime sets
 // (proxy-wasm-cpp-host: every function compiled by TurboFan up front):
 //
-// node --no-liftoff core/turn-bench/run.mjs WASM QWEN3_DIR [ITERS [CASES]]
+// node --no-liftoff core/turn-bench/run.mjs WASM QWEN3_DIR [ITERS [CASES]] [--evict]
 // node core/turn-bench/run.mjs --summary PROFILE.cpuprofile [N]
 //
 // The second form prints the N functions with the most self time in a profile that
@@ -17,15 +17,20 @@ if (args[0] === "--summary") {
   printTop(JSON.parse(readFileSync(args[1], "utf8")), Number(args[2] ?? 30), under);
   process.exit(0);
 }
-const [wasmPath, bundleDir, iters = "40", cases = "cold,turn,shared"] = args;
+const evict = args.includes("--evict") ? ["--evict"] : [];
+const [wasmPath, bundleDir, iters = "40", cases = "cold,turn,shared,short"] = args.filter(
+  (a) => a !== "--evict",
+);
 if (!wasmPath || !bundleDir) {
-  console.error("usage: node run.mjs WASM QWEN3_DIR [ITERS] | node run.mjs --summary PROFILE [N]");
+  console.error(
+    "usage: node run.mjs WASM QWEN3_DIR [ITERS [CASES]] [--evict] | node run.mjs --summary PROFILE [N [UNDER]]",
+  );
   process.exit(2);
 }
 
 const wasi = new WASI({
   version: "preview1",
-  args: ["kvroute-turn-bench", "/qwen3", iters, cases],
+  args: ["kvroute-turn-bench", "/qwen3", iters, cases, ...evict],
   preopens: { "/qwen3": bundleDir },
   returnOnExit: true,
 });

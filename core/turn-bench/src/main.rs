@@ -3,19 +3,22 @@
 //! `wasm32-wasip1` (the filter's target) under Node's V8 with the flags Envoy's V8 runtime
 //! sets (TurboFan only, no Liftoff), where a CPU profile can name the functions.
 //!
-//! Cases, each at about 8 k tokens (as `kvroute-decision-bench` sends them to Envoy):
+//! Cases (all but `short` at about 8 k tokens, as `kvroute-decision-bench` sends them to Envoy):
 //! - `cold`: one user message never seen before;
 //! - `turn`: the 8th turn of a conversation whose first seven turns this router decided
 //!   (its render and token caches hold them);
 //! - `shared`: a new conversation (one user message of ~40 tokens) behind a system prompt of
-//!   ~8 k tokens that earlier requests carried.
+//!   ~8 k tokens that earlier requests carried;
+//! - `short`: one new user message of ~25 tokens (`kvroute-proxybench`'s short prompt).
 //!
 //! Phases: `parse` (`request::parse`), `tokenize` (render + tokenize, the router's own
 //! clock), the rest of `Router::decide` (block hashes, lookups, scoring), and `credit` (the
 //! routed blocks observed on the chosen worker, as the thread applies its journal entry).
 //!
+//! `--evict` walks 16 MiB before each decision, so that it starts with cold CPU caches.
+//!
 //! Run natively: `cargo run --release -p kvroute-turn-bench -- .cache/models/qwen3`; as wasm
-//! under V8: `./dev turn-bench` (`core/turn-bench/run.mjs`, `--prof` for a CPU profile).
+//! under V8: `./dev turn-bench` (`core/turn-bench/run.mjs`; see it for a CPU profile).
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -35,6 +38,10 @@ const MODEL: &str = "qwen3";
 const WORKERS: usize = 4;
 const TARGET_TOKENS: usize = 8_000;
 const TURNS: usize = 8;
+/// With `--evict`, bytes walked before each decision: more than the machine's last-level
+/// cache, so that the decision starts with cold caches, as it does inside Envoy, whose own
+/// work between two requests evicts the filter's code and data.
+const EVICT_BYTES: usize = 16 << 20;
 
 fn main() {
     if let Err(e) = run() {
@@ -44,13 +51,15 @@ fn main() {
 }
 
 fn run() -> Result<(), String> {
-    let mut args = std::env::args().skip(1);
-    let dir = args.next().ok_or("usage: kvroute-turn-bench QWEN3_DIR [ITERS [CASES]]")?;
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let evict = all.iter().any(|a| a == "--evict");
+    let mut args = all.into_iter().filter(|a| a != "--evict");
+    let dir = args.next().ok_or("usage: kvroute-turn-bench QWEN3_DIR [ITERS [CASES]] [--evict]")?;
     let iters: usize = match args.next() {
         Some(n) => n.parse().map_err(|_| format!("ITERS: not a number: {n}"))?,
         None => 40,
     };
-    let cases = args.next().unwrap_or_else(|| "cold,turn,shared".into());
+    let cases = args.next().unwrap_or_else(|| "cold,turn,shared,short".into());
     let case = |c: &str| cases.split(',').any(|x| x == c);
     let read = |f: &str| {
         std::fs::read_to_string(format!("{dir}/{f}")).map_err(|e| format!("{dir}/{f}: {e}"))
@@ -65,10 +74,11 @@ fn run() -> Result<(), String> {
     router.set_bundle(MODEL, Some(bundle));
     router.set_clock(clock_ns);
     let loads = loads(&workers);
-    let mut bench = Bench { router, loads, now_ms: 1_000_000 };
+    let evict = evict.then(|| vec![1u8; EVICT_BYTES]);
+    let mut bench = Bench { router, loads, now_ms: 1_000_000, evict };
 
     let words_total = (TARGET_TOKENS as f64 * wpt) as usize;
-    println!("kvroute-turn-bench: Qwen3, {WORKERS} workers, ~{TARGET_TOKENS} tokens, µs (p50 p99)");
+    println!("kvroute-turn-bench: Qwen3, {WORKERS} workers, µs (p50 p99)");
     println!(
         "{:<8} {:>6} {:>15} {:>15} {:>15} {:>15} {:>15}",
         "case", "tokens", "whole", "parse", "render+tokenize", "decide rest", "credit"
@@ -108,6 +118,12 @@ fn run() -> Result<(), String> {
         bench.time(&[system.clone(), user], into)?;
     }
     shared.row("shared");
+    let mut short = Phases::default();
+    for i in 0..iters * usize::from(case("short")) {
+        let text = words(0x5807_0000 + i as u64, 18);
+        bench.time(&[json!({"role": "user", "content": text})], &mut short)?;
+    }
+    short.row("short");
     if !cold.whole.is_empty() && !turn.whole.is_empty() {
         let ratio = quantile(&cold.whole, 0.5) / quantile(&turn.whole, 0.5);
         println!("cold/turn whole p50 ratio {ratio:.1}x");
@@ -148,12 +164,21 @@ struct Bench {
     router: Router,
     loads: LoadView,
     now_ms: u64,
+    /// `--evict`'s buffer.
+    evict: Option<Vec<u8>>,
 }
 
 impl Bench {
     /// Decides one chat request as the filter does and adds its phases to `into`.
     fn time(&mut self, messages: &[Value], into: &mut Phases) -> Result<(), String> {
         let body = json!({"model": MODEL, "messages": messages, "max_tokens": 1}).to_string();
+        if let Some(buf) = &mut self.evict {
+            // One write per cache line.
+            for b in buf.iter_mut().step_by(64) {
+                *b = b.wrapping_add(1);
+            }
+            std::hint::black_box(&buf);
+        }
         self.measure(body.as_bytes(), into)
     }
 
