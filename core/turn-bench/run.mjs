@@ -18,7 +18,7 @@ if (args[0] === "--summary") {
   process.exit(0);
 }
 const evict = args.includes("--evict") ? ["--evict"] : [];
-const [wasmPath, bundleDir, iters = "40", cases = "cold,turn,shared,short"] = args.filter(
+const [wasmPath, bundleDir, iters = "40", cases = "cold,turn,shared,short,mixed"] = args.filter(
   (a) => a !== "--evict",
 );
 if (!wasmPath || !bundleDir) {

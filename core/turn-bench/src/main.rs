@@ -9,7 +9,9 @@
 //!   (its render and token caches hold them);
 //! - `shared`: a new conversation (one user message of ~40 tokens) behind a system prompt of
 //!   ~8 k tokens that earlier requests carried;
-//! - `short`: one new user message of ~25 tokens (`kvroute-proxybench`'s short prompt).
+//! - `short`: one new user message of ~25 tokens (`kvroute-proxybench`'s short prompt);
+//! - `mixed`: `turn`, with [`ONE_SHOTS`] new ~8 k-token prompts decided between two turns of a
+//!   conversation (traffic where most long prompts are never seen again).
 //!
 //! Phases: `parse` (`request::parse`), `tokenize` (render + tokenize, the router's own
 //! clock), the rest of `Router::decide` (block hashes, lookups, scoring), and `credit` (the
@@ -38,6 +40,9 @@ const MODEL: &str = "qwen3";
 const WORKERS: usize = 4;
 const TARGET_TOKENS: usize = 8_000;
 const TURNS: usize = 8;
+/// One-shot prompts between two turns in the `mixed` case: about 5 MiB of their token ids,
+/// more than a thread's token cache holds by default (4 MiB).
+const ONE_SHOTS: usize = 160;
 /// With `--evict`, bytes walked before each decision: more than the machine's last-level
 /// cache, so that the decision starts with cold caches, as it does inside Envoy, whose own
 /// work between two requests evicts the filter's code and data.
@@ -59,7 +64,7 @@ fn run() -> Result<(), String> {
         Some(n) => n.parse().map_err(|_| format!("ITERS: not a number: {n}"))?,
         None => 40,
     };
-    let cases = args.next().unwrap_or_else(|| "cold,turn,shared,short".into());
+    let cases = args.next().unwrap_or_else(|| "cold,turn,shared,short,mixed".into());
     let case = |c: &str| cases.split(',').any(|x| x == c);
     let read = |f: &str| {
         std::fs::read_to_string(format!("{dir}/{f}")).map_err(|e| format!("{dir}/{f}: {e}"))
@@ -124,6 +129,23 @@ fn run() -> Result<(), String> {
         bench.time(&[json!({"role": "user", "content": text})], &mut short)?;
     }
     short.row("short");
+    let mut mixed = Phases::default();
+    // Fewer conversations: each brings ONE_SHOTS cold prompts per turn.
+    for c in 0..iters.div_ceil(8) * usize::from(case("mixed")) {
+        let mut messages = Vec::new();
+        for t in 0..TURNS {
+            for o in 0..ONE_SHOTS {
+                let text = words(0x0E5_0000_0000 + (c * 10_000 + t * 1000 + o) as u64, words_total);
+                bench.time(&[json!({"role": "user", "content": text})], &mut Phases::default())?;
+            }
+            let seed = 0x3A5_0000 + (c * 100 + t) as u64;
+            messages.push(json!({"role": "user", "content": words(seed, words_total / TURNS)}));
+            let into = if t + 1 == TURNS { &mut mixed } else { &mut Phases::default() };
+            bench.time(&messages, into)?;
+            messages.push(json!({"role": "assistant", "content": "Noted."}));
+        }
+    }
+    mixed.row("mixed");
     if !cold.whole.is_empty() && !turn.whole.is_empty() {
         let ratio = quantile(&cold.whole, 0.5) / quantile(&turn.whole, 0.5);
         println!("cold/turn whole p50 ratio {ratio:.1}x");

@@ -1,6 +1,8 @@
 //! A prompt's routing tokens, with chat prompts rendered through the thread's render cache
 //! and encoded through its token cache.
 
+use serde_json::Value;
+
 use crate::decision::request::Prompt;
 use crate::decision::tokenize::model::{ModelBundle, ModelError, RenderedChat, RoutingTokens};
 
@@ -24,7 +26,14 @@ impl Router {
             }
             _ => bundle.render_for_routing(chat)?,
         };
+        // A prompt that carries an earlier answer is a conversation under way: its next turn
+        // repeats it (see the token cache's protected part).
+        let continued = chat
+            .messages
+            .iter()
+            .any(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
         rendered.tokens(|text| match self.tokens.try_borrow_mut() {
+            Ok(mut cache) if continued => cache.encode_continued(bundle, &m.cuts, text),
             Ok(mut cache) => cache.encode(bundle, &m.cuts, text),
             Err(_) => bundle.encode(text, false),
         })

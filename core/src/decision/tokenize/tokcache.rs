@@ -11,9 +11,15 @@
 //! segment) and stores the new segments. A conversation's turns share their segments, and so do
 //! the branches of one prefix.
 //!
-//! Eviction is least-recently-used under a byte bound ([`TokenCacheLimits`]); a hit refreshes
-//! its segments deepest first, so a chain loses its leaves before its root. Only chat prompts
-//! (encoded without special tokens) go through the cache. The ids stay in this thread's memory;
+//! Eviction is least-recently-used under a byte bound ([`TokenCacheLimits`]), in two parts:
+//! new segments enter on probation, and a segment reused once moves to the protected part
+//! (at most [`PROTECTED_SHARE`] of the bound); so do the new segments of a conversation under
+//! way ([`TokenCache::encode_continued`]), whose next turn repeats them. Probation is evicted
+//! first, so a flood of prompts seen once (one-shot questions, retrieval prompts) cannot push
+//! out the conversations whose turns keep coming back; a protected segment unused for long
+//! goes back on probation.
+//! A hit refreshes its segments deepest first, so a chain loses its leaves before its root.
+//! Only chat prompts (encoded without special tokens) go through the cache. The ids stay in this thread's memory;
 //! nothing is exported but the counters ([`TokenCacheStats`]).
 
 mod cuts;
@@ -30,6 +36,9 @@ use crate::decision::tokenize::model::{ModelBundle, ModelError};
 
 /// What an entry costs besides its ids: the map node, key, fields and allocation headers.
 pub const ENTRY_OVERHEAD_BYTES: usize = 96;
+
+/// The share of the bound that reused segments may hold (numerator, denominator).
+pub const PROTECTED_SHARE: (usize, usize) = (4, 5);
 
 /// Bounds of a thread's token cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,13 +92,20 @@ impl Entry {
     }
 }
 
+type Lru = LruCache<u64, Entry, foldhash::fast::FixedState>;
+
 /// A bounded cache of token ids of prompt prefixes; see the module documentation.
 #[derive(Clone)]
 pub struct TokenCache {
     limits: TokenCacheLimits,
-    /// Keys are xxh3 digests already: a fast fixed hasher suffices.
-    entries: LruCache<u64, Entry, foldhash::fast::FixedState>,
+    /// Segments not reused yet, least recently used first: evicted first. Keys are xxh3
+    /// digests already: a fast fixed hasher suffices.
+    probation: Lru,
+    /// Segments reused at least once. A key is in one part or the other, never both.
+    protected: Lru,
+    /// Bytes of both parts, and of `protected` alone.
     bytes: usize,
+    protected_bytes: usize,
     stats: TokenCacheStats,
 }
 
@@ -110,10 +126,13 @@ impl Default for TokenCache {
 
 impl TokenCache {
     pub fn new(limits: TokenCacheLimits) -> Self {
+        let lru = || LruCache::with_hasher(usize::MAX, foldhash::fast::FixedState::default());
         TokenCache {
             limits,
-            entries: LruCache::with_hasher(usize::MAX, foldhash::fast::FixedState::default()),
+            probation: lru(),
+            protected: lru(),
             bytes: 0,
+            protected_bytes: 0,
             stats: TokenCacheStats::default(),
         }
     }
@@ -130,16 +149,39 @@ impl TokenCache {
     }
 
     pub fn stats(&self) -> TokenCacheStats {
-        TokenCacheStats { entries: self.entries.len(), bytes: self.bytes, ..self.stats }
+        let entries = self.probation.len() + self.protected.len();
+        TokenCacheStats { entries, bytes: self.bytes, ..self.stats }
     }
 
-    /// The ids of `bundle.encode(text, false)`, reusing and extending what is cached.
-    /// `cuts` must be `bundle.cuts()`.
+    /// The ids of `bundle.encode(text, false)`, reusing and extending what is cached; the new
+    /// segments enter on probation. `cuts` must be `bundle.cuts()`.
     pub fn encode(
         &mut self,
         bundle: &ModelBundle,
         cuts: &Cuts,
         text: &str,
+    ) -> Result<Vec<u32>, ModelError> {
+        self.encode_as(bundle, cuts, text, false)
+    }
+
+    /// As [`TokenCache::encode`], for the prompt of a conversation under way (it carries an
+    /// earlier answer): its next turn repeats it, so its new segments enter the protected
+    /// part, where prompts seen once do not push them out before that turn comes.
+    pub fn encode_continued(
+        &mut self,
+        bundle: &ModelBundle,
+        cuts: &Cuts,
+        text: &str,
+    ) -> Result<Vec<u32>, ModelError> {
+        self.encode_as(bundle, cuts, text, true)
+    }
+
+    fn encode_as(
+        &mut self,
+        bundle: &ModelBundle,
+        cuts: &Cuts,
+        text: &str,
+        protect: bool,
     ) -> Result<Vec<u32>, ModelError> {
         let at = cuts.find(text);
         if at.is_empty() || self.limits.max_bytes == 0 {
@@ -153,14 +195,13 @@ impl TokenCache {
         let have = (0..at.len())
             .take_while(|&j| {
                 let (key, check) = keys[j];
-                self.entries
-                    .peek(&key)
+                self.peek(key)
                     .is_some_and(|e| e.check == check && e.start == start(j) && e.end == at[j])
             })
             .count();
         let mut ids = Vec::new();
-        for (key, _) in &keys[..have] {
-            if let Some(e) = self.entries.peek(key) {
+        for &(key, _) in &keys[..have] {
+            if let Some(e) = self.peek(key) {
                 ids.extend_from_slice(&e.ids);
             }
         }
@@ -186,21 +227,70 @@ impl TokenCache {
         for (j, seg) in (have..at.len()).zip(fresh).rev() {
             let (key, check) = keys[j];
             let e = Entry { check, start: start(j), end: at[j], ids: seg.into_boxed_slice() };
-            self.bytes += e.bytes();
-            if let Some(old) = self.entries.insert(key, e) {
-                self.bytes = self.bytes.saturating_sub(old.bytes());
-            }
+            self.insert(key, e, protect);
         }
-        for (key, _) in keys[..have].iter().rev() {
-            self.entries.get(key);
+        for &(key, _) in keys[..have].iter().rev() {
+            self.reused(key);
         }
         self.shrink();
         Ok(ids)
     }
 
+    fn peek(&self, key: u64) -> Option<&Entry> {
+        self.protected.peek(&key).or_else(|| self.probation.peek(&key))
+    }
+
+    /// A new segment, on probation or protected (replacing any entry of that key).
+    fn insert(&mut self, key: u64, e: Entry, protect: bool) {
+        if let Some(old) = self.protected.remove(&key) {
+            self.protected_bytes = self.protected_bytes.saturating_sub(old.bytes());
+            self.bytes = self.bytes.saturating_sub(old.bytes());
+        }
+        if let Some(old) = self.probation.remove(&key) {
+            self.bytes = self.bytes.saturating_sub(old.bytes());
+        }
+        self.bytes += e.bytes();
+        if protect {
+            self.protected_bytes += e.bytes();
+            self.protected.insert(key, e);
+        } else {
+            self.probation.insert(key, e);
+        }
+    }
+
+    /// A segment reused: protected, and the most recently used there.
+    fn reused(&mut self, key: u64) {
+        if self.protected.get(&key).is_some() {
+            return;
+        }
+        if let Some(e) = self.probation.remove(&key) {
+            self.protected_bytes += e.bytes();
+            self.protected.insert(key, e);
+        }
+    }
+
+    /// Puts the protected part's least recently used segments back on probation (as its most
+    /// recently used ones) past its share, then evicts from probation, and from the protected
+    /// part only when probation is empty.
     fn shrink(&mut self) {
+        let (num, den) = PROTECTED_SHARE;
+        let share = self.limits.max_bytes / den * num;
+        while self.protected_bytes > share {
+            let Some((key, e)) = self.protected.remove_lru() else { break };
+            self.protected_bytes = self.protected_bytes.saturating_sub(e.bytes());
+            self.probation.insert(key, e);
+        }
         while self.bytes > self.limits.max_bytes {
-            let Some((_, e)) = self.entries.remove_lru() else { break };
+            let e = match self.probation.remove_lru() {
+                Some((_, e)) => e,
+                None => match self.protected.remove_lru() {
+                    Some((_, e)) => {
+                        self.protected_bytes = self.protected_bytes.saturating_sub(e.bytes());
+                        e
+                    }
+                    None => break,
+                },
+            };
             self.bytes = self.bytes.saturating_sub(e.bytes());
             self.stats.evictions += 1;
         }

@@ -178,6 +178,100 @@ fn the_bound_holds_and_evicted_segments_are_recomputed() {
     assert!(cache.stats().entries < before && cache.stats().bytes <= 1000);
 }
 
+/// Tokens taken from the cache by one encode of `text`.
+fn saved_by(cache: &mut TokenCache, b: &ModelBundle, text: &str) -> u64 {
+    let before = cache.stats().saved_tokens;
+    assert_eq!(cache.encode(b, &b.cuts().clone(), text).unwrap(), b.encode(text, false).unwrap());
+    cache.stats().saved_tokens - before
+}
+
+#[test]
+fn prompts_seen_once_do_not_push_out_a_conversation_that_came_back() {
+    let b = qwen();
+    let turns: Vec<String> = (0..5).map(|i| format!("turn {i}: {}", "word ".repeat(60))).collect();
+    let prompt = |k: usize| b.render_chat(&messages(&turns[..k])).unwrap();
+    // About 12 kB of one-shot prompts: three times the bound.
+    let flood: Vec<String> = (0..40)
+        .map(|i| {
+            b.render_chat(&messages(&[format!("one-shot {i} {}", "text ".repeat(50))])).unwrap()
+        })
+        .collect();
+    let limits = TokenCacheLimits { max_bytes: 4_000 };
+
+    // The conversation's second turn reuses its first: those segments are protected, and
+    // its third turn after the flood still finds them.
+    let mut cache = TokenCache::new(limits);
+    saved_by(&mut cache, b, &prompt(1));
+    assert!(saved_by(&mut cache, b, &prompt(3)) > 60);
+    for f in &flood {
+        saved_by(&mut cache, b, f);
+    }
+    assert!(saved_by(&mut cache, b, &prompt(5)) > 60, "{:?}", cache.stats());
+    assert!(cache.stats().bytes <= 4_000);
+
+    // Control: a first turn never reused is on probation, and the same flood evicts it.
+    let mut cache = TokenCache::new(limits);
+    saved_by(&mut cache, b, &prompt(1));
+    for f in &flood {
+        saved_by(&mut cache, b, f);
+    }
+    assert!(saved_by(&mut cache, b, &prompt(3)) < 5, "{:?}", cache.stats());
+}
+
+#[test]
+fn a_conversation_under_way_keeps_its_turns_through_floods_between_each() {
+    let b = qwen();
+    let turns: Vec<String> = (0..5).map(|i| format!("turn {i}: {}", "word ".repeat(60))).collect();
+    let prompt = |k: usize| b.render_chat(&messages(&turns[..k])).unwrap();
+    let flood: Vec<String> = (0..40)
+        .map(|i| {
+            b.render_chat(&messages(&[format!("one-shot {i} {}", "text ".repeat(50))])).unwrap()
+        })
+        .collect();
+    let limits = TokenCacheLimits { max_bytes: 4_000 };
+    let cuts = b.cuts().clone();
+    for continued in [true, false] {
+        let mut cache = TokenCache::new(limits);
+        let mut saved = 0;
+        for k in [1, 3, 5] {
+            let before = cache.stats().saved_tokens;
+            let ids = if continued && k > 1 {
+                cache.encode_continued(b, &cuts, &prompt(k)).unwrap()
+            } else {
+                cache.encode(b, &cuts, &prompt(k)).unwrap()
+            };
+            assert_eq!(ids, b.encode(&prompt(k), false).unwrap());
+            saved = cache.stats().saved_tokens - before;
+            for f in &flood {
+                saved_by(&mut cache, b, f);
+            }
+        }
+        // The third turn finds the second (protected when it was stored as continued); on
+        // probation the flood took it.
+        assert_eq!(saved > 100, continued, "continued {continued}: {:?}", cache.stats());
+        assert!(cache.stats().bytes <= limits.max_bytes);
+    }
+}
+
+#[test]
+fn a_protected_segment_unused_for_long_goes_back_on_probation() {
+    let b = qwen();
+    let limits = TokenCacheLimits { max_bytes: 4_000 };
+    let mut cache = TokenCache::new(limits);
+    // Conversations that each come back once: more reused segments than the protected share
+    // holds, so the earliest go back on probation and are evicted under the bound.
+    for c in 0..30 {
+        let turns: Vec<String> =
+            (0..3).map(|i| format!("conversation {c} turn {i} {}", "x ".repeat(20))).collect();
+        saved_by(&mut cache, b, &b.render_chat(&messages(&turns[..1])).unwrap());
+        saved_by(&mut cache, b, &b.render_chat(&messages(&turns[..3])).unwrap());
+        let (num, den) = PROTECTED_SHARE;
+        assert!(cache.protected_bytes <= limits.max_bytes / den * num);
+        assert!(cache.stats().bytes <= limits.max_bytes);
+    }
+    assert!(cache.stats().evictions > 0);
+}
+
 /// The old byte-by-byte scan, as the reference of the memchr one.
 fn find_naive(tokens: &[String], text: &str) -> Vec<usize> {
     let (mut out, bytes, mut i) = (Vec::new(), text.as_bytes(), 0);
