@@ -185,17 +185,25 @@ fn saved_by(cache: &mut TokenCache, b: &ModelBundle, text: &str) -> u64 {
     cache.stats().saved_tokens - before
 }
 
-#[test]
-fn prompts_seen_once_do_not_push_out_a_conversation_that_came_back() {
-    let b = qwen();
+/// A conversation's prompts: `prompt(k)` has its first `k` messages (5 at most).
+fn flooded_conversation(b: &ModelBundle) -> impl Fn(usize) -> String + '_ {
     let turns: Vec<String> = (0..5).map(|i| format!("turn {i}: {}", "word ".repeat(60))).collect();
-    let prompt = |k: usize| b.render_chat(&messages(&turns[..k])).unwrap();
-    // About 12 kB of one-shot prompts: three times the bound.
-    let flood: Vec<String> = (0..40)
+    move |k| b.render_chat(&messages(&turns[..k])).unwrap()
+}
+
+/// About 12 kB of one-shot prompts: three times the 4 000-byte bound of the tests below.
+fn one_shots(b: &ModelBundle) -> Vec<String> {
+    (0..40)
         .map(|i| {
             b.render_chat(&messages(&[format!("one-shot {i} {}", "text ".repeat(50))])).unwrap()
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn prompts_seen_once_do_not_push_out_a_conversation_that_came_back() {
+    let b = qwen();
+    let (prompt, flood) = (flooded_conversation(b), one_shots(b));
     let limits = TokenCacheLimits { max_bytes: 4_000 };
 
     // The conversation's second turn reuses its first: those segments are protected, and
@@ -221,13 +229,7 @@ fn prompts_seen_once_do_not_push_out_a_conversation_that_came_back() {
 #[test]
 fn a_conversation_under_way_keeps_its_turns_through_floods_between_each() {
     let b = qwen();
-    let turns: Vec<String> = (0..5).map(|i| format!("turn {i}: {}", "word ".repeat(60))).collect();
-    let prompt = |k: usize| b.render_chat(&messages(&turns[..k])).unwrap();
-    let flood: Vec<String> = (0..40)
-        .map(|i| {
-            b.render_chat(&messages(&[format!("one-shot {i} {}", "text ".repeat(50))])).unwrap()
-        })
-        .collect();
+    let (prompt, flood) = (flooded_conversation(b), one_shots(b));
     let limits = TokenCacheLimits { max_bytes: 4_000 };
     let cuts = b.cuts().clone();
     for continued in [true, false] {
