@@ -27,10 +27,12 @@ impl Router {
             _ => bundle.render_for_routing(chat)?,
         };
         // A prompt that carries an earlier answer is a conversation under way: its next turn
-        // repeats it (see the token cache's protected part).
+        // repeats it (see the token cache's protected part). The answer is usually just before
+        // the last message.
         let continued = chat
             .messages
             .iter()
+            .rev()
             .any(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
         rendered.tokens(|text| match self.tokens.try_borrow_mut() {
             Ok(mut cache) if continued => cache.encode_continued(bundle, &m.cuts, text),
