@@ -75,6 +75,8 @@ pub struct TokenCacheStats {
     pub entries: usize,
     /// Bytes held now, as counted against `max_bytes`.
     pub bytes: usize,
+    /// Of those, the protected part's (segments reused, a conversation's turns).
+    pub protected_bytes: usize,
 }
 
 /// The ids of one segment `text[start..end]`; `end` is a cut.
@@ -150,7 +152,8 @@ impl TokenCache {
 
     pub fn stats(&self) -> TokenCacheStats {
         let entries = self.probation.len() + self.protected.len();
-        TokenCacheStats { entries, bytes: self.bytes, ..self.stats }
+        let (bytes, protected_bytes) = (self.bytes, self.protected_bytes);
+        TokenCacheStats { entries, bytes, protected_bytes, ..self.stats }
     }
 
     /// The ids of `bundle.encode(text, false)`, reusing and extending what is cached; the new

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use super::super::*;
 use crate::decision::request::{parse, Endpoint};
 use crate::wire::snapshot::{Snapshot, SnapshotWorker};
-use serde_json::json;
+use serde_json::{json, Value};
 
 const W: [&str; 5] = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", "127.0.0.1:9"];
 
@@ -150,6 +150,34 @@ fn chat_prompts_go_through_the_token_cache() {
     let stats = r.token_cache_stats();
     assert_eq!((stats.misses, stats.hits), (1, 1), "{stats:?}");
     assert!(stats.saved_tokens > 0);
+}
+
+#[test]
+fn a_conversation_under_way_is_kept_in_the_token_caches_protected_part() {
+    let chat = |messages: Value| {
+        let body = json!({"model": "a", "messages": messages});
+        parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+    };
+    let long = LONG.repeat(8);
+    let first = json!([{"role": "user", "content": long}]);
+    // A prompt seen once stays on probation (but for the shared opening segment, reused).
+    let r = router();
+    r.decide(&chat(first.clone()), 0, &idle, 0, 0).unwrap();
+    r.decide(&chat(json!([{"role": "user", "content": "another question"}])), 0, &idle, 0, 0)
+        .unwrap();
+    let once = r.token_cache_stats();
+    assert!(once.protected_bytes < once.bytes / 4, "{once:?}");
+    // Its next turn carries an answer: the whole conversation is protected.
+    let r = router();
+    r.decide(&chat(first), 0, &idle, 0, 0).unwrap();
+    let turn = json!([
+        {"role": "user", "content": long},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "more"},
+    ]);
+    r.decide(&chat(turn), 0, &idle, 0, 0).unwrap();
+    let kept = r.token_cache_stats();
+    assert_eq!(kept.protected_bytes, kept.bytes, "{kept:?}");
 }
 
 #[test]
