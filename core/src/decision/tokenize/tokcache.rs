@@ -17,10 +17,10 @@
 //! way ([`TokenCache::encode_continued`]), whose next turn repeats them. Probation is evicted
 //! first, so a flood of prompts seen once (one-shot questions, retrieval prompts) cannot push
 //! out the conversations whose turns keep coming back; a protected segment unused for long
-//! goes back on probation.
-//! A hit refreshes its segments deepest first, so a chain loses its leaves before its root.
-//! Only chat prompts (encoded without special tokens) go through the cache. The ids stay in this thread's memory;
-//! nothing is exported but the counters ([`TokenCacheStats`]).
+//! goes back on probation. A hit refreshes its segments deepest first, so a chain loses its
+//! leaves before its root. Only chat prompts (encoded without special tokens) go through the
+//! cache. The ids stay in this thread's memory; nothing is exported but the counters
+//! ([`TokenCacheStats`]).
 
 mod cuts;
 #[cfg(test)]
