@@ -21,7 +21,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, LogLevel};
 
 use crate::host;
-use crate::root::ThreadState;
+use crate::root::{Catch, ThreadState};
 
 /// Response header with the decision summary, when the config asks for it.
 pub const DECISION_HEADER: &str = "x-kvroute-decision";
@@ -161,7 +161,7 @@ impl KvHttp {
         let parse_us = host::now_nanos().saturating_sub(started) / 1000;
         let state = Rc::clone(&self.state);
         let caught_up = host::now_nanos();
-        let journal_us = state.catch_up(true) / 1000;
+        let journal_us = state.catch_up(Catch::Request) / 1000;
         let catchup_us = host::now_nanos().saturating_sub(caught_up) / 1000;
         let now = host::now_ms();
         state.refresh_calibration(now);
@@ -537,5 +537,12 @@ impl HttpContext for KvHttp {
         self.state.waiting.done(self.id);
         self.judge_end();
         self.finish();
+        // The stream is over: what the other threads and the updater published since this
+        // thread's last catch-up (this decision's own credit among it) is applied now, where no
+        // request waits for it, rather than on the thread's next request. Bounded as on a
+        // request (deltas only, the same time budget).
+        if self.inflight.is_some() {
+            self.state.catch_up(Catch::StreamEnd);
+        }
     }
 }

@@ -248,7 +248,8 @@ impl Metrics {
                 m.misdeployed.insert(s.name(), id);
             }
         }
-        for kind in ["full", "delta"] {
+        let journal = crate::root::Catch::JOURNAL_KINDS;
+        for kind in ["full", "delta"].into_iter().chain(journal) {
             if let Some(id) = define(c, &format!("kvroute.knowledge.{kind}.updates")) {
                 m.updates.insert(kind, id);
             }
@@ -340,7 +341,8 @@ impl Metrics {
         }
     }
 
-    /// A thread applied `n` full snapshots or deltas of the updater's knowledge.
+    /// A thread applied `n` full snapshots or deltas of the updater's knowledge, or `n` journal
+    /// entries (kinds [`crate::root::Catch::JOURNAL_KINDS`]).
     pub fn knowledge_updates(&self, kind: &'static str, n: u64) {
         add(self.updates.get(kind).copied(), n);
     }

@@ -60,22 +60,51 @@ pub struct ThreadState {
     reported: std::cell::Cell<u8>,
 }
 
+/// When a thread catches up on the knowledge published since its last catch-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Catch {
+    /// Before a decision: bounded (deltas only, one poll of journal, the time budget).
+    Request,
+    /// After a decided stream's end, where no request waits: bounded as on a request, so
+    /// that a burst of stream ends cannot hold the thread's next requests for long.
+    StreamEnd,
+    /// On the tick: no time limit, more journal polls, and a full snapshot when needed.
+    Tick,
+}
+
+impl Catch {
+    /// The kind under which the journal entries applied here are counted
+    /// (`kvroute_knowledge_updates{kvroute_kind="journal_request"}` and so on).
+    pub const JOURNAL_KINDS: [&'static str; 3] =
+        ["journal_request", "journal_stream_end", "journal_tick"];
+
+    fn journal_kind(self) -> &'static str {
+        let [request, stream_end, tick] = Catch::JOURNAL_KINDS;
+        match self {
+            Catch::Request => request,
+            Catch::StreamEnd => stream_end,
+            Catch::Tick => tick,
+        }
+    }
+}
+
 impl ThreadState {
     /// Applies knowledge journaled by every thread since the last call, and the updater's
-    /// snapshot when its version moved. On the request path the work is bounded: at most one
+    /// snapshot when its version moved. Outside the tick the work is bounded: at most one
     /// poll of journal, deltas only (a thread with no knowledge yet may read the full snapshot),
     /// and `knowledge.catch_up_budget_us` of time, checked after each delta and entry.
     /// Returns the time spent on the journal (ns; the rest was the updater's knowledge).
-    pub fn catch_up(&self, on_request: bool) -> u64 {
+    pub fn catch_up(&self, when: Catch) -> u64 {
+        let bounded = when != Catch::Tick;
         let limit = self.config.journal.max_hashes_per_poll;
-        let polls = if on_request { 1 } else { TICK_POLLS };
+        let polls = if bounded { 1 } else { TICK_POLLS };
         let budget_ns = self.config.knowledge.catch_up_budget_us.saturating_mul(1000);
         let deadline =
-            (on_request && budget_ns > 0).then(|| host::now_nanos().saturating_add(budget_ns));
+            (bounded && budget_ns > 0).then(|| host::now_nanos().saturating_add(budget_ns));
         let mut go_on = || deadline.is_none_or(|d| host::now_nanos() < d);
         let mut router = self.router.borrow_mut();
         let mut follower = self.follower.borrow_mut();
-        let allow_full = !on_request || follower.version() == 0;
+        let allow_full = !bounded || follower.version() == 0;
         let done = follower.catch_up_within(
             &HostStore,
             &self.metrics,
@@ -87,15 +116,18 @@ impl ThreadState {
         self.metrics.knowledge_updates("full", done.full);
         let journal_from = host::now_nanos();
         let mut cursor = self.cursor.borrow_mut();
+        let mut applied = 0;
         for _ in 0..polls {
             let more = cursor.each(&HostStore, &self.metrics, limit, |e| {
                 router.apply_journal(&e);
+                applied += 1;
                 go_on()
             });
             if !more {
                 break;
             }
         }
+        self.metrics.knowledge_updates(when.journal_kind(), applied);
         host::now_nanos().saturating_sub(journal_from)
     }
 
@@ -291,7 +323,7 @@ impl ThreadState {
         if self.on_worker_thread() {
             self.refresh_bundles(now_ms);
         }
-        self.catch_up(false);
+        self.catch_up(Catch::Tick);
         // Tables grow here, so that a request's catch-up does not pay for a whole copy.
         self.router.borrow_mut().make_room();
         self.refresh_replica();

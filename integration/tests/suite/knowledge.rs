@@ -455,3 +455,41 @@ async fn a_worker_restart_and_dropped_events_resync_through_envoy() {
         hit.decision
     );
 }
+
+/// A thread applies what it journaled (each decision's routing credit, each answer's
+/// confirmation) when the stream ends, where no request waits, not before its next decision:
+/// with one Envoy thread and one request at a time, no request has a journal entry left to
+/// apply.
+#[tokio::test]
+async fn a_threads_journal_is_applied_when_its_streams_end() {
+    let stack = Stack::start(StackOptions {
+        envoy_concurrency: 1,
+        // No time limit: a stream's end applies everything waiting.
+        filter: json!({"knowledge": {"catch_up_budget_us": 0}}),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    const TURNS: usize = 6;
+    let c = Conversation::new(80, 0, 200, 10, TURNS);
+    for turn in 0..TURNS {
+        chat(&stack, &c, turn).await;
+    }
+    // The last stream's end may be counted just after its answer reached the client.
+    let m = until(
+        &stack,
+        "every stream's journal applied at its end",
+        Duration::from_secs(10),
+        || async {
+            let m = stack.envoy.prometheus().await.ok()?;
+            (knowledge_updates(&m, "journal_stream_end") >= TURNS as f64).then_some(m)
+        },
+    )
+    .await;
+    assert_eq!(
+        knowledge_updates(&m, "journal_request"),
+        0.0,
+        "a decision applied journal entries its thread's earlier streams left:\n{}",
+        diagnostics(&stack).await
+    );
+}
