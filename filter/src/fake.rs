@@ -46,7 +46,12 @@ pub struct FakeHost {
     pub bodies: RefCell<HashMap<Buffer, Vec<u8>>>,
     /// Metric name → (kind, id, value).
     metrics: RefCell<HashMap<String, (MetricType, u32, u64)>>,
+    /// Shared queues, id `i + 1` at `i`: (name, messages), all registered in [`FAKE_VM_ID`].
+    pub queues: RefCell<Vec<(String, std::collections::VecDeque<Vec<u8>>)>>,
 }
+
+/// The VM id the fake host reports (`plugin_vm_id`) and registers queues in.
+pub const FAKE_VM_ID: &str = "kvroute";
 
 impl FakeHost {
     pub fn at(now_ms: u64) -> Self {
@@ -104,8 +109,8 @@ impl Host for FakeHost {
         Some(body[..size.min(body.len())].to_vec())
     }
 
-    fn property(&self, _path: &[&str]) -> Option<Bytes> {
-        None
+    fn property(&self, path: &[&str]) -> Option<Bytes> {
+        (path == ["plugin_vm_id"]).then(|| FAKE_VM_ID.as_bytes().to_vec())
     }
 
     fn send_response(&self, status: u16, _headers: &[(&str, &str)], _body: &[u8]) -> bool {
@@ -170,5 +175,34 @@ impl Host for FakeHost {
     fn resume_request(&self) -> bool {
         self.resumed.borrow_mut().push(self.effective.get());
         true
+    }
+
+    fn register_queue(&self, name: &str) -> Option<u32> {
+        let mut q = self.queues.borrow_mut();
+        let at = match q.iter().position(|(n, _)| n == name) {
+            Some(at) => at,
+            None => {
+                q.push((name.to_owned(), Default::default()));
+                q.len() - 1
+            }
+        };
+        Some(at as u32 + 1)
+    }
+
+    fn resolve_queue(&self, vm_id: &str, name: &str) -> Option<u32> {
+        let q = self.queues.borrow();
+        let at = q.iter().position(|(n, _)| n == name).filter(|_| vm_id == FAKE_VM_ID)?;
+        Some(at as u32 + 1)
+    }
+
+    fn enqueue(&self, queue: u32, value: &[u8]) -> bool {
+        let mut q = self.queues.borrow_mut();
+        let Some((_, messages)) = q.get_mut((queue as usize).wrapping_sub(1)) else { return false };
+        messages.push_back(value.to_vec());
+        true
+    }
+
+    fn dequeue(&self, queue: u32) -> Option<Bytes> {
+        self.queues.borrow_mut().get_mut((queue as usize).wrapping_sub(1))?.1.pop_front()
     }
 }

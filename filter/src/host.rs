@@ -51,6 +51,15 @@ pub trait Host: SharedStore {
     fn set_effective_context(&self, id: u32) -> bool;
     /// Resumes the effective context's paused request.
     fn resume_request(&self) -> bool;
+    /// Registers this root context's shared queue `name` (its id); `on_queue_ready` is then
+    /// called on this context's thread for each message enqueued.
+    fn register_queue(&self, name: &str) -> Option<u32>;
+    /// The id of queue `name` registered in VM `vm_id`, if one is.
+    fn resolve_queue(&self, vm_id: &str, name: &str) -> Option<u32>;
+    /// Enqueues `value`; false if the queue is gone or the host refused.
+    fn enqueue(&self, queue: u32, value: &[u8]) -> bool;
+    /// The next message of `queue`; `None` when it is empty or gone.
+    fn dequeue(&self, queue: u32) -> Option<Bytes>;
 }
 
 /// Header maps.
@@ -172,6 +181,22 @@ impl Host for Proxy {
     fn resume_request(&self) -> bool {
         hostcalls::resume_http_request().is_ok()
     }
+
+    fn register_queue(&self, name: &str) -> Option<u32> {
+        hostcalls::register_shared_queue(name).ok()
+    }
+
+    fn resolve_queue(&self, vm_id: &str, name: &str) -> Option<u32> {
+        hostcalls::resolve_shared_queue(vm_id, name).ok().flatten()
+    }
+
+    fn enqueue(&self, queue: u32, value: &[u8]) -> bool {
+        hostcalls::enqueue_shared_queue(queue, Some(value)).is_ok()
+    }
+
+    fn dequeue(&self, queue: u32) -> Option<Bytes> {
+        hostcalls::dequeue_shared_queue(queue).ok().flatten()
+    }
 }
 
 pub fn request_header(name: &str) -> Option<Bytes> {
@@ -221,6 +246,14 @@ pub fn now_nanos() -> u64 {
 
 pub fn set_tick(ms: u64) -> bool {
     Proxy.set_tick(ms)
+}
+
+pub fn register_queue(name: &str) -> Option<u32> {
+    Proxy.register_queue(name)
+}
+
+pub fn dequeue(queue: u32) -> Option<Bytes> {
+    Proxy.dequeue(queue)
 }
 
 /// Size of this VM's linear memory in bytes (it grows, never shrinks).

@@ -249,7 +249,8 @@ impl Metrics {
             }
         }
         let journal = crate::root::Catch::JOURNAL_KINDS;
-        for kind in ["full", "delta"].into_iter().chain(journal) {
+        let kinds = ["full", "delta", crate::root::Catch::DELTA_WAKE];
+        for kind in kinds.into_iter().chain(journal) {
             if let Some(id) = define(c, &format!("kvroute.knowledge.{kind}.updates")) {
                 m.updates.insert(kind, id);
             }

@@ -15,6 +15,7 @@ use kvroute_core::shared::journal::{self, JournalCursor};
 use kvroute_core::shared::knowledge::Follower;
 use kvroute_core::shared::load::{LoadView, Shard};
 use kvroute_core::shared::readiness;
+use kvroute_core::shared::wake;
 use kvroute_core::shared::{Counter, Counters};
 use kvroute_core::wire::journal::JournalEntry;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -70,20 +71,28 @@ pub enum Catch {
     StreamEnd,
     /// On the tick: no time limit, more journal polls, and a full snapshot when needed.
     Tick,
+    /// The singleton woke the thread (it published knowledge; `kvroute_core::shared::wake`):
+    /// bounded as on a request.
+    Wake,
 }
 
 impl Catch {
     /// The kind under which the journal entries applied here are counted
     /// (`kvroute_knowledge_updates{kvroute_kind="journal_request"}` and so on).
-    pub const JOURNAL_KINDS: [&'static str; 3] =
-        ["journal_request", "journal_stream_end", "journal_tick"];
+    pub const JOURNAL_KINDS: [&'static str; 4] =
+        ["journal_request", "journal_stream_end", "journal_tick", "journal_wake"];
+
+    /// The kind under which the updater's deltas applied on a wake are counted (besides
+    /// `delta`, which counts them all).
+    pub const DELTA_WAKE: &'static str = "delta_wake";
 
     fn journal_kind(self) -> &'static str {
-        let [request, stream_end, tick] = Catch::JOURNAL_KINDS;
+        let [request, stream_end, tick, wake] = Catch::JOURNAL_KINDS;
         match self {
             Catch::Request => request,
             Catch::StreamEnd => stream_end,
             Catch::Tick => tick,
+            Catch::Wake => wake,
         }
     }
 }
@@ -113,6 +122,9 @@ impl ThreadState {
             &mut go_on,
         );
         self.metrics.knowledge_updates("delta", done.deltas);
+        if when == Catch::Wake {
+            self.metrics.knowledge_updates(Catch::DELTA_WAKE, done.deltas);
+        }
         self.metrics.knowledge_updates("full", done.full);
         let journal_from = host::now_nanos();
         let mut cursor = self.cursor.borrow_mut();
@@ -352,11 +364,37 @@ pub struct KvRoot {
     id: u32,
     state: Option<Rc<ThreadState>>,
     sync: Option<SnapshotSync>,
+    /// This thread's shared queue, by which the singleton wakes it when it publishes knowledge:
+    /// registered on a worker thread (never on Envoy's main thread, which does not serve).
+    wake_queue: std::cell::Cell<Option<u32>>,
+    /// Whether the registration was tried (it is tried once).
+    wake_tried: std::cell::Cell<bool>,
 }
+
+/// Most wake messages taken in one `on_queue_ready` (each enqueue calls it once more).
+const WAKE_DRAIN: usize = 1024;
 
 impl KvRoot {
     pub fn new(id: u32) -> KvRoot {
-        KvRoot { id, state: None, sync: None }
+        KvRoot {
+            id,
+            state: None,
+            sync: None,
+            wake_queue: Default::default(),
+            wake_tried: Default::default(),
+        }
+    }
+
+    /// Registers this thread's wake queue (see `kvroute_core::shared::wake`), once.
+    fn register_wake_queue(&self, state: &ThreadState) {
+        if self.wake_tried.replace(true) {
+            return;
+        }
+        let queue = host::register_queue(&wake::queue_name(state.shard.borrow().id()));
+        if queue.is_none() {
+            log::warn!("kvroute: no wake queue; knowledge applies on requests and ticks only");
+        }
+        self.wake_queue.set(queue);
     }
 }
 
@@ -376,6 +414,19 @@ impl Context for KvRoot {
 }
 
 impl RootContext for KvRoot {
+    /// The singleton published knowledge: every message waiting is taken, and one catch-up
+    /// answers them all. A call that finds the queue empty (an earlier one took its message)
+    /// does nothing.
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        let (Some(state), true) = (&self.state, self.wake_queue.get() == Some(queue_id)) else {
+            return;
+        };
+        let taken = (0..WAKE_DRAIN).take_while(|_| host::dequeue(queue_id).is_some()).count();
+        if taken > 0 {
+            state.catch_up(Catch::Wake);
+        }
+    }
+
     fn on_tick(&mut self) {
         if let Some(s) = self.sync.as_mut() {
             s.on_tick();
@@ -458,6 +509,9 @@ impl RootContext for KvRoot {
                 }));
                 if let Some(state) = &self.state {
                     state.refresh_replica();
+                    if state.placement.worker() {
+                        self.register_wake_queue(state);
+                    }
                 }
                 true
             }
@@ -472,6 +526,8 @@ impl RootContext for KvRoot {
         // The singleton (sync mode) has no state and makes no HTTP contexts.
         let state = self.state.clone()?;
         state.serving.set(true);
+        // A worker thread that start-up order took for the main one.
+        self.register_wake_queue(&state);
         Some(Box::new(KvHttp::new(state, context_id)))
     }
 

@@ -12,8 +12,11 @@
 
 use kvroute_core::decision::config::SnapshotSyncConfig;
 use kvroute_core::flow::sync::{Call, ListFailure, SyncEvent, SyncFlow, SyncHost};
+use std::collections::HashMap;
+
 use kvroute_core::shared::knowledge::Taken;
-use kvroute_core::shared::SharedStore;
+use kvroute_core::shared::wake::{self, WakePace};
+use kvroute_core::shared::{load, SharedStore};
 use proxy_wasm::types::{Bytes, MetricType};
 
 use crate::host::{Buffer, Host, Map, Proxy};
@@ -36,6 +39,7 @@ struct SyncMetrics {
     capped: Option<u32>,
     available: Option<u32>,
     stored_bytes: Option<u32>,
+    wakes: Option<u32>,
 }
 
 impl SyncMetrics {
@@ -58,6 +62,7 @@ impl SyncMetrics {
             capped: c("kvroute.bundles.capped"),
             available: g("kvroute.bundles.available"),
             stored_bytes: g("kvroute.bundles.stored_bytes"),
+            wakes: c("kvroute.sync.thread_wakes"),
         }
     }
 }
@@ -66,6 +71,8 @@ impl SyncMetrics {
 struct Glue<'a, H: Host> {
     host: &'a H,
     metrics: &'a SyncMetrics,
+    /// Whether this call published knowledge (a snapshot or a delta).
+    published: bool,
 }
 
 impl<H: Host> Glue<'_, H> {
@@ -106,14 +113,17 @@ impl<H: Host> SyncHost for Glue<'_, H> {
     fn event(&mut self, event: SyncEvent) {
         let m = self.metrics;
         match event {
-            SyncEvent::Snapshot(kind) => self.add(
-                match kind {
-                    Some(Taken::Full) => m.full,
-                    Some(Taken::Delta) => m.delta,
-                    None => None,
-                },
-                1,
-            ),
+            SyncEvent::Snapshot(kind) => {
+                self.published |= kind.is_some();
+                self.add(
+                    match kind {
+                        Some(Taken::Full) => m.full,
+                        Some(Taken::Delta) => m.delta,
+                        None => None,
+                    },
+                    1,
+                )
+            }
             SyncEvent::Version(v) => self.set(m.version, v),
             SyncEvent::SnapshotFailed(why) => {
                 if let Some(e) = why {
@@ -174,11 +184,66 @@ impl<H: Host> SyncHost for Glue<'_, H> {
     }
 }
 
+/// The singleton's side of `kvroute_core::shared::wake`: after it publishes knowledge, a
+/// one-byte message to the queue of every thread the load registry lists, paced by
+/// [`WakePace`].
+#[derive(Debug, Default)]
+struct Waker {
+    /// This VM's id (`plugin_vm_id`), in which the threads register their queues; `None`: the
+    /// host does not say, and no thread is woken.
+    vm_id: Option<String>,
+    pace: WakePace,
+    /// Queue ids by load shard, each resolved once.
+    queues: HashMap<u32, u32>,
+}
+
+/// What a wake message holds (a message, not its bytes, is the signal; an empty one would
+/// read back as no message).
+const WAKE_MESSAGE: &[u8] = b"w";
+
+impl Waker {
+    fn new<H: Host>(host: &H) -> Waker {
+        let vm_id = host.property(&["plugin_vm_id"]).and_then(|b| String::from_utf8(b).ok());
+        Waker { vm_id, ..Waker::default() }
+    }
+
+    /// After a call (`published`: it published knowledge) or a tick: wakes the threads when
+    /// the pace allows; how many queues got a message.
+    fn after<H: Host>(&mut self, host: &H, published: bool) -> u64 {
+        let now = host.now_ms();
+        let due = if published { self.pace.published(now) } else { self.pace.tick(now) };
+        if !due {
+            return 0;
+        }
+        let Some(vm_id) = self.vm_id.as_deref() else { return 0 };
+        let shards = load::listed(host);
+        self.queues.retain(|s, _| shards.contains(s));
+        let mut woken = 0;
+        for shard in shards {
+            let queue = match self.queues.get(&shard) {
+                Some(&q) => q,
+                // A thread that registered no queue (yet) is left to its requests and ticks.
+                None => match host.resolve_queue(vm_id, &wake::queue_name(shard)) {
+                    Some(q) => *self.queues.entry(shard).or_insert(q),
+                    None => continue,
+                },
+            };
+            if host.enqueue(queue, WAKE_MESSAGE) {
+                woken += 1;
+            } else {
+                self.queues.remove(&shard);
+            }
+        }
+        woken
+    }
+}
+
 /// The singleton over host `H` (Envoy's: [`Proxy`]).
 pub struct SnapshotSync<H: Host = Proxy> {
     host: H,
     flow: SyncFlow,
     metrics: SyncMetrics,
+    waker: Waker,
 }
 
 impl SnapshotSync<Proxy> {
@@ -194,8 +259,10 @@ impl<H: Host> SnapshotSync<H> {
             &host.now_nanos().to_le_bytes(),
             &cfg as *const SnapshotSyncConfig as usize as u64,
         );
-        let flow = SyncFlow::new(cfg, &Glue { host: &host, metrics: &metrics }, seed);
-        SnapshotSync { host, flow, metrics }
+        let flow =
+            SyncFlow::new(cfg, &Glue { host: &host, metrics: &metrics, published: false }, seed);
+        let waker = Waker::new(&host);
+        SnapshotSync { host, flow, metrics, waker }
     }
 
     /// Marks that the singleton started (see [`crate::thread`]) and sets its tick.
@@ -213,13 +280,24 @@ impl<H: Host> SnapshotSync<H> {
         body_size: usize,
         _trailers: usize,
     ) {
-        let mut glue = Glue { host: &self.host, metrics: &self.metrics };
+        let mut glue = Glue { host: &self.host, metrics: &self.metrics, published: false };
         self.flow.on_answer(&mut glue, token, body_size);
+        let published = glue.published;
+        self.wake(published);
     }
 
     pub fn on_tick(&mut self) {
-        let mut glue = Glue { host: &self.host, metrics: &self.metrics };
+        let mut glue = Glue { host: &self.host, metrics: &self.metrics, published: false };
         self.flow.on_tick(&mut glue);
+        let published = glue.published;
+        self.wake(published);
+    }
+
+    fn wake(&mut self, published: bool) {
+        let woken = self.waker.after(&self.host, published);
+        if let (Some(id), true) = (self.metrics.wakes, woken > 0) {
+            self.host.increment_metric(id, woken);
+        }
     }
 
     pub fn host(&self) -> &H {

@@ -19,6 +19,8 @@
 //!   count the threads that can route; a dead VM's mark goes stale.
 //! - [`peers`]: this replica's id and the singleton's forwarder of its decisions and load to
 //!   the updater (cross-replica knowledge).
+//! - [`wake`]: the shared queues by which the singleton wakes the threads when it publishes
+//!   knowledge.
 //!
 //! Time is passed in as unix milliseconds; nothing here reads a clock.
 
@@ -32,6 +34,7 @@ pub mod load;
 pub mod misdeploy;
 pub mod peers;
 pub mod readiness;
+pub mod wake;
 
 use thiserror::Error;
 

@@ -132,3 +132,48 @@ fn peer_reports_are_posted_and_counted() {
     sync.on_http_call_response(report.token, 0, 0, 0);
     assert_eq!(sync.host().metric("kvroute.sync.peer_reports"), Some(1));
 }
+
+#[test]
+fn publishing_knowledge_wakes_every_listed_thread_at_the_pace() {
+    use crate::host::Host;
+    use kvroute_core::decision::config::sync::LoadLimits;
+    use kvroute_core::shared::load::Shard;
+    use kvroute_core::shared::wake::{queue_name, WAKE_GAP_MS};
+
+    let mut sync = SnapshotSync::with_host(FakeHost::at(1_000), config(json!({})));
+    let h = sync.host();
+    // Two threads with a queue each, and one (an older filter) without.
+    let shards: Vec<u32> = (0..3)
+        .map(|i| Shard::register(h, &Tally::default(), LoadLimits::default(), 1_000, i).id())
+        .collect();
+    let queues: Vec<u32> =
+        shards[..2].iter().map(|&s| h.register_queue(&queue_name(s)).unwrap()).collect();
+    let pending = |sync: &SnapshotSync<FakeHost>| -> Vec<usize> {
+        queues.iter().map(|&q| sync.host().queues.borrow()[q as usize - 1].1.len()).collect()
+    };
+    let mut version = 1;
+    let mut answer = |sync: &mut SnapshotSync<FakeHost>| {
+        sync.on_tick();
+        let sent = sync.host().take_sent();
+        let Some(call) = sent.last() else { return };
+        version += 1;
+        let body = snapshot(version);
+        sync.host().answer(200, &body);
+        sync.on_http_call_response(call.token, 0, body.len(), 0);
+    };
+    answer(&mut sync);
+    assert_eq!(pending(&sync), [1, 1], "a publish wakes every thread with a queue");
+    // A second publish inside the gap is held back, then goes out on a tick past it.
+    answer(&mut sync);
+    assert_eq!(pending(&sync), [1, 1]);
+    sync.host().now_ms.set(1_000 + WAKE_GAP_MS);
+    sync.on_tick();
+    assert_eq!(pending(&sync), [2, 2], "the held-back wake, on the tick");
+    sync.host().now_ms.set(1_000 + 10 * WAKE_GAP_MS);
+    sync.on_tick();
+    assert_eq!(pending(&sync), [2, 2], "nothing published: no wake");
+    assert_eq!(sync.host().metric("kvroute.sync.thread_wakes"), Some(4));
+    // Every message reads back as one.
+    let h = sync.host();
+    assert!(h.dequeue(queues[0]).is_some_and(|m| !m.is_empty()));
+}

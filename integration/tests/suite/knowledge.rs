@@ -493,3 +493,20 @@ async fn a_threads_journal_is_applied_when_its_streams_end() {
         diagnostics(&stack).await
     );
 }
+
+/// When Envoy's singleton publishes the updater's knowledge, it wakes the filter threads
+/// (proxy-wasm shared queues), and they apply it then: here no request goes through Envoy at
+/// all, and a thread still applies the deltas the worker's KV events made.
+#[tokio::test]
+async fn published_knowledge_wakes_the_threads() {
+    let stack = Stack::start(StackOptions { envoy_concurrency: 1, ..opts() }).await.unwrap();
+    let c = Conversation::new(81, 0, 200, 10, 2);
+    chat_direct(&stack.workers[0], &c.body(MODEL, 0, 4, false)).await;
+    until(&stack, "a woken thread applying deltas", Duration::from_secs(30), || async {
+        let m = stack.envoy.prometheus().await.ok()?;
+        (knowledge_updates(&m, "delta_wake") >= 1.0).then_some(())
+    })
+    .await;
+    let wakes = unlabelled(&stack, "kvroute_sync_thread_wakes").await.unwrap_or(0.0);
+    assert!(wakes >= 1.0, "the singleton counted no wake\n{}", diagnostics(&stack).await);
+}
