@@ -97,6 +97,19 @@ struct Timed {
     journal: f64,
     parse: f64,
     cached_tokens: f64,
+    /// The client's round trip (µs): the worker's answer, Envoy, and any wait of the request
+    /// on its Envoy thread outside the filter's callbacks, which `decision_us` does not see.
+    client: f64,
+    /// The load shard of the Envoy thread that decided (the header's `thread`).
+    thread: String,
+}
+
+/// Sends `body` and reads its timing, with the client's round trip.
+async fn timed(conn: &reqwest::Client, url: &str, body: Vec<u8>) -> anyhow::Result<Timed> {
+    let sent = Instant::now();
+    let r = client::send(conn, url, "/v1/completions", body, &[]).await?;
+    let client = sent.elapsed().as_secs_f64() * 1e6;
+    Ok(Timed { client, ..timing(&r)? })
 }
 
 fn timing(r: &Reply) -> anyhow::Result<Timed> {
@@ -117,6 +130,8 @@ fn timing(r: &Reply) -> anyhow::Result<Timed> {
         journal,
         parse: p,
         cached_tokens,
+        client: f64::NAN,
+        thread: r.decision_field("thread").unwrap_or_default().to_string(),
     })
 }
 
@@ -126,7 +141,7 @@ fn p(v: &[f64], q: f64) -> anyhow::Result<f64> {
 
 /// The header of [`point`]'s per-decision lines.
 pub const SAMPLE_COLUMNS: &str =
-    "workers,kind,seq,decision_us,parse_us,catchup_us,journal_us,proper_us";
+    "workers,kind,seq,decision_us,parse_us,catchup_us,journal_us,proper_us,client_us,thread";
 
 /// Measures one point: `iters` hits and `iters` misses of `tokens` tokens through Envoy in
 /// front of `pool`, then Envoy's upkeep during `idle` without requests; with `pinning`, Envoy
@@ -199,14 +214,15 @@ pub async fn point(
     anyhow::ensure!(known, "the filter never learned the hit prompt's holder ({n} workers)");
     let (mut hits, mut misses) = (Vec::new(), Vec::new());
     for i in 0..iters {
-        hits.push(timing(&ask(hit.clone()).await?)?);
+        hits.push(timed(&conn, &url, hit.clone()).await?);
         let fresh = fleet::body(&fleet::fresh_prompt(0x3155_0000_0000 + i as u64, tokens));
-        misses.push(timing(&ask(fresh).await?)?);
+        misses.push(timed(&conn, &url, fresh).await?);
     }
     for (kind, timed) in [("hit", &hits), ("miss", &misses)] {
         for (seq, t) in timed.iter().enumerate() {
             let (w, p, c, j, d) = (t.whole, t.parse, t.catchup, t.journal, t.proper);
-            samples.push(format!("{n},{kind},{seq},{w},{p},{c},{j},{d}"));
+            let (client, thread) = (t.client.round(), &t.thread);
+            samples.push(format!("{n},{kind},{seq},{w},{p},{c},{j},{d},{client},{thread}"));
         }
     }
     let upkeep = idle_upkeep(&envoy, idle).await?;
