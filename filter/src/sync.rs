@@ -10,10 +10,10 @@
 //! checks, are `kvroute_core::shared::knowledge` and `kvroute_core::shared::bundles`. This is
 //! the host under it ([`Host`]: shared data, the HTTP calls, the clock) and its stats and logs.
 
-use kvroute_core::decision::config::SnapshotSyncConfig;
-use kvroute_core::flow::sync::{Call, ListFailure, SyncEvent, SyncFlow, SyncHost};
 use std::collections::HashMap;
 
+use kvroute_core::decision::config::SnapshotSyncConfig;
+use kvroute_core::flow::sync::{Call, ListFailure, SyncEvent, SyncFlow, SyncHost};
 use kvroute_core::shared::knowledge::Taken;
 use kvroute_core::shared::wake::{self, WakePace};
 use kvroute_core::shared::{load, SharedStore};
