@@ -171,11 +171,12 @@ async fn main() -> anyhow::Result<()> {
         }
         row(&format!("{}k cold", target / 1000), tokens, &cold);
         // Conversations of `turns` turns growing to about `target` tokens; the final turn of
-        // each is measured. One client connection per conversation keeps it on one thread.
+        // each is measured. One client connection per conversation keeps it on one thread:
+        // HTTP/2 sends each turn on it (an HTTP/1.1 pool opens another now and then).
         let per_turn = words / a.turns;
         let mut warm = Timings::default();
         for c in 0..a.conversations {
-            let conn = reqwest::Client::builder().pool_max_idle_per_host(1).build()?;
+            let conn = reqwest::Client::builder().http2_prior_knowledge().build()?;
             let mut messages = Vec::new();
             for turn in 0..a.turns {
                 let seed = 0x3A4_0000 + target * 1000 + (c * 100 + turn) as u64;

@@ -198,8 +198,10 @@ pub async fn point(
     }
     envoy.wait_healthy(n).await?;
     let url = envoy.base_url();
-    // One connection: the decisions stay on one Envoy thread, as a conversation's would.
-    let conn = reqwest::Client::builder().pool_max_idle_per_host(1).build()?;
+    // One connection, so that one Envoy thread decides every request, as a conversation's
+    // would: HTTP/2 sends each request on it (an HTTP/1.1 pool opens a second connection now
+    // and then, while the first is being handed back to it).
+    let conn = reqwest::Client::builder().http2_prior_knowledge().build()?;
     let ask = |body: Vec<u8>| client::send(&conn, &url, "/v1/completions", body, &[]);
     // Until the filter holds the updater's knowledge of the hit prompt (its snapshot
     // carries every worker's events).
