@@ -47,6 +47,8 @@ struct InFlight {
     /// the journal alone.
     catchup_us: u64,
     journal_us: u64,
+    /// The part spent in the router's decision proper (lookups, scoring, the look-ahead).
+    decide_us: u64,
     /// When the decision was made (ns): online calibration times the first byte from it.
     decided_ns: u64,
 }
@@ -167,7 +169,9 @@ impl KvHttp {
         state.refresh_calibration(now);
         let health = state.refresh_health(now);
         let view = state.load_view(now);
+        let deciding = host::now_nanos();
         let decided = state.router.borrow().decide(&parsed, body.len(), &view, now, self.pick(now));
+        let decide_us = host::now_nanos().saturating_sub(deciding) / 1000;
         let mut decision = match decided {
             Ok(d) => d,
             Err(e) => return self.reject(&e),
@@ -244,6 +248,7 @@ impl KvHttp {
             parse_us,
             catchup_us,
             journal_us,
+            decide_us,
             decided_ns,
         });
         Action::Continue
@@ -413,7 +418,7 @@ impl KvHttp {
         let f = self.inflight.as_ref()?;
         let d = &f.decision;
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; journal_us={}; tokenize_us={}; misdeployed={}; thread={}; {}",
+            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; journal_us={}; decide_us={}; tokenize_us={}; misdeployed={}; thread={}; {}",
             f.life.served(),
             d.predicted_cached_tokens(),
             // The estimate for the worker actually served (a fallback when the primary failed),
@@ -433,6 +438,7 @@ impl KvHttp {
             f.parse_us,
             f.catchup_us,
             f.journal_us,
+            f.decide_us,
             d.tokenize_us,
             self.state.watch.borrow().header_field(host::now_ms()),
             // The deciding thread's load shard: which of Envoy's worker threads decided.

@@ -96,6 +96,8 @@ struct Timed {
     /// The journal's part of `catchup` (the rest is the updater's knowledge).
     journal: f64,
     parse: f64,
+    /// The router's decision alone (lookups, scoring, the look-ahead), inside `proper`.
+    decide: f64,
     cached_tokens: f64,
     /// The client's round trip (µs): the worker's answer, Envoy, and any wait of the request
     /// on its Envoy thread outside the filter's callbacks, which `decision_us` does not see.
@@ -122,6 +124,7 @@ fn timing(r: &Reply) -> anyhow::Result<Timed> {
     let (d, p, c) = (field("decision_us")?, field("parse_us")?, field("catchup_us")?);
     // Filters before the field was added give none.
     let journal = field("journal_us").unwrap_or(f64::NAN);
+    let decide = field("decide_us").unwrap_or(f64::NAN);
     let cached_tokens = field("predicted_cached_tokens")?;
     Ok(Timed {
         proper: (d - p - c).max(0.0),
@@ -129,6 +132,7 @@ fn timing(r: &Reply) -> anyhow::Result<Timed> {
         catchup: c,
         journal,
         parse: p,
+        decide,
         cached_tokens,
         client: f64::NAN,
         thread: r.decision_field("thread").unwrap_or_default().to_string(),
@@ -141,7 +145,7 @@ fn p(v: &[f64], q: f64) -> anyhow::Result<f64> {
 
 /// The header of [`point`]'s per-decision lines.
 pub const SAMPLE_COLUMNS: &str =
-    "workers,kind,seq,decision_us,parse_us,catchup_us,journal_us,proper_us,client_us,thread";
+    "workers,kind,seq,decision_us,parse_us,catchup_us,journal_us,proper_us,decide_us,client_us,thread";
 
 /// Measures one point: `iters` hits and `iters` misses of `tokens` tokens through Envoy in
 /// front of `pool`, then Envoy's upkeep during `idle` without requests; with `pinning`, Envoy
@@ -194,7 +198,10 @@ pub async fn point(
     })
     .await?;
     if let Some(p) = pinning {
-        p.apply_envoy(envoy.guard.pid().context("envoy exited before it was pinned")?)?;
+        let pid = envoy.guard.pid().context("envoy exited before it was pinned")?;
+        if p.apply_envoy(pid)? == 0 {
+            eprintln!("--pin-envoy: no Envoy thread named as a worker; all of Envoy pinned");
+        }
     }
     envoy.wait_healthy(n).await?;
     let url = envoy.base_url();
@@ -223,8 +230,9 @@ pub async fn point(
     for (kind, timed) in [("hit", &hits), ("miss", &misses)] {
         for (seq, t) in timed.iter().enumerate() {
             let (w, p, c, j, d) = (t.whole, t.parse, t.catchup, t.journal, t.proper);
-            let (client, thread) = (t.client.round(), &t.thread);
-            samples.push(format!("{n},{kind},{seq},{w},{p},{c},{j},{d},{client},{thread}"));
+            let (decide, client, thread) = (t.decide, t.client.round(), &t.thread);
+            samples
+                .push(format!("{n},{kind},{seq},{w},{p},{c},{j},{d},{decide},{client},{thread}"));
         }
     }
     let upkeep = idle_upkeep(&envoy, idle).await?;

@@ -111,10 +111,11 @@ struct Args {
     /// Seconds without requests after each in-Envoy point, to measure Envoy's upkeep.
     #[arg(long, default_value_t = 3.0)]
     envoy_idle_s: f64,
-    /// Run Envoy alone on the last CPU of this process and everything else (this process, the
-    /// simulated workers, the updater) on the others, with util-linux's `taskset` (Linux,
-    /// two CPUs or more): on a small machine the simulator and the updater otherwise share
-    /// Envoy's core, which shows in the in-Envoy decision time's tail.
+    /// Run Envoy's worker threads alone on the last CPU of this process and everything else
+    /// (Envoy's main thread, this process, the simulated workers, the updater) on the others,
+    /// with util-linux's `taskset` (Linux, two CPUs or more): on a small machine the
+    /// simulator, the updater and the filter's singleton otherwise share the deciding
+    /// threads' core, which shows in the in-Envoy decision time's tail.
     #[arg(long)]
     pin_envoy: bool,
     /// The filter's `knowledge.catch_up_budget_us` for the in-Envoy decisions (its default

@@ -1,10 +1,14 @@
-//! `--pin-envoy`: the in-Envoy point with Envoy alone on one CPU and everything else on the
-//! others.
+//! `--pin-envoy`: the in-Envoy point with Envoy's worker threads alone on one CPU and
+//! everything else on the others.
 //!
-//! Envoy (every thread) goes to the last CPU this process may use. This process, and with it
-//! the simulated workers and the updater it starts, go to the rest. On the project's 2-core
-//! machine the simulator and the updater otherwise take Envoy's core now and then. That shows
-//! in the decision time's tail, not in its median. Linux only: it runs util-linux's `taskset`.
+//! Envoy's worker threads (named `wrk:…`), where the filter decides, go to the last CPU this
+//! process may use. Envoy's other threads go to the rest: its main thread, where the filter's
+//! singleton takes in the updater's knowledge and publishes it, and its helpers. So do this
+//! process, and with it the simulated workers and the updater it starts. On the project's
+//! 2-core machine the simulator and the updater otherwise take Envoy's core now and then, and
+//! on one CPU with the workers the singleton preempts a deciding thread each time knowledge
+//! arrives. Both show in the decision time's tail, not in its median. Linux only: it reads
+//! `/proc` and runs util-linux's `taskset`.
 
 use std::process::Command;
 
@@ -41,23 +45,51 @@ impl Pinning {
     /// Moves this process (every thread; the processes it starts from now on inherit it) off
     /// Envoy's CPU.
     pub fn apply_rest(&self) -> anyhow::Result<()> {
-        taskset(std::process::id(), &self.rest)
+        taskset(&["-a", "-p", "-c", &self.rest, &std::process::id().to_string()])
     }
 
-    /// Moves Envoy (every thread it has) onto its CPU.
-    pub fn apply_envoy(&self, pid: u32) -> anyhow::Result<()> {
-        taskset(pid, &self.envoy)
+    /// Moves Envoy's worker threads onto its CPU and its other threads to the rest; returns
+    /// how many worker threads were moved. Envoy must be ready: its worker threads exist then
+    /// (threads it starts later inherit their creator's CPUs). Without a thread named as a
+    /// worker (another build's names), every thread goes to Envoy's CPU.
+    pub fn apply_envoy(&self, pid: u32) -> anyhow::Result<usize> {
+        let threads = threads(pid)?;
+        let workers = threads.iter().filter(|(_, name)| is_worker(name)).count();
+        for (tid, name) in &threads {
+            let cpus = if workers == 0 || is_worker(name) { &self.envoy } else { &self.rest };
+            taskset(&["-p", "-c", cpus, &tid.to_string()])?;
+        }
+        Ok(workers)
     }
 }
 
-fn taskset(pid: u32, cpus: &str) -> anyhow::Result<()> {
+/// Envoy names its worker threads `wrk:worker_<n>`.
+fn is_worker(name: &str) -> bool {
+    name.starts_with("wrk:")
+}
+
+/// The threads of process `pid`: id and name (`/proc/<pid>/task/<tid>/comm`).
+fn threads(pid: u32) -> anyhow::Result<Vec<(u32, String)>> {
+    let dir = format!("/proc/{pid}/task");
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+        let t = t?;
+        let Ok(tid) = t.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        out.push((tid, name.trim().to_owned()));
+    }
+    Ok(out)
+}
+
+fn taskset(args: &[&str]) -> anyhow::Result<()> {
     let out = Command::new("taskset")
-        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .args(args)
         .output()
         .context("running taskset (util-linux) for --pin-envoy")?;
     anyhow::ensure!(
         out.status.success(),
-        "taskset -a -p -c {cpus} {pid}: {}",
+        "taskset {}: {}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr).trim()
     );
     Ok(())
@@ -102,5 +134,19 @@ mod tests {
         let p = Pinning::from_cpus(&[2, 5, 6, 7]).unwrap();
         assert_eq!(p, Pinning { envoy: "7".into(), rest: "2,5,6".into() });
         assert!(Pinning::from_cpus(&[0]).is_err(), "one CPU cannot be split");
+    }
+
+    #[test]
+    fn envoys_worker_threads_are_told_by_name() {
+        assert!(is_worker("wrk:worker_0"));
+        assert!(!is_worker("envoy"));
+        assert!(!is_worker("dog:main_thread"));
+        assert!(!is_worker("GrpcGoogClient"));
+    }
+
+    #[test]
+    fn a_process_lists_its_own_threads() {
+        let me = threads(std::process::id()).unwrap();
+        assert!(me.iter().any(|(tid, _)| *tid == std::process::id()), "{me:?}");
     }
 }
