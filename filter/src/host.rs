@@ -256,6 +256,10 @@ pub fn dequeue(queue: u32) -> Option<Bytes> {
     Proxy.dequeue(queue)
 }
 
+pub fn enqueue(queue: u32, value: &[u8]) -> bool {
+    Proxy.enqueue(queue, value)
+}
+
 /// Size of this VM's linear memory in bytes (it grows, never shrinks).
 pub fn wasm_memory_bytes() -> usize {
     #[cfg(target_arch = "wasm32")]

@@ -249,7 +249,8 @@ impl Metrics {
             }
         }
         let journal = crate::root::Catch::JOURNAL_KINDS;
-        let kinds = ["full", "delta", crate::root::Catch::DELTA_WAKE];
+        let kinds =
+            ["full", "delta", crate::root::Catch::DELTA_WAKE, crate::root::Catch::DELTA_DEFERRED];
         for kind in kinds.into_iter().chain(journal) {
             if let Some(id) = define(c, &format!("kvroute.knowledge.{kind}.updates")) {
                 m.updates.insert(kind, id);

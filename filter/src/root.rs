@@ -12,7 +12,7 @@ use kvroute_core::decision::router::Router;
 use kvroute_core::shared::bundles::BundleFollower;
 use kvroute_core::shared::health::{self, Failure, HealthRecord};
 use kvroute_core::shared::journal::{self, JournalCursor};
-use kvroute_core::shared::knowledge::Follower;
+use kvroute_core::shared::knowledge::{Follower, Head};
 use kvroute_core::shared::load::{LoadView, Shard};
 use kvroute_core::shared::readiness;
 use kvroute_core::shared::wake;
@@ -59,6 +59,9 @@ pub struct ThreadState {
     pub waiting: Waiting,
     /// The symptoms this thread last reported in its gauges (bit per `Symptom::ALL` entry).
     reported: std::cell::Cell<u8>,
+    /// This thread's shared queue, by which the singleton wakes it when it publishes knowledge:
+    /// registered on a worker thread (never on Envoy's main thread, which does not serve).
+    wake_queue: std::cell::Cell<Option<u32>>,
 }
 
 /// When a thread catches up on the knowledge published since its last catch-up.
@@ -85,6 +88,10 @@ impl Catch {
     /// The kind under which the updater's deltas applied on a wake are counted (besides
     /// `delta`, which counts them all).
     pub const DELTA_WAKE: &'static str = "delta_wake";
+
+    /// The kind under which requests are counted that left waiting deltas to their wake, about
+    /// to be sent or already queued for their thread (see [`ThreadState::catch_up`]).
+    pub const DELTA_DEFERRED: &'static str = "delta_deferred";
 
     fn journal_kind(self) -> &'static str {
         let [request, stream_end, tick, wake] = Catch::JOURNAL_KINDS;
@@ -114,13 +121,18 @@ impl ThreadState {
         let mut router = self.router.borrow_mut();
         let mut follower = self.follower.borrow_mut();
         let allow_full = !bounded || follower.version() == 0;
-        let done = follower.catch_up_within(
-            &HostStore,
-            &self.metrics,
-            &mut router,
-            allow_full,
-            &mut go_on,
-        );
+        let done = if when == Catch::Request {
+            // Deltas the singleton has just published are applied by their wake (about to be
+            // sent, or still queued for this thread), right after this request, not before it.
+            let due = &mut |h: &Head| {
+                let woken = self.wake_queue.get().is_some();
+                woken && (wake::just_published(h.checked_at_ms, host::now_ms()) || self.wake_due())
+            };
+            follower.catch_up_or_defer(&HostStore, &self.metrics, &mut router, &mut go_on, due)
+        } else {
+            follower.catch_up_within(&HostStore, &self.metrics, &mut router, allow_full, &mut go_on)
+        };
+        self.metrics.knowledge_updates(Catch::DELTA_DEFERRED, done.deferred);
         self.metrics.knowledge_updates("delta", done.deltas);
         if when == Catch::Wake {
             self.metrics.knowledge_updates(Catch::DELTA_WAKE, done.deltas);
@@ -141,6 +153,17 @@ impl ThreadState {
         }
         self.metrics.knowledge_updates(when.journal_kind(), applied);
         host::now_nanos().saturating_sub(journal_from)
+    }
+
+    /// Whether a wake is queued for this thread: its catch-up then runs as soon as the current
+    /// callback returns. The message is taken to find out, so it is put back for that
+    /// catch-up (Envoy calls `on_queue_ready` once per message enqueued).
+    fn wake_due(&self) -> bool {
+        let Some(queue) = self.wake_queue.get() else { return false };
+        if host::dequeue(queue).is_none() {
+            return false;
+        }
+        host::enqueue(queue, wake::MESSAGE)
     }
 
     /// The router-tracked load of every worker, across all live threads.
@@ -364,10 +387,7 @@ pub struct KvRoot {
     id: u32,
     state: Option<Rc<ThreadState>>,
     sync: Option<SnapshotSync>,
-    /// This thread's shared queue, by which the singleton wakes it when it publishes knowledge:
-    /// registered on a worker thread (never on Envoy's main thread, which does not serve).
-    wake_queue: std::cell::Cell<Option<u32>>,
-    /// Whether the registration was tried (it is tried once).
+    /// Whether the wake queue's registration was tried (it is tried once).
     wake_tried: std::cell::Cell<bool>,
 }
 
@@ -376,13 +396,7 @@ const WAKE_DRAIN: usize = 1024;
 
 impl KvRoot {
     pub fn new(id: u32) -> KvRoot {
-        KvRoot {
-            id,
-            state: None,
-            sync: None,
-            wake_queue: Default::default(),
-            wake_tried: Default::default(),
-        }
+        KvRoot { id, state: None, sync: None, wake_tried: Default::default() }
     }
 
     /// Registers this thread's wake queue (see `kvroute_core::shared::wake`), once.
@@ -394,7 +408,7 @@ impl KvRoot {
         if queue.is_none() {
             log::warn!("kvroute: no wake queue; knowledge applies on requests and ticks only");
         }
-        self.wake_queue.set(queue);
+        state.wake_queue.set(queue);
     }
 }
 
@@ -418,7 +432,8 @@ impl RootContext for KvRoot {
     /// answers them all. A call that finds the queue empty (an earlier one took its message)
     /// does nothing.
     fn on_queue_ready(&mut self, queue_id: u32) {
-        let (Some(state), true) = (&self.state, self.wake_queue.get() == Some(queue_id)) else {
+        let Some(state) = self.state.as_ref().filter(|s| s.wake_queue.get() == Some(queue_id))
+        else {
             return;
         };
         let taken = (0..WAKE_DRAIN).take_while(|_| host::dequeue(queue_id).is_some()).count();
@@ -500,6 +515,7 @@ impl RootContext for KvRoot {
                     watch: RefCell::new(Watch::new(config.misdeployment, now)),
                     waiting: Waiting::default(),
                     reported: std::cell::Cell::new(0),
+                    wake_queue: std::cell::Cell::new(None),
                     follower: RefCell::new(Follower::new(config.knowledge.decode_limits)),
                     config,
                     router: RefCell::new(router),

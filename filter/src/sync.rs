@@ -197,10 +197,6 @@ struct Waker {
     queues: HashMap<u32, u32>,
 }
 
-/// What a wake message holds (a message, not its bytes, is the signal; an empty one would
-/// read back as no message).
-const WAKE_MESSAGE: &[u8] = b"w";
-
 impl Waker {
     fn new<H: Host>(host: &H) -> Waker {
         let vm_id = host.property(&["plugin_vm_id"]).and_then(|b| String::from_utf8(b).ok());
@@ -228,7 +224,7 @@ impl Waker {
                     None => continue,
                 },
             };
-            if host.enqueue(queue, WAKE_MESSAGE) {
+            if host.enqueue(queue, wake::MESSAGE) {
                 woken += 1;
             } else {
                 self.queues.remove(&shard);

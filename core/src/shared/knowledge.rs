@@ -133,6 +133,9 @@ pub struct Follower {
 pub struct Followed {
     pub deltas: u64,
     pub full: u64,
+    /// Deltas were waiting and were left to a catch-up already due (see
+    /// [`Follower::catch_up_or_defer`]): 1, else 0.
+    pub deferred: u64,
 }
 
 impl Follower {
@@ -169,10 +172,44 @@ impl Follower {
         allow_full: bool,
         go_on: &mut dyn FnMut() -> bool,
     ) -> Followed {
+        self.follow(store, counters, router, allow_full, go_on, &mut |_| false)
+    }
+
+    /// [`Follower::catch_up_within`] on the request path, which may leave waiting deltas to a
+    /// catch-up already due: when deltas wait, `due` is asked once, with the head, whether one
+    /// will run right after this request (the singleton's wake for them, about to be sent or
+    /// still queued for this thread). If so, none is applied now, and `deferred` says so. A
+    /// thread with no knowledge yet, or more than [`FAR_BEHIND`] deltas behind, does not ask.
+    pub fn catch_up_or_defer<S: SharedStore + ?Sized>(
+        &mut self,
+        store: &S,
+        counters: &dyn Counters,
+        router: &mut Router,
+        go_on: &mut dyn FnMut() -> bool,
+        due: &mut dyn FnMut(&Head) -> bool,
+    ) -> Followed {
+        let allow_full = self.version == 0;
+        self.follow(store, counters, router, allow_full, go_on, due)
+    }
+
+    fn follow<S: SharedStore + ?Sized>(
+        &mut self,
+        store: &S,
+        counters: &dyn Counters,
+        router: &mut Router,
+        allow_full: bool,
+        go_on: &mut dyn FnMut() -> bool,
+        due: &mut dyn FnMut(&Head) -> bool,
+    ) -> Followed {
         let mut done = Followed::default();
         let Some(head) = read_head(store) else { return done };
         router.events_checked(head.checked_at_ms);
         if head.version == self.version {
+            return done;
+        }
+        let near = head.seq.saturating_sub(self.seq) <= FAR_BEHIND;
+        if self.version != 0 && near && due(&head) {
+            done.deferred = 1;
             return done;
         }
         let budget = if allow_full { RING } else { REQUEST_DELTAS };

@@ -9,8 +9,23 @@
 //! keeps the singleton to at most one wake per [`WAKE_GAP_MS`]; a publish inside the gap is
 //! carried to the next publish or tick.
 
+/// What a wake message holds (a message, not its bytes, is the signal; an empty one would
+/// read back as no message).
+pub const MESSAGE: &[u8] = b"w";
+
 /// The least time (ms) between two wakes of the threads.
 pub const WAKE_GAP_MS: u64 = 2;
+
+/// Knowledge published less than this long ago (ms, by the head's `checked_at_ms`) is being
+/// woken for: the singleton writes the head, then sends the wakes. A request that finds such
+/// deltas waiting leaves them to that wake.
+pub const JUST_PUBLISHED_MS: u64 = 2;
+
+/// Whether knowledge confirmed at `checked_at_ms` was published less than
+/// [`JUST_PUBLISHED_MS`] before `now_ms` (a clock behind the singleton's counts as just).
+pub fn just_published(checked_at_ms: u64, now_ms: u64) -> bool {
+    now_ms.saturating_sub(checked_at_ms) < JUST_PUBLISHED_MS
+}
 
 /// The shared queue of the thread whose load shard is `shard`.
 pub fn queue_name(shard: u32) -> String {
@@ -68,6 +83,14 @@ mod tests {
         assert!(p.published(5_000));
         assert!(!p.published(4_000), "earlier than the last wake: held back");
         assert!(p.tick(5_000 + WAKE_GAP_MS));
+    }
+
+    #[test]
+    fn knowledge_is_just_published_for_less_than_the_bound() {
+        assert!(just_published(1_000, 1_000));
+        assert!(just_published(1_000, 1_000 + JUST_PUBLISHED_MS - 1));
+        assert!(!just_published(1_000, 1_000 + JUST_PUBLISHED_MS));
+        assert!(just_published(1_005, 1_000), "a thread clock behind the singleton's");
     }
 
     #[test]

@@ -81,10 +81,13 @@ fn a_thread_that_keeps_up_applies_only_deltas() {
     assert_eq!(p.take(&store, snap(1).encode()).unwrap(), Taken::Full);
     p.confirmed(&store, 1);
     let (mut f, mut r) = (Follower::default(), router());
-    assert_eq!(f.catch_up(&store, &t, &mut r, true), Followed { deltas: 0, full: 1 });
+    assert_eq!(f.catch_up(&store, &t, &mut r, true), Followed { deltas: 0, full: 1, deferred: 0 });
     for v in 1..=40 {
         publish_chain(&store, &mut p, v, v + 1);
-        assert_eq!(f.catch_up(&store, &t, &mut r, false), Followed { deltas: 1, full: 0 });
+        assert_eq!(
+            f.catch_up(&store, &t, &mut r, false),
+            Followed { deltas: 1, full: 0, deferred: 0 }
+        );
         assert_eq!(f.version(), v + 1);
         assert_eq!(p.head().seq, v);
         // The full snapshot follows, within its rewrite rule, at the sequence number it says.
@@ -124,9 +127,9 @@ fn a_thread_idle_for_hundreds_of_deltas_catches_up_on_deltas_alone() {
     assert!(p.head().full_version > 1, "the full snapshot was rewritten meanwhile");
     // The request path applies a bounded share; the tick the rest, without the full snapshot.
     let first = f.catch_up(&store, &t, &mut r, false);
-    assert_eq!(first, Followed { deltas: REQUEST_DELTAS as u64, full: 0 });
+    assert_eq!(first, Followed { deltas: REQUEST_DELTAS as u64, full: 0, deferred: 0 });
     let rest = f.catch_up(&store, &t, &mut r, true);
-    assert_eq!(rest, Followed { deltas: behind - REQUEST_DELTAS as u64, full: 0 });
+    assert_eq!(rest, Followed { deltas: behind - REQUEST_DELTAS as u64, full: 0, deferred: 0 });
     assert_eq!(f.version(), p.head().version);
 }
 
@@ -276,14 +279,14 @@ fn a_request_out_of_time_leaves_the_next_deltas_for_later() {
         asked <= 2
     };
     let first = f.catch_up_within(&store, &t, &mut r, false, &mut go_on);
-    assert_eq!(first, Followed { deltas: 3, full: 0 });
+    assert_eq!(first, Followed { deltas: 3, full: 0, deferred: 0 });
     assert_eq!(f.version(), 4);
     // Out of time from the start: still one delta, in order.
     let one = f.catch_up_within(&store, &t, &mut r, false, &mut || false);
-    assert_eq!((one, f.version()), (Followed { deltas: 1, full: 0 }, 5));
+    assert_eq!((one, f.version()), (Followed { deltas: 1, full: 0, deferred: 0 }, 5));
     // The next catch-up with time goes on from there, without the full snapshot.
     let rest = f.catch_up(&store, &t, &mut r, false);
-    assert_eq!(rest, Followed { deltas: 6, full: 0 });
+    assert_eq!(rest, Followed { deltas: 6, full: 0, deferred: 0 });
     assert_eq!(f.version(), p.head().version);
 }
 
@@ -294,6 +297,43 @@ fn a_thread_far_behind_applies_its_deltas_out_of_time() {
     publish_big(&store, &mut p, 1, 1 + FAR_BEHIND + 5);
     // Out of time from the start, but more than FAR_BEHIND behind: it applies until it is not.
     let done = f.catch_up_within(&store, &t, &mut r, false, &mut || false);
-    assert_eq!(done, Followed { deltas: 5, full: 0 });
+    assert_eq!(done, Followed { deltas: 5, full: 0, deferred: 0 });
     assert_eq!(p.head().seq - f.seq, FAR_BEHIND);
+}
+
+#[test]
+fn a_request_leaves_waiting_deltas_to_a_catch_up_already_due() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let (mut p, mut f, mut r) = following(&store, &t, snap(1));
+    // Nothing waits: `due` is not asked.
+    let none = f.catch_up_or_defer(&store, &t, &mut r, &mut || true, &mut |_| panic!("asked"));
+    assert_eq!(none, Followed::default());
+    publish_chain(&store, &mut p, 1, 4);
+    let mut asked = 0;
+    let left = f.catch_up_or_defer(&store, &t, &mut r, &mut || true, &mut |h| {
+        asked += 1;
+        h.version == 4
+    });
+    assert_eq!((left, asked), (Followed { deltas: 0, full: 0, deferred: 1 }, 1));
+    assert_eq!(f.version(), 1, "nothing applied");
+    // No catch-up due: the request applies them, as `catch_up_within` does.
+    let applied = f.catch_up_or_defer(&store, &t, &mut r, &mut || true, &mut |_| false);
+    assert_eq!(applied, Followed { deltas: 3, full: 0, deferred: 0 });
+    assert_eq!(f.version(), p.head().version);
+}
+
+#[test]
+fn a_thread_without_knowledge_or_far_behind_does_not_defer() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut p = KnowledgePublisher::new(DecodeLimits::default());
+    p.take(&store, snap(1).encode()).unwrap();
+    p.confirmed(&store, 1);
+    let (mut f, mut r) = (Follower::default(), router());
+    let first = f.catch_up_or_defer(&store, &t, &mut r, &mut || true, &mut |_| true);
+    assert_eq!(first, Followed { deltas: 0, full: 1, deferred: 0 }, "no knowledge yet");
+    let (store, t) = (MemStore::new(), Tally::default());
+    let (mut p, mut f, mut r) = following(&store, &t, big(1, 4096));
+    publish_big(&store, &mut p, 1, 1 + FAR_BEHIND + 5);
+    let done = f.catch_up_or_defer(&store, &t, &mut r, &mut || false, &mut |_| true);
+    assert_eq!(done, Followed { deltas: 5, full: 0, deferred: 0 }, "far behind");
 }
