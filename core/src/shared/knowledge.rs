@@ -119,6 +119,10 @@ fn read_full<S: SharedStore + ?Sized>(
     Some(Snapshot::decode_with(snap, l).map(|s| (u64::from_le_bytes(*seq), s)).map_err(|_| ()))
 }
 
+/// What a catch-up asks its caller: whether to apply another delta (the time budget), and,
+/// given the head, whether to leave the waiting deltas to a catch-up due right after.
+type Asks<'a> = (&'a mut dyn FnMut() -> bool, &'a mut dyn FnMut(&Head) -> bool);
+
 /// A thread's position in the knowledge chain.
 #[derive(Debug, Default)]
 pub struct Follower {
@@ -172,7 +176,7 @@ impl Follower {
         allow_full: bool,
         go_on: &mut dyn FnMut() -> bool,
     ) -> Followed {
-        self.follow(store, counters, router, allow_full, go_on, &mut |_| false)
+        self.follow(store, counters, router, allow_full, (go_on, &mut |_| false))
     }
 
     /// [`Follower::catch_up_within`] on the request path, which may leave waiting deltas to a
@@ -189,17 +193,17 @@ impl Follower {
         due: &mut dyn FnMut(&Head) -> bool,
     ) -> Followed {
         let allow_full = self.version == 0;
-        self.follow(store, counters, router, allow_full, go_on, due)
+        self.follow(store, counters, router, allow_full, (go_on, due))
     }
 
+    /// The catch-up itself, asking the caller as [`Asks`] says.
     fn follow<S: SharedStore + ?Sized>(
         &mut self,
         store: &S,
         counters: &dyn Counters,
         router: &mut Router,
         allow_full: bool,
-        go_on: &mut dyn FnMut() -> bool,
-        due: &mut dyn FnMut(&Head) -> bool,
+        (go_on, due): Asks<'_>,
     ) -> Followed {
         let mut done = Followed::default();
         let Some(head) = read_head(store) else { return done };
