@@ -57,7 +57,12 @@ impl Pinning {
         let workers = threads.iter().filter(|(_, name)| is_worker(name)).count();
         for (tid, name) in &threads {
             let cpus = if workers == 0 || is_worker(name) { &self.envoy } else { &self.rest };
-            taskset(&["-p", "-c", cpus, &tid.to_string()])?;
+            let moved = taskset(&["-p", "-c", cpus, &tid.to_string()]);
+            // A thread that ended since it was listed has nothing left to pin.
+            let gone = || !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists();
+            if moved.is_err() && !gone() {
+                return moved.map(|()| 0);
+            }
         }
         Ok(workers)
     }
