@@ -171,12 +171,13 @@ impl KvHttp {
         let view = state.load_view(now);
         let deciding = host::now_nanos();
         let decided = state.router.borrow().decide(&parsed, body.len(), &view, now, self.pick(now));
-        let decide_us = host::now_nanos().saturating_sub(deciding) / 1000;
+        // One clock read ends the router's part and starts the calibration's timing.
+        let decided_ns = host::now_nanos();
+        let decide_us = decided_ns.saturating_sub(deciding) / 1000;
         let mut decision = match decided {
             Ok(d) => d,
             Err(e) => return self.reject(&e),
         };
-        let decided_ns = host::now_nanos();
         let first_byte_is_ttft = parsed.stream || parsed.max_tokens.is_some_and(|m| m <= 1);
         let admitted = match self.admit(&mut decision) {
             Ok(a) => a,
