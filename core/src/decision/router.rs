@@ -438,15 +438,17 @@ impl Router {
         if expected < hot.config().min_arrivals {
             return false;
         }
-        let routed: HashMap<u64, Option<u64>> = candidates
+        // Only the workers this prefix was recently routed to (a few, whatever the pool's
+        // size): the others have no routing credit to look up.
+        let routed: HashMap<u64, u64> = candidates
             .iter()
             .zip(matches)
-            .map(|(c, pm)| (c.worker.key(), pm.routed_age_ms))
+            .filter_map(|(c, pm)| Some((c.worker.key(), pm.routed_age_ms?)))
             .collect();
         let held: Vec<Held<'_>> = ranked
             .iter()
             .map(|s| {
-                let routed_age = routed.get(&s.worker.key()).copied().flatten();
+                let routed_age = routed.get(&s.worker.key()).copied();
                 let inflight_ms = match routed_age {
                     Some(age) => {
                         (profile.prefill_ms(s.cached_tokens) * s.deviation - age as f64).max(0.0)

@@ -37,6 +37,11 @@ impl KnowledgeIndex {
     /// [`worker_key`](crate::decision::load::worker_key) (`out[i]` for `workers[i]`), equal to
     /// asking for each in turn.
     pub fn prefix_matches(&self, workers: &[u64], hashes: &[u64], now_ms: u64) -> Vec<PrefixMatch> {
+        // A prompt whose first block nobody holds matches nowhere: no worker's slot is read
+        // (a miss costs one probe, whatever the pool's size).
+        if hashes.first().is_none_or(|&h| self.holders.get(h).is_empty()) {
+            return vec![PrefixMatch::default(); workers.len()];
+        }
         // Each asked worker's slot id; a worker named twice shares its slot's match.
         let ids: Vec<u32> =
             workers.iter().map(|w| self.ids.get(w).copied().unwrap_or(NOT_ASKED)).collect();
