@@ -39,7 +39,8 @@ impl KnowledgeIndex {
     pub fn prefix_matches(&self, workers: &[u64], hashes: &[u64], now_ms: u64) -> Vec<PrefixMatch> {
         // A prompt whose first block nobody holds matches nowhere: no worker's slot is read
         // (a miss costs one probe, whatever the pool's size).
-        if hashes.first().is_none_or(|&h| self.holders.get(h).is_empty()) {
+        let first = hashes.first().map_or(&[][..], |&h| self.holders.get(h));
+        if first.is_empty() {
             return vec![PrefixMatch::default(); workers.len()];
         }
         // Each asked worker's slot id; a worker named twice shares its slot's match.
@@ -59,7 +60,9 @@ impl KnowledgeIndex {
         let mut walks: Vec<(PrefixMatch, Walk<'_>)> = Vec::new();
         for (b, &h) in (0..u32::MAX).zip(hashes) {
             let mut advanced = false;
-            for holder in self.holders.get(h) {
+            // The first block's holders were read above.
+            let holders = if b == 0 { first } else { self.holders.get(h) };
+            for holder in holders {
                 let id = holder.id() as usize;
                 let Some(p) = progress.get_mut(id) else { continue };
                 if p.at == ASKED && b == 0 {
