@@ -370,27 +370,45 @@ impl Router {
         now_ms: u64,
         cache_read: bool,
     ) -> (Vec<Candidate<&'w WorkerName>>, Vec<PrefixMatch>) {
-        let m = &t.model;
         // Workers that failed requests are left out, as primary and as fallback, unless every
         // worker of the pool is down: then the choice is among all of them (never a refusal).
         // Workers are looked up by key, never by name: a name's bytes are a cache miss each.
-        let up: Vec<&WorkerName> =
-            workers.iter().filter(|w| !self.knowledge.is_down_key(w.key())).collect();
-        let eligible = if up.is_empty() { workers.iter().collect() } else { up };
+        let up: Vec<&WorkerName> = match self.knowledge.any_down() {
+            true => workers.iter().filter(|w| !self.knowledge.is_down_key(w.key())).collect(),
+            false => Vec::new(),
+        };
+        match up.is_empty() {
+            true => self.candidates_among(t, workers.iter(), hashes, load, now_ms, cache_read),
+            false => self.candidates_among(t, up.into_iter(), hashes, load, now_ms, cache_read),
+        }
+    }
+
+    /// [`Router::candidates`] of the `eligible` workers (`matches` empty: none matched).
+    #[allow(clippy::too_many_arguments)]
+    fn candidates_among<'w>(
+        &self,
+        t: &Target,
+        eligible: impl ExactSizeIterator<Item = &'w WorkerName> + Clone,
+        hashes: &[u64],
+        load: &dyn LoadSource,
+        now_ms: u64,
+        cache_read: bool,
+    ) -> (Vec<Candidate<&'w WorkerName>>, Vec<PrefixMatch>) {
+        let m = &t.model;
         // The cache-blind ablation skips the lookups rather than discarding them, and so does
         // a request the engine will not look up.
         let matches = if self.plan.cache_aware && cache_read {
-            self.knowledge.prefix_matches(&eligible, hashes, now_ms)
+            self.knowledge.prefix_matches(eligible.clone(), hashes, now_ms)
         } else {
-            vec![PrefixMatch::default(); eligible.len()]
+            Vec::new()
         };
         let calibrated = self.calibration.model(&m.name);
         // Read once per decision, not per worker (a float rounded each time).
         let unseen_tokens = self.knowledge.typical_uncached_tokens();
         let candidates = eligible
-            .iter()
-            .zip(&matches)
-            .map(|(&w, pm)| {
+            .enumerate()
+            .map(|(i, w)| {
+                let pm = matches.get(i).copied().unwrap_or_default();
                 let reported = self.knowledge.reported_load_key(w.key(), now_ms);
                 Candidate {
                     worker: w,

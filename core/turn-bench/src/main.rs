@@ -11,7 +11,9 @@
 //!   ~8 k tokens that earlier requests carried;
 //! - `short`: one new user message of ~25 tokens (`kvroute-proxybench`'s short prompt);
 //! - `mixed`: `turn`, with [`ONE_SHOTS`] new ~8 k-token prompts decided between two turns of a
-//!   conversation (traffic where most long prompts are never seen again).
+//!   conversation (traffic where most long prompts are never seen again);
+//! - `pool` (not run by default): the router's decision alone for a 4 096-token token-id
+//!   prompt on pools of 64 and 1 024 workers (see [`pool`]).
 //!
 //! Phases: `parse` (`request::parse`), `tokenize` (render + tokenize, the router's own
 //! clock), the rest of `Router::decide` (block hashes, lookups, scoring), and `credit` (the
@@ -35,6 +37,8 @@ use kvroute_core::shared::load::{LoadView, Shard};
 use kvroute_core::wire::journal::Source;
 use kvroute_testkit::textgen::words;
 use serde_json::{json, Value};
+
+mod pool;
 
 const MODEL: &str = "qwen3";
 const WORKERS: usize = 4;
@@ -71,6 +75,12 @@ fn run() -> Result<(), String> {
     };
     let bundle = ModelBundle::from_hf(&read("tokenizer.json")?, &read("tokenizer_config.json")?)
         .map_err(|e| e.to_string())?;
+    if case("pool") {
+        pool::run(iters, &bundle)?;
+        if cases == "pool" {
+            return Ok(());
+        }
+    }
     let wpt = words_per_token(&bundle)?;
     let workers: Vec<String> = (0..WORKERS).map(|i| format!("10.0.0.{i}:8000")).collect();
     let cfg = json!({"models": [{"name": MODEL, "workers": workers}], "max_prompt_bytes": 1 << 20});

@@ -70,20 +70,30 @@ pub(crate) fn rank_pool<W: Borrow<WorkerName>>(
     rank_bounded(profile, candidates, reaches, prompt, weigh, pick, (MAX_RANKED, true))
 }
 
-/// One scored candidate as the ordering sees it.
+/// One scored candidate as the ordering sees it: 16 bytes, so that a selection over a large
+/// pool moves little.
 #[derive(Debug, Clone, Copy)]
 struct Key {
-    cost: f64,
-    /// `cost` in [`f64::total_cmp`]'s order as an integer ([`total_order`]): a selection over
-    /// a large pool compares integers.
+    /// The cost in [`f64::total_cmp`]'s order as an integer ([`total_order`]): a selection
+    /// over a large pool compares integers. [`Key::cost`] gives the cost back.
     ord: u64,
-    index: usize,
-    uncached: u64,
+    index: u32,
+    /// Uncached tokens (saturated: a prompt is far below 4 G tokens).
+    uncached: u32,
 }
 
 impl Key {
     fn new(cost: f64, index: usize, uncached: u64) -> Key {
-        Key { cost, ord: total_order(cost), index, uncached }
+        let (index, uncached) = (index as u32, uncached.min(u64::from(u32::MAX)) as u32);
+        Key { ord: total_order(cost), index, uncached }
+    }
+
+    fn cost(&self) -> f64 {
+        from_total_order(self.ord)
+    }
+
+    fn index(&self) -> usize {
+        self.index as usize
     }
 }
 
@@ -95,6 +105,48 @@ fn total_order(x: f64) -> u64 {
     let signed = bits ^ ((((bits >> 63) as u64) >> 1) as i64);
     // ...and a signed order is the unsigned one with the sign bit flipped.
     (signed as u64) ^ (1 << 63)
+}
+
+/// The value whose [`total_order`] is `ord`.
+fn from_total_order(ord: u64) -> f64 {
+    let signed = (ord ^ (1 << 63)) as i64;
+    // The sign bit is the same before and after `total_order`'s flip: flip back the same bits.
+    f64::from_bits((signed ^ ((((signed >> 63) as u64) >> 1) as i64)) as u64)
+}
+
+/// What ranking a large pool reads of a worker's [`Estimate`].
+#[derive(Debug, Clone, Copy)]
+struct Brief {
+    cost: f64,
+    uncached: u64,
+    cached: u64,
+    ttft: f64,
+    promise_ttft: f64,
+    promise_wait: f64,
+}
+
+impl Brief {
+    fn of(e: &Estimate, stall_weight: f64) -> Brief {
+        Brief {
+            cost: e.cost_ms(stall_weight),
+            uncached: e.uncached_tokens,
+            cached: e.cached_tokens,
+            ttft: e.ttft_ms,
+            promise_ttft: e.promise_ttft_ms(),
+            promise_wait: e.promise_wait_ms(),
+        }
+    }
+}
+
+/// Whether two candidates have the same estimate inputs (all but their names).
+fn same_inputs<W>(a: &Candidate<W>, b: &Candidate<W>) -> bool {
+    // The load first: in a busy pool it is what differs.
+    a.load.inflight_requests == b.load.inflight_requests
+        && a.load == b.load
+        && a.cached_blocks == b.cached_blocks
+        && a.offloaded_blocks == b.offloaded_blocks
+        && a.adapter_missing == b.adapter_missing
+        && a.deviation.to_bits() == b.deviation.to_bits()
 }
 
 /// The key of the least value offered so far (the first one among equals).
@@ -138,22 +190,33 @@ pub(super) fn rank_bounded<W: Borrow<WorkerName>>(
     let mut keys = Vec::with_capacity(candidates.len());
     let (mut ttft, mut wait, mut holder) = (Least::default(), Least::default(), Least::default());
     let mut longest = 0;
-    for i in 0..candidates.len() {
-        let e = estimate_of(i);
-        let key = Key::new(e.cost_ms(w), i, e.uncached_tokens);
-        keys.push(key);
-        if whole {
+    if whole {
+        for i in 0..candidates.len() {
+            let e = estimate_of(i);
+            keys.push(Key::new(e.cost_ms(w), i, e.uncached_tokens));
             estimates.push(e);
-            continue;
         }
-        ttft.offer(e.promise_ttft_ms(), key);
-        wait.offer(e.promise_wait_ms(), key);
-        if e.cached_tokens > longest {
-            longest = e.cached_tokens;
+    }
+    // A large pool's workers whose inputs equal the previous worker's (idle workers holding
+    // nothing of the prompt, most of a quiet pool) share its estimate: it is a function of
+    // them. Reaches differ per worker, so a pool with reaches estimates every worker.
+    let mut last: Option<(usize, Brief)> = None;
+    for i in (0..candidates.len()).filter(|_| !whole) {
+        let b = match last {
+            Some((j, b)) if reaches.is_empty() && same_inputs(&candidates[j], &candidates[i]) => b,
+            _ => Brief::of(&estimate_of(i), w),
+        };
+        last = Some((i, b));
+        let key = Key::new(b.cost, i, b.uncached);
+        keys.push(key);
+        ttft.offer(b.promise_ttft, key);
+        wait.offer(b.promise_wait, key);
+        if b.cached > longest {
+            longest = b.cached;
             holder = Least::default();
         }
-        if e.cached_tokens == longest && longest > 0 {
-            holder.offer(e.ttft_ms, key);
+        if b.cached == longest && longest > 0 {
+            holder.offer(b.ttft, key);
         }
     }
     // Pools come sorted by name: then the index orders equal costs as the name would.
@@ -161,7 +224,7 @@ pub(super) fn rank_bounded<W: Borrow<WorkerName>>(
     let cmp = |a: &Key, b: &Key| {
         if by_name {
             let by_cost = a.ord.cmp(&b.ord);
-            by_cost.then_with(|| candidates[a.index].name().cmp(candidates[b.index].name()))
+            by_cost.then_with(|| candidates[a.index()].name().cmp(candidates[b.index()].name()))
         } else {
             (a.ord, a.index).cmp(&(b.ord, b.index))
         }
@@ -178,11 +241,11 @@ pub(super) fn rank_bounded<W: Borrow<WorkerName>>(
     let mut extra: Vec<Key> = [ttft, wait, holder]
         .iter()
         .filter_map(|l| l.0.map(|(_, k)| k))
-        .filter(|k| !chosen.contains(&k.index))
+        .filter(|k| !chosen.contains(&k.index()))
         .collect();
     extra.sort_by(&cmp);
     extra.dedup_by_key(|k| k.index);
-    chosen.extend(extra.iter().map(|k| k.index));
+    chosen.extend(extra.iter().map(Key::index));
     chosen.into_iter().map(|i| score_of(i, estimate_of(i))).collect()
 }
 
@@ -197,12 +260,12 @@ fn order<F: Fn(&Key, &Key) -> std::cmp::Ordering>(
     pick: u64,
     keep: usize,
 ) -> Vec<usize> {
-    let Some(best) = keys.iter().map(|k| k.cost).min_by(f64::total_cmp) else {
+    let Some(best) = keys.iter().map(|k| k.ord).min().map(from_total_order) else {
         return Vec::new();
     };
     let tie = weigh.tie;
     let band = best + tie.abs_ms.max(tie.rel * best);
-    let ties = keys.iter().filter(|k| k.cost <= band).count().max(1);
+    let ties = keys.iter().filter(|k| k.cost() <= band).count().max(1);
     // Only the ties and the first `keep` need their order.
     let sorted = ties.max(keep).min(keys.len());
     if sorted < keys.len() {
@@ -212,12 +275,13 @@ fn order<F: Fn(&Key, &Key) -> std::cmp::Ordering>(
     head.sort_unstable_by(cmp);
     // Among ties, the least work added: a worker that shares more of the prompt (cached, or in
     // flight there) leaves the others free; equal work is drawn at random.
-    let least = head[..ties].iter().map(|k| k.uncached).min().unwrap_or(0);
+    let least = head[..ties].iter().map(|k| u64::from(k.uncached)).min().unwrap_or(0);
     let near = u64::from(block_size.max(1));
-    let lightest: Vec<usize> = (0..ties).filter(|&i| head[i].uncached < least + near).collect();
+    let lightest: Vec<usize> =
+        (0..ties).filter(|&i| u64::from(head[i].uncached) < least + near).collect();
     let drawn = (pick % lightest.len().max(1) as u64) as usize;
     let chosen = lightest.get(drawn).copied().unwrap_or(0);
-    let mut out: Vec<usize> = head.iter().map(|k| k.index).collect();
+    let mut out: Vec<usize> = head.iter().map(Key::index).collect();
     if chosen < out.len() {
         let primary = out.remove(chosen);
         out.insert(0, primary);

@@ -35,17 +35,23 @@ struct Progress {
 impl KnowledgeIndex {
     /// [`KnowledgeIndex::prefix_match`] of each of `workers`, given by their
     /// [`worker_key`](crate::decision::load::worker_key) (`out[i]` for `workers[i]`), equal to
-    /// asking for each in turn.
-    pub fn prefix_matches(&self, workers: &[u64], hashes: &[u64], now_ms: u64) -> Vec<PrefixMatch> {
+    /// asking for each in turn. Empty when nobody holds the prompt's first block: then every
+    /// worker's match is the default one, and a large pool's miss writes no match at all.
+    pub fn prefix_matches(
+        &self,
+        workers: impl IntoIterator<Item = u64>,
+        hashes: &[u64],
+        now_ms: u64,
+    ) -> Vec<PrefixMatch> {
         // A prompt whose first block nobody holds matches nowhere: no worker's slot is read
         // (a miss costs one probe, whatever the pool's size).
         let first = hashes.first().map_or(&[][..], |&h| self.holders.get(h));
         if first.is_empty() {
-            return vec![PrefixMatch::default(); workers.len()];
+            return Vec::new();
         }
         // Each asked worker's slot id; a worker named twice shares its slot's match.
         let ids: Vec<u32> =
-            workers.iter().map(|w| self.ids.get(w).copied().unwrap_or(NOT_ASKED)).collect();
+            workers.into_iter().map(|w| self.ids.get(&w).copied().unwrap_or(NOT_ASKED)).collect();
         let idle = Progress { at: NOT_ASKED, blocks: 0, gpu: 0, fresh: false };
         let mut progress = vec![idle; self.slots.len()];
         for &id in &ids {

@@ -149,23 +149,29 @@ impl Knowledge {
     }
 
     /// [`Knowledge::prefix_match`] of each of `workers` (`out[i]` for `workers[i]`), each
-    /// prompt block looked up once for all of them.
-    pub fn prefix_matches(
+    /// prompt block looked up once for all of them; empty when none matches (see
+    /// [`KnowledgeIndex::prefix_matches`](crate::decision::index::KnowledgeIndex::prefix_matches)).
+    pub fn prefix_matches<'w>(
         &self,
-        workers: &[&WorkerName],
+        workers: impl Iterator<Item = &'w WorkerName> + Clone,
         hashes: &[u64],
         now_ms: u64,
     ) -> Vec<PrefixMatch> {
-        let keys: Vec<u64> = workers.iter().map(|w| w.key()).collect();
-        let mut out = self.index.prefix_matches(&keys, hashes, now_ms);
+        let mut out =
+            self.index.prefix_matches(workers.clone().map(WorkerName::key), hashes, now_ms);
         if !self.incompatible.is_empty() {
-            for (w, m) in keys.iter().zip(out.iter_mut()) {
-                if self.incompatible.contains(w) {
+            for (w, m) in workers.zip(out.iter_mut()) {
+                if self.incompatible.contains(&w.key()) {
                     *m = PrefixMatch::default();
                 }
             }
         }
         out
+    }
+
+    /// Whether any worker is down (after failed requests, or by the updater's word).
+    pub fn any_down(&self) -> bool {
+        !self.down.is_empty() || !self.updater_down.is_empty()
     }
 
     /// Event knowledge exists but the updater has not confirmed it within its age limit.

@@ -2,23 +2,29 @@
 
 use proptest::prelude::*;
 
-use super::super::{Candidate, Profile, Score, TieBand, Weigh};
-use super::{rank_bounded, total_order};
+use super::super::{Candidate, Profile, Reach, Score, TieBand, Weigh};
+use super::{from_total_order, rank_bounded, total_order};
 use crate::decision::load::WorkerLoad;
 
 const BS: u32 = 16;
 const PROMPT: u64 = 4096;
 
-/// A pool of `loads.len()` workers: few distinct loads and matches, so that many costs tie;
-/// named in order, then rotated out of it by `rotate`.
-fn pool(loads: &[(u64, usize, u32)], rotate: usize) -> Vec<Candidate> {
-    let mut cs: Vec<Candidate> = loads
-        .iter()
+/// One run of workers with the same inputs: queued prefills, cached blocks, decoding
+/// requests, flags (bit 0: a slower deviation, bit 1: an adapter missing, bit 2: half the
+/// cached blocks offloaded), and how many workers in a row.
+type Run = (u64, usize, u32, u8, usize);
+
+/// A pool of runs of workers with equal inputs: few distinct loads and matches, so that many
+/// costs tie; named in order, then rotated out of it by `rotate`.
+fn pool(runs: &[Run], rotate: usize) -> Vec<Candidate> {
+    let inputs =
+        runs.iter().flat_map(|&(q, b, d, flags, n)| std::iter::repeat_n((q, b, d, flags), n));
+    let mut cs: Vec<Candidate> = inputs
         .enumerate()
-        .map(|(i, &(queued, blocks, decoding))| Candidate {
+        .map(|(i, (queued, blocks, decoding, flags))| Candidate {
             worker: format!("w{i:04}").into(),
             cached_blocks: blocks,
-            offloaded_blocks: 0,
+            offloaded_blocks: if flags & 4 != 0 { blocks / 2 } else { 0 },
             load: WorkerLoad {
                 inflight_requests: decoding + u32::from(queued > 0),
                 prefilling_requests: u32::from(queued > 0),
@@ -26,8 +32,8 @@ fn pool(loads: &[(u64, usize, u32)], rotate: usize) -> Vec<Candidate> {
                 prefill_elapsed_ms: 0,
                 prefill_sq_tokens: WorkerLoad::even_sq_tokens(queued * 512, u32::from(queued > 0)),
             },
-            adapter_missing: false,
-            deviation: 1.0,
+            adapter_missing: flags & 2 != 0,
+            deviation: if flags & 1 != 0 { 1.5 } else { 1.0 },
         })
         .collect();
     if !cs.is_empty() {
@@ -52,14 +58,17 @@ fn best_holder(r: &[Score]) -> Option<f64> {
 proptest! {
     #[test]
     fn the_bounded_ranking_is_the_whole_rankings_prefix_plus_what_admission_reads(
-        loads in proptest::collection::vec((0u64..4, prop_oneof![Just(0usize), 0usize..3, Just(200)], 0u32..3), 0..160),
+        runs in proptest::collection::vec(
+            (0u64..4, prop_oneof![Just(0usize), 0usize..3, Just(200)], 0u32..3,
+             prop_oneof![2 => Just(0u8), 1 => 0u8..8], prop_oneof![Just(1usize), 1usize..6]),
+            0..60),
         rotate in 0usize..200,
         keep in 1usize..12,
         pick in any::<u64>(),
         stall_weight in prop_oneof![Just(0.0), 0.0f64..2.0],
         margin in prop_oneof![Just(1.0), 1.0f64..3.0],
     ) {
-        let cs = pool(&loads, rotate);
+        let cs = pool(&runs, rotate);
         let mut p = Profile::default();
         let mut q = p.queue_terms();
         q.promise_margin = margin;
@@ -85,7 +94,8 @@ proptest! {
 
 proptest! {
     /// The integer key orders costs exactly as `f64::total_cmp` does (signs, zeros,
-    /// infinities and NaNs included), so ranking by it changes no order.
+    /// infinities and NaNs included), so ranking by it changes no order; and it gives back
+    /// the very cost it was made of, bit for bit.
     #[test]
     fn the_integer_order_of_costs_is_total_cmps(
         a in prop_oneof![any::<f64>(), Just(0.0), Just(-0.0), Just(f64::INFINITY),
@@ -97,5 +107,53 @@ proptest! {
     ) {
         prop_assert_eq!(total_order(a).cmp(&total_order(b)), a.total_cmp(&b));
         prop_assert_eq!(total_order(a).cmp(&total_order(a)), std::cmp::Ordering::Equal);
+        prop_assert_eq!(from_total_order(total_order(a)).to_bits(), a.to_bits());
+        prop_assert_eq!(from_total_order(total_order(b)).to_bits(), b.to_bits());
     }
+}
+
+/// A quiet pool's workers share the estimate of the worker before them only while every
+/// input is equal: one worker better than its neighbours in any single input is estimated on
+/// its own, and comes first.
+#[test]
+fn a_worker_unlike_its_neighbour_is_estimated_on_its_own() {
+    // A queued prefill, 3 cached blocks of which 1 offloaded, an adapter missing, slower.
+    let base = pool(&[(1, 3, 1, 7, 1)], 0).remove(0);
+    type Change = fn(&mut Candidate);
+    let variants: [(&str, Change); 5] = [
+        ("more cached blocks", |c| c.cached_blocks += 1),
+        ("no block offloaded", |c| c.offloaded_blocks = 0),
+        ("less load", |c| c.load.prefill_tokens /= 2),
+        ("the adapter loaded", |c| c.adapter_missing = false),
+        ("a faster deviation", |c| c.deviation = 1.0),
+    ];
+    let p = Profile::default();
+    let weigh = Weigh { tie: TieBand { abs_ms: 0.0, rel: 0.0 }, stall_weight: 0.0 };
+    for (what, change) in variants {
+        for at in [1, 40, 99] {
+            let mut cs: Vec<Candidate> = (0..100)
+                .map(|i| Candidate { worker: format!("w{i:04}").into(), ..base.clone() })
+                .collect();
+            change(&mut cs[at]);
+            let whole = rank_bounded(&p, &cs, &[], (PROMPT, BS), weigh, 0, (usize::MAX, true));
+            let bounded = rank_bounded(&p, &cs, &[], (PROMPT, BS), weigh, 0, (8, true));
+            assert_eq!(whole[0].worker.to_string(), format!("w{at:04}"), "{what} at {at}");
+            assert_eq!(bounded[..8], whole[..8], "{what} at {at}");
+        }
+    }
+}
+
+/// Equal workers reached differently are estimated each on its own: the nearest comes first.
+#[test]
+fn equal_workers_with_their_own_reach_are_estimated_each() {
+    let cs = pool(&[(0, 0, 0, 0, 100)], 0);
+    let far = Reach { network_ms: 5.0, ..Reach::default() };
+    let mut reaches = vec![far; cs.len()];
+    reaches[40].network_ms = 1.0;
+    let weigh = Weigh { tie: TieBand { abs_ms: 0.0, rel: 0.0 }, stall_weight: 0.0 };
+    let ranked =
+        rank_bounded(&Profile::default(), &cs, &reaches, (PROMPT, BS), weigh, 0, (8, true));
+    assert_eq!(ranked[0].worker.to_string(), "w0040");
+    assert_eq!(ranked[0].network_ms, 1.0);
+    assert_eq!(ranked[1].network_ms, 5.0);
 }
