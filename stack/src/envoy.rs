@@ -169,8 +169,9 @@ impl Envoy {
     /// [`Envoy::start`] on `admin` and `listen` with the bootstrap that `config(admin, listen)`
     /// writes. [`paths::free_port`] releases the port it found, so another process can take it
     /// before Envoy binds it (another listener; an outgoing connection's local port too, where
-    /// the port lies in the kernel's ephemeral range), and Envoy exits at startup. That case, and only that one, is tried again on fresh ports, at most twice: the
-    /// returned Envoy's `admin_port` and `listen_port` are the ones it has.
+    /// the port lies in the kernel's ephemeral range), and Envoy exits at startup. That case,
+    /// and only that one, is tried again on fresh ports, at most twice: the returned Envoy's
+    /// `admin_port` and `listen_port` are the ones it has.
     pub async fn start_retrying_ports(
         (admin, listen): (u16, u16),
         dir: &Path,
