@@ -76,7 +76,7 @@ fn run() -> Result<(), String> {
     let bundle = ModelBundle::from_hf(&read("tokenizer.json")?, &read("tokenizer_config.json")?)
         .map_err(|e| e.to_string())?;
     if case("pool") {
-        pool::run(iters, &bundle)?;
+        pool::run(iters, &bundle, evict)?;
         if cases == "pool" {
             return Ok(());
         }
@@ -163,6 +163,15 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
+/// Writes one byte per cache line of `buf` (`--evict`): the CPU caches then hold it, not what
+/// the last decision read.
+fn evict_caches(buf: &mut [u8]) {
+    for b in buf.iter_mut().step_by(64) {
+        *b = b.wrapping_add(1);
+    }
+    std::hint::black_box(&buf);
+}
+
 /// Nanoseconds since the first call.
 fn clock_ns() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
@@ -205,11 +214,7 @@ impl Bench {
     fn time(&mut self, messages: &[Value], into: &mut Phases) -> Result<(), String> {
         let body = json!({"model": MODEL, "messages": messages, "max_tokens": 1}).to_string();
         if let Some(buf) = &mut self.evict {
-            // One write per cache line.
-            for b in buf.iter_mut().step_by(64) {
-                *b = b.wrapping_add(1);
-            }
-            std::hint::black_box(&buf);
+            evict_caches(buf);
         }
         self.measure(body.as_bytes(), into)
     }
