@@ -373,13 +373,15 @@ impl Router {
         // Workers that failed requests are left out, as primary and as fallback, unless every
         // worker of the pool is down: then the choice is among all of them (never a refusal).
         // Workers are looked up by key, never by name: a name's bytes are a cache miss each.
-        let up: Vec<&WorkerName> = match self.knowledge.any_down() {
-            true => workers.iter().filter(|w| !self.knowledge.is_down_key(w.key())).collect(),
-            false => Vec::new(),
+        let up: Vec<&WorkerName> = if self.knowledge.any_down() {
+            workers.iter().filter(|w| !self.knowledge.is_down_key(w.key())).collect()
+        } else {
+            Vec::new()
         };
-        match up.is_empty() {
-            true => self.candidates_among(t, workers.iter(), hashes, load, now_ms, cache_read),
-            false => self.candidates_among(t, up.into_iter(), hashes, load, now_ms, cache_read),
+        if up.is_empty() {
+            self.candidates_among(t, workers.iter(), hashes, load, now_ms, cache_read)
+        } else {
+            self.candidates_among(t, up.into_iter(), hashes, load, now_ms, cache_read)
         }
     }
 

@@ -201,7 +201,8 @@ pub(super) fn rank_bounded<W: Borrow<WorkerName>>(
     // nothing of the prompt, most of a quiet pool) share its estimate: it is a function of
     // them. Reaches differ per worker, so a pool with reaches estimates every worker.
     let mut last: Option<(usize, Brief)> = None;
-    for i in (0..candidates.len()).filter(|_| !whole) {
+    let bulk = if whole { 0..0 } else { 0..candidates.len() };
+    for i in bulk {
         let b = match last {
             Some((j, b)) if reaches.is_empty() && same_inputs(&candidates[j], &candidates[i]) => b,
             _ => Brief::of(&estimate_of(i), w),
