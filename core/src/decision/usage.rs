@@ -34,17 +34,17 @@ impl UsageScanner {
     pub fn push(&mut self, chunk: &[u8]) {
         let mut buf = std::mem::take(&mut self.tail);
         buf.extend_from_slice(chunk);
-        if let Some(v) = last_of(&buf, &[b"\"cached_tokens\"", b"\"cache_read_input_tokens\""]) {
-            self.usage.cached_tokens = Some(v);
-        }
-        if let Some(v) = last_of(&buf, &[b"\"cache_read_input_tokens\""]) {
-            self.cache_read = Some(v);
-        }
-        if let Some(v) = last_of(&buf, &[b"\"cache_creation_input_tokens\""]) {
-            self.cache_creation = Some(v);
-        }
-        if let Some(v) = last_of(&buf, &[b"\"prompt_tokens\"", b"\"input_tokens\""]) {
-            self.usage.prompt_tokens = Some(v);
+        // One pass over the quotes that start a key; a later value overrides an earlier one.
+        for (key, v) in keyed_numbers(&buf) {
+            match key {
+                Key::Cached => self.usage.cached_tokens = Some(v),
+                Key::CacheRead => {
+                    self.usage.cached_tokens = Some(v);
+                    self.cache_read = Some(v);
+                }
+                Key::CacheCreation => self.cache_creation = Some(v),
+                Key::Prompt | Key::Input => self.usage.prompt_tokens = Some(v),
+            }
         }
         let keep = buf.len().saturating_sub(TAIL);
         self.tail = buf.split_off(keep);
@@ -62,44 +62,49 @@ impl UsageScanner {
     }
 }
 
-/// The value of whichever of `keys` comes last in `buf` with a complete number.
-fn last_of(buf: &[u8], keys: &[&[u8]]) -> Option<u64> {
-    keys.iter().filter_map(|k| last_number(buf, k)).max_by_key(|(at, _)| *at).map(|(_, v)| v)
+/// The keys whose numbers are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Cached,
+    CacheRead,
+    CacheCreation,
+    Prompt,
+    Input,
 }
 
-/// The position and value of the last complete `key: <integer>` in `buf` (one whose digits are
-/// followed by another byte, so a number cut at the chunk end is not taken).
-fn last_number(buf: &[u8], key: &[u8]) -> Option<(usize, u64)> {
-    let mut found = None;
-    let mut from = 0;
-    while let Some(pos) = find(&buf[from..], key) {
-        let start = from + pos + key.len();
-        from = start;
-        let rest = &buf[start..];
-        let rest = skip_ws(rest);
-        let Some(rest) = rest.strip_prefix(b":") else {
-            continue;
-        };
-        let rest = skip_ws(rest);
-        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-        if digits == 0 || digits == rest.len() || digits > 19 {
-            continue;
-        }
-        let text = std::str::from_utf8(&rest[..digits]).ok();
-        if let Some(v) = text.and_then(|t| t.parse().ok()) {
-            found = Some((start, v));
-        }
+/// Each key with its quotes. None is a prefix of another, so at most one starts at a quote.
+const KEYS: [(&[u8], Key); 5] = [
+    (b"\"cached_tokens\"", Key::Cached),
+    (b"\"cache_read_input_tokens\"", Key::CacheRead),
+    (b"\"cache_creation_input_tokens\"", Key::CacheCreation),
+    (b"\"prompt_tokens\"", Key::Prompt),
+    (b"\"input_tokens\"", Key::Input),
+];
+
+/// Every complete `"key": <integer>` in `buf`, in order: one whose digits are followed by
+/// another byte, so a number cut at the chunk end is not taken.
+fn keyed_numbers(buf: &[u8]) -> impl Iterator<Item = (Key, u64)> + '_ {
+    memchr::memchr_iter(b'"', buf).filter_map(move |at| {
+        let rest = &buf[at..];
+        let (name, key) = KEYS.iter().find(|(name, _)| rest.starts_with(name))?;
+        Some((*key, number_after(&rest[name.len()..])?))
+    })
+}
+
+/// The integer of `: <digits>` at the start of `rest` (whitespace allowed around the colon).
+fn number_after(rest: &[u8]) -> Option<u64> {
+    let rest = skip_ws(rest).strip_prefix(b":")?;
+    let rest = skip_ws(rest);
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || digits == rest.len() || digits > 19 {
+        return None;
     }
-    found
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
 }
 
 fn skip_ws(b: &[u8]) -> &[u8] {
     let n = b.iter().take_while(|c| c.is_ascii_whitespace()).count();
     &b[n..]
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 #[cfg(test)]
@@ -167,6 +172,98 @@ mod tests {
                     Usage { prompt_tokens: Some(1234), cached_tokens: Some(1216) },
                     "split at {split}"
                 );
+            }
+        }
+    }
+
+    /// The scan as first written, one key at a time over the whole buffer: the reference the
+    /// one-pass scan must agree with.
+    #[derive(Default)]
+    struct Reference {
+        tail: Vec<u8>,
+        fields: [Option<u64>; 4],
+    }
+
+    impl Reference {
+        fn push(&mut self, chunk: &[u8]) {
+            let mut buf = std::mem::take(&mut self.tail);
+            buf.extend_from_slice(chunk);
+            let keys: [&[&[u8]]; 4] = [
+                &[b"\"cached_tokens\"", b"\"cache_read_input_tokens\""],
+                &[b"\"cache_read_input_tokens\""],
+                &[b"\"cache_creation_input_tokens\""],
+                &[b"\"prompt_tokens\"", b"\"input_tokens\""],
+            ];
+            for (field, keys) in self.fields.iter_mut().zip(keys) {
+                let last = keys
+                    .iter()
+                    .filter_map(|k| last_number(&buf, k))
+                    .max_by_key(|(at, _)| *at)
+                    .map(|(_, v)| v);
+                if last.is_some() {
+                    *field = last;
+                }
+            }
+            let keep = buf.len().saturating_sub(TAIL);
+            self.tail = buf.split_off(keep);
+        }
+    }
+
+    fn last_number(buf: &[u8], key: &[u8]) -> Option<(usize, u64)> {
+        let mut found = None;
+        let mut from = 0;
+        while let Some(pos) = buf[from..].windows(key.len()).position(|w| w == key) {
+            let start = from + pos + key.len();
+            from = start;
+            let rest = skip_ws(&buf[start..]);
+            let Some(rest) = rest.strip_prefix(b":") else { continue };
+            let rest = skip_ws(rest);
+            let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+            if digits == 0 || digits == rest.len() || digits > 19 {
+                continue;
+            }
+            let text = std::str::from_utf8(&rest[..digits]).ok();
+            if let Some(v) = text.and_then(|t| t.parse().ok()) {
+                found = Some((start, v));
+            }
+        }
+        found
+    }
+
+    proptest::proptest! {
+        /// Bodies made of keys, separators, digits and stray bytes, cut into chunks anywhere:
+        /// the one-pass scan reads what the reference reads.
+        #[test]
+        fn one_pass_scan_agrees_with_the_reference(
+            parts in proptest::collection::vec(0usize..16, 0..80),
+            numbers in proptest::collection::vec(0u64..u64::MAX, 80),
+            cuts in proptest::collection::vec(0usize..400, 0..6),
+        ) {
+            const PIECES: [&[u8]; 12] = [
+                b"\"cached_tokens\"", b"\"cache_read_input_tokens\"",
+                b"\"cache_creation_input_tokens\"", b"\"prompt_tokens\"", b"\"input_tokens\"",
+                b":", b" ", b"\n", b",", b"\"", b"{\"usage\":", b"data: ",
+            ];
+            let mut body = Vec::new();
+            for (i, p) in parts.iter().enumerate() {
+                match PIECES.get(*p) {
+                    Some(piece) => body.extend_from_slice(piece),
+                    // Numbers of every length, up to past the 19 digits read.
+                    None if *p == 12 => body.extend_from_slice(numbers[i].to_string().as_bytes()),
+                    None if *p == 13 => body.extend_from_slice(b"99999999999999999999"),
+                    None => body.push(b'x'.wrapping_add(*p as u8)),
+                }
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(body.len())).collect();
+            cuts.sort_unstable();
+            let (mut s, mut r) = (UsageScanner::default(), Reference::default());
+            let mut from = 0;
+            for at in cuts.into_iter().chain([body.len()]) {
+                s.push(&body[from..at]);
+                r.push(&body[from..at]);
+                from = at;
+                let got = [s.usage.cached_tokens, s.cache_read, s.cache_creation, s.usage.prompt_tokens];
+                proptest::prop_assert_eq!(got, r.fields);
             }
         }
     }
