@@ -15,6 +15,7 @@ mod dynamo;
 mod engine_sglang;
 mod engine_vllm;
 mod failsafe;
+mod filter_bench;
 mod health;
 mod knowledge;
 mod last_token;
