@@ -5,7 +5,7 @@
 // wasm, not where.
 //
 // node --no-liftoff filter/bench/run.mjs WASM QWEN3_DIR [REQUESTS] [--threads N] [--inflight K]
-//   [--prompt short|8k] [--calls]
+//   [--prompt short|8k] [--calls] [--phases]
 //
 // What it models: Envoy with N worker threads (default 2), each its own instance of the
 // module over one shared-data store and one set of shared queues, as Envoy's VMs with one
@@ -18,7 +18,9 @@
 // filter's code and its host calls as V8 runs them, not Envoy's: no network, no HTTP codec,
 // and the host functions here are JavaScript, not Envoy's C++.
 //
-// It prints the wall-clock µs per request in each callback, summed over the threads.
+// It prints the wall-clock µs per request in each callback, summed over the threads; with
+// --calls, the host calls per request by function and shared-data key; with --phases, the
+// decision header on and the p50 / p99 of its timers (parse, catch-up, journal, decide).
 // Profile: node --no-liftoff --cpu-prof --cpu-prof-dir=D filter/bench/run.mjs ..., then
 // node core/turn-bench/run.mjs --summary D/*.cpuprofile 40
 import { readFileSync } from "node:fs";
@@ -37,6 +39,9 @@ const inflight = Number(flag("--inflight", "16"));
 const promptKind = flag("--prompt", "short");
 const countCalls = argv.includes("--calls");
 if (countCalls) argv.splice(argv.indexOf("--calls"), 1);
+// The filter's decision header on, and its timers summarised (the header costs a little).
+const showPhases = argv.includes("--phases");
+if (showPhases) argv.splice(argv.indexOf("--phases"), 1);
 const [wasmPath, bundleDir, requestsArg = "20000"] = argv;
 if (!wasmPath || !bundleDir || !(threads >= 1) || !(inflight >= 1)) {
   console.error(
@@ -69,6 +74,7 @@ const config = JSON.stringify({
       tokenizer_config: JSON.parse(readFileSync(`${bundleDir}/tokenizer_config.json`, "utf8")),
     },
   ],
+  expose_decision_header: showPhases,
 });
 const RESPONSE = enc.encode(
   '{"id":"cmpl-bench","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}',
@@ -350,6 +356,14 @@ function finish(t, s) {
   if (!s.replied) {
     s.responseBody = RESPONSE;
     timed("response headers", () => x.proxy_on_response_headers(s.id, s.response.size, 0));
+    // The decision header's own timers (µs): parse, catch-up, journal, decide, tokenize.
+    const header = s.response.get("x-kvroute-decision");
+    if (header) {
+      for (const field of header.split("; ")) {
+        const [k, v] = field.split("=");
+        if (PHASES.includes(k)) phases.get(k).push(Number(v));
+      }
+    }
     timed("response body", () => x.proxy_on_response_body(s.id, RESPONSE.length, 1));
   }
   timed("log", () => x.proxy_on_log(s.id));
@@ -357,6 +371,8 @@ function finish(t, s) {
   t.stream = null;
 }
 
+const PHASES = ["decision_us", "parse_us", "catchup_us", "journal_us", "decide_us", "tokenize_us"];
+const phases = new Map(PHASES.map((k) => [k, []]));
 const ts = [];
 for (let i = 0; i < threads; i++) ts.push(await thread(i));
 const open = ts.map(() => []);
@@ -386,6 +402,13 @@ for (const [k, v] of spent) {
   console.log(`  ${k.padEnd(18)} ${(Number(v) / 1e3 / requests).toFixed(2).padStart(8)}`);
 }
 console.log(`  ${"callbacks".padEnd(18)} ${(Number(inCallbacks) / 1e3 / requests).toFixed(2).padStart(8)}`);
+const quantile = (v, q) => [...v].sort((a, b) => a - b)[Math.min(v.length - 1, Math.floor(q * v.length))];
+if (phases.get("decision_us").length) {
+  console.log("the decision header's timers, µs (p50 / p99):");
+  for (const [k, v] of phases) {
+    console.log(`  ${k.padEnd(18)} ${String(quantile(v, 0.5)).padStart(8)} ${String(quantile(v, 0.99)).padStart(8)}`);
+  }
+}
 if (countCalls) {
   console.log("host calls per request:");
   for (const [k, v] of [...calls.entries()].sort((a, b) => b[1] - a[1])) {
