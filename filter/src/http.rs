@@ -283,10 +283,13 @@ impl KvHttp {
         host::set_request_header(PER_TRY_TIMEOUT_HEADER, Some(&ms));
     }
 
-    /// Carries out a routed request's effects, in order.
-    fn apply(&self, effects: Vec<Effect>) {
-        let Some(f) = self.inflight.as_ref() else { return };
+    /// Carries out a routed request's effects, in order. Returns whether this thread's load
+    /// shard changed in a way other threads must see: the caller writes it once, after every
+    /// effect of its callback (an answer whose first bytes also end it writes it once).
+    fn apply(&self, effects: Vec<Effect>) -> bool {
+        let Some(f) = self.inflight.as_ref() else { return false };
         let state = &self.state;
+        let mut changed = false;
         for effect in effects {
             match effect {
                 Effect::Served { planned } => state.watch.borrow_mut().served(planned),
@@ -303,7 +306,7 @@ impl KvHttp {
                     if let Some(t) = f.prefill_ticket {
                         state.shard.borrow_mut().end(t);
                     }
-                    state.flush_load(host::now_ms());
+                    changed = true;
                 }
                 // A P/D estimate spans two workers: nothing to learn of the decode one alone.
                 Effect::Calibrate if !f.decision.prefill.is_empty() => {}
@@ -319,12 +322,20 @@ impl KvHttp {
                     if let Some(t) = f.prefill_ticket {
                         state.shard.borrow_mut().end(t);
                     }
-                    state.flush_load(host::now_ms());
+                    changed = true;
                 }
                 Effect::Audit { worker, actual } => {
                     state.metrics.audit(&worker, f.decision.audit(actual), actual)
                 }
             }
+        }
+        changed
+    }
+
+    /// Writes this thread's load shard when `changed` says an effect changed it.
+    fn write_load(&self, changed: bool) {
+        if changed {
+            self.state.flush_load(host::now_ms());
         }
     }
 
@@ -336,7 +347,8 @@ impl KvHttp {
         };
         let details = host::property(&["response", "code_details"]).unwrap_or_default();
         if let Some(e) = f.life.ended(&details) {
-            self.apply(vec![e]);
+            let changed = self.apply(vec![e]);
+            self.write_load(changed);
         }
     }
 
@@ -381,23 +393,26 @@ impl KvHttp {
         let ignored = self.state.watch.borrow().has(Symptom::OverrideIgnored, host::now_ms());
         let Some(f) = self.inflight.as_mut() else { return };
         let effects = f.life.response_started(status, served.as_deref(), &details, ignored);
-        self.apply(effects);
+        let changed = self.apply(effects);
+        self.write_load(changed);
     }
 
-    fn first_byte(&mut self) {
-        let Some(f) = self.inflight.as_mut() else { return };
+    /// The response's first bytes; returns whether the load shard changed (not written yet).
+    fn first_byte(&mut self) -> bool {
+        let Some(f) = self.inflight.as_mut() else { return false };
         let effects = f.life.first_byte();
-        self.apply(effects);
+        self.apply(effects)
     }
 
-    /// Releases the load and audits the prediction; runs once per routed request.
-    fn finish(&mut self) {
-        let Some(f) = self.inflight.as_mut() else { return };
+    /// Releases the load and audits the prediction; runs once per routed request. Returns
+    /// whether the load shard changed (not written yet).
+    fn finish(&mut self) -> bool {
+        let Some(f) = self.inflight.as_mut() else { return false };
         if f.life.released() {
-            return;
+            return false;
         }
         let effects = f.life.finish(f.scanner.usage().cached_tokens);
-        self.apply(effects);
+        self.apply(effects)
     }
 
     /// The decision header of a request passed on unrouted: who served it, and why.
@@ -520,8 +535,9 @@ impl HttpContext for KvHttp {
         if self.inflight.is_none() {
             return Action::Continue;
         }
+        let mut changed = false;
         if body_size > 0 {
-            self.first_byte();
+            changed = self.first_byte();
             if let Some(chunk) = host::response_body(body_size) {
                 if let Some(f) = self.inflight.as_mut() {
                     f.scanner.push(&chunk);
@@ -529,21 +545,25 @@ impl HttpContext for KvHttp {
             }
         }
         if end_of_stream {
-            self.finish();
+            // An answer whose first bytes end it (not streamed): one write of the shard.
+            changed |= self.finish();
         }
+        self.write_load(changed);
         Action::Continue
     }
 
     /// A response that ends with trailers: its body callbacks never saw the end of the stream.
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.finish();
+        let changed = self.finish();
+        self.write_load(changed);
         Action::Continue
     }
 
     fn on_log(&mut self) {
         self.state.waiting.done(self.id);
         self.judge_end();
-        self.finish();
+        let changed = self.finish();
+        self.write_load(changed);
         // The stream is over: what the other threads and the updater published since this
         // thread's last catch-up (this decision's own credit among it) is applied now, where no
         // request waits for it, rather than on the thread's next request. Bounded as on a

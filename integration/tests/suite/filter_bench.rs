@@ -36,6 +36,11 @@ fn the_built_filter_routes_every_request_through_the_abi_host() {
     assert!(per_request("proxy_get_shared_data kvroute.journal.N (found)") >= 1.0, "{text}");
     assert!(per_request("proxy_set_shared_data kvroute.load.shard.N") >= 1.0, "{text}");
     assert!(per_request("proxy_get_shared_data kvroute.load.shard.N (found)") > 0.0, "{text}");
+    // An answer whose first bytes also end it (not streamed) writes the shard twice: when
+    // decided, and once for its first byte and its end together (a heartbeat on a tick may
+    // add a few).
+    let shard_writes = per_request("proxy_set_shared_data kvroute.load.shard.N");
+    assert!((2.0..2.5).contains(&shard_writes), "{shard_writes} shard writes: {text}");
     // The decision header's timers were read from every answer: the whole decision and its
     // phases, each with a p50 and a p99.
     for field in ["decision_us", "parse_us", "catchup_us", "journal_us", "decide_us"] {
