@@ -36,6 +36,10 @@ pub struct RequestRecord {
     /// against `ttft_ms` it gives the estimate error.
     #[serde(default)]
     pub predicted_ttft_ms: Option<f64>,
+    /// Of that estimate, the wait behind the chosen worker's queue (`predicted_wait_ms`; 0:
+    /// nothing queued there); none from filters before the field.
+    #[serde(default)]
+    pub predicted_wait_ms: Option<f64>,
     /// How late the client sent it against its schedule (host health: a busy client sends late).
     #[serde(default)]
     pub send_lag_ms: f64,

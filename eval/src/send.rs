@@ -103,6 +103,7 @@ pub async fn send(
         cached_tokens: None,
         predicted_cached_tokens: None,
         predicted_ttft_ms: None,
+        predicted_wait_ms: None,
         send_lag_ms: 0.0,
         whatif_ms: Vec::new(),
         replicated: false,
@@ -174,6 +175,7 @@ fn to_engine_time(rec: &mut RequestRecord, speedup: f64) {
     let k = if speedup.is_finite() && speedup > 0.0 { speedup } else { 1.0 };
     rec.ttft_ms = rec.ttft_ms.map(|t| t * k);
     rec.predicted_ttft_ms = rec.predicted_ttft_ms.map(|t| t * k);
+    rec.predicted_wait_ms = rec.predicted_wait_ms.map(|t| t * k);
     rec.gaps_ms.iter_mut().for_each(|g| *g *= k);
     rec.max_gap_ms *= k;
     rec.e2e_ms *= k;
@@ -207,6 +209,11 @@ async fn exchange(
     rec.predicted_ttft_ms = decision
         .as_deref()
         .and_then(|d| kvroute_stack::client::decision_field(d, "predicted_ttft_ms"))
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| *v >= 0.0);
+    rec.predicted_wait_ms = decision
+        .as_deref()
+        .and_then(|d| kvroute_stack::client::decision_field(d, "predicted_wait_ms"))
         .and_then(|v| v.parse::<f64>().ok())
         .filter(|v| *v >= 0.0);
     rec.replicated = decision.as_deref().is_some_and(decision_replicated);
@@ -314,6 +321,7 @@ mod tests {
             send_lag_ms: 0.5,
             whatif_ms: vec![Some(7.0)],
             predicted_ttft_ms: Some(9.0),
+            predicted_wait_ms: Some(2.0),
             ..Default::default()
         };
         to_engine_time(&mut r, 4.0);
@@ -322,5 +330,6 @@ mod tests {
         assert_eq!((r.max_gap_ms, r.e2e_ms, r.send_lag_ms), (12.0, 40.0, 2.0));
         assert_eq!(r.whatif_ms, [Some(7.0)], "what-if answers are engine time already");
         assert_eq!(r.predicted_ttft_ms, Some(36.0), "the filter predicts the wall clock it sees");
+        assert_eq!(r.predicted_wait_ms, Some(8.0));
     }
 }

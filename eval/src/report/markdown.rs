@@ -482,8 +482,9 @@ fn estimate(report: &Report, out: &mut String) {
          median over the requests; signed: (predicted − observed) / observed, below 0 = the \
          filter expected it sooner. Windows: tenths of each run's arrival span (valid runs at \
          the reference load pooled). After warm-up: the median error of windows 3–10 (the \
-         requests after the first 20 % of each run's arrival span). See \
-         `estimate_error.svg`.\n\n",
+         requests after the first 20 % of each run's arrival span), also split by what the \
+         estimate saw on the chosen worker (`predicted_wait_ms`): nothing queued, or a queue to \
+         wait behind (where the error comes from). See `estimate_error.svg`.\n\n",
     );
     if report.estimate.is_empty() {
         out.push_str("No request carried a TTFT estimate.\n\n");
@@ -497,6 +498,8 @@ fn estimate(report: &Report, out: &mut String) {
         "median error".into(),
         "median signed".into(),
         "after warm-up".into(),
+        "nothing queued".into(),
+        "behind a queue".into(),
     ];
     header.extend((1..=n).map(|w| format!("w{w}")));
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
@@ -508,6 +511,8 @@ fn estimate(report: &Report, out: &mut String) {
             pct(e.median),
             pct(e.median_signed),
             format!("{} <small>(n={})</small>", pct(e.after_warmup), e.after_warmup_count),
+            split_cell(&e.after_warmup_idle),
+            split_cell(&e.after_warmup_queued),
         ];
         row.extend(e.windows.iter().map(|(k, m)| format!("{} <small>(n={k})</small>", pct(*m))));
         row
@@ -519,6 +524,11 @@ fn estimate(report: &Report, out: &mut String) {
         recorded(&report.scope.filter_profile),
         recorded(&report.scope.sim_profile)
     );
+}
+
+/// A part of the after-warm-up estimate error: `12.0% (n=80)`.
+pub(super) fn split_cell(s: &crate::report::regret::WaitSplit) -> String {
+    format!("{} <small>(n={})</small>", pct(s.median), s.count)
 }
 
 /// The goodput at SLO of one policy: `12.0 req/s [10.0–12.0]`, or "below the ladder".

@@ -119,10 +119,46 @@ pub struct EstimateError {
     /// Requests the after-warm-up median is over.
     #[serde(default)]
     pub after_warmup_count: usize,
+    /// The after-warm-up median over the requests whose worker had nothing queued by the
+    /// estimate (`predicted_wait_ms` 0), and over those it put behind a queue: where the
+    /// error comes from. Requests from filters without the field are in neither.
+    #[serde(default)]
+    pub after_warmup_idle: WaitSplit,
+    #[serde(default)]
+    pub after_warmup_queued: WaitSplit,
 }
 
-/// (window, signed relative error) of every estimated request of a run.
-fn errors(run: &RunResult) -> Vec<(usize, f64)> {
+/// A median relative error over part of the requests, and how many it is over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct WaitSplit {
+    pub median: Option<f64>,
+    pub count: usize,
+}
+
+impl WaitSplit {
+    fn of(errors: impl Iterator<Item = f64>) -> WaitSplit {
+        let v = sorted(errors.map(f64::abs));
+        WaitSplit { median: nearest_rank(&v, 0.5), count: v.len() }
+    }
+}
+
+/// Where an estimated request's wait was: nothing queued, behind a queue, or not said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    Idle,
+    Queued,
+    Unknown,
+}
+
+/// One estimated request: its time window, signed relative error and queue.
+struct Estimated {
+    window: usize,
+    error: f64,
+    queue: Queue,
+}
+
+/// Every estimated request of a run.
+fn errors(run: &RunResult) -> Vec<Estimated> {
     let ats: Vec<f64> = run.records.iter().map(|r| r.at_ms).filter(|a| a.is_finite()).collect();
     let lo = ats.iter().copied().reduce(f64::min).unwrap_or(0.0);
     let hi = ats.iter().copied().reduce(f64::max).unwrap_or(0.0);
@@ -137,26 +173,33 @@ fn errors(run: &RunResult) -> Vec<(usize, f64)> {
             }
             let w =
                 if hi > lo { ((r.at_ms - lo) / (hi - lo) * WINDOWS as f64) as usize } else { 0 };
-            Some((w.min(WINDOWS - 1), e))
+            let queue = match r.predicted_wait_ms {
+                Some(w) if w > 0.0 => Queue::Queued,
+                Some(_) => Queue::Idle,
+                None => Queue::Unknown,
+            };
+            Some(Estimated { window: w.min(WINDOWS - 1), error: e, queue })
         })
         .collect()
 }
 
 /// The estimate error of `policy` over `runs`; `None` when no request carried an estimate.
 pub fn estimate_error(policy: &str, runs: &[&RunResult]) -> Option<EstimateError> {
-    let e: Vec<(usize, f64)> = runs.iter().flat_map(|r| errors(r)).collect();
+    let e: Vec<Estimated> = runs.iter().flat_map(|r| errors(r)).collect();
     if e.is_empty() {
         return None;
     }
-    let abs = sorted(e.iter().map(|(_, x)| x.abs()));
-    let signed = sorted(e.iter().map(|(_, x)| *x));
+    let abs = sorted(e.iter().map(|x| x.error.abs()));
+    let signed = sorted(e.iter().map(|x| x.error));
     let windows = (0..WINDOWS)
         .map(|w| {
-            let v = sorted(e.iter().filter(|(k, _)| *k == w).map(|(_, x)| x.abs()));
+            let v = sorted(e.iter().filter(|x| x.window == w).map(|x| x.error.abs()));
             (v.len(), nearest_rank(&v, 0.5))
         })
         .collect();
-    let warm = sorted(e.iter().filter(|(k, _)| *k >= WARMUP_WINDOWS).map(|(_, x)| x.abs()));
+    let warmed = || e.iter().filter(|x| x.window >= WARMUP_WINDOWS);
+    let warm = sorted(warmed().map(|x| x.error.abs()));
+    let split = |q| WaitSplit::of(warmed().filter(|x| x.queue == q).map(|x| x.error));
     Some(EstimateError {
         policy: policy.to_owned(),
         runs: runs.len(),
@@ -166,6 +209,8 @@ pub fn estimate_error(policy: &str, runs: &[&RunResult]) -> Option<EstimateError
         windows,
         after_warmup: nearest_rank(&warm, 0.5),
         after_warmup_count: warm.len(),
+        after_warmup_idle: split(Queue::Idle),
+        after_warmup_queued: split(Queue::Queued),
     })
 }
 
@@ -256,6 +301,41 @@ mod tests {
         assert_eq!(e.windows[9], (1, Some(0.9)));
         // After warm-up: windows 3..=10, errors 0.2..=0.9; nearest-rank median is the 4th.
         assert_eq!((e.after_warmup, e.after_warmup_count), (Some(0.5), 8));
+        // Without `predicted_wait_ms` (an older filter) neither split counts a request.
+        assert_eq!(e.after_warmup_idle, WaitSplit::default());
+        assert_eq!(e.after_warmup_queued, WaitSplit::default());
         assert!(estimate_error("least-request", &[&run(vec![])]).is_none());
+    }
+
+    #[test]
+    fn the_error_after_warm_up_is_split_by_the_queue_the_estimate_saw() {
+        // 20 requests at 0..1900 ms (two per window), observed 100 ms. Even ones had nothing
+        // queued and were estimated 110 ms (10 %); odd ones were put behind a queue and
+        // estimated 100 - 5 * i ms (too soon, more so as the run goes on).
+        let records: Vec<_> = (0..20)
+            .map(|i| RequestRecord {
+                at_ms: 100.0 * i as f64,
+                status: 200,
+                ttft_ms: Some(100.0),
+                predicted_ttft_ms: Some(if i % 2 == 0 { 110.0 } else { 100.0 - 5.0 * i as f64 }),
+                predicted_wait_ms: Some(if i % 2 == 0 { 0.0 } else { 30.0 }),
+                ..Default::default()
+            })
+            .collect();
+        let e = estimate_error("kvroute", &[&run(records)]).expect("estimates");
+        // After warm-up: requests 4..=19 (windows 3..=10 of a 1 900 ms span).
+        assert_eq!(e.after_warmup_count, 16);
+        let idle = e.after_warmup_idle;
+        assert_eq!(idle.count, 8);
+        assert!(idle.median.is_some_and(|m| (m - 0.1).abs() < 1e-9), "{idle:?}");
+        // Odd 5..=19: errors 0.25, 0.35, .., 0.95; the 4th of 8 is 0.55.
+        let queued = e.after_warmup_queued;
+        assert_eq!(queued.count, 8);
+        assert!(queued.median.is_some_and(|m| (m - 0.55).abs() < 1e-9), "{queued:?}");
+        // A report written before the split reads back with empty splits.
+        let old = r#"{"policy": "kvroute", "runs": 1, "count": 2, "median": 0.1,
+            "median_signed": 0.1, "windows": [], "after_warmup": 0.1, "after_warmup_count": 2}"#;
+        let back: EstimateError = serde_json::from_str(old).expect("an older report");
+        assert_eq!(back.after_warmup_queued, WaitSplit::default());
     }
 }

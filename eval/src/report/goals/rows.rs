@@ -6,7 +6,7 @@ use super::{
     ORACLE, REUSE,
 };
 use crate::repeat::{aa_ratios, noise_floor, paired, verdict, RepeatVerdict, Spread};
-use crate::report::markdown::{cell, pct};
+use crate::report::markdown::{cell, pct, split_cell};
 use crate::report::summary::KVROUTE;
 use crate::report::{cohorts, Metric, Report, ALL, BASELINE};
 
@@ -228,9 +228,10 @@ fn estimate(reports: &[Report], out: &mut Vec<GoalRow>) {
                     None => GoalOutcome::NotMeasured("no estimated request after warm-up".into()),
                     Some(v) if v <= ESTIMATE_ERROR_GOAL => GoalOutcome::Met,
                     Some(v) => GoalOutcome::NotMet(format!(
-                        "median {} > {}",
+                        "median {} > {}{}",
                         pct(Some(v)),
-                        pct(Some(ESTIMATE_ERROR_GOAL))
+                        pct(Some(ESTIMATE_ERROR_GOAL)),
+                        where_from(e)
                     )),
                 };
                 (measured, outcome)
@@ -345,4 +346,19 @@ pub fn rows(reports: &[Report]) -> Vec<GoalRow> {
     regret(reports, &mut out);
     stretch(reports, &mut out);
     out
+}
+
+/// Where a missed estimate-error goal's error comes from: the error over the requests whose
+/// worker had nothing queued by the estimate, and over those behind a queue (empty when no
+/// request said, e.g. an older filter).
+fn where_from(e: &crate::report::regret::EstimateError) -> String {
+    let (idle, queued) = (&e.after_warmup_idle, &e.after_warmup_queued);
+    if idle.count + queued.count == 0 {
+        return String::new();
+    }
+    format!(
+        "; nothing queued {}, behind a queue {}",
+        split_cell(idle).replace(" <small>", " ").replace("</small>", ""),
+        split_cell(queued).replace(" <small>", " ").replace("</small>", "")
+    )
 }

@@ -1,7 +1,7 @@
 use super::*;
 use crate::record::{Health, Slo};
 use crate::repeat::verdict;
-use crate::report::regret::{EstimateError, RegretStats};
+use crate::report::regret::{EstimateError, RegretStats, WaitSplit};
 use crate::report::{
     Comparison, Metric, MetricNoise, MetricRatio, NoiseRow, PolicyReport, PrefillBalance,
     QueueStats, Scope, ALL,
@@ -262,6 +262,8 @@ fn plan() -> Vec<Report> {
         median: Some(0.3),
         after_warmup: Some(0.2),
         after_warmup_count: 80,
+        after_warmup_idle: WaitSplit { median: Some(0.08), count: 50 },
+        after_warmup_queued: WaitSplit { median: Some(0.4), count: 30 },
         ..Default::default()
     });
     let regret = |policy: &str, p90: &[f64]| RegretStats {
@@ -313,6 +315,9 @@ fn rows_cover_every_goal_with_met_not_met_and_not_measured() {
     assert_eq!(find(&rows, e, "multi-turn", ALL).outcome, GoalOutcome::Met);
     assert_eq!(find(&rows, e, "multi-turn", ALL).measured, "12.0% (n=80; whole run 30.0%)");
     assert!(not_met(&find(&rows, e, "flash-crowd", ALL).outcome, "20.0% > 15.0%"));
+    // A miss says where its error comes from, when the requests said what they waited behind.
+    let why = "nothing queued 8.0% (n=50), behind a queue 40.0% (n=30)";
+    assert!(not_met(&find(&rows, e, "flash-crowd", ALL).outcome, why));
     let fan = find(&rows, e, "agentic-fan-out", ALL);
     assert!(not_measured(&fan.outcome, "no request carried"), "{fan:?}");
 
