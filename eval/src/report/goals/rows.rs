@@ -6,7 +6,7 @@ use super::{
     ORACLE, REUSE,
 };
 use crate::repeat::{aa_ratios, noise_floor, paired, verdict, RepeatVerdict, Spread};
-use crate::report::markdown::{cell, pct, split_cell};
+use crate::report::markdown::{cell, pct};
 use crate::report::summary::KVROUTE;
 use crate::report::{cohorts, Metric, Report, ALL, BASELINE};
 
@@ -356,9 +356,6 @@ fn where_from(e: &crate::report::regret::EstimateError) -> String {
     if idle.count + queued.count == 0 {
         return String::new();
     }
-    format!(
-        "; nothing queued {}, behind a queue {}",
-        split_cell(idle).replace(" <small>", " ").replace("</small>", ""),
-        split_cell(queued).replace(" <small>", " ").replace("</small>", "")
-    )
+    let part = |s: &crate::report::regret::WaitSplit| format!("{} (n={})", pct(s.median), s.count);
+    format!("; nothing queued {}, behind a queue {}", part(idle), part(queued))
 }
