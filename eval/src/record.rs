@@ -55,6 +55,10 @@ pub struct RequestRecord {
     /// set, wall-clock µs, `decision_us` in `x-kvroute-decision`); none without the header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision_us: Option<u64>,
+    /// Which of the run's Envoy instances (or peer router instances) the client sent it to, by
+    /// index; none in reports from before the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envoy: Option<usize>,
     /// Topology fields of `x-kvroute-decision` (kvroute policies with a network only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topo: Option<TopoDecision>,

@@ -122,8 +122,8 @@ pub async fn run_policy(
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let (http, url, s, bar) =
-                (http.clone(), urls[i % urls.len()].clone(), s.clone(), bar.clone());
+            let envoy = i % urls.len();
+            let (http, url, s, bar) = (http.clone(), urls[envoy].clone(), s.clone(), bar.clone());
             let ctx = Arc::clone(&ctx);
             let net = topo.net.clone();
             tokio::spawn(async move {
@@ -131,6 +131,7 @@ pub async fn run_policy(
                 tokio::time::sleep_until(due).await;
                 let lag = tokio::time::Instant::now().saturating_duration_since(due);
                 let mut r = send(&http, &url, i, &s, &ctx).await;
+                r.envoy = Some(envoy);
                 r.at_ms = s.at.as_secs_f64() * 1000.0 / clock.rate_scale;
                 r.send_lag_ms = clock.engine_ms(lag);
                 if let Some(net) = &net {

@@ -108,6 +108,7 @@ pub async fn send(
         whatif_ms: Vec::new(),
         replicated: false,
         decision_us: None,
+        envoy: None,
         topo: None,
         within_slo: false,
         cohorts: s.cohorts.clone(),

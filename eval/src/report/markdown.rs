@@ -518,11 +518,36 @@ fn estimate(report: &Report, out: &mut String) {
         row
     });
     out.push_str(&table(&header, rows));
+    races(report, out);
     let _ = writeln!(
         out,
         "\nFilter coefficients: {}. Simulator coefficients: {}.\n",
         recorded(&report.scope.filter_profile),
         recorded(&report.scope.sim_profile)
+    );
+}
+
+/// The after-warm-up estimate error split by races between Envoys, when a run had several.
+fn races(report: &Report, out: &mut String) {
+    let raced: Vec<_> = report
+        .estimate
+        .iter()
+        .filter(|e| e.after_warmup_raced.count + e.after_warmup_unraced.count > 0)
+        .map(|e| {
+            let (r, u) = (&e.after_warmup_raced, &e.after_warmup_unraced);
+            format!("{}: raced {}, not raced {}", cell(&e.policy), split_cell(r), split_cell(u))
+        })
+        .collect();
+    if raced.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nRaced by another Envoy (after warm-up): another Envoy had sent a request to the same \
+         worker at most {} ms (wall clock) before, or at the same instant, and it had no first \
+         byte yet; neither filter could count the other's. {}.",
+        crate::report::regret::RACE_WALL_MS,
+        raced.join("; ")
     );
 }
 

@@ -24,6 +24,11 @@ pub const WINDOWS: usize = 10;
 /// first 20 % of the arrival span).
 pub const WARMUP_WINDOWS: usize = 2;
 
+/// Another Envoy's request sent to the same worker this long before (wall ms), or less, may
+/// not have reached a filter's knowledge yet: the replicas relay their load to each other
+/// through the updater within about this (its freshness goal).
+pub const RACE_WALL_MS: f64 = 25.0;
+
 /// The regret distribution of one policy (over the runs summarised).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RegretStats {
@@ -126,6 +131,14 @@ pub struct EstimateError {
     pub after_warmup_idle: WaitSplit,
     #[serde(default)]
     pub after_warmup_queued: WaitSplit,
+    /// The after-warm-up median over the requests raced by another Envoy (another Envoy sent a
+    /// request to the same worker at most [`RACE_WALL_MS`] before this one, and it had no first
+    /// byte yet when this one was sent: neither filter could count the other's), and over the
+    /// others. Both empty with one Envoy, or records without their Envoy.
+    #[serde(default)]
+    pub after_warmup_raced: WaitSplit,
+    #[serde(default)]
+    pub after_warmup_unraced: WaitSplit,
 }
 
 /// A median relative error over part of the requests, and how many it is over.
@@ -150,11 +163,46 @@ enum Queue {
     Unknown,
 }
 
-/// One estimated request: its time window, signed relative error and queue.
+/// One estimated request: its time window, signed relative error, queue, and whether another
+/// Envoy raced it (`None`: not known).
 struct Estimated {
     window: usize,
     error: f64,
     queue: Queue,
+    raced: Option<bool>,
+}
+
+/// Whether another Envoy raced each record of `run` (see
+/// [`EstimateError::after_warmup_raced`]); `None` for records without their Envoy, and for
+/// all of a run with one Envoy.
+fn races(run: &RunResult) -> Vec<Option<bool>> {
+    let recs = &run.records;
+    let envoys: std::collections::BTreeSet<usize> = recs.iter().filter_map(|r| r.envoy).collect();
+    if envoys.len() < 2 {
+        return vec![None; recs.len()];
+    }
+    // Records times are engine time: the wall-clock window scaled by the workers' speedup.
+    let window = RACE_WALL_MS * run.speedup.max(0.0);
+    let mut by_arrival: Vec<usize> =
+        (0..recs.len()).filter(|&i| recs[i].at_ms.is_finite()).collect();
+    by_arrival.sort_by(|&a, &b| recs[a].at_ms.total_cmp(&recs[b].at_ms));
+    let mut out = vec![None; recs.len()];
+    for (k, &i) in by_arrival.iter().enumerate() {
+        let r = &recs[i];
+        let (Some(envoy), Some(worker)) = (r.envoy, r.worker.as_deref()) else { continue };
+        // Earlier arrivals within the window, and those at the same instant after it in order.
+        let same_or_before =
+            by_arrival[k + 1..].iter().take_while(|&&j| recs[j].at_ms <= r.at_ms).chain(
+                by_arrival[..k].iter().rev().take_while(|&&j| r.at_ms - recs[j].at_ms <= window),
+            );
+        let raced = same_or_before.map(|&j| &recs[j]).any(|o| {
+            o.envoy.is_some_and(|e| e != envoy)
+                && o.worker.as_deref() == Some(worker)
+                && o.ttft_ms.is_some_and(|t| r.at_ms < o.at_ms + t)
+        });
+        out[i] = Some(raced);
+    }
+    out
 }
 
 /// Every estimated request of a run.
@@ -162,10 +210,12 @@ fn errors(run: &RunResult) -> Vec<Estimated> {
     let ats: Vec<f64> = run.records.iter().map(|r| r.at_ms).filter(|a| a.is_finite()).collect();
     let lo = ats.iter().copied().reduce(f64::min).unwrap_or(0.0);
     let hi = ats.iter().copied().reduce(f64::max).unwrap_or(0.0);
+    let raced = races(run);
     run.records
         .iter()
-        .filter(|r| r.ok())
-        .filter_map(|r| {
+        .zip(raced)
+        .filter(|(r, _)| r.ok())
+        .filter_map(|(r, raced)| {
             let (p, o) = (r.predicted_ttft_ms?, r.ttft_ms?);
             let e = (p - o) / o;
             if !(o > 0.0 && e.is_finite()) {
@@ -178,7 +228,7 @@ fn errors(run: &RunResult) -> Vec<Estimated> {
                 Some(_) => Queue::Idle,
                 None => Queue::Unknown,
             };
-            Some(Estimated { window: w.min(WINDOWS - 1), error: e, queue })
+            Some(Estimated { window: w.min(WINDOWS - 1), error: e, queue, raced })
         })
         .collect()
 }
@@ -200,6 +250,7 @@ pub fn estimate_error(policy: &str, runs: &[&RunResult]) -> Option<EstimateError
     let warmed = || e.iter().filter(|x| x.window >= WARMUP_WINDOWS);
     let warm = sorted(warmed().map(|x| x.error.abs()));
     let split = |q| WaitSplit::of(warmed().filter(|x| x.queue == q).map(|x| x.error));
+    let race = |r| WaitSplit::of(warmed().filter(|x| x.raced == Some(r)).map(|x| x.error));
     Some(EstimateError {
         policy: policy.to_owned(),
         runs: runs.len(),
@@ -211,6 +262,8 @@ pub fn estimate_error(policy: &str, runs: &[&RunResult]) -> Option<EstimateError
         after_warmup_count: warm.len(),
         after_warmup_idle: split(Queue::Idle),
         after_warmup_queued: split(Queue::Queued),
+        after_warmup_raced: race(true),
+        after_warmup_unraced: race(false),
     })
 }
 
@@ -337,5 +390,67 @@ mod tests {
             "median_signed": 0.1, "windows": [], "after_warmup": 0.1, "after_warmup_count": 2}"#;
         let back: EstimateError = serde_json::from_str(old).expect("an older report");
         assert_eq!(back.after_warmup_queued, WaitSplit::default());
+    }
+
+    /// A request at `at_ms` sent through `envoy` to `worker`, observed 100 ms, estimated
+    /// `predicted` ms.
+    fn through(envoy: usize, worker: &str, at_ms: f64, predicted: f64) -> RequestRecord {
+        RequestRecord {
+            at_ms,
+            envoy: Some(envoy),
+            worker: Some(worker.into()),
+            status: 200,
+            ttft_ms: Some(100.0),
+            predicted_ttft_ms: Some(predicted),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_error_after_warm_up_is_split_by_races_between_envoys() {
+        // Warm-up: two requests early on (the span is 0..1000 ms; windows 3..=10 from 200 ms).
+        let mut records = vec![through(0, "w9", 0.0, 100.0), through(1, "w9", 1000.0, 100.0)];
+        // Raced (estimated 150 ms, 50 %): envoy 1 at the same instant as envoy 0's request to
+        // w0 (both raced), and 20 ms after envoy 0's request to w1.
+        records.push(through(0, "w0", 300.0, 150.0));
+        records.push(through(1, "w0", 300.0, 150.0));
+        records.push(through(0, "w1", 400.0, 100.0));
+        records.push(through(1, "w1", 420.0, 150.0));
+        // Not raced (estimated 110 ms, 10 %): the other Envoy's request 30 ms before (outside
+        // the window), the same Envoy's at the same instant, another worker, and one whose
+        // first byte had come (its TTFT 4 ms).
+        records.push(through(0, "w2", 500.0, 110.0));
+        records.push(through(1, "w2", 530.0, 110.0));
+        records.push(through(0, "w3", 600.0, 110.0));
+        records.push(through(0, "w3", 600.0, 110.0));
+        records.push(through(1, "w4", 700.0, 110.0));
+        records.push(RequestRecord {
+            ttft_ms: Some(4.0),
+            predicted_ttft_ms: Some(4.4),
+            ..through(0, "w5", 800.0, 0.0)
+        });
+        records.push(through(1, "w5", 805.0, 110.0));
+        let r = run(records.clone());
+        let e = estimate_error("kvroute", &[&r]).expect("estimates");
+        // w1's first request (envoy 0 at 400 ms) was not raced: envoy 1's came after it.
+        let raced = e.after_warmup_raced;
+        assert_eq!(raced.count, 3, "{raced:?}");
+        assert!(raced.median.is_some_and(|m| (m - 0.5).abs() < 1e-9), "{raced:?}");
+        let unraced = e.after_warmup_unraced;
+        assert_eq!(unraced.count, 9, "{unraced:?}");
+        assert!(unraced.median.is_some_and(|m| (m - 0.1).abs() < 1e-9), "{unraced:?}");
+        // At twice the speed, records' 30 ms is 15 ms of wall time: inside the window.
+        let fast = RunResult { speedup: 2.0, ..run(records.clone()) };
+        let e = estimate_error("kvroute", &[&fast]).expect("estimates");
+        assert_eq!((e.after_warmup_raced.count, e.after_warmup_unraced.count), (4, 8));
+        // With one Envoy (or records without theirs) neither split counts a request.
+        let one: Vec<_> =
+            records.iter().map(|r| RequestRecord { envoy: Some(0), ..r.clone() }).collect();
+        let e = estimate_error("kvroute", &[&run(one)]).expect("estimates");
+        assert_eq!((e.after_warmup_raced, e.after_warmup_unraced), Default::default());
+        let none: Vec<_> =
+            records.iter().map(|r| RequestRecord { envoy: None, ..r.clone() }).collect();
+        let e = estimate_error("kvroute", &[&run(none)]).expect("estimates");
+        assert_eq!(e.after_warmup_raced, WaitSplit::default());
     }
 }

@@ -357,5 +357,10 @@ fn where_from(e: &crate::report::regret::EstimateError) -> String {
         return String::new();
     }
     let part = |s: &crate::report::regret::WaitSplit| format!("{} (n={})", pct(s.median), s.count);
-    format!("; nothing queued {}, behind a queue {}", part(idle), part(queued))
+    let mut out = format!("; nothing queued {}, behind a queue {}", part(idle), part(queued));
+    let (raced, unraced) = (&e.after_warmup_raced, &e.after_warmup_unraced);
+    if raced.count > 0 {
+        out += &format!("; raced by another Envoy {}, not raced {}", part(raced), part(unraced));
+    }
+    out
 }

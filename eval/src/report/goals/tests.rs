@@ -264,6 +264,8 @@ fn plan() -> Vec<Report> {
         after_warmup_count: 80,
         after_warmup_idle: WaitSplit { median: Some(0.08), count: 50 },
         after_warmup_queued: WaitSplit { median: Some(0.4), count: 30 },
+        after_warmup_raced: WaitSplit { median: Some(0.5), count: 20 },
+        after_warmup_unraced: WaitSplit { median: Some(0.1), count: 60 },
         ..Default::default()
     });
     let regret = |policy: &str, p90: &[f64]| RegretStats {
@@ -317,6 +319,9 @@ fn rows_cover_every_goal_with_met_not_met_and_not_measured() {
     assert!(not_met(&find(&rows, e, "flash-crowd", ALL).outcome, "20.0% > 15.0%"));
     // A miss says where its error comes from, when the requests said what they waited behind.
     let why = "nothing queued 8.0% (n=50), behind a queue 40.0% (n=30)";
+    assert!(not_met(&find(&rows, e, "flash-crowd", ALL).outcome, why));
+    // And how much of it the races between Envoys explain, when there were several.
+    let why = "raced by another Envoy 50.0% (n=20), not raced 10.0% (n=60)";
     assert!(not_met(&find(&rows, e, "flash-crowd", ALL).outcome, why));
     let fan = find(&rows, e, "agentic-fan-out", ALL);
     assert!(not_measured(&fan.outcome, "no request carried"), "{fan:?}");
