@@ -519,6 +519,7 @@ fn estimate(report: &Report, out: &mut String) {
     });
     out.push_str(&table(&header, rows));
     races(report, out);
+    filter_share(report, out);
     let _ = writeln!(
         out,
         "\nFilter coefficients: {}. Simulator coefficients: {}.\n",
@@ -548,6 +549,27 @@ fn races(report: &Report, out: &mut String) {
          byte yet; neither filter could count the other's. {}.",
         crate::report::regret::RACE_WALL_MS,
         raced.join("; ")
+    );
+}
+
+/// The filter's own share of the observed TTFT, which no estimate covers.
+fn filter_share(report: &Report, out: &mut String) {
+    let shares: Vec<String> = report
+        .estimate
+        .iter()
+        .filter_map(|e| {
+            Some(format!("{} {}", cell(&e.policy), pct(Some(e.after_warmup_filter_share?))))
+        })
+        .collect();
+    if shares.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nThe estimate starts when the filter has decided: the observed TTFT (the client's) also \
+         holds the filter's own time (`decision_us`) and the proxy's legs. The filter's time, \
+         median share of the observed TTFT after warm-up: {}.",
+        shares.join("; ")
     );
 }
 

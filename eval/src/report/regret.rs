@@ -139,6 +139,11 @@ pub struct EstimateError {
     pub after_warmup_raced: WaitSplit,
     #[serde(default)]
     pub after_warmup_unraced: WaitSplit,
+    /// The filter's own time for its decision (`decision_us`, before the estimate starts) over
+    /// the observed TTFT, median after warm-up: a share of the client's TTFT the estimate does
+    /// not cover (nor does it cover the proxy's legs). `None` without the field.
+    #[serde(default)]
+    pub after_warmup_filter_share: Option<f64>,
 }
 
 /// A median relative error over part of the requests, and how many it is over.
@@ -163,13 +168,14 @@ enum Queue {
     Unknown,
 }
 
-/// One estimated request: its time window, signed relative error, queue, and whether another
-/// Envoy raced it (`None`: not known).
+/// One estimated request: its time window, signed relative error, queue, whether another
+/// Envoy raced it (`None`: not known), and the filter's own time over its observed TTFT.
 struct Estimated {
     window: usize,
     error: f64,
     queue: Queue,
     raced: Option<bool>,
+    filter_share: Option<f64>,
 }
 
 /// Whether another Envoy raced each record of `run` (see
@@ -228,7 +234,9 @@ fn errors(run: &RunResult) -> Vec<Estimated> {
                 Some(_) => Queue::Idle,
                 None => Queue::Unknown,
             };
-            Some(Estimated { window: w.min(WINDOWS - 1), error: e, queue, raced })
+            // `decision_us` is wall-clock time; the records' times are engine time.
+            let filter_share = r.decision_us.map(|us| us as f64 / 1000.0 * run.speedup / o);
+            Some(Estimated { window: w.min(WINDOWS - 1), error: e, queue, raced, filter_share })
         })
         .collect()
 }
@@ -264,6 +272,10 @@ pub fn estimate_error(policy: &str, runs: &[&RunResult]) -> Option<EstimateError
         after_warmup_queued: split(Queue::Queued),
         after_warmup_raced: race(true),
         after_warmup_unraced: race(false),
+        after_warmup_filter_share: nearest_rank(
+            &sorted(warmed().filter_map(|x| x.filter_share)),
+            0.5,
+        ),
     })
 }
 
@@ -354,6 +366,8 @@ mod tests {
         assert_eq!(e.windows[9], (1, Some(0.9)));
         // After warm-up: windows 3..=10, errors 0.2..=0.9; nearest-rank median is the 4th.
         assert_eq!((e.after_warmup, e.after_warmup_count), (Some(0.5), 8));
+        // Without `decision_us`, no share of the filter's own time.
+        assert_eq!(e.after_warmup_filter_share, None);
         // Without `predicted_wait_ms` (an older filter) neither split counts a request.
         assert_eq!(e.after_warmup_idle, WaitSplit::default());
         assert_eq!(e.after_warmup_queued, WaitSplit::default());
@@ -375,8 +389,22 @@ mod tests {
                 ..Default::default()
             })
             .collect();
-        let e = estimate_error("kvroute", &[&run(records)]).expect("estimates");
-        // After warm-up: requests 4..=19 (windows 3..=10 of a 1 900 ms span).
+        // The filter's own time: 1 ms of wall clock for the first 12 requests, 3 ms for the last
+        // 8, of a 100 ms TTFT at twice the speed: 2 % and 6 % of engine time.
+        let records: Vec<_> = records
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| RequestRecord {
+                decision_us: Some(if i < 12 { 1000 } else { 3000 }),
+                ..r
+            })
+            .collect();
+        let fast = RunResult { speedup: 2.0, ..run(records) };
+        let e = estimate_error("kvroute", &[&fast]).expect("estimates");
+        // After warm-up: requests 4..=19 (windows 3..=10 of a 1 900 ms span): 8 at 2 %, 8 at
+        // 6 %; the nearest-rank median is the 8th.
+        let share = e.after_warmup_filter_share.expect("a share");
+        assert!((share - 0.02).abs() < 1e-9, "{share}");
         assert_eq!(e.after_warmup_count, 16);
         let idle = e.after_warmup_idle;
         assert_eq!(idle.count, 8);

@@ -332,6 +332,8 @@ fn the_report_says_how_much_of_the_estimate_error_races_between_envoys_explain()
         let at = 100.0 * i as f64;
         let mut r = rec(records.len(), &w[0], 100.0, &[]);
         (r.at_ms, r.envoy, r.predicted_ttft_ms) = (at, Some(0), Some(110.0));
+        // The filter's own time: 0.5 ms of the 100 ms TTFT.
+        r.decision_us = Some(500);
         if i % 2 == 1 {
             r.predicted_ttft_ms = Some(130.0);
             let mut other = r.clone();
@@ -345,6 +347,7 @@ fn the_report_says_how_much_of_the_estimate_error_races_between_envoys_explain()
     // After warm-up (from 180 ms): pairs at 300, 500, 700, 900; singles at 200, 400, 600, 800.
     let line = "kvroute: raced 30.0% <small>(n=8)</small>, not raced 10.0% <small>(n=4)</small>";
     assert!(md.contains("Raced by another Envoy") && md.contains(line), "{md}");
+    assert!(md.contains("median share of the observed TTFT after warm-up: kvroute 0.5%"), "{md}");
 }
 
 #[test]
