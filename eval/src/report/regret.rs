@@ -187,7 +187,7 @@ fn races(run: &RunResult) -> Vec<Option<bool>> {
     if envoys.len() < 2 {
         return vec![None; recs.len()];
     }
-    // Records times are engine time: the wall-clock window scaled by the workers' speedup.
+    // Records' times are engine time: the wall-clock window scaled by the workers' speedup.
     let window = RACE_WALL_MS * run.speedup.max(0.0);
     let mut by_arrival: Vec<usize> =
         (0..recs.len()).filter(|&i| recs[i].at_ms.is_finite()).collect();
