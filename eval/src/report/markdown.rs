@@ -519,6 +519,7 @@ fn estimate(report: &Report, out: &mut String) {
     });
     out.push_str(&table(&header, rows));
     races(report, out);
+    instants(report, out);
     filter_share(report, out);
     let _ = writeln!(
         out,
@@ -549,6 +550,30 @@ fn races(report: &Report, out: &mut String) {
          byte yet; neither filter could count the other's. {}.",
         crate::report::regret::RACE_WALL_MS,
         raced.join("; ")
+    );
+}
+
+/// The after-warm-up error of the requests with nothing queued by the estimate, split by
+/// whether another request arrived at the same instant for the same worker.
+fn instants(report: &Report, out: &mut String) {
+    let split: Vec<_> = report
+        .estimate
+        .iter()
+        .filter(|e| e.after_warmup_idle_shared.count > 0)
+        .map(|e| {
+            let (s, a) = (&e.after_warmup_idle_shared, &e.after_warmup_idle_alone);
+            format!("{}: shared {}, alone {}", cell(&e.policy), split_cell(s), split_cell(a))
+        })
+        .collect();
+    if split.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nNothing queued by the estimate, yet another request arrived at the same instant for \
+         the same worker (after warm-up; through any Envoy or thread, each decided without the \
+         other, and one waited for the other's prefill), against alone at its instant. {}.",
+        split.join("; ")
     );
 }
 

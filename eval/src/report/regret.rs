@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::stats::{nearest_rank, rate, sorted};
-use crate::record::RunResult;
+use crate::record::{RequestRecord, RunResult};
 
 /// Regret up to this (ms) counts as zero.
 pub const ZERO_REGRET_MS: f64 = 1.0;
@@ -139,6 +139,15 @@ pub struct EstimateError {
     pub after_warmup_raced: WaitSplit,
     #[serde(default)]
     pub after_warmup_unraced: WaitSplit,
+    /// The after-warm-up median over the requests whose worker had nothing queued by the
+    /// estimate yet another request arrived at the same instant for the same worker (through
+    /// any Envoy or thread: each was decided without the other, and one of them waited for the
+    /// other's prefill), and over those alone at their instant on their worker. The two split
+    /// [`EstimateError::after_warmup_idle`].
+    #[serde(default)]
+    pub after_warmup_idle_shared: WaitSplit,
+    #[serde(default)]
+    pub after_warmup_idle_alone: WaitSplit,
     /// The filter's own time for its decision (`decision_us`, before the estimate starts) over
     /// the observed TTFT, median after warm-up: a share of the client's TTFT the estimate does
     /// not cover (nor does it cover the proxy's legs). `None` without the field.
@@ -175,7 +184,25 @@ struct Estimated {
     error: f64,
     queue: Queue,
     raced: Option<bool>,
+    /// Another request arrived at the same instant for the same worker.
+    shared: bool,
     filter_share: Option<f64>,
+}
+
+/// Whether each record of `run` shares its arrival instant and worker with another successful
+/// record (see [`EstimateError::after_warmup_idle_shared`]).
+fn shared_instants(run: &RunResult) -> Vec<bool> {
+    fn key(r: &RequestRecord) -> Option<(u64, &str)> {
+        r.ok().then_some((r.at_ms.to_bits(), r.worker.as_deref()?))
+    }
+    let mut seen: std::collections::HashMap<(u64, &str), usize> = Default::default();
+    for r in &run.records {
+        if let Some(k) = key(r) {
+            *seen.entry(k).or_default() += 1;
+        }
+    }
+    let shared = |k| seen.get(&k).is_some_and(|&n| n > 1);
+    run.records.iter().map(|r| key(r).is_some_and(shared)).collect()
 }
 
 /// Whether another Envoy raced each record of `run` (see
@@ -217,11 +244,12 @@ fn errors(run: &RunResult) -> Vec<Estimated> {
     let lo = ats.iter().copied().reduce(f64::min).unwrap_or(0.0);
     let hi = ats.iter().copied().reduce(f64::max).unwrap_or(0.0);
     let raced = races(run);
+    let shared = shared_instants(run);
     run.records
         .iter()
-        .zip(raced)
+        .zip(raced.into_iter().zip(shared))
         .filter(|(r, _)| r.ok())
-        .filter_map(|(r, raced)| {
+        .filter_map(|(r, (raced, shared))| {
             let (p, o) = (r.predicted_ttft_ms?, r.ttft_ms?);
             let e = (p - o) / o;
             if !(o > 0.0 && e.is_finite()) {
@@ -236,7 +264,8 @@ fn errors(run: &RunResult) -> Vec<Estimated> {
             };
             // `decision_us` is wall-clock time; the records' times are engine time.
             let filter_share = r.decision_us.map(|us| us as f64 / 1000.0 * run.speedup / o);
-            Some(Estimated { window: w.min(WINDOWS - 1), error: e, queue, raced, filter_share })
+            let window = w.min(WINDOWS - 1);
+            Some(Estimated { window, error: e, queue, raced, shared, filter_share })
         })
         .collect()
 }
@@ -259,6 +288,10 @@ pub fn estimate_error(policy: &str, runs: &[&RunResult]) -> Option<EstimateError
     let warm = sorted(warmed().map(|x| x.error.abs()));
     let split = |q| WaitSplit::of(warmed().filter(|x| x.queue == q).map(|x| x.error));
     let race = |r| WaitSplit::of(warmed().filter(|x| x.raced == Some(r)).map(|x| x.error));
+    let idle = |shared| {
+        let of = warmed().filter(|x| x.queue == Queue::Idle && x.shared == shared);
+        WaitSplit::of(of.map(|x| x.error))
+    };
     Some(EstimateError {
         policy: policy.to_owned(),
         runs: runs.len(),
@@ -272,6 +305,8 @@ pub fn estimate_error(policy: &str, runs: &[&RunResult]) -> Option<EstimateError
         after_warmup_queued: split(Queue::Queued),
         after_warmup_raced: race(true),
         after_warmup_unraced: race(false),
+        after_warmup_idle_shared: idle(true),
+        after_warmup_idle_alone: idle(false),
         after_warmup_filter_share: nearest_rank(
             &sorted(warmed().filter_map(|x| x.filter_share)),
             0.5,
@@ -480,5 +515,48 @@ mod tests {
             records.iter().map(|r| RequestRecord { envoy: None, ..r.clone() }).collect();
         let e = estimate_error("kvroute", &[&run(none)]).expect("estimates");
         assert_eq!(e.after_warmup_raced, WaitSplit::default());
+    }
+
+    #[test]
+    fn requests_with_nothing_queued_are_split_by_company_at_their_instant() {
+        let idle = |envoy, worker: &str, at_ms, predicted| RequestRecord {
+            predicted_wait_ms: Some(0.0),
+            ..through(envoy, worker, at_ms, predicted)
+        };
+        // Warm-up, then (after 200 ms of the 0..1000 span): two of the same instant on w0, one
+        // through each Envoy and one through the same Envoy on w1 (estimated 140 ms: 40 %); w2
+        // alone at 500 ms although w2 has another at 501 ms, and w3 alone (110 ms: 10 %).
+        let mut records = vec![idle(0, "w9", 0.0, 100.0), idle(1, "w9", 1000.0, 110.0)];
+        records.push(idle(0, "w0", 300.0, 140.0));
+        records.push(idle(1, "w0", 300.0, 140.0));
+        records.push(idle(0, "w1", 400.0, 140.0));
+        records.push(idle(0, "w1", 400.0, 140.0));
+        records.push(idle(0, "w2", 500.0, 110.0));
+        records.push(idle(1, "w2", 501.0, 110.0));
+        records.push(idle(1, "w3", 600.0, 110.0));
+        // Behind a queue at the same instant: in neither split; a failed request at w3's
+        // instant is no company.
+        records.push(RequestRecord {
+            predicted_wait_ms: Some(20.0),
+            ..through(0, "w4", 700.0, 140.0)
+        });
+        records.push(RequestRecord {
+            predicted_wait_ms: Some(20.0),
+            ..through(1, "w4", 700.0, 140.0)
+        });
+        records.push(RequestRecord { status: 503, ..idle(0, "w3", 600.0, 110.0) });
+        let e = estimate_error("kvroute", &[&run(records.clone())]).expect("estimates");
+        let (shared, alone) = (e.after_warmup_idle_shared, e.after_warmup_idle_alone);
+        assert_eq!((shared.count, alone.count), (4, 4), "{shared:?} {alone:?}");
+        assert!(shared.median.is_some_and(|m| (m - 0.4).abs() < 1e-9), "{shared:?}");
+        assert!(alone.median.is_some_and(|m| (m - 0.1).abs() < 1e-9), "{alone:?}");
+        assert_eq!(shared.count + alone.count, e.after_warmup_idle.count);
+        // Without the wait field, neither.
+        let old: Vec<_> = records
+            .iter()
+            .map(|r| RequestRecord { predicted_wait_ms: None, ..r.clone() })
+            .collect();
+        let e = estimate_error("kvroute", &[&run(old)]).expect("estimates");
+        assert_eq!((e.after_warmup_idle_shared.count, e.after_warmup_idle_alone.count), (0, 0));
     }
 }

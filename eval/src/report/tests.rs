@@ -334,6 +334,8 @@ fn the_report_says_how_much_of_the_estimate_error_races_between_envoys_explain()
         (r.at_ms, r.envoy, r.predicted_ttft_ms) = (at, Some(0), Some(110.0));
         // The filter's own time: 0.5 ms of the 100 ms TTFT.
         r.decision_us = Some(500);
+        // The estimate saw nothing queued.
+        r.predicted_wait_ms = Some(0.0);
         if i % 2 == 1 {
             r.predicted_ttft_ms = Some(130.0);
             let mut other = r.clone();
@@ -348,6 +350,12 @@ fn the_report_says_how_much_of_the_estimate_error_races_between_envoys_explain()
     let line = "kvroute: raced 30.0% <small>(n=8)</small>, not raced 10.0% <small>(n=4)</small>";
     assert!(md.contains("Raced by another Envoy") && md.contains(line), "{md}");
     assert!(md.contains("median share of the observed TTFT after warm-up: kvroute 0.5%"), "{md}");
+    // The same pairs share their instant and worker whichever Envoy they came through.
+    let line = "kvroute: shared 30.0% <small>(n=8)</small>, alone 10.0% <small>(n=4)</small>";
+    assert!(
+        md.contains("yet another request arrived at the same instant") && md.contains(line),
+        "{md}"
+    );
 }
 
 #[test]

@@ -362,5 +362,14 @@ fn where_from(e: &crate::report::regret::EstimateError) -> String {
     if raced.count > 0 {
         out += &format!("; raced by another Envoy {}, not raced {}", part(raced), part(unraced));
     }
+    let (shared, alone) = (&e.after_warmup_idle_shared, &e.after_warmup_idle_alone);
+    if shared.count > 0 {
+        out += &format!(
+            "; nothing queued but another request of the same instant on its worker {}, \
+             alone at its instant {}",
+            part(shared),
+            part(alone)
+        );
+    }
     out
 }

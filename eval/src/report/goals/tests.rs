@@ -266,6 +266,8 @@ fn plan() -> Vec<Report> {
         after_warmup_queued: WaitSplit { median: Some(0.4), count: 30 },
         after_warmup_raced: WaitSplit { median: Some(0.5), count: 20 },
         after_warmup_unraced: WaitSplit { median: Some(0.1), count: 60 },
+        after_warmup_idle_shared: WaitSplit { median: Some(0.3), count: 10 },
+        after_warmup_idle_alone: WaitSplit { median: Some(0.05), count: 40 },
         ..Default::default()
     });
     let regret = |policy: &str, p90: &[f64]| RegretStats {
@@ -322,6 +324,10 @@ fn rows_cover_every_goal_with_met_not_met_and_not_measured() {
     assert!(not_met(&find(&rows, e, "flash-crowd", ALL).outcome, why));
     // And how much of it the races between Envoys explain, when there were several.
     let why = "raced by another Envoy 50.0% (n=20), not raced 10.0% (n=60)";
+    assert!(not_met(&find(&rows, e, "flash-crowd", ALL).outcome, why));
+    // And the requests with nothing queued that shared their instant and worker.
+    let why = "nothing queued but another request of the same instant on its worker 30.0% \
+               (n=10), alone at its instant 5.0% (n=40)";
     assert!(not_met(&find(&rows, e, "flash-crowd", ALL).outcome, why));
     let fan = find(&rows, e, "agentic-fan-out", ALL);
     assert!(not_measured(&fan.outcome, "no request carried"), "{fan:?}");
