@@ -9,6 +9,7 @@ use super::{
     plot_files, CohortStats, Metric, MetricRatio, NoiseRow, PolicyReport, Report, ALL, BASELINE,
 };
 use crate::repeat::{RepeatVerdict, Spread};
+use crate::report::regret::{EstimateError, WaitSplit};
 use crate::sweep::GOODPUT_SLO_SHARE;
 
 /// Milliseconds: one decimal below 100 ms, none above.
@@ -529,17 +530,30 @@ fn estimate(report: &Report, out: &mut String) {
     );
 }
 
-/// The after-warm-up estimate error split by races between Envoys, when a run had several.
-fn races(report: &Report, out: &mut String) {
-    let raced: Vec<_> = report
+/// Each policy's pair of after-warm-up splits `pick` reads, as `policy: a X, b Y` with the
+/// `names`, for the policies whose first split counts any request.
+fn split_pairs(
+    report: &Report,
+    pick: fn(&EstimateError) -> (&WaitSplit, &WaitSplit),
+    (a, b): (&str, &str),
+) -> Vec<String> {
+    report
         .estimate
         .iter()
-        .filter(|e| e.after_warmup_raced.count + e.after_warmup_unraced.count > 0)
+        .filter(|e| pick(e).0.count > 0)
         .map(|e| {
-            let (r, u) = (&e.after_warmup_raced, &e.after_warmup_unraced);
-            format!("{}: raced {}, not raced {}", cell(&e.policy), split_cell(r), split_cell(u))
+            let (x, y) = pick(e);
+            format!("{}: {a} {}, {b} {}", cell(&e.policy), split_cell(x), split_cell(y))
         })
-        .collect();
+        .collect()
+}
+
+/// The after-warm-up estimate error split by races between Envoys, when a run had several.
+fn races(report: &Report, out: &mut String) {
+    fn pick(e: &EstimateError) -> (&WaitSplit, &WaitSplit) {
+        (&e.after_warmup_raced, &e.after_warmup_unraced)
+    }
+    let raced = split_pairs(report, pick, ("raced", "not raced"));
     if raced.is_empty() {
         return;
     }
@@ -556,15 +570,10 @@ fn races(report: &Report, out: &mut String) {
 /// The after-warm-up error of the requests with nothing queued by the estimate, split by
 /// whether another request arrived at the same instant for the same worker.
 fn instants(report: &Report, out: &mut String) {
-    let split: Vec<_> = report
-        .estimate
-        .iter()
-        .filter(|e| e.after_warmup_idle_shared.count > 0)
-        .map(|e| {
-            let (s, a) = (&e.after_warmup_idle_shared, &e.after_warmup_idle_alone);
-            format!("{}: shared {}, alone {}", cell(&e.policy), split_cell(s), split_cell(a))
-        })
-        .collect();
+    fn pick(e: &EstimateError) -> (&WaitSplit, &WaitSplit) {
+        (&e.after_warmup_idle_shared, &e.after_warmup_idle_alone)
+    }
+    let split = split_pairs(report, pick, ("shared", "alone"));
     if split.is_empty() {
         return;
     }
@@ -599,7 +608,7 @@ fn filter_share(report: &Report, out: &mut String) {
 }
 
 /// A part of the after-warm-up estimate error: `12.0% (n=80)`.
-pub(super) fn split_cell(s: &crate::report::regret::WaitSplit) -> String {
+pub(super) fn split_cell(s: &WaitSplit) -> String {
     format!("{} <small>(n={})</small>", pct(s.median), s.count)
 }
 
