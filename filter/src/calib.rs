@@ -59,13 +59,16 @@ impl CalibThread {
     }
 
     /// A routed request of `model` got its first byte `observed_ms` after its decision, from
-    /// the worker `score` estimated. Returns a new view when the shared state was written.
+    /// the worker `score` estimated; `shared`: another request may have raced it there (see
+    /// `CalibrationConfig::skip_shared_instants`). Returns a new view when the shared state
+    /// was written.
     pub fn record(
         &mut self,
         counters: &dyn Counters,
         model: &str,
         score: &Score,
         observed_ms: f64,
+        shared: bool,
     ) -> Option<Arc<Calibrated>> {
         if !self.cfg.enabled || !self.models.iter().any(|(m, _)| m == model) {
             return None;
@@ -75,6 +78,10 @@ impl CalibThread {
             add(self.metrics.estimates, 1);
             add(self.metrics.good, u64::from(err <= GOOD_ERROR));
             record(self.metrics.error_pct, (err * 100.0).min(1e6) as u64);
+        }
+        if shared && self.cfg.skip_shared_instants {
+            add(self.metrics.shared, 1);
+            return None;
         }
         let pending = self.pending.entry(model.to_owned()).or_default();
         if pending.len() >= MAX_PENDING {
@@ -150,6 +157,8 @@ struct CalibMetrics {
     rejected: Option<u32>,
     lost: Option<u32>,
     dropped: Option<u32>,
+    /// Samples not learned from: another request may have raced them.
+    shared: Option<u32>,
     estimates: Option<u32>,
     good: Option<u32>,
     error_pct: Option<u32>,
@@ -164,6 +173,7 @@ impl CalibMetrics {
             rejected: define(c, "kvroute.calibration.rejected_samples"),
             lost: define(c, "kvroute.calibration.lost_updates"),
             dropped: define(c, "kvroute.calibration.dropped_samples"),
+            shared: define(c, "kvroute.calibration.shared_samples"),
             estimates: define(c, "kvroute.calibration.estimates"),
             good: define(c, "kvroute.calibration.estimates_within_15pct"),
             error_pct: define(MetricType::Histogram, "kvroute.calibration.estimate_error_pct"),
@@ -260,7 +270,16 @@ impl crate::root::ThreadState {
 
     /// A routed, successful request's first byte, from the worker its decision scored.
     pub fn calibration_sample(&self, model: &str, score: &Score, observed_ms: f64) {
-        let view = self.calib.borrow_mut().record(&self.metrics, model, score, observed_ms);
+        let now = crate::host::now_ms();
+        let decided_ms = now.saturating_sub(observed_ms as u64);
+        let enabled = self.calib.try_borrow().is_ok_and(|c| c.enabled());
+        let shared = enabled && {
+            let view = self.load_view(now);
+            self.router
+                .try_borrow()
+                .is_ok_and(|r| r.knowledge().instant_shared(&score.worker, decided_ms, &view))
+        };
+        let view = self.calib.borrow_mut().record(&self.metrics, model, score, observed_ms, shared);
         self.use_calibration(view);
     }
 

@@ -89,7 +89,19 @@ pub struct CalibrationConfig {
     /// A thread writes its samples to shared data once it holds this many (and on its tick).
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 4096)))]
     pub flush_samples: usize,
+    /// Requests that another request to the same worker may have raced are not learned from:
+    /// one sent by another thread of this Envoy in the same millisecond, or one another replica
+    /// routed there whose credit the updater stamped within [`SHARED_INSTANT_MS`] of this
+    /// decision. Neither decision could count the other's, and the first byte of the one queued
+    /// second holds the other's prefill, which its features do not: learned from, it makes the
+    /// workers look slower than they are (their estimates still count in the error metrics).
+    pub skip_shared_instants: bool,
 }
+
+/// How close to a decision another replica's credit for the same worker must be stamped for
+/// the two to have raced: that replica's report tick (5 ms by default) and the relay (about
+/// 8 ms at p99) either way.
+pub const SHARED_INSTANT_MS: u64 = 10;
 
 impl Default for CalibrationConfig {
     fn default() -> Self {
@@ -107,6 +119,7 @@ impl Default for CalibrationConfig {
             max_workers: 256,
             refresh_ms: 20,
             flush_samples: 8,
+            skip_shared_instants: true,
         }
     }
 }

@@ -8,6 +8,12 @@ use crate::decision::worker::WorkerName;
 /// (it reads the name's bytes); the filter's load view reads [`WorkerName::key`] only.
 pub trait LoadSource {
     fn load(&self, worker: &WorkerName) -> WorkerLoad;
+
+    /// How many requests still tracked on `worker` were sent from `from_ms` to `to_ms`
+    /// (inclusive), over every thread (0 where the source keeps no start times).
+    fn started_within(&self, _worker: &WorkerName, _from_ms: u64, _to_ms: u64) -> usize {
+        0
+    }
 }
 
 impl<F: Fn(&str) -> WorkerLoad> LoadSource for F {

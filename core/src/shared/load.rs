@@ -467,6 +467,17 @@ impl crate::decision::load::LoadSource for LoadView {
     fn load(&self, worker: &crate::decision::worker::WorkerName) -> WorkerLoad {
         self.load_key(worker.key())
     }
+
+    fn started_within(
+        &self,
+        worker: &crate::decision::worker::WorkerName,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> usize {
+        self.starts
+            .get(&worker.key())
+            .map_or(0, |s| s.iter().filter(|t| (from_ms..=to_ms).contains(t)).count())
+    }
 }
 
 #[cfg(test)]

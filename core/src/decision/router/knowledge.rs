@@ -2,7 +2,7 @@
 //! snapshot — the block index, config verdicts, reported load, and which LoRA adapters each
 //! worker has loaded (with the base model it serves, from which adapter names map to a base).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use foldhash::fast::RandomState as Fast;
 
@@ -18,6 +18,11 @@ use crate::wire::delta::Delta;
 use crate::wire::journal::{JournalEntry, Source};
 use crate::wire::peers::PeerSection;
 use crate::wire::snapshot::{ModelInfo, Snapshot, SnapshotLoad};
+
+/// Other replicas' latest credit stamps kept per worker (see `Knowledge::instant_shared`).
+const PEER_STAMPS: usize = 8;
+/// Most workers whose peer credit stamps are kept (a pool is far smaller).
+const MAX_STAMPED: usize = 1 << 16;
 
 /// What a worker serves, as it reported (through the updater).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,6 +55,9 @@ pub struct Knowledge {
     /// Moving average of the uncached tokens of this thread's decisions (`None` before the
     /// first): what a waiting request kvroute did not send is assumed to cost.
     typical_uncached: std::cell::Cell<Option<f64>>,
+    /// When the updater stamped the latest routing credits other replicas sent for each worker
+    /// (its last [`PEER_STAMPS`], by worker key): whether a request raced another replica's.
+    peer_stamps: HashMap<u64, VecDeque<u64>, ByKey>,
     /// The updater's pool, when its snapshots list it whole ([`Snapshot::pool`]): each
     /// member's base model (empty while the updater has not identified it).
     pool: Option<BTreeMap<String, String>>,
@@ -75,6 +83,7 @@ impl Knowledge {
             hot: HotPrefixes::new(cfg.lookahead),
             peers: PeerView::default(),
             typical_uncached: std::cell::Cell::new(None),
+            peer_stamps: HashMap::default(),
             pool: None,
             members: HashMap::new(),
             down: HashSet::default(),
@@ -126,6 +135,7 @@ impl Knowledge {
         let key = worker_key(worker);
         self.reported.remove(&key);
         self.incompatible.remove(&key);
+        self.peer_stamps.remove(&key);
         if let Some(prev) = self.serving.remove(worker) {
             self.count_bases(&prev, false);
         }
@@ -344,10 +354,43 @@ impl Knowledge {
     /// Credits other replicas' routed blocks (source `Peer`) and takes in their loads.
     fn apply_peers(&mut self, section: Option<&PeerSection>, full: bool) {
         let Some(section) = section else { return };
+        if full {
+            self.peer_stamps.clear();
+        }
         for c in self.peers.apply(section, full) {
             self.hot.record(&c.hashes, c.at_ms);
             self.index.insert(&c.worker, &c.hashes, Source::Peer, c.at_ms);
+            let key = worker_key(&c.worker);
+            if self.peer_stamps.len() >= MAX_STAMPED && !self.peer_stamps.contains_key(&key) {
+                continue;
+            }
+            let stamps = self.peer_stamps.entry(key).or_default();
+            if stamps.len() >= PEER_STAMPS {
+                stamps.pop_front();
+            }
+            stamps.push_back(c.at_ms);
         }
+    }
+
+    /// Whether a request sent to `worker` at `decided_ms` may have raced another request
+    /// there that its decision could not count: one another thread of this Envoy sent in the
+    /// same millisecond (`own` holds this request too, so two or more), or one another replica
+    /// routed there whose credit the updater stamped within `SHARED_INSTANT_MS` of it (see
+    /// [`crate::decision::calib::CalibrationConfig::skip_shared_instants`]).
+    pub fn instant_shared(
+        &self,
+        worker: &WorkerName,
+        decided_ms: u64,
+        own: &dyn crate::decision::load::LoadSource,
+    ) -> bool {
+        if own.started_within(worker, decided_ms.saturating_sub(1), decided_ms) > 1 {
+            return true;
+        }
+        let near = crate::decision::calib::SHARED_INSTANT_MS;
+        let (from, to) = (decided_ms.saturating_sub(near), decided_ms.saturating_add(near));
+        self.peer_stamps
+            .get(&worker.key())
+            .is_some_and(|s| s.iter().any(|t| (from..=to).contains(t)))
     }
 
     /// This replica's id, so that its own decisions coming back from the updater are ignored.

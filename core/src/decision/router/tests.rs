@@ -365,3 +365,61 @@ fn workers_the_updater_reports_down_are_left_out_until_it_lists_them_up() {
     assert!(named.iter().any(|w| w == "127.0.0.1:3"), "3 is back");
     assert!(!named.iter().any(|w| w == "127.0.0.1:1"), "1 is still down");
 }
+
+/// Requests to `worker` this Envoy sent at these times (all threads).
+struct SentAt(&'static str, Vec<u64>);
+
+impl LoadSource for SentAt {
+    fn load(&self, _: &WorkerName) -> WorkerLoad {
+        WorkerLoad::default()
+    }
+
+    fn started_within(&self, w: &WorkerName, from_ms: u64, to_ms: u64) -> usize {
+        let mine = self.1.iter().filter(|t| (from_ms..=to_ms).contains(*t));
+        if w.as_str() == self.0 {
+            mine.count()
+        } else {
+            0
+        }
+    }
+}
+
+#[test]
+fn a_first_byte_another_request_may_have_raced_is_told_apart() {
+    use crate::wire::peers::{PeerCredit, PeerSection};
+    use crate::wire::snapshot::Snapshot;
+    let (w1, w2) = (WorkerName::from("127.0.0.1:1"), WorkerName::from("127.0.0.1:2"));
+    let mut r = router();
+    r.knowledge_mut().set_replica(7);
+    let credit = |replica, at_ms| PeerCredit {
+        replica,
+        worker: "127.0.0.1:1".into(),
+        at_ms,
+        hashes: vec![1, 2],
+    };
+    // Replica 8 routed to worker 1, stamped at 1 000 ms; this replica's own credit comes back
+    // too (ignored).
+    let s = PeerSection {
+        ttl_ms: 10_000,
+        load_ttl_ms: 3_000,
+        loads: vec![],
+        credits: vec![credit(8, 1_000), credit(7, 2_000)],
+    };
+    r.apply_snapshot(&Snapshot { peers: Some(s.clone()), ..Default::default() });
+    let k = r.knowledge();
+    let alone = SentAt("127.0.0.1:1", vec![1_005]);
+    assert!(k.instant_shared(&w1, 1_005, &alone), "replica 8's credit 5 ms before");
+    assert!(k.instant_shared(&w1, 992, &alone), "and 8 ms after");
+    assert!(!k.instant_shared(&w1, 1_020, &alone), "20 ms apart");
+    assert!(!k.instant_shared(&w1, 2_000, &alone), "its own credit is not another's");
+    assert!(!k.instant_shared(&w2, 1_000, &alone), "another worker");
+    // Another thread's request in the same millisecond, or the one before.
+    let two = SentAt("127.0.0.1:1", vec![3_000, 3_000]);
+    assert!(k.instant_shared(&w1, 3_000, &two));
+    assert!(k.instant_shared(&w1, 3_001, &SentAt("127.0.0.1:1", vec![3_000, 3_001])));
+    assert!(!k.instant_shared(&w1, 3_005, &SentAt("127.0.0.1:1", vec![3_000, 3_005])));
+    // A full snapshot without the credit forgets its stamp.
+    let empty = PeerSection { credits: vec![], ..s };
+    r.apply_snapshot(&Snapshot { peers: Some(empty), ..Default::default() });
+    assert!(!r.knowledge().instant_shared(&w1, 1_005, &alone));
+}

@@ -209,3 +209,22 @@ proptest! {
         let _ = decode_registry(&junk);
     }
 }
+
+#[test]
+fn the_view_counts_the_requests_sent_in_a_window() {
+    use crate::decision::load::LoadSource;
+    use crate::decision::worker::WorkerName;
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut a = Shard::register(&store, &t, LIMITS, 0, 1);
+    let mut b = Shard::register(&store, &t, LIMITS, 0, 2);
+    a.start(&t, W, 100, 1_000);
+    a.start(&t, "127.0.0.1:9", 100, 1_000);
+    a.flush(&store, &t, 1_000);
+    b.start(&t, W, 100, 1_000);
+    b.start(&t, W, 100, 1_003);
+    let v = LoadView::read(&store, &t, &b, 1_010);
+    let w = WorkerName::from(W);
+    assert_eq!(v.started_within(&w, 999, 1_000), 2, "one per thread in that millisecond");
+    assert_eq!(v.started_within(&w, 1_001, 1_010), 1);
+    assert_eq!(v.started_within(&WorkerName::from("127.0.0.1:7"), 0, 2_000), 0);
+}
