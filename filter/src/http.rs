@@ -168,9 +168,12 @@ impl KvHttp {
         let now = host::now_ms();
         state.refresh_calibration(now);
         let health = state.refresh_health(now);
+        // Read before the view: the claim below finds whether another thread decided since.
+        let epoch = state.decision_epoch();
         let view = state.load_view(now);
+        let pick = self.pick(now);
         let deciding = host::now_nanos();
-        let decided = state.router.borrow().decide(&parsed, body.len(), &view, now, self.pick(now));
+        let decided = state.router.borrow().decide(&parsed, body.len(), &view, now, pick);
         // One clock read ends the router's part and starts the calibration's timing.
         let decided_ns = host::now_nanos();
         let decide_us = decided_ns.saturating_sub(deciding) / 1000;
@@ -178,15 +181,26 @@ impl KvHttp {
             Ok(d) => d,
             Err(e) => return self.reject(&e),
         };
+        // The request's load is claimed before anything is sent, ordered against the other
+        // threads' decisions of the same instant; every way out below that sends nothing
+        // takes the claim back.
+        let claimed = state.claim(epoch, &mut decision, &parsed, now, pick);
+        let claimed_worker = decision.primary().map(|s| s.worker.key());
         let first_byte_is_ttft = parsed.stream || parsed.max_tokens.is_some_and(|m| m <= 1);
         let admitted = match self.admit(&mut decision) {
             Ok(a) => a,
-            Err(action) => return action,
+            Err(action) => {
+                state.release(claimed, now);
+                return action;
+            }
         };
         if let Err(e) = self.forward_body(&admitted, endpoint, body) {
+            state.release(claimed, now);
             return self.reject(&e);
         }
-        let Some(primary) = decision.primary().map(|s| s.worker.clone()) else {
+        let (Some(primary), Some(claim)) = (decision.primary().map(|s| s.worker.clone()), claimed)
+        else {
+            state.release(claimed, now);
             return Action::Continue;
         };
         if !host::set_request_header(
@@ -194,6 +208,7 @@ impl KvHttp {
             Some(&decision.header_value()),
         ) {
             // Envoy's fallback policy will pick a worker; nothing of ours to track.
+            state.release(claimed, now);
             return Action::Continue;
         }
         for (name, value) in decision.steering_headers() {
@@ -201,14 +216,12 @@ impl KvHttp {
         }
         state.maybe_probe(&health, &primary, now);
         self.first_byte_timeout(&decision, first_byte_is_ttft);
-        let ticket = {
-            let mut shard = state.shard.borrow_mut();
-            shard.start(&state.metrics, &primary, decision.uncached_tokens(), now)
-        };
-        let prefill_ticket = decision.prefill.first().map(|p| {
-            state.shard.borrow_mut().start(&state.metrics, &p.worker, p.uncached_tokens, now)
-        });
-        state.flush_load(now);
+        // Admission may have put another worker first.
+        if claimed_worker != Some(primary.key()) {
+            state.shard.borrow_mut().served_by(claim.ticket, &primary);
+            state.flush_load(now);
+        }
+        let (ticket, prefill_ticket) = (claim.ticket, claim.prefill);
         if let Some(reason) = decision.fallback {
             state.metrics.fallback(reason);
         }

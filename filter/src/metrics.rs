@@ -34,6 +34,10 @@ pub struct Metrics {
     errors: Option<u32>,
     /// Decisions that placed a hot prefix on one more worker on purpose (look-ahead).
     replications: Option<u32>,
+    /// Decisions ranked again because another thread's decision came between their view and
+    /// their claim, and of those the ones whose primary changed.
+    reranked: Option<u32>,
+    rerank_moved: Option<u32>,
     /// Decisions by topology: a pull chosen, a primary in another site, a primary the
     /// topology does not place, a P/D pool's decision.
     topology: [Option<u32>; 4],
@@ -215,6 +219,8 @@ impl Metrics {
             tokenize_us: define(MetricType::Histogram, "kvroute.tokenize_time_us"),
             errors: define(c, "kvroute.rejected_requests"),
             replications: define(c, "kvroute.lookahead.replications"),
+            reranked: define(c, "kvroute.order.reranked"),
+            rerank_moved: define(c, "kvroute.order.moved"),
             topology: [
                 define(c, "kvroute.topology.pulls"),
                 define(c, "kvroute.topology.cross_site"),
@@ -356,6 +362,12 @@ impl Metrics {
     /// The look-ahead placed a hot prefix on one more worker.
     pub fn replicated(&self) {
         add(self.replications, 1);
+    }
+
+    /// How a decision was ordered against the other threads' (see `kvroute_core::flow::claim`).
+    pub fn ordered(&self, o: kvroute_core::flow::claim::Ordered) {
+        add(self.reranked, u64::from(o.reranked));
+        add(self.rerank_moved, u64::from(o.moved));
     }
 
     /// A decision made with a topology: whether it pulls, goes to another site, goes to a

@@ -8,8 +8,11 @@ use std::rc::Rc;
 
 use kvroute_core::decision::config::{FilterConfig, SnapshotSyncConfig};
 use kvroute_core::decision::misdeploy::{Symptom, Watch};
-use kvroute_core::decision::router::Router;
+use kvroute_core::decision::request::ParsedRequest;
+use kvroute_core::decision::router::{Decision, Router};
+use kvroute_core::flow::claim::{self, Claim};
 use kvroute_core::shared::bundles::BundleFollower;
+use kvroute_core::shared::epoch::Epoch;
 use kvroute_core::shared::health::{self, Failure, HealthRecord};
 use kvroute_core::shared::journal::{self, JournalCursor};
 use kvroute_core::shared::knowledge::{Follower, Head};
@@ -169,6 +172,40 @@ impl ThreadState {
     /// The router-tracked load of every worker, across all live threads.
     pub fn load_view(&self, now_ms: u64) -> LoadView {
         LoadView::read(&HostStore, &self.metrics, &self.shard.borrow(), now_ms)
+    }
+
+    /// The decision epoch, read before a decision's load view when decisions are ordered
+    /// (`load.order_decisions`).
+    pub fn decision_epoch(&self) -> Option<Epoch> {
+        self.config.load.order_decisions.then(|| Epoch::read(&HostStore))
+    }
+
+    /// Writes `decision`'s request into this thread's load shard, ordered against the other
+    /// threads' decisions since `epoch` (ranked again on a fresh view when one came between;
+    /// see `kvroute_core::flow::claim`). `pick` is the decision's random draw.
+    pub fn claim(
+        &self,
+        epoch: Option<Epoch>,
+        decision: &mut Decision,
+        req: &ParsedRequest,
+        now_ms: u64,
+        pick: u64,
+    ) -> Option<Claim> {
+        let router = self.router.borrow();
+        let rerank = |d: &Decision, v: &LoadView| router.rerank(req, d, v, now_ms, pick);
+        let mut shard = self.shard.borrow_mut();
+        let (c, ordered) =
+            claim::claim(&HostStore, &self.metrics, &mut shard, epoch, decision, now_ms, rerank);
+        self.metrics.ordered(ordered);
+        c
+    }
+
+    /// Takes back the claim of a request not sent after all, and writes the shard.
+    pub fn release(&self, c: Option<Claim>, now_ms: u64) {
+        if let Some(c) = c {
+            claim::end(&mut self.shard.borrow_mut(), c);
+            self.flush_load(now_ms);
+        }
     }
 
     /// Writes this thread's shard after a change.

@@ -250,7 +250,7 @@ impl Router {
         // A request the engine will not look up in its cache reuses nothing anywhere.
         let cache_read = !req.skips_cache_read;
         let ranked = |hashes, tokens, fallback| {
-            self.rank(&t, hashes, tokens, load, now_ms, pick, fallback, cache_read)
+            self.noted(self.rank(&t, hashes, tokens, load, now_ms, pick, fallback, cache_read))
         };
         let load_only = match req.load_only {
             Some(LoadOnly::Batch) => Some(FallbackReason::Batch),
@@ -291,6 +291,36 @@ impl Router {
             Err(_) => (estimate, Some(FallbackReason::Tokenize)),
         };
         Ok(timed(ranked(Vec::new(), tokens, fallback)))
+    }
+
+    /// `prior` ranked again on another load view, with the tokens and block hashes it was
+    /// decided with (see [`crate::flow::claim`]); `None` when `req`'s model is no longer in
+    /// the plan.
+    pub fn rerank(
+        &self,
+        req: &ParsedRequest,
+        prior: &Decision,
+        load: &dyn LoadSource,
+        now_ms: u64,
+        pick: u64,
+    ) -> Option<Decision> {
+        let t = self.resolve(&req.model)?;
+        let hashes = prior.block_hashes.clone();
+        let cache_read = !req.skips_cache_read;
+        let (tokens, fallback) = (prior.prompt_tokens, prior.fallback);
+        let mut d = self.rank(&t, hashes, tokens, load, now_ms, pick, fallback, cache_read);
+        d.tokenize_us = prior.tokenize_us;
+        Some(d)
+    }
+
+    /// Notes the prompt's computing worker's uncached tokens (once per request: not again
+    /// when it is ranked again).
+    fn noted(&self, d: Decision) -> Decision {
+        // The prompt's computing worker: the prefill primary in a P/D pool.
+        if let Some(p) = d.prefill.first().or(d.ranked.first()) {
+            self.knowledge.note_uncached_tokens(p.uncached_tokens);
+        }
+        d
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -334,10 +364,6 @@ impl Router {
         };
         let replicated =
             !pd && self.look_ahead(&mut ranked, &hashes, m.block_size, &profile, looked, now_ms);
-        // The prompt's computing worker: the prefill primary in a P/D pool.
-        if let Some(p) = prefill.first().or(ranked.first()) {
-            self.knowledge.note_uncached_tokens(p.uncached_tokens);
-        }
         let chosen = ranked.first().and_then(|s| match_of(&s.worker)).unwrap_or_default();
         let fallback = fallback
             .or_else(|| self.knowledge.events_stale(now_ms).then_some(FallbackReason::StaleEvents));

@@ -6,10 +6,13 @@
 //!   routing credit, load and passive health marks until its stream ends, as ordered
 //!   [`lifecycle::Effect`]s).
 //! - [`admission`]: a decided request's deadline and class: reordered, or shed with a 429.
+//! - [`claim`]: a decision's new request written into the thread's load shard, ordered against
+//!   the other threads' decisions of the same instant (ranked again when one came between).
 //! - [`sync`]: the singleton's scheduler ([`sync::SyncFlow`]): the updater's long poll, peer
 //!   reports and bundle downloads, over a small host trait ([`sync::SyncHost`]).
 
 pub mod admission;
+pub mod claim;
 pub mod lifecycle;
 pub mod sync;
 

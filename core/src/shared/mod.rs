@@ -8,6 +8,8 @@
 //! - [`load`]: router-tracked in-flight requests, one shard per thread (single writer, no
 //!   compare-and-swap on the hot path), each entry with a lease; dead shards and expired
 //!   entries stop counting, and worker-reported load trims over-counts.
+//! - [`epoch`]: one counter under compare-and-swap that orders an Envoy's decisions, so that
+//!   of two threads deciding at the same instant one ranks again seeing the other's request.
 //! - [`knowledge`]: the updater's snapshots as the singleton publishes them (head, delta ring,
 //!   full snapshot) and the chain follower each thread uses to catch up.
 //! - [`bundles`]: model bundles the singleton fetches from the updater part by part, and the
@@ -26,6 +28,7 @@
 
 pub mod bundles;
 pub mod calib;
+pub mod epoch;
 pub mod fake;
 pub mod health;
 pub mod journal;

@@ -55,6 +55,11 @@ pub struct LoadLimits {
     /// Most in-flight entries one thread tracks; past it the oldest go.
     #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_inflight_per_thread: usize,
+    /// Orders the decisions of this Envoy's threads (one shared counter under
+    /// compare-and-swap): a decision whose load view missed another thread's decision of the
+    /// same instant is ranked again before it is sent. Costs one shared-data read and write
+    /// per routed request.
+    pub order_decisions: bool,
 }
 
 impl Default for LoadLimits {
@@ -64,6 +69,7 @@ impl Default for LoadLimits {
             shard_timeout_ms: 10_000,
             reconcile_slack_ms: 2_000,
             max_inflight_per_thread: 16_384,
+            order_decisions: true,
         }
     }
 }

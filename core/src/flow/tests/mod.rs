@@ -1,3 +1,4 @@
 mod admission;
+mod claim;
 mod lifecycle;
 mod sync;

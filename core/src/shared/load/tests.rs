@@ -11,6 +11,7 @@ const LIMITS: LoadLimits = LoadLimits {
     shard_timeout_ms: 3_000,
     reconcile_slack_ms: 500,
     max_inflight_per_thread: 100,
+    order_decisions: true,
 };
 
 fn view(store: &MemStore, t: &Tally, own: &Shard, now: u64) -> WorkerLoad {
