@@ -216,12 +216,19 @@ impl KvHttp {
         }
         state.maybe_probe(&health, &primary, now);
         self.first_byte_timeout(&decision, first_byte_is_ttft);
-        // Admission may have put another worker first.
-        if claimed_worker != Some(primary.key()) {
-            state.shard.borrow_mut().served_by(claim.ticket, &primary);
+        // Admission may have put another worker first: the claim moves there, with that
+        // worker's uncached tokens.
+        let ticket = if claimed_worker == Some(primary.key()) {
+            claim.ticket
+        } else {
+            let mut shard = state.shard.borrow_mut();
+            shard.end(claim.ticket);
+            let t = shard.start(&state.metrics, &primary, decision.uncached_tokens(), now);
+            drop(shard);
             state.flush_load(now);
-        }
-        let (ticket, prefill_ticket) = (claim.ticket, claim.prefill);
+            t
+        };
+        let prefill_ticket = claim.prefill;
         if let Some(reason) = decision.fallback {
             state.metrics.fallback(reason);
         }
