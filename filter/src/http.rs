@@ -14,7 +14,7 @@ use kvroute_core::decision::router::Decision;
 use kvroute_core::decision::usage::UsageScanner;
 use kvroute_core::flow::admission;
 use kvroute_core::flow::lifecycle::{Effect, Intake, Lifecycle, Step};
-use kvroute_core::shared::load::Ticket;
+use kvroute_core::shared::load::{AtPriority, Ticket};
 use kvroute_core::wire::journal::{JournalEntry, Source};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -171,9 +171,17 @@ impl KvHttp {
         // Read before the view: the claim below finds whether another thread decided since.
         let epoch = state.decision_epoch();
         let view = state.load_view(now);
+        // The engine priority the request goes with: on engines that schedule by it, the
+        // less urgent work queued behind a step is not in its wait.
+        let priority = admission::engine_priority(
+            &state.config,
+            endpoint,
+            self.admission_headers.1.as_deref(),
+        );
         let pick = self.pick(now);
         let deciding = host::now_nanos();
-        let decided = state.router.borrow().decide(&parsed, body.len(), &view, now, pick);
+        let at = AtPriority { view: &view, priority };
+        let decided = state.router.borrow().decide(&parsed, body.len(), &at, now, pick);
         // One clock read ends the router's part and starts the calibration's timing.
         let decided_ns = host::now_nanos();
         let decide_us = decided_ns.saturating_sub(deciding) / 1000;
@@ -184,7 +192,7 @@ impl KvHttp {
         // The request's load is claimed before anything is sent, ordered against the other
         // threads' decisions of the same instant; every way out below that sends nothing
         // takes the claim back.
-        let claimed = state.claim(epoch, &mut decision, &parsed, now, pick);
+        let claimed = state.claim(epoch, (&mut decision, priority), &parsed, now, pick);
         let claimed_worker = decision.primary().map(|s| s.worker.key());
         let first_byte_is_ttft = parsed.stream || parsed.max_tokens.is_some_and(|m| m <= 1);
         let admitted = match self.admit(&mut decision) {
@@ -223,7 +231,12 @@ impl KvHttp {
         } else {
             let mut shard = state.shard.borrow_mut();
             shard.end(claim.ticket);
-            let t = shard.start(&state.metrics, &primary, decision.uncached_tokens(), now);
+            let t = shard.start_at(
+                &state.metrics,
+                &primary,
+                (decision.uncached_tokens(), priority),
+                now,
+            );
             drop(shard);
             state.flush_load(now);
             t

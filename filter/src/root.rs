@@ -16,7 +16,7 @@ use kvroute_core::shared::epoch::Epoch;
 use kvroute_core::shared::health::{self, Failure, HealthRecord};
 use kvroute_core::shared::journal::{self, JournalCursor};
 use kvroute_core::shared::knowledge::{Follower, Head};
-use kvroute_core::shared::load::{LoadView, Shard};
+use kvroute_core::shared::load::{AtPriority, LoadView, Shard};
 use kvroute_core::shared::readiness;
 use kvroute_core::shared::wake;
 use kvroute_core::shared::{Counter, Counters};
@@ -182,20 +182,31 @@ impl ThreadState {
 
     /// Writes `decision`'s request into this thread's load shard, ordered against the other
     /// threads' decisions since `epoch` (ranked again on a fresh view when one came between;
-    /// see `kvroute_core::flow::claim`). `pick` is the decision's random draw.
+    /// see `kvroute_core::flow::claim`), at the engine priority it is sent with. `pick` is the
+    /// decision's random draw.
     pub fn claim(
         &self,
         epoch: Option<Epoch>,
-        decision: &mut Decision,
+        (decision, priority): (&mut Decision, i32),
         req: &ParsedRequest,
         now_ms: u64,
         pick: u64,
     ) -> Option<Claim> {
         let router = self.router.borrow();
-        let rerank = |d: &Decision, v: &LoadView| router.rerank(req, d, v, now_ms, pick);
+        let rerank = |d: &Decision, view: &LoadView| {
+            router.rerank(req, d, &AtPriority { view, priority }, now_ms, pick)
+        };
         let mut shard = self.shard.borrow_mut();
-        let (c, ordered) =
-            claim::claim(&HostStore, &self.metrics, &mut shard, epoch, decision, now_ms, rerank);
+        let (c, ordered) = claim::claim(
+            &HostStore,
+            &self.metrics,
+            &mut shard,
+            epoch,
+            decision,
+            priority,
+            now_ms,
+            rerank,
+        );
         self.metrics.ordered(ordered);
         c
     }

@@ -708,6 +708,7 @@ fn shared_load_decode() -> Seeds {
                 started_ms: 1_700_000_000_100,
                 prefill_tokens: 4096,
                 prefilling: true,
+                priority: 0,
             },
             InflightEntry {
                 id: 2,
@@ -715,11 +716,23 @@ fn shared_load_decode() -> Seeds {
                 started_ms: 1_700_000_000_200,
                 prefill_tokens: 0,
                 prefilling: false,
+                priority: 0,
             },
         ],
     };
+    let with_priority = ShardData {
+        heartbeat_ms: 1_700_000_000_300,
+        entries: vec![InflightEntry {
+            id: 3,
+            worker: 0x1234_5678_9abc_def0,
+            started_ms: 1_700_000_000_290,
+            prefill_tokens: 2000,
+            prefilling: true,
+            priority: -10,
+        }],
+    };
     let empty = ShardData { heartbeat_ms: 1_700_000_000_000, entries: vec![] };
-    for s in [&shard, &empty] {
+    for s in [&shard, &with_priority, &empty] {
         assert_eq!(ShardData::decode(&s.encode()).as_ref(), Some(s));
     }
     let registry = encode_registry(&[0, 1, 2, 7]);
@@ -734,6 +747,7 @@ fn shared_load_decode() -> Seeds {
     vec![
         ("shard-two-entries.bin", bytes.clone()),
         ("shard-empty.bin", empty.encode()),
+        ("shard-with-priority.bin", with_priority.encode()),
         ("registry-four.bin", registry),
         ("registry-empty.bin", encode_registry(&[])),
         ("shard-truncated.bin", truncated(&bytes)),

@@ -176,6 +176,14 @@ impl AdmissionConfig {
         }
     }
 
+    /// The engine priority a request of class `i` is forwarded with: the class's
+    /// `engine_priority`, else 0 (the engines' default, what a body without one gets).
+    pub fn engine_priority(&self, i: usize) -> i32 {
+        let p = self.classes.get(i).and_then(|c| c.engine_priority).unwrap_or(0);
+        // `validate` keeps it within 32 bits.
+        i32::try_from(p).unwrap_or(0)
+    }
+
     /// The name of class `i` (for counters and messages).
     pub fn class_name(&self, i: usize) -> &str {
         self.classes.get(i).map_or("", |c| c.name.as_str())

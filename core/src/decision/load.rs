@@ -14,6 +14,20 @@ pub trait LoadSource {
     fn started_within(&self, _worker: &WorkerName, _from_ms: u64, _to_ms: u64) -> usize {
         0
     }
+
+    /// Whether [`LoadSource::behind`] may find anything for this decision's request (asked once
+    /// per decision; `false` where the source knows no priorities).
+    fn defers(&self) -> bool {
+        false
+    }
+
+    /// The part of `worker`'s load that this decision's request does not wait for: queued
+    /// requests of a less urgent engine priority the engine has not started (see
+    /// `shared::load::LoadView::behind`). `step_budget`: the prompt tokens the engine starts
+    /// per step.
+    fn behind(&self, _worker: &WorkerName, _step_budget: u64) -> WorkerLoad {
+        WorkerLoad::default()
+    }
 }
 
 impl<F: Fn(&str) -> WorkerLoad> LoadSource for F {
@@ -57,6 +71,19 @@ impl WorkerLoad {
         }
         let t = u128::from(tokens);
         u64::try_from(t * t / u128::from(requests)).unwrap_or(u64::MAX)
+    }
+
+    /// This load without `part` of it (saturating): the queued work a request does not wait
+    /// for taken out. How long ago the oldest request still in prefill was sent stays: the
+    /// part taken out never holds the oldest (see `shared::load::LoadView::behind`).
+    pub fn less(self, part: WorkerLoad) -> WorkerLoad {
+        WorkerLoad {
+            inflight_requests: self.inflight_requests.saturating_sub(part.inflight_requests),
+            prefilling_requests: self.prefilling_requests.saturating_sub(part.prefilling_requests),
+            prefill_tokens: self.prefill_tokens.saturating_sub(part.prefill_tokens),
+            prefill_elapsed_ms: self.prefill_elapsed_ms,
+            prefill_sq_tokens: self.prefill_sq_tokens.saturating_sub(part.prefill_sq_tokens),
+        }
     }
 
     /// Both loads together (saturating): this replica's and other replicas' in-flight work.

@@ -433,21 +433,30 @@ impl Router {
         let calibrated = self.calibration.model(&m.name);
         // Read once per decision, not per worker (a float rounded each time).
         let unseen_tokens = self.knowledge.typical_uncached_tokens();
+        // Queued work this request's engine priority jumps (none without priorities).
+        let defers = load.defers();
         let candidates = eligible
             .enumerate()
             .map(|(i, w)| {
                 let pm = matches.get(i).copied().unwrap_or_default();
                 let reported = self.knowledge.reported_load_key(w.key(), now_ms);
+                // Other replicas' in-flight work adds to this replica's own. The worker's
+                // report is matched against all of it, the part this request jumps taken out
+                // after (else the report would count that part again as unseen requests).
+                let seen = combine_load(
+                    load.load(w).plus(self.knowledge.peer_load_key(w.key(), now_ms)),
+                    reported.as_ref(),
+                    unseen_tokens,
+                );
                 Candidate {
                     worker: w,
                     cached_blocks: pm.blocks,
                     offloaded_blocks: pm.offloaded,
-                    // Other replicas' in-flight work adds to this replica's own.
-                    load: combine_load(
-                        load.load(w).plus(self.knowledge.peer_load_key(w.key(), now_ms)),
-                        reported.as_ref(),
-                        unseen_tokens,
-                    ),
+                    load: if defers {
+                        seen.less(load.behind(w, m.profile.step_token_budget))
+                    } else {
+                        seen
+                    },
                     adapter_missing: t
                         .adapter
                         .as_deref()

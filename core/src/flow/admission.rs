@@ -55,6 +55,18 @@ pub fn admit(
     Admission { class: adm.class_name(ask.class).to_owned(), verdict, shed, priority }
 }
 
+/// The engine priority a request of `endpoint` with this priority header is forwarded with
+/// (0 where no class sets one, and on `/v1/messages`, whose body keeps no `priority`): what
+/// its decision's load view and its claim on the worker are at (see
+/// [`crate::shared::load::LoadView::behind`]).
+pub fn engine_priority(cfg: &FilterConfig, endpoint: Endpoint, priority: Option<&[u8]>) -> i32 {
+    if endpoint == Endpoint::Messages {
+        return 0;
+    }
+    let adm = &cfg.admission;
+    adm.engine_priority(adm.class_of(priority))
+}
+
 /// The body to forward for an admitted request of `endpoint`, when it differs from `body`:
 /// the class's edit of the `priority` member on the endpoints whose engines read one (chat,
 /// completions, responses; vLLM's `/v1/messages` has no such field and ignores it).

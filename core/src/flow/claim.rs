@@ -30,18 +30,20 @@ pub struct Ordered {
 /// against the other threads' decisions since `epoch` was read (before the decision's load
 /// view): when one came in between, takes the request back out, ranks again with `rerank`
 /// (the decision so far, a fresh view; `None` keeps the decision), claims the new primary and advances the epoch
-/// once more. `epoch: None` claims without ordering. Returns no claim when the decision has
-/// no primary.
+/// once more. `epoch: None` claims without ordering. `priority`: the engine priority the
+/// request is sent with (0: none). Returns no claim when the decision has no primary.
+#[allow(clippy::too_many_arguments)]
 pub fn claim<S: SharedStore + ?Sized>(
     store: &S,
     counters: &dyn Counters,
     shard: &mut Shard,
     epoch: Option<Epoch>,
     decision: &mut Decision,
+    priority: i32,
     now_ms: u64,
     rerank: impl FnOnce(&Decision, &LoadView) -> Option<Decision>,
 ) -> (Option<Claim>, Ordered) {
-    let mut claimed = start(counters, shard, decision, now_ms);
+    let mut claimed = start(counters, shard, decision, priority, now_ms);
     shard.flush(store, counters, now_ms);
     let mut ordered = Ordered::default();
     if epoch.is_none_or(|e| e.advance(store) != Advance::Raced) {
@@ -58,7 +60,7 @@ pub fn claim<S: SharedStore + ?Sized>(
         *decision = d;
     }
     ordered.reranked = true;
-    claimed = start(counters, shard, decision, now_ms);
+    claimed = start(counters, shard, decision, priority, now_ms);
     shard.flush(store, counters, now_ms);
     again.advance(store);
     (claimed, ordered)
@@ -73,10 +75,18 @@ pub fn end(shard: &mut Shard, c: Claim) {
     }
 }
 
-fn start(counters: &dyn Counters, shard: &mut Shard, d: &Decision, now_ms: u64) -> Option<Claim> {
+fn start(
+    counters: &dyn Counters,
+    shard: &mut Shard,
+    d: &Decision,
+    priority: i32,
+    now_ms: u64,
+) -> Option<Claim> {
     let primary = d.primary()?;
-    let ticket = shard.start(counters, &primary.worker, d.uncached_tokens(), now_ms);
-    let prefill =
-        d.prefill.first().map(|p| shard.start(counters, &p.worker, p.uncached_tokens, now_ms));
+    let ticket = shard.start_at(counters, &primary.worker, (d.uncached_tokens(), priority), now_ms);
+    let prefill = d
+        .prefill
+        .first()
+        .map(|p| shard.start_at(counters, &p.worker, (p.uncached_tokens, priority), now_ms));
     Some(Claim { ticket, prefill })
 }

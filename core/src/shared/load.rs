@@ -24,8 +24,13 @@ use crate::wire::snapshot::SnapshotLoad;
 use crate::wire::Reader;
 
 pub const REGISTRY_KEY: &str = "kvroute.load.shards";
+/// Entries without an engine priority of their own (every one 0): the format before
+/// priorities, still written for them, so that a filter of either version reads the other's.
 const SHARD_VERSION: u8 = 1;
+/// Entries with their engine priority.
+const SHARD_VERSION_PRIORITY: u8 = 2;
 const ENTRY_LEN: usize = 33;
+const ENTRY_LEN_PRIORITY: usize = ENTRY_LEN + 4;
 /// Most shards the registry lists (threads of all Envoy VMs sharing this `vm_id`).
 pub const MAX_SHARDS: usize = 1024;
 
@@ -46,6 +51,9 @@ pub struct InflightEntry {
     pub started_ms: u64,
     pub prefill_tokens: u64,
     pub prefilling: bool,
+    /// The `priority` the engine was sent (lower first, as vLLM's `--scheduling-policy
+    /// priority`; 0: none, the engines' default).
+    pub priority: i32,
 }
 
 /// A shard as stored.
@@ -57,8 +65,14 @@ pub struct ShardData {
 
 impl ShardData {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(13 + ENTRY_LEN * self.entries.len());
-        b.push(SHARD_VERSION);
+        let with_priority = self.entries.iter().any(|e| e.priority != 0);
+        let (version, len) = if with_priority {
+            (SHARD_VERSION_PRIORITY, ENTRY_LEN_PRIORITY)
+        } else {
+            (SHARD_VERSION, ENTRY_LEN)
+        };
+        let mut b = Vec::with_capacity(13 + len * self.entries.len());
+        b.push(version);
         b.extend_from_slice(&self.heartbeat_ms.to_le_bytes());
         b.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
         for e in &self.entries {
@@ -66,19 +80,25 @@ impl ShardData {
                 b.extend_from_slice(&v.to_le_bytes());
             }
             b.push(u8::from(e.prefilling));
+            if with_priority {
+                b.extend_from_slice(&e.priority.to_le_bytes());
+            }
         }
         b
     }
 
-    /// Decodes a shard; `None` for anything malformed (never panics).
+    /// Decodes a shard of either version; `None` for anything malformed (never panics).
     pub fn decode(bytes: &[u8]) -> Option<ShardData> {
         let mut r = Reader::new(bytes);
-        if r.u8()? != SHARD_VERSION {
-            return None;
-        }
+        let with_priority = match r.u8()? {
+            SHARD_VERSION => false,
+            SHARD_VERSION_PRIORITY => true,
+            _ => return None,
+        };
+        let len = if with_priority { ENTRY_LEN_PRIORITY } else { ENTRY_LEN };
         let heartbeat_ms = r.u64()?;
         let n = r.u32()? as usize;
-        if r.remaining() != n.checked_mul(ENTRY_LEN)? {
+        if r.remaining() != n.checked_mul(len)? {
             return None;
         }
         let entries = (0..n)
@@ -89,6 +109,7 @@ impl ShardData {
                     started_ms: r.u64()?,
                     prefill_tokens: r.u64()?,
                     prefilling: r.u8()? != 0,
+                    priority: if with_priority { r.u32()? as i32 } else { 0 },
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -230,12 +251,24 @@ impl Shard {
         }
     }
 
-    /// A request was sent to `worker` with this many uncached prompt tokens.
+    /// A request was sent to `worker` with this many uncached prompt tokens and no engine
+    /// priority of its own.
     pub fn start(
         &mut self,
         counters: &dyn Counters,
         worker: &str,
         tokens: u64,
+        now: u64,
+    ) -> Ticket {
+        self.start_at(counters, worker, (tokens, 0), now)
+    }
+
+    /// A request was sent to `worker` with `(uncached prompt tokens, engine priority)`.
+    pub fn start_at(
+        &mut self,
+        counters: &dyn Counters,
+        worker: &str,
+        (tokens, priority): (u64, i32),
         now: u64,
     ) -> Ticket {
         let id = self.next_request;
@@ -251,6 +284,7 @@ impl Shard {
             started_ms: now,
             prefill_tokens: tokens,
             prefilling: true,
+            priority,
         });
         Ticket(id)
     }
@@ -334,14 +368,25 @@ impl Shard {
     }
 }
 
+/// A tracked request as the view keeps it, by worker.
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    started_ms: u64,
+    prefill_tokens: u64,
+    priority: i32,
+    prefilling: bool,
+}
+
 /// Everything the live shards hold, by worker key.
 #[derive(Debug, Default, Clone)]
 pub struct LoadView {
     /// Keyed by worker key (already a hash: it is its own, see [`ByKey`]); a decision probes it
-    /// once per worker of the pool, so the loads sit apart from the start times.
+    /// once per worker of the pool, so the loads sit apart from the requests.
     by_worker: HashMap<u64, WorkerLoad, ByKey>,
-    /// When each tracked request started, by worker key.
-    starts: HashMap<u64, Vec<u64>, ByKey>,
+    /// Each tracked request, by worker key.
+    tracked: HashMap<u64, Vec<Tracked>, ByKey>,
+    /// The largest (least urgent) engine priority of a request still in prefill.
+    least_urgent: Option<i32>,
 }
 
 impl LoadView {
@@ -415,8 +460,15 @@ impl LoadView {
                 load.prefill_sq_tokens = load.prefill_sq_tokens.saturating_add(sq);
                 let elapsed = now_ms.saturating_sub(e.started_ms);
                 load.prefill_elapsed_ms = load.prefill_elapsed_ms.max(elapsed);
+                self.least_urgent =
+                    Some(self.least_urgent.map_or(e.priority, |p| p.max(e.priority)));
             }
-            self.starts.entry(e.worker).or_default().push(e.started_ms);
+            self.tracked.entry(e.worker).or_default().push(Tracked {
+                started_ms: e.started_ms,
+                prefill_tokens: e.prefill_tokens,
+                priority: e.priority,
+                prefilling: e.prefilling,
+            });
         }
     }
 
@@ -437,10 +489,56 @@ impl LoadView {
 
     /// How many tracked requests to `worker` started at or before `at_ms`.
     pub fn started_before(&self, worker: &str, at_ms: u64) -> u64 {
-        self.starts
+        self.tracked
             .get(&worker_key(worker))
-            .map_or(0, |s| s.iter().filter(|t| **t <= at_ms).count() as u64)
+            .map_or(0, |s| s.iter().filter(|t| t.started_ms <= at_ms).count() as u64)
     }
+
+    /// Whether some request still in prefill was sent with a priority less urgent than
+    /// `priority` (a larger value): only then can [`LoadView::behind`] find anything.
+    pub fn defers_to(&self, priority: i32) -> bool {
+        self.least_urgent.is_some_and(|p| p > priority)
+    }
+
+    /// The part of `worker`'s tracked prefill queue (the worker of key `key`) that a request
+    /// sent with engine priority `priority` does not wait for, on an engine that schedules by
+    /// priority (vLLM's `--scheduling-policy priority`): the requests still in prefill with a
+    /// less urgent priority that the engine cannot have started yet. Such an engine takes its
+    /// waiting queue in priority order, but never preempts a prefill it started for a more
+    /// urgent arrival, and starts at most `step_budget` prompt tokens (its
+    /// `max_num_batched_tokens`) per step. So the tracked requests are taken in the order they
+    /// were sent: one whose predecessors still in prefill hold less than a step's budget may
+    /// be running and counts in full; a less urgent one behind a step's budget or more waits
+    /// for this request (the oldest is always counted, as with a budget of 0: one at a time).
+    pub fn behind(&self, key: u64, priority: i32, step_budget: u64) -> WorkerLoad {
+        let mut out = WorkerLoad::default();
+        let Some(tracked) = self.tracked.get(&key) else { return out };
+        let mut queue: Vec<&Tracked> = tracked.iter().filter(|t| t.prefilling).collect();
+        if !queue.iter().any(|t| t.priority > priority) {
+            return out;
+        }
+        queue.sort_by_key(|t| t.started_ms);
+        let mut before = 0u64;
+        for t in queue {
+            if t.priority > priority && before >= step_budget.max(1) {
+                out.inflight_requests += 1;
+                out.prefilling_requests += 1;
+                out.prefill_tokens = out.prefill_tokens.saturating_add(t.prefill_tokens);
+                let sq = t.prefill_tokens.saturating_mul(t.prefill_tokens);
+                out.prefill_sq_tokens = out.prefill_sq_tokens.saturating_add(sq);
+            }
+            before = before.saturating_add(t.prefill_tokens);
+        }
+        out
+    }
+}
+
+/// A [`LoadView`] as a request sent with engine priority `priority` sees it: the queued work
+/// it does not wait for is [`LoadSource::behind`] (see [`LoadView::behind`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AtPriority<'v> {
+    pub view: &'v LoadView,
+    pub priority: i32,
 }
 
 /// Unlists dead shards and empties their keys; only the reader whose write unlisted a shard
@@ -474,9 +572,32 @@ impl crate::decision::load::LoadSource for LoadView {
         from_ms: u64,
         to_ms: u64,
     ) -> usize {
-        self.starts
+        self.tracked
             .get(&worker.key())
-            .map_or(0, |s| s.iter().filter(|t| (from_ms..=to_ms).contains(t)).count())
+            .map_or(0, |s| s.iter().filter(|t| (from_ms..=to_ms).contains(&t.started_ms)).count())
+    }
+}
+
+impl crate::decision::load::LoadSource for AtPriority<'_> {
+    fn load(&self, worker: &crate::decision::worker::WorkerName) -> WorkerLoad {
+        self.view.load_key(worker.key())
+    }
+
+    fn started_within(
+        &self,
+        worker: &crate::decision::worker::WorkerName,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> usize {
+        crate::decision::load::LoadSource::started_within(self.view, worker, from_ms, to_ms)
+    }
+
+    fn defers(&self) -> bool {
+        self.view.defers_to(self.priority)
+    }
+
+    fn behind(&self, worker: &crate::decision::worker::WorkerName, step_budget: u64) -> WorkerLoad {
+        self.view.behind(worker.key(), self.priority, step_budget)
     }
 }
 

@@ -4,7 +4,7 @@ use crate::decision::admission::tests::score;
 use crate::decision::admission::{AdmissionVerdict, Reason};
 use crate::decision::config::FilterConfig;
 use crate::decision::request::Endpoint;
-use crate::flow::admission::{admit, forwarded_body};
+use crate::flow::admission::{admit, engine_priority, forwarded_body};
 
 fn config() -> FilterConfig {
     let cfg = json!({"models": [
@@ -60,4 +60,9 @@ fn the_forwarded_body_carries_the_class_engine_priority() {
     let a = admit(&cfg, "m", &mut ranked, None, None);
     let out = forwarded_body(&a, Endpoint::Chat, body).unwrap().unwrap();
     assert_eq!(out, br#"{"model":"m","priority":0,"prompt":"x"}"#);
+    // The priority its load is counted at is the one the engine gets.
+    assert_eq!(engine_priority(&cfg, Endpoint::Completions, Some(b"batch")), 10);
+    assert_eq!(engine_priority(&cfg, Endpoint::Chat, Some(b" BATCH ")), 10);
+    assert_eq!(engine_priority(&cfg, Endpoint::Chat, None), 0);
+    assert_eq!(engine_priority(&cfg, Endpoint::Messages, Some(b"batch")), 0);
 }

@@ -47,9 +47,9 @@ fn race(
     assert_eq!(primary(&da), primary(&db), "the same view: the same choice");
     let rerank = |d: &Decision, v: &LoadView| r.rerank(q, d, v, 10, 0);
     let on = |e| ordered.then_some(e);
-    let (ca, oa) = claim(&store, &t, &mut a, on(ea), &mut da, 10, rerank);
+    let (ca, oa) = claim(&store, &t, &mut a, on(ea), &mut da, 0, 10, rerank);
     assert_eq!(oa, Ordered::default(), "the first to claim raced nothing");
-    let (cb, ob) = claim(&store, &t, &mut b, on(eb), &mut db, 10, rerank);
+    let (cb, ob) = claim(&store, &t, &mut b, on(eb), &mut db, 0, 10, rerank);
     assert!(matches!((ca, cb), (Some(Claim { .. }), Some(Claim { .. }))));
     // What a third thread sees now: each worker's started requests.
     let c = Shard::register(&store, &t, LoadLimits::default(), 0, 3);

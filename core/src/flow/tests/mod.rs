@@ -1,4 +1,5 @@
 mod admission;
 mod claim;
 mod lifecycle;
+mod priority;
 mod sync;

@@ -194,14 +194,17 @@ proptest! {
     #[test]
     fn shard_codec_round_trips_and_never_panics(
         hb: u64,
-        raw in proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>()), 0..20),
+        raw in proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>(), prop_oneof![Just(0i32), any::<i32>()]), 0..20),
         junk in proptest::collection::vec(any::<u8>(), 0..200),
     ) {
-        let entries = raw.into_iter().map(|(id, worker, started_ms, prefill_tokens, prefilling)| {
-            InflightEntry { id, worker, started_ms, prefill_tokens, prefilling }
+        let entries: Vec<InflightEntry> = raw.into_iter().map(|(id, worker, started_ms, prefill_tokens, prefilling, priority)| {
+            InflightEntry { id, worker, started_ms, prefill_tokens, prefilling, priority }
         }).collect();
+        let plain = entries.iter().all(|e| e.priority == 0);
         let d = ShardData { heartbeat_ms: hb, entries };
         prop_assert_eq!(ShardData::decode(&d.encode()), Some(d.clone()));
+        // Without priorities the shard keeps the format a filter before them reads.
+        prop_assert_eq!(d.encode()[0], if plain { 1 } else { 2 });
         let b = d.encode();
         for n in 0..b.len() {
             prop_assert_eq!(ShardData::decode(&b[..n]), None);
@@ -228,4 +231,65 @@ fn the_view_counts_the_requests_sent_in_a_window() {
     assert_eq!(v.started_within(&w, 999, 1_000), 2, "one per thread in that millisecond");
     assert_eq!(v.started_within(&w, 1_001, 1_010), 1);
     assert_eq!(v.started_within(&WorkerName::from("127.0.0.1:7"), 0, 2_000), 0);
+}
+
+/// A worker's queue: `(sent at, uncached tokens, engine priority)`, still in prefill, written
+/// by two threads; returns the view of a third.
+fn queue(q: &[(u64, u64, i32)]) -> LoadView {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut a = Shard::register(&store, &t, LIMITS, 0, 1);
+    let mut b = Shard::register(&store, &t, LIMITS, 0, 2);
+    for (i, (at, tokens, priority)) in q.iter().enumerate() {
+        let s = if i % 2 == 0 { &mut a } else { &mut b };
+        s.start_at(&t, W, (*tokens, *priority), *at);
+    }
+    // One that has answered is never queued work.
+    let done = a.start_at(&t, W, (5_000, 10), 0);
+    a.first_byte(done);
+    a.flush(&store, &t, 100);
+    b.flush(&store, &t, 100);
+    let c = Shard::register(&store, &t, LIMITS, 0, 3);
+    LoadView::read(&store, &t, &c, 100)
+}
+
+fn queued(requests: u32, tokens: u64, sq: u64) -> WorkerLoad {
+    WorkerLoad {
+        inflight_requests: requests,
+        prefilling_requests: requests,
+        prefill_tokens: tokens,
+        prefill_sq_tokens: sq,
+        prefill_elapsed_ms: 0,
+    }
+}
+
+#[test]
+fn an_urgent_request_does_not_wait_for_less_urgent_work_not_started() {
+    // Sent in this order (the shards' order is not the sending order).
+    let v = queue(&[(4, 3_000, 10), (1, 3_000, 10), (3, 1_000, 0), (2, 3_000, 10)]);
+    let key = worker_key(W);
+    assert!(v.defers_to(0) && v.defers_to(-1) && !v.defers_to(10));
+    // Budget 4 096: the first two may be in the engine's step (0 and 3 000 tokens before
+    // them); the urgent one at 3 counts as ahead whatever; the last is behind a budget.
+    assert_eq!(v.behind(key, 0, 4_096), queued(1, 3_000, 9_000_000));
+    // Nothing is less urgent than the least urgent.
+    assert_eq!(v.behind(key, 10, 4_096), WorkerLoad::default());
+    // A more urgent request also jumps the priority-0 one, once past the budget.
+    assert_eq!(v.behind(key, -1, 4_096), queued(2, 4_000, 10_000_000));
+    // An engine that runs one prefill at a time (budget 0): all but the oldest.
+    assert_eq!(v.behind(key, 0, 0), queued(2, 6_000, 18_000_000));
+    // A budget that holds them all: every one may have started.
+    assert_eq!(v.behind(key, 0, 100_000), WorkerLoad::default());
+    // Another worker: nothing.
+    assert_eq!(v.behind(worker_key("127.0.0.1:9"), 0, 0), WorkerLoad::default());
+    // The load taken out is the load counted: what is left is what the urgent one waits for.
+    let left = v.load(W).less(v.behind(key, 0, 4_096));
+    assert_eq!((left.inflight_requests, left.prefilling_requests), (4, 3));
+    assert_eq!((left.prefill_tokens, left.prefill_elapsed_ms), (7_000, 99));
+}
+
+#[test]
+fn without_priorities_nothing_is_behind() {
+    let v = queue(&[(1, 3_000, 0), (2, 3_000, 0), (3, 3_000, 0)]);
+    assert!(!v.defers_to(0));
+    assert_eq!(v.behind(worker_key(W), 0, 0), WorkerLoad::default());
 }

@@ -1,0 +1,97 @@
+//! A request sent with an engine priority, on engines that schedule by it: its estimate counts
+//! the queued work that runs before it, not the less urgent work queued behind a step.
+
+use serde_json::json;
+
+use crate::decision::config::sync::LoadLimits;
+use crate::decision::config::FilterConfig;
+use crate::decision::request::{parse, Endpoint, ParsedRequest};
+use crate::decision::router::{Decision, Router};
+use crate::flow::claim::claim;
+use crate::shared::fake::{MemStore, Tally};
+use crate::shared::load::{AtPriority, LoadView, Shard};
+
+const A: &str = "127.0.0.1:1";
+const B: &str = "127.0.0.1:2";
+const INTERACTIVE: i32 = 0;
+const BATCH: i32 = 10;
+
+fn router() -> Router {
+    let cfg =
+        json!({"models":[{"name":"m","workers":[A, B]}], "tie_band":{"abs_ms":0.0,"rel":0.0}});
+    Router::new(&FilterConfig::from_json(cfg.to_string().as_bytes()).unwrap()).unwrap()
+}
+
+fn req() -> ParsedRequest {
+    let body =
+        json!({"model":"m","messages":[{"role":"user","content":"a new prompt ".repeat(50)}]});
+    parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+}
+
+fn wait_on(d: &Decision, worker: &str) -> f64 {
+    d.ranked.iter().find(|s| s.worker.as_str() == worker).unwrap().wait_ms
+}
+
+/// `A` has 12 batch prompts of 2 000 tokens queued, `B` 6 interactive ones: of `A`'s, the
+/// first five may be in the engine's step already (less than the default 8 192-token budget
+/// sent before each), the other seven wait for anything more urgent.
+fn pool(store: &MemStore, t: &Tally) -> Shard {
+    let mut s = Shard::register(store, t, LoadLimits::default(), 0, 1);
+    for i in 0..12 {
+        s.start_at(t, A, (2_000, BATCH), i);
+    }
+    for i in 0..6 {
+        s.start_at(t, B, (2_000, INTERACTIVE), i);
+    }
+    s.flush(store, t, 20);
+    s
+}
+
+#[test]
+fn an_urgent_request_waits_only_for_what_runs_before_it() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let shard = pool(&store, &t);
+    let view = LoadView::read(&store, &t, &shard, 20);
+    let r = router();
+    let q = req();
+    let urgent =
+        r.decide(&q, 0, &AtPriority { view: &view, priority: INTERACTIVE }, 20, 0).unwrap();
+    let late = r.decide(&q, 0, &AtPriority { view: &view, priority: BATCH }, 20, 0).unwrap();
+    let blind = r.decide(&q, 0, &view, 20, 0).unwrap();
+    // Counted in full, A's 24 000 queued tokens are more than B's 12 000: both the batch
+    // request and a view without priorities go to B.
+    assert_eq!(late.primary().unwrap().worker.as_str(), B);
+    assert_eq!(blind.primary().unwrap().worker.as_str(), B);
+    // The interactive request waits on A for five prompts only (10 000 tokens): A.
+    assert_eq!(urgent.primary().unwrap().worker.as_str(), A);
+    let (a, b) = (wait_on(&urgent, A), wait_on(&urgent, B));
+    assert!(a < b && a < wait_on(&late, A), "A {a} ms, B {b} ms, batch on A {}", wait_on(&late, A));
+    assert_eq!(b, wait_on(&late, B), "nothing on B is behind anybody");
+    assert_eq!(urgent.ranked[0].load.prefilling_requests, 5);
+    assert_eq!(
+        late.ranked.iter().find(|s| s.worker.as_str() == A).unwrap().load.prefilling_requests,
+        12
+    );
+}
+
+#[test]
+fn the_claim_keeps_the_priority_the_request_is_sent_with() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut shard = pool(&store, &t);
+    let view = LoadView::read(&store, &t, &shard, 20);
+    let r = router();
+    let q = req();
+    let mut d = r.decide(&q, 0, &AtPriority { view: &view, priority: INTERACTIVE }, 20, 0).unwrap();
+    claim(&store, &t, &mut shard, None, &mut d, -3, 20, |_, _| None);
+    let last = shard.entries().last().copied().unwrap();
+    assert_eq!((last.worker, last.priority), (crate::decision::load::worker_key(A), -3));
+    // Another thread reads it back: the request at -3 goes before every queued one of A's
+    // (the seven batch prompts behind a step's budget are behind it), and a request at -5
+    // would go before it too.
+    let other = Shard::register(&store, &t, LoadLimits::default(), 0, 2);
+    let seen = LoadView::read(&store, &t, &other, 20);
+    let a = crate::decision::load::worker_key(A);
+    assert_eq!(seen.behind(a, 0, 8_192).prefilling_requests, 7);
+    assert_eq!(seen.behind(a, -3, 8_192).prefilling_requests, 7);
+    assert_eq!(seen.behind(a, -5, 8_192).prefilling_requests, 8);
+}
