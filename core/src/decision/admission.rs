@@ -36,7 +36,9 @@
 //! [`AdmissionConfig::priority_edit`] says what becomes of the forwarded body's `priority`
 //! member ([`priority_field`]: the class's value written, or, once any class sets one, a
 //! client's own removed), for engines that order their queue by it (vLLM's
-//! `--scheduling-policy priority`: lower values first).
+//! `--scheduling-policy priority`: lower values first). The decision already ranked the
+//! workers by the queue that runs before the request at that priority
+//! ([`crate::shared::load::LoadView::behind`]).
 
 mod config;
 pub mod priority_field;

@@ -74,14 +74,20 @@ impl WorkerLoad {
     }
 
     /// This load without `part` of it (saturating): the queued work a request does not wait
-    /// for taken out. How long ago the oldest request still in prefill was sent stays: the
-    /// part taken out never holds the oldest (see `shared::load::LoadView::behind`).
+    /// for taken out (see `shared::load::LoadView::behind`). A `part` with requests in it
+    /// also bounds the work done on what is left: its `prefill_elapsed_ms` is how long ago
+    /// the youngest request left was sent, and the smaller of the two ages stays.
     pub fn less(self, part: WorkerLoad) -> WorkerLoad {
+        let prefill_elapsed_ms = if part.prefilling_requests > 0 {
+            self.prefill_elapsed_ms.min(part.prefill_elapsed_ms)
+        } else {
+            self.prefill_elapsed_ms
+        };
         WorkerLoad {
             inflight_requests: self.inflight_requests.saturating_sub(part.inflight_requests),
             prefilling_requests: self.prefilling_requests.saturating_sub(part.prefilling_requests),
             prefill_tokens: self.prefill_tokens.saturating_sub(part.prefill_tokens),
-            prefill_elapsed_ms: self.prefill_elapsed_ms,
+            prefill_elapsed_ms,
             prefill_sq_tokens: self.prefill_sq_tokens.saturating_sub(part.prefill_sq_tokens),
         }
     }

@@ -387,6 +387,8 @@ pub struct LoadView {
     tracked: HashMap<u64, Vec<Tracked>, ByKey>,
     /// The largest (least urgent) engine priority of a request still in prefill.
     least_urgent: Option<i32>,
+    /// When the view was read (ms).
+    read_at_ms: u64,
 }
 
 impl LoadView {
@@ -419,7 +421,7 @@ impl LoadView {
         own: Option<&Shard>,
         now_ms: u64,
     ) -> LoadView {
-        let mut view = LoadView::default();
+        let mut view = LoadView { read_at_ms: now_ms, ..LoadView::default() };
         let mut dead = Vec::new();
         for id in registry(store, counters) {
             if own.is_some_and(|o| o.id == id) {
@@ -510,6 +512,12 @@ impl LoadView {
     /// were sent: one whose predecessors still in prefill hold less than a step's budget may
     /// be running and counts in full; a less urgent one behind a step's budget or more waits
     /// for this request (the oldest is always counted, as with a budget of 0: one at a time).
+    ///
+    /// Where something is behind, the returned `prefill_elapsed_ms` is how long ago the
+    /// youngest request still counted was sent: the work the worker did on the counted queue
+    /// since then, at most (see [`WorkerLoad::less`]). The oldest request's age, which the
+    /// full load carries, is no measure of it on such an engine: the less urgent requests it
+    /// passed over wait there while more urgent ones come and go.
     pub fn behind(&self, key: u64, priority: i32, step_budget: u64) -> WorkerLoad {
         let mut out = WorkerLoad::default();
         let Some(tracked) = self.tracked.get(&key) else { return out };
@@ -518,7 +526,7 @@ impl LoadView {
             return out;
         }
         queue.sort_by_key(|t| t.started_ms);
-        let mut before = 0u64;
+        let (mut before, mut youngest_counted) = (0u64, 0u64);
         for t in queue {
             if t.priority > priority && before >= step_budget.max(1) {
                 out.inflight_requests += 1;
@@ -526,8 +534,13 @@ impl LoadView {
                 out.prefill_tokens = out.prefill_tokens.saturating_add(t.prefill_tokens);
                 let sq = t.prefill_tokens.saturating_mul(t.prefill_tokens);
                 out.prefill_sq_tokens = out.prefill_sq_tokens.saturating_add(sq);
+            } else {
+                youngest_counted = t.started_ms;
             }
             before = before.saturating_add(t.prefill_tokens);
+        }
+        if out.prefilling_requests > 0 {
+            out.prefill_elapsed_ms = self.read_at_ms.saturating_sub(youngest_counted);
         }
         out
     }

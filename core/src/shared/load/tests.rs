@@ -252,13 +252,15 @@ fn queue(q: &[(u64, u64, i32)]) -> LoadView {
     LoadView::read(&store, &t, &c, 100)
 }
 
-fn queued(requests: u32, tokens: u64, sq: u64) -> WorkerLoad {
+/// What is behind: `requests` of `tokens` (`sq` their squares); the youngest request still
+/// counted was sent `age` ms before the view.
+fn queued(requests: u32, tokens: u64, sq: u64, age: u64) -> WorkerLoad {
     WorkerLoad {
         inflight_requests: requests,
         prefilling_requests: requests,
         prefill_tokens: tokens,
         prefill_sq_tokens: sq,
-        prefill_elapsed_ms: 0,
+        prefill_elapsed_ms: age,
     }
 }
 
@@ -270,21 +272,24 @@ fn an_urgent_request_does_not_wait_for_less_urgent_work_not_started() {
     assert!(v.defers_to(0) && v.defers_to(-1) && !v.defers_to(10));
     // Budget 4 096: the first two may be in the engine's step (0 and 3 000 tokens before
     // them); the urgent one at 3 counts as ahead whatever; the last is behind a budget.
-    assert_eq!(v.behind(key, 0, 4_096), queued(1, 3_000, 9_000_000));
+    assert_eq!(v.behind(key, 0, 4_096), queued(1, 3_000, 9_000_000, 97));
     // Nothing is less urgent than the least urgent.
     assert_eq!(v.behind(key, 10, 4_096), WorkerLoad::default());
     // A more urgent request also jumps the priority-0 one, once past the budget.
-    assert_eq!(v.behind(key, -1, 4_096), queued(2, 4_000, 10_000_000));
+    assert_eq!(v.behind(key, -1, 4_096), queued(2, 4_000, 10_000_000, 98));
     // An engine that runs one prefill at a time (budget 0): all but the oldest.
-    assert_eq!(v.behind(key, 0, 0), queued(2, 6_000, 18_000_000));
+    assert_eq!(v.behind(key, 0, 0), queued(2, 6_000, 18_000_000, 97));
     // A budget that holds them all: every one may have started.
     assert_eq!(v.behind(key, 0, 100_000), WorkerLoad::default());
     // Another worker: nothing.
     assert_eq!(v.behind(worker_key("127.0.0.1:9"), 0, 0), WorkerLoad::default());
-    // The load taken out is the load counted: what is left is what the urgent one waits for.
+    // What is left is what the urgent one waits for; the worker has done at most the 97 ms
+    // since the youngest of it was sent (not the 99 ms since the oldest).
     let left = v.load(W).less(v.behind(key, 0, 4_096));
     assert_eq!((left.inflight_requests, left.prefilling_requests), (4, 3));
-    assert_eq!((left.prefill_tokens, left.prefill_elapsed_ms), (7_000, 99));
+    assert_eq!((left.prefill_tokens, left.prefill_elapsed_ms), (7_000, 97));
+    // Nothing behind: nothing changes.
+    assert_eq!(v.load(W).less(v.behind(key, 10, 4_096)), v.load(W));
 }
 
 #[test]
