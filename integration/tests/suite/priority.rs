@@ -5,12 +5,15 @@
 //! at a time) serves a queued interactive request before batch requests that arrived earlier,
 //! whatever `priority` the clients wrote. Against an FCFS worker, which refuses a non-zero
 //! `priority` with a 400, the rewritten and the stripped bodies are taken over HTTP/1.1 and h2c.
+//! The filter's own estimate knows the engine's order too: an interactive request is not
+//! estimated to wait for the batch requests queued behind the engine's step.
 //! Nothing depends on timing: the queue is made by a stream held open, and the order checked is
 //! the order of first tokens.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use kvroute_stack::client;
 use kvroute_stack::rawhttp::{self, Proto, RawRequest};
 use kvroute_stack::stack::{Stack, StackOptions, MODEL};
 use kvroute_stack::workload::Conversation;
@@ -112,6 +115,61 @@ async fn the_engine_serves_interactive_before_earlier_batch_whatever_clients_wro
     firsts.sort();
     let order: Vec<usize> = firsts.into_iter().map(|(_, i)| i).collect();
     assert_eq!(order, vec![2, 0, 1], "interactive first, then batch in arrival order");
+}
+
+/// Sends a request of `class` in a task; its decision header comes back once it is served.
+fn send_later(url: &str, class: &'static str, id: usize) -> tokio::task::JoinHandle<client::Reply> {
+    let (url, b) = (url.to_owned(), body(id, 2, true, None).to_string().into_bytes());
+    tokio::spawn(async move {
+        let (http, headers) = (reqwest::Client::new(), [(PRIORITY, class)]);
+        let r = client::send(&http, &url, CHAT, b, &headers);
+        tokio::time::timeout(WITHIN, r).await.expect("no answer").unwrap()
+    })
+}
+
+fn predicted_wait_ms(r: &client::Reply) -> f64 {
+    let w = r.decision_field("predicted_wait_ms").expect("no decision header");
+    w.parse().unwrap()
+}
+
+#[tokio::test]
+async fn an_interactive_request_is_not_estimated_to_wait_for_the_batch_queue_it_jumps() {
+    // A step budget of one token: the engine can have started only the oldest request queued.
+    let opts = StackOptions {
+        workers: 1,
+        envoy_concurrency: 1,
+        sim_args: ["--scheduling-policy", "priority", "--max-num-seqs", "1"]
+            .map(String::from)
+            .to_vec(),
+        filter: classes(),
+        model_overrides: json!({"profile": {"step_token_budget": 1}}),
+        ..Default::default()
+    };
+    let stack = Stack::start(opts).await.unwrap();
+    let url = stack.envoy.base_url();
+    let mut held = stream(&url, "interactive", &body(0, 3000, true, None)).await;
+    let ran = tokio::time::timeout(WITHIN, held.chunk()).await.expect("held stream silent");
+    assert!(ran.unwrap().is_some(), "the held stream sent nothing");
+    // Three batch requests queue; then an interactive one, then one more batch request.
+    let mut tasks = Vec::new();
+    for (i, class) in ["batch", "batch", "batch", "interactive", "batch"].into_iter().enumerate() {
+        tasks.push(send_later(&url, class, i + 1));
+        until_waiting(&stack, i as u64 + 1).await;
+    }
+    drop(held);
+    let mut replies = Vec::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        replies.push(r);
+    }
+    let waits: Vec<f64> = replies.iter().map(predicted_wait_ms).collect();
+    // The interactive request waits for the oldest batch prompt only; the last batch request
+    // for all three and the interactive one.
+    let (interactive, last) = (waits[3], waits[4]);
+    assert!(interactive > 0.0, "the oldest batch prompt is ahead: {waits:?}");
+    assert!(interactive * 2.0 < last, "interactive {interactive} ms, batch {last} ms: {waits:?}");
+    assert!(waits[2] * 1.2 < last && waits[0] < waits[2], "the batch queue grows: {waits:?}");
 }
 
 #[tokio::test]
