@@ -81,8 +81,9 @@ async fn until_waiting(stack: &Stack, n: u64) {
     .unwrap_or_else(|e| panic!("{e}: want {n} waiting"));
 }
 
-#[tokio::test]
-async fn the_engine_serves_interactive_before_earlier_batch_whatever_clients_wrote() {
+/// One worker scheduling by priority, one request at a time, its slot taken by a stream held
+/// open: everything sent after it queues in the engine. `model`: the model's overrides.
+async fn held_worker(model: Value) -> (Stack, reqwest::Response) {
     let opts = StackOptions {
         workers: 1,
         envoy_concurrency: 1,
@@ -90,14 +91,20 @@ async fn the_engine_serves_interactive_before_earlier_batch_whatever_clients_wro
             .map(String::from)
             .to_vec(),
         filter: classes(),
+        model_overrides: model,
         ..Default::default()
     };
     let stack = Stack::start(opts).await.unwrap();
-    // A stream held open keeps the only slot: everything after it queues in the engine.
-    let url = stack.envoy.base_url();
-    let mut held = stream(&url, "interactive", &body(0, 3000, true, None)).await;
+    let mut held = stream(&stack.envoy.base_url(), "interactive", &body(0, 3000, true, None)).await;
     let ran = tokio::time::timeout(WITHIN, held.chunk()).await.expect("held stream silent");
     assert!(ran.unwrap().is_some(), "the held stream sent nothing");
+    (stack, held)
+}
+
+#[tokio::test]
+async fn the_engine_serves_interactive_before_earlier_batch_whatever_clients_wrote() {
+    let (stack, held) = held_worker(json!({})).await;
+    let url = stack.envoy.base_url();
     // Two batch requests, the second claiming the most urgent priority; then an interactive
     // one claiming the least. The classes decide: 0 for interactive, 10 for both batch.
     let queued = [("batch", None), ("batch", Some(-1000)), ("interactive", Some(1000))];
@@ -135,21 +142,8 @@ fn predicted_wait_ms(r: &client::Reply) -> f64 {
 #[tokio::test]
 async fn an_interactive_request_is_not_estimated_to_wait_for_the_batch_queue_it_jumps() {
     // A step budget of one token: the engine can have started only the oldest request queued.
-    let opts = StackOptions {
-        workers: 1,
-        envoy_concurrency: 1,
-        sim_args: ["--scheduling-policy", "priority", "--max-num-seqs", "1"]
-            .map(String::from)
-            .to_vec(),
-        filter: classes(),
-        model_overrides: json!({"profile": {"step_token_budget": 1}}),
-        ..Default::default()
-    };
-    let stack = Stack::start(opts).await.unwrap();
+    let (stack, held) = held_worker(json!({"profile": {"step_token_budget": 1}})).await;
     let url = stack.envoy.base_url();
-    let mut held = stream(&url, "interactive", &body(0, 3000, true, None)).await;
-    let ran = tokio::time::timeout(WITHIN, held.chunk()).await.expect("held stream silent");
-    assert!(ran.unwrap().is_some(), "the held stream sent nothing");
     // Three batch requests queue; then an interactive one, then one more batch request.
     let mut tasks = Vec::new();
     for (i, class) in ["batch", "batch", "batch", "interactive", "batch"].into_iter().enumerate() {
