@@ -45,9 +45,18 @@ impl CalibThread {
             .iter()
             .flat_map(|m| m.workers.iter().map(|w| (m.name.as_str(), w.as_str())))
             .collect();
+        // The engine priorities requests are sent at: one margin gauge each.
+        let adm = &config.admission;
+        let mut priorities: Vec<i32> = if adm.sets_engine_priority() {
+            (0..adm.classes.len()).map(|i| adm.engine_priority(i)).collect()
+        } else {
+            Vec::new()
+        };
+        priorities.sort_unstable();
+        priorities.dedup();
         CalibThread {
             cfg: config.calibration,
-            metrics: CalibMetrics::define(&models, &workers),
+            metrics: CalibMetrics::define(&models, &workers, &priorities),
             models,
             pending: HashMap::new(),
             reader: CalibReader::default(),
@@ -58,16 +67,16 @@ impl CalibThread {
         self.cfg.enabled
     }
 
-    /// A routed request of `model` got its first byte `observed_ms` after its decision, from
-    /// the worker `score` estimated; `shared`: another request may have raced it there (see
-    /// `CalibrationConfig::skip_shared_instants`). Returns a new view when the shared state
-    /// was written.
+    /// A routed request of `model`, sent at engine `priority`, got its first byte
+    /// `observed_ms` after its decision, from the worker `score` estimated; `shared`: another
+    /// request may have raced it there (see `CalibrationConfig::skip_shared_instants`).
+    /// Returns a new view when the shared state was written.
     pub fn record(
         &mut self,
         counters: &dyn Counters,
         model: &str,
         score: &Score,
-        observed_ms: f64,
+        (observed_ms, priority): (f64, i32),
         shared: bool,
     ) -> Option<Arc<Calibrated>> {
         if !self.cfg.enabled || !self.models.iter().any(|(m, _)| m == model) {
@@ -95,6 +104,7 @@ impl CalibThread {
             load: score.load,
             fixed_ms: score.transfer_ms + score.adapter_ms,
             observed_ms,
+            priority,
         });
         if pending.len() >= self.cfg.flush_samples {
             return self.flush(counters);
@@ -152,6 +162,8 @@ struct CalibMetrics {
     coefficients: HashMap<String, [Option<u32>; 10]>,
     /// (model, worker) → deviation in permille.
     deviations: HashMap<(String, String), Option<u32>>,
+    /// (model, engine priority) → the promise margin a request at it gets, in permille.
+    margins: HashMap<(String, i32), Option<u32>>,
     samples: Option<u32>,
     clipped: Option<u32>,
     rejected: Option<u32>,
@@ -165,7 +177,7 @@ struct CalibMetrics {
 }
 
 impl CalibMetrics {
-    fn define(models: &[(String, Profile)], workers: &[(&str, &str)]) -> Self {
+    fn define(models: &[(String, Profile)], workers: &[(&str, &str)], priorities: &[i32]) -> Self {
         let (c, g) = (MetricType::Counter, MetricType::Gauge);
         let mut m = CalibMetrics {
             samples: define(c, "kvroute.calibration.samples"),
@@ -196,6 +208,13 @@ impl CalibMetrics {
                 ids[i] = define(g, &format!("kvroute.calibration.{seg}.{n}"));
             }
             m.coefficients.insert(model.clone(), ids);
+            for p in priorities {
+                let level =
+                    if *p < 0 { format!("minus_{}", p.unsigned_abs()) } else { p.to_string() };
+                let name =
+                    format!("kvroute.calibration.{seg}.priority.{level}.promise_margin_permille");
+                m.margins.insert((model.clone(), *p), define(g, &name));
+            }
         }
         for (model, worker) in workers {
             let name = format!(
@@ -226,6 +245,11 @@ impl CalibMetrics {
         ];
         for (id, v) in ids.iter().zip(values) {
             gauge(*id, v.round() as u64);
+        }
+        for ((m, p), id) in &self.margins {
+            if m == model {
+                gauge(*id, (st.promise_margin_at(*p) * 1000.0).round() as u64);
+            }
         }
         for w in &st.workers {
             if let Some(id) = self.deviations.get(&(model.to_owned(), w.worker.clone())) {
@@ -268,8 +292,14 @@ impl crate::root::ThreadState {
         self.use_calibration(view);
     }
 
-    /// A routed, successful request's first byte, from the worker its decision scored.
-    pub fn calibration_sample(&self, model: &str, score: &Score, observed_ms: f64) {
+    /// A routed, successful request's first byte `observed_ms` after its decision, from the
+    /// worker its decision scored, sent at engine `priority`.
+    pub fn calibration_sample(
+        &self,
+        model: &str,
+        score: &Score,
+        (observed_ms, priority): (f64, i32),
+    ) {
         let now = crate::host::now_ms();
         let decided_ms = now.saturating_sub(observed_ms as u64);
         let enabled = self.calib.try_borrow().is_ok_and(|c| c.enabled());
@@ -279,7 +309,8 @@ impl crate::root::ThreadState {
                 .try_borrow()
                 .is_ok_and(|r| r.knowledge().instant_shared(&score.worker, decided_ms, &view))
         };
-        let view = self.calib.borrow_mut().record(&self.metrics, model, score, observed_ms, shared);
+        let sample = (observed_ms, priority);
+        let view = self.calib.borrow_mut().record(&self.metrics, model, score, sample, shared);
         self.use_calibration(view);
     }
 

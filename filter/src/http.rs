@@ -51,6 +51,8 @@ struct InFlight {
     decide_us: u64,
     /// When the decision was made (ns): online calibration times the first byte from it.
     decided_ns: u64,
+    /// The engine priority the request was sent with (0: none).
+    priority: i32,
 }
 
 pub struct KvHttp {
@@ -284,6 +286,7 @@ impl KvHttp {
             journal_us,
             decide_us,
             decided_ns,
+            priority,
         });
         Action::Continue
     }
@@ -347,7 +350,8 @@ impl KvHttp {
                     if let Some(score) = f.decision.primary() {
                         let observed_ms =
                             host::now_nanos().saturating_sub(f.decided_ns) as f64 / 1e6;
-                        state.calibration_sample(&f.decision.model.name, score, observed_ms);
+                        let model = &f.decision.model.name;
+                        state.calibration_sample(model, score, (observed_ms, f.priority));
                     }
                 }
                 Effect::Release => {

@@ -414,6 +414,7 @@ pub fn calib_decode(data: &[u8]) {
         load: Default::default(),
         fixed_ms: 0.0,
         observed_ms: 25.0,
+        priority: 0,
     };
     st.observe(&cfg, &s);
     for c in st.coefficients() {

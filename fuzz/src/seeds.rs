@@ -1197,10 +1197,32 @@ fn calib_decode() -> Seeds {
             load: Default::default(),
             fixed_ms: 0.0,
             observed_ms: 5.0 + 0.01 * (100 * i) as f64,
+            priority: 0,
         };
         learned.observe(&CalibrationConfig::default(), &s);
     }
     let good = learned.encode();
+    // Behind a queue, at two engine priorities: their promise quantiles kept apart.
+    let mut by_priority = learned.clone();
+    for i in 0..20u64 {
+        let s = Sample {
+            worker: "127.0.0.1:8000".into(),
+            uncached_tokens: 500,
+            cached_tokens: 0,
+            load: kvroute_core::decision::load::WorkerLoad {
+                inflight_requests: 1,
+                prefilling_requests: 1,
+                prefill_tokens: 500,
+                prefill_elapsed_ms: 0,
+                prefill_sq_tokens: 250_000,
+            },
+            fixed_ms: 0.0,
+            observed_ms: 30.0 + i as f64,
+            priority: if i % 2 == 0 { 0 } else { 10 },
+        };
+        by_priority.observe(&CalibrationConfig::default(), &s);
+    }
+    assert!(!by_priority.priorities.is_empty());
     let mut version = good.clone();
     version[3] = 9;
     let mut nan = good.clone();
@@ -1211,6 +1233,7 @@ fn calib_decode() -> Seeds {
     vec![
         ("fresh.bin", fresh.encode()),
         ("learned.bin", good.clone()),
+        ("learned-priorities.bin", by_priority.encode()),
         ("truncated.bin", truncated(&good)),
         ("version.bin", version),
         ("nan.bin", nan),

@@ -3,7 +3,7 @@
 //! state (golden bytes, floats included), and bundle sizes past 4 GiB refused before a 32-bit
 //! `usize` could truncate them.
 
-use crate::decision::calib::estimator::{ModelState, WorkerDev, INITIAL_SCALE};
+use crate::decision::calib::estimator::{ModelState, PriorityPromise, WorkerDev, INITIAL_SCALE};
 use crate::decision::cost::Profile;
 use crate::shared::bundles::{
     parse_list, read_parts, Manifest, ManifestError, PublishedBundle, Retired,
@@ -112,7 +112,24 @@ pub fn calibration_state_golden() {
     assert_eq!(hex, want);
     assert_eq!(bytes.len(), 4 + 8 * 8 + 8 + 8 * 55 + 2 + 4 + 8 + 4);
     assert_eq!(hex[..24], *"4b564302000000000000f03f", "magic, version, prior base 1.0");
-    assert_eq!(ModelState::decode(&bytes), Ok(st));
+    assert_eq!(ModelState::decode(&bytes), Ok(st.clone()));
+    // With priorities tracked apart: version 3, their quantiles between the pool-wide one and
+    // the workers.
+    st.priorities = vec![
+        PriorityPromise { priority: -1, log: 0.5, samples: 7 },
+        PriorityPromise { priority: 10, log: 0.25, samples: 30 },
+    ];
+    let v3 = st.encode();
+    let hex3: String = v3.iter().map(|b| format!("{b:02x}")).collect();
+    let at = 2 * (4 + 8 * 8 + 8 + 8 * 55);
+    assert_eq!(hex3[..8], *"4b564303");
+    assert_eq!(hex3[8..at], want[8..at], "the same fields up to the pool-wide margin");
+    let mut priorities = String::from("02");
+    priorities += &format!("ffffffff{}07000000", f(0.5));
+    priorities += &format!("0a000000{}1e000000", f(0.25));
+    assert_eq!(hex3[at..at + priorities.len()], priorities);
+    assert_eq!(hex3[at + priorities.len()..], want[at..], "then the workers, as before");
+    assert_eq!(ModelState::decode(&v3), Ok(st));
 }
 
 pub fn head_round_trips_and_rejects_truncation() {

@@ -179,6 +179,8 @@ pub struct Sample {
     pub fixed_ms: f64,
     /// Decision to first response byte.
     pub observed_ms: f64,
+    /// The engine priority the request was sent with (0: none).
+    pub priority: i32,
 }
 
 /// Calibrated profiles and deviations of every model with enough samples: what a router
@@ -196,6 +198,9 @@ pub struct ModelView {
     /// [`worker_key`](crate::decision::load::worker_key): a decision reads it without the name.
     pub deviations: HashMap<u64, f64, crate::decision::worker::ByKey>,
     pub samples: u64,
+    /// The promise margin of each engine priority with enough samples of its own (see
+    /// [`ModelState::promise_margin_at`]), in place of the profile's pool-wide one.
+    pub margins: Vec<(i32, f64)>,
 }
 
 impl ModelView {
@@ -223,6 +228,18 @@ impl Calibrated {
     /// The calibrated profile of `model`, if it has one yet.
     pub fn profile_for(&self, model: &str) -> Option<Profile> {
         self.models.get(model).map(|v| v.profile)
+    }
+
+    /// The calibrated profile of `model` for a request sent at engine `priority`: its promise
+    /// margin that priority's own, where it has one.
+    pub fn profile_at(&self, model: &str, priority: i32) -> Option<Profile> {
+        let v = self.models.get(model)?;
+        let mut profile = v.profile;
+        let own = v.margins.iter().find(|(p, _)| *p == priority).map(|(_, m)| *m);
+        if let (Some(q), Some(m)) = (profile.queue.as_mut(), own) {
+            q.promise_margin = m;
+        }
+        Some(profile)
     }
 
     /// `worker`'s deviation factor within `model` (1.0 when none is known).

@@ -15,6 +15,12 @@ pub trait LoadSource {
         0
     }
 
+    /// The engine priority of the request this load is read for (0: none; see
+    /// `shared::load::AtPriority`).
+    fn priority(&self) -> i32 {
+        0
+    }
+
     /// Whether [`LoadSource::behind`] may find anything for this decision's request (asked once
     /// per decision; `false` where the source knows no priorities).
     fn defers(&self) -> bool {

@@ -605,6 +605,10 @@ impl crate::decision::load::LoadSource for AtPriority<'_> {
         crate::decision::load::LoadSource::started_within(self.view, worker, from_ms, to_ms)
     }
 
+    fn priority(&self) -> i32 {
+        self.priority
+    }
+
     fn defers(&self) -> bool {
         self.view.defers_to(self.priority)
     }

@@ -164,6 +164,14 @@ async fn an_interactive_request_is_not_estimated_to_wait_for_the_batch_queue_it_
     assert!(interactive > 0.0, "the oldest batch prompt is ahead: {waits:?}");
     assert!(interactive * 2.0 < last, "interactive {interactive} ms, batch {last} ms: {waits:?}");
     assert!(waits[2] * 1.2 < last && waits[0] < waits[2], "the batch queue grows: {waits:?}");
+    // Each engine priority the classes send has its promise margin gauge.
+    let stats = stack.envoy.prometheus().await.unwrap_or_default();
+    let model: String =
+        MODEL.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    for p in ["0", "10"] {
+        let name = format!("kvroute_calibration_{model}_priority_{p}_promise_margin_permille");
+        assert!(stats.iter().any(|(k, _)| *k == name), "no {name}");
+    }
 }
 
 #[tokio::test]

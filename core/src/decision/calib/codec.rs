@@ -1,24 +1,34 @@
 //! The binary form of a [`ModelState`] in shared data, little-endian:
 //!
 //! ```text
-//! "KVC" version(u8 = 2)
+//! "KVC" version(u8 = 2 or 3)
 //! prior[8] f64 · samples u64 · weight f64 · a[36] f64 · b[8] f64 · theta[8] f64 · scale f64
 //! promise_log f64 (within [0, ln 4])
+//! version 3 only: priorities u8 (at most 16), then per priority (sorted, unique):
+//!     priority i32 · log f64 (within [0, ln 4]) · samples u32
 //! workers u16, then per worker (sorted by name, unique):
 //!     name_len u8 · name (UTF-8) · log_dev f64 · samples u32
 //! ```
 //!
+//! Version 2 is written while no priority is tracked apart (no request at a priority other
+//! than 0 yet), so that a filter from before priorities reads it.
+//!
 //! The decoder checks every length before reading, accepts only finite numbers, a positive
-//! scale, and canonical worker order, so whatever it accepts encodes back to the same bytes.
-//! It never panics. A state of another version (1 held four coefficients, without the queue's
-//! own and the batch fill) is not decoded, and the model starts afresh from its prior.
+//! scale, canonical worker and priority order, and a version 3 only with a priority in it, so
+//! whatever it accepts encodes back to the same bytes. It never panics. A state of another
+//! version (1 held four coefficients, without the queue's own and the batch fill) is not
+//! decoded, and the model starts afresh from its prior.
 
 use thiserror::Error;
 
-use super::estimator::{ModelState, WorkerDev, DIM, PACKED, PROMISE_MARGIN_MAX};
+use super::estimator::{
+    ModelState, PriorityPromise, WorkerDev, DIM, MAX_PRIORITIES, PACKED, PROMISE_MARGIN_MAX,
+};
 
 pub const MAGIC: &[u8; 3] = b"KVC";
-pub const VERSION: u8 = 2;
+/// The version without per-priority quantiles.
+pub const VERSION_POOL: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Most workers one model's state may carry.
 pub const MAX_WORKERS: usize = 4096;
 
@@ -36,6 +46,8 @@ pub enum CodecError {
     TooManyWorkers,
     #[error("calibration state has a bad worker name or order")]
     Worker,
+    #[error("calibration state has too many priorities, or out of order")]
+    Priority,
     #[error("calibration state has trailing bytes")]
     Trailing,
 }
@@ -45,7 +57,8 @@ impl ModelState {
         let mut out =
             Vec::with_capacity(4 + (3 * DIM + PACKED + 3) * 8 + 2 + self.workers.len() * 40);
         out.extend_from_slice(MAGIC);
-        out.push(VERSION);
+        let by_priority = !self.priorities.is_empty();
+        out.push(if by_priority { VERSION } else { VERSION_POOL });
         let floats = self.prior.iter();
         for v in floats {
             out.extend_from_slice(&v.to_le_bytes());
@@ -59,6 +72,15 @@ impl ModelState {
             .chain([&self.scale, &self.promise_log])
         {
             out.extend_from_slice(&v.to_le_bytes());
+        }
+        if by_priority {
+            let priorities = &self.priorities[..self.priorities.len().min(MAX_PRIORITIES)];
+            out.push(priorities.len() as u8);
+            for p in priorities {
+                out.extend_from_slice(&p.priority.to_le_bytes());
+                out.extend_from_slice(&p.log.to_le_bytes());
+                out.extend_from_slice(&p.samples.to_le_bytes());
+            }
         }
         let workers = &self.workers[..self.workers.len().min(MAX_WORKERS)];
         out.extend_from_slice(&(workers.len() as u16).to_le_bytes());
@@ -78,7 +100,7 @@ impl ModelState {
             return Err(CodecError::Magic);
         }
         let version = r.take(1)?[0];
-        if version != VERSION {
+        if version != VERSION && version != VERSION_POOL {
             return Err(CodecError::Version(version));
         }
         let prior: [f64; DIM] = r.floats()?;
@@ -97,9 +119,33 @@ impl ModelState {
         if scale <= 0.0 {
             return Err(CodecError::Number);
         }
-        let promise_log = r.f64()?;
-        if !(0.0..=PROMISE_MARGIN_MAX.ln()).contains(&promise_log) {
-            return Err(CodecError::Number);
+        let margin_log = |v: f64| {
+            if (0.0..=PROMISE_MARGIN_MAX.ln()).contains(&v) {
+                Ok(v)
+            } else {
+                Err(CodecError::Number)
+            }
+        };
+        let promise_log = margin_log(r.f64()?)?;
+        let mut priorities: Vec<PriorityPromise> = Vec::new();
+        if version == VERSION {
+            let n = usize::from(r.take(1)?[0]);
+            if n > MAX_PRIORITIES {
+                return Err(CodecError::Priority);
+            }
+            for _ in 0..n {
+                let priority = i32::from_le_bytes(r.array()?);
+                let log = margin_log(r.f64()?)?;
+                let samples = u32::from_le_bytes(r.array()?);
+                if priorities.last().is_some_and(|p| p.priority >= priority) {
+                    return Err(CodecError::Priority);
+                }
+                priorities.push(PriorityPromise { priority, log, samples });
+            }
+            // None is written as version 2.
+            if priorities.is_empty() {
+                return Err(CodecError::Priority);
+            }
         }
         let n = usize::from(u16::from_le_bytes(r.array()?));
         if n > MAX_WORKERS {
@@ -119,7 +165,18 @@ impl ModelState {
         if !r.0.is_empty() {
             return Err(CodecError::Trailing);
         }
-        Ok(ModelState { prior, samples, weight, a, b, theta, scale, promise_log, workers })
+        Ok(ModelState {
+            prior,
+            samples,
+            weight,
+            a,
+            b,
+            theta,
+            scale,
+            promise_log,
+            priorities,
+            workers,
+        })
     }
 }
 

@@ -44,6 +44,10 @@ pub const PROMISE_QUANTILE: f64 = 0.95;
 const PROMISE_STEP: f64 = 0.04;
 /// The largest promise margin.
 pub const PROMISE_MARGIN_MAX: f64 = 4.0;
+/// Most engine priorities whose promise quantile a model's state tracks apart.
+pub const MAX_PRIORITIES: usize = 16;
+/// A priority's own samples behind a queue before its own margin replaces the pool-wide one.
+pub const PRIORITY_MIN_SAMPLES: u32 = 20;
 /// Rate of the robust scale's moving average.
 const SCALE_RATE: f64 = 0.05;
 /// A worker's samples before it counts in the pool's median deviation.
@@ -75,6 +79,20 @@ pub struct WorkerDev {
     pub samples: u32,
 }
 
+/// The promise quantile of the requests sent at one engine priority: on an engine that
+/// schedules by priority, a class's requests wait behind different work (the urgent ones only
+/// for what runs before them, the others for whatever comes after them too), so the estimate
+/// misses them differently.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PriorityPromise {
+    pub priority: i32,
+    /// As [`ModelState::promise_log`], over this priority's samples only (it starts from the
+    /// pool-wide value).
+    pub log: f64,
+    /// Its samples from busy workers.
+    pub samples: u32,
+}
+
 /// Everything learned about one model; what shared data holds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelState {
@@ -95,6 +113,11 @@ pub struct ModelState {
     /// workers (a prefill queued or running), within `[0, ln PROMISE_MARGIN_MAX]`: the log of
     /// [`crate::decision::cost::QueueTerms::promise_margin`].
     pub promise_log: f64,
+    /// The same quantile per engine priority (sorted by priority, unique, at most
+    /// [`MAX_PRIORITIES`]; empty until a sample at a priority other than 0): a request at a
+    /// priority with [`PRIORITY_MIN_SAMPLES`] of its own is promised by them
+    /// ([`ModelState::promise_margin_at`]).
+    pub priorities: Vec<PriorityPromise>,
     /// Sorted by worker, unique.
     pub workers: Vec<WorkerDev>,
 }
@@ -124,8 +147,21 @@ impl ModelState {
             theta: [1.0; DIM],
             scale: INITIAL_SCALE,
             promise_log: 0.0,
+            priorities: Vec::new(),
             workers: Vec::new(),
         }
+    }
+
+    /// The promise margin of a request sent at engine `priority`: its priority's own quantile
+    /// once it has [`PRIORITY_MIN_SAMPLES`], else the pool-wide one.
+    pub fn promise_margin_at(&self, priority: i32) -> f64 {
+        self.priorities
+            .binary_search_by_key(&priority, |p| p.priority)
+            .ok()
+            .map(|i| self.priorities[i])
+            .filter(|p| p.samples >= PRIORITY_MIN_SAMPLES)
+            .map_or(self.promise_log, |p| p.log)
+            .exp()
     }
 
     /// Whether this state was learned against `prior`.
@@ -189,7 +225,13 @@ impl ModelState {
             .filter(|w| w.samples >= cfg.min_worker_samples)
             .map(|w| (crate::decision::load::worker_key(&w.worker), w.log_dev.exp()))
             .collect();
-        Some(ModelView { profile: self.profile(prior), deviations, samples: self.samples })
+        let margins = self
+            .priorities
+            .iter()
+            .filter(|p| p.samples >= PRIORITY_MIN_SAMPLES)
+            .map(|p| (p.priority, p.log.exp()))
+            .collect();
+        Some(ModelView { profile: self.profile(prior), deviations, samples: self.samples, margins })
     }
 
     /// Takes in one sample.
@@ -215,7 +257,7 @@ impl ModelState {
         let fitted: f64 = (0..DIM).map(|i| u[i] * self.theta[i]).sum();
         let queued = crate::decision::cost::busy(&s.load) > 0.0;
         if queued {
-            self.track_promise(t / fitted);
+            self.track_promise(t / fitted, s.priority);
         }
         let r = t - fitted;
         let clip = cfg.outlier_clip * self.scale;
@@ -327,17 +369,30 @@ impl ModelState {
         c
     }
 
-    /// Moves the promise quantile towards `ratio` (observed over what the decision estimated).
-    fn track_promise(&mut self, ratio: f64) {
+    /// Moves the promise quantile towards `ratio` (observed over what the decision estimated),
+    /// the pool-wide one and that of the request's engine `priority`.
+    fn track_promise(&mut self, ratio: f64, priority: i32) {
         if !(ratio.is_finite() && ratio > 0.0) {
             return;
         }
-        let step = if ratio.ln() > self.promise_log {
-            PROMISE_STEP * PROMISE_QUANTILE
-        } else {
-            -PROMISE_STEP * (1.0 - PROMISE_QUANTILE)
+        // Nothing apart until a request at a priority other than 0 is seen: before that, the
+        // pool-wide quantile is priority 0's, sample for sample.
+        let apart = priority != 0 || !self.priorities.is_empty();
+        let at = match self.priorities.binary_search_by_key(&priority, |p| p.priority) {
+            Ok(i) => Some(i),
+            Err(i) if apart && self.priorities.len() < MAX_PRIORITIES => {
+                let fresh = PriorityPromise { priority, log: self.promise_log, samples: 0 };
+                self.priorities.insert(i, fresh);
+                Some(i)
+            }
+            Err(_) => None,
         };
-        self.promise_log = (self.promise_log + step).clamp(0.0, PROMISE_MARGIN_MAX.ln());
+        let x = ratio.ln();
+        self.promise_log = quantile_step(self.promise_log, x);
+        if let Some(p) = at.map(|i| &mut self.priorities[i]) {
+            p.log = quantile_step(p.log, x);
+            p.samples = p.samples.saturating_add(1);
+        }
     }
 
     /// Each queue coefficient and the own one it is held to, `(queue, own)`: the bases and the
@@ -413,6 +468,17 @@ impl ModelState {
             *t = (*t * factor).clamp(lo, hi);
         }
     }
+}
+
+/// A quantile tracker's next value (log units) after a sample `x`: up by `PROMISE_STEP · q`
+/// when above, down by `PROMISE_STEP · (1 − q)` when not, within `[0, ln PROMISE_MARGIN_MAX]`.
+fn quantile_step(log: f64, x: f64) -> f64 {
+    let step = if x > log {
+        PROMISE_STEP * PROMISE_QUANTILE
+    } else {
+        -PROMISE_STEP * (1.0 - PROMISE_QUANTILE)
+    };
+    (log + step).clamp(0.0, PROMISE_MARGIN_MAX.ln())
 }
 
 /// The bounds of coefficient `i` relative to its prior: `[1 / bound, bound]`, except that the

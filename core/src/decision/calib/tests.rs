@@ -50,6 +50,7 @@ fn sample(worker: &str, uncached: u64, cached: u64, queued: &[u64], decoding: u3
         },
         fixed_ms: 0.0,
         observed_ms: 0.0,
+        priority: 0,
     }
 }
 
@@ -291,6 +292,8 @@ fn arb_sample() -> impl Strategy<Value = Sample> {
             },
             fixed_ms: fixed,
             observed_ms: obs,
+            // Some at their own engine priorities: the state carries their quantiles too.
+            priority: [0, 0, 10, -3][w],
         })
 }
 
@@ -405,6 +408,7 @@ fn short_prompts_with_a_constant_overhead_move_the_base_not_the_cost_per_token()
                 },
                 fixed_ms: 0.0,
                 observed_ms: 0.0,
+                priority: 0,
             };
             s.observed_ms = (true_ms(&sim, &s) + OVERHEAD_MS) * noise(&mut rng);
             let predicted = st.deviation(w) * st.model_ms(&s);
@@ -477,4 +481,46 @@ fn an_overload_moves_the_queue_and_batch_fill_and_the_idle_estimate_stays_right(
         assert!(c[3] < sim.decode_interference_ms * 2.0, "interference {}", c[3]);
         assert!(late < 0.2, "seed {seed}: median error late in the overload {late}");
     }
+}
+
+#[test]
+fn each_engine_priority_promises_by_its_own_quantile() {
+    let cfg = CalibrationConfig::default();
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut st = ModelState::new(&truth());
+    // A request behind one queued prompt, sent at `priority`, its first byte `late` times
+    // what the truth says (with noise).
+    let busy = |rng: &mut StdRng, priority: i32, late: f64| {
+        let mut s = sample(WORKERS[rng.random_range(0..3)], 1000, 0, &[1000], 0);
+        s.observed_ms = true_ms(&truth(), &s) * late * noise(rng);
+        Sample { priority, ..s }
+    };
+    // Only priority 0: nothing tracked apart, and the state keeps its earlier format.
+    for _ in 0..50 {
+        st.observe(&cfg, &busy(&mut rng, 0, 1.0));
+    }
+    assert!(st.priorities.is_empty());
+    assert_eq!(st.encode()[3], codec::VERSION_POOL);
+    // Then the urgent requests (0) land as estimated, the batch ones (10) twice as late.
+    for i in 0..400 {
+        let (priority, late) = if i % 2 == 0 { (0, 1.0) } else { (10, 2.0) };
+        st.observe(&cfg, &busy(&mut rng, priority, late));
+        if i == 30 {
+            // 15 samples at 10: too few for a margin of its own yet.
+            assert_eq!(st.promise_margin_at(10), st.promise_log.exp());
+        }
+    }
+    let (urgent, batch, pool) =
+        (st.promise_margin_at(0), st.promise_margin_at(10), st.promise_log.exp());
+    assert!(urgent < 1.1 && batch > 1.25 && pool > 1.25, "{urgent} {batch} {pool}");
+    // A priority never seen is promised by the pool-wide margin.
+    assert_eq!(st.promise_margin_at(5), pool);
+    assert_eq!(st.encode()[3], codec::VERSION);
+    assert_eq!(ModelState::decode(&st.encode()), Ok(st.clone()));
+    // The router's profile for a request at each priority.
+    let mut view = Calibrated::default();
+    view.set("m", &st, &truth(), &cfg);
+    let margin = |p: i32| view.profile_at("m", p).unwrap().queue_terms().promise_margin;
+    assert_eq!((margin(0), margin(10), margin(5)), (urgent, batch, pool));
+    assert_eq!(view.profile_for("m").unwrap().queue_terms().promise_margin, pool);
 }
