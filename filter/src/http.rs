@@ -337,10 +337,15 @@ impl KvHttp {
                     state.worker_failed(&worker, host::now_ms(), &why)
                 }
                 Effect::Answered { worker } => state.worker_answered(&worker, host::now_ms()),
-                Effect::FirstByte => {
-                    state.shard.borrow_mut().first_byte(f.ticket);
+                Effect::FirstByte { prefill_ended } => {
+                    let mut shard = state.shard.borrow_mut();
+                    if prefill_ended {
+                        shard.prefill_ended(f.ticket, host::now_ms());
+                    } else {
+                        shard.first_byte(f.ticket);
+                    }
                     if let Some(t) = f.prefill_ticket {
-                        state.shard.borrow_mut().end(t);
+                        shard.end(t);
                     }
                     changed = true;
                 }

@@ -14,7 +14,7 @@ use kvroute_core::decision::request::{parse, parse_general, Endpoint};
 use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_core::decision::usage::UsageScanner;
 use kvroute_core::shared::knowledge::Head;
-use kvroute_core::shared::load::{decode_registry, encode_registry, ShardData};
+use kvroute_core::shared::load::{decode_registry, encode_registry, PrefillsDone, ShardData};
 use kvroute_core::wire::delta::Delta;
 use kvroute_core::wire::journal::JournalEntry;
 use kvroute_core::wire::snapshot::Snapshot;
@@ -238,11 +238,15 @@ pub fn shared_head_decode(data: &[u8]) {
     }
 }
 
-/// A thread's load shard (in-flight entries with their leases) and the shard registry in
-/// Envoy shared data: any bytes decode or fail cleanly, and what is accepted round-trips.
+/// A thread's load shard (in-flight entries with their leases), its table of prefill ends and
+/// the shard registry in Envoy shared data: any bytes decode or fail cleanly, and what is
+/// accepted round-trips.
 pub fn shared_load_decode(data: &[u8]) {
     if let Some(s) = ShardData::decode(data) {
         assert_eq!(ShardData::decode(&s.encode()), Some(s));
+    }
+    if let Some(d) = PrefillsDone::decode(data) {
+        assert_eq!(d.encode(), data);
     }
     if let Some(ids) = decode_registry(data) {
         assert_eq!(encode_registry(&ids), data);
@@ -281,6 +285,7 @@ pub fn protocol_keys() -> Vec<String> {
     keys.extend((0..4).map(journal::slot_key));
     keys.push(load::REGISTRY_KEY.to_owned());
     keys.extend((0..4).map(load::shard_key));
+    keys.extend((0..4).map(load::done_key));
     keys
 }
 

@@ -17,7 +17,7 @@ use kvroute_core::decision::tokenize::model::ModelBundle;
 use kvroute_core::decision::usage::{Usage, UsageScanner};
 use kvroute_core::shared::knowledge::Head;
 use kvroute_core::shared::load::{
-    decode_registry, encode_registry, InflightEntry, ShardData, MAX_SHARDS,
+    decode_registry, encode_registry, InflightEntry, PrefillsDone, ShardData, MAX_SHARDS,
 };
 use kvroute_core::wire::delta::{Delta, SetChange, WorkerDelta};
 use kvroute_core::wire::journal::JournalEntry;
@@ -735,6 +735,10 @@ fn shared_load_decode() -> Seeds {
     for s in [&shard, &with_priority, &empty] {
         assert_eq!(ShardData::decode(&s.encode()).as_ref(), Some(s));
     }
+    let mut done = PrefillsDone::default();
+    done.record(0x1234_5678_9abc_def0, 1_700_000_000_200);
+    done.record(0x0fed_cba9_8765_4321, 1_700_000_000_150);
+    assert_eq!(PrefillsDone::decode(&done.encode()), Some(done.clone()));
     let registry = encode_registry(&[0, 1, 2, 7]);
     assert_eq!(decode_registry(&registry), Some(vec![0, 1, 2, 7]));
     let bytes = shard.encode();
@@ -748,6 +752,7 @@ fn shared_load_decode() -> Seeds {
         ("shard-two-entries.bin", bytes.clone()),
         ("shard-empty.bin", empty.encode()),
         ("shard-with-priority.bin", with_priority.encode()),
+        ("done-two-workers.bin", done.encode()),
         ("registry-four.bin", registry),
         ("registry-empty.bin", encode_registry(&[])),
         ("shard-truncated.bin", truncated(&bytes)),
@@ -1456,6 +1461,8 @@ fn shared_protocol() -> Seeds {
     store.poke("kvroute.load.next_shard", &0u64.to_le_bytes());
     for k in 0..2 {
         let mut s = Shard::register(&store, &t, LoadLimits::default(), 1_700_000_000_000, k);
+        let answered = s.start(&t, "127.0.0.1:1", 512, 1_700_000_000_050);
+        s.prefill_ended(answered, 1_700_000_000_300);
         s.start(&t, "127.0.0.1:1", 512, 1_700_000_000_100);
         s.flush(&store, &t, 1_700_000_000_900);
     }
@@ -1479,6 +1486,7 @@ fn shared_protocol() -> Seeds {
         ("journal-head-far-ahead.bin", damaged(&keys[6], &u64::MAX.to_le_bytes())),
         ("registry-garbage.bin", damaged(&keys[11], &[0xff; 9])),
         ("shard-truncated.bin", damaged(&keys[12], &[1, 2, 3])),
+        ("done-table-truncated.bin", damaged(&keys[16], &[1, 2, 0, 0, 0, 9])),
     ]
 }
 

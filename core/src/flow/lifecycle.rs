@@ -112,8 +112,11 @@ pub enum Effect {
     Failed { worker: String, why: String },
     /// Passive health: `worker` answered.
     Answered { worker: String },
-    /// The first response byte: prefill is done (load).
-    FirstByte,
+    /// The first response byte: the request's prefill is done (load). `prefill_ended`: the
+    /// byte is its first token (a successful streamed answer, or one token), so the worker's
+    /// prefill ended now (a non-streamed answer's first byte comes after its decode, an
+    /// error's without one).
+    FirstByte { prefill_ended: bool },
     /// Online calibration may learn from this first byte (the scored worker served it).
     Calibrate,
     /// Release the request's load.
@@ -234,9 +237,10 @@ impl Lifecycle {
             return Vec::new();
         }
         self.prefilling = false;
-        let mut out = vec![Effect::FirstByte];
+        let first_token = self.first_byte_is_ttft && success(self.status);
+        let mut out = vec![Effect::FirstByte { prefill_ended: first_token }];
         // Online calibration learns from successful answers of the worker it scored.
-        if self.first_byte_is_ttft && success(self.status) && self.served == self.planned {
+        if first_token && self.served == self.planned {
             out.push(Effect::Calibrate);
         }
         out

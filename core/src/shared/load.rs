@@ -13,6 +13,7 @@
 //!   Under-counts need no correction here: the decision already takes, per count, the larger
 //!   of the router's view and the worker's report.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use crate::decision::worker::ByKey;
@@ -22,6 +23,9 @@ use crate::decision::config::sync::LoadLimits;
 use crate::decision::load::{worker_key, WorkerLoad};
 use crate::wire::snapshot::SnapshotLoad;
 use crate::wire::Reader;
+
+mod done;
+pub use done::{done_key, PrefillsDone};
 
 pub const REGISTRY_KEY: &str = "kvroute.load.shards";
 /// Entries without an engine priority of their own (every one 0): the format before
@@ -173,6 +177,10 @@ pub struct Shard {
     limits: LoadLimits,
     /// Per worker, the time of the last worker report already reconciled.
     reconciled: HashMap<u64, u64>,
+    /// When each worker's last prefill this thread saw ended ([`PrefillsDone`]).
+    done: PrefillsDone,
+    /// Whether `done` changed since it was last written.
+    done_dirty: Cell<bool>,
 }
 
 /// What one request holds in a shard.
@@ -214,6 +222,8 @@ impl Shard {
             next_request: 0,
             limits,
             reconciled: HashMap::new(),
+            done: PrefillsDone::default(),
+            done_dirty: Cell::new(false),
         };
         shard.flush(store, counters, now_ms);
         shard.ensure_listed(store, counters);
@@ -243,11 +253,19 @@ impl Shard {
         }
     }
 
-    /// Writes the shard with a fresh heartbeat.
+    /// Writes the shard with a fresh heartbeat, and the prefill ends it saw where they
+    /// changed.
     pub fn flush<S: SharedStore + ?Sized>(&self, store: &S, counters: &dyn Counters, now_ms: u64) {
         let data = ShardData { heartbeat_ms: now_ms, entries: self.data.entries.clone() };
         if store.set(&shard_key(self.id), &data.encode(), None).is_err() {
             counters.count(Counter::LostUpdate, 1);
+        }
+        if self.done_dirty.get() {
+            if store.set(&done_key(self.id), &self.done.encode(), None).is_ok() {
+                self.done_dirty.set(false);
+            } else {
+                counters.count(Counter::LostUpdate, 1);
+            }
         }
     }
 
@@ -300,6 +318,19 @@ impl Shard {
         }
     }
 
+    /// The first token arrived at `now_ms`: the prefill is done, and ended then, so its
+    /// worker's next prefill started no earlier ([`PrefillsDone`]).
+    pub fn prefill_ended(&mut self, t: Ticket, now_ms: u64) {
+        let Some(e) = self.entry(t) else { return };
+        if !e.prefilling {
+            return;
+        }
+        e.prefilling = false;
+        let worker = e.worker;
+        self.done.record(worker, now_ms);
+        self.done_dirty.set(true);
+    }
+
     /// The request is being served by `worker` (a retry moved it from the planned one).
     pub fn served_by(&mut self, t: Ticket, worker: &str) {
         if let Some(e) = self.entry(t) {
@@ -317,6 +348,9 @@ impl Shard {
         let lease = self.limits.lease_ms;
         let before = self.data.entries.len();
         self.data.entries.retain(|e| now_ms.saturating_sub(e.started_ms) < lease);
+        if self.done.expire(now_ms, lease) {
+            self.done_dirty.set(true);
+        }
         let n = before - self.data.entries.len();
         counters.count(Counter::LeaseExpired, n as u64);
         n
@@ -387,6 +421,8 @@ pub struct LoadView {
     tracked: HashMap<u64, Vec<Tracked>, ByKey>,
     /// The largest (least urgent) engine priority of a request still in prefill.
     least_urgent: Option<i32>,
+    /// When each worker's last prefill seen by any live thread ended (ms), by worker key.
+    last_done: HashMap<u64, u64, ByKey>,
     /// When the view was read (ms).
     read_at_ms: u64,
 }
@@ -441,10 +477,19 @@ impl LoadView {
                 continue;
             }
             view.add(&shard.entries, &limits, now_ms);
+            match store.get(&done_key(id)).0.filter(|b| !b.is_empty()) {
+                None => {}
+                Some(b) => match PrefillsDone::decode(&b) {
+                    Some(d) => view.add_done(&d),
+                    None => counters.count(Counter::Corrupt, 1),
+                },
+            }
         }
         if let Some(own) = own {
             view.add(&own.data.entries, &limits, now_ms);
+            view.add_done(&own.done);
         }
+        view.credit_done();
         if !dead.is_empty() {
             sweep(store, counters, &dead);
         }
@@ -472,6 +517,32 @@ impl LoadView {
                 prefilling: e.prefilling,
             });
         }
+    }
+
+    fn add_done(&mut self, done: &PrefillsDone) {
+        for (w, at) in done.iter() {
+            let e = self.last_done.entry(w).or_default();
+            *e = (*e).max(at);
+        }
+    }
+
+    /// Bounds each worker's work done on its queue by the time since its last prefill ended
+    /// (see [`PrefillsDone`]): `prefill_elapsed_ms` is then the time since the later of the
+    /// oldest request still in prefill was sent and the last prefill there ended.
+    fn credit_done(&mut self) {
+        for (w, at) in &self.last_done {
+            if let Some(load) = self.by_worker.get_mut(w) {
+                if load.prefilling_requests > 0 {
+                    let since = self.read_at_ms.saturating_sub(*at);
+                    load.prefill_elapsed_ms = load.prefill_elapsed_ms.min(since);
+                }
+            }
+        }
+    }
+
+    /// When `key`'s last prefill seen here ended (ms), if one did.
+    pub fn last_prefill_done(&self, key: u64) -> Option<u64> {
+        self.last_done.get(&key).copied()
     }
 
     /// The router-tracked load of `worker` across all live threads.
@@ -540,7 +611,8 @@ impl LoadView {
             before = before.saturating_add(t.prefill_tokens);
         }
         if out.prefilling_requests > 0 {
-            out.prefill_elapsed_ms = self.read_at_ms.saturating_sub(youngest_counted);
+            let from = youngest_counted.max(self.last_prefill_done(key).unwrap_or(0));
+            out.prefill_elapsed_ms = self.read_at_ms.saturating_sub(from);
         }
         out
     }
@@ -567,6 +639,7 @@ fn sweep<S: SharedStore + ?Sized>(store: &S, counters: &dyn Counters, dead: &[(u
     let Ok(removed) = swept else { return };
     for (id, _) in &removed {
         let _ = store.set(&shard_key(*id), &[], None);
+        let _ = store.set(&done_key(*id), &[], None);
         let _ = store.set(&mark_key(*id), &[], None);
     }
     let lost: usize = removed.iter().map(|(_, n)| n).sum();

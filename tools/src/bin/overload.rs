@@ -82,6 +82,10 @@ pub(crate) struct Args {
     /// Seed of the arrivals and the class draws.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Also write one CSV row per request here (when sent, class, answer, TTFT, the filter's
+    /// estimates, the worker, promise kept).
+    #[arg(long)]
+    requests_csv: Option<std::path::PathBuf>,
 }
 
 fn options(a: &Args) -> StackOptions {
@@ -193,6 +197,9 @@ async fn main() -> anyhow::Result<()> {
     let after = calibration(&stack).await;
     drop(stack);
     report::print(&outcomes, idle, a.batch_max_wait_ms, overload_end);
+    if let Some(path) = &a.requests_csv {
+        std::fs::write(path, report::csv(&outcomes, idle, a.batch_max_wait_ms))?;
+    }
     println!(
         "\ncalibration (Envoy's gauges)     {:>16} {:>16} {:>16}",
         "after idle", "overload end", "the end"

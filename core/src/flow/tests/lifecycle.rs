@@ -133,19 +133,19 @@ fn usage_of_a_failed_answer_is_audited_but_not_credited() {
 fn the_first_byte_ends_prefill_once_and_calibrates_only_the_scored_worker() {
     let mut f = Lifecycle::new(A, true);
     f.response_started(Some(200), Some(A), b"via_upstream", false);
-    assert_eq!(f.first_byte(), vec![Effect::FirstByte, Effect::Calibrate]);
+    assert_eq!(f.first_byte(), vec![Effect::FirstByte { prefill_ended: true }, Effect::Calibrate]);
     assert!(f.first_byte().is_empty());
     // Served elsewhere: the estimate was for another worker.
     let mut g = Lifecycle::new(A, true);
     g.response_started(Some(200), Some(B), b"via_upstream", false);
-    assert_eq!(g.first_byte(), vec![Effect::FirstByte]);
+    assert_eq!(g.first_byte(), vec![Effect::FirstByte { prefill_ended: true }]);
     // Not a first token (non-streamed, many output tokens), or a failed answer.
     let mut h = Lifecycle::new(A, false);
     h.response_started(Some(200), Some(A), b"via_upstream", false);
-    assert_eq!(h.first_byte(), vec![Effect::FirstByte]);
+    assert_eq!(h.first_byte(), vec![Effect::FirstByte { prefill_ended: false }]);
     let mut i = Lifecycle::new(A, true);
     i.response_started(Some(500), Some(A), b"via_upstream", false);
-    assert_eq!(i.first_byte(), vec![Effect::FirstByte]);
+    assert_eq!(i.first_byte(), vec![Effect::FirstByte { prefill_ended: false }]);
 }
 
 #[test]

@@ -298,3 +298,67 @@ fn without_priorities_nothing_is_behind() {
     assert!(!v.defers_to(0));
     assert_eq!(v.behind(worker_key(W), 0, 0), WorkerLoad::default());
 }
+
+#[test]
+fn the_work_done_on_a_queue_counts_from_the_last_prefill_that_ended_there() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut a = Shard::register(&store, &t, LIMITS, 0, 1);
+    let mut b = Shard::register(&store, &t, LIMITS, 0, 2);
+    let reader = Shard::register(&store, &t, LIMITS, 0, 3);
+    // Thread a sent one at 0; thread b one at 100 and one (less urgent) at 200.
+    let first = a.start(&t, W, 2_000, 0);
+    b.start(&t, W, 2_000, 100);
+    b.start_at(&t, W, (2_000, 10), 200);
+    for s in [&a, &b] {
+        s.flush(&store, &t, 300);
+    }
+    // Nothing ended yet: the work done is what the oldest's age allows.
+    assert_eq!(view(&store, &t, &reader, 1_000).prefill_elapsed_ms, 1_000);
+    // A first byte that is no first token (a non-streamed answer, after its decode) tells
+    // nothing of when its prefill ended.
+    let unstreamed = b.start(&t, W, 100, 50);
+    b.first_byte(unstreamed);
+    b.flush(&store, &t, 800);
+    assert_eq!(view(&store, &t, &reader, 1_000).prefill_elapsed_ms, 1_000);
+    // The first answered at 900 on thread a: the worker was busy with it until then, so
+    // the two left have had 100 ms of its work at 1 000, not the 900 since the next was sent.
+    a.prefill_ended(first, 900);
+    a.flush(&store, &t, 900);
+    let v = LoadView::read(&store, &t, &reader, 1_000);
+    assert_eq!(v.last_prefill_done(worker_key(W)), Some(900));
+    let load = v.load(W);
+    assert_eq!((load.prefilling_requests, load.prefill_elapsed_ms), (2, 100));
+    // The same at a priority that passes the batch request over: from the youngest counted
+    // (100) or the last end (900), whichever is later.
+    assert_eq!(v.behind(worker_key(W), 0, 0).prefill_elapsed_ms, 100);
+    // The writer's own view has it without a write; another worker knows nothing of it.
+    let own = LoadView::read(&store, &t, &a, 1_000);
+    assert_eq!(own.load(W).prefill_elapsed_ms, 100);
+    assert_eq!(own.last_prefill_done(worker_key("127.0.0.1:9")), None);
+    // A worker that ended a prefill before the oldest now queued was sent: the age counts.
+    let later = a.start(&t, "127.0.0.1:9", 500, 950);
+    a.prefill_ended(later, 960);
+    a.start(&t, "127.0.0.1:9", 500, 980);
+    assert_eq!(LoadView::read(&store, &t, &a, 1_000).load("127.0.0.1:9").prefill_elapsed_ms, 20);
+    // Records outlive no lease.
+    a.tick(&store, &t, LIMITS.lease_ms + 1_000);
+    assert!(PrefillsDone::decode(&store.get(&done_key(a.id())).0.unwrap()).unwrap().is_empty());
+}
+
+#[test]
+fn a_damaged_done_table_is_counted_and_a_dead_threads_is_emptied() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut a = Shard::register(&store, &t, LIMITS, 0, 1);
+    let reader = Shard::register(&store, &t, LIMITS, 0, 2);
+    let r = a.start(&t, W, 100, 0);
+    a.start(&t, W, 100, 10);
+    a.prefill_ended(r, 50);
+    a.flush(&store, &t, 50);
+    store.poke(&done_key(a.id()), b"\x01\x05");
+    let load = view(&store, &t, &reader, 100);
+    assert_eq!((load.prefilling_requests, load.prefill_elapsed_ms), (1, 90), "the age alone");
+    assert_eq!(t.get(Counter::Corrupt), 1);
+    // Thread a stops; once its shard is swept, its table is gone too.
+    view(&store, &t, &reader, 50 + LIMITS.shard_timeout_ms + 1);
+    assert_eq!(store.get(&done_key(a.id())).0.as_deref(), Some(&[][..]));
+}

@@ -17,6 +17,9 @@ pub struct Outcome {
     pub ttft_ms: f64,
     /// The filter's estimate, from the decision header.
     pub predicted_ttft_ms: Option<f64>,
+    /// The decision header's estimated wait and chosen worker.
+    pub predicted_wait_ms: Option<f64>,
+    pub worker: Option<String>,
 }
 
 impl Outcome {
@@ -30,10 +33,22 @@ impl Outcome {
                 predicted_ttft_ms: r
                     .decision_field("predicted_ttft_ms")
                     .and_then(|v| v.parse().ok()),
+                predicted_wait_ms: r
+                    .decision_field("predicted_wait_ms")
+                    .and_then(|v| v.parse().ok()),
+                worker: r.decision_field("worker"),
             },
             Err(e) => {
                 eprintln!("request {} failed: {e:#}", arrival.id);
-                Outcome { arrival, sent, status: None, ttft_ms: 0.0, predicted_ttft_ms: None }
+                Outcome {
+                    arrival,
+                    sent,
+                    status: None,
+                    ttft_ms: 0.0,
+                    predicted_ttft_ms: None,
+                    predicted_wait_ms: None,
+                    worker: None,
+                }
             }
         }
     }
@@ -69,6 +84,35 @@ fn pct(n: usize, of: usize) -> String {
     } else {
         format!("{:.0} %", 100.0 * n as f64 / of as f64)
     }
+}
+
+/// One CSV row per request, in arrival order: when it was sent, its class, phase and
+/// deadline, the answer, the TTFT, the filter's estimates, the worker, and whether it kept
+/// its promise (admitted requests only).
+pub fn csv(all: &[Outcome], idle_ms: f64, max_wait_ms: f64) -> String {
+    let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.1}"));
+    let mut out = String::from(
+        "id,sent_ms,class,phase,deadline_ms,status,ttft_ms,predicted_ttft_ms,predicted_wait_ms,worker,kept\n",
+    );
+    for o in all {
+        let kept =
+            if o.admitted() { o.kept(idle_ms, max_wait_ms).to_string() } else { String::new() };
+        out.push_str(&format!(
+            "{},{:.1},{},{},{},{},{:.1},{},{},{},{}\n",
+            o.arrival.id,
+            o.sent.as_secs_f64() * 1e3,
+            o.arrival.class.name(),
+            o.arrival.phase.name(),
+            o.arrival.deadline_ms.map_or(String::new(), |d| d.to_string()),
+            o.status.map_or(String::new(), |s| s.to_string()),
+            o.ttft_ms,
+            opt(o.predicted_ttft_ms),
+            opt(o.predicted_wait_ms),
+            o.worker.as_deref().unwrap_or(""),
+            kept
+        ));
+    }
+    out
 }
 
 /// Prints the table, the promises kept overall, and the return after the overload.
@@ -168,6 +212,8 @@ mod tests {
             status: Some(200),
             ttft_ms,
             predicted_ttft_ms: predicted,
+            predicted_wait_ms: None,
+            worker: None,
         }
     }
 
@@ -187,5 +233,20 @@ mod tests {
         assert_eq!(quantile(Vec::new(), 0.5), "-");
         assert_eq!(pct(1, 4), "25 %");
         assert_eq!(pct(1, 0), "-");
+    }
+
+    #[test]
+    fn one_csv_row_per_request() {
+        let mut shed = outcome(Class::Interactive, Some(1000), 0.5, None);
+        shed.status = Some(429);
+        let mut kept = outcome(Class::Batch, None, 640.0, Some(600.0));
+        kept.worker = Some("127.0.0.1:9".into());
+        kept.predicted_wait_ms = Some(12.25);
+        let text = csv(&[shed, kept], 600.0, 50.0);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].starts_with("id,sent_ms,class"));
+        assert_eq!(lines[1], "0,0.0,interactive,overload,1000,429,0.5,,,,");
+        assert_eq!(lines[2], "0,0.0,batch,overload,,200,640.0,600.0,12.2,127.0.0.1:9,true");
     }
 }
