@@ -24,6 +24,7 @@ mod lora;
 mod misdeploy;
 mod models;
 mod peers;
+mod prefill_ends;
 mod priority;
 mod replicas;
 mod robustness;
