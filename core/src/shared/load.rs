@@ -459,6 +459,7 @@ impl LoadView {
     ) -> LoadView {
         let mut view = LoadView { read_at_ms: now_ms, ..LoadView::default() };
         let mut dead = Vec::new();
+        let mut ends: Vec<Vec<u8>> = Vec::new();
         for id in registry(store, counters) {
             if own.is_some_and(|o| o.id == id) {
                 continue;
@@ -479,17 +480,15 @@ impl LoadView {
             view.add(&shard.entries, &limits, now_ms);
             match store.get(&done_key(id)).0.filter(|b| !b.is_empty()) {
                 None => {}
-                Some(b) => match PrefillsDone::decode(&b) {
-                    Some(d) => view.add_done(&d),
-                    None => counters.count(Counter::Corrupt, 1),
-                },
+                Some(b) if PrefillsDone::read(&b).is_some() => ends.push(b),
+                Some(_) => counters.count(Counter::Corrupt, 1),
             }
         }
         if let Some(own) = own {
             view.add(&own.data.entries, &limits, now_ms);
-            view.add_done(&own.done);
         }
-        view.credit_done();
+        let theirs = ends.iter().filter_map(|b| PrefillsDone::read(b)).flatten();
+        view.credit_done(theirs.chain(own.into_iter().flat_map(|o| o.done.iter())));
         if !dead.is_empty() {
             sweep(store, counters, &dead);
         }
@@ -519,28 +518,25 @@ impl LoadView {
         }
     }
 
-    fn add_done(&mut self, done: &PrefillsDone) {
-        for (w, at) in done.iter() {
+    /// Bounds each worker's work done on its queue by the time since its last prefill ended,
+    /// the latest of the threads' `ends` (see [`PrefillsDone`]): `prefill_elapsed_ms` is then
+    /// the time since the later of the oldest request still in prefill was sent and the last
+    /// prefill there ended. Only workers with a prefill queued keep their end.
+    fn credit_done(&mut self, ends: impl Iterator<Item = (u64, u64)>) {
+        for (w, at) in ends {
+            let Some(load) = self.by_worker.get_mut(&w) else { continue };
+            if load.prefilling_requests == 0 {
+                continue;
+            }
+            let since = self.read_at_ms.saturating_sub(at);
+            load.prefill_elapsed_ms = load.prefill_elapsed_ms.min(since);
             let e = self.last_done.entry(w).or_default();
             *e = (*e).max(at);
         }
     }
 
-    /// Bounds each worker's work done on its queue by the time since its last prefill ended
-    /// (see [`PrefillsDone`]): `prefill_elapsed_ms` is then the time since the later of the
-    /// oldest request still in prefill was sent and the last prefill there ended.
-    fn credit_done(&mut self) {
-        for (w, at) in &self.last_done {
-            if let Some(load) = self.by_worker.get_mut(w) {
-                if load.prefilling_requests > 0 {
-                    let since = self.read_at_ms.saturating_sub(*at);
-                    load.prefill_elapsed_ms = load.prefill_elapsed_ms.min(since);
-                }
-            }
-        }
-    }
-
-    /// When `key`'s last prefill seen here ended (ms), if one did.
+    /// When `key`'s last prefill seen here ended (ms), if one did and a prefill is queued
+    /// there now.
     pub fn last_prefill_done(&self, key: u64) -> Option<u64> {
         self.last_done.get(&key).copied()
     }

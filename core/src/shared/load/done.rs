@@ -11,8 +11,10 @@ use crate::wire::Reader;
 
 const VERSION: u8 = 1;
 const ENTRY_LEN: usize = 16;
-/// Most workers one table keeps (the least recent go first).
-pub const MAX_WORKERS: usize = 1024;
+/// Most workers one table keeps (the least recent go first): a decision reads every thread's
+/// table, so this bounds what a large pool adds to it. A worker whose record went (no first
+/// token from it lately, among this many others) is credited by its queue's age alone.
+pub const MAX_WORKERS: usize = 256;
 
 pub fn done_key(id: u32) -> String {
     format!("kvroute.load.done.{id}")
@@ -75,6 +77,12 @@ impl PrefillsDone {
     /// `None` for anything malformed or more than [`MAX_WORKERS`] (never panics). A worker
     /// listed twice is kept twice: readers take the latest.
     pub fn decode(bytes: &[u8]) -> Option<PrefillsDone> {
+        Some(PrefillsDone { entries: Self::read(bytes)?.collect() })
+    }
+
+    /// The entries of an encoded table, read in place (a decision reads every thread's);
+    /// `None` where [`PrefillsDone::decode`] would refuse it.
+    pub fn read(bytes: &[u8]) -> Option<impl Iterator<Item = (u64, u64)> + '_> {
         let mut r = Reader::new(bytes);
         if r.u8()? != VERSION {
             return None;
@@ -83,8 +91,12 @@ impl PrefillsDone {
         if n > MAX_WORKERS || r.remaining() != n * ENTRY_LEN {
             return None;
         }
-        let entries = (0..n).map(|_| Some((r.u64()?, r.u64()?))).collect::<Option<_>>()?;
-        Some(PrefillsDone { entries })
+        let word = |b: &[u8]| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(b);
+            u64::from_le_bytes(w)
+        };
+        Some(bytes[5..].chunks_exact(ENTRY_LEN).map(move |e| (word(&e[..8]), word(&e[8..]))))
     }
 }
 
