@@ -3,9 +3,10 @@
 //! The work a worker has done on the prompts still in prefill there is at most the time since
 //! the oldest of them was sent; on an engine that runs its queue in order it is also at most
 //! the time since the last prefill ahead of them ended (before that, the worker was busy with
-//! that one). A thread records the time of each first response byte it sees, by worker, and
-//! writes the table under its own key beside its shard: a separate key, so that a filter that
-//! does not know it still reads the shard.
+//! that one). A thread records the time of each first token it sees (the first byte of a
+//! successful streamed answer; see `Shard::prefill_ended`), by worker, and writes the table
+//! under its own key beside its shard: a separate key, so that a filter that does not know it
+//! still reads the shard.
 
 use crate::wire::Reader;
 
