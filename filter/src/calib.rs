@@ -159,7 +159,7 @@ impl CalibThread {
 #[derive(Debug, Default)]
 struct CalibMetrics {
     /// Per model: base µs, ns per token, ps per token², interference µs, samples, in use.
-    coefficients: HashMap<String, [Option<u32>; 10]>,
+    coefficients: HashMap<String, [Option<u32>; 11]>,
     /// (model, worker) → deviation in permille.
     deviations: HashMap<(String, String), Option<u32>>,
     /// (model, engine priority) → the promise margin a request at it gets, in permille.
@@ -202,8 +202,9 @@ impl CalibMetrics {
                 "queue_prefill_ns_per_token",
                 "batch_fill_us",
                 "promise_margin_permille",
+                "busy_samples",
             ];
-            let mut ids = [None; 10];
+            let mut ids = [None; 11];
             for (i, n) in names.iter().chain(&["samples", "active"]).enumerate() {
                 ids[i] = define(g, &format!("kvroute.calibration.{seg}.{n}"));
             }
@@ -241,6 +242,7 @@ impl CalibMetrics {
             queue_per_token * 1e6,
             fill * 1e3,
             st.promise_log.exp() * 1e3,
+            f64::from(st.busy_samples),
             st.samples as f64,
         ];
         for (id, v) in ids.iter().zip(values) {
@@ -261,7 +263,7 @@ impl CalibMetrics {
     /// Whether `model` decides with its calibrated profile.
     fn active(&self, model: &str, on: bool) {
         if let Some(ids) = self.coefficients.get(model) {
-            gauge(ids[9], u64::from(on));
+            gauge(ids[10], u64::from(on));
         }
     }
 }

@@ -90,6 +90,12 @@ pub struct QueueTerms {
     /// estimated TTFT behind a queue, where the estimate is an average over traffic it cannot
     /// see (see [`Score::promise_ttft_ms`]).
     pub promise_margin: f64,
+    /// What admission adds to a busy worker's estimate before the margin, while the
+    /// calibration has seen too few requests behind a queue to know its margin
+    /// ([`crate::decision::calib::PROMISE_MIN_SAMPLES`]): the rest of a whole step's budget
+    /// beyond the learned batch fill, the most that prompts arriving after the request can add
+    /// to its last step. 0 once the margin is known, and in a configured profile.
+    pub promise_fill_ms: f64,
 }
 
 /// The share of a step's token budget that a request behind a busy worker is expected to wait
@@ -199,6 +205,7 @@ impl Profile {
                 * self.step_token_budget as f64
                 * self.prefill_ms_per_token,
             promise_margin: 1.0,
+            promise_fill_ms: 0.0,
         })
     }
 
@@ -306,17 +313,22 @@ pub struct Score {
     /// The factor admission applies to this estimate before promising anything: the model's
     /// [`QueueTerms::promise_margin`] on a busy worker, 1 on one with nothing queued.
     pub promise_margin: f64,
+    /// What admission adds to this estimate before the margin: the model's
+    /// [`QueueTerms::promise_fill_ms`] (times the worker's deviation) on a busy worker, 0 on
+    /// one with nothing queued.
+    pub promise_extra_ms: f64,
 }
 
 impl Score {
-    /// The TTFT admission promises: the estimate times [`Score::promise_margin`].
+    /// The TTFT admission promises: the estimate plus [`Score::promise_extra_ms`], times
+    /// [`Score::promise_margin`].
     pub fn promise_ttft_ms(&self) -> f64 {
-        self.ttft_ms * self.promise_margin
+        (self.ttft_ms + self.promise_extra_ms) * self.promise_margin
     }
 
     /// The wait admission promises against a class's `max_wait_ms`.
     pub fn promise_wait_ms(&self) -> f64 {
-        self.wait_ms * self.promise_margin
+        (self.wait_ms + self.promise_extra_ms) * self.promise_margin
     }
 }
 
@@ -451,6 +463,7 @@ pub(crate) struct Estimate {
     load: WorkerLoad,
     deviation: f64,
     promise_margin: f64,
+    promise_extra_ms: f64,
 }
 
 impl Estimate {
@@ -472,6 +485,7 @@ impl Estimate {
             load: e.load,
             deviation: e.deviation,
             promise_margin: e.promise_margin,
+            promise_extra_ms: e.promise_extra_ms,
         }
     }
 
@@ -486,12 +500,12 @@ impl Estimate {
 
     /// [`Score::promise_ttft_ms`].
     pub(crate) fn promise_ttft_ms(&self) -> f64 {
-        self.ttft_ms * self.promise_margin
+        (self.ttft_ms + self.promise_extra_ms) * self.promise_margin
     }
 
     /// [`Score::promise_wait_ms`].
     pub(crate) fn promise_wait_ms(&self) -> f64 {
-        self.wait_ms * self.promise_margin
+        (self.wait_ms + self.promise_extra_ms) * self.promise_margin
     }
 }
 
@@ -548,6 +562,11 @@ pub(crate) fn estimate<W>(
         load,
         deviation,
         promise_margin: if busy(&load) > 0.0 { p.queue.promise_margin.max(1.0) } else { 1.0 },
+        promise_extra_ms: if busy(&load) > 0.0 {
+            p.queue.promise_fill_ms.max(0.0) * deviation
+        } else {
+            0.0
+        },
     }
 }
 

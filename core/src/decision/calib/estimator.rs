@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::f64::consts::LN_2;
 
 use super::{CalibrationConfig, ModelView, Sample};
-use crate::decision::cost::{Profile, QueueTerms};
+use crate::decision::cost::{Profile, QueueTerms, BATCH_FILL_MAX};
 
 /// Learned coefficients: the request's own prefill (base, per token, per token²), decode
 /// interference, then the queued prefill ahead of it (per request, per token, per token²) and
@@ -48,6 +48,10 @@ pub const PROMISE_MARGIN_MAX: f64 = 4.0;
 pub const MAX_PRIORITIES: usize = 16;
 /// A priority's own samples behind a queue before its own margin replaces the pool-wide one.
 pub const PRIORITY_MIN_SAMPLES: u32 = 20;
+/// Samples behind a queue before the pool-wide margin is taken as known: until then a busy
+/// worker's promise also counts a whole step of prompts arriving after the request
+/// ([`crate::decision::cost::QueueTerms::promise_fill_ms`]).
+pub const PROMISE_MIN_SAMPLES: u32 = 20;
 /// Rate of the robust scale's moving average.
 const SCALE_RATE: f64 = 0.05;
 /// A worker's samples before it counts in the pool's median deviation.
@@ -118,6 +122,8 @@ pub struct ModelState {
     /// priority with [`PRIORITY_MIN_SAMPLES`] of its own is promised by them
     /// ([`ModelState::promise_margin_at`]).
     pub priorities: Vec<PriorityPromise>,
+    /// Samples from busy workers taken into the promise quantile (saturating).
+    pub busy_samples: u32,
     /// Sorted by worker, unique.
     pub workers: Vec<WorkerDev>,
 }
@@ -148,6 +154,7 @@ impl ModelState {
             scale: INITIAL_SCALE,
             promise_log: 0.0,
             priorities: Vec::new(),
+            busy_samples: 0,
             workers: Vec::new(),
         }
     }
@@ -193,6 +200,11 @@ impl ModelState {
                 ms_per_token_sq,
                 batch_fill_ms: fill,
                 promise_margin: self.promise_log.exp(),
+                promise_fill_ms: if self.busy_samples < PROMISE_MIN_SAMPLES {
+                    (prior.step_token_budget as f64 * ms_per_token * BATCH_FILL_MAX - fill).max(0.0)
+                } else {
+                    0.0
+                },
             }),
             ..*prior
         }
@@ -388,6 +400,7 @@ impl ModelState {
             Err(_) => None,
         };
         let x = ratio.ln();
+        self.busy_samples = self.busy_samples.saturating_add(1);
         self.promise_log = quantile_step(self.promise_log, x);
         if let Some(p) = at.map(|i| &mut self.priorities[i]) {
             p.log = quantile_step(p.log, x);

@@ -495,12 +495,13 @@ fn each_engine_priority_promises_by_its_own_quantile() {
         s.observed_ms = true_ms(&truth(), &s) * late * noise(rng);
         Sample { priority, ..s }
     };
-    // Only priority 0: nothing tracked apart, and the state keeps its earlier format.
+    // Only priority 0: nothing tracked apart (the busy count alone: version 4).
     for _ in 0..50 {
         st.observe(&cfg, &busy(&mut rng, 0, 1.0));
     }
     assert!(st.priorities.is_empty());
-    assert_eq!(st.encode()[3], codec::VERSION_POOL);
+    assert_eq!((st.busy_samples, st.encode()[3]), (50, codec::VERSION));
+    assert_eq!(ModelState { busy_samples: 0, ..st.clone() }.encode()[3], codec::VERSION_POOL);
     // Then the urgent requests (0) land as estimated, the batch ones (10) twice as late.
     for i in 0..400 {
         let (priority, late) = if i % 2 == 0 { (0, 1.0) } else { (10, 2.0) };
@@ -517,10 +518,68 @@ fn each_engine_priority_promises_by_its_own_quantile() {
     assert_eq!(st.promise_margin_at(5), pool);
     assert_eq!(st.encode()[3], codec::VERSION);
     assert_eq!(ModelState::decode(&st.encode()), Ok(st.clone()));
+    let without_count = ModelState { busy_samples: 0, ..st.clone() };
+    assert_eq!(without_count.encode()[3], codec::VERSION_PRIORITIES);
+    assert_eq!(ModelState::decode(&without_count.encode()), Ok(without_count));
     // The router's profile for a request at each priority.
     let mut view = Calibrated::default();
     view.set("m", &st, &truth(), &cfg);
     let margin = |p: i32| view.profile_at("m", p).unwrap().queue_terms().promise_margin;
     assert_eq!((margin(0), margin(10), margin(5)), (urgent, batch, pool));
     assert_eq!(view.profile_for("m").unwrap().queue_terms().promise_margin, pool);
+}
+
+#[test]
+fn a_busy_promise_counts_a_whole_step_until_the_margin_is_known() {
+    let cfg = CalibrationConfig { min_samples: 10, ..Default::default() };
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut st = ModelState::new(&truth());
+    // A pool that ran idle: its speed is known, its margin behind a queue is not.
+    for _ in 0..40 {
+        let mut s = sample(WORKERS[rng.random_range(0..3)], 1000, 0, &[], 0);
+        s.observed_ms = true_ms(&truth(), &s) * noise(&mut rng);
+        st.observe(&cfg, &s);
+    }
+    assert_eq!(st.busy_samples, 0);
+    let queue = |st: &ModelState| st.view(&truth(), &cfg).unwrap().profile.queue_terms();
+    let q = queue(&st);
+    let step = truth().step_token_budget as f64 * q.ms_per_token;
+    assert!(q.promise_fill_ms > 0.9 * step && q.promise_fill_ms < step, "{q:?}");
+    assert!((q.promise_fill_ms + q.batch_fill_ms - step).abs() < 1e-9 * step);
+    // A busy worker's promise holds it, an idle one's does not; the estimates do not.
+    let profile = st.view(&truth(), &cfg).unwrap().profile;
+    let worker =
+        |queued: u32| crate::decision::cost::Candidate::<crate::decision::worker::WorkerName> {
+            worker: "10.0.0.1:8000".into(),
+            cached_blocks: 0,
+            offloaded_blocks: 0,
+            load: WorkerLoad {
+                inflight_requests: queued,
+                prefilling_requests: queued,
+                prefill_tokens: u64::from(queued) * 1000,
+                ..Default::default()
+            },
+            adapter_missing: false,
+            deviation: 1.0,
+        };
+    let busy = crate::decision::cost::score(&profile, &worker(1), 1000, 16);
+    let idle = crate::decision::cost::score(&profile, &worker(0), 1000, 16);
+    assert_eq!((busy.promise_extra_ms, idle.promise_extra_ms), (q.promise_fill_ms, 0.0));
+    assert!((busy.promise_ttft_ms() - (busy.ttft_ms + q.promise_fill_ms)).abs() < 1e-9);
+    assert_eq!(idle.promise_ttft_ms(), idle.ttft_ms);
+    // Requests behind a queue that land as estimated: once there are enough of them, the
+    // margin they teach is the promise.
+    let busy_sample = |rng: &mut StdRng| {
+        let mut s = sample(WORKERS[rng.random_range(0..3)], 1000, 0, &[1000], 0);
+        s.observed_ms = true_ms(&truth(), &s) * noise(rng);
+        s
+    };
+    for _ in 1..PROMISE_MIN_SAMPLES {
+        st.observe(&cfg, &busy_sample(&mut rng));
+    }
+    assert!(queue(&st).promise_fill_ms > 0.0, "one short");
+    st.observe(&cfg, &busy_sample(&mut rng));
+    assert_eq!(queue(&st).promise_fill_ms, 0.0);
+    // A configured profile (no calibration) promises as it estimates.
+    assert_eq!(truth().queue_terms().promise_fill_ms, 0.0);
 }

@@ -18,6 +18,7 @@ fn score(worker: &str, cached: u64, wait: f64, prefill: f64) -> Score {
         load: Default::default(),
         deviation: 1.0,
         promise_margin: 1.0,
+        promise_extra_ms: 0.0,
     }
 }
 
