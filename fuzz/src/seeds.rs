@@ -1227,7 +1227,7 @@ fn calib_decode() -> Seeds {
         };
         by_priority.observe(&CalibrationConfig::default(), &s);
     }
-    assert!(!by_priority.priorities.is_empty() && by_priority.busy_samples == 20);
+    assert!(!by_priority.priorities.is_empty());
     let mut version = good.clone();
     version[3] = 9;
     let mut nan = good.clone();
@@ -1239,7 +1239,6 @@ fn calib_decode() -> Seeds {
         ("fresh.bin", fresh.encode()),
         ("learned.bin", good.clone()),
         ("learned-priorities.bin", by_priority.encode()),
-        ("learned-priorities-v3.bin", ModelState { busy_samples: 0, ..by_priority.clone() }.encode()),
         ("truncated.bin", truncated(&good)),
         ("version.bin", version),
         ("nan.bin", nan),

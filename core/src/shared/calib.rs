@@ -6,17 +6,39 @@
 //!
 //! A value that does not decode, or that was learned against another prior (the configured
 //! profile changed), is replaced by a fresh state from the current prior.
+//!
+//! Beside it, `kvroute.calib_busy.<model>` counts the samples from busy workers the state took
+//! in ([`ModelState::busy_samples`], a little-endian u64, up to [`PROMISE_MIN_SAMPLES`]): until
+//! it reaches that, a busy worker's promise is held to a whole step
+//! ([`crate::decision::cost::QueueTerms::promise_fill_ms`]). It has its own key so that the
+//! state's encoding stays what filters from before it read: during an upgrade they keep
+//! learning into the same state (their busy samples are not counted, so the count only lags).
+//! Written after the state, restarted with it, and no longer written once it reached the
+//! threshold.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{update, Counter, Counters, SharedStore};
-use crate::decision::calib::{CalibOutcome, Calibrated, CalibrationConfig, ModelState, Sample};
+use super::{read_u64, update, Counter, Counters, SharedStore};
+use crate::decision::calib::{
+    CalibOutcome, Calibrated, CalibrationConfig, ModelState, Sample, PROMISE_MIN_SAMPLES,
+};
 use crate::decision::cost::Profile;
 
 /// The shared-data key of `model`'s state.
 pub fn key(model: &str) -> String {
     format!("kvroute.calib.{model}")
+}
+
+/// The shared-data key of the count of `model`'s samples from busy workers. Not
+/// `kvroute.calib.<model>.busy`: that is the state key of a model named `<model>.busy`.
+pub fn busy_key(model: &str) -> String {
+    format!("kvroute.calib_busy.{model}")
+}
+
+/// A count as read from [`busy_key`] (absent or malformed: 0), at most the threshold.
+fn busy_count(bytes: Option<&[u8]>) -> u32 {
+    read_u64(bytes).min(u64::from(PROMISE_MIN_SAMPLES)) as u32
 }
 
 /// Creates `model`'s state if it is absent. Shared data has no create-if-absent: the first
@@ -51,10 +73,11 @@ pub fn publish<S: SharedStore + ?Sized>(
     samples: &[Sample],
 ) -> Option<CalibWrite> {
     let written = update(store, &key(model), |current| {
-        let (mut state, corrupt) = match current.map(ModelState::decode) {
-            Some(Ok(s)) if s.matches(prior) => (s, false),
-            Some(Ok(_)) | None => (ModelState::new(prior), false),
-            Some(Err(_)) => (ModelState::new(prior), true),
+        // (state, corrupt, fresh): a state not learned on is started afresh.
+        let (mut state, corrupt, fresh) = match current.map(ModelState::decode) {
+            Some(Ok(s)) if s.matches(prior) => (s, false, false),
+            Some(Ok(_)) | None => (ModelState::new(prior), false, true),
+            Some(Err(_)) => (ModelState::new(prior), true, true),
         };
         let (mut used, mut clipped, mut rejected) = (0, 0, 0);
         for s in samples {
@@ -66,13 +89,15 @@ pub fn publish<S: SharedStore + ?Sized>(
                 CalibOutcome::Rejected => rejected += 1,
             }
         }
-        (state.encode(), (CalibWrite { state, used, clipped, rejected }, corrupt))
+        (state.encode(), (CalibWrite { state, used, clipped, rejected }, corrupt, fresh))
     });
     match written {
-        Ok((p, corrupt)) => {
+        Ok((mut p, corrupt, fresh)) => {
             if corrupt {
                 counters.count(Counter::Corrupt, 1);
             }
+            // The decoded state counted none: what it counts now is this batch's.
+            p.state.busy_samples = count_busy(store, model, p.state.busy_samples, fresh);
             Some(p)
         }
         Err(_) => {
@@ -80,6 +105,25 @@ pub fn publish<S: SharedStore + ?Sized>(
             None
         }
     }
+}
+
+/// Adds `added` busy samples to `model`'s count ([`busy_key`]), or restarts it at `added` when
+/// the state was `fresh`; returns the count as it stands. Nothing is written once the count
+/// reached the threshold, or when there is nothing to add; a lost write leaves it short (the
+/// promise stays held to a whole step a little longer).
+fn count_busy<S: SharedStore + ?Sized>(store: &S, model: &str, added: u32, fresh: bool) -> u32 {
+    let key = busy_key(model);
+    let seen = busy_count(store.get(&key).0.as_deref());
+    let min = PROMISE_MIN_SAMPLES;
+    if (!fresh && (added == 0 || seen >= min)) || (fresh && added == 0 && seen == 0) {
+        return seen;
+    }
+    let written = update(store, &key, |current| {
+        let base = if fresh { 0 } else { busy_count(current) };
+        let n = base.saturating_add(added).min(min);
+        (u64::from(n).to_le_bytes().to_vec(), n)
+    });
+    written.unwrap_or(seen)
 }
 
 /// A thread's cached copy of the shared calibration.
@@ -98,8 +142,8 @@ impl CalibReader {
         self.last_ms.is_none_or(|t| now_ms.saturating_sub(t) >= cfg.refresh_ms)
     }
 
-    /// Reads every model's value whose CAS token moved; returns the new view if anything
-    /// changed. `models`: each model's name and configured profile (its prior).
+    /// Reads every model's value whose CAS token moved, and its busy count ([`busy_key`]);
+    /// returns the new view if anything changed. `models`: each model's name and configured profile (its prior).
     pub fn refresh<S: SharedStore + ?Sized>(
         &mut self,
         store: &S,
@@ -113,16 +157,31 @@ impl CalibReader {
         for (model, prior) in models {
             let (bytes, cas) = store.get(&key(model));
             let (Some(bytes), Some(cas)) = (bytes, cas) else { continue };
-            if self.seen.get(model) == Some(&cas) {
-                continue;
-            }
-            self.seen.insert(model.clone(), cas);
-            let state = match ModelState::decode(&bytes) {
-                Ok(s) if s.matches(prior) => s,
-                Ok(_) => continue,
-                Err(_) => {
-                    counters.count(Counter::Corrupt, 1);
-                    continue;
+            let moved = self.seen.get(model) != Some(&cas);
+            // The busy count is written after the state, so it may move alone: read with a
+            // moved state, and on every refresh until it reached the threshold.
+            let counting =
+                self.states.get(model).is_some_and(|s| s.busy_samples < PROMISE_MIN_SAMPLES);
+            let busy =
+                (moved || counting).then(|| busy_count(store.get(&busy_key(model)).0.as_deref()));
+            let state = if moved {
+                self.seen.insert(model.clone(), cas);
+                match ModelState::decode(&bytes) {
+                    Ok(s) if s.matches(prior) => {
+                        ModelState { busy_samples: busy.unwrap_or(0), ..s }
+                    }
+                    Ok(_) => continue,
+                    Err(_) => {
+                        counters.count(Counter::Corrupt, 1);
+                        continue;
+                    }
+                }
+            } else {
+                match (self.states.get(model), busy) {
+                    (Some(s), Some(n)) if n != s.busy_samples => {
+                        ModelState { busy_samples: n, ..s.clone() }
+                    }
+                    _ => continue,
                 }
             };
             next.get_or_insert_with(|| (*self.view).clone()).set(model, &state, prior, cfg);

@@ -1,20 +1,20 @@
 //! The binary form of a [`ModelState`] in shared data, little-endian:
 //!
 //! ```text
-//! "KVC" version(u8 = 2, 3 or 4)
+//! "KVC" version(u8 = 2 or 3)
 //! prior[8] f64 · samples u64 · weight f64 · a[36] f64 · b[8] f64 · theta[8] f64 · scale f64
 //! promise_log f64 (within [0, ln 4])
-//! version 4 only: busy_samples u32 (at least 1)
-//! versions 3 and 4: priorities u8 (at most 16; at least 1 in version 3), then per priority
-//!     (sorted, unique): priority i32 · log f64 (within [0, ln 4]) · samples u32
+//! version 3 only: priorities u8 (at most 16), then per priority (sorted, unique):
+//!     priority i32 · log f64 (within [0, ln 4]) · samples u32
 //! workers u16, then per worker (sorted by name, unique):
 //!     name_len u8 · name (UTF-8) · log_dev f64 · samples u32
 //! ```
 //!
 //! Version 2 is written while no priority is tracked apart (no request at a priority other
-//! than 0 yet) and no sample came from a busy worker, version 3 while only the latter holds, so
-//! that a filter from before priorities, or before the busy count, reads what it can. A
-//! version 2 or 3 state read back counts no busy samples.
+//! than 0 yet), so that a filter from before priorities reads it. The count of samples from
+//! busy workers ([`ModelState::busy_samples`]) is not in it: shared data keeps it under its
+//! own key ([`crate::shared::calib::busy_key`]), so that adding it changed nothing a filter
+//! from before reads; a decoded state counts none.
 //!
 //! The decoder checks every length before reading, accepts only finite numbers, a positive
 //! scale, canonical worker and priority order, and a version 3 only with a priority in it, so
@@ -31,9 +31,7 @@ use super::estimator::{
 pub const MAGIC: &[u8; 3] = b"KVC";
 /// The version without per-priority quantiles.
 pub const VERSION_POOL: u8 = 2;
-/// The version with per-priority quantiles, without the busy count.
-pub const VERSION_PRIORITIES: u8 = 3;
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 3;
 /// Most workers one model's state may carry.
 pub const MAX_WORKERS: usize = 4096;
 
@@ -62,12 +60,8 @@ impl ModelState {
         let mut out =
             Vec::with_capacity(4 + (3 * DIM + PACKED + 3) * 8 + 2 + self.workers.len() * 40);
         out.extend_from_slice(MAGIC);
-        let version = match (self.busy_samples > 0, self.priorities.is_empty()) {
-            (true, _) => VERSION,
-            (false, false) => VERSION_PRIORITIES,
-            (false, true) => VERSION_POOL,
-        };
-        out.push(version);
+        let by_priority = !self.priorities.is_empty();
+        out.push(if by_priority { VERSION } else { VERSION_POOL });
         let floats = self.prior.iter();
         for v in floats {
             out.extend_from_slice(&v.to_le_bytes());
@@ -82,10 +76,7 @@ impl ModelState {
         {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        if version == VERSION {
-            out.extend_from_slice(&self.busy_samples.to_le_bytes());
-        }
-        if version != VERSION_POOL {
+        if by_priority {
             let priorities = &self.priorities[..self.priorities.len().min(MAX_PRIORITIES)];
             out.push(priorities.len() as u8);
             for p in priorities {
@@ -112,7 +103,7 @@ impl ModelState {
             return Err(CodecError::Magic);
         }
         let version = r.take(1)?[0];
-        if ![VERSION, VERSION_PRIORITIES, VERSION_POOL].contains(&version) {
+        if version != VERSION && version != VERSION_POOL {
             return Err(CodecError::Version(version));
         }
         let prior: [f64; DIM] = r.floats()?;
@@ -139,13 +130,8 @@ impl ModelState {
             }
         };
         let promise_log = margin_log(r.f64()?)?;
-        let busy_samples = if version == VERSION { u32::from_le_bytes(r.array()?) } else { 0 };
-        // None is written as an earlier version.
-        if version == VERSION && busy_samples == 0 {
-            return Err(CodecError::Number);
-        }
         let mut priorities: Vec<PriorityPromise> = Vec::new();
-        if version != VERSION_POOL {
+        if version == VERSION {
             let n = usize::from(r.take(1)?[0]);
             if n > MAX_PRIORITIES {
                 return Err(CodecError::Priority);
@@ -160,7 +146,7 @@ impl ModelState {
                 priorities.push(PriorityPromise { priority, log, samples });
             }
             // None is written as version 2.
-            if priorities.is_empty() && version == VERSION_PRIORITIES {
+            if priorities.is_empty() {
                 return Err(CodecError::Priority);
             }
         }
@@ -192,7 +178,7 @@ impl ModelState {
             scale,
             promise_log,
             priorities,
-            busy_samples,
+            busy_samples: 0,
             workers,
         })
     }

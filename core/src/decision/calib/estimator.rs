@@ -122,7 +122,10 @@ pub struct ModelState {
     /// priority with [`PRIORITY_MIN_SAMPLES`] of its own is promised by them
     /// ([`ModelState::promise_margin_at`]).
     pub priorities: Vec<PriorityPromise>,
-    /// Samples from busy workers taken into the promise quantile (saturating).
+    /// Samples from busy workers taken into the promise quantile (saturating). Not in the
+    /// encoding ([`ModelState::encode`] leaves it out, a decoded state counts none): shared
+    /// data counts it under its own key up to [`PROMISE_MIN_SAMPLES`]
+    /// ([`crate::shared::calib::busy_key`]), and a reader sets it from there.
     pub busy_samples: u32,
     /// Sorted by worker, unique.
     pub workers: Vec<WorkerDev>,

@@ -100,3 +100,77 @@ fn garbage_and_another_prior_start_afresh_and_lost_writes_are_counted() {
     assert!(publish(&store, &tally, &cfg, M, &prior, &[sample("a:1", 3)]).is_none());
     assert_eq!(tally.get(Counter::LostUpdate), 1);
 }
+
+/// A sample from a worker with a prefill queued ahead: one the promise margin learns from.
+fn busy_sample(worker: &str, i: u64) -> Sample {
+    let p = Profile::default();
+    let load = WorkerLoad {
+        inflight_requests: 1,
+        prefilling_requests: 1,
+        prefill_tokens: 1000,
+        ..Default::default()
+    };
+    let s = sample(worker, i);
+    Sample { load, observed_ms: p.wait_ms(&load) + p.prefill_ms(s.uncached_tokens), ..s }
+}
+
+fn busy_batch(n: u64) -> Vec<Sample> {
+    (0..n).map(|i| busy_sample("a:1", i)).collect()
+}
+
+#[test]
+fn the_busy_count_has_its_own_key_restarts_with_the_state_and_stops_at_the_threshold() {
+    use crate::decision::calib::{codec, PROMISE_MIN_SAMPLES};
+    let (store, tally) = (MemStore::new(), Tally::default());
+    let cfg = CalibrationConfig { min_samples: 1, refresh_ms: 0, ..Default::default() };
+    let prior = Profile::default();
+    init(&store, M, &prior);
+    let count = |store: &MemStore| store.get(&busy_key(M)).0;
+    // Idle samples count none, and nothing is written for them.
+    let p = publish(&store, &tally, &cfg, M, &prior, &[sample("a:1", 1)]).unwrap();
+    assert_eq!((p.state.busy_samples, count(&store)), (0, None));
+    // Busy ones are counted under their own key; the state keeps the encoding that filters
+    // from before the count read (priority 0 only: version 2).
+    let p = publish(&store, &tally, &cfg, M, &prior, &busy_batch(7)).unwrap();
+    assert_eq!(p.state.busy_samples, 7);
+    assert_eq!(count(&store), Some(7u64.to_le_bytes().to_vec()), "a little-endian u64");
+    let state = store.get(&key(M)).0.unwrap();
+    assert_eq!(state[3], codec::VERSION_POOL);
+    assert_eq!(ModelState::decode(&state).map(|s| s.busy_samples), Ok(0));
+    // A reader takes it in: until the threshold a busy promise holds a whole step.
+    let mut reader = CalibReader::default();
+    let fill = |v: &Calibrated| v.profile_for(M).unwrap().queue_terms().promise_fill_ms;
+    let v = reader.refresh(&store, &tally, &cfg, &models(prior), 0).expect("a view");
+    assert_eq!(reader.states()[M].busy_samples, 7);
+    assert!(fill(&v) > 0.0);
+    // The count is written after the state, so it may move alone: a reader sees that too.
+    store.poke(&busy_key(M), &12u64.to_le_bytes());
+    let v = reader.refresh(&store, &tally, &cfg, &models(prior), 1).expect("the count moved");
+    assert_eq!(reader.states()[M].busy_samples, 12);
+    assert!(fill(&v) > 0.0);
+    assert!(reader.refresh(&store, &tally, &cfg, &models(prior), 2).is_none(), "unchanged");
+    // At the threshold the promise is the estimate times the margin, and the count is no
+    // longer written.
+    let p = publish(&store, &tally, &cfg, M, &prior, &busy_batch(8)).unwrap();
+    assert_eq!(p.state.busy_samples, PROMISE_MIN_SAMPLES);
+    let v = reader.refresh(&store, &tally, &cfg, &models(prior), 3).unwrap();
+    assert_eq!((reader.states()[M].busy_samples, fill(&v)), (PROMISE_MIN_SAMPLES, 0.0));
+    let cas = store.get(&busy_key(M)).1;
+    let p = publish(&store, &tally, &cfg, M, &prior, &busy_batch(5)).unwrap();
+    assert_eq!((p.state.busy_samples, store.get(&busy_key(M)).1), (PROMISE_MIN_SAMPLES, cas));
+    // A changed prior starts the state afresh, and the count with it.
+    let changed = Profile { prefill_base_ms: 9.0, ..prior };
+    let p = publish(&store, &tally, &cfg, M, &changed, &busy_batch(3)).unwrap();
+    assert_eq!((p.state.samples, p.state.busy_samples), (3, 3));
+    assert_eq!(count(&store), Some(3u64.to_le_bytes().to_vec()));
+    // A count that does not read as one is none; a larger one is the threshold.
+    let mut other = CalibReader::default();
+    store.poke(&busy_key(M), b"junk");
+    other.refresh(&store, &tally, &cfg, &models(changed), 0).unwrap();
+    assert_eq!(other.states()[M].busy_samples, 0);
+    store.poke(&busy_key(M), &u64::MAX.to_le_bytes());
+    let v = other.refresh(&store, &tally, &cfg, &models(changed), 1).unwrap();
+    assert_eq!((other.states()[M].busy_samples, fill(&v)), (PROMISE_MIN_SAMPLES, 0.0));
+    // The state key of a model named `<M>.busy` is not the count's.
+    assert_ne!(key(&format!("{M}.busy")), busy_key(M));
+}
