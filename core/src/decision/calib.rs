@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
 use crate::decision::cost::Profile;
 use crate::decision::load::WorkerLoad;
 
-pub use estimator::{CalibOutcome, ModelState, WorkerDev, PROMISE_MIN_SAMPLES};
+pub use estimator::{CalibOutcome, ModelState, WorkerDev, PROMISE_FILL_SAMPLES};
 
 /// The `calibration` section of the filter configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

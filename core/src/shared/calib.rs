@@ -8,7 +8,7 @@
 //! profile changed), is replaced by a fresh state from the current prior.
 //!
 //! Beside it, `kvroute.calib_busy.<model>` counts the samples from busy workers the state took
-//! in ([`ModelState::busy_samples`], a little-endian u64, up to [`PROMISE_MIN_SAMPLES`]): until
+//! in ([`ModelState::busy_samples`], a little-endian u64, up to [`PROMISE_FILL_SAMPLES`]): until
 //! it reaches that, a busy worker's promise is held to a whole step
 //! ([`crate::decision::cost::QueueTerms::promise_fill_ms`]). It has its own key so that the
 //! state's encoding stays what filters from before it read: during an upgrade they keep
@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::{read_u64, update, Counter, Counters, SharedStore};
 use crate::decision::calib::{
-    CalibOutcome, Calibrated, CalibrationConfig, ModelState, Sample, PROMISE_MIN_SAMPLES,
+    CalibOutcome, Calibrated, CalibrationConfig, ModelState, Sample, PROMISE_FILL_SAMPLES,
 };
 use crate::decision::cost::Profile;
 
@@ -38,7 +38,7 @@ pub fn busy_key(model: &str) -> String {
 
 /// A count as read from [`busy_key`] (absent or malformed: 0), at most the threshold.
 fn busy_count(bytes: Option<&[u8]>) -> u32 {
-    read_u64(bytes).min(u64::from(PROMISE_MIN_SAMPLES)) as u32
+    read_u64(bytes).min(u64::from(PROMISE_FILL_SAMPLES)) as u32
 }
 
 /// Creates `model`'s state if it is absent. Shared data has no create-if-absent: the first
@@ -114,7 +114,7 @@ pub fn publish<S: SharedStore + ?Sized>(
 fn count_busy<S: SharedStore + ?Sized>(store: &S, model: &str, added: u32, fresh: bool) -> u32 {
     let key = busy_key(model);
     let seen = busy_count(store.get(&key).0.as_deref());
-    let min = PROMISE_MIN_SAMPLES;
+    let min = PROMISE_FILL_SAMPLES;
     if (!fresh && (added == 0 || seen >= min)) || (fresh && added == 0 && seen == 0) {
         return seen;
     }
@@ -161,7 +161,7 @@ impl CalibReader {
             // The busy count is written after the state, so it may move alone: read with a
             // moved state, and on every refresh until it reached the threshold.
             let counting =
-                self.states.get(model).is_some_and(|s| s.busy_samples < PROMISE_MIN_SAMPLES);
+                self.states.get(model).is_some_and(|s| s.busy_samples < PROMISE_FILL_SAMPLES);
             let busy =
                 (moved || counting).then(|| busy_count(store.get(&busy_key(model)).0.as_deref()));
             let state = if moved {

@@ -135,3 +135,58 @@ async fn from_a_prior_three_times_off_the_filter_learns_the_workers_and_follows_
     eprintln!("deviations: slowed {da}, other {db} ({on_slowed} of 80 on the slowed worker)");
     assert!(da > 1.5 && db < 1.3, "deviations: slowed {da}, other {db}");
 }
+
+/// The count of samples from busy workers (below its threshold, a busy worker's promise holds
+/// a share of a whole step) lives under its own shared-data key: through Envoy's shared data,
+/// requests that waited behind a queue move it, idle ones do not, and it stops at the
+/// threshold.
+#[tokio::test]
+async fn samples_from_behind_a_queue_are_counted_up_to_the_threshold() {
+    use kvroute_core::decision::calib::PROMISE_FILL_SAMPLES;
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        envoy_concurrency: 2,
+        // One request at a time: requests sent together queue at the worker, and the filter
+        // sees the ones before each in flight.
+        sim_args: vec![
+            "--max-num-seqs".into(),
+            "1".into(),
+            "--prefill-ms-per-token".into(),
+            PER_TOKEN_MS.to_string(),
+        ],
+        filter: json!({"calibration": {"min_samples": 5, "flush_samples": 1, "refresh_ms": 5}}),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let busy = |g: &HashMap<String, f64>| model_gauge(g, "busy_samples");
+    for i in 0..8 {
+        request(&stack, 3000 + i, 200).await;
+    }
+    let g = eventually("idle samples", Duration::from_secs(10), || async {
+        let g = gauges(&stack).await;
+        (model_gauge(&g, "samples") >= 8.0).then_some(g)
+    })
+    .await
+    .unwrap();
+    assert_eq!(busy(&g), 0.0, "one request at a time waits behind nothing: {g:?}");
+    // Sixty, 5 ms apart (each takes the worker ~25 ms): all but the first are decided with
+    // requests in flight before them, none in the same millisecond as another (those are
+    // not learned from, `skip_shared_instants`).
+    let sends = (0..60).map(|i| {
+        let stack = &stack;
+        async move {
+            tokio::time::sleep(Duration::from_millis(5 * i)).await;
+            request(stack, 4000 + i, 200).await
+        }
+    });
+    futures::future::join_all(sends).await;
+    let threshold = f64::from(PROMISE_FILL_SAMPLES);
+    let g = eventually("busy samples", Duration::from_secs(10), || async {
+        let g = gauges(&stack).await;
+        (model_gauge(&g, "samples") >= 8.0 + threshold && busy(&g) >= threshold).then_some(g)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: logs in {}", stack.dir.display()));
+    assert_eq!(busy(&g), threshold, "counted up to {threshold}: {g:?}");
+}

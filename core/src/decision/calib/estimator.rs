@@ -41,17 +41,19 @@ pub const PROMISE_QUANTILE: f64 = 0.95;
 /// The step of the quantile tracker (log units): a sample above the quantile raises it by
 /// `PROMISE_STEP · q`, one below lowers it by `PROMISE_STEP · (1 − q)`, so it settles where a
 /// share `q` of samples lie below, rising within a few dozen samples of an overload.
-const PROMISE_STEP: f64 = 0.04;
+pub(crate) const PROMISE_STEP: f64 = 0.04;
 /// The largest promise margin.
 pub const PROMISE_MARGIN_MAX: f64 = 4.0;
 /// Most engine priorities whose promise quantile a model's state tracks apart.
 pub const MAX_PRIORITIES: usize = 16;
 /// A priority's own samples behind a queue before its own margin replaces the pool-wide one.
 pub const PRIORITY_MIN_SAMPLES: u32 = 20;
-/// Samples behind a queue before the pool-wide margin is taken as known: until then a busy
-/// worker's promise also counts a whole step of prompts arriving after the request
-/// ([`crate::decision::cost::QueueTerms::promise_fill_ms`]).
-pub const PROMISE_MIN_SAMPLES: u32 = 20;
+/// Samples behind a queue before the pool-wide margin is taken as known: the samples its
+/// tracker needs to climb from 1 to [`PROMISE_MARGIN_MAX`] (`ln 4 / (PROMISE_STEP · q)`,
+/// rounded up), so that before them the margin may still be short of any overload's. Until
+/// then a busy worker's promise also counts the rest of a whole step, a share that shrinks
+/// with each sample ([`crate::decision::cost::QueueTerms::promise_fill_ms`]).
+pub const PROMISE_FILL_SAMPLES: u32 = 37;
 /// Rate of the robust scale's moving average.
 const SCALE_RATE: f64 = 0.05;
 /// A worker's samples before it counts in the pool's median deviation.
@@ -124,7 +126,7 @@ pub struct ModelState {
     pub priorities: Vec<PriorityPromise>,
     /// Samples from busy workers taken into the promise quantile (saturating). Not in the
     /// encoding ([`ModelState::encode`] leaves it out, a decoded state counts none): shared
-    /// data counts it under its own key up to [`PROMISE_MIN_SAMPLES`]
+    /// data counts it under its own key up to [`PROMISE_FILL_SAMPLES`]
     /// ([`crate::shared::calib::busy_key`]), and a reader sets it from there.
     pub busy_samples: u32,
     /// Sorted by worker, unique.
@@ -203,14 +205,20 @@ impl ModelState {
                 ms_per_token_sq,
                 batch_fill_ms: fill,
                 promise_margin: self.promise_log.exp(),
-                promise_fill_ms: if self.busy_samples < PROMISE_MIN_SAMPLES {
-                    (prior.step_token_budget as f64 * ms_per_token * BATCH_FILL_MAX - fill).max(0.0)
-                } else {
-                    0.0
-                },
+                promise_fill_ms: self.promise_fill_ms(prior, ms_per_token, fill),
             }),
             ..*prior
         }
+    }
+
+    /// [`crate::decision::cost::QueueTerms::promise_fill_ms`]: the rest of a whole step
+    /// beyond the learned batch `fill` (`step_token_budget` tokens at the queue's learned
+    /// `ms_per_token`), times the share of [`PROMISE_FILL_SAMPLES`] not yet seen from busy
+    /// workers.
+    fn promise_fill_ms(&self, prior: &Profile, ms_per_token: f64, fill: f64) -> f64 {
+        let left = PROMISE_FILL_SAMPLES.saturating_sub(self.busy_samples);
+        let step = prior.step_token_budget as f64 * ms_per_token * BATCH_FILL_MAX;
+        (step - fill).max(0.0) * f64::from(left) / f64::from(PROMISE_FILL_SAMPLES)
     }
 
     /// The deviation factor of `worker` (1.0 if unknown).

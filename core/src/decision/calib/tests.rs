@@ -565,19 +565,27 @@ fn a_busy_promise_counts_a_whole_step_until_the_margin_is_known() {
     assert_eq!((busy.promise_extra_ms, idle.promise_extra_ms), (q.promise_fill_ms, 0.0));
     assert!((busy.promise_ttft_ms() - (busy.ttft_ms + q.promise_fill_ms)).abs() < 1e-9);
     assert_eq!(idle.promise_ttft_ms(), idle.ttft_ms);
-    // Requests behind a queue that land as estimated: once there are enough of them, the
-    // margin they teach is the promise.
+    // Requests behind a queue that land as estimated: each one takes a share of the step
+    // off; once there are enough of them, the margin they teach is the promise.
     let busy_sample = |rng: &mut StdRng| {
         let mut s = sample(WORKERS[rng.random_range(0..3)], 1000, 0, &[1000], 0);
         s.observed_ms = true_ms(&truth(), &s) * noise(rng);
         s
     };
-    for _ in 1..PROMISE_MIN_SAMPLES {
+    for seen in 1..PROMISE_FILL_SAMPLES {
         st.observe(&cfg, &busy_sample(&mut rng));
+        let q = queue(&st);
+        let whole = truth().step_token_budget as f64 * q.ms_per_token - q.batch_fill_ms;
+        let left = f64::from(PROMISE_FILL_SAMPLES - seen) / f64::from(PROMISE_FILL_SAMPLES);
+        assert!((q.promise_fill_ms - whole * left).abs() < 1e-9 * whole, "{seen}: {q:?}");
+        assert!(q.promise_fill_ms > 0.0, "{seen}: {q:?}");
     }
-    assert!(queue(&st).promise_fill_ms > 0.0, "one short");
     st.observe(&cfg, &busy_sample(&mut rng));
     assert_eq!(queue(&st).promise_fill_ms, 0.0);
+    // As many as the margin's tracker needs to climb from 1 to its largest value.
+    use super::estimator::{PROMISE_MARGIN_MAX, PROMISE_QUANTILE, PROMISE_STEP};
+    let climb = PROMISE_MARGIN_MAX.ln() / (PROMISE_STEP * PROMISE_QUANTILE);
+    assert_eq!(PROMISE_FILL_SAMPLES, climb.ceil() as u32);
     // A configured profile (no calibration) promises as it estimates.
     assert_eq!(truth().queue_terms().promise_fill_ms, 0.0);
 }

@@ -119,8 +119,8 @@ fn busy_batch(n: u64) -> Vec<Sample> {
 }
 
 #[test]
-fn the_busy_count_has_its_own_key_restarts_with_the_state_and_stops_at_the_threshold() {
-    use crate::decision::calib::{codec, PROMISE_MIN_SAMPLES};
+fn the_busy_count_has_its_own_key_restarts_with_the_state_and_stops_at_its_threshold() {
+    use crate::decision::calib::{codec, PROMISE_FILL_SAMPLES};
     let (store, tally) = (MemStore::new(), Tally::default());
     let cfg = CalibrationConfig { min_samples: 1, refresh_ms: 0, ..Default::default() };
     let prior = Profile::default();
@@ -151,13 +151,13 @@ fn the_busy_count_has_its_own_key_restarts_with_the_state_and_stops_at_the_thres
     assert!(reader.refresh(&store, &tally, &cfg, &models(prior), 2).is_none(), "unchanged");
     // At the threshold the promise is the estimate times the margin, and the count is no
     // longer written.
-    let p = publish(&store, &tally, &cfg, M, &prior, &busy_batch(8)).unwrap();
-    assert_eq!(p.state.busy_samples, PROMISE_MIN_SAMPLES);
+    let p = publish(&store, &tally, &cfg, M, &prior, &busy_batch(30)).unwrap();
+    assert_eq!(p.state.busy_samples, PROMISE_FILL_SAMPLES);
     let v = reader.refresh(&store, &tally, &cfg, &models(prior), 3).unwrap();
-    assert_eq!((reader.states()[M].busy_samples, fill(&v)), (PROMISE_MIN_SAMPLES, 0.0));
+    assert_eq!((reader.states()[M].busy_samples, fill(&v)), (PROMISE_FILL_SAMPLES, 0.0));
     let cas = store.get(&busy_key(M)).1;
     let p = publish(&store, &tally, &cfg, M, &prior, &busy_batch(5)).unwrap();
-    assert_eq!((p.state.busy_samples, store.get(&busy_key(M)).1), (PROMISE_MIN_SAMPLES, cas));
+    assert_eq!((p.state.busy_samples, store.get(&busy_key(M)).1), (PROMISE_FILL_SAMPLES, cas));
     // A changed prior starts the state afresh, and the count with it.
     let changed = Profile { prefill_base_ms: 9.0, ..prior };
     let p = publish(&store, &tally, &cfg, M, &changed, &busy_batch(3)).unwrap();
@@ -170,7 +170,7 @@ fn the_busy_count_has_its_own_key_restarts_with_the_state_and_stops_at_the_thres
     assert_eq!(other.states()[M].busy_samples, 0);
     store.poke(&busy_key(M), &u64::MAX.to_le_bytes());
     let v = other.refresh(&store, &tally, &cfg, &models(changed), 1).unwrap();
-    assert_eq!((other.states()[M].busy_samples, fill(&v)), (PROMISE_MIN_SAMPLES, 0.0));
+    assert_eq!((other.states()[M].busy_samples, fill(&v)), (PROMISE_FILL_SAMPLES, 0.0));
     // The state key of a model named `<M>.busy` is not the count's.
     assert_ne!(key(&format!("{M}.busy")), busy_key(M));
 }
