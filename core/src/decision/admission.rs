@@ -20,7 +20,9 @@
 //!
 //! Every check uses the estimate admission can promise ([`Score::promise_ttft_ms`],
 //! [`Score::promise_wait_ms`]): on a worker with a queue, the estimate times the calibrated
-//! upper quantile of observed over estimated (see [`crate::decision::calib`]). The estimate is
+//! upper quantile of observed over estimated (see [`crate::decision::calib`]), with a share of
+//! a whole step added first while that quantile has too few samples to be known
+//! ([`crate::decision::cost::QueueTerms::promise_fill_ms`]). The estimate is
 //! an average over traffic it cannot see (how the batches behind the request fill), and
 //! admission selects the requests whose estimate happens to be low, so promising the average
 //! breaks about half the promises made behind a queue.

@@ -93,8 +93,9 @@ pub struct QueueTerms {
     /// What admission adds to a busy worker's estimate before the margin, while the
     /// calibration has seen too few requests behind a queue to know its margin
     /// ([`crate::decision::calib::PROMISE_FILL_SAMPLES`]): the rest of a whole step's budget
-    /// beyond the learned batch fill, the most that prompts arriving after the request can add
-    /// to its last step. 0 once the margin is known, and in a configured profile.
+    /// beyond the learned batch fill (the most that prompts arriving after the request can add
+    /// to its last step), times the share of those samples not yet seen. 0 once the margin is
+    /// known, and in a configured profile.
     pub promise_fill_ms: f64,
 }
 

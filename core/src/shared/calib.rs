@@ -9,7 +9,7 @@
 //!
 //! Beside it, `kvroute.calib_busy.<model>` counts the samples from busy workers the state took
 //! in ([`ModelState::busy_samples`], a little-endian u64, up to [`PROMISE_FILL_SAMPLES`]): until
-//! it reaches that, a busy worker's promise is held to a whole step
+//! it reaches that, a busy worker's promise also holds a share of a whole step
 //! ([`crate::decision::cost::QueueTerms::promise_fill_ms`]). It has its own key so that the
 //! state's encoding stays what filters from before it read: during an upgrade they keep
 //! learning into the same state (their busy samples are not counted, so the count only lags).
