@@ -182,16 +182,31 @@ pub fn print(all: &[Outcome], idle_ms: f64, max_wait_ms: f64, overload_end: Dura
         .filter(|o| o.arrival.phase == Phase::After && o.arrival.class == Class::Interactive)
         .collect();
     let first = after.iter().position(|o| o.admitted());
+    // Meetable on an idle pool; what each met is the backlog at its send.
+    let backlog: Vec<usize> = after.iter().map(|o| waiting_at(all, o.sent)).collect();
+    let counts = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
     match first {
         Some(i) => println!(
-            "after the overload: meetable deadlines not admitted before the first admitted one: {i}; first admitted {:.1} s after the overload ended",
-            after[i].sent.saturating_sub(overload_end).as_secs_f64()
+            "after the overload: deadlines meetable on an idle pool not admitted before the first admitted one: {i}; first admitted {:.1} s after the overload ended; admitted requests waiting for a first token at each send, up to that one: {}",
+            after[i].sent.saturating_sub(overload_end).as_secs_f64(),
+            counts(&backlog[..=i])
         ),
         None => println!(
-            "after the overload: none of {} meetable deadlines was admitted",
-            after.len()
+            "after the overload: none of {} deadlines meetable on an idle pool was admitted; admitted requests waiting for a first token at each send: {}",
+            after.len(),
+            counts(&backlog)
         ),
     }
+}
+
+/// How many admitted requests were sent by `at` and had not yet had their first token: the
+/// backlog a request sent at `at` met (as far as this bench's own requests show it).
+fn waiting_at(all: &[Outcome], at: Duration) -> usize {
+    let at_ms = at.as_secs_f64() * 1e3;
+    all.iter()
+        .filter(|o| o.admitted() && o.sent <= at)
+        .filter(|o| o.sent.as_secs_f64() * 1e3 + o.ttft_ms > at_ms)
+        .count()
 }
 
 #[cfg(test)]
@@ -233,6 +248,24 @@ mod tests {
         assert_eq!(quantile(Vec::new(), 0.5), "-");
         assert_eq!(pct(1, 4), "25 %");
         assert_eq!(pct(1, 0), "-");
+    }
+
+    #[test]
+    fn the_backlog_a_request_met_is_the_admitted_ones_still_waiting_at_its_send() {
+        let at = |sent_ms: u64, ttft_ms: f64, status: u16| Outcome {
+            sent: Duration::from_millis(sent_ms),
+            status: Some(status),
+            ..outcome(Class::Batch, None, ttft_ms, None)
+        };
+        let all =
+            [at(0, 1500.0, 200), at(500, 400.0, 200), at(600, 2000.0, 429), at(900, 50.0, 200)];
+        let waiting = |ms| waiting_at(&all, Duration::from_millis(ms));
+        // At 700 ms: the first (until 1 500) and the second (until 900); a shed one is none.
+        assert_eq!(waiting(700), 2);
+        // At 900 ms the second had its first token, the one sent then is waiting.
+        assert_eq!(waiting(900), 2);
+        assert_eq!(waiting(1_499), 1);
+        assert_eq!(waiting(1_500), 0);
     }
 
     #[test]
