@@ -108,19 +108,18 @@ pub fn publish<S: SharedStore + ?Sized>(
 }
 
 /// Adds `added` busy samples to `model`'s count ([`busy_key`]), or restarts it at `added` when
-/// the state was `fresh`; returns the count as it stands. Nothing is written once the count
-/// reached the threshold, or when there is nothing to add; a lost write leaves it short (the
+/// the state was `fresh`; returns the count as it stands. Nothing is written when that leaves
+/// the count as it was (the threshold reached, or nothing to add); a lost write leaves it short (the
 /// promise stays held to a whole step a little longer).
 fn count_busy<S: SharedStore + ?Sized>(store: &S, model: &str, added: u32, fresh: bool) -> u32 {
     let key = busy_key(model);
     let seen = busy_count(store.get(&key).0.as_deref());
-    let min = PROMISE_FILL_SAMPLES;
-    if (!fresh && (added == 0 || seen >= min)) || (fresh && added == 0 && seen == 0) {
+    let next = |base: u32| base.saturating_add(added).min(PROMISE_FILL_SAMPLES);
+    if next(if fresh { 0 } else { seen }) == seen {
         return seen;
     }
     let written = update(store, &key, |current| {
-        let base = if fresh { 0 } else { busy_count(current) };
-        let n = base.saturating_add(added).min(min);
+        let n = next(if fresh { 0 } else { busy_count(current) });
         (u64::from(n).to_le_bytes().to_vec(), n)
     });
     written.unwrap_or(seen)
@@ -143,7 +142,8 @@ impl CalibReader {
     }
 
     /// Reads every model's value whose CAS token moved, and its busy count ([`busy_key`]);
-    /// returns the new view if anything changed. `models`: each model's name and configured profile (its prior).
+    /// returns the new view if anything changed. `models`: each model's name and configured
+    /// profile (its prior).
     pub fn refresh<S: SharedStore + ?Sized>(
         &mut self,
         store: &S,
