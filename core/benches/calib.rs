@@ -38,6 +38,7 @@ fn samples(n: usize) -> Vec<Sample> {
                 fixed_ms: 0.0,
                 observed_ms: observed * noise,
                 priority: 0,
+                passed: false,
             }
         })
         .collect()

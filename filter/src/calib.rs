@@ -29,6 +29,19 @@ pub struct CalibThread {
     pending: HashMap<String, Vec<Sample>>,
     reader: CalibReader,
     metrics: CalibMetrics,
+    /// The engine priorities requests are sent at, most urgent first (none where no class
+    /// sets one).
+    priorities: Vec<i32>,
+}
+
+/// Why a first byte may hold work its decision could not count (see
+/// `CalibrationConfig::skip_shared_instants` and `skip_passed`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Raced {
+    /// Another request to the same worker was sent at the same instant.
+    pub shared: bool,
+    /// A more urgent request sent there after it had its first token first.
+    pub passed: bool,
 }
 
 impl CalibThread {
@@ -60,6 +73,7 @@ impl CalibThread {
             models,
             pending: HashMap::new(),
             reader: CalibReader::default(),
+            priorities,
         }
     }
 
@@ -67,17 +81,26 @@ impl CalibThread {
         self.cfg.enabled
     }
 
+    /// The engine priorities more urgent than `priority` whose passes matter here: none where
+    /// calibration or `skip_passed` is off.
+    pub fn more_urgent(&self, priority: i32) -> Vec<i32> {
+        if !(self.cfg.enabled && self.cfg.skip_passed) {
+            return Vec::new();
+        }
+        self.priorities.iter().copied().take_while(|&p| p < priority).collect()
+    }
+
     /// A routed request of `model`, sent at engine `priority`, got its first byte
-    /// `observed_ms` after its decision, from the worker `score` estimated; `shared`: another
-    /// request may have raced it there (see `CalibrationConfig::skip_shared_instants`).
-    /// Returns a new view when the shared state was written.
+    /// `observed_ms` after its decision, from the worker `score` estimated; `raced`: what else
+    /// its first byte may hold (see [`Raced`]). Returns a new view when the shared state was
+    /// written.
     pub fn record(
         &mut self,
         counters: &dyn Counters,
         model: &str,
         score: &Score,
         (observed_ms, priority): (f64, i32),
-        shared: bool,
+        raced: Raced,
     ) -> Option<Arc<Calibrated>> {
         if !self.cfg.enabled || !self.models.iter().any(|(m, _)| m == model) {
             return None;
@@ -88,10 +111,12 @@ impl CalibThread {
             add(self.metrics.good, u64::from(err <= GOOD_ERROR));
             record(self.metrics.error_pct, (err * 100.0).min(1e6) as u64);
         }
-        if shared && self.cfg.skip_shared_instants {
+        if raced.shared && self.cfg.skip_shared_instants {
             add(self.metrics.shared, 1);
             return None;
         }
+        let passed = raced.passed && self.cfg.skip_passed;
+        add(self.metrics.passed, u64::from(passed));
         let pending = self.pending.entry(model.to_owned()).or_default();
         if pending.len() >= MAX_PENDING {
             pending.remove(0);
@@ -105,6 +130,7 @@ impl CalibThread {
             fixed_ms: score.transfer_ms + score.adapter_ms,
             observed_ms,
             priority,
+            passed,
         });
         if pending.len() >= self.cfg.flush_samples {
             return self.flush(counters);
@@ -171,6 +197,9 @@ struct CalibMetrics {
     dropped: Option<u32>,
     /// Samples not learned from: another request may have raced them.
     shared: Option<u32>,
+    /// Samples learned for their priority's promise margin only: a more urgent request passed
+    /// them over.
+    passed: Option<u32>,
     estimates: Option<u32>,
     good: Option<u32>,
     error_pct: Option<u32>,
@@ -186,6 +215,7 @@ impl CalibMetrics {
             lost: define(c, "kvroute.calibration.lost_updates"),
             dropped: define(c, "kvroute.calibration.dropped_samples"),
             shared: define(c, "kvroute.calibration.shared_samples"),
+            passed: define(c, "kvroute.calibration.passed_samples"),
             estimates: define(c, "kvroute.calibration.estimates"),
             good: define(c, "kvroute.calibration.estimates_within_15pct"),
             error_pct: define(MetricType::Histogram, "kvroute.calibration.estimate_error_pct"),
@@ -311,8 +341,21 @@ impl crate::root::ThreadState {
                 .try_borrow()
                 .is_ok_and(|r| r.knowledge().instant_shared(&score.worker, decided_ms, &view))
         };
+        let more_urgent =
+            self.calib.try_borrow().map(|c| c.more_urgent(priority)).unwrap_or_default();
+        let passed = !more_urgent.is_empty()
+            && self.shard.try_borrow().is_ok_and(|s| {
+                s.passed_over(
+                    &HostStore,
+                    &self.metrics,
+                    score.worker.key(),
+                    &more_urgent,
+                    decided_ms,
+                )
+            });
         let sample = (observed_ms, priority);
-        let view = self.calib.borrow_mut().record(&self.metrics, model, score, sample, shared);
+        let raced = Raced { shared, passed };
+        let view = self.calib.borrow_mut().record(&self.metrics, model, score, sample, raced);
         self.use_calibration(view);
     }
 

@@ -544,7 +544,10 @@ impl RootContext for KvRoot {
                     &host::now_nanos().to_le_bytes(),
                     self as *const Self as usize as u64,
                 );
-                let shard = Shard::register(&HostStore, &metrics, config.load, now, nonce);
+                let mut shard = Shard::register(&HostStore, &metrics, config.load, now, nonce);
+                let c = &config.calibration;
+                let passes = c.enabled && c.skip_passed && config.admission.sets_engine_priority();
+                shard.record_passes(passes);
                 log::info!(
                     "kvroute: configured, pools {}, load shard {}",
                     pools.join(" "),

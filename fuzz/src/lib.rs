@@ -286,6 +286,7 @@ pub fn protocol_keys() -> Vec<String> {
     keys.push(load::REGISTRY_KEY.to_owned());
     keys.extend((0..4).map(load::shard_key));
     keys.extend((0..4).map(load::done_key));
+    keys.extend((0..4).map(load::passed_key));
     keys
 }
 
@@ -307,8 +308,8 @@ pub fn protocol_records(store: &kvroute_core::shared::fake::MemStore) -> Vec<u8>
 
 /// Whatever other VMs (or a corruption) left in shared data, a thread's whole protocol runs
 /// over it without panicking: following the knowledge chain (with and without the full
-/// snapshot), polling the journal into a router, registering a load shard and reading every
-/// shard. The input is records of `[key index, len (u16 LE), bytes]` (see [`protocol_keys`]).
+/// snapshot), polling the journal into a router, registering a load shard, reading every
+/// shard and asking every thread's table of passes. The input is records of `[key index, len (u16 LE), bytes]` (see [`protocol_keys`]).
 pub fn shared_protocol(data: &[u8]) {
     use kvroute_core::decision::config::sync::LoadLimits;
     use kvroute_core::decision::router::Router;
@@ -354,6 +355,8 @@ pub fn shared_protocol(data: &[u8]) {
     let shard = Shard::register(&store, &tally, LoadLimits::default(), 1_700_000_000_000, 1);
     let view = LoadView::read(&store, &tally, &shard, 1_700_000_001_000);
     let _ = view.load("127.0.0.1:1");
+    let worker = kvroute_core::decision::load::worker_key("127.0.0.1:1");
+    let _ = shard.passed_over(&store, &tally, worker, &[-5, 0], 0);
 }
 
 /// A compiled encoder comes from the updater inside a compiled bundle, and every filter
@@ -420,6 +423,7 @@ pub fn calib_decode(data: &[u8]) {
         fixed_ms: 0.0,
         observed_ms: 25.0,
         priority: 0,
+        passed: false,
     };
     st.observe(&cfg, &s);
     for c in st.coefficients() {

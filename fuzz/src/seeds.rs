@@ -1203,6 +1203,7 @@ fn calib_decode() -> Seeds {
             fixed_ms: 0.0,
             observed_ms: 5.0 + 0.01 * (100 * i) as f64,
             priority: 0,
+            passed: false,
         };
         learned.observe(&CalibrationConfig::default(), &s);
     }
@@ -1224,6 +1225,7 @@ fn calib_decode() -> Seeds {
             fixed_ms: 0.0,
             observed_ms: 30.0 + i as f64,
             priority: if i % 2 == 0 { 0 } else { 10 },
+            passed: false,
         };
         by_priority.observe(&CalibrationConfig::default(), &s);
     }
@@ -1461,7 +1463,9 @@ fn shared_protocol() -> Seeds {
     store.poke("kvroute.load.next_shard", &0u64.to_le_bytes());
     for k in 0..2 {
         let mut s = Shard::register(&store, &t, LoadLimits::default(), 1_700_000_000_000, k);
-        let answered = s.start(&t, "127.0.0.1:1", 512, 1_700_000_000_050);
+        // The second thread records passes: an urgent request answered on its worker.
+        s.record_passes(k == 1);
+        let answered = s.start_at(&t, "127.0.0.1:1", (512, -(k as i32)), 1_700_000_000_050);
         s.prefill_ended(answered, 1_700_000_000_300);
         s.start(&t, "127.0.0.1:1", 512, 1_700_000_000_100);
         s.flush(&store, &t, 1_700_000_000_900);
@@ -1487,6 +1491,7 @@ fn shared_protocol() -> Seeds {
         ("registry-garbage.bin", damaged(&keys[11], &[0xff; 9])),
         ("shard-truncated.bin", damaged(&keys[12], &[1, 2, 3])),
         ("done-table-truncated.bin", damaged(&keys[16], &[1, 2, 0, 0, 0, 9])),
+        ("passed-table-truncated.bin", damaged(&keys[21], &[1, 1, 0, 0, 0, 9])),
     ]
 }
 

@@ -96,6 +96,17 @@ pub struct CalibrationConfig {
     /// second holds the other's prefill, which its features do not: learned from, it makes the
     /// workers look slower than they are (their estimates still count in the error metrics).
     pub skip_shared_instants: bool,
+    /// Requests passed over teach only their own priority's promise margin: on an engine that
+    /// schedules by priority (some admission class sets an `engine_priority`), a request whose
+    /// first byte came after the first token of a more urgent one sent to the same worker
+    /// after it (as this Envoy's threads saw them). Its decision could not count that one,
+    /// which the engine ran first: learned from, such first bytes make the workers look slower
+    /// than they are, and the most urgent class, which nothing passes, is then estimated too
+    /// long. Being passed over is a risk of its class's promises, so its margin and the count
+    /// of samples from busy workers still take it in; the coefficients, the workers'
+    /// deviations and the pool-wide margin do not (their estimates still count in the error
+    /// metrics).
+    pub skip_passed: bool,
 }
 
 /// How close to a decision another replica's credit for the same worker must be stamped for
@@ -120,6 +131,7 @@ impl Default for CalibrationConfig {
             refresh_ms: 20,
             flush_samples: 8,
             skip_shared_instants: true,
+            skip_passed: true,
         }
     }
 }
@@ -181,6 +193,9 @@ pub struct Sample {
     pub observed_ms: f64,
     /// The engine priority the request was sent with (0: none).
     pub priority: i32,
+    /// A more urgent request sent to the worker after this one had its first token first
+    /// (see [`CalibrationConfig::skip_passed`]): the engine ran work the features do not hold.
+    pub passed: bool,
 }
 
 /// Calibrated profiles and deviations of every model with enough samples: what a router

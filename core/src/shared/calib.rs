@@ -87,6 +87,7 @@ pub fn publish<S: SharedStore + ?Sized>(
                     clipped += usize::from(weight < 1.0);
                 }
                 CalibOutcome::Rejected => rejected += 1,
+                CalibOutcome::MarginOnly => {}
             }
         }
         (state.encode(), (CalibWrite { state, used, clipped, rejected }, corrupt, fresh))

@@ -25,7 +25,9 @@ use crate::wire::snapshot::SnapshotLoad;
 use crate::wire::Reader;
 
 mod done;
+mod passed;
 pub use done::{done_key, PrefillsDone};
+pub use passed::{pass_key, passed_key};
 
 pub const REGISTRY_KEY: &str = "kvroute.load.shards";
 /// Entries without an engine priority of their own (every one 0): the format before
@@ -181,6 +183,11 @@ pub struct Shard {
     done: PrefillsDone,
     /// Whether `done` changed since it was last written.
     done_dirty: Cell<bool>,
+    /// Per worker and engine priority, the latest send among the requests whose first token
+    /// this thread saw (see `passed`), recorded where `passes_on`.
+    passes: PrefillsDone,
+    passes_dirty: Cell<bool>,
+    passes_on: bool,
 }
 
 /// What one request holds in a shard.
@@ -224,6 +231,9 @@ impl Shard {
             reconciled: HashMap::new(),
             done: PrefillsDone::default(),
             done_dirty: Cell::new(false),
+            passes: PrefillsDone::default(),
+            passes_dirty: Cell::new(false),
+            passes_on: false,
         };
         shard.flush(store, counters, now_ms);
         shard.ensure_listed(store, counters);
@@ -253,20 +263,16 @@ impl Shard {
         }
     }
 
-    /// Writes the shard with a fresh heartbeat, and the prefill ends it saw where they
-    /// changed.
+    /// Writes the shard with a fresh heartbeat, and the prefill ends it saw (and the sends
+    /// whose prefills ended, see `passed`) where they changed.
     pub fn flush<S: SharedStore + ?Sized>(&self, store: &S, counters: &dyn Counters, now_ms: u64) {
         let data = ShardData { heartbeat_ms: now_ms, entries: self.data.entries.clone() };
         if store.set(&shard_key(self.id), &data.encode(), None).is_err() {
             counters.count(Counter::LostUpdate, 1);
         }
-        if self.done_dirty.get() {
-            if store.set(&done_key(self.id), &self.done.encode(), None).is_ok() {
-                self.done_dirty.set(false);
-            } else {
-                counters.count(Counter::LostUpdate, 1);
-            }
-        }
+        let id = self.id;
+        write_table(store, counters, &self.done_dirty, || done_key(id), &self.done);
+        write_table(store, counters, &self.passes_dirty, || passed_key(id), &self.passes);
     }
 
     /// A request was sent to `worker` with this many uncached prompt tokens and no engine
@@ -326,9 +332,10 @@ impl Shard {
             return;
         }
         e.prefilling = false;
-        let worker = e.worker;
+        let (worker, priority, sent) = (e.worker, e.priority, e.started_ms);
         self.done.record(worker, now_ms);
         self.done_dirty.set(true);
+        self.record_pass(worker, priority, sent);
     }
 
     /// The request is being served by `worker` (a retry moved it from the planned one).
@@ -350,6 +357,9 @@ impl Shard {
         self.data.entries.retain(|e| now_ms.saturating_sub(e.started_ms) < lease);
         if self.done.expire(now_ms, lease) {
             self.done_dirty.set(true);
+        }
+        if self.passes.expire(now_ms, lease) {
+            self.passes_dirty.set(true);
         }
         let n = before - self.data.entries.len();
         counters.count(Counter::LeaseExpired, n as u64);
@@ -622,6 +632,24 @@ pub struct AtPriority<'v> {
     pub priority: i32,
 }
 
+/// Writes `table` under `key` if it changed since it was last written (`dirty`).
+fn write_table<S: SharedStore + ?Sized>(
+    store: &S,
+    counters: &dyn Counters,
+    dirty: &Cell<bool>,
+    key: impl FnOnce() -> String,
+    table: &PrefillsDone,
+) {
+    if !dirty.get() {
+        return;
+    }
+    if store.set(&key(), &table.encode(), None).is_ok() {
+        dirty.set(false);
+    } else {
+        counters.count(Counter::LostUpdate, 1);
+    }
+}
+
 /// Unlists dead shards and empties their keys; only the reader whose write unlisted a shard
 /// counts the entries it held.
 fn sweep<S: SharedStore + ?Sized>(store: &S, counters: &dyn Counters, dead: &[(u32, usize)]) {
@@ -636,6 +664,7 @@ fn sweep<S: SharedStore + ?Sized>(store: &S, counters: &dyn Counters, dead: &[(u
     for (id, _) in &removed {
         let _ = store.set(&shard_key(*id), &[], None);
         let _ = store.set(&done_key(*id), &[], None);
+        let _ = store.set(&passed_key(*id), &[], None);
         let _ = store.set(&mark_key(*id), &[], None);
     }
     let lost: usize = removed.iter().map(|(_, n)| n).sum();

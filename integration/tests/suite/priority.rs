@@ -6,10 +6,12 @@
 //! whatever `priority` the clients wrote. Against an FCFS worker, which refuses a non-zero
 //! `priority` with a 400, the rewritten and the stripped bodies are taken over HTTP/1.1 and h2c.
 //! The filter's own estimate knows the engine's order too: an interactive request is not
-//! estimated to wait for the batch requests queued behind the engine's step.
+//! estimated to wait for the batch requests queued behind the engine's step, and the batch
+//! requests an interactive one passed over are learned only for their priority's promise margin.
 //! Nothing depends on timing: the queue is made by a stream held open, and the order checked is
 //! the order of first tokens.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -84,12 +86,19 @@ async fn until_waiting(stack: &Stack, n: u64) {
 /// One worker scheduling by priority, one request at a time, its slot taken by a stream held
 /// open: everything sent after it queues in the engine. `model`: the model's overrides.
 async fn held_worker(model: Value) -> (Stack, reqwest::Response) {
+    hold(1, &[], model).await
+}
+
+/// [`held_worker`] with `threads` Envoy threads and more `sim_args` for the worker.
+async fn hold(threads: u32, sim_args: &[&str], model: Value) -> (Stack, reqwest::Response) {
     let opts = StackOptions {
         workers: 1,
-        envoy_concurrency: 1,
+        envoy_concurrency: threads,
         sim_args: ["--scheduling-policy", "priority", "--max-num-seqs", "1"]
-            .map(String::from)
-            .to_vec(),
+            .iter()
+            .chain(sim_args)
+            .map(|a| a.to_string())
+            .collect(),
         filter: classes(),
         model_overrides: model,
         ..Default::default()
@@ -122,6 +131,43 @@ async fn the_engine_serves_interactive_before_earlier_batch_whatever_clients_wro
     firsts.sort();
     let order: Vec<usize> = firsts.into_iter().map(|(_, i)| i).collect();
     assert_eq!(order, vec![2, 0, 1], "interactive first, then batch in arrival order");
+}
+
+#[tokio::test]
+async fn batch_requests_passed_over_are_learned_only_for_their_margin() {
+    // Two Envoy threads (the passes reach the calibration through shared data as well as a
+    // thread's own table), a worker slow enough that each first token is hundreds of
+    // milliseconds after the one before.
+    let (stack, held) = hold(2, &["--prefill-ms-per-token", "1"], json!({})).await;
+    let url = stack.envoy.base_url();
+    // Two batch requests queue, then an interactive one, which the engine runs first.
+    let mut tasks = Vec::new();
+    for (i, class) in ["batch", "batch", "interactive"].into_iter().enumerate() {
+        tasks.push(send_later(&url, class, i + 1));
+        until_waiting(&stack, i as u64 + 1).await;
+    }
+    drop(held);
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    // The held stream and the interactive request are learned from; the two batch requests,
+    // passed over by it, only for their priority's promise margin.
+    let calibration = |m: HashMap<String, f64>| -> HashMap<String, f64> {
+        m.into_iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("kvroute_calibration_")?.into(), v)))
+            .collect()
+    };
+    let stats = kvroute_stack::eventually("the samples", WITHIN, || async {
+        let m = calibration(stack.envoy.prometheus().await.unwrap_or_default());
+        let seen = |name: &str| m.get(name).copied().unwrap_or(0.0);
+        (seen("estimates") >= 4.0 && seen("samples") >= 2.0).then_some(m)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: logs in {}", stack.dir.display()));
+    let get = |name: &str| stats.get(name).copied();
+    assert_eq!(get("passed_samples"), Some(2.0), "{stats:?}");
+    assert_eq!((get("shared_samples"), get("samples")), (Some(0.0), Some(2.0)), "{stats:?}");
 }
 
 /// Sends a request of `class` in a task; its decision header comes back once it is served.

@@ -140,6 +140,8 @@ pub enum CalibOutcome {
     Used { weight: f64 },
     /// Not usable: no positive time left after the fixed terms, or no features.
     Rejected,
+    /// Passed over ([`Sample::passed`]): taken into its priority's promise margin only.
+    MarginOnly,
 }
 
 fn idx(i: usize, j: usize) -> usize {
@@ -279,8 +281,14 @@ impl ModelState {
         let t = y / dev / prior_ms;
         let fitted: f64 = (0..DIM).map(|i| u[i] * self.theta[i]).sum();
         let queued = crate::decision::cost::busy(&s.load) > 0.0;
+        if s.passed {
+            if queued {
+                self.track_promise(t / fitted, s.priority, false);
+            }
+            return CalibOutcome::MarginOnly;
+        }
         if queued {
-            self.track_promise(t / fitted, s.priority);
+            self.track_promise(t / fitted, s.priority, true);
         }
         let r = t - fitted;
         let clip = cfg.outlier_clip * self.scale;
@@ -393,14 +401,16 @@ impl ModelState {
     }
 
     /// Moves the promise quantile towards `ratio` (observed over what the decision estimated),
-    /// the pool-wide one and that of the request's engine `priority`.
-    fn track_promise(&mut self, ratio: f64, priority: i32) {
+    /// that of the request's engine `priority` and, with `pool_wide`, the pool-wide one (a
+    /// request passed over teaches only its own priority's).
+    fn track_promise(&mut self, ratio: f64, priority: i32, pool_wide: bool) {
         if !(ratio.is_finite() && ratio > 0.0) {
             return;
         }
-        // Nothing apart until a request at a priority other than 0 is seen: before that, the
-        // pool-wide quantile is priority 0's, sample for sample.
-        let apart = priority != 0 || !self.priorities.is_empty();
+        // Nothing apart until a request at a priority other than 0 is seen (or one passed
+        // over, which a more urgent priority passed): before that, the pool-wide quantile is
+        // priority 0's, sample for sample.
+        let apart = !pool_wide || priority != 0 || !self.priorities.is_empty();
         let at = match self.priorities.binary_search_by_key(&priority, |p| p.priority) {
             Ok(i) => Some(i),
             Err(i) if apart && self.priorities.len() < MAX_PRIORITIES => {
@@ -412,7 +422,9 @@ impl ModelState {
         };
         let x = ratio.ln();
         self.busy_samples = self.busy_samples.saturating_add(1);
-        self.promise_log = quantile_step(self.promise_log, x);
+        if pool_wide {
+            self.promise_log = quantile_step(self.promise_log, x);
+        }
         if let Some(p) = at.map(|i| &mut self.priorities[i]) {
             p.log = quantile_step(p.log, x);
             p.samples = p.samples.saturating_add(1);

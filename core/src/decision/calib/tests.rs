@@ -51,6 +51,7 @@ fn sample(worker: &str, uncached: u64, cached: u64, queued: &[u64], decoding: u3
         fixed_ms: 0.0,
         observed_ms: 0.0,
         priority: 0,
+        passed: false,
     }
 }
 
@@ -294,6 +295,7 @@ fn arb_sample() -> impl Strategy<Value = Sample> {
             observed_ms: obs,
             // Some at their own engine priorities: the state carries their quantiles too.
             priority: [0, 0, 10, -3][w],
+            passed: n % 7 == 0,
         })
 }
 
@@ -410,6 +412,7 @@ fn short_prompts_with_a_constant_overhead_move_the_base_not_the_cost_per_token()
                 fixed_ms: 0.0,
                 observed_ms: 0.0,
                 priority: 0,
+                passed: false,
             };
             s.observed_ms = (true_ms(&sim, &s) + OVERHEAD_MS) * noise(&mut rng);
             let predicted = st.deviation(w) * st.model_ms(&s);
@@ -525,6 +528,59 @@ fn each_engine_priority_promises_by_its_own_quantile() {
     let margin = |p: i32| view.profile_at("m", p).unwrap().queue_terms().promise_margin;
     assert_eq!((margin(0), margin(10), margin(5)), (urgent, batch, pool));
     assert_eq!(view.profile_for("m").unwrap().queue_terms().promise_margin, pool);
+}
+
+#[test]
+fn a_request_passed_over_teaches_only_its_own_priority_margin() {
+    let cfg = CalibrationConfig { min_samples: 10, ..Default::default() };
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut st = ModelState::new(&truth());
+    // Requests behind a queued prompt at priorities 0 and 10, landing as the truth says.
+    let busy = |rng: &mut StdRng, priority: i32, late: f64| {
+        let mut s = sample(WORKERS[rng.random_range(0..3)], 1000, 0, &[1000], 0);
+        s.observed_ms = true_ms(&truth(), &s) * late * noise(rng);
+        Sample { priority, ..s }
+    };
+    for i in 0..100 {
+        st.observe(&cfg, &busy(&mut rng, [0, 10][i % 2], 1.0));
+    }
+    let before = st.clone();
+    // Batch requests passed over by urgent ones, three times as late as their features say.
+    for _ in 0..200 {
+        let s = Sample { passed: true, ..busy(&mut rng, 10, 3.0) };
+        assert_eq!(st.observe(&cfg, &s), CalibOutcome::MarginOnly);
+    }
+    // The coefficients, the deviations, the pool-wide and priority 0's margins are as they
+    // were; priority 10 promises by what it met, and the busy samples counted.
+    assert_eq!((st.coefficients(), &st.workers), (before.coefficients(), &before.workers));
+    assert_eq!(st.samples, before.samples);
+    assert_eq!(st.promise_log, before.promise_log);
+    assert_eq!(st.promise_margin_at(0), before.promise_margin_at(0));
+    let (was, now) = (before.promise_margin_at(10), st.promise_margin_at(10));
+    assert!(was < 1.3 && now > 2.0, "priority 10's margin {was} -> {now}");
+    assert_eq!(st.busy_samples, before.busy_samples + 200);
+    // The same samples not marked: the workers look three times slower.
+    let mut unmarked = before.clone();
+    for _ in 0..200 {
+        unmarked.observe(&cfg, &busy(&mut rng, 10, 3.0));
+    }
+    let busy_ms = |st: &ModelState| {
+        let p = st.view(&truth(), &cfg).unwrap().profile;
+        let s = sample(WORKERS[0], 1000, 0, &[1000], 0);
+        p.wait_ms(&s.load) + p.prefill_ms(1000)
+    };
+    let (slower, was) = (busy_ms(&unmarked), busy_ms(&before));
+    assert!(slower > 1.5 * was, "{slower} ms against {was} ms");
+    assert_eq!(busy_ms(&st), was);
+    // One passed over with nothing queued ahead (as at an idle worker) teaches nothing.
+    let idle = st.clone();
+    let mut s = sample(WORKERS[0], 1000, 0, &[], 0);
+    s.observed_ms = 3.0 * true_ms(&truth(), &s);
+    assert_eq!(
+        st.observe(&cfg, &Sample { passed: true, priority: 10, ..s }),
+        CalibOutcome::MarginOnly
+    );
+    assert_eq!(st, idle);
 }
 
 #[test]

@@ -18,6 +18,7 @@ fn sample(worker: &str, i: u64) -> Sample {
         fixed_ms: 0.0,
         observed_ms: p.wait_ms(&load) + p.prefill_ms(uncached),
         priority: 0,
+        passed: false,
     }
 }
 

@@ -362,3 +362,63 @@ fn a_damaged_done_table_is_counted_and_a_dead_threads_is_emptied() {
     view(&store, &t, &reader, 50 + LIMITS.shard_timeout_ms + 1);
     assert_eq!(store.get(&done_key(a.id())).0.as_deref(), Some(&[][..]));
 }
+
+#[test]
+fn a_request_is_passed_over_by_a_more_urgent_one_sent_after_it_that_answered_first() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut urgent = Shard::register(&store, &t, LIMITS, 0, 1);
+    let mut batch = Shard::register(&store, &t, LIMITS, 0, 2);
+    urgent.record_passes(true);
+    batch.record_passes(true);
+    let (w, other) = (worker_key(W), worker_key("127.0.0.1:9"));
+    // A batch request (priority 10) sent at 100 on one thread; on another, urgent ones
+    // (priority -5) sent at 50 (before it) and at 150 (after it).
+    batch.start_at(&t, W, (2_000, 10), 100);
+    let before = urgent.start_at(&t, W, (500, -5), 50);
+    let after = urgent.start_at(&t, W, (500, -5), 150);
+    urgent.prefill_ended(before, 400);
+    urgent.flush(&store, &t, 400);
+    assert!(!batch.passed_over(&store, &t, w, &[-5], 100), "sent before it: in its decision");
+    // Still in prefill: it has passed nothing yet.
+    assert!(!batch.passed_over(&store, &t, w, &[-5], 100));
+    urgent.prefill_ended(after, 600);
+    assert!(!batch.passed_over(&store, &t, w, &[-5], 100), "not written yet");
+    urgent.flush(&store, &t, 600);
+    assert!(batch.passed_over(&store, &t, w, &[-5], 100));
+    // Its own thread reads its table from memory, before any write.
+    assert!(urgent.passed_over(&store, &t, w, &[-5], 100));
+    // Sent after the urgent one, at another worker, or asked for other priorities: no.
+    assert!(!batch.passed_over(&store, &t, w, &[-5], 150));
+    assert!(!batch.passed_over(&store, &t, other, &[-5], 100));
+    assert!(!batch.passed_over(&store, &t, w, &[0, 3], 100));
+    assert!(!batch.passed_over(&store, &t, w, &[], 100));
+    // A thread not told to record writes nothing.
+    let mut quiet = Shard::register(&store, &t, LIMITS, 0, 3);
+    let r = quiet.start_at(&t, "127.0.0.1:9", (500, -5), 700);
+    quiet.prefill_ended(r, 800);
+    quiet.flush(&store, &t, 800);
+    assert!(!batch.passed_over(&store, &t, other, &[-5], 100));
+    assert_eq!(store.get(&passed_key(quiet.id())).0, None);
+    // A damaged table is no pass, and never panics.
+    store.poke(&passed_key(urgent.id()), b"\x01\x05");
+    assert!(!batch.passed_over(&store, &t, w, &[-5], 100));
+    assert_eq!(t.get(Counter::Corrupt), 1);
+    // Records outlive no lease; a dead thread's table is emptied with its shard.
+    urgent.flush(&store, &t, 900);
+    urgent.tick(&store, &t, LIMITS.lease_ms + 1_000);
+    assert!(!batch.passed_over(&store, &t, w, &[-5], 100));
+    let reader = Shard::register(&store, &t, LIMITS, 0, 4);
+    let late = LIMITS.lease_ms + 1_000 + LIMITS.shard_timeout_ms + 1;
+    view(&store, &t, &reader, late);
+    assert_eq!(store.get(&passed_key(urgent.id())).0.as_deref(), Some(&[][..]));
+}
+
+#[test]
+fn priorities_key_apart_and_zero_is_the_worker() {
+    let w = worker_key(W);
+    assert_eq!(pass_key(w, 0), w);
+    let keys: Vec<u64> = [-5, -1, 0, 1, 10, i32::MIN, i32::MAX].map(|p| pass_key(w, p)).to_vec();
+    for (i, a) in keys.iter().enumerate() {
+        assert!(keys[i + 1..].iter().all(|b| b != a), "{keys:?}");
+    }
+}
