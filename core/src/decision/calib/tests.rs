@@ -487,18 +487,19 @@ fn an_overload_moves_the_queue_and_batch_fill_and_the_idle_estimate_stays_right(
     }
 }
 
+/// A request behind one queued prompt, sent at `priority`, its first byte `late` times what the
+/// truth says (with noise).
+fn busy(rng: &mut StdRng, priority: i32, late: f64) -> Sample {
+    let mut s = sample(WORKERS[rng.random_range(0..3)], 1000, 0, &[1000], 0);
+    s.observed_ms = true_ms(&truth(), &s) * late * noise(rng);
+    Sample { priority, ..s }
+}
+
 #[test]
 fn each_engine_priority_promises_by_its_own_quantile() {
     let cfg = CalibrationConfig::default();
     let mut rng = StdRng::seed_from_u64(3);
     let mut st = ModelState::new(&truth());
-    // A request behind one queued prompt, sent at `priority`, its first byte `late` times
-    // what the truth says (with noise).
-    let busy = |rng: &mut StdRng, priority: i32, late: f64| {
-        let mut s = sample(WORKERS[rng.random_range(0..3)], 1000, 0, &[1000], 0);
-        s.observed_ms = true_ms(&truth(), &s) * late * noise(rng);
-        Sample { priority, ..s }
-    };
     // Only priority 0: nothing tracked apart, and the state keeps its earlier format (the busy
     // count is not in it).
     for _ in 0..50 {
@@ -536,11 +537,6 @@ fn a_request_passed_over_teaches_only_its_own_priority_margin() {
     let mut rng = StdRng::seed_from_u64(9);
     let mut st = ModelState::new(&truth());
     // Requests behind a queued prompt at priorities 0 and 10, landing as the truth says.
-    let busy = |rng: &mut StdRng, priority: i32, late: f64| {
-        let mut s = sample(WORKERS[rng.random_range(0..3)], 1000, 0, &[1000], 0);
-        s.observed_ms = true_ms(&truth(), &s) * late * noise(rng);
-        Sample { priority, ..s }
-    };
     for i in 0..100 {
         st.observe(&cfg, &busy(&mut rng, [0, 10][i % 2], 1.0));
     }
