@@ -57,16 +57,11 @@ impl Shard {
         }
         registry(store, counters).into_iter().filter(|&id| id != self.id).any(|id| {
             let bytes = store.get(&passed_key(id)).0.unwrap_or_default();
-            let found = match PrefillsDone::read(&bytes) {
-                Some(mut table) => table.any(after),
-                None => {
-                    if !bytes.is_empty() {
-                        counters.count(Counter::Corrupt, 1);
-                    }
-                    false
-                }
-            };
-            found
+            let found = PrefillsDone::read(&bytes).map(|mut table| table.any(after));
+            if found.is_none() && !bytes.is_empty() {
+                counters.count(Counter::Corrupt, 1);
+            }
+            found.unwrap_or(false)
         })
     }
 
