@@ -546,8 +546,10 @@ impl RootContext for KvRoot {
                 );
                 let mut shard = Shard::register(&HostStore, &metrics, config.load, now, nonce);
                 let c = &config.calibration;
-                let passes = c.enabled && c.skip_passed && config.admission.sets_engine_priority();
-                shard.record_passes(passes);
+                let adm = &config.admission;
+                let least_urgent = (0..adm.classes.len()).map(|i| adm.engine_priority(i)).max();
+                let passes = c.enabled && c.skip_passed && adm.sets_engine_priority();
+                shard.record_passes(least_urgent.filter(|_| passes));
                 log::info!(
                     "kvroute: configured, pools {}, load shard {}",
                     pools.join(" "),

@@ -1464,7 +1464,7 @@ fn shared_protocol() -> Seeds {
     for k in 0..2 {
         let mut s = Shard::register(&store, &t, LoadLimits::default(), 1_700_000_000_000, k);
         // The second thread records passes: an urgent request answered on its worker.
-        s.record_passes(k == 1);
+        s.record_passes((k == 1).then_some(0));
         let answered = s.start_at(&t, "127.0.0.1:1", (512, -(k as i32)), 1_700_000_000_050);
         s.prefill_ended(answered, 1_700_000_000_300);
         s.start(&t, "127.0.0.1:1", 512, 1_700_000_000_100);

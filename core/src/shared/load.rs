@@ -184,10 +184,10 @@ pub struct Shard {
     /// Whether `done` changed since it was last written.
     done_dirty: Cell<bool>,
     /// Per worker and engine priority, the latest send among the requests whose first token
-    /// this thread saw (see `passed`), recorded where `passes_on`.
+    /// this thread saw (see `passed`), recorded below the priority `passes_below`.
     passes: PrefillsDone,
     passes_dirty: Cell<bool>,
-    passes_on: bool,
+    passes_below: Option<i32>,
 }
 
 /// What one request holds in a shard.
@@ -233,7 +233,7 @@ impl Shard {
             done_dirty: Cell::new(false),
             passes: PrefillsDone::default(),
             passes_dirty: Cell::new(false),
-            passes_on: false,
+            passes_below: None,
         };
         shard.flush(store, counters, now_ms);
         shard.ensure_listed(store, counters);

@@ -10,7 +10,8 @@
 //! A thread records, per worker and engine priority, the latest send time among the requests
 //! whose first token it saw: the same table as [`PrefillsDone`], keyed by [`pass_key`] and
 //! written under its own key beside the shard, only by threads told to
-//! ([`Shard::record_passes`]: where some class sets an engine priority). At a first byte,
+//! ([`Shard::record_passes`]: where some class sets an engine priority, and only for requests
+//! more urgent than the least urgent class, which passes nobody). At a first byte,
 //! [`Shard::passed_over`] asks every thread's table whether a more urgent request sent to the
 //! same worker after this one has had its first token already.
 
@@ -28,10 +29,11 @@ pub fn pass_key(worker: u64, priority: i32) -> u64 {
 }
 
 impl Shard {
-    /// Whether this thread records which priorities' prefills ended after which sends (off:
-    /// nothing is recorded or written, as where no class sets an engine priority).
-    pub fn record_passes(&mut self, on: bool) {
-        self.passes_on = on;
+    /// Which requests' first tokens this thread records: those sent at an engine priority more
+    /// urgent than `below` (the least urgent class's, which passes nobody). `None`: nothing is
+    /// recorded or written, as where no class sets an engine priority.
+    pub fn record_passes(&mut self, below: Option<i32>) {
+        self.passes_below = below;
     }
 
     /// Whether a request sent to the worker of key `worker` at `sent_ms` was passed over: a
@@ -68,7 +70,7 @@ impl Shard {
     /// Records the end of the prefill of a request sent to `worker` at `sent_ms` with engine
     /// `priority` (see [`Shard::record_passes`]).
     pub(super) fn record_pass(&mut self, worker: u64, priority: i32, sent_ms: u64) {
-        if self.passes_on {
+        if self.passes_below.is_some_and(|least| priority < least) {
             self.passes.record(pass_key(worker, priority), sent_ms);
             self.passes_dirty.set(true);
         }

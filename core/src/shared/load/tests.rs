@@ -368,8 +368,8 @@ fn a_request_is_passed_over_by_a_more_urgent_one_sent_after_it_that_answered_fir
     let (store, t) = (MemStore::new(), Tally::default());
     let mut urgent = Shard::register(&store, &t, LIMITS, 0, 1);
     let mut batch = Shard::register(&store, &t, LIMITS, 0, 2);
-    urgent.record_passes(true);
-    batch.record_passes(true);
+    urgent.record_passes(Some(10));
+    batch.record_passes(Some(10));
     let (w, other) = (worker_key(W), worker_key("127.0.0.1:9"));
     // A batch request (priority 10) sent at 100 on one thread; on another, urgent ones
     // (priority -5) sent at 50 (before it) and at 150 (after it).
@@ -392,6 +392,11 @@ fn a_request_is_passed_over_by_a_more_urgent_one_sent_after_it_that_answered_fir
     assert!(!batch.passed_over(&store, &t, other, &[-5], 100));
     assert!(!batch.passed_over(&store, &t, w, &[0, 3], 100));
     assert!(!batch.passed_over(&store, &t, w, &[], 100));
+    // The least urgent priority passes nobody: its first tokens are not recorded.
+    let last = batch.start_at(&t, W, (2_000, 10), 300);
+    batch.prefill_ended(last, 650);
+    batch.flush(&store, &t, 650);
+    assert!(!urgent.passed_over(&store, &t, w, &[10], 100));
     // A thread not told to record writes nothing.
     let mut quiet = Shard::register(&store, &t, LIMITS, 0, 3);
     let r = quiet.start_at(&t, "127.0.0.1:9", (500, -5), 700);
