@@ -34,11 +34,14 @@ fn samples(n: usize) -> Vec<Sample> {
                     prefill_tokens: queued,
                     prefill_elapsed_ms: 0,
                     prefill_sq_tokens: queued * queued,
+                    arriving_tokens_per_s: 0,
+                    behind_tokens: 0,
                 },
                 fixed_ms: 0.0,
                 observed_ms: observed * noise,
                 priority: 0,
                 passed: false,
+                fill_ms: 0.0,
             }
         })
         .collect()

@@ -183,6 +183,8 @@ impl TransferOptions {
             prefill_tokens: n as u64 * bg,
             prefill_sq_tokens: n as u64 * bg * bg,
             prefill_elapsed_ms: if n > 0 { HEAD_START.as_millis() as u64 } else { 0 },
+            arriving_tokens_per_s: 0,
+            behind_tokens: 0,
         };
         let c = Candidate::<WorkerName> {
             worker: "w".into(),

@@ -131,6 +131,7 @@ impl CalibThread {
             observed_ms,
             priority,
             passed,
+            fill_ms: score.fill_forecast_ms,
         });
         if pending.len() >= self.cfg.flush_samples {
             return self.flush(counters);

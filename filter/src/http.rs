@@ -477,7 +477,7 @@ impl KvHttp {
         let d = &f.decision;
         let served = d.ranked.iter().find(|s| s.worker == f.life.served());
         Some(format!(
-            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; predicted_wait_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; journal_us={}; decide_us={}; tokenize_us={}; misdeployed={}; thread={}; {}",
+            "worker={}; predicted_cached_tokens={}; predicted_ttft_ms={:.1}; predicted_wait_ms={:.1}; promised_ttft_ms={:.1}; prompt_tokens={}; blocks_from_events={}; blocks_from_peers={}; knowledge_age_ms={}; fallback={}; replicated={}; decision_us={}; parse_us={}; catchup_us={}; journal_us={}; decide_us={}; tokenize_us={}; misdeployed={}; thread={}; {}",
             f.life.served(),
             d.predicted_cached_tokens(),
             // The estimate for the worker actually served (a fallback when the primary failed),
@@ -486,6 +486,8 @@ impl KvHttp {
             served.map_or(-1.0, |s| s.ttft_ms + f.decision_us as f64 / 1000.0),
             // Of it, the wait behind the worker's queue (0: nothing queued there).
             served.map_or(-1.0, |s| s.wait_ms),
+            // What admission promised there (the estimate where nothing is queued).
+            served.map_or(-1.0, |s| s.promise_ttft_ms() + f.decision_us as f64 / 1000.0),
             d.prompt_tokens,
             d.blocks_from_events,
             d.blocks_from_peers,

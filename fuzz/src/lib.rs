@@ -424,6 +424,7 @@ pub fn calib_decode(data: &[u8]) {
         observed_ms: 25.0,
         priority: 0,
         passed: false,
+        fill_ms: 0.0,
     };
     st.observe(&cfg, &s);
     for c in st.coefficients() {

@@ -1204,6 +1204,7 @@ fn calib_decode() -> Seeds {
             observed_ms: 5.0 + 0.01 * (100 * i) as f64,
             priority: 0,
             passed: false,
+            fill_ms: 0.0,
         };
         learned.observe(&CalibrationConfig::default(), &s);
     }
@@ -1221,11 +1222,14 @@ fn calib_decode() -> Seeds {
                 prefill_tokens: 500,
                 prefill_elapsed_ms: 0,
                 prefill_sq_tokens: 250_000,
+                arriving_tokens_per_s: 0,
+                behind_tokens: 0,
             },
             fixed_ms: 0.0,
             observed_ms: 30.0 + i as f64,
             priority: if i % 2 == 0 { 0 } else { 10 },
             passed: false,
+            fill_ms: 0.0,
         };
         by_priority.observe(&CalibrationConfig::default(), &s);
     }

@@ -46,6 +46,8 @@ fn load(w: &str) -> WorkerLoad {
         prefill_tokens,
         prefill_elapsed_ms,
         prefill_sq_tokens: WorkerLoad::even_sq_tokens(prefill_tokens, prefilling_requests),
+        arriving_tokens_per_s: 0,
+        behind_tokens: 0,
     }
 }
 

@@ -196,6 +196,10 @@ pub struct Sample {
     /// A more urgent request sent to the worker after this one had its first token first
     /// (see [`CalibrationConfig::skip_passed`]): the engine ran work the features do not hold.
     pub passed: bool,
+    /// What the decision's promise foresaw beyond the estimate for the prompts joining the
+    /// request's step ([`crate::decision::cost::Score::fill_forecast_ms`], with the worker's
+    /// deviation): the promise margin is learned against the estimate with it.
+    pub fill_ms: f64,
 }
 
 /// Calibrated profiles and deviations of every model with enough samples: what a router

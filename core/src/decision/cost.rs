@@ -316,8 +316,19 @@ pub struct Score {
     pub promise_margin: f64,
     /// What admission adds to this estimate before the margin: the model's
     /// [`QueueTerms::promise_fill_ms`] (times the worker's deviation) on a busy worker, 0 on
-    /// one with nothing queued.
+    /// one with nothing queued, or [`Score::fill_forecast_ms`] where that is more.
     pub promise_extra_ms: f64,
+    /// How much longer than the estimate's learned batch fill the step carrying the request's
+    /// prompt is foreseen to run on a busy worker (ms, 0 on one with nothing queued): the
+    /// engine fills that step, up to its token budget, with whatever is waiting when it
+    /// starts, so the prompts arriving while the request waits for it join it, and on an
+    /// engine that schedules by priority the less urgent ones queued behind it. Foreseen from
+    /// the worker's arrival rate ([`WorkerLoad::arriving_tokens_per_s`]) over the wait for the
+    /// queue ahead plus [`WorkerLoad::behind_tokens`], at most the room the request's last
+    /// chunk leaves in a step, at the worker's prefill speed ([`fill_forecast_ms`]). Admission promises with it
+    /// ([`Score::promise_extra_ms`]), and the promise margin is learned against the estimate
+    /// with it; the estimate and the ranking keep the learned average.
+    pub fill_forecast_ms: f64,
 }
 
 impl Score {
@@ -465,6 +476,7 @@ pub(crate) struct Estimate {
     deviation: f64,
     promise_margin: f64,
     promise_extra_ms: f64,
+    fill_forecast_ms: f64,
 }
 
 impl Estimate {
@@ -487,6 +499,7 @@ impl Estimate {
             deviation: e.deviation,
             promise_margin: e.promise_margin,
             promise_extra_ms: e.promise_extra_ms,
+            fill_forecast_ms: e.fill_forecast_ms,
         }
     }
 
@@ -549,9 +562,18 @@ pub(crate) fn estimate<W>(
     let transfer_ms = transferred as f64 * profile.transfer_ms_per_token;
     let adapter_ms = if c.adapter_missing { profile.adapter_load_ms } else { 0.0 };
     let network_ms = reach.network_ms + reach.extra_ms;
+    let uncached = prompt_tokens - cached - pulled;
+    let queued = busy(&load) > 0.0;
+    let fill_forecast_ms = if queued {
+        let ahead_ms = wait_ms - p.queue.batch_fill_ms * deviation;
+        (fill_forecast_ms(profile, &load, ahead_ms, uncached) - p.queue.batch_fill_ms) * deviation
+    } else {
+        0.0
+    }
+    .max(0.0);
     Estimate {
         cached_tokens: cached,
-        uncached_tokens: prompt_tokens - cached - pulled,
+        uncached_tokens: uncached,
         wait_ms,
         prefill_ms,
         transfer_ms,
@@ -562,13 +584,40 @@ pub(crate) fn estimate<W>(
         pull,
         load,
         deviation,
-        promise_margin: if busy(&load) > 0.0 { p.queue.promise_margin.max(1.0) } else { 1.0 },
-        promise_extra_ms: if busy(&load) > 0.0 {
-            p.queue.promise_fill_ms.max(0.0) * deviation
+        promise_margin: if queued { p.queue.promise_margin.max(1.0) } else { 1.0 },
+        promise_extra_ms: if queued {
+            (p.queue.promise_fill_ms.max(0.0) * deviation).max(fill_forecast_ms)
         } else {
             0.0
         },
+        fill_forecast_ms,
     }
+}
+
+/// The prefill time (at `profile`'s speed, without a worker's deviation) of the prompt tokens
+/// foreseen to join the step carrying the last chunk of a request of `own_tokens` uncached
+/// tokens on a worker with `load`, which waits `ahead_ms` for the queue ahead of it (see
+/// [`Score::fill_forecast_ms`]): the queued tokens waiting behind it
+/// ([`WorkerLoad::behind_tokens`], on an engine that schedules by priority) and those arriving
+/// meanwhile at the worker's recent rate ([`WorkerLoad::arriving_tokens_per_s`]), at most the
+/// room that chunk leaves in a step of [`Profile::step_token_budget`] tokens.
+pub fn fill_forecast_ms(
+    profile: &Profile,
+    load: &WorkerLoad,
+    ahead_ms: f64,
+    own_tokens: u64,
+) -> f64 {
+    let budget = profile.step_token_budget;
+    if budget == 0 || (load.arriving_tokens_per_s == 0 && load.behind_tokens == 0) {
+        return 0.0;
+    }
+    // A last chunk that fills its step whole leaves no room.
+    let room = match own_tokens % budget {
+        0 if own_tokens > 0 => 0,
+        part => budget - part,
+    };
+    let arriving = load.arriving_tokens_per_s as f64 * ahead_ms.max(0.0) / 1000.0;
+    (load.behind_tokens as f64 + arriving).min(room as f64) * profile.prefill_ms_per_token
 }
 
 /// How candidates are weighed against each other.
@@ -588,6 +637,8 @@ impl Weigh {
     }
 }
 
+#[cfg(test)]
+mod fill_tests;
 #[cfg(test)]
 mod reach_tests;
 #[cfg(test)]
@@ -609,6 +660,8 @@ mod tests {
             prefill_tokens,
             prefill_elapsed_ms: 0,
             prefill_sq_tokens: 0,
+            arriving_tokens_per_s: 0,
+            behind_tokens: 0,
         }
     }
 
@@ -736,6 +789,8 @@ mod tests {
             prefill_tokens: 8_000,
             prefill_sq_tokens: 64_000_000,
             prefill_elapsed_ms: 0,
+            arriving_tokens_per_s: 0,
+            behind_tokens: 0,
         };
         let behind = score(&p, &Candidate { load: one, ..idle.clone() }, 0, BS);
         let fill = p.queue_terms().batch_fill_ms;
@@ -869,6 +924,8 @@ mod tests {
                 inflight_requests: c.load.inflight_requests + 1,
                 prefilling_requests: c.load.prefilling_requests + 1,
                 prefill_tokens: c.load.prefill_tokens + t, prefill_elapsed_ms: 0, prefill_sq_tokens: 0,
+                arriving_tokens_per_s: 0,
+                behind_tokens: 0,
             };
             let busier = Candidate { load: started, ..c.clone() };
             let decoding = Candidate { load: WorkerLoad { inflight_requests: c.load.inflight_requests + d, ..c.load }, ..c.clone() };

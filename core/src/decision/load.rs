@@ -59,6 +59,16 @@ pub struct WorkerLoad {
     /// part of their prefill grows with the square of a prompt's length, so one 8 k-token
     /// prompt queued costs more than eight 1 k-token ones (see [`crate::decision::cost::Profile::wait_ms`]).
     pub prefill_sq_tokens: u64,
+    /// The uncached prompt tokens sent to the worker per second, over the last
+    /// `load.arrival_window_ms` (0: off), by the requests still tracked (a lower bound: those
+    /// already ended drop out, which matters only when requests are short, so the worker is
+    /// seldom busy). A busy worker's next step fills with what arrives while it waits for it
+    /// (see [`crate::decision::cost::Score::fill_forecast_ms`]).
+    pub arriving_tokens_per_s: u64,
+    /// Queued prompt tokens taken out of this load as waiting behind the request it is read
+    /// for (a less urgent engine priority not started, see [`WorkerLoad::less`]): the engine
+    /// fills the request's step with them after it.
+    pub behind_tokens: u64,
 }
 
 impl WorkerLoad {
@@ -80,7 +90,8 @@ impl WorkerLoad {
     }
 
     /// This load without `part` of it (saturating): the queued work a request does not wait
-    /// for taken out (see `shared::load::LoadView::behind`). A `part` with requests in it
+    /// for taken out (see `shared::load::LoadView::behind`), its tokens kept as
+    /// [`WorkerLoad::behind_tokens`]. A `part` with requests in it
     /// also bounds the work done on what is left: its `prefill_elapsed_ms` is how long ago
     /// the youngest request left was sent, and the smaller of the two ages stays.
     pub fn less(self, part: WorkerLoad) -> WorkerLoad {
@@ -95,6 +106,8 @@ impl WorkerLoad {
             prefill_tokens: self.prefill_tokens.saturating_sub(part.prefill_tokens),
             prefill_elapsed_ms,
             prefill_sq_tokens: self.prefill_sq_tokens.saturating_sub(part.prefill_sq_tokens),
+            arriving_tokens_per_s: self.arriving_tokens_per_s,
+            behind_tokens: self.behind_tokens.saturating_add(part.prefill_tokens),
         }
     }
 
@@ -106,6 +119,10 @@ impl WorkerLoad {
             prefill_tokens: self.prefill_tokens.saturating_add(other.prefill_tokens),
             prefill_elapsed_ms: self.prefill_elapsed_ms.max(other.prefill_elapsed_ms),
             prefill_sq_tokens: self.prefill_sq_tokens.saturating_add(other.prefill_sq_tokens),
+            arriving_tokens_per_s: self
+                .arriving_tokens_per_s
+                .saturating_add(other.arriving_tokens_per_s),
+            behind_tokens: self.behind_tokens.saturating_add(other.behind_tokens),
         }
     }
 }

@@ -497,6 +497,7 @@ impl LoadView {
         if let Some(own) = own {
             view.add(&own.data.entries, &limits, now_ms);
         }
+        view.arrival_rates(limits.arrival_window_ms);
         let theirs = ends.iter().filter_map(|b| PrefillsDone::read(b)).flatten();
         view.credit_done(theirs.chain(own.into_iter().flat_map(|o| o.done.iter())));
         if !dead.is_empty() {
@@ -506,9 +507,15 @@ impl LoadView {
     }
 
     fn add(&mut self, entries: &[InflightEntry], limits: &LoadLimits, now_ms: u64) {
+        let window = limits.arrival_window_ms;
         for e in entries.iter().filter(|e| now_ms.saturating_sub(e.started_ms) < limits.lease_ms) {
             let load = self.by_worker.entry(e.worker).or_default();
             load.inflight_requests = load.inflight_requests.saturating_add(1);
+            // The tokens, made a rate once every shard is in (`arrival_rates`).
+            if window > 0 && now_ms.saturating_sub(e.started_ms) < window {
+                load.arriving_tokens_per_s =
+                    load.arriving_tokens_per_s.saturating_add(e.prefill_tokens);
+            }
             if e.prefilling {
                 load.prefilling_requests = load.prefilling_requests.saturating_add(1);
                 load.prefill_tokens = load.prefill_tokens.saturating_add(e.prefill_tokens);
@@ -525,6 +532,16 @@ impl LoadView {
                 priority: e.priority,
                 prefilling: e.prefilling,
             });
+        }
+    }
+
+    /// Makes each worker's arriving tokens, summed over the `window` (ms), a rate per second.
+    fn arrival_rates(&mut self, window: u64) {
+        if window == 0 {
+            return;
+        }
+        for load in self.by_worker.values_mut().filter(|l| l.arriving_tokens_per_s > 0) {
+            load.arriving_tokens_per_s = load.arriving_tokens_per_s.saturating_mul(1000) / window;
         }
     }
 

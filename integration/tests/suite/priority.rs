@@ -8,6 +8,8 @@
 //! The filter's own estimate knows the engine's order too: an interactive request is not
 //! estimated to wait for the batch requests queued behind the engine's step, and the batch
 //! requests an interactive one passed over are learned only for their priority's promise margin.
+//! A busy worker's promise (the decision header's `promised_ttft_ms`) foresees the prompts sent
+//! there lately filling the step the request's prompt runs in, and not with that count off.
 //! Nothing depends on timing: the queue is made by a stream held open, and the order checked is
 //! the order of first tokens.
 
@@ -91,6 +93,16 @@ async fn held_worker(model: Value) -> (Stack, reqwest::Response) {
 
 /// [`held_worker`] with `threads` Envoy threads and more `sim_args` for the worker.
 async fn hold(threads: u32, sim_args: &[&str], model: Value) -> (Stack, reqwest::Response) {
+    hold_with(threads, sim_args, classes(), model).await
+}
+
+/// [`hold`] with the filter configuration `filter`.
+async fn hold_with(
+    threads: u32,
+    sim_args: &[&str],
+    filter: Value,
+    model: Value,
+) -> (Stack, reqwest::Response) {
     let opts = StackOptions {
         workers: 1,
         envoy_concurrency: threads,
@@ -99,7 +111,7 @@ async fn hold(threads: u32, sim_args: &[&str], model: Value) -> (Stack, reqwest:
             .chain(sim_args)
             .map(|a| a.to_string())
             .collect(),
-        filter: classes(),
+        filter,
         model_overrides: model,
         ..Default::default()
     };
@@ -243,4 +255,50 @@ async fn rewritten_and_stripped_bodies_reach_an_fcfs_engine_over_both_protocols(
             }
         }
     }
+}
+
+#[tokio::test]
+async fn a_busy_workers_promise_foresees_the_arrivals_that_fill_its_next_step() {
+    // The configured profile (too few samples to calibrate) takes the worker for slow, 50 ms a
+    // token, with steps of 1 000 tokens: three requests queued ahead are a long wait, and
+    // what was sent there lately fills the step the next request's prompt runs in.
+    let model = json!({"profile": {"prefill_ms_per_token": 50.0, "step_token_budget": 1000}});
+    let mut gaps = Vec::new();
+    for window_ms in [120_000u64, 0] {
+        let mut filter = classes();
+        filter["load"] = json!({"arrival_window_ms": window_ms});
+        let (stack, held) = hold_with(1, &[], filter, model.clone()).await;
+        let url = stack.envoy.base_url();
+        let mut tasks = Vec::new();
+        for i in 0..4 {
+            tasks.push(send_later(&url, "interactive", i + 1));
+            until_waiting(&stack, i as u64 + 1).await;
+        }
+        drop(held);
+        let mut replies = Vec::new();
+        for t in tasks {
+            let r = t.await.unwrap();
+            assert_eq!(r.status, 200, "{}", r.body);
+            replies.push(r);
+        }
+        let field = |r: &client::Reply, k: &str| -> f64 {
+            r.decision_field(k).and_then(|v| v.parse().ok()).expect("no decision header")
+        };
+        // The last one waited behind three prompts: its promise foresees the fill.
+        let last = &replies[3];
+        let (estimate, promise) =
+            (field(last, "predicted_ttft_ms"), field(last, "promised_ttft_ms"));
+        assert!(field(last, "predicted_wait_ms") > 0.0, "{:?}", last.decision);
+        // At most a whole step beyond the estimate (1 000 tokens at 50 ms).
+        assert!(promise >= estimate && promise - estimate <= 50_000.0, "{:?}", last.decision);
+        // The first request had nothing queued ahead: its promise is its estimate.
+        let first = &replies[0];
+        let idle_gap = field(first, "promised_ttft_ms") - field(first, "predicted_ttft_ms");
+        assert!(idle_gap.abs() < 0.15, "{:?}", first.decision);
+        gaps.push(promise - estimate);
+    }
+    // Counting the arrivals (the held stream and the three queued, all within the window)
+    // adds to the promise; with the window at 0 nothing is foreseen.
+    assert!(gaps[0] > 100.0, "foreseen fill {} ms", gaps[0]);
+    assert!(gaps[1].abs() < 0.15, "without arrivals {} ms", gaps[1]);
 }

@@ -281,14 +281,17 @@ impl ModelState {
         let t = y / dev / prior_ms;
         let fitted: f64 = (0..DIM).map(|i| u[i] * self.theta[i]).sum();
         let queued = crate::decision::cost::busy(&s.load) > 0.0;
+        // The promise's own estimate: the model's, with the fill it foresaw.
+        let fill = if s.fill_ms.is_finite() { s.fill_ms.max(0.0) / dev / prior_ms } else { 0.0 };
+        let promised = fitted + fill;
         if s.passed {
             if queued {
-                self.track_promise(t / fitted, s.priority, false);
+                self.track_promise(t / promised, s.priority, false);
             }
             return CalibOutcome::MarginOnly;
         }
         if queued {
-            self.track_promise(t / fitted, s.priority, true);
+            self.track_promise(t / promised, s.priority, true);
         }
         let r = t - fitted;
         let clip = cfg.outlier_clip * self.scale;

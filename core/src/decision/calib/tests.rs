@@ -47,11 +47,14 @@ fn sample(worker: &str, uncached: u64, cached: u64, queued: &[u64], decoding: u3
             prefill_tokens: queued.iter().sum(),
             prefill_elapsed_ms: 0,
             prefill_sq_tokens: queued.iter().map(|n| n * n).sum(),
+            arriving_tokens_per_s: 0,
+            behind_tokens: 0,
         },
         fixed_ms: 0.0,
         observed_ms: 0.0,
         priority: 0,
         passed: false,
+        fill_ms: 0.0,
     }
 }
 
@@ -290,12 +293,15 @@ fn arb_sample() -> impl Strategy<Value = Sample> {
                 prefill_tokens: q,
                 prefill_elapsed_ms: 0,
                 prefill_sq_tokens: 0,
+                arriving_tokens_per_s: 0,
+                behind_tokens: 0,
             },
             fixed_ms: fixed,
             observed_ms: obs,
             // Some at their own engine priorities: the state carries their quantiles too.
             priority: [0, 0, 10, -3][w],
             passed: n % 7 == 0,
+            fill_ms: 0.0,
         })
 }
 
@@ -408,11 +414,14 @@ fn short_prompts_with_a_constant_overhead_move_the_base_not_the_cost_per_token()
                     prefill_tokens: u64::from(prefilling) * rng.random_range(0..200u64),
                     prefill_elapsed_ms: 0,
                     prefill_sq_tokens: 0,
+                    arriving_tokens_per_s: 0,
+                    behind_tokens: 0,
                 },
                 fixed_ms: 0.0,
                 observed_ms: 0.0,
                 priority: 0,
                 passed: false,
+                fill_ms: 0.0,
             };
             s.observed_ms = (true_ms(&sim, &s) + OVERHEAD_MS) * noise(&mut rng);
             let predicted = st.deviation(w) * st.model_ms(&s);
@@ -640,4 +649,25 @@ fn a_busy_promise_counts_a_whole_step_until_the_margin_is_known() {
     assert_eq!(PROMISE_FILL_SAMPLES, climb.ceil() as u32);
     // A configured profile (no calibration) promises as it estimates.
     assert_eq!(truth().queue_terms().promise_fill_ms, 0.0);
+}
+
+#[test]
+fn the_margin_is_learned_against_the_promise_with_the_fill_it_foresaw() {
+    let cfg = CalibrationConfig { min_samples: 10, ..Default::default() };
+    let margin = |foreseen: bool| {
+        let mut rng = StdRng::seed_from_u64(5);
+        let mut st = ModelState::new(&truth());
+        for _ in 0..400 {
+            let s = busy(&mut rng, 0, 1.0);
+            // The step the request ends in fills with later arrivals, up to three times its
+            // own estimate's worth; its decision foresaw them beyond the learned batch fill.
+            let fill = true_ms(&truth(), &s) * rng.random_range(0.0..3.0);
+            let beyond = (fill - st.coefficients()[7]).max(0.0);
+            let fill_ms = if foreseen { beyond } else { 0.0 };
+            st.observe(&cfg, &Sample { observed_ms: s.observed_ms + fill, fill_ms, ..s });
+        }
+        st.promise_margin_at(0)
+    };
+    let (with, without) = (margin(true), margin(false));
+    assert!(with < 1.15 && without > 1.35, "margin {with} with the fill, {without} without");
 }

@@ -60,6 +60,10 @@ pub struct LoadLimits {
     /// same instant is ranked again before it is sent. Costs one shared-data read and write
     /// per routed request.
     pub order_decisions: bool,
+    /// The window over which a worker's arrival rate of prompt tokens is counted (ms; 0: not
+    /// counted). Admission foresees from it how full a busy worker's next step gets before a
+    /// request's prefill starts there ([`crate::decision::cost::Score::fill_forecast_ms`]).
+    pub arrival_window_ms: u64,
 }
 
 impl Default for LoadLimits {
@@ -70,6 +74,7 @@ impl Default for LoadLimits {
             reconcile_slack_ms: 2_000,
             max_inflight_per_thread: 16_384,
             order_decisions: true,
+            arrival_window_ms: 2_000,
         }
     }
 }

@@ -208,5 +208,7 @@ pub fn combine_load(
         prefill_tokens,
         prefill_elapsed_ms: own.prefill_elapsed_ms,
         prefill_sq_tokens,
+        arriving_tokens_per_s: own.arriving_tokens_per_s,
+        behind_tokens: own.behind_tokens,
     }
 }

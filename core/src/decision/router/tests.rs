@@ -129,6 +129,8 @@ fn cache_blind_ablation_credits_nothing_but_still_ranks_on_load() {
         prefill_tokens: if w == "127.0.0.1:1" { 3000 } else { 0 },
         prefill_elapsed_ms: 0,
         prefill_sq_tokens: 0,
+        arriving_tokens_per_s: 0,
+        behind_tokens: 0,
     };
     let d2 = r.decide(&q, 0, &busy, 10, 0).unwrap();
     assert_eq!(d2.predicted_cached_tokens(), 0);
@@ -162,6 +164,8 @@ fn busy_holder_loses_to_recompute_once_waiting_costs_more() {
                 prefill_tokens: 80_000,
                 prefill_elapsed_ms: 0,
                 prefill_sq_tokens: 0,
+                arriving_tokens_per_s: 0,
+                behind_tokens: 0,
             }
         } else {
             WorkerLoad::default()
@@ -289,6 +293,8 @@ fn reported_load_counts_what_other_replicas_sent() {
         prefill_tokens: 500,
         prefill_elapsed_ms: 0,
         prefill_sq_tokens: 0,
+        arriving_tokens_per_s: 0,
+        behind_tokens: 0,
     };
     assert_eq!(combine_load(own, None, 1000), own);
     let busy = SnapshotLoad { running: 10, waiting: 4, observed_at_ms: 0 };

@@ -19,6 +19,7 @@ fn sample(worker: &str, i: u64) -> Sample {
         observed_ms: p.wait_ms(&load) + p.prefill_ms(uncached),
         priority: 0,
         passed: false,
+        fill_ms: 0.0,
     }
 }
 

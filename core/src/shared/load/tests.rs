@@ -12,6 +12,7 @@ const LIMITS: LoadLimits = LoadLimits {
     reconcile_slack_ms: 500,
     max_inflight_per_thread: 100,
     order_decisions: true,
+    arrival_window_ms: 0,
 };
 
 fn view(store: &MemStore, t: &Tally, own: &Shard, now: u64) -> WorkerLoad {
@@ -39,6 +40,8 @@ fn threads_see_each_others_requests_through_their_shards() {
             prefill_elapsed_ms: 10,
             // 50 uncached tokens, squared (the attention part of their prefill).
             prefill_sq_tokens: 2_500,
+            arriving_tokens_per_s: 0,
+            behind_tokens: 0,
         }
     );
     b.start(&t, W, 7, 20);
@@ -261,6 +264,8 @@ fn queued(requests: u32, tokens: u64, sq: u64, age: u64) -> WorkerLoad {
         prefill_tokens: tokens,
         prefill_sq_tokens: sq,
         prefill_elapsed_ms: age,
+        arriving_tokens_per_s: 0,
+        behind_tokens: 0,
     }
 }
 
@@ -426,4 +431,28 @@ fn priorities_key_apart_and_zero_is_the_worker() {
     for (i, a) in keys.iter().enumerate() {
         assert!(keys[i + 1..].iter().all(|b| b != a), "{keys:?}");
     }
+}
+
+#[test]
+fn a_workers_arrival_rate_counts_the_prompt_tokens_sent_within_the_window() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let limits = LoadLimits { arrival_window_ms: 2_000, ..LIMITS };
+    let mut a = Shard::register(&store, &t, limits, 0, 1);
+    let b = Shard::register(&store, &t, limits, 0, 2);
+    let old = a.start(&t, W, 4_000, 1_000);
+    let answered = a.start(&t, W, 1_000, 3_500);
+    a.start(&t, W, 3_000, 4_000);
+    a.first_byte(answered);
+    a.flush(&store, &t, 4_000);
+    // At 5 000 ms the window holds the last two (answered or not): 4 000 tokens in 2 s.
+    let seen = view(&store, &t, &b, 5_000);
+    assert_eq!((seen.arriving_tokens_per_s, seen.prefill_tokens), (2_000, 7_000));
+    // Ended requests drop out; off with a window of 0.
+    a.end(old);
+    a.end(answered);
+    a.flush(&store, &t, 5_000);
+    assert_eq!(view(&store, &t, &b, 5_000).arriving_tokens_per_s, 1_500);
+    let off = Shard::register(&store, &t, LIMITS, 0, 3);
+    assert_eq!(view(&store, &t, &off, 5_000).arriving_tokens_per_s, 0);
+    assert_eq!(view(&store, &t, &b, 6_000).arriving_tokens_per_s, 0);
 }

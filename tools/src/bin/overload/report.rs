@@ -17,8 +17,9 @@ pub struct Outcome {
     pub ttft_ms: f64,
     /// The filter's estimate, from the decision header.
     pub predicted_ttft_ms: Option<f64>,
-    /// The decision header's estimated wait and chosen worker.
+    /// The decision header's estimated wait, what admission promised, and the chosen worker.
     pub predicted_wait_ms: Option<f64>,
+    pub promised_ttft_ms: Option<f64>,
     pub worker: Option<String>,
 }
 
@@ -36,6 +37,7 @@ impl Outcome {
                 predicted_wait_ms: r
                     .decision_field("predicted_wait_ms")
                     .and_then(|v| v.parse().ok()),
+                promised_ttft_ms: r.decision_field("promised_ttft_ms").and_then(|v| v.parse().ok()),
                 worker: r.decision_field("worker"),
             },
             Err(e) => {
@@ -47,6 +49,7 @@ impl Outcome {
                     ttft_ms: 0.0,
                     predicted_ttft_ms: None,
                     predicted_wait_ms: None,
+                    promised_ttft_ms: None,
                     worker: None,
                 }
             }
@@ -92,13 +95,13 @@ fn pct(n: usize, of: usize) -> String {
 pub fn csv(all: &[Outcome], idle_ms: f64, max_wait_ms: f64) -> String {
     let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.1}"));
     let mut out = String::from(
-        "id,sent_ms,class,phase,deadline_ms,status,ttft_ms,predicted_ttft_ms,predicted_wait_ms,worker,kept\n",
+        "id,sent_ms,class,phase,deadline_ms,status,ttft_ms,predicted_ttft_ms,predicted_wait_ms,promised_ttft_ms,worker,kept\n",
     );
     for o in all {
         let kept =
             if o.admitted() { o.kept(idle_ms, max_wait_ms).to_string() } else { String::new() };
         out.push_str(&format!(
-            "{},{:.1},{},{},{},{},{:.1},{},{},{},{}\n",
+            "{},{:.1},{},{},{},{},{:.1},{},{},{},{},{}\n",
             o.arrival.id,
             o.sent.as_secs_f64() * 1e3,
             o.arrival.class.name(),
@@ -108,6 +111,7 @@ pub fn csv(all: &[Outcome], idle_ms: f64, max_wait_ms: f64) -> String {
             o.ttft_ms,
             opt(o.predicted_ttft_ms),
             opt(o.predicted_wait_ms),
+            opt(o.promised_ttft_ms),
             o.worker.as_deref().unwrap_or(""),
             kept
         ));
@@ -228,6 +232,7 @@ mod tests {
             ttft_ms,
             predicted_ttft_ms: predicted,
             predicted_wait_ms: None,
+            promised_ttft_ms: None,
             worker: None,
         }
     }
@@ -275,11 +280,12 @@ mod tests {
         let mut kept = outcome(Class::Batch, None, 640.0, Some(600.0));
         kept.worker = Some("127.0.0.1:9".into());
         kept.predicted_wait_ms = Some(12.25);
+        kept.promised_ttft_ms = Some(900.0);
         let text = csv(&[shed, kept], 600.0, 50.0);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("id,sent_ms,class"));
-        assert_eq!(lines[1], "0,0.0,interactive,overload,1000,429,0.5,,,,");
-        assert_eq!(lines[2], "0,0.0,batch,overload,,200,640.0,600.0,12.2,127.0.0.1:9,true");
+        assert_eq!(lines[1], "0,0.0,interactive,overload,1000,429,0.5,,,,,");
+        assert_eq!(lines[2], "0,0.0,batch,overload,,200,640.0,600.0,12.2,900.0,127.0.0.1:9,true");
     }
 }

@@ -35,6 +35,8 @@ fn queued_on_holder(w: &str) -> WorkerLoad {
             prefill_tokens: 2_500,
             prefill_elapsed_ms: 0,
             prefill_sq_tokens: 0,
+            arriving_tokens_per_s: 0,
+            behind_tokens: 0,
         }
     } else {
         WorkerLoad::default()
@@ -125,6 +127,8 @@ fn among_equal_estimates_the_worker_sharing_the_prompt_wins() {
                 prefill_tokens: tokens,
                 prefill_elapsed_ms: 0,
                 prefill_sq_tokens: 0,
+                arriving_tokens_per_s: 0,
+                behind_tokens: 0,
             }
         } else {
             WorkerLoad::default()
