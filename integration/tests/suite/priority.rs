@@ -192,6 +192,29 @@ fn send_later(url: &str, class: &'static str, id: usize) -> tokio::task::JoinHan
     })
 }
 
+/// Queues one request of each of `classes` in turn behind the `held` stream, then lets it go:
+/// every reply, in the order sent, each served.
+async fn queue_then_serve(
+    stack: &Stack,
+    held: reqwest::Response,
+    classes: &[&'static str],
+) -> Vec<client::Reply> {
+    let url = stack.envoy.base_url();
+    let mut tasks = Vec::new();
+    for (i, class) in classes.iter().enumerate() {
+        tasks.push(send_later(&url, class, i + 1));
+        until_waiting(stack, i as u64 + 1).await;
+    }
+    drop(held);
+    let mut replies = Vec::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        replies.push(r);
+    }
+    replies
+}
+
 fn predicted_wait_ms(r: &client::Reply) -> f64 {
     let w = r.decision_field("predicted_wait_ms").expect("no decision header");
     w.parse().unwrap()
@@ -201,20 +224,9 @@ fn predicted_wait_ms(r: &client::Reply) -> f64 {
 async fn an_interactive_request_is_not_estimated_to_wait_for_the_batch_queue_it_jumps() {
     // A step budget of one token: the engine can have started only the oldest request queued.
     let (stack, held) = held_worker(json!({"profile": {"step_token_budget": 1}})).await;
-    let url = stack.envoy.base_url();
     // Three batch requests queue; then an interactive one, then one more batch request.
-    let mut tasks = Vec::new();
-    for (i, class) in ["batch", "batch", "batch", "interactive", "batch"].into_iter().enumerate() {
-        tasks.push(send_later(&url, class, i + 1));
-        until_waiting(&stack, i as u64 + 1).await;
-    }
-    drop(held);
-    let mut replies = Vec::new();
-    for t in tasks {
-        let r = t.await.unwrap();
-        assert_eq!(r.status, 200, "{}", r.body);
-        replies.push(r);
-    }
+    let classes = ["batch", "batch", "batch", "interactive", "batch"];
+    let replies = queue_then_serve(&stack, held, &classes).await;
     let waits: Vec<f64> = replies.iter().map(predicted_wait_ms).collect();
     // The interactive request waits for the oldest batch prompt only; the last batch request
     // for all three and the interactive one.
@@ -268,19 +280,7 @@ async fn a_busy_workers_promise_foresees_the_arrivals_that_fill_its_next_step() 
         let mut filter = classes();
         filter["load"] = json!({"arrival_window_ms": window_ms});
         let (stack, held) = hold_with(1, &[], filter, model.clone()).await;
-        let url = stack.envoy.base_url();
-        let mut tasks = Vec::new();
-        for i in 0..4 {
-            tasks.push(send_later(&url, "interactive", i + 1));
-            until_waiting(&stack, i as u64 + 1).await;
-        }
-        drop(held);
-        let mut replies = Vec::new();
-        for t in tasks {
-            let r = t.await.unwrap();
-            assert_eq!(r.status, 200, "{}", r.body);
-            replies.push(r);
-        }
+        let replies = queue_then_serve(&stack, held, &["interactive"; 4]).await;
         let field = |r: &client::Reply, k: &str| -> f64 {
             r.decision_field(k).and_then(|v| v.parse().ok()).expect("no decision header")
         };
