@@ -1,8 +1,10 @@
 //! The load view's read, natively: what a filter thread does at each decision to see every
 //! thread's requests in flight (each thread's shard, and its table of prefill ends). Each
-//! shape runs with the tables empty (every first byte recorded as no prefill end) and full
-//! (every first byte a first token), twice each in the order empty, full, empty, full: the
-//! two runs of one kind give the noise floor.
+//! shape runs twice in alternation for each of two comparisons, so that the two runs of one
+//! kind give the noise floor: the tables of prefill ends empty (every first byte recorded as no
+//! prefill end) against full (every first byte a first token), and, with the tables full, the
+//! workers' arrival rates not counted (`load.arrival_window_ms` 0) against counted (the
+//! default).
 //! Run: `cargo bench -p kvroute-core --bench loadview`.
 
 use kvroute_core::decision::config::sync::LoadLimits;
@@ -16,9 +18,19 @@ mod timing;
 /// `threads` shards over `workers` workers: each thread has one request answered and one
 /// still in prefill on every `spread`-th worker (offset by the thread); the reader is one of
 /// them.
-fn store(threads: u32, workers: usize, spread: usize, ends: bool) -> (MemStore, Shard) {
+/// `window`: whether the arrival rates are counted (the default window, else 0).
+fn store(
+    threads: u32,
+    workers: usize,
+    spread: usize,
+    ends: bool,
+    window: bool,
+) -> (MemStore, Shard) {
     let (store, t) = (MemStore::new(), Tally::default());
-    let limits = LoadLimits { max_inflight_per_thread: 100_000, ..LoadLimits::default() };
+    let mut limits = LoadLimits { max_inflight_per_thread: 100_000, ..LoadLimits::default() };
+    if !window {
+        limits.arrival_window_ms = 0;
+    }
     let names: Vec<String> =
         (0..workers).map(|i| format!("10.0.{}.{}:8000", i / 256, i % 256)).collect();
     let mut shards: Vec<Shard> =
@@ -39,28 +51,42 @@ fn store(threads: u32, workers: usize, spread: usize, ends: bool) -> (MemStore, 
     (store, own)
 }
 
-fn main() {
+/// The view read's p50 (µs) over two runs of each of `make(false)` and `make(true)`,
+/// alternated: `(without, with)`.
+fn alternate(make: impl Fn(bool) -> (MemStore, Shard)) -> ([f64; 2], [f64; 2]) {
     let counters = Tally::default();
+    let mut p50 = [Vec::new(), Vec::new()];
+    for run in 0..4 {
+        let on = run % 2 == 1;
+        let (s, own) = make(on);
+        let t = timing::time(|| {
+            std::hint::black_box(LoadView::read(&s, &counters, &own, 2000));
+        });
+        p50[usize::from(on)].push(timing::q(&t, 0.5));
+    }
+    ([p50[0][0], p50[0][1]], [p50[1][0], p50[1][1]])
+}
+
+/// One comparison's line: both runs of each kind, with / without, and the noise floor.
+fn line(what: &str, (a, b): ([f64; 2], [f64; 2])) -> String {
+    let floor = (a[1] / a[0]).max(a[0] / a[1]) - 1.0;
+    format!(
+        "view read p50 {:.1} / {:.1} µs without {what}, {:.1} / {:.1} µs with; with / without {:.2}× (floor ±{:.0} %)",
+        a[0],
+        a[1],
+        b[0],
+        b[1],
+        (b[0] + b[1]) / (a[0] + a[1]),
+        floor * 100.0
+    )
+}
+
+fn main() {
     for (threads, workers, spread) in [(2, 64, 1), (8, 256, 2), (32, 1024, 4)] {
-        let mut p50 = [Vec::new(), Vec::new()];
-        for run in 0..4 {
-            let ends = run % 2 == 1;
-            let (s, own) = store(threads, workers, spread, ends);
-            let t = timing::time(|| {
-                std::hint::black_box(LoadView::read(&s, &counters, &own, 2000));
-            });
-            p50[usize::from(ends)].push(timing::q(&t, 0.5));
-        }
-        let (a, b) = (&p50[0], &p50[1]);
-        let floor = (a[1] / a[0]).max(a[0] / a[1]) - 1.0;
-        println!(
-            "{threads} threads, {workers} workers: view read p50 {:.1} / {:.1} µs without prefill ends, {:.1} / {:.1} µs with; with / without {:.2}× (floor ±{:.0} %)",
-            a[0],
-            a[1],
-            b[0],
-            b[1],
-            (b[0] + b[1]) / (a[0] + a[1]),
-            floor * 100.0
-        );
+        let ends = alternate(|on| store(threads, workers, spread, on, true));
+        let rates = alternate(|on| store(threads, workers, spread, true, on));
+        println!("{threads} threads, {workers} workers:");
+        println!("  {}", line("prefill ends", ends));
+        println!("  {}", line("arrival rates", rates));
     }
 }

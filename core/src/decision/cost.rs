@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 use crate::decision::load::WorkerLoad;
 use crate::decision::worker::WorkerName;
 
+mod fill;
 mod order;
+pub use fill::fill_forecast_ms;
 pub(crate) use order::rank_pool;
 pub use order::{rank, rank_reached, MAX_RANKED};
 
@@ -565,12 +567,10 @@ pub(crate) fn estimate<W>(
     let uncached = prompt_tokens - cached - pulled;
     let queued = busy(&load) > 0.0;
     let fill_forecast_ms = if queued {
-        let ahead_ms = wait_ms - p.queue.batch_fill_ms * deviation;
-        (fill_forecast_ms(profile, &load, ahead_ms, uncached) - p.queue.batch_fill_ms) * deviation
+        fill::beyond_learned(profile, &p.queue, &load, (wait_ms, uncached), deviation)
     } else {
         0.0
-    }
-    .max(0.0);
+    };
     Estimate {
         cached_tokens: cached,
         uncached_tokens: uncached,
@@ -592,32 +592,6 @@ pub(crate) fn estimate<W>(
         },
         fill_forecast_ms,
     }
-}
-
-/// The prefill time (at `profile`'s speed, without a worker's deviation) of the prompt tokens
-/// foreseen to join the step carrying the last chunk of a request of `own_tokens` uncached
-/// tokens on a worker with `load`, which waits `ahead_ms` for the queue ahead of it (see
-/// [`Score::fill_forecast_ms`]): the queued tokens waiting behind it
-/// ([`WorkerLoad::behind_tokens`], on an engine that schedules by priority) and those arriving
-/// meanwhile at the worker's recent rate ([`WorkerLoad::arriving_tokens_per_s`]), at most the
-/// room that chunk leaves in a step of [`Profile::step_token_budget`] tokens.
-pub fn fill_forecast_ms(
-    profile: &Profile,
-    load: &WorkerLoad,
-    ahead_ms: f64,
-    own_tokens: u64,
-) -> f64 {
-    let budget = profile.step_token_budget;
-    if budget == 0 || (load.arriving_tokens_per_s == 0 && load.behind_tokens == 0) {
-        return 0.0;
-    }
-    // A last chunk that fills its step whole leaves no room.
-    let room = match own_tokens % budget {
-        0 if own_tokens > 0 => 0,
-        part => budget - part,
-    };
-    let arriving = load.arriving_tokens_per_s as f64 * ahead_ms.max(0.0) / 1000.0;
-    (load.behind_tokens as f64 + arriving).min(room as f64) * profile.prefill_ms_per_token
 }
 
 /// How candidates are weighed against each other.
