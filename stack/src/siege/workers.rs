@@ -284,10 +284,17 @@ fn signal(sig: &str, pid: u32) -> anyhow::Result<()> {
 }
 
 impl Frozen {
-    /// Stops process `pid`.
+    /// Stops process `pid`, and returns once the kernel shows it stopped (at most 5 s): a
+    /// request sent after this returns gets no byte from it until [`Frozen::cont`].
     pub fn stop(pid: u32) -> anyhow::Result<Frozen> {
         signal("-STOP", pid)?;
-        Ok(Frozen { pid, continued: false })
+        let frozen = Frozen { pid, continued: false };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !is_stopped(pid) {
+            anyhow::ensure!(Instant::now() < deadline, "process {pid} did not stop within 5 s");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(frozen)
     }
 
     /// Continues it now.
@@ -298,6 +305,13 @@ impl Frozen {
         }
         Ok(())
     }
+}
+
+/// Whether `/proc/<pid>/stat` shows process `pid` stopped (state `T`).
+fn is_stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("T")
 }
 
 impl Drop for Frozen {
@@ -350,8 +364,11 @@ pub async fn freeze_under_load(
     let victim = victim.with_context(|| format!("{addr} is not a worker of the stack"))?;
     let pid = stack.workers[victim].guard.pid().context("the worker is not running")?;
     let before = host_counters(stack, &addr).await?;
-    let frozen_at = traffic.now();
+    // Taken once the worker is stopped: a request sent while the signal was on its way may
+    // have got its first byte and then stalled for the whole freeze, which is not the per-try
+    // timeout this measures.
     let mut frozen = Frozen::stop(pid)?;
+    let frozen_at = traffic.now();
     let probe = probe_held(stack, &traffic, &held, shape);
     tokio::time::sleep(frozen_for).await;
     let thawed_at = traffic.now();
