@@ -133,6 +133,12 @@ impl<H: Host> SyncHost for Glue<'_, H> {
             }
             SyncEvent::PeerReport => self.add(m.peer_reports, 1),
             SyncEvent::PeerFailed => self.add(m.peer_failures, 1),
+            SyncEvent::PeerFormatDowngraded => {
+                log::warn!(
+                    "kvroute: the updater refused a peer report with arrivals: sending them \
+                     without from now on (update the updater)"
+                )
+            }
             SyncEvent::PeerHashesDropped(n) => self.add(m.peer_dropped, n),
             SyncEvent::ListFailed(why) => {
                 match why {

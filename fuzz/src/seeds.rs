@@ -468,7 +468,9 @@ fn snapshot_decode() -> Seeds {
     let pool_down = Snapshot { pool: true, ..down.clone() };
     // Placements the updater discovered, after the workers down.
     let placed = Snapshot { placements: placements(), ..pool_down.clone() };
-    for s in [&a, &b, &empty, &with_peers, &pool, &pool_peers, &down, &pool_down, &placed] {
+    let arriving = Snapshot { peers: Some(arriving_peers()), ..placed.clone() };
+    for s in [&a, &b, &empty, &with_peers, &pool, &pool_peers, &down, &pool_down, &placed, &arriving]
+    {
         assert_eq!(Snapshot::decode(&s.encode()).as_ref(), Ok(s));
     }
     let bytes = a.encode();
@@ -513,6 +515,8 @@ fn snapshot_decode() -> Seeds {
         ("workers-down-truncated.bin", truncated(&pool_down.encode())),
         ("placements.bin", placed.encode()),
         ("placements-truncated.bin", truncated(&placed.encode())),
+        ("peer-arrivals.bin", arriving.encode()),
+        ("peer-arrivals-truncated.bin", truncated(&arriving.encode())),
     ]
 }
 
@@ -546,6 +550,7 @@ fn peer_section() -> PeerSection {
             inflight: 2,
             prefilling: 1,
             prefill_tokens: 512,
+            arriving_tokens_per_s: 0,
         }],
         credits: vec![PeerCredit {
             replica: 7,
@@ -556,10 +561,18 @@ fn peer_section() -> PeerSection {
     }
 }
 
+/// [`peer_section`] whose load carries the replica's arrivals (snapshot sections bit 16,
+/// delta bit 32).
+fn arriving_peers() -> PeerSection {
+    let mut s = peer_section();
+    s.loads[0].arriving_tokens_per_s = 2048;
+    s
+}
+
 /// Replicas' reports to the updater (`POST /v1/peers`).
 fn peer_report_decode() -> Seeds {
     let s = peer_section();
-    let r = PeerReport { replica: 7, seq: 1, loads: s.loads, credits: s.credits };
+    let r = PeerReport { replica: 7, seq: 1, loads: arriving_peers().loads, credits: s.credits };
     let empty = PeerReport { replica: 7, seq: 2, ..PeerReport::default() };
     let bytes = r.encode();
     let mut many_loads = bytes[..21].to_vec();
@@ -571,6 +584,7 @@ fn peer_report_decode() -> Seeds {
     many_hashes.extend_from_slice(&u32::MAX.to_le_bytes());
     vec![
         ("load-and-credit.bin", bytes.clone()),
+        ("format-1.bin", r.encode_with(false)),
         ("empty.bin", empty.encode()),
         ("truncated.bin", truncated(&bytes)),
         ("load-count-u32-max.bin", many_loads),
@@ -630,7 +644,9 @@ fn delta_decode() -> Seeds {
     // The placements changed: a new list, then none known.
     let placed = Delta { placements: Some(placements()), ..down.clone() };
     let unplaced = Delta { placements: Some(vec![]), ..noop.clone() };
-    for x in [&d, &reset, &composed, &noop, &with_peers, &pool, &pool_peers, &down, &up, &placed] {
+    let arriving = Delta { peers: Some(arriving_peers()), ..noop.clone() };
+    let all = [&d, &reset, &composed, &noop, &with_peers, &pool, &pool_peers, &down, &up, &placed];
+    for x in all.into_iter().chain([&arriving]) {
         assert_eq!(Delta::decode(&x.encode()).as_ref(), Ok(x));
     }
     assert!(d.models.is_some(), "the model list changed between the two snapshots");
@@ -664,6 +680,8 @@ fn delta_decode() -> Seeds {
         ("placements.bin", placed.encode()),
         ("no-placement.bin", unplaced.encode()),
         ("placements-truncated.bin", truncated(&placed.encode())),
+        ("peer-arrivals.bin", arriving.encode()),
+        ("peer-arrivals-truncated.bin", truncated(&arriving.encode())),
     ]
 }
 

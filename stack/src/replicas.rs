@@ -8,7 +8,10 @@ use anyhow::Context;
 use serde_json::Value;
 
 use crate::envoy::Envoy;
-use crate::stack::{filter_config, write_config, Stack, StackOptions, StackPorts, Updater};
+use crate::stack::{
+    edited_template, filter_config, write_config, write_config_text, Stack, StackOptions,
+    StackPorts, Updater,
+};
 use crate::{eventually, paths};
 
 /// Stack A (its Envoy, workers and updater) and replica B.
@@ -28,6 +31,10 @@ pub struct ReplicaOptions {
     pub updater_args: Vec<String>,
     /// Merged into the filter configuration of both replicas.
     pub filter: Value,
+    /// Merged into the model's entry of both replicas' configuration.
+    pub model_overrides: Value,
+    /// Edits (from, to) of both replicas' Envoy configuration template.
+    pub envoy_edits: Vec<(String, String)>,
 }
 
 impl Replicas {
@@ -36,6 +43,8 @@ impl Replicas {
             workers: o.workers,
             sim_args: o.sim_args.clone(),
             filter: if o.filter.is_null() { serde_json::json!({}) } else { o.filter.clone() },
+            model_overrides: o.model_overrides.clone(),
+            envoy_edits: o.envoy_edits.clone(),
             updater: false,
             ..Default::default()
         };
@@ -70,9 +79,13 @@ impl Replicas {
         };
         let addrs = stack.addrs();
         let filter = filter_config(&addrs, &opts);
+        let text = edited_template("kvroute.yaml", &o.envoy_edits)?;
         let config = |admin, listen| {
             let ports = StackPorts { admin, listen, ..ports };
-            write_config("kvroute.yaml", &dir, ports, &addrs, &filter)
+            match &text {
+                None => write_config("kvroute.yaml", &dir, ports, &addrs, &filter),
+                Some(t) => write_config_text("kvroute.yaml", t, &dir, ports, &addrs, &filter),
+            }
         };
         let first = (ports.admin, ports.listen);
         let b = Envoy::start_retrying_ports(first, &dir, opts.envoy_concurrency, config).await?;

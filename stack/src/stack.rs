@@ -400,6 +400,22 @@ pub fn write_config(
     write_config_text(template, &text, dir, ports, addrs, filter)
 }
 
+/// Envoy template `name` with each of `edits` (from, to) made, or `None` when there is none
+/// (the template as it is); an edit whose `from` is not there is an error.
+pub fn edited_template(name: &str, edits: &[(String, String)]) -> anyhow::Result<Option<String>> {
+    if edits.is_empty() {
+        return Ok(None);
+    }
+    let path = paths::repo_root().join("envoy").join(name);
+    let mut t =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    for (from, to) in edits {
+        anyhow::ensure!(t.contains(from.as_str()), "{name} has no {from:?} to edit");
+        t = t.replace(from.as_str(), to);
+    }
+    Ok(Some(t))
+}
+
 /// Renders template `text` (named `name`) for the given ports and workers into `dir`.
 pub fn write_config_text(
     name: &str,
@@ -466,17 +482,7 @@ impl Stack {
             pools_filter_config(&opts.pools, &per_pool, &opts)?
         };
         let name = opts.policy.template();
-        let mut text = None;
-        if !opts.envoy_edits.is_empty() {
-            let path = paths::repo_root().join("envoy").join(name);
-            let mut t = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            for (from, to) in &opts.envoy_edits {
-                anyhow::ensure!(t.contains(from.as_str()), "{name} has no {from:?} to edit");
-                t = t.replace(from.as_str(), to);
-            }
-            text = Some(t);
-        }
+        let text = edited_template(name, &opts.envoy_edits)?;
         let config = |admin, listen| {
             let ports = StackPorts { admin, listen, ..ports };
             match &text {

@@ -210,6 +210,7 @@ impl PeerStore {
                             "inflight": l.inflight,
                             "prefilling": l.prefilling,
                             "prefill_tokens": l.prefill_tokens,
+                            "arriving_tokens_per_s": l.arriving_tokens_per_s,
                         })
                     })
                     .collect();

@@ -56,6 +56,23 @@ impl Answer {
         }
     }
 
+    /// The answer for a caller that does not read other replicas' arrivals (`arrivals=1`):
+    /// their peer loads without them, so that the bytes are what such a caller has always
+    /// been sent.
+    pub fn without_arrivals(self) -> Answer {
+        match self {
+            Answer::Full(mut s) => {
+                s.peers = s.peers.map(PeerSection::without_arrivals);
+                Answer::Full(s)
+            }
+            Answer::Delta(mut d) => {
+                d.peers = d.peers.map(PeerSection::without_arrivals);
+                Answer::Delta(d)
+            }
+            other => other,
+        }
+    }
+
     /// The answer for a caller that does not read the pool flag or removed workers (snapshot
     /// formats 3/4, delta formats 2/3): no flag, and each removed worker as an incompatible
     /// worker that holds nothing, so that no cache credit stays with it.

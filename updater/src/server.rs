@@ -4,7 +4,8 @@
 //! version exists, or 304 after W ms; with `peers=1&replica=R` including other replicas'
 //! decisions but R's own; with `pool=1` the pool flag and removed workers of a discovered pool,
 //! snapshot format 5 / delta format 4; with `health=1` the workers down; with `placement=1` the
-//! workers' discovered placements with their age), `POST /v1/peers` (a `kvroute_core::wire::peers::PeerReport` from an Envoy
+//! workers' discovered placements with their age; with `arrivals=1` other replicas' loads carry
+//! their arrival rates), `POST /v1/peers` (a `kvroute_core::wire::peers::PeerReport` from an Envoy
 //! replica; 204), and the models' tokenizer bundles: `/v1/bundles` (JSON list) and
 //! `/v1/bundles/{fingerprint}/{part}` (binary: part `part` of
 //! `kvroute_core::wire::bundle::BundleBlob::encode()`, header `x-kvroute-bundle-parts`). Snapshots
@@ -138,6 +139,8 @@ struct Since {
     health: Option<u8>,
     /// `1`: the caller reads the workers' placements (site, zone, rack, node, with their age).
     placement: Option<u8>,
+    /// `1`: the caller reads other replicas' arrival rates in their loads.
+    arrivals: Option<u8>,
 }
 
 /// A report of an Envoy replica's decisions and load: 204, 400 when malformed, 413 when too
@@ -184,7 +187,9 @@ async fn snapshot(
         let changed = c.state.changed();
         let (pool, health, placed) =
             (q.pool == Some(1), q.health == Some(1), q.placement == Some(1));
-        match c.state.answer_query(q.since, replica, pool, health, placed) {
+        let answer = c.state.answer_query(q.since, replica, pool, health, placed);
+        let answer = if q.arrivals == Some(1) { answer } else { answer.without_arrivals() };
+        match answer {
             Answer::NotModified if tokio::time::Instant::now() < deadline => {
                 if tokio::time::timeout_at(deadline, changed).await.is_err() {
                     break Answer::NotModified;

@@ -392,35 +392,50 @@ pub fn peer_report_golden() {
             inflight: 2,
             prefilling: 1,
             prefill_tokens: 100,
+            arriving_tokens_per_s: 4000,
         }],
         credits: vec![PeerCredit { replica: 7, worker: "w".into(), at_ms: 5, hashes: vec![1] }],
     };
-    let mut want = b"KVRP\x01".to_vec();
-    want.extend_from_slice(&7u64.to_le_bytes());
-    want.extend_from_slice(&3u64.to_le_bytes());
-    want.extend_from_slice(&1u32.to_le_bytes()); // one load
-    for v in [7u64, 9, 0] {
-        want.extend_from_slice(&v.to_le_bytes());
-    }
-    want.extend_from_slice(&2u32.to_le_bytes());
-    want.extend_from_slice(&1u32.to_le_bytes());
-    want.extend_from_slice(&100u64.to_le_bytes());
-    want.extend_from_slice(&1u32.to_le_bytes()); // one credit
-    want.extend_from_slice(&7u64.to_le_bytes());
-    want.extend_from_slice(&1u16.to_le_bytes());
-    want.push(b'w');
-    want.extend_from_slice(&5u64.to_le_bytes());
-    want.extend_from_slice(&1u32.to_le_bytes());
-    want.extend_from_slice(&1u64.to_le_bytes());
+    // Format 1 (no arrivals), then format 2: the same with each load's arrivals after it.
+    let report = |format: u8| {
+        let mut want = vec![b'K', b'V', b'R', b'P', format];
+        want.extend_from_slice(&7u64.to_le_bytes());
+        want.extend_from_slice(&3u64.to_le_bytes());
+        want.extend_from_slice(&1u32.to_le_bytes()); // one load
+        for v in [7u64, 9, 0] {
+            want.extend_from_slice(&v.to_le_bytes());
+        }
+        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&100u64.to_le_bytes());
+        if format == 2 {
+            want.extend_from_slice(&4000u32.to_le_bytes());
+        }
+        want.extend_from_slice(&1u32.to_le_bytes()); // one credit
+        want.extend_from_slice(&7u64.to_le_bytes());
+        want.extend_from_slice(&1u16.to_le_bytes());
+        want.push(b'w');
+        want.extend_from_slice(&5u64.to_le_bytes());
+        want.extend_from_slice(&1u32.to_le_bytes());
+        want.extend_from_slice(&1u64.to_le_bytes());
+        want
+    };
     let limits = DecodeLimits::default();
+    let (plain, want) = (report(1), report(2));
+    assert_eq!(r.encode_with(false), plain);
     assert_eq!(r.encode(), want);
-    assert_eq!(PeerReport::decode_with(&want, &limits), Ok(r));
-    for n in 0..want.len() {
-        assert!(PeerReport::decode_with(&want[..n], &limits).is_err());
+    assert_eq!(PeerReport::decode_with(&want, &limits), Ok(r.clone()));
+    let mut without = r.clone();
+    without.loads[0].arriving_tokens_per_s = 0;
+    assert_eq!(PeerReport::decode_with(&plain, &limits), Ok(without));
+    for bytes in [&plain, &want] {
+        for n in 0..bytes.len() {
+            assert!(PeerReport::decode_with(&bytes[..n], &limits).is_err());
+        }
     }
     let mut bad = want.clone();
-    bad[4] = 2;
-    assert_eq!(PeerReport::decode_with(&bad, &limits), Err(PeerError::Format(2)));
+    bad[4] = 3;
+    assert_eq!(PeerReport::decode_with(&bad, &limits), Err(PeerError::Format(3)));
     let tight = DecodeLimits { max_hashes_per_worker: 0, ..limits };
     assert!(PeerReport::decode_with(&want, &tight).is_err(), "hashes per credit are bounded");
 }

@@ -75,8 +75,7 @@ fn as_load(l: &PeerLoad) -> WorkerLoad {
         prefill_elapsed_ms: 0,
         // Reports carry totals only: the tokens taken as evenly split (a lower bound).
         prefill_sq_tokens: WorkerLoad::even_sq_tokens(l.prefill_tokens, l.prefilling),
-        // Reports carry no send times.
-        arriving_tokens_per_s: 0,
+        arriving_tokens_per_s: u64::from(l.arriving_tokens_per_s),
         behind_tokens: 0,
     }
 }

@@ -443,11 +443,11 @@ impl Router {
                 // Other replicas' in-flight work adds to this replica's own. The worker's
                 // report is matched against all of it, the part this request jumps taken out
                 // after (else the report would count that part again as unseen requests).
-                let seen = combine_load(
-                    load.load(w).plus(self.knowledge.peer_load_key(w.key(), now_ms)),
-                    reported.as_ref(),
-                    unseen_tokens,
-                );
+                let mut peers = self.knowledge.peer_load_key(w.key(), now_ms);
+                if !self.plan.peer_arrivals {
+                    peers.arriving_tokens_per_s = 0;
+                }
+                let seen = combine_load(load.load(w).plus(peers), reported.as_ref(), unseen_tokens);
                 Candidate {
                     worker: w,
                     cached_blocks: pm.blocks,

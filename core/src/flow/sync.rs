@@ -46,6 +46,8 @@ pub enum SyncEvent {
     SnapshotFailed(Option<String>),
     PeerReport,
     PeerFailed,
+    /// The updater refused a report in format 2 (arrivals): reports go out in format 1 now.
+    PeerFormatDowngraded,
     PeerHashesDropped(u64),
     ListFailed(ListFailure),
     /// Entries of the list left out as malformed.
@@ -211,12 +213,17 @@ impl SyncFlow {
         }
         if self.peer_call == Some(token) {
             self.peer_call = None;
-            if status_of(host.answer_header(":status")) == 204 {
+            let status = status_of(host.answer_header(":status"));
+            if status == 204 {
                 host.event(SyncEvent::PeerReport);
             } else {
                 host.event(SyncEvent::PeerFailed);
                 if let Some(f) = self.forwarder.as_mut() {
-                    f.failed();
+                    if status == 400 && f.refused() {
+                        host.event(SyncEvent::PeerFormatDowngraded);
+                    } else {
+                        f.failed();
+                    }
                 }
             }
             return;
@@ -286,7 +293,8 @@ impl SyncFlow {
     /// updater's worker list is the whole pool (it follows discovery), and deltas name the
     /// workers that left; `health=1`: the workers Envoy's health checks dropped; `placement=1`:
     /// the workers' placements the updater discovered (site, zone, rack, node, with their age),
-    /// in [`crate::wire::snapshot::Snapshot::placements`] and `Delta::placements`.
+    /// in [`crate::wire::snapshot::Snapshot::placements`] and `Delta::placements`; with peers,
+    /// `arrivals=1`: other replicas' loads with their arrival rates.
     /// `Router::apply_snapshot` / `apply_delta` take them in (`Some` in a delta: the new whole
     /// list).
     pub fn snapshot_path(&self) -> String {
@@ -296,7 +304,7 @@ impl SyncFlow {
             path.push_str(&format!("&wait_ms={}", self.cfg.long_poll_ms));
         }
         if self.forwarder.is_some() {
-            path.push_str(&format!("&peers=1&replica={}", self.replica));
+            path.push_str(&format!("&peers=1&arrivals=1&replica={}", self.replica));
         }
         path
     }
@@ -334,9 +342,9 @@ impl SyncFlow {
             host.event(SyncEvent::PeerHashesDropped(out.dropped_hashes));
         }
         let Some(report) = out.report else { return };
-        let timeout = f.config().timeout_ms;
+        let (timeout, body) = (f.config().timeout_ms, f.encode(&report));
         let mut call = self.call("POST", "/v1/peers", timeout);
-        call.body = Some(report.encode());
+        call.body = Some(body);
         let sent = host.dispatch(call);
         match sent {
             Some(t) => self.peer_call = Some(t),

@@ -57,6 +57,8 @@ pub struct Forwarder {
     /// The loads last sent, by worker key.
     sent: HashMap<u64, WorkerLoad>,
     last_sent_ms: u64,
+    /// Reports go out in format 1, without arrivals: the updater refused format 2.
+    plain: bool,
 }
 
 /// What one poll found.
@@ -72,13 +74,17 @@ impl Forwarder {
     pub fn new<S: SharedStore + ?Sized>(store: &S, cfg: PeerSyncConfig) -> Forwarder {
         Forwarder {
             cfg,
-            load_limits: LoadLimits::default(),
+            load_limits: LoadLimits {
+                arrival_window_ms: cfg.arrival_window_ms,
+                ..LoadLimits::default()
+            },
             seq: 0,
             cursor: JournalCursor::at_head(store),
             pending: BTreeMap::new(),
             pending_hashes: 0,
             sent: HashMap::new(),
             last_sent_ms: 0,
+            plain: false,
         }
     }
 
@@ -148,6 +154,19 @@ impl Forwarder {
         self.sent.clear();
     }
 
+    /// The updater refused the report as malformed (400): one that reads format 1 only
+    /// refuses format 2, so reports go out in format 1 from now on (their arrivals are lost,
+    /// the rest is not), and every load is sent again. True when this changed the format.
+    pub fn refused(&mut self) -> bool {
+        self.failed();
+        !std::mem::replace(&mut self.plain, true)
+    }
+
+    /// The report's bytes, in the format the updater reads.
+    pub fn encode(&self, report: &PeerReport) -> Vec<u8> {
+        report.encode_with(!self.plain)
+    }
+
     /// Up to `cap` pending hashes as credits (a worker's list is cut, its rest kept).
     fn take_credits(&mut self, replica: u64, cap: usize) -> Vec<PeerCredit> {
         let mut credits = Vec::new();
@@ -191,6 +210,7 @@ fn peer_load(replica: u64, worker_key: u64, l: &WorkerLoad) -> PeerLoad {
         inflight: l.inflight_requests,
         prefilling: l.prefilling_requests,
         prefill_tokens: l.prefill_tokens,
+        arriving_tokens_per_s: u32::try_from(l.arriving_tokens_per_s).unwrap_or(u32::MAX),
     }
 }
 

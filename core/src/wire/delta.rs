@@ -26,6 +26,9 @@
 //! Sections bit 16: the new list of the workers' placements follows (after the workers down;
 //! laid out as in a snapshot), when it changed ([`Snapshot::placements`]); sent only to callers
 //! that ask (`placement=1`).
+//! Sections bit 32: the peer section's load entries carry each replica's arrivals (see
+//! [`crate::wire::peers`]); sent only to callers that ask (`arrivals=1`) and only while some
+//! peer load in the delta has arrivals; set without bit 2 it is an error.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -34,8 +37,8 @@ use thiserror::Error;
 use crate::wire::peers::PeerSection;
 use crate::wire::snapshot::{
     placements_len, put_head, put_models, put_names, put_placements, read_head, read_models,
-    read_names, read_placements, read_sections, ModelInfo, Snapshot, SnapshotLoad, SnapshotWorker,
-    WorkerHead, WorkerPlacement, SECTION_PEERS, SECTION_POOL,
+    read_names, read_peer_sections, read_placements, ModelInfo, Snapshot, SnapshotLoad,
+    SnapshotWorker, WorkerHead, WorkerPlacement, SECTION_PEERS, SECTION_POOL,
 };
 use crate::wire::{hashes, put_hashes, put_str, read_str, DecodeLimits, SnapshotError};
 
@@ -43,6 +46,8 @@ use crate::wire::{hashes, put_hashes, put_str, read_str, DecodeLimits, SnapshotE
 const SECTION_DOWN: u8 = 8;
 /// Sections byte: the new list of placements follows.
 const SECTION_PLACEMENT: u8 = 16;
+/// Sections byte: the peer section's load entries carry arrivals.
+const SECTION_ARRIVALS: u8 = 32;
 use crate::wire::Reader;
 
 /// Format version of the delta encoding.
@@ -373,10 +378,12 @@ impl Delta {
             + self.placements.as_deref().map_or(0, placements_len);
         let mut out = Vec::with_capacity(37 + size);
         out.extend_from_slice(MAGIC);
+        let arrivals = self.peers.as_ref().is_some_and(PeerSection::has_arrivals);
         let sections = self.pool
             || !self.removed.is_empty()
             || self.down.is_some()
-            || self.placements.is_some();
+            || self.placements.is_some()
+            || arrivals;
         out.push(match (sections, self.peers.is_some()) {
             (true, _) => DELTA_FORMAT_SECTIONS,
             (false, true) => DELTA_FORMAT_PEERS,
@@ -415,7 +422,8 @@ impl Delta {
                     | if self.peers.is_some() { SECTION_PEERS } else { 0 }
                     | if self.removed.is_empty() { 0 } else { SECTION_REMOVED }
                     | if self.down.is_some() { SECTION_DOWN } else { 0 }
-                    | if self.placements.is_some() { SECTION_PLACEMENT } else { 0 },
+                    | if self.placements.is_some() { SECTION_PLACEMENT } else { 0 }
+                    | if arrivals { SECTION_ARRIVALS } else { 0 },
             );
         }
         if let Some(p) = &self.peers {
@@ -497,14 +505,15 @@ impl Delta {
                     | SECTION_PEERS
                     | SECTION_REMOVED
                     | SECTION_DOWN
-                    | SECTION_PLACEMENT;
-                read_sections(&mut r, known)?
+                    | SECTION_PLACEMENT
+                    | SECTION_ARRIVALS;
+                read_peer_sections(&mut r, known, SECTION_ARRIVALS)?
             }
             _ => 0,
         };
         let peers = match sections & SECTION_PEERS {
             0 => None,
-            _ => Some(PeerSection::decode_from(&mut r, limits)?),
+            _ => Some(PeerSection::decode_from(&mut r, limits, sections & SECTION_ARRIVALS != 0)?),
         };
         let removed = match sections & SECTION_REMOVED {
             0 => Vec::new(),

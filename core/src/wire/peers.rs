@@ -13,12 +13,18 @@
 //! Layouts (little-endian; decoders never panic and check counts against the payload before
 //! allocating):
 //! - load entry (40 bytes): `replica` u64, `worker_key` u64, `at_ms` u64, `inflight` u32,
-//!   `prefilling` u32, `prefill_tokens` u64;
+//!   `prefilling` u32, `prefill_tokens` u64; with arrivals (44 bytes) followed by
+//!   `arriving_tokens_per_s` u32;
 //! - credit entry: `replica` u64, u16-length worker, `at_ms` u64, hashes (u32 count; each u64);
 //! - section (trailing part of snapshot format 4 and delta format 3): `ttl_ms` u64,
-//!   `load_ttl_ms` u64, loads (u32 count), credits (u32 count);
-//! - report: `KVRP`, format byte 1, `replica` u64, `seq` u64, loads (u32 count), credits (u32
-//!   count); the updater stamps `replica` and `at_ms` itself.
+//!   `load_ttl_ms` u64, loads (u32 count), credits (u32 count); its load entries carry
+//!   arrivals where the snapshot's or delta's sections byte says so (snapshot bit 16, delta
+//!   bit 32), which the updater sets only for callers that ask (`arrivals=1`) and only while
+//!   some load has arrivals, so other callers get the bytes they always did;
+//! - report: `KVRP`, format byte, `replica` u64, `seq` u64, loads (u32 count), credits (u32
+//!   count); the updater stamps `replica` and `at_ms` itself. Format 2's load entries carry
+//!   arrivals, format 1's do not (what an updater before them reads: a replica whose format 2
+//!   report is refused sends format 1 from then on).
 
 use std::collections::BTreeMap;
 
@@ -27,10 +33,14 @@ use thiserror::Error;
 use crate::wire::Reader;
 use crate::wire::{put_str, read_str, DecodeLimits, SnapshotError};
 
-/// Format byte of a [`PeerReport`].
-pub const REPORT_FORMAT: u8 = 1;
+/// Format byte of a [`PeerReport`] whose load entries carry arrivals.
+pub const REPORT_FORMAT: u8 = 2;
+/// Format byte of a [`PeerReport`] without arrivals (what updaters before them read).
+pub const REPORT_FORMAT_PLAIN: u8 = 1;
 const REPORT_MAGIC: &[u8; 4] = b"KVRP";
 const LOAD_LEN: usize = 40;
+/// A load entry with its arrivals.
+const LOAD_LEN_ARRIVALS: usize = 44;
 /// Most load entries one section or report may list.
 pub const MAX_PEER_LOADS: usize = 1 << 16;
 /// Most credit entries one section or report may list.
@@ -48,11 +58,29 @@ pub struct PeerLoad {
     pub prefilling: u32,
     /// Uncached prompt tokens of the prefilling requests.
     pub prefill_tokens: u64,
+    /// Uncached prompt tokens this replica sent the worker per second lately
+    /// ([`crate::decision::load::WorkerLoad::arriving_tokens_per_s`]); 0 where the sender's
+    /// format or the reader's request carries none.
+    pub arriving_tokens_per_s: u32,
 }
 
 impl PeerLoad {
     pub fn is_zero(&self) -> bool {
-        self.inflight == 0 && self.prefilling == 0 && self.prefill_tokens == 0
+        self.inflight == 0
+            && self.prefilling == 0
+            && self.prefill_tokens == 0
+            && self.arriving_tokens_per_s == 0
+    }
+
+    /// The same load with nothing left (a removal marker).
+    pub fn zeroed(&self) -> PeerLoad {
+        PeerLoad {
+            inflight: 0,
+            prefilling: 0,
+            prefill_tokens: 0,
+            arriving_tokens_per_s: 0,
+            ..*self
+        }
     }
 }
 
@@ -92,13 +120,16 @@ pub struct PeerReport {
 pub enum PeerError {
     #[error("not a kvroute peer report")]
     Magic,
-    #[error("peer report format {0} is not supported (expected {REPORT_FORMAT})")]
+    #[error(
+        "peer report format {0} is not supported (expected {REPORT_FORMAT_PLAIN} or {REPORT_FORMAT})"
+    )]
     Format(u8),
     #[error(transparent)]
     Body(#[from] SnapshotError),
 }
 
-fn put_loads(out: &mut Vec<u8>, loads: &[PeerLoad]) {
+/// The load entries, each with its arrivals where `arrivals`.
+fn put_loads(out: &mut Vec<u8>, loads: &[PeerLoad], arrivals: bool) {
     let loads = &loads[..loads.len().min(MAX_PEER_LOADS)];
     out.extend_from_slice(&(loads.len() as u32).to_le_bytes());
     for l in loads {
@@ -108,6 +139,9 @@ fn put_loads(out: &mut Vec<u8>, loads: &[PeerLoad]) {
         out.extend_from_slice(&l.inflight.to_le_bytes());
         out.extend_from_slice(&l.prefilling.to_le_bytes());
         out.extend_from_slice(&l.prefill_tokens.to_le_bytes());
+        if arrivals {
+            out.extend_from_slice(&l.arriving_tokens_per_s.to_le_bytes());
+        }
     }
 }
 
@@ -122,13 +156,13 @@ fn put_credits(out: &mut Vec<u8>, credits: &[PeerCredit]) {
     }
 }
 
-fn read_loads(r: &mut Reader<'_>) -> Result<Vec<PeerLoad>, SnapshotError> {
+fn read_loads(r: &mut Reader<'_>, arrivals: bool) -> Result<Vec<PeerLoad>, SnapshotError> {
     let t = || SnapshotError::Truncated;
     let n = r.u32().ok_or_else(t)? as usize;
     if n > MAX_PEER_LOADS {
         return Err(SnapshotError::TooLarge(n));
     }
-    if r.remaining() < n * LOAD_LEN {
+    if r.remaining() < n * if arrivals { LOAD_LEN_ARRIVALS } else { LOAD_LEN } {
         return Err(t());
     }
     (0..n)
@@ -140,6 +174,7 @@ fn read_loads(r: &mut Reader<'_>) -> Result<Vec<PeerLoad>, SnapshotError> {
                 inflight: r.u32().ok_or_else(t)?,
                 prefilling: r.u32().ok_or_else(t)?,
                 prefill_tokens: r.u64().ok_or_else(t)?,
+                arriving_tokens_per_s: if arrivals { r.u32().ok_or_else(t)? } else { 0 },
             })
         })
         .collect()
@@ -180,28 +215,46 @@ impl PeerSection {
         self.loads.len() + self.credits.iter().map(|c| 1 + c.hashes.len()).sum::<usize>()
     }
 
+    /// Whether some load carries arrivals: then its load entries are written with them, and
+    /// the snapshot or delta says so in its sections byte.
+    pub fn has_arrivals(&self) -> bool {
+        self.loads.iter().any(|l| l.arriving_tokens_per_s != 0)
+    }
+
+    /// The section for a reader that does not read arrivals (`arrivals=1` not asked): its
+    /// loads without them (a load with nothing else becomes a removal marker, which is what
+    /// it is to that reader).
+    pub fn without_arrivals(self) -> PeerSection {
+        let loads =
+            self.loads.iter().map(|l| PeerLoad { arriving_tokens_per_s: 0, ..*l }).collect();
+        PeerSection { loads, ..self }
+    }
+
     pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.ttl_ms.to_le_bytes());
         out.extend_from_slice(&self.load_ttl_ms.to_le_bytes());
-        put_loads(out, &self.loads);
+        put_loads(out, &self.loads, self.has_arrivals());
         put_credits(out, &self.credits);
     }
 
+    /// Reads a section whose load entries carry arrivals where `arrivals`.
     pub(crate) fn decode_from(
         r: &mut Reader<'_>,
         limits: &DecodeLimits,
+        arrivals: bool,
     ) -> Result<PeerSection, SnapshotError> {
         let t = || SnapshotError::Truncated;
         Ok(PeerSection {
             ttl_ms: r.u64().ok_or_else(t)?,
             load_ttl_ms: r.u64().ok_or_else(t)?,
-            loads: read_loads(r)?,
+            loads: read_loads(r, arrivals)?,
             credits: read_credits(r, limits)?,
         })
     }
 
     pub(crate) fn encoded_len(&self) -> usize {
-        20 + LOAD_LEN * self.loads.len()
+        let load_len = if self.has_arrivals() { LOAD_LEN_ARRIVALS } else { LOAD_LEN };
+        20 + load_len * self.loads.len()
             + self.credits.iter().map(|c| 22 + c.worker.len() + 8 * c.hashes.len()).sum::<usize>()
     }
 
@@ -254,7 +307,7 @@ impl PeerSection {
         for l in &old.loads {
             let key = (l.replica, l.worker_key);
             if !new.loads.iter().any(|n| (n.replica, n.worker_key) == key) {
-                loads.push(PeerLoad { inflight: 0, prefilling: 0, prefill_tokens: 0, ..*l });
+                loads.push(l.zeroed());
             }
         }
         let credits: Vec<PeerCredit> =
@@ -278,9 +331,17 @@ impl PeerSection {
 }
 
 impl PeerReport {
+    /// Format 2: the loads with their arrivals.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_with(true)
+    }
+
+    /// Format 2 where `arrivals`, else format 1 (the loads without them, for an updater that
+    /// reads format 1 only).
+    pub fn encode_with(&self, arrivals: bool) -> Vec<u8> {
+        let load_len = if arrivals { LOAD_LEN_ARRIVALS } else { LOAD_LEN };
         let mut out = Vec::with_capacity(
-            29 + LOAD_LEN * self.loads.len()
+            29 + load_len * self.loads.len()
                 + self
                     .credits
                     .iter()
@@ -288,15 +349,16 @@ impl PeerReport {
                     .sum::<usize>(),
         );
         out.extend_from_slice(REPORT_MAGIC);
-        out.push(REPORT_FORMAT);
+        out.push(if arrivals { REPORT_FORMAT } else { REPORT_FORMAT_PLAIN });
         out.extend_from_slice(&self.replica.to_le_bytes());
         out.extend_from_slice(&self.seq.to_le_bytes());
-        put_loads(&mut out, &self.loads);
+        put_loads(&mut out, &self.loads, arrivals);
         put_credits(&mut out, &self.credits);
         out
     }
 
-    /// Decodes within `limits` (hashes per credit bounded by `max_hashes_per_worker`).
+    /// Decodes format 1 or 2 within `limits` (hashes per credit bounded by
+    /// `max_hashes_per_worker`).
     pub fn decode_with(bytes: &[u8], limits: &DecodeLimits) -> Result<PeerReport, PeerError> {
         let mut r = Reader::new(bytes);
         let t = || PeerError::Body(SnapshotError::Truncated);
@@ -304,12 +366,12 @@ impl PeerReport {
             return Err(PeerError::Magic);
         }
         let format = r.u8().ok_or_else(t)?;
-        if format != REPORT_FORMAT {
+        if format != REPORT_FORMAT && format != REPORT_FORMAT_PLAIN {
             return Err(PeerError::Format(format));
         }
         let replica = r.u64().ok_or_else(t)?;
         let seq = r.u64().ok_or_else(t)?;
-        let loads = read_loads(&mut r)?;
+        let loads = read_loads(&mut r, format == REPORT_FORMAT)?;
         let credits = read_credits(&mut r, limits)?;
         if r.remaining() != 0 {
             return Err(SnapshotError::Trailing.into());

@@ -24,6 +24,9 @@
 //! u16-length worker, `observed_at_ms` u64, then u16-length site, zone, rack and node (empty:
 //! unknown), see [`Snapshot::placements`]; sent only to callers that ask (`placement=1`) and
 //! only while some placement is known, so a snapshot without one is written as before.
+//! Sections bit 16: the peer section's load entries carry each replica's arrivals (see
+//! [`crate::wire::peers`]); sent only to callers that ask (`arrivals=1`) and only while some
+//! peer load has arrivals; set without bit 2 it is an error.
 
 use crate::wire::peers::PeerSection;
 use crate::wire::{hashes, put_hashes, put_str, read_str, DecodeLimits, Reader, SnapshotError};
@@ -42,6 +45,8 @@ pub(crate) const SECTION_PEERS: u8 = 2;
 pub(crate) const SECTION_DOWN: u8 = 4;
 /// Sections byte: the workers' placements follow.
 pub(crate) const SECTION_PLACEMENT: u8 = 8;
+/// Sections byte: the peer section's load entries carry arrivals.
+const SECTION_ARRIVALS: u8 = 16;
 const MAGIC: &[u8; 4] = b"KVRS";
 
 /// A model the updater serves a tokenizer bundle for (`GET /v1/bundles/{fingerprint}/{part}`):
@@ -305,7 +310,8 @@ impl Snapshot {
         let size = size + if placed { placements_len(&self.placements) } else { 0 };
         let mut out = Vec::with_capacity(26 + size);
         out.extend_from_slice(MAGIC);
-        let sections = self.pool || !self.down.is_empty() || placed;
+        let arrivals = self.peers.as_ref().is_some_and(PeerSection::has_arrivals);
+        let sections = self.pool || !self.down.is_empty() || placed || arrivals;
         out.push(match (sections, self.peers.is_some()) {
             (true, _) => SNAPSHOT_FORMAT_SECTIONS,
             (false, true) => SNAPSHOT_FORMAT_PEERS,
@@ -327,7 +333,8 @@ impl Snapshot {
                 if self.pool { SECTION_POOL } else { 0 }
                     | if self.peers.is_some() { SECTION_PEERS } else { 0 }
                     | if self.down.is_empty() { 0 } else { SECTION_DOWN }
-                    | if placed { SECTION_PLACEMENT } else { 0 },
+                    | if placed { SECTION_PLACEMENT } else { 0 }
+                    | if arrivals { SECTION_ARRIVALS } else { 0 },
             );
         }
         if let Some(p) = &self.peers {
@@ -385,14 +392,18 @@ impl Snapshot {
         let sections = match format {
             SNAPSHOT_FORMAT_PEERS => SECTION_PEERS,
             SNAPSHOT_FORMAT_SECTIONS => {
-                let known = SECTION_POOL | SECTION_PEERS | SECTION_DOWN | SECTION_PLACEMENT;
-                read_sections(&mut r, known)?
+                let known = SECTION_POOL
+                    | SECTION_PEERS
+                    | SECTION_DOWN
+                    | SECTION_PLACEMENT
+                    | SECTION_ARRIVALS;
+                read_peer_sections(&mut r, known, SECTION_ARRIVALS)?
             }
             _ => 0,
         };
         let peers = match sections & SECTION_PEERS {
             0 => None,
-            _ => Some(PeerSection::decode_from(&mut r, limits)?),
+            _ => Some(PeerSection::decode_from(&mut r, limits, sections & SECTION_ARRIVALS != 0)?),
         };
         let down = match sections & SECTION_DOWN {
             0 => Vec::new(),
@@ -408,6 +419,20 @@ impl Snapshot {
         let pool = sections & SECTION_POOL != 0;
         Ok(Snapshot { version, generated_at_ms, models, workers, peers, pool, down, placements })
     }
+}
+
+/// [`read_sections`], also refusing the bit `arrivals` (the peer loads carry arrivals) without
+/// the peer section's bit.
+pub(crate) fn read_peer_sections(
+    r: &mut Reader<'_>,
+    known: u8,
+    arrivals: u8,
+) -> Result<u8, SnapshotError> {
+    let s = read_sections(r, known)?;
+    if s & arrivals != 0 && s & SECTION_PEERS == 0 {
+        return Err(SnapshotError::Flags(s));
+    }
+    Ok(s)
 }
 
 /// Reads a sections byte, refusing bits outside `known`.

@@ -1,7 +1,8 @@
 //! Two Envoy replicas sharing one updater: a decision on replica A reaches replica B through
 //! the updater (A's singleton reports it, the updater publishes it at once, B's long poll
 //! brings it) before any KV event could explain it — the updater here follows no events — and
-//! B counts A's in-flight request in its load estimate.
+//! B counts A's in-flight request in its load estimate, and A's arrivals in the step fill its
+//! promise on a busy worker foresees.
 
 use std::time::Duration;
 
@@ -138,4 +139,113 @@ async fn simultaneous_requests_on_two_replicas_spread_over_two_idle_workers() {
         })
         .await;
     }
+}
+
+/// The worker's queue length, from its own `/metrics`.
+async fn waiting(r: &Replicas) -> Option<u64> {
+    let url = format!("http://{}/metrics", r.stack.workers[0].addr);
+    let text = reqwest::get(url).await.ok()?.text().await.ok()?;
+    let line = text.lines().find(|l| l.starts_with("vllm:num_requests_waiting{"))?;
+    Some(line.rsplit(' ').next()?.parse::<f64>().ok()? as u64)
+}
+
+/// One streamed request of class `class` (the filter's admission class), its reply once it
+/// ended.
+fn send(url: &str, class: &'static str, seed: u64) -> tokio::task::JoinHandle<Reply> {
+    let b = json!({"model": MODEL, "max_tokens": 2, "stream": true,
+        "messages": [{"role": "user", "content": kvroute_testkit::textgen::words(seed, 200)}]});
+    let (url, b) = (url.to_owned(), b.to_string().into_bytes());
+    tokio::spawn(async move {
+        let (http, headers) = (reqwest::Client::new(), [("x-request-priority", class)]);
+        let r = client::send(&http, &url, "/v1/chat/completions", b, &headers);
+        tokio::time::timeout(Duration::from_secs(60), r).await.expect("no answer").unwrap()
+    })
+}
+
+async fn until_waiting(r: &Replicas, n: u64) {
+    eventually("the worker's queue", Duration::from_secs(20), || async {
+        waiting(r).await.filter(|&w| w >= n)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: want {n} waiting"));
+}
+
+/// Replica B's promise on a worker replica A keeps busy (`promised_ttft_ms` −
+/// `predicted_ttft_ms`, ms), with `window_ms` as both the filters' `load.arrival_window_ms`
+/// and the singletons' `peers.arrival_window_ms`.
+async fn peer_foreseen_fill(window_ms: u64) -> f64 {
+    let singleton = r#""interval_ms": 100}}"#;
+    let opts = ReplicaOptions {
+        workers: 1,
+        events: false,
+        // One request at a time: a stream held open takes the worker, the rest queue there.
+        sim_args: ["--scheduling-policy", "priority", "--max-num-seqs", "1"]
+            .map(String::from)
+            .to_vec(),
+        filter: json!({
+            "admission": {"classes": [{"name": "interactive", "engine_priority": 0}]},
+            "load": {"arrival_window_ms": window_ms},
+        }),
+        // The configured profile (no calibration yet) takes the worker for slow, 50 ms a
+        // token, in steps of 1 000 tokens: a queue is a long wait, and the prompts sent there
+        // lately fill the step.
+        model_overrides: json!({"profile": {"prefill_ms_per_token": 50.0, "step_token_budget": 1000}}),
+        envoy_edits: vec![(
+            singleton.into(),
+            format!(r#""interval_ms": 100, "peers": {{"arrival_window_ms": {window_ms}}}}}}}"#),
+        )],
+        ..Default::default()
+    };
+    let r = Replicas::start(opts).await.unwrap();
+    r.wait_aligned().await.unwrap();
+    // Through A: a stream that holds the worker, then three prompts queued behind it.
+    let a = r.a().base_url();
+    let body = json!({"model": MODEL, "max_tokens": 3000, "stream": true,
+        "messages": [{"role": "user", "content": kvroute_testkit::textgen::words(0x5EED_0100, 200)}]});
+    let post = reqwest::Client::new()
+        .post(format!("{a}/v1/chat/completions"))
+        .header("x-request-priority", "interactive")
+        .json(&body)
+        .send();
+    let mut held = tokio::time::timeout(Duration::from_secs(30), post).await.unwrap().unwrap();
+    let ran = tokio::time::timeout(Duration::from_secs(30), held.chunk()).await.unwrap();
+    assert!(ran.unwrap().is_some(), "the held stream sent nothing");
+    let mut queued = Vec::new();
+    for i in 1..=3u64 {
+        queued.push(send(&a, "interactive", 0x5EED_0100 + i));
+        until_waiting(&r, i).await;
+    }
+    // B learns A's queue, and its arrivals, from the updater only.
+    let v = updater_has(&r, "A's queue and its arrivals at the updater", |p| {
+        let Some(m) = p["replicas"].as_object() else { return false };
+        m.values().flat_map(|x| x["loads"].as_array().cloned().unwrap_or_default()).any(|l| {
+            l["prefilling"].as_u64() >= Some(3)
+                && (window_ms == 0 || l["arriving_tokens_per_s"].as_u64() > Some(0))
+        })
+    })
+    .await;
+    Replicas::wait_version(&r.b, v).await.unwrap();
+    let on_b = send(&r.b.base_url(), "interactive", 0x5EED_0200);
+    until_waiting(&r, 4).await;
+    // The worker goes free: everything is served.
+    drop(held);
+    for q in queued {
+        assert_eq!(q.await.unwrap().status, 200);
+    }
+    let on_b = on_b.await.unwrap();
+    assert_eq!(on_b.status, 200, "{}", on_b.body);
+    let ms = |k: &str| -> f64 { on_b.decision_field(k).and_then(|v| v.parse().ok()).unwrap() };
+    assert!(ms("predicted_wait_ms") > 0.0, "B saw A's queue: {:?}", on_b.decision);
+    ms("promised_ttft_ms") - ms("predicted_ttft_ms")
+}
+
+#[tokio::test]
+async fn a_busy_workers_promise_on_one_replica_foresees_the_arrivals_the_other_sent() {
+    // B itself sent nothing there lately: what its promise foresees beyond the estimate is A's.
+    // (Windows longer than the test, so that no arrival ages out of them.)
+    let with = peer_foreseen_fill(120_000).await;
+    assert!(with > 100.0, "foreseen fill {with} ms");
+    // With the forecast off, B adds nothing, whatever A reports.
+    let off = peer_foreseen_fill(0).await;
+    assert!(off.abs() < 0.15, "without arrivals {off} ms");
 }

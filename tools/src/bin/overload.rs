@@ -16,7 +16,7 @@
 //! estimate is queueing plus a full prefill. The filter is told nothing about the workers'
 //! speed: its cost profile is the configured one, and online calibration learns the rest.
 //!
-//! Run: `target/release/kvroute-overload [--seconds 40] [--rate 6] [--engine-priority]`
+//! Run: `target/release/kvroute-overload [--seconds 40] [--rate 6] [--engine-priority] [--replicas 2]`
 //! (after `./dev build`).
 
 #[path = "overload/plan.rs"]
@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use kvroute_stack::client;
+use kvroute_stack::envoy::Envoy;
+use kvroute_stack::replicas::{ReplicaOptions, Replicas};
 use kvroute_stack::stack::{Stack, StackOptions, MODEL};
 use serde_json::json;
 
@@ -86,6 +88,11 @@ pub(crate) struct Args {
     /// estimates, the worker, promise kept).
     #[arg(long)]
     requests_csv: Option<std::path::PathBuf>,
+    /// Envoy replicas (1 or 2) sharing the workers and the updater: the arrivals alternate
+    /// between them, so each one learns of the other's load and arrivals only through the
+    /// updater. The calibration gauges printed are the first replica's.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    replicas: u8,
 }
 
 fn options(a: &Args) -> StackOptions {
@@ -106,6 +113,25 @@ fn options(a: &Args) -> StackOptions {
         filter: json!({"admission": {"classes": [interactive, batch]}}),
         ..Default::default()
     }
+}
+
+/// The stack, and the second replica when there are two.
+async fn start(a: &Args) -> anyhow::Result<(Stack, Option<Envoy>)> {
+    let o = options(a);
+    if a.replicas < 2 {
+        return Ok((Stack::start(o).await?, None));
+    }
+    let r = Replicas::start(ReplicaOptions {
+        workers: o.workers,
+        events: true,
+        sim_args: o.sim_args,
+        filter: o.filter,
+        ..Default::default()
+    })
+    .await?;
+    r.wait_aligned().await?;
+    let Replicas { stack, b } = r;
+    Ok((stack, Some(b)))
 }
 
 /// A short streamed chat request: `text` led by `tag`, so that no two requests share a prefix.
@@ -137,11 +163,18 @@ async fn fire(
 }
 
 /// TTFT of the prompt on an idle pool (ms): the median of `n` requests (at least 5) sent one
-/// at a time.
-async fn idle_ttft(http: &reqwest::Client, url: &str, text: &str, n: usize) -> anyhow::Result<f64> {
+/// at a time, each led by `tag` and its number (a replica's own tag: another replica's
+/// prompts are cache hits, which would teach its calibration nothing of a prefill).
+async fn idle_ttft(
+    http: &reqwest::Client,
+    url: &str,
+    tag: &str,
+    text: &str,
+    n: usize,
+) -> anyhow::Result<f64> {
     let mut t = Vec::new();
     for i in 0..n.max(5) {
-        let body = chat_body(&format!("idle-{i}"), text);
+        let body = chat_body(&format!("{tag}-{i}"), text);
         let r = client::chat(http, url, &body).await?;
         anyhow::ensure!(r.status == 200, "idle request answered {}: {}", r.status, r.body);
         t.push(r.ttft.as_secs_f64() * 1e3);
@@ -156,15 +189,20 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(a.rate > 0.0 && a.after_rate >= 0.0, "rates must be positive");
     anyhow::ensure!((0.0..=1.0).contains(&a.interactive_share), "a share is within 0..1");
     let text = plan::prompt_text(a.prompt_tokens)?;
-    let stack = Stack::start(options(&a)).await?;
-    let url: Arc<str> = stack.base_url().into();
+    let (stack, b) = start(&a).await?;
+    let mut urls: Vec<Arc<str>> = vec![stack.base_url().into()];
+    urls.extend(b.as_ref().map(|b| b.base_url().into()));
     let http = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
-    let idle = idle_ttft(&http, &url, &text, a.warmup).await?;
+    // Every replica's calibration learns the idle pool; the first one's median is the idle TTFT.
+    let idle = idle_ttft(&http, &urls[0], "idle", &text, a.warmup).await?;
+    for (i, url) in urls.iter().enumerate().skip(1) {
+        idle_ttft(&http, url, &format!("idle{i}"), &text, a.warmup).await?;
+    }
     let after_deadline = (idle * a.after_deadline_factor).ceil() as u64;
     let arrivals = plan::arrivals(&a, after_deadline);
     println!(
         "kvroute-overload: {} workers at {} ms/token, ~{} tokens per prompt, idle TTFT {idle:.0} ms; \
-         {} s at {}/s then {} s at {}/s, {} requests, {:.0} % interactive{}",
+         {} s at {}/s then {} s at {}/s, {} requests, {:.0} % interactive{}{}",
         a.workers,
         a.prefill_ms_per_token,
         a.prompt_tokens,
@@ -174,7 +212,8 @@ async fn main() -> anyhow::Result<()> {
         a.after_rate,
         arrivals.len(),
         a.interactive_share * 100.0,
-        if a.engine_priority { ", engine priority" } else { "" }
+        if a.engine_priority { ", engine priority" } else { "" },
+        if urls.len() > 1 { ", 2 Envoy replicas" } else { "" }
     );
     println!(
         "promises: interactive deadline {} ms (after the overload {after_deadline} ms), batch max_wait {} ms",
@@ -185,7 +224,10 @@ async fn main() -> anyhow::Result<()> {
     let start = Instant::now();
     let tasks: Vec<_> = arrivals
         .into_iter()
-        .map(|arr| tokio::spawn(fire(http.clone(), url.clone(), start, arr, text.clone())))
+        .map(|arr| {
+            let url = urls[arr.id % urls.len()].clone();
+            tokio::spawn(fire(http.clone(), url, start, arr, text.clone()))
+        })
         .collect();
     let overload_end = Duration::from_secs(a.seconds);
     tokio::time::sleep_until((start + overload_end).into()).await;
@@ -195,6 +237,7 @@ async fn main() -> anyhow::Result<()> {
         outcomes.push(t.await?);
     }
     let after = calibration(&stack).await;
+    drop(b);
     drop(stack);
     report::print(&outcomes, idle, a.batch_max_wait_ms, overload_end);
     if let Some(path) = &a.requests_csv {

@@ -8,6 +8,7 @@ fn load(key: u64, prefilling: u32) -> PeerLoad {
         inflight: prefilling,
         prefilling,
         prefill_tokens: 10 * u64::from(prefilling),
+        arriving_tokens_per_s: 0,
     }
 }
 

@@ -44,6 +44,7 @@ fn report(replica: u64, seq: u64, hashes: &[u64]) -> PeerReport {
             inflight: 1,
             prefilling: 1,
             prefill_tokens: 300,
+            arriving_tokens_per_s: 1500,
         }],
         credits: vec![PeerCredit {
             replica,
@@ -81,6 +82,7 @@ async fn a_long_poll_answers_on_a_peer_report_without_the_callers_own() {
             assert_eq!(p.credits[0].hashes, [1, 2]);
             assert_eq!(p.credits[0].replica, 7);
             assert!(p.credits[0].at_ms > 0, "stamped by the updater");
+            assert_eq!(p.loads[0].arriving_tokens_per_s, 0, "arrivals only to who asks");
         })
     };
     assert_eq!(c.report("wrong-token-000000", report(7, 1, &[1, 2]).encode()).await, 401);
@@ -97,6 +99,18 @@ async fn a_long_poll_answers_on_a_peer_report_without_the_callers_own() {
     let (_, body) = c.poll("peers=1&replica=9").await;
     let full = Snapshot::decode(&body).unwrap();
     assert_eq!(full.peers.unwrap().credits.len(), 1);
+    // A caller that reads arrivals gets the replica's, from a delta or a snapshot.
+    let (_, body) = c.poll(&format!("since={v}&peers=1&arrivals=1&replica=9")).await;
+    assert_eq!(Delta::decode(&body).unwrap().peers.unwrap().loads[0].arriving_tokens_per_s, 1500);
+    let (_, body) = c.poll("peers=1&arrivals=1&replica=9").await;
+    let full = Snapshot::decode(&body).unwrap();
+    assert_eq!(full.peers.unwrap().loads[0].arriving_tokens_per_s, 1500);
+    // A report in the format before arrivals is still taken in.
+    assert_eq!(c.report(TOKEN, report(7, 2, &[3]).encode_with(false)).await, 204);
+    let (_, body) = c.poll("peers=1&arrivals=1&replica=9").await;
+    let full = Snapshot::decode(&body).unwrap();
+    let p = full.peers.unwrap();
+    assert_eq!((p.credits.len(), p.loads[0].arriving_tokens_per_s), (2, 0));
 }
 
 #[tokio::test]

@@ -83,6 +83,9 @@ pub struct Plan {
     pub weigh: Weigh,
     /// `knowledge.cache_aware`: false credits no worker with cached blocks (an ablation).
     pub cache_aware: bool,
+    /// `load.arrival_window_ms` > 0: the arrival rates other replicas report count too (0
+    /// turns the forecast off here, whatever the peers' singletons send).
+    pub peer_arrivals: bool,
     pub max_prompt_tokens: usize,
     pub max_prompt_bytes: usize,
     /// Where workers are and what moving KV costs; `None`: all local, no pulls.
@@ -156,6 +159,7 @@ impl Plan {
             adapters,
             weigh: Weigh { tie: cfg.tie_band, stall_weight: cfg.stream_stall_weight },
             cache_aware: cfg.knowledge.cache_aware,
+            peer_arrivals: cfg.load.arrival_window_ms > 0,
             max_prompt_tokens: cfg.max_prompt_tokens,
             max_prompt_bytes: cfg.max_prompt_bytes,
             // An empty section is no topology: decisions stay exactly the topology-free ones.

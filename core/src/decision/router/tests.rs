@@ -429,3 +429,40 @@ fn a_first_byte_another_request_may_have_raced_is_told_apart() {
     r.apply_snapshot(&Snapshot { peers: Some(empty), ..Default::default() });
     assert!(!r.knowledge().instant_shared(&w1, 1_005, &alone));
 }
+
+/// Behind several Envoy replicas each sees only its share of a worker's arrivals: the rates
+/// the others report through the updater count in a busy worker's step-fill forecast, unless
+/// this filter turned the forecast off (`load.arrival_window_ms: 0`).
+#[test]
+fn other_replicas_arrivals_count_in_a_busy_workers_step_fill() {
+    use crate::wire::peers::{PeerLoad, PeerSection};
+    use crate::wire::snapshot::Snapshot;
+    let forecast = |window: u64, rate: u32| {
+        let cfg = json!({"models":[{"name":"m","workers":["127.0.0.1:1"]}],
+                         "load": {"arrival_window_ms": window}});
+        let cfg = FilterConfig::from_json(cfg.to_string().as_bytes()).unwrap();
+        let mut r = Router::new(&cfg).unwrap();
+        r.knowledge_mut().set_replica(7);
+        // Replica 8 has three prompts queued there, and sends it `rate` tokens a second.
+        let busy = PeerLoad {
+            replica: 8,
+            worker_key: crate::decision::load::worker_key("127.0.0.1:1"),
+            at_ms: 1_000,
+            inflight: 3,
+            prefilling: 3,
+            prefill_tokens: 6_000,
+            arriving_tokens_per_s: rate,
+        };
+        let peers =
+            PeerSection { ttl_ms: 10_000, load_ttl_ms: 3_000, loads: vec![busy], credits: vec![] };
+        r.apply_snapshot(&Snapshot { peers: Some(peers), ..Default::default() });
+        let idle = |_: &str| WorkerLoad::default();
+        let d = r.decide(&req(None, &LONG.repeat(20)), 0, &idle, 1_100, 0).unwrap();
+        let s = &d.ranked[0];
+        assert!(s.wait_ms > 0.0, "the peer's queue is counted: {s:?}");
+        s.fill_forecast_ms
+    };
+    assert_eq!(forecast(2_000, 0), 0.0, "no arrivals, nothing foreseen");
+    assert!(forecast(2_000, 4_000) > 0.0, "the peer's arrivals fill the request's step");
+    assert_eq!(forecast(0, 4_000), 0.0, "off here, whatever the peers send");
+}

@@ -287,7 +287,11 @@ fn peer_reports_go_one_at_a_time_with_this_replicas_id() {
     assert_eq!(report.method, "POST");
     assert!(report.body.is_some());
     let poll = sent.iter().find(|s| s.path.starts_with("/v1/snapshot")).unwrap();
-    assert!(poll.path.ends_with(&format!("&peers=1&replica={replica}")), "{}", poll.path);
+    assert!(
+        poll.path.ends_with(&format!("&peers=1&arrivals=1&replica={replica}")),
+        "{}",
+        poll.path
+    );
     // The report is out: the next ticks send no other.
     host.now += 2_000;
     flow.on_tick(&mut host);
@@ -302,6 +306,36 @@ fn peer_reports_go_one_at_a_time_with_this_replicas_id() {
     let report = next.iter().find(|s| s.path == "/v1/peers").unwrap().clone();
     answer(&mut flow, &mut host, &report, 500, Vec::new());
     assert_eq!(host.events(), [SyncEvent::PeerFailed]);
+}
+
+#[test]
+fn a_report_refused_as_malformed_goes_out_in_the_format_before_arrivals_from_then_on() {
+    use crate::wire::peers::{PeerReport, REPORT_FORMAT, REPORT_FORMAT_PLAIN};
+    let mut host = FakeHost::at(50_000);
+    let peers = json!({"peers": {"enabled": true, "forward_ms": 5}});
+    let mut flow = SyncFlow::new(config(peers), &host, 42);
+    let format = |s: &Sent| s.body.as_ref().map(|b| b[4]);
+    let next_report = |flow: &mut SyncFlow, host: &mut FakeHost, hash: u64| {
+        credit(&host.store, hash);
+        host.now += 2_000;
+        flow.on_tick(host);
+        host.take().into_iter().find(|s| s.path == "/v1/peers").unwrap()
+    };
+    let first = next_report(&mut flow, &mut host, 100);
+    assert_eq!(format(&first), Some(REPORT_FORMAT));
+    // An updater that reads format 1 only refuses format 2 as malformed.
+    answer(&mut flow, &mut host, &first, 400, Vec::new());
+    assert_eq!(host.events(), [SyncEvent::PeerFailed, SyncEvent::PeerFormatDowngraded]);
+    let second = next_report(&mut flow, &mut host, 200);
+    assert_eq!(format(&second), Some(REPORT_FORMAT_PLAIN));
+    let body = second.body.clone().unwrap();
+    let decoded = PeerReport::decode_with(&body, &Default::default()).unwrap();
+    assert_eq!(decoded.credits[0].hashes, [200], "the report's content is kept");
+    // Refused again: no second downgrade, the format stays.
+    answer(&mut flow, &mut host, &second, 400, Vec::new());
+    assert_eq!(host.events(), [SyncEvent::PeerFailed]);
+    let third = next_report(&mut flow, &mut host, 300);
+    assert_eq!(format(&third), Some(REPORT_FORMAT_PLAIN));
 }
 
 /// A routing decision journaled by a filter thread.

@@ -75,6 +75,9 @@ fn loads_are_sent_when_they_change_on_heartbeats_and_as_zero_when_gone() {
         (l.worker_key, l.inflight, l.prefilling, l.prefill_tokens),
         (worker_key(W), 1, 1, 500)
     );
+    // 500 tokens sent within the default 2 s window: 250 a second, for the other replicas'
+    // forecast of the worker's step fill.
+    assert_eq!(l.arriving_tokens_per_s, 250);
     assert!(f.poll(&store, &t, 7, 50).report.is_none(), "unchanged, no heartbeat due");
     let r = f.poll(&store, &t, 7, 101).report.unwrap();
     assert_eq!(r.loads.len(), 1, "heartbeat");

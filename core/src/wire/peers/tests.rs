@@ -14,6 +14,7 @@ fn load(replica: u64, key: u64, at_ms: u64, prefilling: u32) -> PeerLoad {
         inflight: prefilling + 1,
         prefilling,
         prefill_tokens: 100 * u64::from(prefilling),
+        arriving_tokens_per_s: 0,
     }
 }
 
@@ -130,6 +131,63 @@ fn a_view_ignores_its_own_replica_and_expires_loads() {
     assert_eq!(v.load(worker_key(w), 200).prefilling_requests, 1);
 }
 
+#[test]
+fn arrivals_travel_only_where_a_load_has_them_and_the_reader_asks() {
+    let plain =
+        Snapshot { version: 2, generated_at_ms: 3, peers: Some(section()), ..Default::default() };
+    let mut arriving = section();
+    arriving.loads[0].arriving_tokens_per_s = 1200;
+    let with = Snapshot { peers: Some(arriving.clone()), ..plain.clone() };
+    // A snapshot: format 5 with sections bits 2 and 16, its load entries 4 bytes longer.
+    let bytes = with.encode();
+    assert_eq!(bytes[4], crate::wire::snapshot::SNAPSHOT_FORMAT_SECTIONS);
+    assert_eq!(bytes.len(), plain.encode().len() + 1 + 4);
+    assert_eq!(Snapshot::decode(&bytes), Ok(with.clone()));
+    for n in 0..bytes.len() {
+        assert!(Snapshot::decode(&bytes[..n]).is_err());
+    }
+    // Without them (a reader that did not ask), the bytes are what they always were.
+    let without = Snapshot { peers: Some(arriving.clone().without_arrivals()), ..plain.clone() };
+    assert_eq!(without.encode(), plain.encode());
+    assert_eq!(plain.encode()[4], SNAPSHOT_FORMAT_PEERS);
+    // A delta likewise (bit 32), and applied it keeps the arrivals.
+    let d = Delta::between(&plain, &with);
+    assert_eq!(d.peers.as_ref().map(|p| p.loads[0].arriving_tokens_per_s), Some(1200));
+    let dbytes = d.encode();
+    assert_eq!(dbytes[4], crate::wire::delta::DELTA_FORMAT_SECTIONS);
+    assert_eq!(Delta::decode(&dbytes), Ok(d.clone()));
+    let mut s = plain.clone();
+    s.apply_delta(&d).unwrap();
+    assert_eq!(s.peers, Some(arriving.clone()));
+    // The arrivals bit without a peer section is refused.
+    let mut bad = Snapshot { pool: true, ..Snapshot::default() }.encode();
+    let at = bad.len() - 1;
+    assert_eq!(bad[at], 1, "the sections byte ends a pool snapshot without peers");
+    bad[at] = 1 | 16;
+    assert!(Snapshot::decode(&bad).is_err());
+}
+
+#[test]
+fn other_replicas_arrivals_add_to_the_workers_rate() {
+    let key = worker_key("127.0.0.1:1");
+    let mut v = PeerView::default();
+    v.set_replica(7);
+    let with =
+        |replica, rate| PeerLoad { arriving_tokens_per_s: rate, ..load(replica, key, 100, 1) };
+    let s = PeerSection {
+        loads: vec![with(7, 5000), with(8, 1000), with(9, 300)],
+        credits: vec![],
+        ..section()
+    };
+    let _ = v.apply(&s, true).count();
+    assert_eq!(v.load(key, 200).arriving_tokens_per_s, 1300, "its own replica's left out");
+    // A load whose only work left is its arrivals still counts them; one with none is gone.
+    let only = PeerLoad { inflight: 0, prefilling: 0, prefill_tokens: 0, ..with(8, 700) };
+    assert!(!only.is_zero() && only.zeroed().is_zero());
+    let _ = v.apply(&PeerSection { loads: vec![only, with(9, 300).zeroed()], ..s }, false).count();
+    assert_eq!(v.load(key, 200).arriving_tokens_per_s, 700);
+}
+
 proptest! {
     #[test]
     fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
@@ -149,9 +207,18 @@ proptest! {
         let r = PeerReport {
             replica,
             seq,
-            loads: workers.iter().map(|w| load(replica, w.len() as u64, seq, 2)).collect(),
+            loads: workers
+                .iter()
+                .map(|w| PeerLoad { arriving_tokens_per_s: seq as u32, ..load(replica, w.len() as u64, seq, 2) })
+                .collect(),
             credits: workers.iter().map(|w| credit(replica, w, seq, &hashes)).collect(),
         };
-        prop_assert_eq!(PeerReport::decode_with(&r.encode(), &DecodeLimits::default()), Ok(r));
+        prop_assert_eq!(PeerReport::decode_with(&r.encode(), &DecodeLimits::default()), Ok(r.clone()));
+        // Format 1 carries everything but the arrivals.
+        let plain = PeerReport {
+            loads: r.loads.iter().map(|l| PeerLoad { arriving_tokens_per_s: 0, ..*l }).collect(),
+            ..r.clone()
+        };
+        prop_assert_eq!(PeerReport::decode_with(&r.encode_with(false), &DecodeLimits::default()), Ok(plain));
     }
 }
