@@ -469,7 +469,8 @@ fn snapshot_decode() -> Seeds {
     // Placements the updater discovered, after the workers down.
     let placed = Snapshot { placements: placements(), ..pool_down.clone() };
     let arriving = Snapshot { peers: Some(arriving_peers()), ..placed.clone() };
-    for s in [&a, &b, &empty, &with_peers, &pool, &pool_peers, &down, &pool_down, &placed, &arriving]
+    for s in
+        [&a, &b, &empty, &with_peers, &pool, &pool_peers, &down, &pool_down, &placed, &arriving]
     {
         assert_eq!(Snapshot::decode(&s.encode()).as_ref(), Ok(s));
     }
