@@ -9,8 +9,7 @@ use serde_json::Value;
 
 use crate::envoy::Envoy;
 use crate::stack::{
-    edited_template, filter_config, write_config, write_config_text, Stack, StackOptions,
-    StackPorts, Updater,
+    edited_template, filter_config, write_config_text, Stack, StackOptions, StackPorts, Updater,
 };
 use crate::{eventually, paths};
 
@@ -82,10 +81,7 @@ impl Replicas {
         let text = edited_template("kvroute.yaml", &o.envoy_edits)?;
         let config = |admin, listen| {
             let ports = StackPorts { admin, listen, ..ports };
-            match &text {
-                None => write_config("kvroute.yaml", &dir, ports, &addrs, &filter),
-                Some(t) => write_config_text("kvroute.yaml", t, &dir, ports, &addrs, &filter),
-            }
+            write_config_text("kvroute.yaml", &text, &dir, ports, &addrs, &filter)
         };
         let first = (ports.admin, ports.listen);
         let b = Envoy::start_retrying_ports(first, &dir, opts.envoy_concurrency, config).await?;

@@ -69,6 +69,17 @@ impl SimWorker {
             .and_then(|v| v.parse().ok()))
     }
 
+    /// Waits (at most 20 s) until the worker's engine queue holds at least `n` requests
+    /// (`vllm:num_requests_waiting`).
+    pub async fn until_waiting(&self, n: u64) -> anyhow::Result<()> {
+        let queued = || async {
+            let w = self.metric("vllm:num_requests_waiting").await.ok()??;
+            (w >= n as f64).then_some(())
+        };
+        let what = format!("{n} requests waiting on {}", self.addr);
+        crate::eventually(&what, Duration::from_secs(20), queued).await
+    }
+
     /// POSTs to the worker's fault endpoint, e.g. `evict?percent=50`.
     pub async fn admin(
         &self,

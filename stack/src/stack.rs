@@ -394,18 +394,13 @@ pub fn write_config(
     addrs: &[String],
     filter: &Value,
 ) -> anyhow::Result<PathBuf> {
-    let path = paths::repo_root().join("envoy").join(template);
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text = edited_template(template, &[])?;
     write_config_text(template, &text, dir, ports, addrs, filter)
 }
 
-/// Envoy template `name` with each of `edits` (from, to) made, or `None` when there is none
-/// (the template as it is); an edit whose `from` is not there is an error.
-pub fn edited_template(name: &str, edits: &[(String, String)]) -> anyhow::Result<Option<String>> {
-    if edits.is_empty() {
-        return Ok(None);
-    }
+/// Envoy template `name`'s text with each of `edits` (from, to) made; an edit whose `from` is
+/// not there is an error.
+pub fn edited_template(name: &str, edits: &[(String, String)]) -> anyhow::Result<String> {
     let path = paths::repo_root().join("envoy").join(name);
     let mut t =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -413,7 +408,7 @@ pub fn edited_template(name: &str, edits: &[(String, String)]) -> anyhow::Result
         anyhow::ensure!(t.contains(from.as_str()), "{name} has no {from:?} to edit");
         t = t.replace(from.as_str(), to);
     }
-    Ok(Some(t))
+    Ok(t)
 }
 
 /// Renders template `text` (named `name`) for the given ports and workers into `dir`.
@@ -485,10 +480,7 @@ impl Stack {
         let text = edited_template(name, &opts.envoy_edits)?;
         let config = |admin, listen| {
             let ports = StackPorts { admin, listen, ..ports };
-            match &text {
-                None => write_config(name, &dir, ports, &addrs, &filter),
-                Some(t) => write_config_text(name, t, &dir, ports, &addrs, &filter),
-            }
+            write_config_text(name, &text, &dir, ports, &addrs, &filter)
         };
         let first = (ports.admin, ports.listen);
         let envoy =

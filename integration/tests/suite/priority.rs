@@ -70,21 +70,6 @@ async fn first_token(mut r: reqwest::Response) -> Instant {
 }
 
 /// The worker's queue length, from its own `/metrics`.
-async fn waiting(stack: &Stack) -> Option<u64> {
-    let url = format!("http://{}/metrics", stack.workers[0].addr);
-    let text = reqwest::get(url).await.ok()?.text().await.ok()?;
-    let line = text.lines().find(|l| l.starts_with("vllm:num_requests_waiting{"))?;
-    Some(line.rsplit(' ').next()?.parse::<f64>().ok()? as u64)
-}
-
-async fn until_waiting(stack: &Stack, n: u64) {
-    kvroute_stack::eventually("the worker's queue", Duration::from_secs(20), || async {
-        waiting(stack).await.filter(|&w| w >= n)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}: want {n} waiting"));
-}
-
 /// One worker scheduling by priority, one request at a time, its slot taken by a stream held
 /// open: everything sent after it queues in the engine. `model`: the model's overrides.
 async fn held_worker(model: Value) -> (Stack, reqwest::Response) {
@@ -133,7 +118,7 @@ async fn the_engine_serves_interactive_before_earlier_batch_whatever_clients_wro
     for (i, (class, claim)) in queued.into_iter().enumerate() {
         let (url, b) = (url.clone(), body(i + 1, 2, true, claim));
         tasks.push(tokio::spawn(async move { first_token(stream(&url, class, &b).await).await }));
-        until_waiting(&stack, i as u64 + 1).await;
+        stack.workers[0].until_waiting(i as u64 + 1).await.unwrap();
     }
     drop(held);
     let mut firsts = Vec::new();
@@ -156,7 +141,7 @@ async fn batch_requests_passed_over_are_learned_only_for_their_margin() {
     let mut tasks = Vec::new();
     for (i, class) in ["batch", "batch", "interactive"].into_iter().enumerate() {
         tasks.push(send_later(&url, class, i + 1));
-        until_waiting(&stack, i as u64 + 1).await;
+        stack.workers[0].until_waiting(i as u64 + 1).await.unwrap();
     }
     drop(held);
     for t in tasks {
@@ -203,7 +188,7 @@ async fn queue_then_serve(
     let mut tasks = Vec::new();
     for (i, class) in classes.iter().enumerate() {
         tasks.push(send_later(&url, class, i + 1));
-        until_waiting(stack, i as u64 + 1).await;
+        stack.workers[0].until_waiting(i as u64 + 1).await.unwrap();
     }
     drop(held);
     let mut replies = Vec::new();

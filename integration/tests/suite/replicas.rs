@@ -142,13 +142,6 @@ async fn simultaneous_requests_on_two_replicas_spread_over_two_idle_workers() {
 }
 
 /// The worker's queue length, from its own `/metrics`.
-async fn waiting(r: &Replicas) -> Option<u64> {
-    let url = format!("http://{}/metrics", r.stack.workers[0].addr);
-    let text = reqwest::get(url).await.ok()?.text().await.ok()?;
-    let line = text.lines().find(|l| l.starts_with("vllm:num_requests_waiting{"))?;
-    Some(line.rsplit(' ').next()?.parse::<f64>().ok()? as u64)
-}
-
 /// One streamed request of class `class` (the filter's admission class), its reply once it
 /// ended.
 fn send(url: &str, class: &'static str, seed: u64) -> tokio::task::JoinHandle<Reply> {
@@ -160,14 +153,6 @@ fn send(url: &str, class: &'static str, seed: u64) -> tokio::task::JoinHandle<Re
         let r = client::send(&http, &url, "/v1/chat/completions", b, &headers);
         tokio::time::timeout(Duration::from_secs(60), r).await.expect("no answer").unwrap()
     })
-}
-
-async fn until_waiting(r: &Replicas, n: u64) {
-    eventually("the worker's queue", Duration::from_secs(20), || async {
-        waiting(r).await.filter(|&w| w >= n)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}: want {n} waiting"));
 }
 
 /// Replica B's promise on a worker replica A keeps busy (`promised_ttft_ms` −
@@ -213,7 +198,7 @@ async fn peer_foreseen_fill(window_ms: u64) -> f64 {
     let mut queued = Vec::new();
     for i in 1..=3u64 {
         queued.push(send(&a, "interactive", 0x5EED_0100 + i));
-        until_waiting(&r, i).await;
+        r.stack.workers[0].until_waiting(i).await.unwrap();
     }
     // B learns A's queue, and its arrivals, from the updater only.
     let v = updater_has(&r, "A's queue and its arrivals at the updater", |p| {
@@ -226,7 +211,7 @@ async fn peer_foreseen_fill(window_ms: u64) -> f64 {
     .await;
     Replicas::wait_version(&r.b, v).await.unwrap();
     let on_b = send(&r.b.base_url(), "interactive", 0x5EED_0200);
-    until_waiting(&r, 4).await;
+    r.stack.workers[0].until_waiting(4).await.unwrap();
     // The worker goes free: everything is served.
     drop(held);
     for q in queued {
