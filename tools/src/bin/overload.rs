@@ -90,7 +90,7 @@ pub(crate) struct Args {
     requests_csv: Option<std::path::PathBuf>,
     /// Envoy replicas (1 or 2) sharing the workers and the updater: the arrivals alternate
     /// between them, so each one learns of the other's load and arrivals only through the
-    /// updater. The calibration gauges printed are the first replica's.
+    /// updater. The calibration gauges are printed for each replica.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     replicas: u8,
 }
@@ -220,7 +220,8 @@ async fn main() -> anyhow::Result<()> {
         a.deadline_ms, a.batch_max_wait_ms
     );
     let text: Arc<str> = text.into();
-    let before = calibration(&stack).await;
+    let envoys: Vec<&Envoy> = std::iter::once(&stack.envoy).chain(b.as_ref()).collect();
+    let before = calibrations(&envoys).await;
     let start = Instant::now();
     let tasks: Vec<_> = arrivals
         .into_iter()
@@ -231,35 +232,52 @@ async fn main() -> anyhow::Result<()> {
         .collect();
     let overload_end = Duration::from_secs(a.seconds);
     tokio::time::sleep_until((start + overload_end).into()).await;
-    let at_end = calibration(&stack).await;
+    let at_end = calibrations(&envoys).await;
     let mut outcomes = Vec::with_capacity(tasks.len());
     for t in tasks {
         outcomes.push(t.await?);
     }
-    let after = calibration(&stack).await;
+    let after = calibrations(&envoys).await;
+    drop(envoys);
     drop(b);
     drop(stack);
-    report::print(&outcomes, idle, a.batch_max_wait_ms, overload_end);
+    report::print(&outcomes, (idle, a.batch_max_wait_ms), overload_end, urls.len());
     if let Some(path) = &a.requests_csv {
         std::fs::write(path, report::csv(&outcomes, idle, a.batch_max_wait_ms))?;
     }
-    println!(
-        "\ncalibration (Envoy's gauges)     {:>16} {:>16} {:>16}",
-        "after idle", "overload end", "the end"
-    );
-    for (name, idle_v) in &before {
-        let at = |m: &[(String, f64)]| {
-            m.iter().find(|(k, _)| k == name).map_or("-".into(), |(_, v)| format!("{v:.0}"))
-        };
-        println!("{name:<32} {idle_v:>16.0} {:>16} {:>16}", at(&at_end), at(&after));
+    for (i, before) in before.iter().enumerate() {
+        let whose = if after.len() > 1 { format!("replica {}'s", i + 1) } else { "Envoy's".into() };
+        println!(
+            "\ncalibration ({whose} gauges){:>w$} {:>16} {:>16}",
+            "after idle",
+            "overload end",
+            "the end",
+            w = 50 - whose.len() - 21
+        );
+        for (name, idle_v) in before {
+            let at = |m: &[Vec<(String, f64)>]| {
+                let v = m.get(i).and_then(|m| m.iter().find(|(k, _)| k == name));
+                v.map_or("-".into(), |(_, v)| format!("{v:.0}"))
+            };
+            println!("{name:<32} {idle_v:>16.0} {:>16} {:>16}", at(&at_end), at(&after));
+        }
     }
     Ok(())
 }
 
+/// [`calibration`] of each Envoy.
+async fn calibrations(envoys: &[&Envoy]) -> Vec<Vec<(String, f64)>> {
+    let mut out = Vec::with_capacity(envoys.len());
+    for e in envoys {
+        out.push(calibration(e).await);
+    }
+    out
+}
+
 /// The calibration's gauges of the model (coefficients, samples, each worker's deviation),
 /// short names; empty when Envoy's stats cannot be read.
-async fn calibration(stack: &Stack) -> Vec<(String, f64)> {
-    let Ok(m) = stack.envoy.prometheus().await else { return Vec::new() };
+async fn calibration(envoy: &Envoy) -> Vec<(String, f64)> {
+    let Ok(m) = envoy.prometheus().await else { return Vec::new() };
     let mut out: Vec<(String, f64)> = m
         .into_iter()
         .filter_map(|(k, v)| {

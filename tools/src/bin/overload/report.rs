@@ -119,8 +119,15 @@ pub fn csv(all: &[Outcome], idle_ms: f64, max_wait_ms: f64) -> String {
     out
 }
 
-/// Prints the table, the promises kept overall, and the return after the overload.
-pub fn print(all: &[Outcome], idle_ms: f64, max_wait_ms: f64, overload_end: Duration) {
+/// Prints the table, the promises kept overall, each replica's share of the overload's
+/// interactive requests (where `replicas` > 1; arrival `id` went to replica `id % replicas`),
+/// and the return after the overload.
+pub fn print(
+    all: &[Outcome],
+    (idle_ms, max_wait_ms): (f64, f64),
+    overload_end: Duration,
+    replicas: usize,
+) {
     println!(
         "\n{:<12} {:<9} {:>5} {:>8} {:>5} {:>6} {:>12} {:>9} {:>9} {:>11} {:>11}",
         "class",
@@ -171,6 +178,14 @@ pub fn print(all: &[Outcome], idle_ms: f64, max_wait_ms: f64, overload_end: Dura
         admitted.len(),
         pct(kept, admitted.len())
     );
+    for r in (0..replicas).filter(|_| replicas > 1) {
+        let (sent, admitted, kept) = replica_share(all, r, replicas, (idle_ms, max_wait_ms));
+        println!(
+            "replica {}: interactive in the overload: {admitted} of {sent} admitted, {kept} kept ({})",
+            r + 1,
+            pct(kept, admitted)
+        );
+    }
     let p99 = |c: Class| {
         let v: Vec<f64> =
             admitted.iter().filter(|o| o.arrival.class == c).map(|o| o.ttft_ms).collect();
@@ -201,6 +216,25 @@ pub fn print(all: &[Outcome], idle_ms: f64, max_wait_ms: f64, overload_end: Dura
             counts(&backlog)
         ),
     }
+}
+
+/// Replica `r`'s interactive requests of the overload (of `replicas`, each arrival `id` sent
+/// to replica `id % replicas`): (sent, admitted, kept their deadline).
+fn replica_share(
+    all: &[Outcome],
+    r: usize,
+    replicas: usize,
+    (idle_ms, max_wait_ms): (f64, f64),
+) -> (usize, usize, usize) {
+    let mine = all.iter().filter(|o| {
+        o.arrival.id % replicas.max(1) == r
+            && o.arrival.class == Class::Interactive
+            && o.arrival.phase == Phase::Overload
+    });
+    mine.fold((0, 0, 0), |(s, a, k), o| {
+        let kept = o.admitted() && o.kept(idle_ms, max_wait_ms);
+        (s + 1, a + usize::from(o.admitted()), k + usize::from(kept))
+    })
 }
 
 /// How many admitted requests were sent by `at` and had not yet had their first token: the
@@ -271,6 +305,23 @@ mod tests {
         assert_eq!(waiting(900), 2);
         assert_eq!(waiting(1_499), 1);
         assert_eq!(waiting(1_500), 0);
+    }
+
+    #[test]
+    fn each_replica_counts_its_own_arrivals() {
+        let one = |id: usize, status: u16, ttft_ms: f64| Outcome {
+            arrival: Arrival { id, ..outcome(Class::Interactive, Some(1000), 0.0, None).arrival },
+            status: Some(status),
+            ..outcome(Class::Interactive, Some(1000), ttft_ms, None)
+        };
+        let batch = Outcome {
+            arrival: Arrival { id: 4, ..outcome(Class::Batch, None, 0.0, None).arrival },
+            ..outcome(Class::Batch, None, 10.0, None)
+        };
+        let all =
+            [one(0, 200, 900.0), one(1, 429, 0.0), one(2, 200, 1200.0), one(3, 200, 5.0), batch];
+        assert_eq!(replica_share(&all, 0, 2, (600.0, 50.0)), (2, 2, 1));
+        assert_eq!(replica_share(&all, 1, 2, (600.0, 50.0)), (2, 1, 1));
     }
 
     #[test]
