@@ -25,6 +25,7 @@ use crate::wire::snapshot::SnapshotLoad;
 use crate::wire::Reader;
 
 mod done;
+pub mod limits;
 mod passed;
 pub use done::{done_key, PrefillsDone};
 pub use passed::{pass_key, passed_key};
@@ -235,6 +236,7 @@ impl Shard {
             passes_dirty: Cell::new(false),
             passes_below: None,
         };
+        limits::publish(store, &limits);
         shard.flush(store, counters, now_ms);
         shard.ensure_listed(store, counters);
         shard

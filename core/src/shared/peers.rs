@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::journal::JournalCursor;
-use super::load::LoadView;
+use super::load::{limits, LoadView};
 use super::{Counters, SharedStore};
 use crate::decision::config::sync::{LoadLimits, PeerSyncConfig};
 use crate::decision::load::WorkerLoad;
@@ -48,7 +48,6 @@ pub fn replica_id<S: SharedStore + ?Sized>(store: &S, seed: u64) -> u64 {
 #[derive(Debug)]
 pub struct Forwarder {
     cfg: PeerSyncConfig,
-    load_limits: LoadLimits,
     seq: u64,
     cursor: JournalCursor,
     /// Credits read from the journal and not sent yet, per worker (hashes in routing order).
@@ -74,10 +73,6 @@ impl Forwarder {
     pub fn new<S: SharedStore + ?Sized>(store: &S, cfg: PeerSyncConfig) -> Forwarder {
         Forwarder {
             cfg,
-            load_limits: LoadLimits {
-                arrival_window_ms: cfg.arrival_window_ms,
-                ..LoadLimits::default()
-            },
             seq: 0,
             cursor: JournalCursor::at_head(store),
             pending: BTreeMap::new(),
@@ -117,7 +112,7 @@ impl Forwarder {
             }
         }
         out.dropped_hashes = self.shed(4 * cap);
-        let view = LoadView::read_all(store, counters, self.load_limits, now_ms);
+        let view = LoadView::read_all(store, counters, self.load_limits(store), now_ms);
         let current: HashMap<u64, WorkerLoad> =
             // The elapsed time moves every millisecond and does not travel: only counts do (and
             // the squares are rebuilt from the counts on the other side).
@@ -147,6 +142,16 @@ impl Forwarder {
         self.seq += 1;
         out.report = Some(PeerReport { replica, seq: self.seq, loads, credits });
         out
+    }
+
+    /// The limits the filter's threads read the load shards with (published by them, see
+    /// [`limits`]), the arrival window overridden where `peers.arrival_window_ms` is set.
+    fn load_limits<S: SharedStore + ?Sized>(&self, store: &S) -> LoadLimits {
+        let threads = limits::published(store, LoadLimits::default());
+        match self.cfg.arrival_window_ms {
+            Some(w) => LoadLimits { arrival_window_ms: w, ..threads },
+            None => threads,
+        }
     }
 
     /// The report could not be delivered: every load is sent again with the next one.

@@ -156,10 +156,10 @@ fn send(url: &str, class: &'static str, seed: u64) -> tokio::task::JoinHandle<Re
 }
 
 /// Replica B's promise on a worker replica A keeps busy (`promised_ttft_ms` −
-/// `predicted_ttft_ms`, ms), with `window_ms` as both the filters' `load.arrival_window_ms`
-/// and the singletons' `peers.arrival_window_ms`.
+/// `predicted_ttft_ms`, ms), with `window_ms` as the filters' `load.arrival_window_ms`. The
+/// singletons are not told it: each counts its replica's rate over the window its filter's
+/// threads published.
 async fn peer_foreseen_fill(window_ms: u64) -> f64 {
-    let singleton = r#""interval_ms": 100}}"#;
     let opts = ReplicaOptions {
         workers: 1,
         events: false,
@@ -175,10 +175,6 @@ async fn peer_foreseen_fill(window_ms: u64) -> f64 {
         // token, in steps of 1 000 tokens: a queue is a long wait, and the prompts sent there
         // lately fill the step.
         model_overrides: json!({"profile": {"prefill_ms_per_token": 50.0, "step_token_budget": 1000}}),
-        envoy_edits: vec![(
-            singleton.into(),
-            format!(r#""interval_ms": 100, "peers": {{"arrival_window_ms": {window_ms}}}}}}}"#),
-        )],
         ..Default::default()
     };
     let r = Replicas::start(opts).await.unwrap();

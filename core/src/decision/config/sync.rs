@@ -275,9 +275,11 @@ pub struct PeerSyncConfig {
     #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub timeout_ms: u64,
     /// The window over which the loads reported carry this replica's arrival rate per worker
-    /// (ms; 0: none). Set it to the filter's `load.arrival_window_ms`: the other replicas add
-    /// the rate to their own to foresee a busy worker's step fill.
-    pub arrival_window_ms: u64,
+    /// (ms; 0: none). Unset (the default): the filter's own `load.arrival_window_ms`, which its
+    /// threads publish in shared data (`kvroute.load.limits`) with the rest of how they read
+    /// the load shards. The other replicas add the rate to their own to foresee a busy
+    /// worker's step fill.
+    pub arrival_window_ms: Option<u64>,
 }
 
 impl Default for PeerSyncConfig {
@@ -288,7 +290,7 @@ impl Default for PeerSyncConfig {
             heartbeat_ms: 1_000,
             max_hashes_per_report: 16_384,
             timeout_ms: 500,
-            arrival_window_ms: LoadLimits::default().arrival_window_ms,
+            arrival_window_ms: None,
         }
     }
 }

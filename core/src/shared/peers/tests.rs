@@ -121,3 +121,28 @@ fn config_is_validated() {
         {"cluster": "u", "token": tok, "peers": {"x": 1}}}));
     assert!(unknown.is_err());
 }
+
+#[test]
+fn loads_are_read_with_the_limits_the_threads_published() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    // The threads lease an entry 100 ms and count no arrival rate; the singleton's config
+    // says nothing about either.
+    let threads = LoadLimits { lease_ms: 100, arrival_window_ms: 0, ..LoadLimits::default() };
+    let mut shard = Shard::register(&store, &t, threads, 0, 1);
+    shard.start(&t, W, 500, 0);
+    shard.flush(&store, &t, 0);
+    let mut f = Forwarder::new(&store, cfg());
+    let r = f.poll(&store, &t, 7, 50).report.unwrap();
+    assert_eq!((r.loads[0].prefilling, r.loads[0].arriving_tokens_per_s), (1, 0));
+    // Past the threads' lease the entry no longer counts (the default lease is 10 minutes).
+    let r = f.poll(&store, &t, 7, 150).report.unwrap();
+    assert!(r.loads[0].is_zero(), "{:?}", r.loads[0]);
+    // A window set in `peers` overrides the threads' one: 500 tokens over 1 s.
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut shard =
+        Shard::register(&store, &t, LoadLimits { arrival_window_ms: 0, ..threads }, 0, 1);
+    shard.start(&t, W, 500, 0);
+    shard.flush(&store, &t, 0);
+    let mut f = Forwarder::new(&store, PeerSyncConfig { arrival_window_ms: Some(1_000), ..cfg() });
+    assert_eq!(f.poll(&store, &t, 7, 50).report.unwrap().loads[0].arriving_tokens_per_s, 500);
+}
