@@ -196,12 +196,15 @@ async fn peer_foreseen_fill(window_ms: u64) -> f64 {
         queued.push(send(&a, "interactive", 0x5EED_0100 + i));
         r.stack.workers[0].until_waiting(i).await.unwrap();
     }
-    // B learns A's queue, and its arrivals, from the updater only.
+    // B learns A's queue, and its arrivals, from the updater only. A's rate is counted over
+    // its filter's window: the four prompts sent (about 1 000 tokens) over `window_ms`, not
+    // over the singleton's default 2 s, which would read 60 times more.
+    let over_window = |rate: u64| rate > 0 && rate.saturating_mul(window_ms) / 1000 <= 10_000;
     let v = updater_has(&r, "A's queue and its arrivals at the updater", |p| {
         let Some(m) = p["replicas"].as_object() else { return false };
         m.values().flat_map(|x| x["loads"].as_array().cloned().unwrap_or_default()).any(|l| {
             l["prefilling"].as_u64() >= Some(3)
-                && (window_ms == 0 || l["arriving_tokens_per_s"].as_u64() > Some(0))
+                && (window_ms == 0 || l["arriving_tokens_per_s"].as_u64().is_some_and(over_window))
         })
     })
     .await;
