@@ -452,7 +452,9 @@ impl LoadView {
     }
 
     /// Reads every listed shard from shared data, for a reader without a shard of its own
-    /// (the singleton, which reports this replica's load to the updater).
+    /// (the singleton, which reports this replica's load to the updater). It leaves dead
+    /// shards out but listed: the threads unlist them and count what they held (the
+    /// singleton, reading every few milliseconds, would otherwise always come first).
     pub fn read_all<S: SharedStore + ?Sized>(
         store: &S,
         counters: &dyn Counters,
@@ -502,7 +504,7 @@ impl LoadView {
         view.arrival_rates(limits.arrival_window_ms);
         let theirs = ends.iter().filter_map(|b| PrefillsDone::read(b)).flatten();
         view.credit_done(theirs.chain(own.into_iter().flat_map(|o| o.done.iter())));
-        if !dead.is_empty() {
+        if own.is_some() && !dead.is_empty() {
             sweep(store, counters, &dead);
         }
         view

@@ -94,6 +94,28 @@ fn a_dead_threads_shard_stops_counting_and_is_unlisted() {
 }
 
 #[test]
+fn a_reader_without_a_shard_leaves_dead_shards_for_the_threads_to_count() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut dead = Shard::register(&store, &t, LIMITS, 0, 4);
+    let live = Shard::register(&store, &t, LIMITS, 0, 5);
+    for _ in 0..4 {
+        dead.start(&t, W, 10, 0);
+    }
+    dead.flush(&store, &t, 1_000);
+    // The singleton reads first, as it does every few milliseconds: the dead shard no longer
+    // counts for it, but stays listed and uncounted.
+    let singleton = Tally::default();
+    let v = LoadView::read_all(&store, &singleton, LIMITS, 4_001);
+    assert_eq!(v.load(W).inflight_requests, 0);
+    assert_eq!(singleton.get(Counter::ShardDropped), 0);
+    assert_eq!(decode_registry(&store.get(REGISTRY_KEY).0.unwrap()).map(|r| r.len()), Some(2));
+    // The live thread's read unlists it and counts its four entries.
+    assert_eq!(view(&store, &t, &live, 4_002).inflight_requests, 0);
+    assert_eq!(t.get(Counter::ShardDropped), 4);
+    assert_eq!(decode_registry(&store.get(REGISTRY_KEY).0.unwrap()), Some(vec![live.id()]));
+}
+
+#[test]
 fn reports_trim_over_counts_in_proportion_and_once_per_report() {
     let (store, t) = (MemStore::new(), Tally::default());
     let mut a = Shard::register(&store, &t, LIMITS, 0, 6);
