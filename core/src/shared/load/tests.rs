@@ -71,15 +71,22 @@ fn dropped_ends_stop_counting_when_their_lease_runs_out() {
     assert!(a.entries().is_empty());
 }
 
+/// Two threads' shards: the first holds four requests and is last rewritten at 1 000 ms (its
+/// VM then traps), the second lives on.
+fn dying_and_live(store: &MemStore, t: &Tally) -> (Shard, Shard) {
+    let mut dead = Shard::register(store, t, LIMITS, 0, 4);
+    let live = Shard::register(store, t, LIMITS, 0, 5);
+    for _ in 0..4 {
+        dead.start(t, W, 10, 0);
+    }
+    dead.flush(store, t, 1_000);
+    (dead, live)
+}
+
 #[test]
 fn a_dead_threads_shard_stops_counting_and_is_unlisted() {
     let (store, t) = (MemStore::new(), Tally::default());
-    let mut dead = Shard::register(&store, &t, LIMITS, 0, 4);
-    let live = Shard::register(&store, &t, LIMITS, 0, 5);
-    for _ in 0..4 {
-        dead.start(&t, W, 10, 0);
-    }
-    dead.flush(&store, &t, 1_000);
+    let (mut dead, live) = dying_and_live(&store, &t);
     // The VM traps: no more heartbeats. Until the timeout its requests still count.
     assert_eq!(view(&store, &t, &live, 4_000).inflight_requests, 4);
     assert_eq!(view(&store, &t, &live, 4_001).inflight_requests, 0);
@@ -96,12 +103,7 @@ fn a_dead_threads_shard_stops_counting_and_is_unlisted() {
 #[test]
 fn a_reader_without_a_shard_leaves_dead_shards_for_the_threads_to_count() {
     let (store, t) = (MemStore::new(), Tally::default());
-    let mut dead = Shard::register(&store, &t, LIMITS, 0, 4);
-    let live = Shard::register(&store, &t, LIMITS, 0, 5);
-    for _ in 0..4 {
-        dead.start(&t, W, 10, 0);
-    }
-    dead.flush(&store, &t, 1_000);
+    let (_dead, live) = dying_and_live(&store, &t);
     // The singleton reads first, as it does every few milliseconds: the dead shard no longer
     // counts for it, but stays listed and uncounted.
     let singleton = Tally::default();
