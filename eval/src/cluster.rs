@@ -43,6 +43,9 @@ pub enum Policy {
     /// The kvroute filter ranking on TTFT alone (`stream_stall_weight: 0`): running streams'
     /// delay unpriced, as before it was.
     KvrouteTtftOnly,
+    /// The kvroute filter pricing only a prefill's stall of running streams, not its decode's
+    /// growth of their steps (`stream_growth_tokens: 0`), as before it did.
+    KvrouteNoGrowth,
     /// Envoy's LEAST_REQUEST.
     LeastRequest,
     /// Envoy's ROUND_ROBIN.
@@ -106,6 +109,7 @@ impl Policy {
             Policy::KvroutePrefixOnly => "prefix-only",
             Policy::KvrouteNoPd => "kvroute-no-pd",
             Policy::KvrouteTtftOnly => "kvroute-ttft-only",
+            Policy::KvrouteNoGrowth => "kvroute-no-growth",
             Policy::LeastRequest => "least-request",
             Policy::RoundRobin => "round-robin",
             Policy::Random => "random",
@@ -145,12 +149,18 @@ impl Policy {
         if s == "kvroute-no-events" {
             return Ok(Policy::KvrouteHistory);
         }
-        [Policy::Pinned, Policy::KvroutePrefixOnly, Policy::KvrouteNoPd, Policy::KvrouteTtftOnly]
-            .into_iter()
-            .chain(Policy::COMPARED)
-            .chain(Policy::PEERS)
-            .find(|p| p.name() == s)
-            .with_context(|| format!("unknown policy {s}"))
+        [
+            Policy::Pinned,
+            Policy::KvroutePrefixOnly,
+            Policy::KvrouteNoPd,
+            Policy::KvrouteTtftOnly,
+            Policy::KvrouteNoGrowth,
+        ]
+        .into_iter()
+        .chain(Policy::COMPARED)
+        .chain(Policy::PEERS)
+        .find(|p| p.name() == s)
+        .with_context(|| format!("unknown policy {s}"))
     }
 
     /// Runs the kvroute filter (and the updater beside it).
@@ -163,6 +173,7 @@ impl Policy {
                 | Policy::KvroutePrefixOnly
                 | Policy::KvrouteNoPd
                 | Policy::KvrouteTtftOnly
+                | Policy::KvrouteNoGrowth
         )
     }
 
@@ -174,6 +185,7 @@ impl Policy {
                 | Policy::KvroutePrefixOnly
                 | Policy::KvrouteNoPd
                 | Policy::KvrouteTtftOnly
+                | Policy::KvrouteNoGrowth
         )
     }
 
@@ -447,6 +459,9 @@ impl Cluster {
         }
         if policy == Policy::KvrouteTtftOnly {
             filter["stream_stall_weight"] = json!(0.0);
+        }
+        if policy == Policy::KvrouteNoGrowth {
+            filter["stream_growth_tokens"] = json!(0);
         }
         Ok(filter)
     }
@@ -747,6 +762,8 @@ mod tests {
         assert!(parse(&two, Policy::KvroutePrefixOnly).get("topology").is_none(), "blind");
         assert_eq!(parse(&two, Policy::KvrouteTtftOnly)["stream_stall_weight"], 0.0);
         assert!(parse(&two, Policy::Kvroute).get("stream_stall_weight").is_none());
+        assert_eq!(parse(&two, Policy::KvrouteNoGrowth)["stream_growth_tokens"], 0);
+        assert!(parse(&two, Policy::Kvroute).get("stream_growth_tokens").is_none());
         assert_eq!(parse(&two, Policy::KvrouteLoadOnly)["knowledge"]["cache_aware"], false);
         let pd = crate::preset::preset("pd", 1).unwrap().topology;
         let v = parse(&pd, Policy::Kvroute);

@@ -23,8 +23,9 @@ pub struct Topology {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FilterPrior {
-    /// Multiplies the default profile's prefill coefficients (base, per token, per token²)
-    /// and decode interference: 1 is the default, 3 a prior three times too slow.
+    /// Multiplies the default profile's prefill coefficients (base, per token, per token²),
+    /// decode interference and decode step growth (per sequence, per 1 000 context tokens): 1
+    /// is the default, 3 a prior three times too slow.
     pub prior_scale: f64,
 }
 
@@ -44,6 +45,8 @@ impl FilterPrior {
             prefill_ms_per_token: d.prefill_ms_per_token * k,
             prefill_ms_per_token_sq: d.prefill_ms_per_token_sq * k,
             decode_interference_ms: d.decode_interference_ms * k,
+            decode_ms_per_seq: d.decode_ms_per_seq * k,
+            decode_ms_per_1k_context: d.decode_ms_per_1k_context * k,
             ..d
         }
     }
@@ -52,7 +55,7 @@ impl FilterPrior {
     pub fn describe(&self) -> String {
         let p = self.profile();
         format!(
-            "filter prior{}: prefill {} ms + {} ms/token + {:e} ms/token², decode interference {} ms",
+            "filter prior{}: prefill {} ms + {} ms/token + {:e} ms/token², decode interference {} ms, decode step growth {} ms/sequence + {} ms/1k context tokens",
             if self.prior_scale == 1.0 {
                 " (its defaults)".to_string()
             } else {
@@ -61,7 +64,9 @@ impl FilterPrior {
             p.prefill_base_ms,
             p.prefill_ms_per_token,
             p.prefill_ms_per_token_sq,
-            p.decode_interference_ms
+            p.decode_interference_ms,
+            p.decode_ms_per_seq,
+            p.decode_ms_per_1k_context
         )
     }
 }

@@ -2,8 +2,8 @@
 //! not round ranks four workers (one holds the whole prompt but is busy with prefill done in
 //! part, one holds half of it, one is idle, one is decoding) for a fixed chat request. The
 //! order, the cached and uncached tokens and every float of every estimate (wait, prefill,
-//! TTFT, the stall it adds to running streams, and the cost ranked on) must equal the values
-//! computed on the host, to the last bit.
+//! TTFT, the stall it adds to running streams with its decode's growth of their steps, and the
+//! cost ranked on) must equal the values computed on the host, to the last bit.
 
 use serde_json::json;
 
@@ -23,6 +23,8 @@ pub fn scenario_router() -> Router {
             "prefill_ms_per_token": 0.0417,
             "prefill_ms_per_token_sq": 3.3e-7,
             "decode_interference_ms": 0.61,
+            "decode_ms_per_seq": 0.027,
+            "decode_ms_per_1k_context": 0.043,
             "transfer_ms_per_token": 0.0031,
             "adapter_load_ms": 180.0
         }}],
@@ -77,8 +79,8 @@ const GOLDEN: [Ranked; 4] = [
             0x4044aa917939a7c1,
             0x4011564f227d028a,
             0x4046d55b5d894812,
-            0x4031564f227d028a,
-            0x404f8082eec7c957,
+            0x4050cf2656abde40,
+            0x405c39d405708249,
         ],
     ),
     // wait 41.103828, prefill 23.20985233, TTFT 64.31368033, stall 46.41970466, cost 110.73338499
@@ -90,8 +92,8 @@ const GOLDEN: [Ranked; 4] = [
             0x40448d4a3c64345d,
             0x403735b8e1de56e3,
             0x4050141356a9afe7,
-            0x404735b8e1de56e3,
-            0x405baeefc798db58,
+            0x4051d7a5b7f57a40,
+            0x4060f5dc874f9514,
         ],
     ),
     // wait 5.49, prefill 41.28583825, TTFT 46.77583825, stall 371.57254425, cost 418.3483825
@@ -103,8 +105,8 @@ const GOLDEN: [Ranked; 4] = [
             0x4015f5c28f5c28f6,
             0x4044a4965907d913,
             0x4047634eaaf35e32,
-            0x407739292428d435,
-            0x407a2592f9873ffb,
+            0x407be6c0196d8f50,
+            0x407ed329eecbfb16,
         ],
     ),
 ];

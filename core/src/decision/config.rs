@@ -38,13 +38,23 @@ pub struct FilterConfig {
     /// Estimates within `max(abs_ms, rel · best)` of the best are a tie, broken at random.
     pub tie_band: TieBand,
     /// The price of running streams' delay: how many milliseconds of a new request's TTFT one
-    /// millisecond of delay to one stream already decoding on a worker is worth. A prefill
+    /// millisecond of delay to one stream already running on a worker is worth. A prefill
     /// placed on a worker runs in the steps its decoding streams share, so each of them waits
-    /// about that prefill's time; the ranking minimises `ttft + stream_stall_weight · stall`
-    /// (both in the decision header: `predicted_ttft_ms`, `stall_ms`). 1: a millisecond is a
-    /// millisecond, whoever waits; 0: TTFT alone (streams are not priced).
+    /// about that prefill's time; once the new request decodes, each step carries one more
+    /// sequence and its context, so every stream in flight there runs slower
+    /// (`stream_growth_tokens`). The ranking minimises `ttft + stream_stall_weight · stall`
+    /// (in the decision header: `predicted_ttft_ms`, `stall_ms`, and the decode's part,
+    /// `growth_ms`). 1: a millisecond is a millisecond, whoever waits; 0: TTFT alone (streams
+    /// are not priced).
     #[cfg_attr(feature = "schema", schemars(range(min = 0.0, max = 100.0)))]
     pub stream_stall_weight: f64,
+    /// The most output tokens over which a new request's growth of a worker's decode steps is
+    /// priced (the profile's `decode_ms_per_seq` and `decode_ms_per_1k_context` per step, for
+    /// each request in flight there): the request's `max_tokens` (or `max_completion_tokens`)
+    /// where it is lower. The streams beside it may end sooner and how long it will really run
+    /// is not known, so this caps a guess. 0: only the prefill's stall is priced.
+    #[cfg_attr(feature = "schema", schemars(range(max = 65536)))]
+    pub stream_growth_tokens: u64,
     /// Prompts longer than this (tokens) are routed load-only without hashing.
     #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub max_prompt_tokens: usize,
@@ -91,6 +101,8 @@ pub struct FilterConfig {
 
 /// The default of [`FilterConfig::stream_stall_weight`].
 pub const DEFAULT_STREAM_STALL_WEIGHT: f64 = 1.0;
+/// The default of [`FilterConfig::stream_growth_tokens`].
+pub const DEFAULT_STREAM_GROWTH_TOKENS: u64 = 128;
 
 /// Deliberate faults, for proving that traffic survives them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -279,6 +291,7 @@ impl Default for FilterConfig {
             index: IndexConfig::default(),
             tie_band: TieBand::default(),
             stream_stall_weight: DEFAULT_STREAM_STALL_WEIGHT,
+            stream_growth_tokens: DEFAULT_STREAM_GROWTH_TOKENS,
             max_prompt_tokens: 262_144,
             max_prompt_bytes: 512 * 1024,
             max_body_bytes: 8 << 20,
@@ -512,6 +525,12 @@ impl FilterConfig {
             return bad(format!(
                 "stream_stall_weight must be a number in [0, 100], got {}",
                 self.stream_stall_weight
+            ));
+        }
+        if self.stream_growth_tokens > 65_536 {
+            return bad(format!(
+                "stream_growth_tokens must be at most 65536, got {}",
+                self.stream_growth_tokens
             ));
         }
         if self.knowledge.max_event_age_ms == 0 {

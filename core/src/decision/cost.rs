@@ -45,6 +45,16 @@ pub struct Profile {
     /// Extra wait per request the worker is decoding (decode steps interleave with prefill).
     #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub decode_interference_ms: f64,
+    /// What one more sequence in a worker's decode batch adds to each decode step, apart from
+    /// its context (the batch's per-sequence work). With
+    /// [`Profile::decode_ms_per_1k_context`], the price of a new stream's growth of the steps
+    /// the worker's other streams run in ([`Score::stall_ms`]).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    pub decode_ms_per_seq: f64,
+    /// What 1 000 tokens of one more sequence's context add to each decode step (its KV cache
+    /// is read once per step).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
+    pub decode_ms_per_1k_context: f64,
     /// Cost of loading one cached token's KV from a lower tier (CPU, storage) to the GPU.
     #[cfg_attr(feature = "schema", schemars(range(min = 0.0)))]
     pub transfer_ms_per_token: f64,
@@ -119,6 +129,12 @@ impl Default for Profile {
             prefill_ms_per_token: 0.033,
             prefill_ms_per_token_sq: 4.2e-7,
             decode_interference_ms: 0.5,
+            // Published Llama-3.1-8B serving figures (NVIDIA NIM benchmarks): ITL 4.63 ms at
+            // concurrency 1, 7.57 ms at 100, i.e. about 0.03 ms per sequence in the batch.
+            decode_ms_per_seq: 0.03,
+            // Each step reads every sequence's KV: 128 KiB per token (below) at 3.35 TB/s is
+            // 0.04 ms per 1 000 tokens.
+            decode_ms_per_1k_context: 0.04,
             // 128 KiB of KV per token (32 layers x 8 KV heads x 128 dims x K,V x bf16) over
             // PCIe 5 at ~50 GB/s.
             transfer_ms_per_token: 0.0026,
@@ -218,6 +234,8 @@ impl Profile {
             ("prefill_ms_per_token", self.prefill_ms_per_token),
             ("prefill_ms_per_token_sq", self.prefill_ms_per_token_sq),
             ("decode_interference_ms", self.decode_interference_ms),
+            ("decode_ms_per_seq", self.decode_ms_per_seq),
+            ("decode_ms_per_1k_context", self.decode_ms_per_1k_context),
             ("transfer_ms_per_token", self.transfer_ms_per_token),
             ("adapter_load_ms", self.adapter_load_ms),
         ];
@@ -252,13 +270,27 @@ pub fn attention_tokens(tokens: u64, cached: u64) -> f64 {
     n * (2.0 * c + n)
 }
 
-/// The delay a prefill of `prefill_ms` placed on a worker with `load` adds to the streams it
-/// is decoding, summed over them: an engine runs a new prompt's prefill in the same steps as
-/// its running decodes (vLLM's chunked prefill puts each chunk in a step with one token of
-/// every decoding sequence; SGLang runs the prefill batch between decode batches), so every
-/// decoding sequence waits about the prefill's compute time, in one gap or spread over a few.
-pub fn stall_ms(load: &WorkerLoad, prefill_ms: f64) -> f64 {
-    f64::from(load.decoding_requests()) * prefill_ms
+/// The delay a new request placed on a worker with `load` adds to the streams it runs there,
+/// summed over them:
+/// - its prefill of `prefill_ms`: an engine runs a new prompt's prefill in the same steps as
+///   its running decodes (vLLM's chunked prefill puts each chunk in a step with one token of
+///   every decoding sequence; SGLang runs the prefill batch between decode batches), so every
+///   decoding sequence waits about the prefill's compute time, in one gap or spread over a few;
+/// - its own decode, `growth_ms` per other stream ([`stream_growth_ms`]): once it decodes, each
+///   step carries one more sequence, and every request in flight there (those still in
+///   prefill decode soon) runs in those longer steps.
+pub fn stall_ms(load: &WorkerLoad, prefill_ms: f64, growth_ms: f64) -> f64 {
+    f64::from(load.decoding_requests()) * prefill_ms + f64::from(load.inflight_requests) * growth_ms
+}
+
+/// What a new stream of `context_tokens` (its prompt) decoding for `steps` steps adds to the
+/// steps of one other stream running beside it: the batch's per-sequence work and the read of
+/// its KV cache, in each of those steps. An estimate over the new stream's length, capped by
+/// the caller: the other stream may end sooner, and the new one's context grows as it decodes.
+pub fn stream_growth_ms(profile: &Profile, context_tokens: u64, steps: u64) -> f64 {
+    let per_step = profile.decode_ms_per_seq
+        + profile.decode_ms_per_1k_context * context_tokens as f64 / 1000.0;
+    per_step * steps as f64
 }
 
 /// One worker as seen at decision time. `W`: its name, owned or borrowed from the pool (a
@@ -302,10 +334,13 @@ pub struct Score {
     /// The pull chosen for this worker, if pulling beats recomputing what it lacks.
     pub pull: Option<PullPlan>,
     pub ttft_ms: f64,
-    /// The delay this request's prefill adds to the streams the worker is decoding, summed over
-    /// them (ms): each shares the steps the prefill runs in, so each waits about its prefill
-    /// time ([`stall_ms`]).
+    /// The delay this request adds to the streams the worker runs, summed over them (ms):
+    /// each decoding one shares the steps its prefill runs in, so each waits about its prefill
+    /// time, and each in flight there runs in steps its decode makes longer ([`stall_ms`]).
     pub stall_ms: f64,
+    /// The part of [`Score::stall_ms`] that is the request's growth of the decode batch: the
+    /// requests in flight there times [`stream_growth_ms`] (ms).
+    pub growth_ms: f64,
     /// What the ranking minimises: `ttft_ms + stall_weight · stall_ms` (see [`rank`]).
     pub cost_ms: f64,
     /// The load the estimate saw, with the prefill done already taken off (online calibration
@@ -433,7 +468,7 @@ pub fn score_reached<W: Borrow<WorkerName>>(
     prompt_tokens: u64,
     block_size: u32,
 ) -> Score {
-    estimate(profile, &Prompt::new(profile, prompt_tokens, block_size), c, reach)
+    estimate(profile, &Prompt::new(profile, prompt_tokens, block_size, &Weigh::default()), c, reach)
         .named(c.name().clone())
 }
 
@@ -446,15 +481,18 @@ pub(crate) struct Prompt {
     reusable: u64,
     /// [`Profile::queue_terms`].
     queue: QueueTerms,
+    /// [`stream_growth_ms`] of the prompt over the steps [`Weigh::stream_steps`] prices.
+    growth_ms: f64,
 }
 
 impl Prompt {
-    pub(crate) fn new(profile: &Profile, tokens: u64, block_size: u32) -> Prompt {
+    pub(crate) fn new(profile: &Profile, tokens: u64, block_size: u32, weigh: &Weigh) -> Prompt {
         Prompt {
             tokens,
             block_size: u64::from(block_size),
             reusable: reusable_blocks(tokens, block_size),
             queue: profile.queue_terms(),
+            growth_ms: stream_growth_ms(profile, tokens, weigh.stream_steps),
         }
     }
 }
@@ -474,6 +512,7 @@ pub(crate) struct Estimate {
     pull: Option<PullPlan>,
     ttft_ms: f64,
     stall_ms: f64,
+    growth_ms: f64,
     load: WorkerLoad,
     deviation: f64,
     promise_margin: f64,
@@ -496,6 +535,7 @@ impl Estimate {
             pull: e.pull,
             ttft_ms: e.ttft_ms,
             stall_ms: e.stall_ms,
+            growth_ms: e.growth_ms,
             cost_ms: e.ttft_ms,
             load: e.load,
             deviation: e.deviation,
@@ -580,7 +620,8 @@ pub(crate) fn estimate<W>(
         adapter_ms,
         network_ms,
         ttft_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms,
-        stall_ms: stall_ms(&load, prefill_ms),
+        stall_ms: stall_ms(&load, prefill_ms, p.growth_ms),
+        growth_ms: f64::from(load.inflight_requests) * p.growth_ms,
         pull,
         load,
         deviation,
@@ -602,12 +643,25 @@ pub struct Weigh {
     /// Milliseconds of this request's TTFT one millisecond of delay to a running stream is
     /// worth ([`Score::stall_ms`]); 0 ranks on TTFT alone.
     pub stall_weight: f64,
+    /// The decode steps of the request over which its growth of a worker's decode batch is
+    /// priced ([`stream_growth_ms`]): its output tokens, as far as known and capped
+    /// ([`Weigh::for_stream`]); 0 prices its prefill's stall alone.
+    pub stream_steps: u64,
 }
 
 impl Weigh {
     /// Ties within `tie`, TTFT alone otherwise (no price on running streams).
     pub fn ties(tie: TieBand) -> Weigh {
-        Weigh { tie, stall_weight: 0.0 }
+        Weigh { tie, ..Weigh::default() }
+    }
+
+    /// This weighing for a request asking for at most `max_tokens` output tokens (`None`: as
+    /// many as the engine allows): its growth of the decode batch priced over that many steps,
+    /// at most `horizon` (the configured `stream_growth_tokens`). The first token comes from
+    /// the prefill, so a request for one token adds no decode step.
+    pub fn for_stream(self, max_tokens: Option<u64>, horizon: u64) -> Weigh {
+        let steps = max_tokens.map_or(horizon, |m| m.min(horizon)).saturating_sub(1);
+        Weigh { stream_steps: steps, ..self }
     }
 }
 
@@ -684,6 +738,8 @@ mod tests {
             prefill_ms_per_token: per_token,
             prefill_ms_per_token_sq: 0.0,
             decode_interference_ms: interference,
+            decode_ms_per_seq: 0.0,
+            decode_ms_per_1k_context: 0.0,
             transfer_ms_per_token: 0.0,
             adapter_load_ms: 0.0,
             step_token_budget: 0,
@@ -959,7 +1015,7 @@ mod tests {
         ) {
             let p = Profile::default();
             let tie = TieBand::default();
-            let r = rank(&p, &cs, 4096, BS, Weigh { tie, stall_weight }, pick);
+            let r = rank(&p, &cs, 4096, BS, Weigh { tie, stall_weight, ..Weigh::default() }, pick);
             prop_assert_eq!(r.len(), cs.len());
             let best = r.iter().map(|s| s.cost_ms).fold(f64::INFINITY, f64::min);
             prop_assert!(r[0].cost_ms <= best + tie.abs_ms.max(tie.rel * best));

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::decision::config::{ConfigError, FilterConfig};
-use crate::decision::cost::{rank_pool, Candidate};
+use crate::decision::cost::{rank_pool, Candidate, Weigh};
 use crate::decision::error::ApiError;
 use crate::decision::hash::{block_hashes, CacheDomain};
 use crate::decision::index::PrefixMatch;
@@ -77,6 +77,9 @@ fn discovered(p: &crate::wire::snapshot::WorkerPlacement) -> DiscoveredLabels {
 struct Target {
     model: Arc<ModelPlan>,
     adapter: Option<String>,
+    /// The request's output-token limit, where it names one: how long its stream is priced
+    /// ([`crate::decision::cost::Weigh::for_stream`]).
+    max_tokens: Option<u64>,
 }
 
 impl Target {
@@ -217,15 +220,21 @@ impl Router {
         all
     }
 
+    /// How a request for `t` weighs its candidates: the plan's weighing, with its stream's
+    /// growth of the decode batch priced over its output tokens.
+    fn weigh(&self, t: &Target) -> Weigh {
+        self.plan.weigh.for_stream(t.max_tokens, self.plan.stream_growth_tokens)
+    }
+
     /// A model name or adapter resolved to its base model's plan entry; `None` is a 404.
     fn resolve(&self, model: &str) -> Option<Target> {
         if let Some(m) = self.plan.model(model) {
-            return Some(Target { model: Arc::clone(m), adapter: None });
+            return Some(Target { model: Arc::clone(m), adapter: None, max_tokens: None });
         }
         let base =
             self.plan.configured_base(model).or_else(|| self.knowledge.adapter_base(model))?;
         let m = self.plan.model(base)?;
-        Some(Target { model: Arc::clone(m), adapter: Some(model.to_owned()) })
+        Some(Target { model: Arc::clone(m), adapter: Some(model.to_owned()), max_tokens: None })
     }
 
     /// The cache domain a request belongs to (an adapter's requests: its base model, with the
@@ -246,6 +255,7 @@ impl Router {
         pick: u64,
     ) -> Result<Decision, ApiError> {
         let t = self.resolve(&req.model).ok_or_else(|| ApiError::model_not_found(&req.model))?;
+        let t = Target { max_tokens: req.max_tokens, ..t };
         let estimate = (body_len / 4) as u64;
         // A request the engine will not look up in its cache reuses nothing anywhere.
         let cache_read = !req.skips_cache_read;
@@ -304,7 +314,7 @@ impl Router {
         now_ms: u64,
         pick: u64,
     ) -> Option<Decision> {
-        let t = self.resolve(&req.model)?;
+        let t = Target { max_tokens: req.max_tokens, ..self.resolve(&req.model)? };
         let hashes = prior.block_hashes.clone();
         let cache_read = !req.skips_cache_read;
         let (tokens, fallback) = (prior.prompt_tokens, prior.fallback);
@@ -359,7 +369,7 @@ impl Router {
                 None => Vec::new(),
             };
             let prompt = (prompt_tokens, m.block_size);
-            let ranked = rank_pool(&profile, &candidates, &reaches, prompt, self.plan.weigh, pick);
+            let ranked = rank_pool(&profile, &candidates, &reaches, prompt, self.weigh(t), pick);
             (ranked, Vec::new())
         };
         let replicated =

@@ -44,9 +44,9 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     workloads: Option<Vec<String>>,
     /// Only these policies (comma-separated): kvroute, kvroute-history, kvroute-load-only,
-    /// prefix-only, kvroute-no-pd, kvroute-ttft-only, least-request, round-robin, random,
-    /// oracle, pinned, and the peer routers smg-cache-aware, vllm-router-cache-aware,
-    /// vllm-router-kv-aware.
+    /// prefix-only, kvroute-no-pd, kvroute-ttft-only, kvroute-no-growth, least-request,
+    /// round-robin, random, oracle, pinned, and the peer routers smg-cache-aware,
+    /// vllm-router-cache-aware, vllm-router-kv-aware.
     #[arg(long, value_delimiter = ',')]
     policies: Option<Vec<String>>,
     /// Runs of every (workload, load, policy) cell (default: the plan's, 3 in the presets);

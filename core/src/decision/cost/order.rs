@@ -174,7 +174,7 @@ pub(super) fn rank_bounded<W: Borrow<WorkerName>>(
 ) -> Vec<Score> {
     let none = Reach::default();
     let w = if weigh.stall_weight.is_finite() { weigh.stall_weight.max(0.0) } else { 0.0 };
-    let prompt = Prompt::new(profile, prompt_tokens, block_size);
+    let prompt = Prompt::new(profile, prompt_tokens, block_size, &weigh);
     let estimate_of = |i: usize| {
         let reach = reaches.get(i).unwrap_or(&none);
         estimate(profile, &prompt, &candidates[i], reach)

@@ -34,7 +34,8 @@ fn offer(from: &str, blocks: usize, fixed_ms: f64, gbps: f64) -> PullOffer {
     PullOffer { from: from.into(), blocks, cost: PullCost { fixed_ms, ms_per_token } }
 }
 
-const EXACT: Weigh = Weigh { tie: TieBand { abs_ms: 0.0, rel: 0.0 }, stall_weight: 0.0 };
+const EXACT: Weigh =
+    Weigh { tie: TieBand { abs_ms: 0.0, rel: 0.0 }, stall_weight: 0.0, stream_steps: 0 };
 
 #[test]
 fn an_idle_peer_pulls_from_a_busy_holder_over_a_fast_link() {

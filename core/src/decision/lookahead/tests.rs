@@ -14,6 +14,7 @@ fn score(worker: &str, cached: u64, wait: f64, prefill: f64) -> Score {
         pull: None,
         ttft_ms: wait + prefill,
         stall_ms: 0.0,
+        growth_ms: 0.0,
         cost_ms: wait + prefill,
         load: Default::default(),
         deviation: 1.0,

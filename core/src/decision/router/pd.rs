@@ -43,7 +43,9 @@ impl Router {
         // Both pools are in name order (the plan's and the updater's are), so the ranking
         // reads no name but those it keeps.
         let prompt = (prompt_tokens, m.block_size);
-        let mut ranked = rank_pool(&profile, &handed, &near, prompt, self.plan.weigh, pick);
+        // The decode worker runs the stream: its growth of the decode batch is priced there,
+        // not on the prefill worker (which hands the request over after its first token).
+        let mut ranked = rank_pool(&profile, &handed, &near, prompt, self.weigh(t), pick);
         let (cands, _) = self.candidates(t, &m.prefill_workers, hashes, load, now_ms, cache_read);
         // Without a topology the hand-off still crosses a link: the default one within a site.
         let fallback = TopologyConfig::default();

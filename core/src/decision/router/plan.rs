@@ -79,8 +79,12 @@ pub struct Plan {
     models: HashMap<String, Arc<ModelPlan>>,
     /// Adapter name -> base model, from the configuration.
     adapters: HashMap<String, String>,
-    /// The tie band and the price of running streams' delay.
+    /// The tie band and the price of running streams' delay (no request's decode steps: see
+    /// [`Weigh::for_stream`]).
     pub weigh: Weigh,
+    /// `stream_growth_tokens`: the most decode steps a request's growth of a batch is priced
+    /// over.
+    pub stream_growth_tokens: u64,
     /// `knowledge.cache_aware`: false credits no worker with cached blocks (an ablation).
     pub cache_aware: bool,
     /// `load.arrival_window_ms` > 0: the arrival rates other replicas report count too (0
@@ -157,7 +161,12 @@ impl Plan {
         Ok(Plan {
             models,
             adapters,
-            weigh: Weigh { tie: cfg.tie_band, stall_weight: cfg.stream_stall_weight },
+            weigh: Weigh {
+                tie: cfg.tie_band,
+                stall_weight: cfg.stream_stall_weight,
+                stream_steps: 0,
+            },
+            stream_growth_tokens: cfg.stream_growth_tokens,
             cache_aware: cfg.knowledge.cache_aware,
             peer_arrivals: cfg.load.arrival_window_ms > 0,
             max_prompt_tokens: cfg.max_prompt_tokens,

@@ -75,7 +75,7 @@ proptest! {
         let mut q = p.queue_terms();
         q.promise_margin = margin;
         p.queue = Some(q);
-        let weigh = Weigh { tie: TieBand::default(), stall_weight };
+        let weigh = Weigh { tie: TieBand::default(), stall_weight, stream_steps: 0 };
         let sorted = rotate % cs.len().max(1) == 0;
         let whole = rank_bounded(&p, &cs, &[], (PROMPT, BS), weigh, pick, (usize::MAX, sorted));
         let bounded = rank_bounded(&p, &cs, &[], (PROMPT, BS), weigh, pick, (keep, sorted));
@@ -130,7 +130,8 @@ fn a_worker_unlike_its_neighbour_is_estimated_on_its_own() {
         ("a faster deviation", |c| c.deviation = 1.0),
     ];
     let p = Profile::default();
-    let weigh = Weigh { tie: TieBand { abs_ms: 0.0, rel: 0.0 }, stall_weight: 0.0 };
+    let weigh =
+        Weigh { tie: TieBand { abs_ms: 0.0, rel: 0.0 }, stall_weight: 0.0, stream_steps: 0 };
     for (what, change) in variants {
         for at in [1, 40, 99] {
             let mut cs: Vec<Candidate> = (0..100)
@@ -152,7 +153,8 @@ fn equal_workers_with_their_own_reach_are_estimated_each() {
     let far = Reach { network_ms: 5.0, ..Reach::default() };
     let mut reaches = vec![far; cs.len()];
     reaches[40].network_ms = 1.0;
-    let weigh = Weigh { tie: TieBand { abs_ms: 0.0, rel: 0.0 }, stall_weight: 0.0 };
+    let weigh =
+        Weigh { tie: TieBand { abs_ms: 0.0, rel: 0.0 }, stall_weight: 0.0, stream_steps: 0 };
     let ranked =
         rank_bounded(&Profile::default(), &cs, &reaches, (PROMPT, BS), weigh, 0, (8, true));
     assert_eq!(ranked[0].worker.to_string(), "w0040");

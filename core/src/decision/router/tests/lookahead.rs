@@ -103,10 +103,10 @@ fn look_ahead_off_is_greedy() {
     assert_eq!(d.primary().unwrap().worker, "127.0.0.1:1");
 }
 
-#[test]
-fn among_equal_estimates_the_worker_sharing_the_prompt_wins() {
-    // In flight on worker 1 (routed just now, nothing else queued but that prefill): waiting
-    // for it there costs about what recomputing elsewhere does; the tie goes to less work.
+/// The same prompt in flight on worker 1 (routed just now, nothing else queued but that
+/// prefill), worker 2 idle: which worker each pick of the next request for it goes to, asking
+/// for `max_tokens`.
+fn next_to_a_prefill_in_flight(max_tokens: u64) -> Vec<String> {
     let cfg = FilterConfig::from_json(
         json!({"models":[{"name":"m","workers":["127.0.0.1:1","127.0.0.1:2"]}],
                "tie_band":{"abs_ms":2.0,"rel":0.05}})
@@ -115,7 +115,7 @@ fn among_equal_estimates_the_worker_sharing_the_prompt_wins() {
     )
     .unwrap();
     let mut r = Router::new(&cfg).unwrap();
-    let q = req(None, &LONG.repeat(200));
+    let q = ParsedRequest { max_tokens: Some(max_tokens), ..req(None, &LONG.repeat(200)) };
     let first = r.decide(&q, 0, &|_: &str| WorkerLoad::default(), 0, 0).unwrap();
     routed(&mut r, "127.0.0.1:1", &first.block_hashes, 0);
     let tokens = first.uncached_tokens();
@@ -134,8 +134,22 @@ fn among_equal_estimates_the_worker_sharing_the_prompt_wins() {
             WorkerLoad::default()
         }
     };
-    for pick in 0..8 {
-        let d = r.decide(&q, 0, &inflight, 1, pick).unwrap();
-        assert_eq!(d.primary().unwrap().worker, "127.0.0.1:1", "pick {pick}");
-    }
+    (0..8)
+        .map(|pick| r.decide(&q, 0, &inflight, 1, pick).unwrap().ranked[0].worker.to_string())
+        .collect()
+}
+
+#[test]
+fn among_equal_estimates_the_worker_sharing_the_prompt_wins() {
+    // Waiting for the prefill in flight on worker 1 costs about what recomputing on worker 2
+    // does; a one-token answer runs no decode beside it, and the tie goes to less work.
+    assert_eq!(next_to_a_prefill_in_flight(1), vec!["127.0.0.1:1"; 8]);
+}
+
+#[test]
+fn a_long_answer_leaves_the_worker_whose_stream_it_would_slow() {
+    // Asking for 128 tokens, the request would decode beside the one in flight on worker 1,
+    // each step of both longer (the fan-out's sub-requests on their context's holder): at an
+    // equal TTFT that decides it.
+    assert_eq!(next_to_a_prefill_in_flight(128), vec!["127.0.0.1:2"; 8]);
 }
