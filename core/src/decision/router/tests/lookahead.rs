@@ -1,7 +1,9 @@
 //! The look-ahead inside a decision: a hot prefix held by a worker with a lasting queue is
-//! placed on one more worker; a prefix still in flight on its holder (a fan-out) is not.
+//! placed on one more worker; a prefix still in flight on its holder (a fan-out) is not, though
+//! a long answer's decode beside the one in flight may send it elsewhere.
 
 use super::*;
+use crate::decision::cost::{stream_growth_ms, Profile};
 use crate::wire::journal::JournalEntry;
 
 fn two_workers() -> Router {
@@ -144,6 +146,24 @@ fn among_equal_estimates_the_worker_sharing_the_prompt_wins() {
     // Waiting for the prefill in flight on worker 1 costs about what recomputing on worker 2
     // does; a one-token answer runs no decode beside it, and the tie goes to less work.
     assert_eq!(next_to_a_prefill_in_flight(1), vec!["127.0.0.1:1"; 8]);
+}
+
+#[test]
+fn ranked_again_a_request_prices_its_stream_as_it_did() {
+    // A claim ranks a decision again on a newer load view (`Router::rerank`): the request's
+    // own output limit still sets how long its stream is priced.
+    let r = router();
+    let busy = |_: &str| WorkerLoad { inflight_requests: 3, ..Default::default() };
+    for (max_tokens, steps) in [(Some(1), 0.0), (Some(9), 8.0), (None, 127.0)] {
+        let q = ParsedRequest { max_tokens, ..req(None, &LONG.repeat(20)) };
+        let d = r.decide(&q, 0, &busy, 0, 0).unwrap();
+        let again = r.rerank(&q, &d, &busy, 1, 0).unwrap();
+        let p = Profile::default();
+        let growth = 3.0 * stream_growth_ms(&p, d.prompt_tokens, 1) * steps;
+        for s in [d.primary().unwrap(), again.primary().unwrap()] {
+            assert!((s.growth_ms - growth).abs() < 1e-6, "{max_tokens:?}: {}", s.growth_ms);
+        }
+    }
 }
 
 #[test]
