@@ -276,11 +276,17 @@ pub fn attention_tokens(tokens: u64, cached: u64) -> f64 {
 ///   its running decodes (vLLM's chunked prefill puts each chunk in a step with one token of
 ///   every decoding sequence; SGLang runs the prefill batch between decode batches), so every
 ///   decoding sequence waits about the prefill's compute time, in one gap or spread over a few;
-/// - its own decode, `growth_ms` per other stream ([`stream_growth_ms`]): once it decodes, each
-///   step carries one more sequence, and every request in flight there (those still in
-///   prefill decode soon) runs in those longer steps.
+/// - its own decode, `growth_ms` summed over the streams beside it ([`growth_ms`]).
 pub fn stall_ms(load: &WorkerLoad, prefill_ms: f64, growth_ms: f64) -> f64 {
-    f64::from(load.decoding_requests()) * prefill_ms + f64::from(load.inflight_requests) * growth_ms
+    f64::from(load.decoding_requests()) * prefill_ms + growth_ms
+}
+
+/// The growth a new stream adds, over its decode, to the steps of the requests in flight on a
+/// worker with `load`, summed over them: `per_stream` ([`stream_growth_ms`]) for each, since
+/// once it decodes each step carries one more sequence, and every request in flight there
+/// (those still in prefill decode soon) runs in those longer steps.
+pub fn growth_ms(load: &WorkerLoad, per_stream: f64) -> f64 {
+    f64::from(load.inflight_requests) * per_stream
 }
 
 /// What a new stream of `context_tokens` (its prompt) decoding for `steps` steps adds to the
@@ -606,6 +612,7 @@ pub(crate) fn estimate<W>(
     let network_ms = reach.network_ms + reach.extra_ms;
     let uncached = prompt_tokens - cached - pulled;
     let queued = busy(&load) > 0.0;
+    let growth = growth_ms(&load, p.growth_ms);
     let fill_forecast_ms = if queued {
         fill::beyond_learned(profile, &p.queue, &load, (wait_ms, uncached), deviation)
     } else {
@@ -620,8 +627,8 @@ pub(crate) fn estimate<W>(
         adapter_ms,
         network_ms,
         ttft_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms,
-        stall_ms: stall_ms(&load, prefill_ms, p.growth_ms),
-        growth_ms: f64::from(load.inflight_requests) * p.growth_ms,
+        stall_ms: stall_ms(&load, prefill_ms, growth),
+        growth_ms: growth,
         pull,
         load,
         deviation,
