@@ -37,6 +37,9 @@
 
 pub mod codec;
 pub mod estimator;
+pub mod steps;
+#[cfg(test)]
+mod steps_tests;
 #[cfg(test)]
 mod tests;
 
@@ -48,6 +51,7 @@ use crate::decision::cost::Profile;
 use crate::decision::load::WorkerLoad;
 
 pub use estimator::{CalibOutcome, ModelState, WorkerDev, PROMISE_FILL_SAMPLES};
+pub use steps::{StepSample, StepState};
 
 /// The `calibration` section of the filter configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -207,6 +211,9 @@ pub struct Sample {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Calibrated {
     models: HashMap<String, ModelView, foldhash::fast::RandomState>,
+    /// Each model's decode step learned from its streams' gaps ([`steps`]), where it has
+    /// enough samples: `(decode_ms_per_seq, decode_ms_per_1k_context)`.
+    steps: HashMap<String, (f64, f64), foldhash::fast::RandomState>,
 }
 
 /// One model's calibrated view.
@@ -259,6 +266,32 @@ impl Calibrated {
             q.promise_margin = m;
         }
         Some(profile)
+    }
+
+    /// Sets `model`'s learned decode step from its state (removed while it has too few
+    /// samples).
+    pub fn set_steps(&mut self, model: &str, state: &StepState, cfg: &CalibrationConfig) {
+        match state.learned(cfg) {
+            Some(v) => self.steps.insert(model.to_owned(), v),
+            None => self.steps.remove(model),
+        };
+    }
+
+    /// The profile `model` decides with at engine `priority`: its calibrated one
+    /// ([`Calibrated::profile_at`]) or else `configured`, with the decode step learned from its
+    /// streams in place of the profile's where there is one.
+    pub fn profile_or(&self, model: &str, priority: i32, configured: &Profile) -> Profile {
+        let mut p = self.profile_at(model, priority).unwrap_or(*configured);
+        if let Some(&(per_seq, per_1k)) = self.steps.get(model) {
+            p.decode_ms_per_seq = per_seq;
+            p.decode_ms_per_1k_context = per_1k;
+        }
+        p
+    }
+
+    /// `model`'s learned `(decode_ms_per_seq, decode_ms_per_1k_context)`, if it has one yet.
+    pub fn steps(&self, model: &str) -> Option<(f64, f64)> {
+        self.steps.get(model).copied()
     }
 
     /// `worker`'s deviation factor within `model` (1.0 when none is known).

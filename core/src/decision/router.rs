@@ -357,7 +357,7 @@ impl Router {
         let match_of = |w: &WorkerName| {
             candidates.iter().position(|c| c.worker == w).and_then(|i| matches.get(i)).copied()
         };
-        let profile = self.calibration.profile_at(&m.name, load.priority()).unwrap_or(m.profile);
+        let profile = self.calibration.profile_or(&m.name, load.priority(), &m.profile);
         let topo = self.topology.as_deref();
         let pd = !m.prefill_workers.is_empty();
         let (mut ranked, prefill) = if pd {

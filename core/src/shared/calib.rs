@@ -15,13 +15,18 @@
 //! learning into the same state (their busy samples are not counted, so the count only lags).
 //! Written after the state, restarted with it, and no longer written once it reached the
 //! threshold.
+//!
+//! `kvroute.calib_steps.<model>` holds the decode step learned from streams' gaps
+//! ([`StepState`], its own encoding): its own key, so that filters from before it read the
+//! TTFT state as they did. Written by [`publish_steps`], read with the TTFT state.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{read_u64, update, Counter, Counters, SharedStore};
 use crate::decision::calib::{
-    CalibOutcome, Calibrated, CalibrationConfig, ModelState, Sample, PROMISE_FILL_SAMPLES,
+    CalibOutcome, Calibrated, CalibrationConfig, ModelState, Sample, StepSample, StepState,
+    PROMISE_FILL_SAMPLES,
 };
 use crate::decision::cost::Profile;
 
@@ -36,6 +41,11 @@ pub fn busy_key(model: &str) -> String {
     format!("kvroute.calib_busy.{model}")
 }
 
+/// The shared-data key of `model`'s decode step ([`StepState`]).
+pub fn steps_key(model: &str) -> String {
+    format!("kvroute.calib_steps.{model}")
+}
+
 /// A count as read from [`busy_key`] (absent or malformed: 0), at most the threshold.
 fn busy_count(bytes: Option<&[u8]>) -> u32 {
     read_u64(bytes).min(u64::from(PROMISE_FILL_SAMPLES)) as u32
@@ -48,6 +58,42 @@ fn busy_count(bytes: Option<&[u8]>) -> u32 {
 pub fn init<S: SharedStore + ?Sized>(store: &S, model: &str, prior: &Profile) {
     if store.get(&key(model)).0.is_none() {
         let _ = store.set(&key(model), &ModelState::new(prior).encode(), None);
+    }
+    if store.get(&steps_key(model)).0.is_none() {
+        let _ = store.set(&steps_key(model), &StepState::new(prior).encode(), None);
+    }
+}
+
+/// Adds `samples` of streams' gaps to `model`'s decode step; returns the state as written and
+/// how many samples it used. `None`: the write was lost (counted as [`Counter::LostUpdate`]).
+pub fn publish_steps<S: SharedStore + ?Sized>(
+    store: &S,
+    counters: &dyn Counters,
+    cfg: &CalibrationConfig,
+    model: &str,
+    prior: &Profile,
+    samples: &[StepSample],
+) -> Option<(StepState, usize)> {
+    let written = update(store, &steps_key(model), |current| {
+        let (mut state, corrupt) = match current.map(StepState::decode) {
+            Some(Ok(s)) if s.matches(prior) => (s, false),
+            Some(Ok(_)) | None => (StepState::new(prior), false),
+            Some(Err(_)) => (StepState::new(prior), true),
+        };
+        let used = samples.iter().filter(|s| state.observe(cfg, s)).count();
+        (state.encode(), (state, used, corrupt))
+    });
+    match written {
+        Ok((state, used, corrupt)) => {
+            if corrupt {
+                counters.count(Counter::Corrupt, 1);
+            }
+            Some((state, used))
+        }
+        Err(_) => {
+            counters.count(Counter::LostUpdate, 1);
+            None
+        }
     }
 }
 
@@ -132,6 +178,9 @@ pub struct CalibReader {
     /// CAS token of each model's value when last decoded.
     seen: HashMap<String, u32>,
     states: HashMap<String, ModelState>,
+    /// CAS token of each model's decode step when last decoded, and the step.
+    steps_seen: HashMap<String, u32>,
+    steps: HashMap<String, StepState>,
     last_ms: Option<u64>,
     view: Arc<Calibrated>,
 }
@@ -155,6 +204,12 @@ impl CalibReader {
     ) -> Option<Arc<Calibrated>> {
         self.last_ms = Some(now_ms);
         let mut next: Option<Calibrated> = None;
+        for (model, prior) in models {
+            if let Some(state) = self.read_steps(store, counters, model, prior) {
+                next.get_or_insert_with(|| (*self.view).clone()).set_steps(model, &state, cfg);
+                self.steps.insert(model.clone(), state);
+            }
+        }
         for (model, prior) in models {
             let (bytes, cas) = store.get(&key(model));
             let (Some(bytes), Some(cas)) = (bytes, cas) else { continue };
@@ -191,6 +246,49 @@ impl CalibReader {
         let next = next?;
         self.view = Arc::new(next);
         Some(Arc::clone(&self.view))
+    }
+
+    /// `model`'s decode step if its CAS token moved since the last read and it decodes as
+    /// learned against `prior`.
+    fn read_steps<S: SharedStore + ?Sized>(
+        &mut self,
+        store: &S,
+        counters: &dyn Counters,
+        model: &str,
+        prior: &Profile,
+    ) -> Option<StepState> {
+        let (Some(bytes), Some(cas)) = store.get(&steps_key(model)) else { return None };
+        if self.steps_seen.get(model) == Some(&cas) {
+            return None;
+        }
+        self.steps_seen.insert(model.to_owned(), cas);
+        match StepState::decode(&bytes) {
+            Ok(s) if s.matches(prior) => Some(s),
+            Ok(_) => None,
+            Err(_) => {
+                counters.count(Counter::Corrupt, 1);
+                None
+            }
+        }
+    }
+
+    /// Takes in a decode step this thread just wrote; returns the new view.
+    pub fn set_steps(
+        &mut self,
+        cfg: &CalibrationConfig,
+        model: &str,
+        state: StepState,
+    ) -> Arc<Calibrated> {
+        let mut next = (*self.view).clone();
+        next.set_steps(model, &state, cfg);
+        self.steps.insert(model.to_owned(), state);
+        self.view = Arc::new(next);
+        Arc::clone(&self.view)
+    }
+
+    /// The last decode step seen of each model (for metrics).
+    pub fn steps(&self) -> &HashMap<String, StepState> {
+        &self.steps
     }
 
     /// Takes in a state this thread just wrote; returns the new view.

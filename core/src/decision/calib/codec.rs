@@ -27,6 +27,7 @@ use thiserror::Error;
 use super::estimator::{
     ModelState, PriorityPromise, WorkerDev, DIM, MAX_PRIORITIES, PACKED, PROMISE_MARGIN_MAX,
 };
+use super::steps::{StepState, STEP_DIM};
 
 pub const MAGIC: &[u8; 3] = b"KVC";
 /// The version without per-priority quantiles.
@@ -181,6 +182,62 @@ impl ModelState {
             busy_samples: 0,
             workers,
         })
+    }
+}
+
+/// The magic of a [`StepState`]'s encoding (see [`StepState::encode`]).
+pub const STEP_MAGIC: &[u8; 3] = b"KVS";
+pub const STEP_VERSION: u8 = 1;
+
+impl StepState {
+    /// Little-endian, fixed length:
+    ///
+    /// ```text
+    /// "KVS" version(u8 = 1)
+    /// prior[3] f64 · samples u64 · weight f64 · a[6] f64 · b[3] f64 · theta[3] f64 · scale f64
+    /// ```
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4 + 18 * 8);
+        out.extend_from_slice(STEP_MAGIC);
+        out.push(STEP_VERSION);
+        for v in &self.prior {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.samples.to_le_bytes());
+        let floats = [&self.weight].into_iter().chain(&self.a).chain(&self.b).chain(&self.theta);
+        for v in floats.chain([&self.scale]) {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// Accepts only finite numbers, non-negative units and weight, positive coefficients and
+    /// scale, and no trailing bytes, so whatever it accepts encodes back to the same bytes.
+    /// Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<StepState, CodecError> {
+        let mut r = Reader(bytes);
+        if r.take(3)? != STEP_MAGIC {
+            return Err(CodecError::Magic);
+        }
+        let version = r.take(1)?[0];
+        if version != STEP_VERSION {
+            return Err(CodecError::Version(version));
+        }
+        let prior: [f64; STEP_DIM] = r.floats()?;
+        let samples = r.u64()?;
+        let weight = r.f64()?;
+        let a = r.floats()?;
+        let b = r.floats()?;
+        let theta: [f64; STEP_DIM] = r.floats()?;
+        let scale = r.f64()?;
+        let positive = theta.iter().chain([&scale]).all(|v| *v > 0.0);
+        if prior.iter().any(|p| *p < 0.0) || weight < 0.0 || !positive {
+            return Err(CodecError::Number);
+        }
+        if !r.0.is_empty() {
+            return Err(CodecError::Trailing);
+        }
+        Ok(StepState { prior, samples, weight, a, b, theta, scale })
     }
 }
 

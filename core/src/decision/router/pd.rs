@@ -32,7 +32,7 @@ impl Router {
         cache_read: bool,
     ) -> (Vec<Score>, Vec<Score>) {
         let m = &t.model;
-        let profile = self.calibration.profile_at(&m.name, load.priority()).unwrap_or(m.profile);
+        let profile = self.calibration.profile_or(&m.name, load.priority(), &m.profile);
         let topo = self.topology.as_deref();
         let all = reusable_blocks(prompt_tokens, m.block_size) as usize;
         let handed: Vec<Candidate<&WorkerName>> = decode
