@@ -189,6 +189,9 @@ pub struct Shard {
     passes: PrefillsDone,
     passes_dirty: Cell<bool>,
     passes_below: Option<i32>,
+    /// The prompt tokens of this thread's requests in flight, by entry id, where noted
+    /// ([`Shard::note_context`]): not in the shard's encoding, so other threads do not see them.
+    contexts: HashMap<u64, u64>,
 }
 
 /// What one request holds in a shard.
@@ -235,6 +238,7 @@ impl Shard {
             passes: PrefillsDone::default(),
             passes_dirty: Cell::new(false),
             passes_below: None,
+            contexts: HashMap::new(),
         };
         limits::publish(store, &limits);
         shard.flush(store, counters, now_ms);
@@ -350,6 +354,26 @@ impl Shard {
     /// The request ended, however it ended. Unknown tickets (already expired) are ignored.
     pub fn end(&mut self, t: Ticket) {
         self.data.entries.retain(|e| e.id != t.0);
+        self.contexts.remove(&t.0);
+    }
+
+    /// Notes the request's prompt tokens (its context once it decodes), for
+    /// [`Shard::mean_context`]. Only while it is in flight.
+    pub fn note_context(&mut self, t: Ticket, tokens: u64) {
+        if self.data.entries.iter().any(|e| e.id == t.0) {
+            self.contexts.insert(t.0, tokens);
+        }
+    }
+
+    /// The mean prompt tokens of this thread's requests in flight on the worker of key `key`
+    /// whose context was noted (`None`: none was): what each stream there is taken to hold
+    /// when its decode steps are timed (see `decision::calib::steps`).
+    pub fn mean_context(&self, key: u64) -> Option<f64> {
+        let (sum, n) = (self.data.entries.iter())
+            .filter(|e| e.worker == key)
+            .filter_map(|e| self.contexts.get(&e.id))
+            .fold((0u64, 0u64), |(sum, n), c| (sum.saturating_add(*c), n + 1));
+        (n > 0).then(|| sum as f64 / n as f64)
     }
 
     /// Purges entries whose lease ran out; returns how many.
@@ -365,6 +389,13 @@ impl Shard {
         }
         let n = before - self.data.entries.len();
         counters.count(Counter::LeaseExpired, n as u64);
+        // Entries also leave by expiry, reconciliation and the per-thread cap: a noted
+        // context outlives its entry until the notes outnumber the entries.
+        if self.contexts.len() > self.data.entries.len() {
+            let live: std::collections::HashSet<u64> =
+                self.data.entries.iter().map(|e| e.id).collect();
+            self.contexts.retain(|id, _| live.contains(id));
+        }
         n
     }
 

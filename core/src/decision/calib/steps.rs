@@ -39,6 +39,8 @@ const PACKED: usize = STEP_DIM * (STEP_DIM + 1) / 2;
 pub const STEP_UNIT_MS: f64 = 5.0;
 /// Fewest gaps between a stream's tokens for its median to be a sample.
 pub const MIN_GAPS: usize = 8;
+/// Most gaps a stream records (its first steps' median is as good as all of them).
+pub const MAX_GAPS: usize = 256;
 /// Small ridge for directions the data never excite.
 const RIDGE: f64 = 0.01;
 const MIN_SCALE: f64 = 0.02;
@@ -202,6 +204,62 @@ impl StepState {
 /// The sample's features, in the order of [`step_units`].
 pub fn features(s: &StepSample) -> [f64; STEP_DIM] {
     [1.0, s.streams, s.context_tokens / 1000.0]
+}
+
+/// A streamed answer's decode steps as a proxy sees them: the gaps between its server-sent
+/// events, each event a step's token (the engines send one event per token and step). Holds
+/// times and counts only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamSteps {
+    streams: f64,
+    context_tokens: f64,
+    /// When the last chunk with an event arrived (ns; 0: none yet).
+    last_ns: u64,
+    gaps: Vec<f32>,
+}
+
+impl StreamSteps {
+    /// A stream sent to a worker with `streams` requests in flight there, itself included,
+    /// whose prompts hold `mean_context` tokens on average.
+    pub fn new(streams: u32, mean_context: f64) -> Self {
+        let streams = f64::from(streams.max(1));
+        let context_tokens = streams * mean_context.max(0.0);
+        StreamSteps { streams, context_tokens, last_ns: 0, gaps: Vec::new() }
+    }
+
+    /// A chunk of the response body arrived at `now_ns`. A chunk holding `k` events (several
+    /// coalesced on the way) ends `k` steps since the last one; a chunk without one (the rest
+    /// of an event split on the way, a body that is not an event stream) ends none.
+    pub fn chunk(&mut self, now_ns: u64, chunk: &[u8]) {
+        let k = token_events(chunk);
+        if k == 0 {
+            return;
+        }
+        if self.last_ns > 0 {
+            let gap = now_ns.saturating_sub(self.last_ns) as f64 / 1e6 / k as f64;
+            let room = MAX_GAPS.saturating_sub(self.gaps.len());
+            self.gaps.extend(std::iter::repeat_n(gap as f32, k.min(room)));
+        }
+        self.last_ns = now_ns;
+    }
+
+    /// The gaps recorded so far.
+    pub fn gaps(&self) -> usize {
+        self.gaps.len()
+    }
+
+    /// The stream's sample, once it has [`MIN_GAPS`] gaps.
+    pub fn sample(&self) -> Option<StepSample> {
+        let step_ms = median_gap(&mut self.gaps.clone())?;
+        Some(StepSample { streams: self.streams, context_tokens: self.context_tokens, step_ms })
+    }
+}
+
+/// The token events in a chunk of an event stream: its `data:` fields, less the `[DONE]` that
+/// ends an OpenAI stream.
+pub fn token_events(chunk: &[u8]) -> usize {
+    let data = memchr::memmem::find_iter(chunk, b"data:").count();
+    data.saturating_sub(memchr::memmem::find_iter(chunk, b"[DONE]").count())
 }
 
 /// The median of a stream's gaps between tokens (ms), once it has [`MIN_GAPS`].

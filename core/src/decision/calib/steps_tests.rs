@@ -3,7 +3,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::codec::CodecError;
-use super::steps::{median_gap, MIN_GAPS};
+use super::steps::{median_gap, token_events, StreamSteps, MAX_GAPS, MIN_GAPS};
 use super::*;
 
 /// A decode step unlike the configured profile's: 1.7× its per-sequence cost, 2.5× its
@@ -148,6 +148,42 @@ fn a_streams_step_is_the_median_of_at_least_eight_gaps() {
     // Two steps that carried a prefill chunk do not move it.
     let mut gaps = [7.1f32, 6.9, 250.0, 7.0, 7.2, 6.8, 7.0, 180.0, 7.3];
     assert_eq!(median_gap(&mut gaps), Some(f64::from(7.1f32)));
+}
+
+const EVENT: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
+
+#[test]
+fn a_stream_is_timed_by_its_events_not_its_chunks() {
+    assert_eq!(token_events(EVENT), 1);
+    assert_eq!(token_events(&[EVENT, EVENT, b"data: [DONE]\n\n"].concat()), 2);
+    assert_eq!(token_events(b"{\"choices\":[]}"), 0);
+    let ms = 1_000_000u64;
+    let mut s = StreamSteps::new(4, 1500.0);
+    s.chunk(100 * ms, EVENT);
+    for i in 1..=6u64 {
+        s.chunk((100 + 7 * i) * ms, EVENT);
+    }
+    // Half an event, then its rest: only the chunk with the event ends a step.
+    s.chunk(149 * ms, b"data: {\"choices\":[{\"del");
+    s.chunk(150 * ms, b"ta\":{}}]}\n\n");
+    assert_eq!(s.sample(), None, "seven gaps");
+    // Two events coalesced on the way: two steps of 7 ms.
+    s.chunk(163 * ms, &[EVENT, EVENT].concat());
+    let got = s.sample().expect("nine gaps");
+    assert_eq!((got.streams, got.context_tokens), (4.0, 6000.0));
+    assert!((got.step_ms - 7.0).abs() < 1e-6, "{}", got.step_ms);
+    // A body that is no event stream has no steps; a stream's gaps stop at the cap.
+    let mut plain = StreamSteps::new(1, 10.0);
+    for i in 0..20 {
+        plain.chunk(i * ms, b"{\"id\":1}");
+    }
+    assert_eq!(plain.sample(), None);
+    let mut long = StreamSteps::new(0, 10.0);
+    for i in 0..1000 {
+        long.chunk((i + 1) * ms, EVENT);
+    }
+    assert_eq!(long.sample().map(|s| s.streams), Some(1.0), "itself at least");
+    assert_eq!(long.gaps(), MAX_GAPS);
 }
 
 #[test]

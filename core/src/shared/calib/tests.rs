@@ -176,3 +176,63 @@ fn the_busy_count_has_its_own_key_restarts_with_the_state_and_stops_at_its_thres
     // The state key of a model named `<M>.busy` is not the count's.
     assert_ne!(key(&format!("{M}.busy")), busy_key(M));
 }
+
+fn step(i: u64) -> StepSample {
+    let streams = 1.0 + (i % 40) as f64;
+    let context_tokens = streams * (500.0 + ((i * 131) % 5000) as f64);
+    // A step 1.5 times the profile's costs on a 6 ms base.
+    let p = Profile::default();
+    let step_ms =
+        6.0 + 1.5 * (p.decode_ms_per_seq * streams + p.decode_ms_per_1k_context * context_tokens / 1e3);
+    StepSample { streams, context_tokens, step_ms }
+}
+
+#[test]
+fn the_decode_step_has_its_own_key_and_reaches_every_readers_view() {
+    let (store, tally) = (MemStore::new(), Tally::default());
+    let cfg = CalibrationConfig { min_samples: 10, refresh_ms: 0, ..Default::default() };
+    let prior = Profile::default();
+    init(&store, M, &prior);
+    let ttft_before = store.get(&key(M)).0;
+    let mut reader = CalibReader::default();
+    let v = reader.refresh(&store, &tally, &cfg, &models(prior), 0).expect("the fresh states");
+    assert_eq!(v.steps(M), None, "too few samples");
+    for batch in 0..50u64 {
+        let s: Vec<StepSample> = (0..8).map(|i| step(batch * 8 + i)).collect();
+        let (st, used) = publish_steps(&store, &tally, &cfg, M, &prior, &s).expect("written");
+        assert_eq!((used, st.samples), (8, (batch + 1) * 8));
+    }
+    assert_eq!(store.get(&key(M)).0, ttft_before, "the TTFT state is untouched");
+    let v = reader.refresh(&store, &tally, &cfg, &models(prior), 1).expect("the step moved");
+    let (per_seq, per_1k) = v.steps(M).expect("learned");
+    assert!((per_seq / (1.5 * prior.decode_ms_per_seq) - 1.0).abs() < 0.05, "{per_seq}");
+    assert!((per_1k / (1.5 * prior.decode_ms_per_1k_context) - 1.0).abs() < 0.05, "{per_1k}");
+    let p = v.profile_or(M, 0, &prior);
+    assert_eq!((p.decode_ms_per_seq, p.decode_ms_per_1k_context), (per_seq, per_1k));
+    assert!(reader.refresh(&store, &tally, &cfg, &models(prior), 2).is_none(), "unchanged");
+    // A writer's own state is its view at once.
+    let (st, _) = publish_steps(&store, &tally, &cfg, M, &prior, &[step(7)]).unwrap();
+    assert_eq!(reader.set_steps(&cfg, M, st.clone()).steps(M), st.learned(&cfg));
+}
+
+#[test]
+fn a_corrupt_or_foreign_decode_step_starts_afresh() {
+    let (store, tally) = (MemStore::new(), Tally::default());
+    let cfg = CalibrationConfig { min_samples: 1, ..Default::default() };
+    let prior = Profile::default();
+    store.poke(&steps_key(M), b"KVS\x01 short");
+    let mut reader = CalibReader::default();
+    assert!(reader.refresh(&store, &tally, &cfg, &models(prior), 0).is_none());
+    assert_eq!(tally.get(Counter::Corrupt), 1);
+    let (st, _) = publish_steps(&store, &tally, &cfg, M, &prior, &[step(1)]).unwrap();
+    assert_eq!((st.samples, tally.get(Counter::Corrupt)), (1, 2));
+    let changed = Profile { decode_ms_per_seq: 0.05, ..prior };
+    let (st, _) = publish_steps(&store, &tally, &cfg, M, &changed, &[step(2)]).unwrap();
+    assert_eq!(st.samples, 1, "learned against the new prior only");
+    let mut other = CalibReader::default();
+    let v = other.refresh(&store, &tally, &cfg, &models(prior), 0);
+    assert!(v.is_none_or(|v| v.steps(M).is_none()), "a reader with the old prior ignores it");
+    store.fail_every(1);
+    assert!(publish_steps(&store, &tally, &cfg, M, &prior, &[step(3)]).is_none());
+    assert_eq!(tally.get(Counter::LostUpdate), 1);
+}

@@ -217,6 +217,34 @@ fn a_thread_past_its_cap_drops_its_oldest_entries() {
     assert_eq!(t.get(Counter::InflightCapped), 30);
 }
 
+#[test]
+fn a_thread_knows_the_mean_context_of_its_own_requests_to_a_worker() {
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut a = Shard::register(&store, &t, LIMITS, 0, 13);
+    let key = worker_key(W);
+    assert_eq!(a.mean_context(key), None);
+    let r1 = a.start(&t, W, 100, 1);
+    let r2 = a.start(&t, W, 100, 1);
+    let elsewhere = a.start(&t, "127.0.0.1:8002", 100, 1);
+    a.start(&t, W, 100, 1); // never noted: not counted
+    a.note_context(r1, 1000);
+    a.note_context(r2, 3000);
+    a.note_context(elsewhere, 9000);
+    assert_eq!(a.mean_context(key), Some(2000.0));
+    a.end(r2);
+    assert_eq!(a.mean_context(key), Some(1000.0));
+    // Not in the shard's encoding: another thread reads the entries alone.
+    a.flush(&store, &t, 2);
+    let bytes = store.get(&shard_key(a.id())).0.unwrap();
+    assert_eq!(ShardData::decode(&bytes).unwrap().entries, a.entries());
+    // A request that ended is not noted again, and expiry forgets the notes it leaves.
+    a.note_context(r2, 5000);
+    assert_eq!(a.mean_context(key), Some(1000.0));
+    a.expire(&t, LIMITS.lease_ms + 1);
+    assert_eq!((a.entries().len(), a.mean_context(key)), (0, None));
+    assert!(a.contexts.is_empty());
+}
+
 proptest! {
     #[test]
     fn shard_codec_round_trips_and_never_panics(
