@@ -5,10 +5,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kvroute_core::decision::calib::{Calibrated, CalibrationConfig, ModelState, Sample};
+use kvroute_core::decision::calib::{
+    Calibrated, CalibrationConfig, ModelState, Sample, StepSample, StepState,
+};
 use kvroute_core::decision::config::FilterConfig;
 use kvroute_core::decision::cost::{Profile, Score};
-use kvroute_core::shared::calib::{init, publish, CalibReader};
+use kvroute_core::shared::calib::{init, publish, publish_steps, CalibReader};
 use kvroute_core::shared::Counters;
 use proxy_wasm::types::MetricType;
 
@@ -27,6 +29,8 @@ pub struct CalibThread {
     /// Each model's name and configured profile (its prior).
     models: Vec<(String, Profile)>,
     pending: HashMap<String, Vec<Sample>>,
+    /// Streams' decode steps not yet written, per model.
+    pending_steps: HashMap<String, Vec<StepSample>>,
     reader: CalibReader,
     metrics: CalibMetrics,
     /// The engine priorities requests are sent at, most urgent first (none where no class
@@ -72,6 +76,7 @@ impl CalibThread {
             metrics: CalibMetrics::define(&models, &workers, &priorities),
             models,
             pending: HashMap::new(),
+            pending_steps: HashMap::new(),
             reader: CalibReader::default(),
             priorities,
         }
@@ -139,10 +144,54 @@ impl CalibThread {
         None
     }
 
+    /// A streamed answer of `model` timed its decode steps (see
+    /// `kvroute_core::decision::calib::steps`). Returns a new view when the shared state was
+    /// written.
+    pub fn record_steps(
+        &mut self,
+        counters: &dyn Counters,
+        model: &str,
+        sample: StepSample,
+    ) -> Option<Arc<Calibrated>> {
+        if !self.cfg.enabled || !self.models.iter().any(|(m, _)| m == model) {
+            return None;
+        }
+        let pending = self.pending_steps.entry(model.to_owned()).or_default();
+        if pending.len() >= MAX_PENDING {
+            pending.remove(0);
+            add(self.metrics.dropped, 1);
+        }
+        pending.push(sample);
+        if pending.len() >= self.cfg.flush_samples {
+            return self.flush(counters);
+        }
+        None
+    }
+
+    /// Writes every model's pending decode steps; the new view if any was written.
+    fn flush_steps(&mut self, counters: &dyn Counters) -> Option<Arc<Calibrated>> {
+        let mut view = None;
+        for (model, prior) in &self.models {
+            let Some(samples) = self.pending_steps.get_mut(model).filter(|s| !s.is_empty()) else {
+                continue;
+            };
+            match publish_steps(&HostStore, counters, &self.cfg, model, prior, samples) {
+                Some((state, used)) => {
+                    samples.clear();
+                    add(self.metrics.step_samples, used as u64);
+                    self.metrics.publish_steps(model, &state);
+                    view = Some(self.reader.set_steps(&self.cfg, model, state));
+                }
+                None => add(self.metrics.lost, 1),
+            }
+        }
+        view
+    }
+
     /// Writes every model's pending samples to shared data; returns the new view if any was
     /// written. Samples of a lost write are kept for the next flush.
     pub fn flush(&mut self, counters: &dyn Counters) -> Option<Arc<Calibrated>> {
-        let mut view = None;
+        let mut view = self.flush_steps(counters);
         for (model, prior) in &self.models {
             let Some(samples) = self.pending.get_mut(model).filter(|s| !s.is_empty()) else {
                 continue;
@@ -177,6 +226,9 @@ impl CalibThread {
             for (model, state) in self.reader.states() {
                 self.metrics.publish(model, state);
             }
+            for (model, state) in self.reader.steps() {
+                self.metrics.publish_steps(model, state);
+            }
         }
         Some(view)
     }
@@ -187,6 +239,11 @@ impl CalibThread {
 struct CalibMetrics {
     /// Per model: base µs, ns per token, ps per token², interference µs, samples, in use.
     coefficients: HashMap<String, [Option<u32>; 11]>,
+    /// Per model: the decode step's base µs, ns per sequence, ns per 1 000 tokens of context,
+    /// samples.
+    steps: HashMap<String, [Option<u32>; 4]>,
+    /// Streams' decode steps taken in.
+    step_samples: Option<u32>,
     /// (model, worker) → deviation in permille.
     deviations: HashMap<(String, String), Option<u32>>,
     /// (model, engine priority) → the promise margin a request at it gets, in permille.
@@ -217,6 +274,7 @@ impl CalibMetrics {
             dropped: define(c, "kvroute.calibration.dropped_samples"),
             shared: define(c, "kvroute.calibration.shared_samples"),
             passed: define(c, "kvroute.calibration.passed_samples"),
+            step_samples: define(c, "kvroute.calibration.step_samples"),
             estimates: define(c, "kvroute.calibration.estimates"),
             good: define(c, "kvroute.calibration.estimates_within_15pct"),
             error_pct: define(MetricType::Histogram, "kvroute.calibration.estimate_error_pct"),
@@ -240,6 +298,10 @@ impl CalibMetrics {
                 ids[i] = define(g, &format!("kvroute.calibration.{seg}.{n}"));
             }
             m.coefficients.insert(model.clone(), ids);
+            let steps =
+                ["step_base_us", "step_ns_per_seq", "step_ns_per_1k_context", "step_samples"]
+                    .map(|n| define(g, &format!("kvroute.calibration.{seg}.{n}")));
+            m.steps.insert(model.clone(), steps);
             for p in priorities {
                 let level =
                     if *p < 0 { format!("minus_{}", p.unsigned_abs()) } else { p.to_string() };
@@ -291,6 +353,16 @@ impl CalibMetrics {
         }
     }
 
+    /// Sets the decode step's gauges of `model` from its state.
+    fn publish_steps(&self, model: &str, st: &StepState) {
+        let Some(ids) = self.steps.get(model) else { return };
+        let [base, per_seq, per_1k] = st.coefficients();
+        let values = [base * 1e3, per_seq * 1e6, per_1k * 1e6, st.samples as f64];
+        for (id, v) in ids.iter().zip(values) {
+            gauge(*id, v.round() as u64);
+        }
+    }
+
     /// Whether `model` decides with its calibrated profile.
     fn active(&self, model: &str, on: bool) {
         if let Some(ids) = self.coefficients.get(model) {
@@ -326,22 +398,24 @@ impl crate::root::ThreadState {
     }
 
     /// A routed, successful request's first byte `observed_ms` after its decision, from the
-    /// worker its decision scored, sent at engine `priority`.
+    /// worker its decision scored, sent at engine `priority`. Returns the requests this
+    /// Envoy's threads have in flight on that worker now (read with calibration on), the
+    /// batch its first decode steps run in.
     pub fn calibration_sample(
         &self,
         model: &str,
         score: &Score,
         (observed_ms, priority): (f64, i32),
-    ) {
+    ) -> Option<u32> {
         let now = crate::host::now_ms();
         let decided_ms = now.saturating_sub(observed_ms as u64);
         let enabled = self.calib.try_borrow().is_ok_and(|c| c.enabled());
-        let shared = enabled && {
-            let view = self.load_view(now);
+        let view = enabled.then(|| self.load_view(now));
+        let shared = view.as_ref().is_some_and(|view| {
             self.router
                 .try_borrow()
-                .is_ok_and(|r| r.knowledge().instant_shared(&score.worker, decided_ms, &view))
-        };
+                .is_ok_and(|r| r.knowledge().instant_shared(&score.worker, decided_ms, view))
+        });
         let more_urgent =
             self.calib.try_borrow().map(|c| c.more_urgent(priority)).unwrap_or_default();
         let passed = !more_urgent.is_empty()
@@ -356,7 +430,18 @@ impl crate::root::ThreadState {
             });
         let sample = (observed_ms, priority);
         let raced = Raced { shared, passed };
-        let view = self.calib.borrow_mut().record(&self.metrics, model, score, sample, raced);
+        let calibrated = self.calib.borrow_mut().record(&self.metrics, model, score, sample, raced);
+        self.use_calibration(calibrated);
+        view.map(|v| v.load_key(score.worker.key()).inflight_requests)
+    }
+
+    /// A streamed answer of `model` timed its decode steps.
+    pub fn step_sample(&self, model: &str, sample: StepSample) {
+        let view = self
+            .calib
+            .try_borrow_mut()
+            .ok()
+            .and_then(|mut c| c.record_steps(&self.metrics, model, sample));
         self.use_calibration(view);
     }
 

@@ -5,8 +5,10 @@
 //! [`Lifecycle`] for a routed request's credit, load and health marks); this carries out its
 //! effects. Every host value is read as bytes through [`crate::host`]; nothing here can panic.
 
+use std::cell::Cell;
 use std::rc::Rc;
 
+use kvroute_core::decision::calib::steps::StreamSteps;
 use kvroute_core::decision::error::ApiError;
 use kvroute_core::decision::misdeploy::{Symptom, Unrouted};
 use kvroute_core::decision::request::{self, Endpoint};
@@ -53,6 +55,12 @@ struct InFlight {
     decided_ns: u64,
     /// The engine priority the request was sent with (0: none).
     priority: i32,
+    /// Its answer's decode steps, timed for calibration (not for a P/D pool's, nor with
+    /// calibration off).
+    steps: Option<StreamSteps>,
+    /// The requests this Envoy had in flight on the worker at the first byte (set by the
+    /// calibration sample, taken by the steps).
+    batch_at_first_byte: Cell<Option<u32>>,
 }
 
 pub struct KvHttp {
@@ -244,6 +252,7 @@ impl KvHttp {
             t
         };
         let prefill_ticket = claim.prefill;
+        let steps = self.time_steps(&decision, ticket);
         if let Some(reason) = decision.fallback {
             state.metrics.fallback(reason);
         }
@@ -287,8 +296,26 @@ impl KvHttp {
             decide_us,
             decided_ns,
             priority,
+            steps,
+            batch_at_first_byte: Cell::new(None),
         });
         Action::Continue
+    }
+
+    /// What a routed request's answer's decode steps are timed against: the requests in flight
+    /// on its worker when it was sent (its decision's view, itself included: the streams its
+    /// growth was priced against) and the mean prompt of this thread's among them. `None` for
+    /// a P/D pool's (two workers) or with calibration off.
+    fn time_steps(&self, decision: &Decision, ticket: Ticket) -> Option<StreamSteps> {
+        let state = &self.state;
+        if !decision.prefill.is_empty() || !state.calib.try_borrow().is_ok_and(|c| c.enabled()) {
+            return None;
+        }
+        let score = decision.primary()?;
+        let mut shard = state.shard.try_borrow_mut().ok()?;
+        shard.note_context(ticket, decision.prompt_tokens);
+        let mean = shard.mean_context(score.worker.key())?;
+        Some(StreamSteps::new(score.load.inflight_requests.saturating_add(1), mean))
     }
 
     /// Carries out what the intake decided.
@@ -356,10 +383,13 @@ impl KvHttp {
                         let observed_ms =
                             host::now_nanos().saturating_sub(f.decided_ns) as f64 / 1e6;
                         let model = &f.decision.model.name;
-                        state.calibration_sample(model, score, (observed_ms, f.priority));
+                        let batch =
+                            state.calibration_sample(model, score, (observed_ms, f.priority));
+                        f.batch_at_first_byte.set(batch);
                     }
                 }
                 Effect::Release => {
+                    self.learn_steps(f);
                     state.shard.borrow_mut().end(f.ticket);
                     if let Some(t) = f.prefill_ticket {
                         state.shard.borrow_mut().end(t);
@@ -372,6 +402,18 @@ impl KvHttp {
             }
         }
         changed
+    }
+
+    /// A successful answer from the worker its decision planned teaches the decode step
+    /// ([`StreamSteps::sample`]: a streamed one of enough tokens).
+    fn learn_steps(&self, f: &InFlight) {
+        let ok = f.life.status().is_some_and(|s| (200..300).contains(&s));
+        let Some(sample) = f.steps.as_ref().filter(|_| ok).and_then(StreamSteps::sample) else {
+            return;
+        };
+        if f.life.served() == f.life.planned() {
+            self.state.step_sample(&f.decision.model.name, sample);
+        }
     }
 
     /// Writes this thread's load shard when `changed` says an effect changed it.
@@ -585,6 +627,15 @@ impl HttpContext for KvHttp {
             if let Some(chunk) = host::response_body(body_size) {
                 if let Some(f) = self.inflight.as_mut() {
                     f.scanner.push(&chunk);
+                    if let Some(steps) = f.steps.as_mut() {
+                        if let Some(batch) = f.batch_at_first_byte.take() {
+                            let key = f.decision.primary().map(|s| s.worker.key());
+                            let shard = self.state.shard.try_borrow().ok();
+                            let mean = key.zip(shard).and_then(|(k, s)| s.mean_context(k));
+                            steps.first_byte(batch, mean);
+                        }
+                        steps.chunk(host::now_nanos(), &chunk);
+                    }
                 }
             }
         }

@@ -190,3 +190,106 @@ async fn samples_from_behind_a_queue_are_counted_up_to_the_threshold() {
     .unwrap_or_else(|e| panic!("{e}: logs in {}", stack.dir.display()));
     assert_eq!(busy(&g), threshold, "counted up to {threshold}: {g:?}");
 }
+
+/// Workers whose decode step is slow enough to time through HTTP on a shared machine: 20 ms,
+/// plus 2 ms per sequence and 4 ms per 1 000 tokens of context in the batch.
+const STEP_PROFILE: &str = r#"
+name = "slow-decode"
+step_floor_ms = 20.0
+prefill_ms_per_token = 0.033
+prefill_ms_per_token_sq = 4.21e-7
+decode_ms_per_seq = 2.0
+kv_ms_per_1k_tokens = 4.0
+num_gpu_blocks = 26000
+block_size = 16
+max_num_seqs = 256
+max_num_batched_tokens = 8192
+max_model_len = 131072
+"#;
+const TRUE_PER_SEQ: f64 = 2.0;
+const TRUE_PER_1K: f64 = 4.0;
+
+/// A file removed when dropped, also when the test fails.
+struct TempFile(std::path::PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The decode step is learned from the gaps between streamed tokens: from a prior three times
+/// the workers' per-sequence and per-context costs, what one more stream of a typical prompt
+/// adds to each step comes within reach of the workers' own, and the growth price follows it.
+#[tokio::test]
+async fn from_streams_gaps_the_filter_learns_the_decode_step() {
+    let profile = TempFile(std::env::temp_dir().join(format!(
+        "kvroute-slow-decode-{}-{:x}.toml",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    )));
+    std::fs::write(&profile.0, STEP_PROFILE).unwrap();
+    let k = PRIOR_SCALE;
+    let stack = Stack::start(StackOptions {
+        workers: 1,
+        // One thread knows every stream's prompt (with more, each thread's mean stands for the
+        // others' streams).
+        envoy_concurrency: 1,
+        sim_args: vec!["--profile".into(), profile.0.display().to_string()],
+        model_overrides: json!({"profile": {
+            "decode_ms_per_seq": TRUE_PER_SEQ * k,
+            "decode_ms_per_1k_context": TRUE_PER_1K * k,
+        }}),
+        filter: json!({
+            "calibration": {"min_samples": 10, "flush_samples": 1, "refresh_ms": 5},
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    stack.wait_healthy(1).await.unwrap();
+    let http = reqwest::Client::new();
+    // Batches of 1 to 8 streams sent together, prompts of 100 to 800 words.
+    let mut sent = 0u64;
+    for batch in [1u64, 4, 8, 2, 6, 3, 7, 5, 8, 1] {
+        let sends = (0..batch).map(|i| {
+            let (http, url) = (&http, stack.base_url());
+            let words = 100 + ((sent + i) * 271 % 700) as usize;
+            let body = json!({"model": MODEL, "max_tokens": 24, "stream": true,
+                "messages": [{"role": "user",
+                    "content": kvroute_testkit::textgen::words(5000 + sent + i, words)}]});
+            async move { client::chat(http, &url, &body).await.unwrap() }
+        });
+        for r in futures::future::join_all(sends).await {
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+        sent += batch;
+    }
+    let g = eventually("decode step samples", Duration::from_secs(10), || async {
+        let g = gauges(&stack).await;
+        (model_gauge(&g, "step_samples") >= (sent - 2) as f64).then_some(g)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: logs in {}", stack.dir.display()));
+    let per_seq = model_gauge(&g, "step_ns_per_seq") / 1e6;
+    let per_1k = model_gauge(&g, "step_ns_per_1k_context") / 1e6;
+    let base = model_gauge(&g, "step_base_us") / 1e3;
+    // What one more stream of a 600-token prompt adds to each step.
+    let added = per_seq + per_1k * 0.6;
+    let truth = TRUE_PER_SEQ + TRUE_PER_1K * 0.6;
+    eprintln!(
+        "learned base {base} ms, {per_seq} ms/seq, {per_1k} ms/1k: {added} ms (truth {truth})"
+    );
+    assert!(
+        added > 0.7 * truth && added < 1.5 * truth,
+        "a stream adds {added} ms per step, the workers' {truth} (prior {})",
+        truth * k
+    );
+    assert!(base > 15.0 && base < 30.0, "the step's base {base} ms, the workers' 20");
+    // Batches of unlike sizes and prompts tell the two apart too.
+    for (got, want) in [(per_seq, TRUE_PER_SEQ), (per_1k, TRUE_PER_1K)] {
+        assert!(got > 0.5 * want && got < 2.0 * want, "learned {got}, the workers' {want}");
+    }
+}

@@ -41,8 +41,11 @@ pub const STEP_UNIT_MS: f64 = 5.0;
 pub const MIN_GAPS: usize = 8;
 /// Most gaps a stream records (its first steps' median is as good as all of them).
 pub const MAX_GAPS: usize = 256;
-/// Small ridge for directions the data never excite.
-const RIDGE: f64 = 0.01;
+/// A ridge towards the prior for directions the data never excite, in units of one sample
+/// that is all one term: far below what a few dozen streams of unlike batch sizes say of how
+/// a step's cost splits between the base and the streams (about 0.01), which a larger ridge
+/// would tilt.
+const RIDGE: f64 = 1e-4;
 const MIN_SCALE: f64 = 0.02;
 const INITIAL_SCALE: f64 = 0.5;
 const SCALE_RATE: f64 = 0.05;
@@ -161,44 +164,118 @@ impl StepState {
     }
 
     /// The box-constrained solution with the two priors as `prior_weight` pseudo-observations
-    /// spread like the data (`A · w0 / n`, the TTFT model's rule) and a small ridge; the base
-    /// has no prior, only the ridge. Projected Gauss–Seidel, warm-started.
+    /// spread like the data's information on them and a small ridge; the base has no prior,
+    /// only the ridge. Exact: the two per-stream coefficients are nearly
+    /// collinear wherever streams' prompts are alike, where an iterative solver creeps, so
+    /// every way of holding each coefficient free or at one of its bounds is solved and the
+    /// feasible one of least cost kept (27 systems of at most 3 unknowns).
     #[allow(clippy::needless_range_loop)] // matrix code reads best with indices
     fn solve(&mut self, cfg: &CalibrationConfig) {
         let k = if self.weight > 0.0 { cfg.prior_weight / self.weight } else { 0.0 };
-        let pull = |i: usize, j: usize| if i == 0 || j == 0 { 0.0 } else { k };
+        // The prior's pull on the two per-stream coefficients: `k` times what the data say
+        // of them once the base is fitted (the Schur complement of the base), not the raw
+        // information, most of which a base that moves with them explains too: spread like
+        // that, the pull would tilt the line, the base trading off against the slope.
+        let a = |i: usize, j: usize| self.a[idx(i, j)];
+        let pull = |i: usize, j: usize| {
+            if i == 0 || j == 0 {
+                0.0
+            } else if a(0, 0) > 0.0 {
+                k * (a(i, j) - a(i, 0) * a(0, j) / a(0, 0))
+            } else {
+                k * a(i, j)
+            }
+        };
         let mut mat = [[0.0; STEP_DIM]; STEP_DIM];
         let mut c = [0.0; STEP_DIM];
         for i in 0..STEP_DIM {
             for j in 0..STEP_DIM {
-                mat[i][j] = self.a[idx(i, j)] * (1.0 + pull(i, j)) + if i == j { RIDGE } else { 0.0 };
+                mat[i][j] = a(i, j) + pull(i, j) + if i == j { RIDGE } else { 0.0 };
             }
-            let prior_pull: f64 = (0..STEP_DIM).map(|j| self.a[idx(i, j)] * pull(i, j)).sum();
-            c[i] = self.b[i] + prior_pull + RIDGE;
+            c[i] = self.b[i] + (0..STEP_DIM).map(|j| pull(i, j)).sum::<f64>() + RIDGE;
         }
         let (lo, hi) = (1.0 / cfg.coefficient_bound, cfg.coefficient_bound);
-        for _ in 0..64 {
-            let mut moved = 0.0f64;
+        // A coefficient the prior sets to 0 stays at 1 (times 0).
+        let fixed = |i: usize| self.prior[i] <= 0.0;
+        let cost = |t: &[f64; STEP_DIM]| {
+            let mut q = 0.0;
             for i in 0..STEP_DIM {
-                if self.prior[i] <= 0.0 {
-                    self.theta[i] = 1.0;
-                    continue;
-                }
-                let mut rhs = c[i];
-                for j in (0..STEP_DIM).filter(|&j| j != i) {
-                    rhs -= mat[i][j] * self.theta[j];
-                }
-                let next = (rhs / mat[i][i]).clamp(lo, hi);
-                if next.is_finite() {
-                    moved = moved.max((next - self.theta[i]).abs());
-                    self.theta[i] = next;
+                q -= c[i] * t[i];
+                for j in 0..STEP_DIM {
+                    q += 0.5 * t[i] * mat[i][j] * t[j];
                 }
             }
-            if moved < 1e-9 {
-                break;
+            q
+        };
+        let mut best: Option<([f64; STEP_DIM], f64)> = None;
+        for code in 0..27usize {
+            // Per coefficient: 0 free, 1 at its lower bound, 2 at its upper bound.
+            let how: [usize; STEP_DIM] = std::array::from_fn(|i| code / 3usize.pow(i as u32) % 3);
+            if (0..STEP_DIM).any(|i| fixed(i) && how[i] != 0) {
+                continue;
+            }
+            let mut t = [1.0; STEP_DIM];
+            for i in 0..STEP_DIM {
+                t[i] = match how[i] {
+                    1 => lo,
+                    2 => hi,
+                    _ => 1.0,
+                };
+            }
+            let free: Vec<usize> = (0..STEP_DIM).filter(|&i| how[i] == 0 && !fixed(i)).collect();
+            let Some(x) = solve_free(&mat, &c, &t, &free) else { continue };
+            for (&i, v) in free.iter().zip(x) {
+                t[i] = v;
+            }
+            let feasible = free.iter().all(|&i| t[i].is_finite() && (lo..=hi).contains(&t[i]));
+            let q = cost(&t);
+            if feasible && best.is_none_or(|(_, b)| q < b) {
+                best = Some((t, q));
+            }
+        }
+        if let Some((t, _)) = best {
+            self.theta = t;
+        }
+    }
+}
+
+/// The free coefficients' values minimising the quadratic with the others held at `t`: the
+/// system `mat[free][free] · x = c[free] − mat[free][held] · t[held]`, by Gaussian elimination
+/// with partial pivoting; `None` where it is singular.
+#[allow(clippy::needless_range_loop)]
+fn solve_free(
+    mat: &[[f64; STEP_DIM]; STEP_DIM],
+    c: &[f64; STEP_DIM],
+    t: &[f64; STEP_DIM],
+    free: &[usize],
+) -> Option<Vec<f64>> {
+    let n = free.len();
+    let mut m: Vec<Vec<f64>> = free
+        .iter()
+        .map(|&i| {
+            let held: f64 =
+                (0..STEP_DIM).filter(|j| !free.contains(j)).map(|j| mat[i][j] * t[j]).sum();
+            let mut row: Vec<f64> = free.iter().map(|&j| mat[i][j]).collect();
+            row.push(c[i] - held);
+            row
+        })
+        .collect();
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
+        if m[pivot][col].abs() < 1e-300 {
+            return None;
+        }
+        m.swap(col, pivot);
+        for r in 0..n {
+            if r != col {
+                let f = m[r][col] / m[col][col];
+                for k in col..=n {
+                    m[r][k] -= f * m[col][k];
+                }
             }
         }
     }
+    Some((0..n).map(|i| m[i][n] / m[i][i]).collect())
 }
 
 /// The sample's features, in the order of [`step_units`].
@@ -225,6 +302,16 @@ impl StreamSteps {
         let streams = f64::from(streams.max(1));
         let context_tokens = streams * mean_context.max(0.0);
         StreamSteps { streams, context_tokens, last_ns: 0, gaps: Vec::new() }
+    }
+
+    /// At the first byte: the requests in flight on the worker now, itself included (those
+    /// sent after it that started decoding with it join its batch; the decision counted only
+    /// those before it), and the mean prompt tokens of those whose prompts are known. The
+    /// stream's batch is the larger of the two counts.
+    pub fn first_byte(&mut self, streams: u32, mean_context: Option<f64>) {
+        let mean = mean_context.unwrap_or(self.context_tokens / self.streams).max(0.0);
+        self.streams = self.streams.max(f64::from(streams));
+        self.context_tokens = self.streams * mean;
     }
 
     /// A chunk of the response body arrived at `now_ns`. A chunk holding `k` events (several

@@ -74,7 +74,8 @@ fn the_coefficients_stay_within_their_bound_and_a_zero_prior_stays_zero() {
     for _ in 0..500 {
         let streams = f64::from(rng.random_range(1..=64u32));
         // A per-sequence cost 100 times the prior's.
-        let s = StepSample { streams, context_tokens: streams * 2000.0, step_ms: 6.0 + 3.0 * streams };
+        let s =
+            StepSample { streams, context_tokens: streams * 2000.0, step_ms: 6.0 + 3.0 * streams };
         assert!(st.observe(&cfg, &s));
     }
     let [_, per_seq, per_1k] = st.coefficients();
@@ -130,11 +131,10 @@ fn the_view_takes_the_learned_step_once_there_are_enough_samples() {
     assert!(close(p.decode_ms_per_seq, TRUE_PER_SEQ, 0.05));
     assert!(close(p.decode_ms_per_1k_context, TRUE_PER_1K, 0.05));
     // Nothing else of the profile moves, and another model keeps its own.
-    assert_eq!(Profile { decode_ms_per_seq: 0.0, decode_ms_per_1k_context: 0.0, ..p }, Profile {
-        decode_ms_per_seq: 0.0,
-        decode_ms_per_1k_context: 0.0,
-        ..prior
-    });
+    assert_eq!(
+        Profile { decode_ms_per_seq: 0.0, decode_ms_per_1k_context: 0.0, ..p },
+        Profile { decode_ms_per_seq: 0.0, decode_ms_per_1k_context: 0.0, ..prior }
+    );
     assert_eq!(view.profile_or("other", 0, &prior), prior);
     let off = CalibrationConfig { enabled: false, ..cfg };
     view.set_steps("m", &many, &off);
@@ -172,6 +172,16 @@ fn a_stream_is_timed_by_its_events_not_its_chunks() {
     let got = s.sample().expect("nine gaps");
     assert_eq!((got.streams, got.context_tokens), (4.0, 6000.0));
     assert!((got.step_ms - 7.0).abs() < 1e-6, "{}", got.step_ms);
+    // Requests sent after it that decode with it: the batch at the first byte.
+    let mut joined = StreamSteps::new(2, 1000.0);
+    joined.first_byte(5, Some(2000.0));
+    joined.first_byte(1, None);
+    let long_steps: Vec<u64> = (0..=MIN_GAPS as u64).collect();
+    for i in &long_steps {
+        joined.chunk((i + 1) * ms, EVENT);
+    }
+    let got = joined.sample().expect("eight gaps");
+    assert_eq!((got.streams, got.context_tokens), (5.0, 10_000.0));
     // A body that is no event stream has no steps; a stream's gaps stop at the cap.
     let mut plain = StreamSteps::new(1, 10.0);
     for i in 0..20 {
@@ -252,4 +262,17 @@ proptest! {
         let more = StepSample { streams: streams + 1.0, context_tokens: context + 1000.0, step_ms: 0.0 };
         prop_assert!(st.model_ms(&more) >= st.model_ms(&s));
     }
+}
+
+#[test]
+fn samples_all_alike_fit_their_step_and_leave_the_rest_near_the_prior() {
+    let cfg = CalibrationConfig::default();
+    let prior = Profile::default();
+    let mut st = StepState::new(&prior);
+    let s = StepSample { streams: 8.0, context_tokens: 8000.0, step_ms: true_step(8.0, 8000.0) };
+    for _ in 0..200 {
+        assert!(st.observe(&cfg, &s));
+    }
+    assert!(st.coefficients().iter().all(|c| c.is_finite() && *c > 0.0));
+    assert!(close(st.model_ms(&s), s.step_ms, 0.01), "{}", st.model_ms(&s));
 }

@@ -182,8 +182,8 @@ fn step(i: u64) -> StepSample {
     let context_tokens = streams * (500.0 + ((i * 131) % 5000) as f64);
     // A step 1.5 times the profile's costs on a 6 ms base.
     let p = Profile::default();
-    let step_ms =
-        6.0 + 1.5 * (p.decode_ms_per_seq * streams + p.decode_ms_per_1k_context * context_tokens / 1e3);
+    let step_ms = 6.0
+        + 1.5 * (p.decode_ms_per_seq * streams + p.decode_ms_per_1k_context * context_tokens / 1e3);
     StepSample { streams, context_tokens, step_ms }
 }
 
