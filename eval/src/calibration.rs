@@ -6,7 +6,8 @@
 //!
 //! Stats read (see docs/operations.md, "Metrics"): per model segment `<m>`,
 //! `kvroute.calibration.<m>.{base_us, prefill_ns_per_token, prefill_sq_ps_per_token2,
-//! interference_us, samples, active}` and `kvroute.calibration.<m>.worker.<w>.deviation_permille`;
+//! interference_us, samples, active, step_base_us, step_ns_per_seq, step_ns_per_1k_context,
+//! step_samples}` and `kvroute.calibration.<m>.worker.<w>.deviation_permille`;
 //! the counters `kvroute.calibration.{estimates, estimates_within_15pct}`. Envoy may show the
 //! names under `wasmcustom.`. Reading is best effort: a failed scrape records nothing.
 
@@ -24,22 +25,36 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_secs(3);
 const PREFIX: &str = "kvroute.calibration.";
 
 /// The per-model gauges, after `kvroute.calibration.<m>.`.
-const MODEL_GAUGES: [&str; 6] = [
+const MODEL_GAUGES: [&str; 10] = [
     "base_us",
     "prefill_ns_per_token",
     "prefill_sq_ps_per_token2",
     "interference_us",
     "samples",
     "active",
+    "step_base_us",
+    "step_ns_per_seq",
+    "step_ns_per_1k_context",
+    "step_samples",
 ];
 
-/// The four cost coefficients calibration learns, in wall-clock milliseconds.
+/// The four cost coefficients calibration learns from first bytes, and the decode step's
+/// three it learns from streams' gaps, in wall-clock milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Coefficients {
     pub base_ms: f64,
     pub prefill_ms_per_token: f64,
     pub prefill_ms_per_token_sq: f64,
     pub decode_interference_ms: f64,
+    /// A decode step's base (the filter's prior has none: 0).
+    #[serde(default)]
+    pub step_base_ms: f64,
+    /// What one more sequence adds to a decode step.
+    #[serde(default)]
+    pub decode_ms_per_seq: f64,
+    /// What 1 000 more tokens of context add to a decode step.
+    #[serde(default)]
+    pub decode_ms_per_1k_context: f64,
 }
 
 /// One model's learned state on one Envoy. A coefficient the scrape did not show is `None`.
@@ -59,6 +74,16 @@ pub struct LearnedModel {
     /// The router decides with the calibrated profile.
     #[serde(default)]
     pub active: Option<bool>,
+    /// The decode step learned from streams' gaps: its base, per sequence, per 1 000 tokens of
+    /// context (ms), and its samples.
+    #[serde(default)]
+    pub step_base_ms: Option<f64>,
+    #[serde(default)]
+    pub decode_ms_per_seq: Option<f64>,
+    #[serde(default)]
+    pub decode_ms_per_1k_context: Option<f64>,
+    #[serde(default)]
+    pub step_samples: Option<u64>,
     /// Worker (its address where known, else its stat segment) → deviation factor (observed
     /// over model); workers without a published deviation are absent.
     #[serde(default)]
@@ -124,6 +149,10 @@ pub fn parse(envoy: usize, text: &str) -> Option<EnvoyCalibration> {
                     "prefill_sq_ps_per_token2" => lm.prefill_ms_per_token_sq = Some(x / 1e9),
                     "interference_us" => lm.decode_interference_ms = Some(x / 1e3),
                     "samples" => lm.samples = Some(v),
+                    "step_base_us" => lm.step_base_ms = Some(x / 1e3),
+                    "step_ns_per_seq" => lm.decode_ms_per_seq = Some(x / 1e6),
+                    "step_ns_per_1k_context" => lm.decode_ms_per_1k_context = Some(x / 1e6),
+                    "step_samples" => lm.step_samples = Some(v),
                     _ => lm.active = Some(v != 0),
                 }
             }
@@ -177,6 +206,9 @@ pub fn simulator_wall(topo: &Topology) -> Option<Coefficients> {
             / k,
         prefill_ms_per_token_sq: p.prefill_ms_per_token_sq / k,
         decode_interference_ms: p.decode_ms_per_seq / k,
+        step_base_ms: p.step_floor_ms / k,
+        decode_ms_per_seq: p.decode_ms_per_seq / k,
+        decode_ms_per_1k_context: p.kv_ms_per_1k_tokens / k,
     })
 }
 
@@ -222,6 +254,9 @@ pub async fn scrape(
             prefill_ms_per_token: prior.prefill_ms_per_token,
             prefill_ms_per_token_sq: prior.prefill_ms_per_token_sq,
             decode_interference_ms: prior.decode_interference_ms,
+            step_base_ms: 0.0,
+            decode_ms_per_seq: prior.decode_ms_per_seq,
+            decode_ms_per_1k_context: prior.decode_ms_per_1k_context,
         },
         simulator: simulator_wall(topo),
         envoys,
@@ -239,6 +274,10 @@ wasmcustom.kvroute.calibration.kvroute_demo.prefill_sq_ps_per_token2: 420
 wasmcustom.kvroute.calibration.kvroute_demo.interference_us: 250
 wasmcustom.kvroute.calibration.kvroute_demo.samples: 60
 wasmcustom.kvroute.calibration.kvroute_demo.active: 1
+wasmcustom.kvroute.calibration.kvroute_demo.step_base_us: 4870
+wasmcustom.kvroute.calibration.kvroute_demo.step_ns_per_seq: 31000
+wasmcustom.kvroute.calibration.kvroute_demo.step_ns_per_1k_context: 52000
+wasmcustom.kvroute.calibration.kvroute_demo.step_samples: 40
 wasmcustom.kvroute.calibration.kvroute_demo.worker.127_0_0_1_8001.deviation_permille: 2600
 wasmcustom.kvroute.calibration.kvroute_demo.worker.127_0_0_1_8002.deviation_permille: 990
 wasmcustom.kvroute.calibration.kvroute_demo.worker.127_0_0_1_8003.deviation_permille: 0
@@ -260,6 +299,8 @@ wasmcustom.kvroute.calibration.estimate_error_pct: P0(nan,1) P25(nan,5.1) P50(na
         assert_eq!(m.prefill_ms_per_token_sq, Some(4.2e-7));
         assert_eq!(m.decode_interference_ms, Some(0.25));
         assert_eq!((m.samples, m.active), (Some(60), Some(true)));
+        assert_eq!((m.step_base_ms, m.step_samples), (Some(4.87), Some(40)));
+        assert_eq!((m.decode_ms_per_seq, m.decode_ms_per_1k_context), (Some(0.031), Some(0.052)));
         // A deviation never published (0) is left out.
         let devs: Vec<(&str, f64)> = m.deviations.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         assert_eq!(devs, [("127_0_0_1_8001", 2.6), ("127_0_0_1_8002", 0.99)]);

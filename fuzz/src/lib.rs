@@ -25,6 +25,7 @@ mod priority_seeds;
 mod scan_seeds;
 #[cfg(test)]
 mod seeds;
+mod steps_seeds;
 
 /// A target: its name (as in `Cargo.toml`'s `[[bin]]` and `corpus/`) and its body.
 pub type FuzzTarget = (&'static str, fn(&[u8]));
@@ -48,6 +49,7 @@ pub const TARGETS: &[FuzzTarget] = &[
     ("peer_report_decode", peer_report_decode),
     ("admission_headers", admission_headers),
     ("calib_decode", calib_decode),
+    ("calib_steps_decode", calib_steps_decode),
     ("kube_watch_event", kube_watch_event),
     ("priority_field", priority_field),
 ];
@@ -431,6 +433,26 @@ pub fn calib_decode(data: &[u8]) {
         assert!(c.is_finite() && c >= 0.0);
     }
     let _ = ModelState::decode(&st.encode());
+}
+
+/// A model's decode step in shared data, read by every thread: any bytes decode or fail
+/// cleanly, an accepted state encodes to exactly the bytes it came from, and learning from it
+/// keeps its coefficients finite, positive and within their bounds.
+pub fn calib_steps_decode(data: &[u8]) {
+    use kvroute_core::decision::calib::{CalibrationConfig, StepSample, StepState};
+    let Ok(mut st) = StepState::decode(data) else { return };
+    assert_eq!(st.encode(), data);
+    let cfg = CalibrationConfig::default();
+    let s = StepSample { streams: 8.0, context_tokens: 8000.0, step_ms: 7.5 };
+    st.observe(&cfg, &s);
+    let bound = cfg.coefficient_bound;
+    for (i, t) in st.theta.iter().enumerate() {
+        assert!(t.is_finite() && *t > 0.0, "theta {i} = {t}");
+        if st.samples > 1 && st.prior[i] > 0.0 {
+            assert!((1.0 / bound - 1e-9..=bound + 1e-9).contains(t), "theta {i} = {t}");
+        }
+    }
+    let _ = StepState::decode(&st.encode());
 }
 
 /// How one watch stream ended for one collection (see [`watch_stream`]).

@@ -1066,6 +1066,7 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("admission_headers", admission_headers()),
         ("peer_report_decode", peer_report_decode()),
         ("calib_decode", calib_decode()),
+        ("calib_steps_decode", crate::steps_seeds::calib_steps_decode()),
         ("kube_watch_event", kube_watch_event()),
         ("priority_field", crate::priority_seeds::priority_field()),
     ]

@@ -57,6 +57,58 @@ fn deviations(m: &LearnedModel) -> String {
         .join(", ")
 }
 
+const STEP_HEADER: [&str; 7] = [
+    "run",
+    "Envoy",
+    "model",
+    "stream samples",
+    "step base (ms)",
+    "per sequence (ms)",
+    "per 1 000 context tokens (ms)",
+];
+
+/// The decode step learned from streams' gaps, next to the prior (which has no base) and the
+/// simulator's (its step floor, per sequence and KV read per 1 000 tokens).
+fn steps_table(
+    report: &Report,
+    runs: &[(&super::PolicyReport, &crate::calibration::RunCalibration)],
+    out: &mut String,
+) {
+    let Some((_, first)) = runs.first() else { return };
+    let reference = |label: String, c: &Coefficients, base: Option<f64>| {
+        let mut row = vec![label, String::new(), String::new(), String::new()];
+        row.extend([base, Some(c.decode_ms_per_seq), Some(c.decode_ms_per_1k_context)].map(coef));
+        row
+    };
+    let mut rows = vec![reference("filter prior".into(), &first.prior, None)];
+    if let Some(s) = &first.simulator {
+        let label = format!("simulator ÷ {} (wall clock)", first.speedup);
+        rows.push(reference(label, s, Some(s.step_base_ms)));
+    }
+    for (p, cal) in runs {
+        for e in &cal.envoys {
+            for (model, m) in &e.models {
+                rows.push(vec![
+                    run_label(report, p),
+                    e.envoy.to_string(),
+                    format!("`{}`", cell(model)),
+                    m.step_samples.map_or_else(|| "n/a".into(), |s| s.to_string()),
+                    coef(m.step_base_ms),
+                    coef(m.decode_ms_per_seq),
+                    coef(m.decode_ms_per_1k_context),
+                ]);
+            }
+        }
+    }
+    out.push_str(
+        "\nThe decode step learned from streams' gaps (the median gap between a streamed \
+         answer's events against the requests in flight on its worker and their prompts; the \
+         router prices a new stream's growth of the others' steps with the last two once the \
+         model has `min_samples` of them):\n\n",
+    );
+    out.push_str(&table(&STEP_HEADER, rows));
+}
+
 /// Appends the section to `out`.
 pub(super) fn section(report: &Report, out: &mut String) {
     out.push_str("## Learned cost coefficients at the end of the run\n\n");
@@ -110,6 +162,7 @@ pub(super) fn section(report: &Report, out: &mut String) {
         }
     }
     out.push_str(&table(&HEADER, rows));
+    steps_table(report, &runs, out);
     let within: Vec<String> = runs
         .iter()
         .flat_map(|(p, cal)| cal.envoys.iter().map(move |e| (p, e)))
@@ -177,6 +230,10 @@ mod tests {
             decode_interference_ms: None,
             samples: Some(60),
             active: Some(true),
+            step_base_ms: Some(5.1),
+            decode_ms_per_seq: Some(0.031),
+            decode_ms_per_1k_context: Some(0.052),
+            step_samples: Some(40),
             deviations: BTreeMap::from([("127.0.0.1:8001".to_string(), 2.6)]),
         };
         RunCalibration {
@@ -186,12 +243,18 @@ mod tests {
                 prefill_ms_per_token: 0.099,
                 prefill_ms_per_token_sq: 1.26e-6,
                 decode_interference_ms: 1.5,
+                step_base_ms: 0.0,
+                decode_ms_per_seq: 0.09,
+                decode_ms_per_1k_context: 0.12,
             },
             simulator: Some(Coefficients {
                 base_ms: 1.0,
                 prefill_ms_per_token: 0.02,
                 prefill_ms_per_token_sq: 0.0,
                 decode_interference_ms: 0.1,
+                step_base_ms: 4.8,
+                decode_ms_per_seq: 0.03,
+                decode_ms_per_1k_context: 0.04,
             }),
             envoys: vec![
                 EnvoyCalibration {
@@ -240,6 +303,10 @@ mod tests {
             ),
             "{out}"
         );
+        // The decode step: learned next to the prior (no base) and the simulator.
+        assert!(out.contains("| filter prior |  |  |  | n/a | 0.0900 | 0.120 |"), "{out}");
+        assert!(out.contains("| simulator ÷ 5 (wall clock) |  |  |  | 4.80 | 0.0300 | 0.0400 |"));
+        assert!(out.contains("| kvroute | 0 | `kvroute_demo` | 40 | 5.10 | 0.0310 | 0.0520 |"));
         // Envoy 1 read but without models: no row; no row for least-request.
         assert!(!out.contains("| kvroute | 1 |") && !out.contains("| least-request"), "{out}");
         assert!(out.contains("kvroute Envoy 0: 75.0% of 200"), "{out}");
