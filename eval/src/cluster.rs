@@ -46,6 +46,9 @@ pub enum Policy {
     /// The kvroute filter pricing only a prefill's stall of running streams, not its decode's
     /// growth of their steps (`stream_growth_tokens: 0`), as before it did.
     KvrouteNoGrowth,
+    /// The kvroute filter pricing the growth with its configured decode step, not learning it
+    /// from streams' gaps (`calibration.learn_decode_step: false`).
+    KvrouteFixedStep,
     /// Envoy's LEAST_REQUEST.
     LeastRequest,
     /// Envoy's ROUND_ROBIN.
@@ -110,6 +113,7 @@ impl Policy {
             Policy::KvrouteNoPd => "kvroute-no-pd",
             Policy::KvrouteTtftOnly => "kvroute-ttft-only",
             Policy::KvrouteNoGrowth => "kvroute-no-growth",
+            Policy::KvrouteFixedStep => "kvroute-fixed-step",
             Policy::LeastRequest => "least-request",
             Policy::RoundRobin => "round-robin",
             Policy::Random => "random",
@@ -155,6 +159,7 @@ impl Policy {
             Policy::KvrouteNoPd,
             Policy::KvrouteTtftOnly,
             Policy::KvrouteNoGrowth,
+            Policy::KvrouteFixedStep,
         ]
         .into_iter()
         .chain(Policy::COMPARED)
@@ -174,6 +179,7 @@ impl Policy {
                 | Policy::KvrouteNoPd
                 | Policy::KvrouteTtftOnly
                 | Policy::KvrouteNoGrowth
+                | Policy::KvrouteFixedStep
         )
     }
 
@@ -186,6 +192,7 @@ impl Policy {
                 | Policy::KvrouteNoPd
                 | Policy::KvrouteTtftOnly
                 | Policy::KvrouteNoGrowth
+                | Policy::KvrouteFixedStep
         )
     }
 
@@ -462,6 +469,9 @@ impl Cluster {
         }
         if policy == Policy::KvrouteNoGrowth {
             filter["stream_growth_tokens"] = json!(0);
+        }
+        if policy == Policy::KvrouteFixedStep {
+            filter["calibration"]["learn_decode_step"] = json!(false);
         }
         Ok(filter)
     }

@@ -27,11 +27,14 @@ pub struct FilterPrior {
     /// decode interference and decode step growth (per sequence, per 1 000 context tokens): 1
     /// is the default, 3 a prior three times too slow.
     pub prior_scale: f64,
+    /// Multiplies the decode step growth's two coefficients once more (a prior wrong about
+    /// the decode step alone): 1 leaves them at `prior_scale`.
+    pub decode_prior_scale: f64,
 }
 
 impl Default for FilterPrior {
     fn default() -> Self {
-        FilterPrior { prior_scale: 1.0 }
+        FilterPrior { prior_scale: 1.0, decode_prior_scale: 1.0 }
     }
 }
 
@@ -45,8 +48,8 @@ impl FilterPrior {
             prefill_ms_per_token: d.prefill_ms_per_token * k,
             prefill_ms_per_token_sq: d.prefill_ms_per_token_sq * k,
             decode_interference_ms: d.decode_interference_ms * k,
-            decode_ms_per_seq: d.decode_ms_per_seq * k,
-            decode_ms_per_1k_context: d.decode_ms_per_1k_context * k,
+            decode_ms_per_seq: d.decode_ms_per_seq * k * self.decode_prior_scale,
+            decode_ms_per_1k_context: d.decode_ms_per_1k_context * k * self.decode_prior_scale,
             ..d
         }
     }
@@ -56,10 +59,10 @@ impl FilterPrior {
         let p = self.profile();
         format!(
             "filter prior{}: prefill {} ms + {} ms/token + {:e} ms/token², decode interference {} ms, decode step growth {} ms/sequence + {} ms/1k context tokens",
-            if self.prior_scale == 1.0 {
-                " (its defaults)".to_string()
-            } else {
-                format!(" (its defaults x{})", self.prior_scale)
+            match (self.prior_scale, self.decode_prior_scale) {
+                (k, 1.0) if k == 1.0 => " (its defaults)".to_string(),
+                (k, 1.0) => format!(" (its defaults x{k})"),
+                (k, d) => format!(" (its defaults x{k}, the decode step x{d} more)"),
             },
             p.prefill_base_ms,
             p.prefill_ms_per_token,
@@ -183,6 +186,11 @@ impl Topology {
             self.filter.prior_scale.is_finite()
                 && (0.01..=100.0).contains(&self.filter.prior_scale),
             "filter.prior_scale: between 0.01 and 100"
+        );
+        anyhow::ensure!(
+            self.filter.decode_prior_scale.is_finite()
+                && (0.01..=100.0).contains(&self.filter.decode_prior_scale),
+            "filter.decode_prior_scale: between 0.01 and 100"
         );
         anyhow::ensure!(
             self.workers.reset_path.is_empty() || self.workers.reset_path.starts_with('/'),

@@ -86,6 +86,11 @@ impl CalibThread {
         self.cfg.enabled
     }
 
+    /// Whether streamed answers are timed to learn the decode step.
+    pub fn learns_steps(&self) -> bool {
+        self.cfg.enabled && self.cfg.learn_decode_step
+    }
+
     /// The engine priorities more urgent than `priority` whose passes matter here: none where
     /// calibration or `skip_passed` is off.
     pub fn more_urgent(&self, priority: i32) -> Vec<i32> {
@@ -153,7 +158,7 @@ impl CalibThread {
         model: &str,
         sample: StepSample,
     ) -> Option<Arc<Calibrated>> {
-        if !self.cfg.enabled || !self.models.iter().any(|(m, _)| m == model) {
+        if !self.learns_steps() || !self.models.iter().any(|(m, _)| m == model) {
             return None;
         }
         let pending = self.pending_steps.entry(model.to_owned()).or_default();

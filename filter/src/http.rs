@@ -305,10 +305,11 @@ impl KvHttp {
     /// What a routed request's answer's decode steps are timed against: the requests in flight
     /// on its worker when it was sent (its decision's view, itself included: the streams its
     /// growth was priced against) and the mean prompt of this thread's among them. `None` for
-    /// a P/D pool's (two workers) or with calibration off.
+    /// a P/D pool's (two workers), or where the decode step is not learned.
     fn time_steps(&self, decision: &Decision, ticket: Ticket) -> Option<StreamSteps> {
         let state = &self.state;
-        if !decision.prefill.is_empty() || !state.calib.try_borrow().is_ok_and(|c| c.enabled()) {
+        if !decision.prefill.is_empty() || !state.calib.try_borrow().is_ok_and(|c| c.learns_steps())
+        {
             return None;
         }
         let score = decision.primary()?;

@@ -111,6 +111,11 @@ pub struct CalibrationConfig {
     /// deviations and the pool-wide margin do not (their estimates still count in the error
     /// metrics).
     pub skip_passed: bool,
+    /// Learn the decode step from streamed answers' gaps (see [`steps`]): what one more
+    /// sequence and 1 000 more tokens of context add to a worker's steps, the price of a new
+    /// stream's growth of the others'. Off: the profile's `decode_ms_per_seq` and
+    /// `decode_ms_per_1k_context` stay as configured, and no answer is timed.
+    pub learn_decode_step: bool,
 }
 
 /// How close to a decision another replica's credit for the same worker must be stamped for
@@ -136,6 +141,7 @@ impl Default for CalibrationConfig {
             flush_samples: 8,
             skip_shared_instants: true,
             skip_passed: true,
+            learn_decode_step: true,
         }
     }
 }

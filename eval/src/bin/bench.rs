@@ -44,7 +44,8 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     workloads: Option<Vec<String>>,
     /// Only these policies (comma-separated): kvroute, kvroute-history, kvroute-load-only,
-    /// prefix-only, kvroute-no-pd, kvroute-ttft-only, kvroute-no-growth, least-request,
+    /// prefix-only, kvroute-no-pd, kvroute-ttft-only, kvroute-no-growth, kvroute-fixed-step,
+    /// least-request,
     /// round-robin, random, oracle, pinned, and the peer routers smg-cache-aware,
     /// vllm-router-cache-aware, vllm-router-kv-aware.
     #[arg(long, value_delimiter = ',')]
@@ -84,6 +85,11 @@ struct Args {
     /// `[filter] prior_scale`.
     #[arg(long)]
     filter_prior_scale: Option<f64>,
+    /// Scale the filter's decode step coefficients (`decode_ms_per_seq`,
+    /// `decode_ms_per_1k_context`) by this on top (a prior wrong about the decode step alone).
+    /// Overrides the plan's `[filter] decode_prior_scale`.
+    #[arg(long)]
+    filter_decode_prior_scale: Option<f64>,
     /// Results folder (default: results/<plan name>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -131,6 +137,9 @@ fn load_plan(args: &Args) -> anyhow::Result<ComparisonPlan> {
     }
     if let Some(k) = args.filter_prior_scale {
         plan.topology.filter.prior_scale = k;
+    }
+    if let Some(k) = args.filter_decode_prior_scale {
+        plan.topology.filter.decode_prior_scale = k;
     }
     if let Some(m) = &args.model {
         plan.topology.workers.model = BenchModel::parse(m)?;

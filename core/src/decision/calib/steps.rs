@@ -115,7 +115,7 @@ impl StepState {
     /// The learned `(decode_ms_per_seq, decode_ms_per_1k_context)` once there are
     /// `min_samples`.
     pub fn learned(&self, cfg: &CalibrationConfig) -> Option<(f64, f64)> {
-        if !cfg.enabled || self.samples < cfg.min_samples {
+        if !(cfg.enabled && cfg.learn_decode_step) || self.samples < cfg.min_samples {
             return None;
         }
         let [_, per_seq, per_1k] = self.coefficients();

@@ -136,9 +136,15 @@ fn the_view_takes_the_learned_step_once_there_are_enough_samples() {
         Profile { decode_ms_per_seq: 0.0, decode_ms_per_1k_context: 0.0, ..prior }
     );
     assert_eq!(view.profile_or("other", 0, &prior), prior);
-    let off = CalibrationConfig { enabled: false, ..cfg };
-    view.set_steps("m", &many, &off);
-    assert_eq!(view.steps("m"), None);
+    for off in [
+        CalibrationConfig { enabled: false, ..cfg },
+        CalibrationConfig { learn_decode_step: false, ..cfg },
+    ] {
+        view.set_steps("m", &many, &cfg);
+        view.set_steps("m", &many, &off);
+        assert_eq!(view.steps("m"), None);
+        assert_eq!(view.profile_or("m", 0, &prior), prior);
+    }
 }
 
 #[test]
