@@ -60,7 +60,7 @@ impl FilterPrior {
         format!(
             "filter prior{}: prefill {} ms + {} ms/token + {:e} ms/token², decode interference {} ms, decode step growth {} ms/sequence + {} ms/1k context tokens",
             match (self.prior_scale, self.decode_prior_scale) {
-                (k, 1.0) if k == 1.0 => " (its defaults)".to_string(),
+                (1.0, 1.0) => " (its defaults)".to_string(),
                 (k, 1.0) => format!(" (its defaults x{k})"),
                 (k, d) => format!(" (its defaults x{k}, the decode step x{d} more)"),
             },

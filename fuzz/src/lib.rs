@@ -25,6 +25,7 @@ mod priority_seeds;
 mod scan_seeds;
 #[cfg(test)]
 mod seeds;
+#[cfg(test)]
 mod steps_seeds;
 
 /// A target: its name (as in `Cargo.toml`'s `[[bin]]` and `corpus/`) and its body.
