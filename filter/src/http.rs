@@ -8,7 +8,7 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use kvroute_core::decision::calib::steps::StreamSteps;
+use kvroute_core::decision::calib::steps::{StreamSteps, MIN_GAPS};
 use kvroute_core::decision::error::ApiError;
 use kvroute_core::decision::misdeploy::{Symptom, Unrouted};
 use kvroute_core::decision::request::{self, Endpoint};
@@ -408,11 +408,18 @@ impl KvHttp {
     /// A successful answer from the worker its decision planned teaches the decode step
     /// ([`StreamSteps::sample`]: a streamed one of enough tokens).
     fn learn_steps(&self, f: &InFlight) {
-        let ok = f.life.status().is_some_and(|s| (200..300).contains(&s));
-        let Some(sample) = f.steps.as_ref().filter(|_| ok).and_then(StreamSteps::sample) else {
+        let ok = f.life.status().is_some_and(|s| (200..300).contains(&s))
+            && f.life.served() == f.life.planned();
+        let Some(steps) = f.steps.as_ref().filter(|s| ok && s.gaps() >= MIN_GAPS) else {
             return;
         };
-        if f.life.served() == f.life.planned() {
+        let mut steps = steps.clone();
+        // The batch at its end, itself still in flight.
+        if let Some((n, mean)) = f.decision.primary().and_then(|s| self.state.batch_now(&s.worker))
+        {
+            steps.batch(n, mean);
+        }
+        if let Some(sample) = steps.sample() {
             self.state.step_sample(&f.decision.model.name, sample);
         }
     }
@@ -633,7 +640,7 @@ impl HttpContext for KvHttp {
                             let key = f.decision.primary().map(|s| s.worker.key());
                             let shard = self.state.shard.try_borrow().ok();
                             let mean = key.zip(shard).and_then(|(k, s)| s.mean_context(k));
-                            steps.first_byte(batch, mean);
+                            steps.batch(batch, mean);
                         }
                         steps.chunk(host::now_nanos(), &chunk);
                     }

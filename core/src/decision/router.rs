@@ -26,9 +26,7 @@ use crate::decision::cost::{rank_pool, Candidate, Weigh};
 use crate::decision::error::ApiError;
 use crate::decision::hash::{block_hashes, CacheDomain};
 use crate::decision::index::PrefixMatch;
-use crate::decision::load::LoadSource;
-#[cfg(test)]
-use crate::decision::load::WorkerLoad;
+use crate::decision::load::{LoadSource, WorkerLoad};
 use crate::decision::lookahead::{replica, Held};
 use crate::decision::request::{LoadOnly, ParsedRequest};
 use crate::decision::tokenize::model::{ModelBundle, ModelError};
@@ -177,6 +175,16 @@ impl Router {
             b.template().incremental();
         }
         self.plan = Arc::new(self.plan.with_bundle(model, bundle));
+    }
+
+    /// `worker`'s load as a decision now would see it: `own` (this Envoy's threads' requests)
+    /// with other replicas' and matched against the worker's own report (see
+    /// [`decision::combine_load`]). What a stream's decode batch is timed against.
+    pub fn seen_load(&self, worker: &WorkerName, own: WorkerLoad, now_ms: u64) -> WorkerLoad {
+        let reported = self.knowledge.reported_load_key(worker.key(), now_ms);
+        let peers = self.knowledge.peer_load_key(worker.key(), now_ms);
+        let unseen = self.knowledge.typical_uncached_tokens();
+        decision::combine_load(own.plus(peers), reported.as_ref(), unseen)
     }
 
     pub fn knowledge(&self) -> &Knowledge {

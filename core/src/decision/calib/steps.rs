@@ -284,12 +284,17 @@ pub fn features(s: &StepSample) -> [f64; STEP_DIM] {
 }
 
 /// A streamed answer's decode steps as a proxy sees them: the gaps between its server-sent
-/// events, each event a step's token (the engines send one event per token and step). Holds
-/// times and counts only.
+/// events, each event a step's token (the engines send one event per token and step), and the
+/// batch it decoded in. Holds times and counts only.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamSteps {
-    streams: f64,
-    context_tokens: f64,
+    /// The decision's count of requests in flight on the worker, itself included, and the
+    /// mean prompt of those whose prompts were known: what stands for the batch when it was
+    /// not seen again.
+    decided: (f64, f64),
+    /// The batch seen since (at the first byte, at the end): requests in flight there, the
+    /// mean prompt of those known.
+    seen: Vec<(f64, Option<f64>)>,
     /// When the last chunk with an event arrived (ns; 0: none yet).
     last_ns: u64,
     gaps: Vec<f32>,
@@ -299,19 +304,19 @@ impl StreamSteps {
     /// A stream sent to a worker with `streams` requests in flight there, itself included,
     /// whose prompts hold `mean_context` tokens on average.
     pub fn new(streams: u32, mean_context: f64) -> Self {
-        let streams = f64::from(streams.max(1));
-        let context_tokens = streams * mean_context.max(0.0);
-        StreamSteps { streams, context_tokens, last_ns: 0, gaps: Vec::new() }
+        let decided = (f64::from(streams.max(1)), mean_context.max(0.0));
+        StreamSteps { decided, seen: Vec::new(), last_ns: 0, gaps: Vec::new() }
     }
 
-    /// At the first byte: the requests in flight on the worker now, itself included (those
-    /// sent after it that started decoding with it join its batch; the decision counted only
-    /// those before it), and the mean prompt tokens of those whose prompts are known. The
-    /// stream's batch is the larger of the two counts.
-    pub fn first_byte(&mut self, streams: u32, mean_context: Option<f64>) {
-        let mean = mean_context.unwrap_or(self.context_tokens / self.streams).max(0.0);
-        self.streams = self.streams.max(f64::from(streams));
-        self.context_tokens = self.streams * mean;
+    /// The worker's batch seen while the stream runs (at its first byte, at its end): the
+    /// requests in flight there, itself included, and the mean prompt of those whose prompts
+    /// are known. Requests sent after the stream that decode beside it, and those that ended
+    /// before it, are in one count and not the other; the stream's batch is taken as the mean
+    /// of the counts seen.
+    pub fn batch(&mut self, streams: u32, mean_context: Option<f64>) {
+        if self.seen.len() < 4 {
+            self.seen.push((f64::from(streams.max(1)), mean_context.map(|m| m.max(0.0))));
+        }
     }
 
     /// A chunk of the response body arrived at `now_ns`. A chunk holding `k` events (several
@@ -335,10 +340,24 @@ impl StreamSteps {
         self.gaps.len()
     }
 
-    /// The stream's sample, once it has [`MIN_GAPS`] gaps.
+    /// The stream's sample, once it has [`MIN_GAPS`] gaps: its median gap, the mean batch
+    /// seen (the decision's where none was), and that batch times the mean prompt known.
     pub fn sample(&self) -> Option<StepSample> {
         let step_ms = median_gap(&mut self.gaps.clone())?;
-        Some(StepSample { streams: self.streams, context_tokens: self.context_tokens, step_ms })
+        let (streams, mean) = if self.seen.is_empty() {
+            self.decided
+        } else {
+            let n = self.seen.len() as f64;
+            let streams = self.seen.iter().map(|(s, _)| s).sum::<f64>() / n;
+            let known: Vec<f64> = self.seen.iter().filter_map(|(_, m)| *m).collect();
+            let mean = if known.is_empty() {
+                self.decided.1
+            } else {
+                known.iter().sum::<f64>() / known.len() as f64
+            };
+            (streams, mean)
+        };
+        Some(StepSample { streams, context_tokens: streams * mean, step_ms })
     }
 }
 

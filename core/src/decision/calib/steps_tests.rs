@@ -177,16 +177,16 @@ fn a_stream_is_timed_by_its_events_not_its_chunks() {
     let got = s.sample().expect("nine gaps");
     assert_eq!((got.streams, got.context_tokens), (4.0, 6000.0));
     assert!((got.step_ms - 7.0).abs() < 1e-6, "{}", got.step_ms);
-    // Requests sent after it that decode with it: the batch at the first byte.
+    // The batch seen at the first byte and at the end, not the decision's.
     let mut joined = StreamSteps::new(2, 1000.0);
-    joined.first_byte(5, Some(2000.0));
-    joined.first_byte(1, None);
+    joined.batch(5, Some(2000.0));
+    joined.batch(3, None);
     let long_steps: Vec<u64> = (0..=MIN_GAPS as u64).collect();
     for i in &long_steps {
         joined.chunk((i + 1) * ms, EVENT);
     }
     let got = joined.sample().expect("eight gaps");
-    assert_eq!((got.streams, got.context_tokens), (5.0, 10_000.0));
+    assert_eq!((got.streams, got.context_tokens), (4.0, 8_000.0));
     // A body that is no event stream has no steps; a stream's gaps stop at the cap.
     let mut plain = StreamSteps::new(1, 10.0);
     for i in 0..20 {
