@@ -4,8 +4,9 @@
 //! stream's growth of the steps the worker's other streams run in
 //! ([`crate::decision::cost::growth_ms`]).
 //!
-//! A streamed answer's tokens come one decode step apart. Its median gap (a step with some
-//! prefill chunk in it is the exception, which the median leaves out) is one sample of
+//! A streamed answer's tokens come one decode step apart. The median of its mean gap over four
+//! consecutive steps (a step with some prefill chunk in it is the exception, which the median
+//! leaves out; the mean evens out a timer's whole milliseconds) is one sample of
 //!
 //! ```text
 //! step = base + per_seq · streams + per_1k_context · context / 1000
@@ -39,6 +40,8 @@ const PACKED: usize = STEP_DIM * (STEP_DIM + 1) / 2;
 pub const STEP_UNIT_MS: f64 = 5.0;
 /// Fewest gaps between a stream's tokens for its median to be a sample.
 pub const MIN_GAPS: usize = 8;
+/// Consecutive gaps averaged before the median ([`median_gap`]).
+pub const WINDOW: usize = 4;
 /// Most gaps a stream records (its first steps' median is as good as all of them).
 pub const MAX_GAPS: usize = 256;
 /// A ridge towards the prior for directions the data never excite, in units of one sample
@@ -57,7 +60,7 @@ pub struct StepSample {
     pub streams: f64,
     /// Their prompts' tokens, summed (estimated: see the module doc).
     pub context_tokens: f64,
-    /// The median gap between the stream's tokens (ms).
+    /// The stream's step: the median of its four-step mean gaps (ms, see [`median_gap`]).
     pub step_ms: f64,
 }
 
@@ -343,7 +346,7 @@ impl StreamSteps {
     /// The stream's sample, once it has [`MIN_GAPS`] gaps: its median gap, the mean batch
     /// seen (the decision's where none was), and that batch times the mean prompt known.
     pub fn sample(&self) -> Option<StepSample> {
-        let step_ms = median_gap(&mut self.gaps.clone())?;
+        let step_ms = median_gap(&self.gaps)?;
         let (streams, mean) = if self.seen.is_empty() {
             self.decided
         } else {
@@ -368,12 +371,20 @@ pub fn token_events(chunk: &[u8]) -> usize {
     data.saturating_sub(memchr::memmem::find_iter(chunk, b"[DONE]").count())
 }
 
-/// The median of a stream's gaps between tokens (ms), once it has [`MIN_GAPS`].
-pub fn median_gap(gaps: &mut [f32]) -> Option<f64> {
+/// The median over a stream of its mean gap in [`WINDOW`] consecutive steps (ms), once it has
+/// [`MIN_GAPS`] gaps. The median leaves out the windows where a prefill chunk ran in a step;
+/// the mean within a window evens out when each step's end is seen: a timer that wakes on
+/// whole milliseconds (a simulated engine's, an event loop's) makes steps of 5.5 ms come 5 and
+/// 6 ms apart, whose median would be either.
+pub fn median_gap(gaps: &[f32]) -> Option<f64> {
     if gaps.len() < MIN_GAPS {
         return None;
     }
-    let mid = gaps.len() / 2;
-    let (_, m, _) = gaps.select_nth_unstable_by(mid, f32::total_cmp);
-    Some(f64::from(*m))
+    let mut means: Vec<f64> = gaps
+        .windows(WINDOW)
+        .map(|w| w.iter().map(|g| f64::from(*g)).sum::<f64>() / WINDOW as f64)
+        .collect();
+    let mid = means.len() / 2;
+    let (_, m, _) = means.select_nth_unstable_by(mid, f64::total_cmp);
+    Some(*m)
 }

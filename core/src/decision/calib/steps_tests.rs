@@ -147,12 +147,17 @@ fn the_view_takes_the_learned_step_once_there_are_enough_samples() {
 }
 
 #[test]
-fn a_streams_step_is_the_median_of_at_least_eight_gaps() {
-    let mut short = [7.0f32; MIN_GAPS - 1];
-    assert_eq!(median_gap(&mut short), None);
-    // Two steps that carried a prefill chunk do not move it.
-    let mut gaps = [7.1f32, 6.9, 250.0, 7.0, 7.2, 6.8, 7.0, 180.0, 7.3];
-    assert_eq!(median_gap(&mut gaps), Some(f64::from(7.1f32)));
+fn a_streams_step_is_the_median_of_its_four_step_means() {
+    let short = [7.0f32; MIN_GAPS - 1];
+    assert_eq!(median_gap(&short), None);
+    // Steps of 5.5 ms seen on whole milliseconds: 5, 6, 5, 6, ...
+    let ticks: Vec<f32> = (0..24).map(|i| if i % 2 == 0 { 5.0 } else { 6.0 }).collect();
+    assert_eq!(median_gap(&ticks), Some(5.5));
+    // Two steps that carried a prefill chunk spoil the windows they are in, not the median.
+    let mut gaps = vec![7.0f32; 24];
+    gaps[3] = 250.0;
+    gaps[17] = 180.0;
+    assert_eq!(median_gap(&gaps), Some(7.0));
 }
 
 const EVENT: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
