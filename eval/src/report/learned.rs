@@ -88,14 +88,16 @@ fn steps_table(
     for (p, cal) in runs {
         for e in &cal.envoys {
             for (model, m) in &e.models {
+                // A state without samples holds its units, not a learned step.
+                let learned = |v: Option<f64>| coef(v.filter(|_| m.step_samples != Some(0)));
                 rows.push(vec![
                     run_label(report, p),
                     e.envoy.to_string(),
                     format!("`{}`", cell(model)),
                     m.step_samples.map_or_else(|| "n/a".into(), |s| s.to_string()),
-                    coef(m.step_base_ms),
-                    coef(m.decode_ms_per_seq),
-                    coef(m.decode_ms_per_1k_context),
+                    learned(m.step_base_ms),
+                    learned(m.decode_ms_per_seq),
+                    learned(m.decode_ms_per_1k_context),
                 ]);
             }
         }
