@@ -403,9 +403,9 @@ impl crate::root::ThreadState {
     }
 
     /// A routed, successful request's first byte `observed_ms` after its decision, from the
-    /// worker its decision scored, sent at engine `priority`. Returns the requests in flight
-    /// on that worker now (read with calibration on), as a decision would see them: the batch
-    /// its first decode steps run in.
+    /// worker its decision scored, sent at engine `priority`. Returns the requests the Envoys
+    /// have in flight on that worker now (read with calibration on): the batch its first
+    /// decode steps run in.
     pub fn calibration_sample(
         &self,
         model: &str,
@@ -439,18 +439,18 @@ impl crate::root::ThreadState {
         self.use_calibration(calibrated);
         let router = self.router.try_borrow().ok()?;
         let own = view?.load_key(score.worker.key());
-        Some(router.seen_load(&score.worker, own, now).inflight_requests)
+        Some(router.routed_load(&score.worker, own, now).inflight_requests)
     }
 
-    /// The requests in flight on `worker` now (itself among them), as a decision would see
-    /// them, and the mean prompt of this thread's there: the batch a stream ending now ran in.
+    /// The requests the Envoys have in flight on `worker` now (a stream's own among them), and
+    /// the mean prompt of this thread's there: the batch a stream decodes in.
     pub fn batch_now(
         &self,
         worker: &kvroute_core::decision::worker::WorkerName,
     ) -> Option<(u32, Option<f64>)> {
         let now = crate::host::now_ms();
         let own = self.load_view(now).load_key(worker.key());
-        let seen = self.router.try_borrow().ok()?.seen_load(worker, own, now);
+        let seen = self.router.try_borrow().ok()?.routed_load(worker, own, now);
         let mean = self.shard.try_borrow().ok()?.mean_context(worker.key());
         Some((seen.inflight_requests, mean))
     }

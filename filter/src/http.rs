@@ -8,7 +8,7 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use kvroute_core::decision::calib::steps::{StreamSteps, MIN_GAPS};
+use kvroute_core::decision::calib::steps::StreamSteps;
 use kvroute_core::decision::error::ApiError;
 use kvroute_core::decision::misdeploy::{Symptom, Unrouted};
 use kvroute_core::decision::request::{self, Endpoint};
@@ -410,16 +410,7 @@ impl KvHttp {
     fn learn_steps(&self, f: &InFlight) {
         let ok = f.life.status().is_some_and(|s| (200..300).contains(&s))
             && f.life.served() == f.life.planned();
-        let Some(steps) = f.steps.as_ref().filter(|s| ok && s.gaps() >= MIN_GAPS) else {
-            return;
-        };
-        let mut steps = steps.clone();
-        // The batch at its end, itself still in flight.
-        if let Some((n, mean)) = f.decision.primary().and_then(|s| self.state.batch_now(&s.worker))
-        {
-            steps.batch(n, mean);
-        }
-        if let Some(sample) = steps.sample() {
+        if let Some(sample) = f.steps.as_ref().filter(|_| ok).and_then(StreamSteps::sample) {
             self.state.step_sample(&f.decision.model.name, sample);
         }
     }
@@ -643,6 +634,12 @@ impl HttpContext for KvHttp {
                             steps.batch(batch, mean);
                         }
                         steps.chunk(host::now_nanos(), &chunk);
+                        let worker = f.decision.primary().map(|s| &s.worker);
+                        if let Some(w) = worker.filter(|_| steps.wants_batch()) {
+                            if let Some((n, mean)) = self.state.batch_now(w) {
+                                steps.batch(n, mean);
+                            }
+                        }
                     }
                 }
             }

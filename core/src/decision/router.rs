@@ -177,14 +177,12 @@ impl Router {
         self.plan = Arc::new(self.plan.with_bundle(model, bundle));
     }
 
-    /// `worker`'s load as a decision now would see it: `own` (this Envoy's threads' requests)
-    /// with other replicas' and matched against the worker's own report (see
-    /// [`decision::combine_load`]). What a stream's decode batch is timed against.
-    pub fn seen_load(&self, worker: &WorkerName, own: WorkerLoad, now_ms: u64) -> WorkerLoad {
-        let reported = self.knowledge.reported_load_key(worker.key(), now_ms);
-        let peers = self.knowledge.peer_load_key(worker.key(), now_ms);
-        let unseen = self.knowledge.typical_uncached_tokens();
-        decision::combine_load(own.plus(peers), reported.as_ref(), unseen)
+    /// The requests the Envoy replicas have routed to `worker` and not seen end: `own` (this
+    /// Envoy's threads') with other replicas' as the updater relays them. What a stream's
+    /// decode batch is timed against. Not the worker's own report, which a decision also
+    /// takes: scraped every few hundred milliseconds, it may still count a batch that ended.
+    pub fn routed_load(&self, worker: &WorkerName, own: WorkerLoad, now_ms: u64) -> WorkerLoad {
+        own.plus(self.knowledge.peer_load_key(worker.key(), now_ms))
     }
 
     pub fn knowledge(&self) -> &Knowledge {

@@ -145,8 +145,45 @@ pub enum CalibOutcome {
 }
 
 fn idx(i: usize, j: usize) -> usize {
+    packed_index(DIM, i, j)
+}
+
+/// Index of `(i, j)` in the packed upper triangle of a `dim`×`dim` matrix.
+pub(super) fn packed_index(dim: usize, i: usize, j: usize) -> usize {
     let (i, j) = if i <= j { (i, j) } else { (j, i) };
-    i * DIM - i * (i + 1) / 2 + j
+    i * dim - i * (i + 1) / 2 + j
+}
+
+/// A least-squares system with exponential forgetting, as a state holds it: the packed
+/// information matrix, the right-hand side, the forgotten sum of weights and the robust scale
+/// of the residuals.
+pub(super) struct Forgotten<'a> {
+    pub a: &'a mut [f64],
+    pub b: &'a mut [f64],
+    pub weight: &'a mut f64,
+    pub scale: &'a mut f64,
+}
+
+impl Forgotten<'_> {
+    /// Takes in one sample `u · θ ≈ t` whose residual at the current fit is `r` (relative):
+    /// down-weighted beyond `outlier_clip` robust scales (Huber), the scale moved towards
+    /// `|r|`, and everything held before forgotten by one sample's factor. Returns its weight.
+    pub fn add(self, cfg: &CalibrationConfig, u: &[f64], t: f64, r: f64) -> f64 {
+        let clip = cfg.outlier_clip * *self.scale;
+        let weight = if r.abs() <= clip { 1.0 } else { clip / r.abs() };
+        *self.scale = (*self.scale + SCALE_RATE * (r.abs().min(clip) - *self.scale)).max(MIN_SCALE);
+        let lambda = cfg.forgetting();
+        let dim = u.len();
+        for i in 0..dim {
+            for j in i..dim {
+                let k = packed_index(dim, i, j);
+                self.a[k] = lambda * self.a[k] + weight * u[i] * u[j];
+            }
+            self.b[i] = lambda * self.b[i] + weight * u[i] * t;
+        }
+        *self.weight = lambda * *self.weight + weight;
+        weight
+    }
 }
 
 impl ModelState {
@@ -293,19 +330,13 @@ impl ModelState {
         if queued {
             self.track_promise(t / promised, s.priority, true);
         }
-        let r = t - fitted;
-        let clip = cfg.outlier_clip * self.scale;
-        let weight = if r.abs() <= clip { 1.0 } else { clip / r.abs() };
-        self.scale = (self.scale + SCALE_RATE * (r.abs().min(clip) - self.scale)).max(MIN_SCALE);
-        let lambda = cfg.forgetting();
-        for i in 0..DIM {
-            for j in i..DIM {
-                let k = idx(i, j);
-                self.a[k] = lambda * self.a[k] + weight * u[i] * u[j];
-            }
-            self.b[i] = lambda * self.b[i] + weight * u[i] * t;
-        }
-        self.weight = lambda * self.weight + weight;
+        let sys = Forgotten {
+            a: &mut self.a,
+            b: &mut self.b,
+            weight: &mut self.weight,
+            scale: &mut self.scale,
+        };
+        let weight = sys.add(cfg, &u, t, t - fitted);
         self.samples = self.samples.saturating_add(1);
         self.solve(cfg);
         self.update_deviation(cfg, &s.worker, y / (prior_ms * fitted.max(f64::MIN_POSITIVE)));

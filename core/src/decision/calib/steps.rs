@@ -30,6 +30,7 @@
 //! The state lives in shared data next to the TTFT model's, under its own key
 //! ([`crate::shared::calib::steps_key`]); its encoding is [`StepState::encode`].
 
+use super::estimator::{packed_index, Forgotten, INITIAL_SCALE};
 use super::CalibrationConfig;
 use crate::decision::cost::Profile;
 
@@ -40,6 +41,9 @@ const PACKED: usize = STEP_DIM * (STEP_DIM + 1) / 2;
 pub const STEP_UNIT_MS: f64 = 5.0;
 /// Fewest gaps between a stream's tokens for its median to be a sample.
 pub const MIN_GAPS: usize = 8;
+/// The gaps after which a stream's batch is looked at again, beside its first byte (see
+/// [`StreamSteps::batch`]).
+pub const BATCH_AT_GAPS: [usize; 2] = [4, 16];
 /// Consecutive gaps averaged before the median ([`median_gap`]).
 pub const WINDOW: usize = 4;
 /// Most gaps a stream records (its first steps' median is as good as all of them).
@@ -49,9 +53,6 @@ pub const MAX_GAPS: usize = 256;
 /// a step's cost splits between the base and the streams (about 0.01), which a larger ridge
 /// would tilt.
 const RIDGE: f64 = 1e-4;
-const MIN_SCALE: f64 = 0.02;
-const INITIAL_SCALE: f64 = 0.5;
-const SCALE_RATE: f64 = 0.05;
 
 /// One stream's observation. Holds no prompt text.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,8 +84,7 @@ pub struct StepState {
 }
 
 fn idx(i: usize, j: usize) -> usize {
-    let (i, j) = if i <= j { (i, j) } else { (j, i) };
-    i * STEP_DIM - i * (i + 1) / 2 + j
+    packed_index(STEP_DIM, i, j)
 }
 
 /// The units of a state learned against `prior`.
@@ -148,19 +148,13 @@ impl StepState {
         let u = scaled.map(|v| v / prior_ms);
         let t = s.step_ms / prior_ms;
         let fitted: f64 = (0..STEP_DIM).map(|i| u[i] * self.theta[i]).sum();
-        let r = t / fitted.max(f64::MIN_POSITIVE) - 1.0;
-        let clip = cfg.outlier_clip * self.scale;
-        let weight = if r.abs() <= clip { 1.0 } else { clip / r.abs() };
-        self.scale = (self.scale + SCALE_RATE * (r.abs().min(clip) - self.scale)).max(MIN_SCALE);
-        let lambda = cfg.forgetting();
-        for i in 0..STEP_DIM {
-            for j in i..STEP_DIM {
-                let k = idx(i, j);
-                self.a[k] = lambda * self.a[k] + weight * u[i] * u[j];
-            }
-            self.b[i] = lambda * self.b[i] + weight * u[i] * t;
-        }
-        self.weight = lambda * self.weight + weight;
+        let sys = Forgotten {
+            a: &mut self.a,
+            b: &mut self.b,
+            weight: &mut self.weight,
+            scale: &mut self.scale,
+        };
+        sys.add(cfg, &u, t, t / fitted.max(f64::MIN_POSITIVE) - 1.0);
         self.samples = self.samples.saturating_add(1);
         self.solve(cfg);
         true
@@ -295,9 +289,11 @@ pub struct StreamSteps {
     /// mean prompt of those whose prompts were known: what stands for the batch when it was
     /// not seen again.
     decided: (f64, f64),
-    /// The batch seen since (at the first byte, at the end): requests in flight there, the
-    /// mean prompt of those known.
+    /// The batch seen since (at the first byte, and after [`BATCH_AT_GAPS`] gaps): requests
+    /// in flight there, the mean prompt of those known.
     seen: Vec<(f64, Option<f64>)>,
+    /// How many of [`BATCH_AT_GAPS`] have been looked at.
+    looked: usize,
     /// When the last chunk with an event arrived (ns; 0: none yet).
     last_ns: u64,
     gaps: Vec<f32>,
@@ -308,17 +304,30 @@ impl StreamSteps {
     /// whose prompts hold `mean_context` tokens on average.
     pub fn new(streams: u32, mean_context: f64) -> Self {
         let decided = (f64::from(streams.max(1)), mean_context.max(0.0));
-        StreamSteps { decided, seen: Vec::new(), last_ns: 0, gaps: Vec::new() }
+        StreamSteps { decided, seen: Vec::new(), looked: 0, last_ns: 0, gaps: Vec::new() }
     }
 
-    /// The worker's batch seen while the stream runs (at its first byte, at its end): the
-    /// requests in flight there, itself included, and the mean prompt of those whose prompts
-    /// are known. Requests sent after the stream that decode beside it, and those that ended
-    /// before it, are in one count and not the other; the stream's batch is taken as the mean
-    /// of the counts seen.
+    /// The worker's batch seen while the stream runs (at its first byte, and when
+    /// [`StreamSteps::wants_batch`] says): the requests in flight there, itself included, and
+    /// the mean prompt of those whose prompts are known. Requests sent after the stream that
+    /// decode beside it, and those that end before it, are in some counts and not others; the
+    /// stream's batch is taken as the mean of the counts seen. Not at its end: streams sent
+    /// together end together, and whichever is seen ending last would count none of the others.
     pub fn batch(&mut self, streams: u32, mean_context: Option<f64>) {
-        if self.seen.len() < 4 {
+        if self.seen.len() <= BATCH_AT_GAPS.len() {
             self.seen.push((f64::from(streams.max(1)), mean_context.map(|m| m.max(0.0))));
+        }
+    }
+
+    /// Whether the stream has just reached one of [`BATCH_AT_GAPS`], where its batch is looked
+    /// at again (once each).
+    pub fn wants_batch(&mut self) -> bool {
+        match BATCH_AT_GAPS.get(self.looked) {
+            Some(at) if self.gaps.len() >= *at => {
+                self.looked += 1;
+                true
+            }
+            _ => false,
         }
     }
 

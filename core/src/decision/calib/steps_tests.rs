@@ -182,14 +182,18 @@ fn a_stream_is_timed_by_its_events_not_its_chunks() {
     let got = s.sample().expect("nine gaps");
     assert_eq!((got.streams, got.context_tokens), (4.0, 6000.0));
     assert!((got.step_ms - 7.0).abs() < 1e-6, "{}", got.step_ms);
-    // The batch seen at the first byte and at the end, not the decision's.
+    // The batch seen at the first byte and after 4 gaps, not the decision's.
     let mut joined = StreamSteps::new(2, 1000.0);
     joined.batch(5, Some(2000.0));
-    joined.batch(3, None);
-    let long_steps: Vec<u64> = (0..=MIN_GAPS as u64).collect();
-    for i in &long_steps {
+    let mut looks = Vec::new();
+    for i in 0..=MIN_GAPS as u64 {
         joined.chunk((i + 1) * ms, EVENT);
+        if joined.wants_batch() {
+            looks.push(joined.gaps());
+            joined.batch(3, None);
+        }
     }
+    assert_eq!(looks, [4], "once, at 4 gaps (16 not reached)");
     let got = joined.sample().expect("eight gaps");
     assert_eq!((got.streams, got.context_tokens), (4.0, 8_000.0));
     // A body that is no event stream has no steps; a stream's gaps stop at the cap.
