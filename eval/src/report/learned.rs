@@ -103,8 +103,8 @@ fn steps_table(
         }
     }
     out.push_str(
-        "\nThe decode step learned from streams' gaps (the median gap between a streamed \
-         answer's events against the requests in flight on its worker and their prompts; the \
+        "\nThe decode step learned from streams' gaps (each streamed answer's median \
+         four-step mean gap against the requests in flight on its worker and their prompts; the \
          router prices a new stream's growth of the others' steps with the last two once the \
          model has `min_samples` of them):\n\n",
     );
