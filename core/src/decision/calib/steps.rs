@@ -12,10 +12,11 @@
 //! step = base + per_seq · streams + per_1k_context · context / 1000
 //! ```
 //!
-//! where `streams` are the requests in flight on the worker when it was sent, itself
-//! included (those the growth price counts), and `context` their prompts' tokens: the
-//! decision's own thread knows the prompts of the requests it sent there, and their mean
-//! stands for every stream's. `base` (the weights read once per step) is learned with them
+//! where `streams` are the requests in flight on the worker while it decodes, itself included
+//! (what the growth price counts: the Envoys' requests there, seen at its first byte and again
+//! after a few steps, see [`StreamSteps::batch`]), and `context` their prompts' tokens: the
+//! deciding thread knows the prompts of the requests it sent there, and their mean stands for
+//! every stream's. `base` (the weights read once per step) is learned with them
 //! but not used: a new stream does not change it.
 //!
 //! Fitted like the TTFT model ([`super::estimator`]): weighted least squares with exponential
@@ -57,7 +58,7 @@ const RIDGE: f64 = 1e-4;
 /// One stream's observation. Holds no prompt text.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepSample {
-    /// Requests in flight on the worker when the stream was sent, itself included.
+    /// Requests in flight on the worker while the stream decoded, itself included.
     pub streams: f64,
     /// Their prompts' tokens, summed (estimated: see the module doc).
     pub context_tokens: f64,
