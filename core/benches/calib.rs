@@ -36,12 +36,14 @@ fn samples(n: usize) -> Vec<Sample> {
                     prefill_sq_tokens: queued * queued,
                     arriving_tokens_per_s: 0,
                     behind_tokens: 0,
+                    passing_tokens_per_s: 0,
                 },
                 fixed_ms: 0.0,
                 observed_ms: observed * noise,
                 priority: 0,
                 passed: false,
                 fill_ms: 0.0,
+                wait_factor: 1.0,
             }
         })
         .collect()

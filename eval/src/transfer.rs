@@ -185,6 +185,7 @@ impl TransferOptions {
             prefill_elapsed_ms: if n > 0 { HEAD_START.as_millis() as u64 } else { 0 },
             arriving_tokens_per_s: 0,
             behind_tokens: 0,
+            passing_tokens_per_s: 0,
         };
         let c = Candidate::<WorkerName> {
             worker: "w".into(),

@@ -142,6 +142,7 @@ impl CalibThread {
             priority,
             passed,
             fill_ms: score.fill_forecast_ms,
+            wait_factor: score.wait_factor,
         });
         if pending.len() >= self.cfg.flush_samples {
             return self.flush(counters);

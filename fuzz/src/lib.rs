@@ -428,6 +428,7 @@ pub fn calib_decode(data: &[u8]) {
         priority: 0,
         passed: false,
         fill_ms: 0.0,
+        wait_factor: 1.0,
     };
     st.observe(&cfg, &s);
     for c in st.coefficients() {

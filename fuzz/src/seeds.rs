@@ -1225,6 +1225,7 @@ fn calib_decode() -> Seeds {
             priority: 0,
             passed: false,
             fill_ms: 0.0,
+            wait_factor: 1.0,
         };
         learned.observe(&CalibrationConfig::default(), &s);
     }
@@ -1244,12 +1245,14 @@ fn calib_decode() -> Seeds {
                 prefill_sq_tokens: 250_000,
                 arriving_tokens_per_s: 0,
                 behind_tokens: 0,
+                passing_tokens_per_s: 0,
             },
             fixed_ms: 0.0,
             observed_ms: 30.0 + i as f64,
             priority: if i % 2 == 0 { 0 } else { 10 },
             passed: false,
             fill_ms: 0.0,
+            wait_factor: 1.0,
         };
         by_priority.observe(&CalibrationConfig::default(), &s);
     }

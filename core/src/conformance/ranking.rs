@@ -50,6 +50,7 @@ fn load(w: &str) -> WorkerLoad {
         prefill_sq_tokens: WorkerLoad::even_sq_tokens(prefill_tokens, prefilling_requests),
         arriving_tokens_per_s: 0,
         behind_tokens: 0,
+        passing_tokens_per_s: 0,
     }
 }
 

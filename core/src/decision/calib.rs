@@ -210,6 +210,10 @@ pub struct Sample {
     /// request's step ([`crate::decision::cost::Score::fill_forecast_ms`], with the worker's
     /// deviation): the promise margin is learned against the estimate with it.
     pub fill_ms: f64,
+    /// The factor the estimate's wait held for the more urgent prompts foreseen to pass the
+    /// request ([`crate::decision::cost::Score::wait_factor`]; 1 where none did): the wait's
+    /// features are taken times it, so the queue's coefficients describe the work ahead.
+    pub wait_factor: f64,
 }
 
 /// Calibrated profiles and deviations of every model with enough samples: what a router

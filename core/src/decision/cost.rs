@@ -257,6 +257,30 @@ pub fn queued_steps(load: &WorkerLoad) -> f64 {
     f64::from(load.prefilling_requests)
 }
 
+/// The most of a worker's prefill time that more urgent arrivals are taken to use in
+/// [`passed_factor`]: beyond it a less urgent request's wait is taken as ten times the work
+/// ahead of it (it may never start while they keep coming; admission sheds it on its bound).
+pub const PASSED_SHARE_MAX: f64 = 0.9;
+
+/// How much longer than the work queued ahead of it a request waits on a busy worker whose
+/// engine schedules by priority while more urgent prompts keep arriving there
+/// ([`WorkerLoad::passing_tokens_per_s`]): the engine starts each of them before it, so they
+/// take their share `ρ` of the worker's prefill time (their tokens per millisecond times the
+/// queue's cost per token and the worker's `deviation`), and the wait `W` for work `W₀` ahead
+/// is `W₀ + ρ · W`, i.e. `W₀ / (1 − ρ)`. `ρ` is held at most [`PASSED_SHARE_MAX`]. 1 where
+/// nothing passes.
+pub fn passed_factor(q: &QueueTerms, load: &WorkerLoad, deviation: f64) -> f64 {
+    if load.passing_tokens_per_s == 0 {
+        return 1.0;
+    }
+    let share = load.passing_tokens_per_s as f64 * q.ms_per_token * deviation / 1000.0;
+    if share.is_finite() && share > 0.0 {
+        1.0 / (1.0 - share.min(PASSED_SHARE_MAX))
+    } else {
+        1.0
+    }
+}
+
 /// 1 on a busy worker (a prefill queued or running), else 0: whether a request waits for a
 /// step that later arrivals fill ([`QueueTerms::batch_fill_ms`]).
 pub fn busy(load: &WorkerLoad) -> f64 {
@@ -372,6 +396,10 @@ pub struct Score {
     /// ([`Score::promise_extra_ms`]), and the promise margin is learned against the estimate
     /// with it; the estimate and the ranking keep the learned average.
     pub fill_forecast_ms: f64,
+    /// The factor `wait_ms` holds for the more urgent prompts foreseen to pass the request
+    /// while it waits ([`passed_factor`]; 1 where none do). Online calibration learns the
+    /// queue's coefficients with it.
+    pub wait_factor: f64,
 }
 
 impl Score {
@@ -524,6 +552,7 @@ pub(crate) struct Estimate {
     promise_margin: f64,
     promise_extra_ms: f64,
     fill_forecast_ms: f64,
+    wait_factor: f64,
 }
 
 impl Estimate {
@@ -548,6 +577,7 @@ impl Estimate {
             promise_margin: e.promise_margin,
             promise_extra_ms: e.promise_extra_ms,
             fill_forecast_ms: e.fill_forecast_ms,
+            wait_factor: e.wait_factor,
         }
     }
 
@@ -584,7 +614,10 @@ pub(crate) fn estimate<W>(
     let transferred = ((c.offloaded_blocks as u64).min(blocks)) * bs;
     let deviation = if c.deviation.is_finite() && c.deviation > 0.0 { c.deviation } else { 1.0 };
     let load = profile.remaining(&c.load, deviation);
-    let wait_ms = profile.wait_with(&p.queue, &load) * deviation;
+    let queued = busy(&load) > 0.0;
+    // Only a request that waits for a queue is passed in it.
+    let wait_factor = if queued { passed_factor(&p.queue, &load, deviation) } else { 1.0 };
+    let wait_ms = profile.wait_with(&p.queue, &load) * deviation * wait_factor;
     let prefill = |pulled: u64| {
         profile.prefill_with_context_ms(prompt_tokens - cached - pulled, cached + pulled)
             * deviation
@@ -611,7 +644,6 @@ pub(crate) fn estimate<W>(
     let adapter_ms = if c.adapter_missing { profile.adapter_load_ms } else { 0.0 };
     let network_ms = reach.network_ms + reach.extra_ms;
     let uncached = prompt_tokens - cached - pulled;
-    let queued = busy(&load) > 0.0;
     let growth = growth_ms(&load, p.growth_ms);
     let fill_forecast_ms = if queued {
         fill::beyond_learned(profile, &p.queue, &load, (wait_ms, uncached), deviation)
@@ -639,6 +671,7 @@ pub(crate) fn estimate<W>(
             0.0
         },
         fill_forecast_ms,
+        wait_factor,
     }
 }
 

@@ -34,6 +34,20 @@ pub trait LoadSource {
     fn behind(&self, _worker: &WorkerName, _step_budget: u64) -> WorkerLoad {
         WorkerLoad::default()
     }
+
+    /// Whether [`LoadSource::passing`] may find anything for this decision's request (asked
+    /// once per decision; `false` where the source knows no priorities).
+    fn passed(&self) -> bool {
+        false
+    }
+
+    /// The uncached prompt tokens per second lately sent to `worker` with a more urgent engine
+    /// priority than this decision's request: work that passes it in the engine's queue while
+    /// it waits (see [`WorkerLoad::passing_tokens_per_s`]). 0 where the source knows no
+    /// priorities.
+    fn passing(&self, _worker: &WorkerName) -> u64 {
+        0
+    }
 }
 
 impl<F: Fn(&str) -> WorkerLoad> LoadSource for F {
@@ -69,6 +83,12 @@ pub struct WorkerLoad {
     /// for (a less urgent engine priority not started, see [`WorkerLoad::less`]): the engine
     /// fills the request's step with them after it.
     pub behind_tokens: u64,
+    /// Of [`WorkerLoad::arriving_tokens_per_s`], this replica's arrivals with a more urgent
+    /// engine priority than the request the load is read for (0 for the most urgent class,
+    /// or without priorities). On an engine that schedules by priority they pass the request
+    /// in the queue while it waits, so its wait is longer than the work queued ahead of it
+    /// (see [`crate::decision::cost::passed_factor`]).
+    pub passing_tokens_per_s: u64,
 }
 
 impl WorkerLoad {
@@ -108,6 +128,7 @@ impl WorkerLoad {
             prefill_sq_tokens: self.prefill_sq_tokens.saturating_sub(part.prefill_sq_tokens),
             arriving_tokens_per_s: self.arriving_tokens_per_s,
             behind_tokens: self.behind_tokens.saturating_add(part.prefill_tokens),
+            passing_tokens_per_s: self.passing_tokens_per_s,
         }
     }
 
@@ -123,6 +144,9 @@ impl WorkerLoad {
                 .arriving_tokens_per_s
                 .saturating_add(other.arriving_tokens_per_s),
             behind_tokens: self.behind_tokens.saturating_add(other.behind_tokens),
+            passing_tokens_per_s: self
+                .passing_tokens_per_s
+                .saturating_add(other.passing_tokens_per_s),
         }
     }
 }

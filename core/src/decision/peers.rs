@@ -77,5 +77,6 @@ fn as_load(l: &PeerLoad) -> WorkerLoad {
         prefill_sq_tokens: WorkerLoad::even_sq_tokens(l.prefill_tokens, l.prefilling),
         arriving_tokens_per_s: u64::from(l.arriving_tokens_per_s),
         behind_tokens: 0,
+        passing_tokens_per_s: 0,
     }
 }

@@ -451,6 +451,8 @@ impl Router {
         let unseen_tokens = self.knowledge.typical_uncached_tokens();
         // Queued work this request's engine priority jumps (none without priorities).
         let defers = load.defers();
+        // Urgent arrivals that pass this request in the queue (none without priorities).
+        let passed = load.passed();
         let candidates = eligible
             .enumerate()
             .map(|(i, w)| {
@@ -463,7 +465,11 @@ impl Router {
                 if !self.plan.peer_arrivals {
                     peers.arriving_tokens_per_s = 0;
                 }
-                let seen = combine_load(load.load(w).plus(peers), reported.as_ref(), unseen_tokens);
+                let mut seen =
+                    combine_load(load.load(w).plus(peers), reported.as_ref(), unseen_tokens);
+                if passed {
+                    seen.passing_tokens_per_s = load.passing(w);
+                }
                 Candidate {
                     worker: w,
                     cached_blocks: pm.blocks,

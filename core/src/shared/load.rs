@@ -468,6 +468,10 @@ pub struct LoadView {
     last_done: HashMap<u64, u64, ByKey>,
     /// When the view was read (ms).
     read_at_ms: u64,
+    /// The window over which arrivals are counted (ms; 0: none).
+    arrival_window_ms: u64,
+    /// The smallest (most urgent) engine priority of a request sent within that window.
+    most_urgent_arriving: Option<i32>,
 }
 
 impl LoadView {
@@ -502,7 +506,11 @@ impl LoadView {
         own: Option<&Shard>,
         now_ms: u64,
     ) -> LoadView {
-        let mut view = LoadView { read_at_ms: now_ms, ..LoadView::default() };
+        let mut view = LoadView {
+            read_at_ms: now_ms,
+            arrival_window_ms: limits.arrival_window_ms,
+            ..LoadView::default()
+        };
         let mut dead = Vec::new();
         let mut ends: Vec<Vec<u8>> = Vec::new();
         for id in registry(store, counters) {
@@ -550,6 +558,8 @@ impl LoadView {
             if window > 0 && now_ms.saturating_sub(e.started_ms) < window {
                 load.arriving_tokens_per_s =
                     load.arriving_tokens_per_s.saturating_add(e.prefill_tokens);
+                self.most_urgent_arriving =
+                    Some(self.most_urgent_arriving.map_or(e.priority, |p| p.min(e.priority)));
             }
             if e.prefilling {
                 load.prefilling_requests = load.prefilling_requests.saturating_add(1);
@@ -676,6 +686,34 @@ impl LoadView {
     }
 }
 
+impl LoadView {
+    /// Whether a request of engine priority `priority` may be passed: some request sent within
+    /// the arrival window was more urgent.
+    pub fn passes(&self, priority: i32) -> bool {
+        self.arrival_window_ms > 0 && self.most_urgent_arriving.is_some_and(|p| p < priority)
+    }
+
+    /// The uncached prompt tokens per second sent to the worker of key `key` within the
+    /// arrival window with an engine priority more urgent than `priority` (a smaller value),
+    /// by the requests still tracked (those already ended drop out, as for
+    /// [`WorkerLoad::arriving_tokens_per_s`]). On an engine that schedules by priority they
+    /// pass a waiting request of `priority` (see [`WorkerLoad::passing_tokens_per_s`]).
+    pub fn passing(&self, key: u64, priority: i32) -> u64 {
+        let window = self.arrival_window_ms;
+        if !self.passes(priority) {
+            return 0;
+        }
+        let Some(tracked) = self.tracked.get(&key) else { return 0 };
+        let tokens = tracked
+            .iter()
+            .filter(|t| {
+                t.priority < priority && self.read_at_ms.saturating_sub(t.started_ms) < window
+            })
+            .fold(0u64, |sum, t| sum.saturating_add(t.prefill_tokens));
+        tokens.saturating_mul(1000) / window
+    }
+}
+
 /// A [`LoadView`] as a request sent with engine priority `priority` sees it: the queued work
 /// it does not wait for is [`LoadSource::behind`] (see [`LoadView::behind`]).
 #[derive(Debug, Clone, Copy)]
@@ -765,6 +803,14 @@ impl crate::decision::load::LoadSource for AtPriority<'_> {
 
     fn behind(&self, worker: &crate::decision::worker::WorkerName, step_budget: u64) -> WorkerLoad {
         self.view.behind(worker.key(), self.priority, step_budget)
+    }
+
+    fn passed(&self) -> bool {
+        self.view.passes(self.priority)
+    }
+
+    fn passing(&self, worker: &crate::decision::worker::WorkerName) -> u64 {
+        self.view.passing(worker.key(), self.priority)
     }
 }
 

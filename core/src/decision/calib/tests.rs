@@ -49,12 +49,14 @@ fn sample(worker: &str, uncached: u64, cached: u64, queued: &[u64], decoding: u3
             prefill_sq_tokens: queued.iter().map(|n| n * n).sum(),
             arriving_tokens_per_s: 0,
             behind_tokens: 0,
+            passing_tokens_per_s: 0,
         },
         fixed_ms: 0.0,
         observed_ms: 0.0,
         priority: 0,
         passed: false,
         fill_ms: 0.0,
+        wait_factor: 1.0,
     }
 }
 
@@ -295,6 +297,7 @@ fn arb_sample() -> impl Strategy<Value = Sample> {
                 prefill_sq_tokens: 0,
                 arriving_tokens_per_s: 0,
                 behind_tokens: 0,
+                passing_tokens_per_s: 0,
             },
             fixed_ms: fixed,
             observed_ms: obs,
@@ -302,6 +305,7 @@ fn arb_sample() -> impl Strategy<Value = Sample> {
             priority: [0, 0, 10, -3][w],
             passed: n % 7 == 0,
             fill_ms: 0.0,
+            wait_factor: 1.0,
         })
 }
 
@@ -416,12 +420,14 @@ fn short_prompts_with_a_constant_overhead_move_the_base_not_the_cost_per_token()
                     prefill_sq_tokens: 0,
                     arriving_tokens_per_s: 0,
                     behind_tokens: 0,
+                    passing_tokens_per_s: 0,
                 },
                 fixed_ms: 0.0,
                 observed_ms: 0.0,
                 priority: 0,
                 passed: false,
                 fill_ms: 0.0,
+                wait_factor: 1.0,
             };
             s.observed_ms = (true_ms(&sim, &s) + OVERHEAD_MS) * noise(&mut rng);
             let predicted = st.deviation(w) * st.model_ms(&s);
@@ -670,4 +676,44 @@ fn the_margin_is_learned_against_the_promise_with_the_fill_it_foresaw() {
     };
     let (with, without) = (margin(true), margin(false));
     assert!(with < 1.15 && without > 1.35, "margin {with} with the fill, {without} without");
+}
+
+#[test]
+fn a_wait_stretched_by_urgent_arrivals_teaches_the_queue_at_the_work_ahead() {
+    let cfg = CalibrationConfig::default();
+    // Urgent requests (0) wait for the work ahead; batch ones (10) `f` times as long, f from
+    // 1.2 to 3 (the urgent prompts that passed them), which their decisions foresaw.
+    let run = |given: bool, seed: u64| -> ModelState {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut st = ModelState::new(&truth());
+        for i in 0..400 {
+            let tokens: Vec<u64> =
+                (0..rng.random_range(1..5)).map(|_| rng.random_range(1500..2500u64)).collect();
+            let mut s = sample(WORKERS[i % 3], rng.random_range(1500..2500u64), 0, &tokens, 0);
+            let f = if i % 2 == 0 { 1.0 } else { rng.random_range(1.2..3.0) };
+            let t = truth();
+            s.observed_ms = (t.wait_ms(&s.load) * f
+                + t.prefill_with_context_ms(s.uncached_tokens, 0))
+                * noise(&mut rng);
+            s.priority = if f > 1.0 { 10 } else { 0 };
+            s.wait_factor = if given { f } else { 1.0 };
+            st.observe(&cfg, &s);
+        }
+        st
+    };
+    for seed in 0..3 {
+        // An urgent request behind three 2 000-token prompts, as the model estimates it.
+        let probe = sample(WORKERS[0], 2_000, 0, &[2_000, 2_000, 2_000], 0);
+        let truth_ms = true_ms(&truth(), &probe);
+        let err = |st: &ModelState| st.deviation(WORKERS[0]) * st.model_ms(&probe) / truth_ms - 1.0;
+        let (given, withheld) = (run(true, seed), run(false, seed));
+        assert!(err(&given).abs() < 0.1, "seed {seed}: factor given, error {}", err(&given));
+        // Without the factor the batch requests' long waits read as a slow queue, and the
+        // urgent request's estimate is too long.
+        assert!(err(&withheld) > 0.2, "seed {seed}: factor withheld, error {}", err(&withheld));
+        // The batch requests are estimated right by the model: their promise margin stays
+        // near the urgent ones'.
+        let batch = given.promise_margin_at(10);
+        assert!(batch < 1.3, "seed {seed}: batch margin {batch}");
+    }
 }

@@ -29,6 +29,7 @@ fn queued(per_s: u64) -> WorkerLoad {
         prefill_elapsed_ms: 0,
         arriving_tokens_per_s: per_s,
         behind_tokens: 0,
+        passing_tokens_per_s: 0,
     }
 }
 

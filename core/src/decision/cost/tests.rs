@@ -14,6 +14,7 @@ fn load(prefill_tokens: u64, prefilling: u32, inflight: u32) -> WorkerLoad {
         prefill_sq_tokens: 0,
         arriving_tokens_per_s: 0,
         behind_tokens: 0,
+        passing_tokens_per_s: 0,
     }
 }
 
@@ -145,6 +146,7 @@ fn a_queued_prompt_costs_what_computing_it_here_would() {
         prefill_elapsed_ms: 0,
         arriving_tokens_per_s: 0,
         behind_tokens: 0,
+        passing_tokens_per_s: 0,
     };
     let behind = score(&p, &Candidate { load: one, ..idle.clone() }, 0, BS);
     let fill = p.queue_terms().batch_fill_ms;
@@ -280,6 +282,7 @@ proptest! {
             prefill_tokens: c.load.prefill_tokens + t, prefill_elapsed_ms: 0, prefill_sq_tokens: 0,
             arriving_tokens_per_s: 0,
             behind_tokens: 0,
+            passing_tokens_per_s: 0,
         };
         let busier = Candidate { load: started, ..c.clone() };
         let decoding = Candidate { load: WorkerLoad { inflight_requests: c.load.inflight_requests + d, ..c.load }, ..c.clone() };
@@ -355,4 +358,48 @@ proptest! {
         b.sort();
         prop_assert_eq!(a, b);
     }
+}
+
+#[test]
+fn urgent_arrivals_stretch_the_wait_by_the_share_of_the_worker_they_take() {
+    let p = Profile::default();
+    let q = p.queue_terms();
+    // Arrivals that take half the worker's prefill time double the wait for the work ahead.
+    let half = (500.0 / q.ms_per_token).round() as u64;
+    let mut l = load(8_000, 4, 4);
+    l.passing_tokens_per_s = half;
+    let f = passed_factor(&q, &l, 1.0);
+    assert!((f - 2.0).abs() < 1e-3, "{f}");
+    // A worker twice as slow gives them twice the share of its time.
+    let slow = passed_factor(&q, &WorkerLoad { passing_tokens_per_s: half / 2, ..l }, 2.0);
+    assert!((slow - 2.0).abs() < 1e-3, "{slow}");
+    // More than the worker can serve: held at ten times the work ahead.
+    l.passing_tokens_per_s = half * 4;
+    assert!((passed_factor(&q, &l, 1.0) - 10.0).abs() < 1e-9);
+    l.passing_tokens_per_s = 0;
+    assert_eq!(passed_factor(&q, &l, 1.0), 1.0);
+
+    let c = |load: WorkerLoad| Candidate::<WorkerName> {
+        worker: "A".into(),
+        cached_blocks: 0,
+        offloaded_blocks: 0,
+        load,
+        adapter_missing: false,
+        deviation: 1.0,
+    };
+    let plain = score(&p, &c(load(8_000, 4, 4)), PROMPT, BS);
+    let passed = WorkerLoad { passing_tokens_per_s: half, ..load(8_000, 4, 4) };
+    let s = score(&p, &c(passed), PROMPT, BS);
+    assert!((s.wait_factor - f).abs() < 1e-12);
+    assert!(
+        (s.wait_ms / plain.wait_ms - f).abs() < 1e-9,
+        "{} against {}",
+        s.wait_ms,
+        plain.wait_ms
+    );
+    assert_eq!(s.prefill_ms, plain.prefill_ms, "its own prefill is not passed once started");
+    // On a worker with nothing queued the request starts at once: nothing passes it.
+    let idle = WorkerLoad { passing_tokens_per_s: half, ..load(0, 0, 4) };
+    let s = score(&p, &c(idle), PROMPT, BS);
+    assert_eq!(s.wait_factor, 1.0);
 }

@@ -212,5 +212,6 @@ pub fn combine_load(
         prefill_sq_tokens,
         arriving_tokens_per_s: own.arriving_tokens_per_s,
         behind_tokens: own.behind_tokens,
+        passing_tokens_per_s: own.passing_tokens_per_s,
     }
 }

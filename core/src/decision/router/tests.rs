@@ -131,6 +131,7 @@ fn cache_blind_ablation_credits_nothing_but_still_ranks_on_load() {
         prefill_sq_tokens: 0,
         arriving_tokens_per_s: 0,
         behind_tokens: 0,
+        passing_tokens_per_s: 0,
     };
     let d2 = r.decide(&q, 0, &busy, 10, 0).unwrap();
     assert_eq!(d2.predicted_cached_tokens(), 0);
@@ -166,6 +167,7 @@ fn busy_holder_loses_to_recompute_once_waiting_costs_more() {
                 prefill_sq_tokens: 0,
                 arriving_tokens_per_s: 0,
                 behind_tokens: 0,
+                passing_tokens_per_s: 0,
             }
         } else {
             WorkerLoad::default()
@@ -295,6 +297,7 @@ fn reported_load_counts_what_other_replicas_sent() {
         prefill_sq_tokens: 0,
         arriving_tokens_per_s: 0,
         behind_tokens: 0,
+        passing_tokens_per_s: 0,
     };
     assert_eq!(combine_load(own, None, 1000), own);
     let busy = SnapshotLoad { running: 10, waiting: 4, observed_at_ms: 0 };

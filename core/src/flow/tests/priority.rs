@@ -66,7 +66,11 @@ fn an_urgent_request_waits_only_for_what_runs_before_it() {
     assert_eq!(urgent.primary().unwrap().worker.as_str(), A);
     let (a, b) = (wait_on(&urgent, A), wait_on(&urgent, B));
     assert!(a < b && a < wait_on(&late, A), "A {a} ms, B {b} ms, batch on A {}", wait_on(&late, A));
-    assert_eq!(b, wait_on(&late, B), "nothing on B is behind anybody");
+    // Nothing on B is behind anybody; the batch request there also waits for the
+    // interactive prompts foreseen to arrive meanwhile (at the rate B's six came).
+    let late_b = late.ranked.iter().find(|s| s.worker.as_str() == B).unwrap();
+    assert_eq!(late_b.load.passing_tokens_per_s, 6_000);
+    assert!((b - late_b.wait_ms / late_b.wait_factor).abs() < 1e-9, "{b} {}", late_b.wait_ms);
     assert_eq!(urgent.ranked[0].load.prefilling_requests, 5);
     assert_eq!(
         late.ranked.iter().find(|s| s.worker.as_str() == A).unwrap().load.prefilling_requests,
@@ -94,4 +98,90 @@ fn the_claim_keeps_the_priority_the_request_is_sent_with() {
     assert_eq!(seen.behind(a, 0, 8_192).prefilling_requests, 7);
     assert_eq!(seen.behind(a, -3, 8_192).prefilling_requests, 7);
     assert_eq!(seen.behind(a, -5, 8_192).prefilling_requests, 8);
+}
+
+/// `A` and `B` each have four batch prompts of 2 000 tokens queued (sent 10 ms ago) and three
+/// requests of 2 000 tokens decoding, sent half a second ago: batch ones on `A`, interactive
+/// ones on `B`. Interactive prompts keep arriving on `B` (3 000 tokens per second over the
+/// default 2-second window), each started before a batch request waiting there.
+fn passing_pool(store: &MemStore, t: &Tally, now: u64) -> Shard {
+    let mut s = Shard::register(store, t, LoadLimits::default(), 0, 1);
+    for (worker, class) in [(A, BATCH), (B, INTERACTIVE)] {
+        for _ in 0..3 {
+            let d = s.start_at(t, worker, (2_000, class), now - 500);
+            s.first_byte(d);
+        }
+        for _ in 0..4 {
+            s.start_at(t, worker, (2_000, BATCH), now - 10);
+        }
+    }
+    s.flush(store, t, now);
+    s
+}
+
+#[test]
+fn a_less_urgent_request_waits_also_for_the_urgent_prompts_that_pass_it() {
+    let now = 100_000;
+    let (store, t) = (MemStore::new(), Tally::default());
+    let shard = passing_pool(&store, &t, now);
+    let view = LoadView::read(&store, &t, &shard, now);
+    let r = router();
+    let q = req();
+    let late = r.decide(&q, 0, &AtPriority { view: &view, priority: BATCH }, now, 0).unwrap();
+    let urgent =
+        r.decide(&q, 0, &AtPriority { view: &view, priority: INTERACTIVE }, now, 0).unwrap();
+    let blind = r.decide(&q, 0, &view, now, 0).unwrap();
+    let on =
+        |d: &Decision, w: &str| d.ranked.iter().find(|s| s.worker.as_str() == w).cloned().unwrap();
+    // The batch request: B's wait is its work ahead over the share of B's prefill time the
+    // interactive arrivals take; A's is its work ahead.
+    let (a, b) = (on(&late, A), on(&late, B));
+    assert_eq!(b.load.passing_tokens_per_s, 3_000);
+    assert_eq!((a.load.passing_tokens_per_s, a.wait_factor), (0, 1.0));
+    let profile = crate::decision::cost::Profile::default();
+    let share = 3_000.0 * profile.queue_terms().ms_per_token / 1000.0;
+    assert!(share > 0.0 && share < crate::decision::cost::PASSED_SHARE_MAX);
+    assert!((b.wait_factor - 1.0 / (1.0 - share)).abs() < 1e-12, "factor {}", b.wait_factor);
+    assert!(
+        (b.wait_ms / a.wait_ms - b.wait_factor).abs() < 1e-9,
+        "A {} B {}",
+        a.wait_ms,
+        b.wait_ms
+    );
+    assert_eq!(late.primary().unwrap().worker.as_str(), A);
+    // Nothing passes the interactive request, nor a request of a view without priorities:
+    // A and B are alike to them.
+    for d in [&urgent, &blind] {
+        let (a, b) = (on(d, A), on(d, B));
+        assert_eq!((a.wait_factor, b.wait_factor), (1.0, 1.0));
+        assert_eq!(a.wait_ms, b.wait_ms);
+    }
+}
+
+#[test]
+fn urgent_prompts_sent_to_an_idle_worker_or_long_ago_pass_nothing() {
+    let now = 100_000;
+    let (store, t) = (MemStore::new(), Tally::default());
+    let mut s = Shard::register(&store, &t, LoadLimits::default(), 0, 1);
+    // On A, interactive prompts arrive but nothing is queued: a batch request starts at once.
+    for _ in 0..3 {
+        let d = s.start_at(&t, A, (2_000, INTERACTIVE), now - 500);
+        s.first_byte(d);
+    }
+    // On B, a batch prompt is queued, and the interactive prompts were sent before the window.
+    for _ in 0..3 {
+        let d = s.start_at(&t, B, (2_000, INTERACTIVE), now - 5_000);
+        s.first_byte(d);
+    }
+    s.start_at(&t, B, (2_000, BATCH), now - 10);
+    s.flush(&store, &t, now);
+    let view = LoadView::read(&store, &t, &s, now);
+    let late = router().decide(&req(), 0, &AtPriority { view: &view, priority: BATCH }, now, 0);
+    for score in &late.unwrap().ranked {
+        assert_eq!(score.wait_factor, 1.0, "{}", score.worker.as_str());
+    }
+    let b = crate::decision::load::worker_key(B);
+    assert_eq!(view.passing(b, BATCH), 0);
+    assert_eq!(view.passing(crate::decision::load::worker_key(A), BATCH), 3_000);
+    assert_eq!(view.passing(crate::decision::load::worker_key(A), INTERACTIVE), 0);
 }

@@ -20,6 +20,7 @@ fn sample(worker: &str, i: u64) -> Sample {
         priority: 0,
         passed: false,
         fill_ms: 0.0,
+        wait_factor: 1.0,
     }
 }
 

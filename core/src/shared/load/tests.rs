@@ -42,6 +42,7 @@ fn threads_see_each_others_requests_through_their_shards() {
             prefill_sq_tokens: 2_500,
             arriving_tokens_per_s: 0,
             behind_tokens: 0,
+            passing_tokens_per_s: 0,
         }
     );
     b.start(&t, W, 7, 20);
@@ -318,6 +319,7 @@ fn queued(requests: u32, tokens: u64, sq: u64, age: u64) -> WorkerLoad {
         prefill_elapsed_ms: age,
         arriving_tokens_per_s: 0,
         behind_tokens: 0,
+        passing_tokens_per_s: 0,
     }
 }
 

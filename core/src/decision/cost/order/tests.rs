@@ -33,6 +33,7 @@ fn pool(runs: &[Run], rotate: usize) -> Vec<Candidate> {
                 prefill_sq_tokens: WorkerLoad::even_sq_tokens(queued * 512, u32::from(queued > 0)),
                 arriving_tokens_per_s: 0,
                 behind_tokens: 0,
+                passing_tokens_per_s: 0,
             },
             adapter_missing: flags & 2 != 0,
             deviation: if flags & 1 != 0 { 1.5 } else { 1.0 },

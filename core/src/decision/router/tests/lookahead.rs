@@ -39,6 +39,7 @@ fn queued_on_holder(w: &str) -> WorkerLoad {
             prefill_sq_tokens: 0,
             arriving_tokens_per_s: 0,
             behind_tokens: 0,
+            passing_tokens_per_s: 0,
         }
     } else {
         WorkerLoad::default()
@@ -131,6 +132,7 @@ fn next_to_a_prefill_in_flight(max_tokens: u64) -> Vec<String> {
                 prefill_sq_tokens: 0,
                 arriving_tokens_per_s: 0,
                 behind_tokens: 0,
+                passing_tokens_per_s: 0,
             }
         } else {
             WorkerLoad::default()

@@ -103,6 +103,7 @@ fn the_adapter_holder_wins_until_its_queue_costs_more_than_loading_elsewhere() {
         prefill_sq_tokens: 0,
         arriving_tokens_per_s: 0,
         behind_tokens: 0,
+        passing_tokens_per_s: 0,
     };
     let d = r.decide(&q, 0, &busy, 0, 0).unwrap();
     assert_eq!(d.primary().unwrap().worker, W[1]);
@@ -251,6 +252,7 @@ fn a_large_pool_keeps_its_best_the_least_waiting_and_the_longest_holder() {
         prefill_sq_tokens: 0,
         arriving_tokens_per_s: 0,
         behind_tokens: 0,
+        passing_tokens_per_s: 0,
     };
     for pick in 0..4 {
         let d = r.decide(&q, 0, &load, 1, pick).unwrap();
