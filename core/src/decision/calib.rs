@@ -211,8 +211,9 @@ pub struct Sample {
     /// deviation): the promise margin is learned against the estimate with it.
     pub fill_ms: f64,
     /// The factor the estimate's wait held for the more urgent prompts foreseen to pass the
-    /// request ([`crate::decision::cost::Score::wait_factor`]; 1 where none did): the wait's
-    /// features are taken times it, so the queue's coefficients describe the work ahead.
+    /// request ([`crate::decision::cost::Score::wait_factor`]; 1 where none did): the queued
+    /// prefill's features are taken times it, so the queue's coefficients describe the work
+    /// ahead.
     pub wait_factor: f64,
 }
 

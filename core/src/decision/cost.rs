@@ -198,20 +198,23 @@ impl Profile {
     }
 
     /// Waiting time before a new request's prefill starts on a worker with `load`: the queued
-    /// prefill (linear and attention terms, one base per request) and the decoding requests'
-    /// interference.
+    /// prefill (linear and attention terms, one base per request; times [`passed_factor`] on a
+    /// busy worker), the fill of the step it waits for and the decoding requests' interference.
     pub fn wait_ms(&self, load: &WorkerLoad) -> f64 {
-        self.wait_with(&self.queue_terms(), load)
+        let factor = if busy(load) > 0.0 { passed_factor(self, load, 1.0) } else { 1.0 };
+        self.wait_with(&self.queue_terms(), load, factor)
     }
 
     /// [`Profile::wait_ms`] with the queue's coefficients `q` already taken
-    /// ([`Profile::queue_terms`]; a decision takes them once, not per worker).
-    fn wait_with(&self, q: &QueueTerms, load: &WorkerLoad) -> f64 {
+    /// ([`Profile::queue_terms`]; a decision takes them once, not per worker) and the queued
+    /// prefill's [`passed_factor`] `passed`.
+    fn wait_with(&self, q: &QueueTerms, load: &WorkerLoad, passed: f64) -> f64 {
         let queued = load.prefill_tokens as f64 * q.ms_per_token
             + load.prefill_sq_tokens as f64 * q.ms_per_token_sq
-            + queued_steps(load) * q.step_ms
-            + busy(load) * q.batch_fill_ms;
-        queued + f64::from(load.decoding_requests()) * self.decode_interference_ms
+            + queued_steps(load) * q.step_ms;
+        queued * passed
+            + busy(load) * q.batch_fill_ms
+            + f64::from(load.decoding_requests()) * self.decode_interference_ms
     }
 
     /// The coefficients of queued prefill: the learned ones, else the request's own.
@@ -266,14 +269,15 @@ pub const PASSED_SHARE_MAX: f64 = 0.9;
 /// engine schedules by priority while more urgent prompts keep arriving there
 /// ([`WorkerLoad::passing_tokens_per_s`]): the engine starts each of them before it, so they
 /// take their share `ρ` of the worker's prefill time (their tokens per millisecond times the
-/// queue's cost per token and the worker's `deviation`), and the wait `W` for work `W₀` ahead
-/// is `W₀ + ρ · W`, i.e. `W₀ / (1 − ρ)`. `ρ` is held at most [`PASSED_SHARE_MAX`]. 1 where
-/// nothing passes.
-pub fn passed_factor(q: &QueueTerms, load: &WorkerLoad, deviation: f64) -> f64 {
+/// profile's prefill cost per token and the worker's `deviation`), and the wait `W` for the
+/// queued prefill `W₀` ahead is `W₀ + ρ · W`, i.e. `W₀ / (1 − ρ)`. `ρ` is held at most
+/// [`PASSED_SHARE_MAX`]. 1 where nothing passes.
+pub fn passed_factor(profile: &Profile, load: &WorkerLoad, deviation: f64) -> f64 {
     if load.passing_tokens_per_s == 0 {
         return 1.0;
     }
-    let share = load.passing_tokens_per_s as f64 * q.ms_per_token * deviation / 1000.0;
+    let share =
+        load.passing_tokens_per_s as f64 * profile.prefill_ms_per_token * deviation / 1000.0;
     if share.is_finite() && share > 0.0 {
         1.0 / (1.0 - share.min(PASSED_SHARE_MAX))
     } else {
@@ -396,9 +400,9 @@ pub struct Score {
     /// ([`Score::promise_extra_ms`]), and the promise margin is learned against the estimate
     /// with it; the estimate and the ranking keep the learned average.
     pub fill_forecast_ms: f64,
-    /// The factor `wait_ms` holds for the more urgent prompts foreseen to pass the request
-    /// while it waits ([`passed_factor`]; 1 where none do). Online calibration learns the
-    /// queue's coefficients with it.
+    /// The factor on the queued prefill in `wait_ms` for the more urgent prompts foreseen to
+    /// pass the request while it waits ([`passed_factor`]; 1 where none do). Online
+    /// calibration learns the queue's coefficients with it.
     pub wait_factor: f64,
 }
 
@@ -616,8 +620,8 @@ pub(crate) fn estimate<W>(
     let load = profile.remaining(&c.load, deviation);
     let queued = busy(&load) > 0.0;
     // Only a request that waits for a queue is passed in it.
-    let wait_factor = if queued { passed_factor(&p.queue, &load, deviation) } else { 1.0 };
-    let wait_ms = profile.wait_with(&p.queue, &load) * deviation * wait_factor;
+    let wait_factor = if queued { passed_factor(profile, &load, deviation) } else { 1.0 };
+    let wait_ms = profile.wait_with(&p.queue, &load, wait_factor) * deviation;
     let prefill = |pulled: u64| {
         profile.prefill_with_context_ms(prompt_tokens - cached - pulled, cached + pulled)
             * deviation

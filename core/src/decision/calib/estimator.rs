@@ -565,18 +565,18 @@ pub fn theta_bounds(cfg: &CalibrationConfig, i: usize) -> (f64, f64) {
 }
 
 /// The sample's features, in the order of [`prior_coefficients`].
-/// The wait's features (the decoding requests' interference and the queue) are taken times
-/// the sample's [`Sample::wait_factor`], as the estimate took the wait.
+/// The queued prefill's features are taken times the sample's [`Sample::wait_factor`], as the
+/// estimate took them.
 pub fn features(s: &Sample) -> [f64; DIM] {
     let f = if s.wait_factor.is_finite() && s.wait_factor > 1.0 { s.wait_factor } else { 1.0 };
     [
         1.0,
         s.uncached_tokens as f64,
         crate::decision::cost::attention_tokens(s.uncached_tokens, s.cached_tokens),
-        f64::from(s.load.decoding_requests()) * f,
+        f64::from(s.load.decoding_requests()),
         crate::decision::cost::queued_steps(&s.load) * f,
         s.load.prefill_tokens as f64 * f,
         s.load.prefill_sq_tokens as f64 * f,
-        crate::decision::cost::busy(&s.load) * f,
+        crate::decision::cost::busy(&s.load),
     ]
 }

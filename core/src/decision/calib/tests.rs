@@ -691,10 +691,13 @@ fn a_wait_stretched_by_urgent_arrivals_teaches_the_queue_at_the_work_ahead() {
                 (0..rng.random_range(1..5)).map(|_| rng.random_range(1500..2500u64)).collect();
             let mut s = sample(WORKERS[i % 3], rng.random_range(1500..2500u64), 0, &tokens, 0);
             let f = if i % 2 == 0 { 1.0 } else { rng.random_range(1.2..3.0) };
-            let t = truth();
-            s.observed_ms = (t.wait_ms(&s.load) * f
-                + t.prefill_with_context_ms(s.uncached_tokens, 0))
-                * noise(&mut rng);
+            let (t, q) = (truth(), truth().queue_terms());
+            let queued = s.load.prefill_tokens as f64 * q.ms_per_token
+                + s.load.prefill_sq_tokens as f64 * q.ms_per_token_sq
+                + f64::from(s.load.prefilling_requests) * q.step_ms;
+            s.observed_ms =
+                (queued * f + q.batch_fill_ms + t.prefill_with_context_ms(s.uncached_tokens, 0))
+                    * noise(&mut rng);
             s.priority = if f > 1.0 { 10 } else { 0 };
             s.wait_factor = if given { f } else { 1.0 };
             st.observe(&cfg, &s);

@@ -363,21 +363,20 @@ proptest! {
 #[test]
 fn urgent_arrivals_stretch_the_wait_by_the_share_of_the_worker_they_take() {
     let p = Profile::default();
-    let q = p.queue_terms();
     // Arrivals that take half the worker's prefill time double the wait for the work ahead.
-    let half = (500.0 / q.ms_per_token).round() as u64;
+    let half = (500.0 / p.prefill_ms_per_token).round() as u64;
     let mut l = load(8_000, 4, 4);
     l.passing_tokens_per_s = half;
-    let f = passed_factor(&q, &l, 1.0);
+    let f = passed_factor(&p, &l, 1.0);
     assert!((f - 2.0).abs() < 1e-3, "{f}");
     // A worker twice as slow gives them twice the share of its time.
-    let slow = passed_factor(&q, &WorkerLoad { passing_tokens_per_s: half / 2, ..l }, 2.0);
+    let slow = passed_factor(&p, &WorkerLoad { passing_tokens_per_s: half / 2, ..l }, 2.0);
     assert!((slow - 2.0).abs() < 1e-3, "{slow}");
     // More than the worker can serve: held at ten times the work ahead.
     l.passing_tokens_per_s = half * 4;
-    assert!((passed_factor(&q, &l, 1.0) - 10.0).abs() < 1e-9);
+    assert!((passed_factor(&p, &l, 1.0) - 10.0).abs() < 1e-9);
     l.passing_tokens_per_s = 0;
-    assert_eq!(passed_factor(&q, &l, 1.0), 1.0);
+    assert_eq!(passed_factor(&p, &l, 1.0), 1.0);
 
     let c = |load: WorkerLoad| Candidate::<WorkerName> {
         worker: "A".into(),
@@ -391,12 +390,12 @@ fn urgent_arrivals_stretch_the_wait_by_the_share_of_the_worker_they_take() {
     let passed = WorkerLoad { passing_tokens_per_s: half, ..load(8_000, 4, 4) };
     let s = score(&p, &c(passed), PROMPT, BS);
     assert!((s.wait_factor - f).abs() < 1e-12);
-    assert!(
-        (s.wait_ms / plain.wait_ms - f).abs() < 1e-9,
-        "{} against {}",
-        s.wait_ms,
-        plain.wait_ms
-    );
+    // The queued prefill is stretched; the fill of the step it waits for is not.
+    let q = p.queue_terms();
+    let queued = 8_000.0 * q.ms_per_token + 4.0 * q.step_ms;
+    assert!((plain.wait_ms - queued - q.batch_fill_ms).abs() < 1e-9);
+    assert!((s.wait_ms - queued * f - q.batch_fill_ms).abs() < 1e-9, "{}", s.wait_ms);
+    assert_eq!(p.wait_ms(&passed), s.wait_ms);
     assert_eq!(s.prefill_ms, plain.prefill_ms, "its own prefill is not passed once started");
     // On a worker with nothing queued the request starts at once: nothing passes it.
     let idle = WorkerLoad { passing_tokens_per_s: half, ..load(0, 0, 4) };

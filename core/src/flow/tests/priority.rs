@@ -28,6 +28,14 @@ fn req() -> ParsedRequest {
     parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
 }
 
+/// `s.wait_ms` without its [`crate::decision::cost::passed_factor`], on a busy worker running
+/// `decoding` requests past prefill (the default profile's batch fill and interference).
+fn unpassed(s: &crate::decision::cost::Score, decoding: u32) -> f64 {
+    let p = crate::decision::cost::Profile::default();
+    let rest = p.queue_terms().batch_fill_ms + f64::from(decoding) * p.decode_interference_ms;
+    rest + (s.wait_ms - rest) / s.wait_factor
+}
+
 fn wait_on(d: &Decision, worker: &str) -> f64 {
     d.ranked.iter().find(|s| s.worker.as_str() == worker).unwrap().wait_ms
 }
@@ -70,7 +78,7 @@ fn an_urgent_request_waits_only_for_what_runs_before_it() {
     // interactive prompts foreseen to arrive meanwhile (at the rate B's six came).
     let late_b = late.ranked.iter().find(|s| s.worker.as_str() == B).unwrap();
     assert_eq!(late_b.load.passing_tokens_per_s, 6_000);
-    assert!((b - late_b.wait_ms / late_b.wait_factor).abs() < 1e-9, "{b} {}", late_b.wait_ms);
+    assert!((b - unpassed(late_b, 0)).abs() < 1e-9, "{b} {}", late_b.wait_ms);
     assert_eq!(urgent.ranked[0].load.prefilling_requests, 5);
     assert_eq!(
         late.ranked.iter().find(|s| s.worker.as_str() == A).unwrap().load.prefilling_requests,
@@ -133,21 +141,17 @@ fn a_less_urgent_request_waits_also_for_the_urgent_prompts_that_pass_it() {
     let blind = r.decide(&q, 0, &view, now, 0).unwrap();
     let on =
         |d: &Decision, w: &str| d.ranked.iter().find(|s| s.worker.as_str() == w).cloned().unwrap();
-    // The batch request: B's wait is its work ahead over the share of B's prefill time the
-    // interactive arrivals take; A's is its work ahead.
+    // The batch request: B's queued prefill is its work ahead over the share of B's prefill
+    // time the interactive arrivals take; A's is its work ahead.
     let (a, b) = (on(&late, A), on(&late, B));
     assert_eq!(b.load.passing_tokens_per_s, 3_000);
     assert_eq!((a.load.passing_tokens_per_s, a.wait_factor), (0, 1.0));
     let profile = crate::decision::cost::Profile::default();
-    let share = 3_000.0 * profile.queue_terms().ms_per_token / 1000.0;
+    let share = 3_000.0 * profile.prefill_ms_per_token / 1000.0;
     assert!(share > 0.0 && share < crate::decision::cost::PASSED_SHARE_MAX);
     assert!((b.wait_factor - 1.0 / (1.0 - share)).abs() < 1e-12, "factor {}", b.wait_factor);
-    assert!(
-        (b.wait_ms / a.wait_ms - b.wait_factor).abs() < 1e-9,
-        "A {} B {}",
-        a.wait_ms,
-        b.wait_ms
-    );
+    assert!(b.wait_ms > a.wait_ms);
+    assert!((unpassed(&b, 3) - a.wait_ms).abs() < 1e-9, "A {} B {}", a.wait_ms, b.wait_ms);
     assert_eq!(late.primary().unwrap().worker.as_str(), A);
     // Nothing passes the interactive request, nor a request of a view without priorities:
     // A and B are alike to them.
