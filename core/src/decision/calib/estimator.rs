@@ -302,7 +302,12 @@ impl ModelState {
         if !(s.observed_ms.is_finite() && s.fixed_ms.is_finite() && y > 0.0) {
             return CalibOutcome::Rejected;
         }
-        let x = features(s);
+        // Where the filter tells the passed requests apart (`skip_passed`), one that no more
+        // urgent request passed waited for the work ahead alone: learned from, its queue is
+        // not stretched by the factor its estimate foresaw. Elsewhere that factor is the
+        // best guess of what passed it.
+        let known_unpassed = cfg.skip_passed && !s.passed;
+        let x = if known_unpassed { features_at(s, 1.0) } else { features(s) };
         let mut scaled: [f64; DIM] = std::array::from_fn(|i| x[i] * self.prior[i]);
         let prior_ms: f64 = scaled.iter().sum();
         // Each attention term is learned with its per-token term, as one prefill speed.
@@ -318,9 +323,15 @@ impl ModelState {
         let t = y / dev / prior_ms;
         let fitted: f64 = (0..DIM).map(|i| u[i] * self.theta[i]).sum();
         let queued = crate::decision::cost::busy(&s.load) > 0.0;
-        // The promise's own estimate: the model's, with the fill it foresaw.
+        // The promise's own estimate: the model's as the decision took it (the urgent work
+        // foreseen to pass it included), with the fill it foresaw.
+        let estimated = if !known_unpassed || !(s.wait_factor > 1.0) {
+            fitted
+        } else {
+            self.model_ms(s) / prior_ms
+        };
         let fill = if s.fill_ms.is_finite() { s.fill_ms.max(0.0) / dev / prior_ms } else { 0.0 };
-        let promised = fitted + fill;
+        let promised = estimated + fill;
         if s.passed {
             if queued {
                 self.track_promise(t / promised, s.priority, false);
@@ -569,6 +580,11 @@ pub fn theta_bounds(cfg: &CalibrationConfig, i: usize) -> (f64, f64) {
 /// estimate took them.
 pub fn features(s: &Sample) -> [f64; DIM] {
     let f = if s.wait_factor.is_finite() && s.wait_factor > 1.0 { s.wait_factor } else { 1.0 };
+    features_at(s, f)
+}
+
+/// The sample's features with the queued prefill's taken times `f`.
+fn features_at(s: &Sample, f: f64) -> [f64; DIM] {
     [
         1.0,
         s.uncached_tokens as f64,

@@ -678,45 +678,63 @@ fn the_margin_is_learned_against_the_promise_with_the_fill_it_foresaw() {
     assert!(with < 1.15 && without > 1.35, "margin {with} with the fill, {without} without");
 }
 
+/// Urgent requests (0) behind 1-4 queued prompts that wait for the work ahead, and batch ones
+/// (10) whose decisions foresaw urgent prompts passing them (a factor from 1.2 to 3 on their
+/// queued prefill): `passed` of them were passed and waited that factor longer; the others
+/// were not passed and waited for the work ahead. `given`: the samples carry the factor.
+/// Without `skip_passed` the filter does not say which were passed.
+fn stretched(cfg: &CalibrationConfig, given: bool, passed: bool, seed: u64) -> ModelState {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut st = ModelState::new(&truth());
+    for i in 0..400 {
+        let tokens: Vec<u64> =
+            (0..rng.random_range(1..5)).map(|_| rng.random_range(1500..2500u64)).collect();
+        let mut s = sample(WORKERS[i % 3], rng.random_range(1500..2500u64), 0, &tokens, 0);
+        let f = if i % 2 == 0 { 1.0 } else { rng.random_range(1.2..3.0) };
+        let stretch = if passed { f } else { 1.0 };
+        let (t, q) = (truth(), truth().queue_terms());
+        let queued = s.load.prefill_tokens as f64 * q.ms_per_token
+            + s.load.prefill_sq_tokens as f64 * q.ms_per_token_sq
+            + f64::from(s.load.prefilling_requests) * q.step_ms;
+        s.observed_ms =
+            (queued * stretch + q.batch_fill_ms + t.prefill_with_context_ms(s.uncached_tokens, 0))
+                * noise(&mut rng);
+        s.priority = if f > 1.0 { 10 } else { 0 };
+        // The filter marks a sample passed only where it tells them apart.
+        s.passed = passed && f > 1.0 && cfg.skip_passed;
+        s.wait_factor = if given { f } else { 1.0 };
+        st.observe(cfg, &s);
+    }
+    st
+}
+
 #[test]
-fn a_wait_stretched_by_urgent_arrivals_teaches_the_queue_at_the_work_ahead() {
-    let cfg = CalibrationConfig::default();
-    // Urgent requests (0) wait for the work ahead; batch ones (10) `f` times as long, f from
-    // 1.2 to 3 (the urgent prompts that passed them), which their decisions foresaw.
-    let run = |given: bool, seed: u64| -> ModelState {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let mut st = ModelState::new(&truth());
-        for i in 0..400 {
-            let tokens: Vec<u64> =
-                (0..rng.random_range(1..5)).map(|_| rng.random_range(1500..2500u64)).collect();
-            let mut s = sample(WORKERS[i % 3], rng.random_range(1500..2500u64), 0, &tokens, 0);
-            let f = if i % 2 == 0 { 1.0 } else { rng.random_range(1.2..3.0) };
-            let (t, q) = (truth(), truth().queue_terms());
-            let queued = s.load.prefill_tokens as f64 * q.ms_per_token
-                + s.load.prefill_sq_tokens as f64 * q.ms_per_token_sq
-                + f64::from(s.load.prefilling_requests) * q.step_ms;
-            s.observed_ms =
-                (queued * f + q.batch_fill_ms + t.prefill_with_context_ms(s.uncached_tokens, 0))
-                    * noise(&mut rng);
-            s.priority = if f > 1.0 { 10 } else { 0 };
-            s.wait_factor = if given { f } else { 1.0 };
-            st.observe(&cfg, &s);
-        }
-        st
-    };
+fn a_wait_stretched_by_urgent_arrivals_is_promised_with_them_and_learned_as_the_work_ahead() {
+    // An urgent request behind three 2 000-token prompts, as the model estimates it.
+    let probe = sample(WORKERS[0], 2_000, 0, &[2_000, 2_000, 2_000], 0);
+    let truth_ms = true_ms(&truth(), &probe);
+    let err = |st: &ModelState| st.deviation(WORKERS[0]) * st.model_ms(&probe) / truth_ms - 1.0;
+    let learning = CalibrationConfig { skip_passed: false, ..CalibrationConfig::default() };
     for seed in 0..3 {
-        // An urgent request behind three 2 000-token prompts, as the model estimates it.
-        let probe = sample(WORKERS[0], 2_000, 0, &[2_000, 2_000, 2_000], 0);
-        let truth_ms = true_ms(&truth(), &probe);
-        let err = |st: &ModelState| st.deviation(WORKERS[0]) * st.model_ms(&probe) / truth_ms - 1.0;
-        let (given, withheld) = (run(true, seed), run(false, seed));
+        // Passed requests teach only their margin (the default): with the factor their
+        // promise held it, and the batch margin stays near the urgent one's.
+        let cfg = CalibrationConfig::default();
+        let (given, withheld) =
+            (stretched(&cfg, true, true, seed), stretched(&cfg, false, true, seed));
+        let (g, w) = (given.promise_margin_at(10), withheld.promise_margin_at(10));
+        assert!(g < 1.3 && w > 1.6, "seed {seed}: batch margin {g} with the factor, {w} without");
+        assert!(err(&given).abs() < 0.1, "seed {seed}: {}", err(&given));
+        // Learned from (`skip_passed` off): with the factor the queue is the work ahead;
+        // without it the batch requests' long waits read as a slow queue, and the urgent
+        // request's estimate is too long.
+        let (given, withheld) =
+            (stretched(&learning, true, true, seed), stretched(&learning, false, true, seed));
         assert!(err(&given).abs() < 0.1, "seed {seed}: factor given, error {}", err(&given));
-        // Without the factor the batch requests' long waits read as a slow queue, and the
-        // urgent request's estimate is too long.
         assert!(err(&withheld) > 0.2, "seed {seed}: factor withheld, error {}", err(&withheld));
-        // The batch requests are estimated right by the model: their promise margin stays
-        // near the urgent ones'.
-        let batch = given.promise_margin_at(10);
-        assert!(batch < 1.3, "seed {seed}: batch margin {batch}");
+        // Requests the factor foresaw passed but that nobody passed waited for the work ahead:
+        // where the filter tells them apart, learned from as such, not as a queue faster than
+        // it is.
+        let unpassed = stretched(&cfg, true, false, seed);
+        assert!(err(&unpassed).abs() < 0.1, "seed {seed}: not passed, error {}", err(&unpassed));
     }
 }
