@@ -243,7 +243,7 @@ pub fn admit(ranked: &mut [Score], ask: &Ask, cfg: &AdmissionConfig) -> Admissio
     let misses = |s: &Score| ask.deadline_ms.is_some_and(|d| s.promise_ttft_ms() > d as f64);
     let extra = class.queue_weight - 1.0;
     if extra > 0.0 {
-        let cost = |s: &Score| s.cost_ms + extra * s.wait_ms;
+        let cost = |s: &Score| s.cost_ms + extra * (s.wait_ms - s.passed_ms);
         ranked.sort_by(|a, b| misses(a).cmp(&misses(b)).then(cost(a).total_cmp(&cost(b))));
     } else {
         ranked.sort_by_key(misses);

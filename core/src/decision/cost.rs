@@ -375,7 +375,8 @@ pub struct Score {
     /// The part of [`Score::stall_ms`] that is the request's growth of the decode batch: the
     /// requests in flight there times [`stream_growth_ms`] (ms).
     pub growth_ms: f64,
-    /// What the ranking minimises: `ttft_ms + stall_weight · stall_ms` (see [`rank`]).
+    /// What the ranking minimises: `ttft_ms − passed_ms + stall_weight · stall_ms` (see
+    /// [`rank`]).
     pub cost_ms: f64,
     /// The load the estimate saw, with the prefill done already taken off (online calibration
     /// learns from it).
@@ -404,6 +405,12 @@ pub struct Score {
     /// pass the request while it waits ([`passed_factor`]; 1 where none do). Online
     /// calibration learns the queue's coefficients with it.
     pub wait_factor: f64,
+    /// What that factor adds to `wait_ms` (ms; 0 where it is 1). The estimate and admission's
+    /// promise hold it; the ranking leaves it out ([`Score::cost_ms`]): the passing traffic is
+    /// the more urgent class's, which the router places itself, and a less urgent request
+    /// ranked away from it leaves that class the workers filled with less urgent queues
+    /// (measured: the classes come apart, and fewer urgent requests are admitted).
+    pub passed_ms: f64,
 }
 
 impl Score {
@@ -557,6 +564,7 @@ pub(crate) struct Estimate {
     promise_extra_ms: f64,
     fill_forecast_ms: f64,
     wait_factor: f64,
+    passed_ms: f64,
 }
 
 impl Estimate {
@@ -575,22 +583,25 @@ impl Estimate {
             ttft_ms: e.ttft_ms,
             stall_ms: e.stall_ms,
             growth_ms: e.growth_ms,
-            cost_ms: e.ttft_ms,
+            cost_ms: e.ttft_ms - e.passed_ms,
             load: e.load,
             deviation: e.deviation,
             promise_margin: e.promise_margin,
             promise_extra_ms: e.promise_extra_ms,
             fill_forecast_ms: e.fill_forecast_ms,
             wait_factor: e.wait_factor,
+            passed_ms: e.passed_ms,
         }
     }
 
-    /// What the ranking minimises: `ttft + stall_weight · stall` (see [`Score::cost_ms`]).
+    /// What the ranking minimises: `ttft − passed + stall_weight · stall` (see
+    /// [`Score::cost_ms`]).
     pub(crate) fn cost_ms(&self, stall_weight: f64) -> f64 {
+        let ttft = self.ttft_ms - self.passed_ms;
         if stall_weight > 0.0 {
-            self.ttft_ms + stall_weight * self.stall_ms
+            ttft + stall_weight * self.stall_ms
         } else {
-            self.ttft_ms
+            ttft
         }
     }
 
@@ -622,6 +633,11 @@ pub(crate) fn estimate<W>(
     // Only a request that waits for a queue is passed in it.
     let wait_factor = if queued { passed_factor(profile, &load, deviation) } else { 1.0 };
     let wait_ms = profile.wait_with(&p.queue, &load, wait_factor) * deviation;
+    let passed_ms = if wait_factor > 1.0 {
+        wait_ms - profile.wait_with(&p.queue, &load, 1.0) * deviation
+    } else {
+        0.0
+    };
     let prefill = |pulled: u64| {
         profile.prefill_with_context_ms(prompt_tokens - cached - pulled, cached + pulled)
             * deviation
@@ -676,6 +692,7 @@ pub(crate) fn estimate<W>(
         },
         fill_forecast_ms,
         wait_factor,
+        passed_ms,
     }
 }
 

@@ -397,6 +397,11 @@ fn urgent_arrivals_stretch_the_wait_by_the_share_of_the_worker_they_take() {
     assert!((s.wait_ms - queued * f - q.batch_fill_ms).abs() < 1e-9, "{}", s.wait_ms);
     assert_eq!(p.wait_ms(&passed), s.wait_ms);
     assert_eq!(s.prefill_ms, plain.prefill_ms, "its own prefill is not passed once started");
+    assert!((s.passed_ms - queued * (f - 1.0)).abs() < 1e-9);
+    assert!((s.ttft_ms - plain.ttft_ms - s.passed_ms).abs() < 1e-9);
+    assert!(s.promise_wait_ms() > plain.promise_wait_ms());
+    // The ranking leaves it out.
+    assert!((s.cost_ms - plain.cost_ms).abs() < 1e-9);
     // On a worker with nothing queued the request starts at once: nothing passes it.
     let idle = WorkerLoad { passing_tokens_per_s: half, ..load(0, 0, 4) };
     let s = score(&p, &c(idle), PROMPT, BS);
