@@ -451,8 +451,16 @@ impl Router {
         let unseen_tokens = self.knowledge.typical_uncached_tokens();
         // Queued work this request's engine priority jumps (none without priorities).
         let defers = load.defers();
-        // Urgent arrivals that pass this request in the queue (none without priorities).
-        let passed = load.passed();
+        // The more urgent prompts per second that pass this request in a worker's queue (none
+        // without priorities): the pool's, per worker. Over a wait longer than the window the
+        // router spreads them over the pool; one worker's few arrivals in the window are too
+        // noisy a forecast.
+        let passing = if load.passed() && eligible.len() > 0 {
+            let sum = eligible.clone().fold(0u64, |s, w| s.saturating_add(load.passing(w)));
+            sum / eligible.len() as u64
+        } else {
+            0
+        };
         let candidates = eligible
             .enumerate()
             .map(|(i, w)| {
@@ -467,9 +475,7 @@ impl Router {
                 }
                 let mut seen =
                     combine_load(load.load(w).plus(peers), reported.as_ref(), unseen_tokens);
-                if passed {
-                    seen.passing_tokens_per_s = load.passing(w);
-                }
+                seen.passing_tokens_per_s = passing;
                 Candidate {
                     worker: w,
                     cached_blocks: pm.blocks,

@@ -305,7 +305,8 @@ fn arb_sample() -> impl Strategy<Value = Sample> {
             priority: [0, 0, 10, -3][w],
             passed: n % 7 == 0,
             fill_ms: 0.0,
-            wait_factor: 1.0,
+            // Factors up to the cap, and a few that are not numbers.
+            wait_factor: [1.0, 1.0 + q as f64 / 100_000.0, f64::NAN, 0.0][(n % 4) as usize],
         })
 }
 

@@ -75,9 +75,9 @@ fn an_urgent_request_waits_only_for_what_runs_before_it() {
     let (a, b) = (wait_on(&urgent, A), wait_on(&urgent, B));
     assert!(a < b && a < wait_on(&late, A), "A {a} ms, B {b} ms, batch on A {}", wait_on(&late, A));
     // Nothing on B is behind anybody; the batch request there also waits for the
-    // interactive prompts foreseen to arrive meanwhile (at the rate B's six came).
+    // interactive prompts foreseen to arrive meanwhile (the pool's, per worker: B's six over two).
     let late_b = late.ranked.iter().find(|s| s.worker.as_str() == B).unwrap();
-    assert_eq!(late_b.load.passing_tokens_per_s, 6_000);
+    assert_eq!(late_b.load.passing_tokens_per_s, 3_000);
     assert!((b - unpassed(late_b, 0)).abs() < 1e-9, "{b} {}", late_b.wait_ms);
     assert_eq!(urgent.ranked[0].load.prefilling_requests, 5);
     assert_eq!(
@@ -110,8 +110,9 @@ fn the_claim_keeps_the_priority_the_request_is_sent_with() {
 
 /// `A` and `B` each have four batch prompts of 2 000 tokens queued (sent 10 ms ago) and three
 /// requests of 2 000 tokens decoding, sent half a second ago: batch ones on `A`, interactive
-/// ones on `B`. Interactive prompts keep arriving on `B` (3 000 tokens per second over the
-/// default 2-second window), each started before a batch request waiting there.
+/// ones on `B`. Interactive prompts keep arriving (3 000 tokens per second on `B` over the
+/// default 2-second window, 1 500 per worker of the pool), each started before a batch request
+/// waiting where it lands.
 fn passing_pool(store: &MemStore, t: &Tally, now: u64) -> Shard {
     let mut s = Shard::register(store, t, LoadLimits::default(), 0, 1);
     for (worker, class) in [(A, BATCH), (B, INTERACTIVE)] {
@@ -127,45 +128,49 @@ fn passing_pool(store: &MemStore, t: &Tally, now: u64) -> Shard {
     s
 }
 
+fn on(d: &Decision, w: &str) -> crate::decision::cost::Score {
+    d.ranked.iter().find(|s| s.worker.as_str() == w).cloned().unwrap()
+}
+
 #[test]
 fn a_less_urgent_request_waits_also_for_the_urgent_prompts_that_pass_it() {
     let now = 100_000;
     let (store, t) = (MemStore::new(), Tally::default());
     let shard = passing_pool(&store, &t, now);
     let view = LoadView::read(&store, &t, &shard, now);
+    let (a, b) = (crate::decision::load::worker_key(A), crate::decision::load::worker_key(B));
+    assert_eq!((view.passing(a, BATCH), view.passing(b, BATCH)), (0, 3_000));
+    assert_eq!(view.passing(b, INTERACTIVE), 0);
     let r = router();
     let q = req();
     let late = r.decide(&q, 0, &AtPriority { view: &view, priority: BATCH }, now, 0).unwrap();
     let urgent =
         r.decide(&q, 0, &AtPriority { view: &view, priority: INTERACTIVE }, now, 0).unwrap();
     let blind = r.decide(&q, 0, &view, now, 0).unwrap();
-    let on =
-        |d: &Decision, w: &str| d.ranked.iter().find(|s| s.worker.as_str() == w).cloned().unwrap();
-    // The batch request: B's queued prefill is its work ahead over the share of B's prefill
-    // time the interactive arrivals take; A's is its work ahead.
-    let (a, b) = (on(&late, A), on(&late, B));
-    assert_eq!(b.load.passing_tokens_per_s, 3_000);
-    assert_eq!((a.load.passing_tokens_per_s, a.wait_factor), (0, 1.0));
+    // The batch request: on each worker its queued prefill is the work ahead over the share of
+    // the worker's prefill time that the pool's interactive arrivals per worker take.
     let profile = crate::decision::cost::Profile::default();
-    let share = 3_000.0 * profile.prefill_ms_per_token / 1000.0;
+    let share = 1_500.0 * profile.prefill_ms_per_token / 1000.0;
     assert!(share > 0.0 && share < crate::decision::cost::PASSED_SHARE_MAX);
-    assert!((b.wait_factor - 1.0 / (1.0 - share)).abs() < 1e-12, "factor {}", b.wait_factor);
-    assert!(b.wait_ms > a.wait_ms);
-    assert!((unpassed(&b, 3) - a.wait_ms).abs() < 1e-9, "A {} B {}", a.wait_ms, b.wait_ms);
-    // The ranking leaves the passing out: to it A and B are alike.
-    assert!((b.wait_ms - a.wait_ms - b.passed_ms).abs() < 1e-9);
-    assert_eq!(a.cost_ms, b.cost_ms);
-    // Nothing passes the interactive request, nor a request of a view without priorities:
-    // A and B are alike to them.
-    for d in [&urgent, &blind] {
-        let (a, b) = (on(d, A), on(d, B));
-        assert_eq!((a.wait_factor, b.wait_factor), (1.0, 1.0));
-        assert_eq!(a.wait_ms, b.wait_ms);
+    for w in [A, B] {
+        let s = on(&late, w);
+        assert_eq!(s.load.passing_tokens_per_s, 1_500);
+        assert!((s.wait_factor - 1.0 / (1.0 - share)).abs() < 1e-12, "factor {}", s.wait_factor);
+        // Without priorities nothing is behind it or passes it: the work ahead is the same.
+        let plain = on(&blind, w);
+        assert_eq!(plain.wait_factor, 1.0);
+        assert!(s.wait_ms > plain.wait_ms);
+        assert!((unpassed(&s, 3) - plain.wait_ms).abs() < 1e-9, "{} {}", s.wait_ms, plain.wait_ms);
+        assert!((s.wait_ms - plain.wait_ms - s.passed_ms).abs() < 1e-9);
+        // The ranking leaves the passing out.
+        assert!((s.cost_ms - plain.cost_ms).abs() < 1e-9);
+        // Nothing passes the interactive request.
+        assert_eq!(on(&urgent, w).wait_factor, 1.0);
     }
 }
 
 #[test]
-fn urgent_prompts_sent_to_an_idle_worker_or_long_ago_pass_nothing() {
+fn a_worker_with_nothing_queued_is_not_stretched_and_old_arrivals_pass_nothing() {
     let now = 100_000;
     let (store, t) = (MemStore::new(), Tally::default());
     let mut s = Shard::register(&store, &t, LoadLimits::default(), 0, 1);
@@ -174,7 +179,7 @@ fn urgent_prompts_sent_to_an_idle_worker_or_long_ago_pass_nothing() {
         let d = s.start_at(&t, A, (2_000, INTERACTIVE), now - 500);
         s.first_byte(d);
     }
-    // On B, a batch prompt is queued, and the interactive prompts were sent before the window.
+    // On B, a batch prompt is queued, and interactive prompts were sent before the window.
     for _ in 0..3 {
         let d = s.start_at(&t, B, (2_000, INTERACTIVE), now - 5_000);
         s.first_byte(d);
@@ -182,12 +187,15 @@ fn urgent_prompts_sent_to_an_idle_worker_or_long_ago_pass_nothing() {
     s.start_at(&t, B, (2_000, BATCH), now - 10);
     s.flush(&store, &t, now);
     let view = LoadView::read(&store, &t, &s, now);
+    let (a, b) = (crate::decision::load::worker_key(A), crate::decision::load::worker_key(B));
+    assert_eq!((view.passing(a, BATCH), view.passing(b, BATCH)), (3_000, 0));
     let late = router().decide(&req(), 0, &AtPriority { view: &view, priority: BATCH }, now, 0);
-    for score in &late.unwrap().ranked {
-        assert_eq!(score.wait_factor, 1.0, "{}", score.worker.as_str());
-    }
-    let b = crate::decision::load::worker_key(B);
-    assert_eq!(view.passing(b, BATCH), 0);
-    assert_eq!(view.passing(crate::decision::load::worker_key(A), BATCH), 3_000);
-    assert_eq!(view.passing(crate::decision::load::worker_key(A), INTERACTIVE), 0);
+    let late = late.unwrap();
+    // A starts it at once; on B the pool's arrivals (1 500 tokens/s per worker) pass it.
+    assert_eq!(on(&late, A).wait_factor, 1.0);
+    assert!(on(&late, B).wait_factor > 1.0);
+    // Sent long ago, they count for nobody.
+    let later = LoadView::read(&store, &t, &s, now + 2_000);
+    assert_eq!((later.passing(a, BATCH), later.passing(b, BATCH)), (0, 0));
+    assert!(!later.passes(BATCH));
 }
