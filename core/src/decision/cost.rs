@@ -267,19 +267,27 @@ pub const PASSED_SHARE_MAX: f64 = 0.9;
 
 /// How much longer than the work queued ahead of it a request waits on a busy worker whose
 /// engine schedules by priority while more urgent prompts keep arriving there
-/// ([`WorkerLoad::passing_tokens_per_s`]): the engine starts each of them before it, so they
+/// ([`WorkerLoad::passing_tokens_per_s`]). The engine starts each of them before it, so they
 /// take their share `ρ` of the worker's prefill time (their tokens per millisecond times the
-/// profile's prefill cost per token and the worker's `deviation`), and the wait `W` for the
-/// queued prefill `W₀` ahead is `W₀ + ρ · W`, i.e. `W₀ / (1 − ρ)`. `ρ` is held at most
-/// [`PASSED_SHARE_MAX`]. 1 where nothing passes.
+/// profile's prefill cost per token and the worker's `deviation`), and a wait `W` for queued
+/// prefill `W₀` is `W₀ + ρ · W`, i.e. `W₀ / (1 − ρ)`. But the engine's next step takes the
+/// queue's first [`Profile::step_token_budget`] prompt tokens whatever arrives, so only the
+/// share of the queued prefill beyond that budget is stretched: the factor on the queued
+/// prefill is `1 + (1 / (1 − ρ) − 1) · beyond`, `beyond` the share of the queued tokens past
+/// one step's budget (all of them where the budget is 0, unknown). `ρ` is held at most
+/// [`PASSED_SHARE_MAX`]. 1 where nothing passes or the queue fits in one step.
 pub fn passed_factor(profile: &Profile, load: &WorkerLoad, deviation: f64) -> f64 {
-    if load.passing_tokens_per_s == 0 {
+    let queued = load.prefill_tokens;
+    if load.passing_tokens_per_s == 0 || queued == 0 {
         return 1.0;
     }
+    let budget = profile.step_token_budget;
+    let beyond =
+        if budget == 0 { 1.0 } else { queued.saturating_sub(budget) as f64 / queued as f64 };
     let share =
         load.passing_tokens_per_s as f64 * profile.prefill_ms_per_token * deviation / 1000.0;
-    if share.is_finite() && share > 0.0 {
-        1.0 / (1.0 - share.min(PASSED_SHARE_MAX))
+    if beyond > 0.0 && share.is_finite() && share > 0.0 {
+        1.0 + (1.0 / (1.0 - share.min(PASSED_SHARE_MAX)) - 1.0) * beyond
     } else {
         1.0
     }

@@ -452,15 +452,8 @@ impl Router {
         // Queued work this request's engine priority jumps (none without priorities).
         let defers = load.defers();
         // The more urgent prompts per second that pass this request in a worker's queue (none
-        // without priorities): the pool's, per worker. Over a wait longer than the window the
-        // router spreads them over the pool; one worker's few arrivals in the window are too
-        // noisy a forecast.
-        let passing = if load.passed() && eligible.len() > 0 {
-            let sum = eligible.clone().fold(0u64, |s, w| s.saturating_add(load.passing(w)));
-            sum / eligible.len() as u64
-        } else {
-            0
-        };
+        // without priorities).
+        let passing = if load.passed() { self.passing(eligible.clone(), load, now_ms) } else { 0 };
         let candidates = eligible
             .enumerate()
             .map(|(i, w)| {
@@ -494,6 +487,40 @@ impl Router {
             })
             .collect();
         (candidates, matches)
+    }
+
+    /// The more urgent prompts per second foreseen to pass a request in a worker's queue
+    /// ([`LoadSource::passing`]): the pool's, per worker of `eligible`. Over a wait longer than
+    /// the arrival window the router spreads them over the pool; one worker's few arrivals in
+    /// the window are too noisy a forecast. Other replicas' arrivals (their loads carry a rate
+    /// but no priorities) are taken to hold the same share of urgent work as this replica's.
+    fn passing<'w>(
+        &self,
+        eligible: impl ExactSizeIterator<Item = &'w WorkerName>,
+        load: &dyn LoadSource,
+        now_ms: u64,
+    ) -> u64 {
+        let n = eligible.len() as u64;
+        let (mut urgent, mut own, mut peers) = (0u64, 0u64, 0u64);
+        for w in eligible {
+            urgent = urgent.saturating_add(load.passing(w));
+            own = own.saturating_add(load.load(w).arriving_tokens_per_s);
+            if self.plan.peer_arrivals {
+                let p = self.knowledge.peer_load_key(w.key(), now_ms).arriving_tokens_per_s;
+                peers = peers.saturating_add(p);
+            }
+        }
+        if n == 0 {
+            return 0;
+        }
+        let all = if own > 0 && peers > 0 {
+            let scaled =
+                u128::from(urgent) * (u128::from(own) + u128::from(peers)) / u128::from(own);
+            u64::try_from(scaled).unwrap_or(u64::MAX)
+        } else {
+            urgent
+        };
+        all / n
     }
 
     /// Places a hot prefix on one more worker when the requests still to come for it would

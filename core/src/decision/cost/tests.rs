@@ -363,18 +363,27 @@ proptest! {
 #[test]
 fn urgent_arrivals_stretch_the_wait_by_the_share_of_the_worker_they_take() {
     let p = Profile::default();
-    // Arrivals that take half the worker's prefill time double the wait for the work ahead.
+    // Arrivals that take half the worker's prefill time double the wait for the work ahead
+    // beyond the next step's budget: here three quarters of it.
+    let budget = p.step_token_budget;
     let half = (500.0 / p.prefill_ms_per_token).round() as u64;
-    let mut l = load(8_000, 4, 4);
+    let ahead = load(budget * 4, 16, 16);
+    let mut l = ahead;
     l.passing_tokens_per_s = half;
     let f = passed_factor(&p, &l, 1.0);
-    assert!((f - 2.0).abs() < 1e-3, "{f}");
+    assert!((f - 1.75).abs() < 1e-3, "{f}");
     // A worker twice as slow gives them twice the share of its time.
     let slow = passed_factor(&p, &WorkerLoad { passing_tokens_per_s: half / 2, ..l }, 2.0);
-    assert!((slow - 2.0).abs() < 1e-3, "{slow}");
-    // More than the worker can serve: held at ten times the work ahead.
+    assert!((slow - f).abs() < 1e-3, "{slow}");
+    // More than the worker can serve: held at ten times the work beyond the budget.
     l.passing_tokens_per_s = half * 4;
-    assert!((passed_factor(&p, &l, 1.0) - 10.0).abs() < 1e-9);
+    assert!((passed_factor(&p, &l, 1.0) - (1.0 + 9.0 * 0.75)).abs() < 1e-9);
+    // Without a budget the whole queue is stretched.
+    let no_budget = Profile { step_token_budget: 0, ..p };
+    assert!((passed_factor(&no_budget, &l, 1.0) - 10.0).abs() < 1e-9);
+    // A queue that fits in the next step is not passed.
+    let short = WorkerLoad { passing_tokens_per_s: half, ..load(budget, 4, 4) };
+    assert_eq!(passed_factor(&p, &short, 1.0), 1.0);
     l.passing_tokens_per_s = 0;
     assert_eq!(passed_factor(&p, &l, 1.0), 1.0);
 
@@ -386,13 +395,13 @@ fn urgent_arrivals_stretch_the_wait_by_the_share_of_the_worker_they_take() {
         adapter_missing: false,
         deviation: 1.0,
     };
-    let plain = score(&p, &c(load(8_000, 4, 4)), PROMPT, BS);
-    let passed = WorkerLoad { passing_tokens_per_s: half, ..load(8_000, 4, 4) };
+    let plain = score(&p, &c(ahead), PROMPT, BS);
+    let passed = WorkerLoad { passing_tokens_per_s: half, ..ahead };
     let s = score(&p, &c(passed), PROMPT, BS);
     assert!((s.wait_factor - f).abs() < 1e-12);
     // The queued prefill is stretched; the fill of the step it waits for is not.
     let q = p.queue_terms();
-    let queued = 8_000.0 * q.ms_per_token + 4.0 * q.step_ms;
+    let queued = (budget * 4) as f64 * q.ms_per_token + 16.0 * q.step_ms;
     assert!((plain.wait_ms - queued - q.batch_fill_ms).abs() < 1e-9);
     assert!((s.wait_ms - queued * f - q.batch_fill_ms).abs() < 1e-9, "{}", s.wait_ms);
     assert_eq!(p.wait_ms(&passed), s.wait_ms);

@@ -108,7 +108,8 @@ fn the_claim_keeps_the_priority_the_request_is_sent_with() {
     assert_eq!(seen.behind(a, -5, 8_192).prefilling_requests, 8);
 }
 
-/// `A` and `B` each have four batch prompts of 2 000 tokens queued (sent 10 ms ago) and three
+/// `A` and `B` each have eight batch prompts of 2 000 tokens queued (sent 10 ms ago: about twice
+/// a step's 8 192-token budget) and three
 /// requests of 2 000 tokens decoding, sent half a second ago: batch ones on `A`, interactive
 /// ones on `B`. Interactive prompts keep arriving (3 000 tokens per second on `B` over the
 /// default 2-second window, 1 500 per worker of the pool), each started before a batch request
@@ -120,7 +121,7 @@ fn passing_pool(store: &MemStore, t: &Tally, now: u64) -> Shard {
             let d = s.start_at(t, worker, (2_000, class), now - 500);
             s.first_byte(d);
         }
-        for _ in 0..4 {
+        for _ in 0..8 {
             s.start_at(t, worker, (2_000, BATCH), now - 10);
         }
     }
@@ -147,15 +148,20 @@ fn a_less_urgent_request_waits_also_for_the_urgent_prompts_that_pass_it() {
     let urgent =
         r.decide(&q, 0, &AtPriority { view: &view, priority: INTERACTIVE }, now, 0).unwrap();
     let blind = r.decide(&q, 0, &view, now, 0).unwrap();
-    // The batch request: on each worker its queued prefill is the work ahead over the share of
-    // the worker's prefill time that the pool's interactive arrivals per worker take.
+    // The batch request: on each worker the part of its queued prefill beyond the next step's
+    // budget is the work ahead over the share of the worker's prefill time that the pool's
+    // interactive arrivals per worker take.
     let profile = crate::decision::cost::Profile::default();
     let share = 1_500.0 * profile.prefill_ms_per_token / 1000.0;
     assert!(share > 0.0 && share < crate::decision::cost::PASSED_SHARE_MAX);
     for w in [A, B] {
         let s = on(&late, w);
         assert_eq!(s.load.passing_tokens_per_s, 1_500);
-        assert!((s.wait_factor - 1.0 / (1.0 - share)).abs() < 1e-12, "factor {}", s.wait_factor);
+        let queued = s.load.prefill_tokens as f64;
+        let beyond = (queued - profile.step_token_budget as f64) / queued;
+        assert!(beyond > 0.4, "{beyond}");
+        let want = 1.0 + (1.0 / (1.0 - share) - 1.0) * beyond;
+        assert!((s.wait_factor - want).abs() < 1e-12, "factor {} want {want}", s.wait_factor);
         // Without priorities nothing is behind it or passes it: the work ahead is the same.
         let plain = on(&blind, w);
         assert_eq!(plain.wait_factor, 1.0);
@@ -179,12 +185,14 @@ fn a_worker_with_nothing_queued_is_not_stretched_and_old_arrivals_pass_nothing()
         let d = s.start_at(&t, A, (2_000, INTERACTIVE), now - 500);
         s.first_byte(d);
     }
-    // On B, a batch prompt is queued, and interactive prompts were sent before the window.
+    // On B, six batch prompts are queued, and interactive prompts were sent before the window.
     for _ in 0..3 {
         let d = s.start_at(&t, B, (2_000, INTERACTIVE), now - 5_000);
         s.first_byte(d);
     }
-    s.start_at(&t, B, (2_000, BATCH), now - 10);
+    for _ in 0..6 {
+        s.start_at(&t, B, (2_000, BATCH), now - 10);
+    }
     s.flush(&store, &t, now);
     let view = LoadView::read(&store, &t, &s, now);
     let (a, b) = (crate::decision::load::worker_key(A), crate::decision::load::worker_key(B));
@@ -198,4 +206,38 @@ fn a_worker_with_nothing_queued_is_not_stretched_and_old_arrivals_pass_nothing()
     let later = LoadView::read(&store, &t, &s, now + 2_000);
     assert_eq!((later.passing(a, BATCH), later.passing(b, BATCH)), (0, 0));
     assert!(!later.passes(BATCH));
+}
+
+/// Behind two replicas each sees only its share of the urgent arrivals: the other's loads carry
+/// its arrival rate without priorities, taken to hold the same share of urgent work.
+#[test]
+fn other_replicas_arrivals_count_at_this_replicas_share_of_urgent_work() {
+    use crate::wire::peers::{PeerLoad, PeerSection};
+    use crate::wire::snapshot::Snapshot;
+    let now = 100_000;
+    let (store, t) = (MemStore::new(), Tally::default());
+    let shard = passing_pool(&store, &t, now);
+    let view = LoadView::read(&store, &t, &shard, now);
+    // This replica sent 11 000 tokens a second to each worker, 3 000 of them urgent (all on B).
+    assert_eq!(view.load(A).arriving_tokens_per_s + view.load(B).arriving_tokens_per_s, 22_000);
+    let passing = |peer_rate: u32| {
+        let mut r = router();
+        r.knowledge_mut().set_replica(7);
+        let loads = [A, B]
+            .map(|w| PeerLoad {
+                replica: 8,
+                worker_key: crate::decision::load::worker_key(w),
+                at_ms: now - 100,
+                arriving_tokens_per_s: peer_rate,
+                ..PeerLoad::default()
+            })
+            .to_vec();
+        let peers = PeerSection { ttl_ms: 10_000, load_ttl_ms: 3_000, loads, credits: vec![] };
+        r.apply_snapshot(&Snapshot { peers: Some(peers), ..Default::default() });
+        let d = r.decide(&req(), 0, &AtPriority { view: &view, priority: BATCH }, now, 0);
+        on(&d.unwrap(), A).load.passing_tokens_per_s
+    };
+    assert_eq!(passing(0), 1_500, "the peer sends nothing: this replica's own");
+    assert_eq!(passing(11_000), 3_000, "the peer sends as much: twice the urgent work");
+    assert_eq!(passing(22_000), 4_500);
 }
