@@ -8,6 +8,7 @@
 //! The filter's own estimate knows the engine's order too: an interactive request is not
 //! estimated to wait for the batch requests queued behind the engine's step, and the batch
 //! requests an interactive one passed over are learned only for their priority's promise margin.
+//! A batch request's estimate foresees the interactive prompts that pass it (`passed_ms`).
 //! A busy worker's promise (the decision header's `promised_ttft_ms`) foresees the prompts sent
 //! there lately filling the step the request's prompt runs in, and not with that count off.
 //! Nothing depends on timing: the queue is made by a stream held open, and the order checked is
@@ -286,4 +287,32 @@ async fn a_busy_workers_promise_foresees_the_arrivals_that_fill_its_next_step() 
     // adds to the promise; with the window at 0 nothing is foreseen.
     assert!(gaps[0] > 100.0, "foreseen fill {} ms", gaps[0]);
     assert!(gaps[1].abs() < 0.15, "without arrivals {} ms", gaps[1]);
+}
+
+#[tokio::test]
+async fn a_batch_request_foresees_the_interactive_requests_that_pass_it() {
+    // The configured profile takes the worker for slow (50 ms a token) with steps of one
+    // token: every queued prompt is beyond the next step, and the interactive prompts sent
+    // within the (long) window take a share of the worker that stretches a batch request's
+    // wait for them.
+    let model = json!({"profile": {"prefill_ms_per_token": 50.0, "step_token_budget": 1}});
+    let mut filter = classes();
+    filter["load"] = json!({"arrival_window_ms": 120_000});
+    let (stack, held) = hold_with(1, &[], filter, model).await;
+    let classes = ["batch", "batch", "interactive", "interactive", "batch", "interactive"];
+    let replies = queue_then_serve(&stack, held, &classes).await;
+    let field = |r: &client::Reply, k: &str| -> f64 {
+        r.decision_field(k).and_then(|v| v.parse().ok()).expect("no decision header")
+    };
+    let passed: Vec<f64> = replies.iter().map(|r| field(r, "passed_ms")).collect();
+    // The first batch request queued behind nothing (the held stream decodes): not stretched.
+    assert_eq!(passed[0], 0.0, "{passed:?}");
+    // The second waits behind the first while the held interactive stream's kind arrives;
+    // the third batch one also behind two more interactive prompts: stretched more.
+    assert!(passed[1] > 0.0 && passed[4] > passed[1], "{passed:?}");
+    // What the stretch adds is in the predicted wait; nothing passes the interactive ones.
+    assert!(field(&replies[4], "predicted_wait_ms") > passed[4], "{:?}", replies[4].decision);
+    for i in [2, 3, 5] {
+        assert_eq!(passed[i], 0.0, "interactive {i}: {passed:?}");
+    }
 }
