@@ -325,10 +325,10 @@ impl ModelState {
         let queued = crate::decision::cost::busy(&s.load) > 0.0;
         // The promise's own estimate: the model's as the decision took it (the urgent work
         // foreseen to pass it included), with the fill it foresaw.
-        let estimated = if !known_unpassed || !(s.wait_factor > 1.0) {
-            fitted
-        } else {
+        let estimated = if known_unpassed && s.wait_factor > 1.0 {
             self.model_ms(s) / prior_ms
+        } else {
+            fitted
         };
         let fill = if s.fill_ms.is_finite() { s.fill_ms.max(0.0) / dev / prior_ms } else { 0.0 };
         let promised = estimated + fill;
