@@ -684,9 +684,7 @@ impl LoadView {
         }
         out
     }
-}
 
-impl LoadView {
     /// Whether a request of engine priority `priority` may be passed: some request sent within
     /// the arrival window was more urgent.
     pub fn passes(&self, priority: i32) -> bool {
