@@ -415,9 +415,9 @@ pub struct Score {
     pub wait_factor: f64,
     /// What that factor adds to `wait_ms` (ms; 0 where it is 1). The estimate and admission's
     /// promise hold it; the ranking leaves it out ([`Score::cost_ms`]): the passing traffic is
-    /// the more urgent class's, which the router places itself, and a less urgent request
-    /// ranked away from it leaves that class the workers filled with less urgent queues
-    /// (measured: the classes come apart, and fewer urgent requests are admitted).
+    /// the more urgent class's, which the router places itself, and a first version ranked on
+    /// it admitted fewer urgent requests (see the architecture's "the urgent work that passes
+    /// it").
     pub passed_ms: f64,
 }
 
