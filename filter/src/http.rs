@@ -126,11 +126,12 @@ impl KvHttp {
         );
         self.state.metrics.admission.outcome(&a.class, &a.verdict);
         let Some(shed) = a.shed.take() else { return Ok(a) };
-        host::send_response(
-            shed.error.status,
-            &[("content-type", "application/json"), ("retry-after", &shed.retry_after)],
-            &shed.error.body(),
-        );
+        let mut headers =
+            vec![("content-type", "application/json"), ("retry-after", shed.retry_after.as_str())];
+        if self.state.config.expose_decision_header {
+            headers.push((DECISION_HEADER, shed.detail.as_str()));
+        }
+        host::send_response(shed.error.status, &headers, &shed.error.body());
         Err(Action::Pause)
     }
 

@@ -251,6 +251,42 @@ pub fn admit(ranked: &mut [Score], ask: &Ask, cfg: &AdmissionConfig) -> Admissio
     verdict
 }
 
+/// The decision header's value for a shed request (`expose_decision_header`): why
+/// (`shed=deadline` or `shed=saturated`), the class, what it asked (`deadline_ms`, the class's
+/// `max_wait_ms`; `-` where none), and the worker with the best promise for that reason
+/// (`best_worker`, `none` for an empty ranking) with its estimate, its wait, what admission
+/// promised there and the part of the wait foreseen for the urgent work passing it. Times in
+/// ms from the decision, as the 429's message states them. Ids and times only.
+pub fn shed_detail(
+    reason: Reason,
+    retry_after_s: u32,
+    ranked: &[Score],
+    ask: &Ask,
+    cfg: &AdmissionConfig,
+) -> String {
+    let key: fn(&Score) -> f64 = match reason {
+        Reason::Deadline => Score::promise_ttft_ms,
+        Reason::Saturated => Score::promise_wait_ms,
+    };
+    let best = ranked.iter().min_by(|a, b| key(a).total_cmp(&key(b)));
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let limit = cfg.classes.get(ask.class).and_then(|c| c.max_wait_ms);
+    let ms = |f: fn(&Score) -> f64| or_dash(best.map(|s| format!("{:.1}", f(s))));
+    format!(
+        "shed={}; class={}; deadline_ms={}; max_wait_ms={}; best_worker={}; predicted_ttft_ms={}; predicted_wait_ms={}; promised_ttft_ms={}; promised_wait_ms={}; passed_ms={}; retry_after_s={retry_after_s}",
+        reason.name(),
+        cfg.class_name(ask.class),
+        or_dash(ask.deadline_ms.map(|d| d.to_string())),
+        or_dash(limit.map(|l| format!("{l:.0}"))),
+        best.map_or_else(|| "none".to_string(), |s| s.worker.to_string()),
+        ms(|s| s.ttft_ms),
+        ms(|s| s.wait_ms),
+        ms(Score::promise_ttft_ms),
+        ms(Score::promise_wait_ms),
+        ms(|s| s.passed_ms),
+    )
+}
+
 /// The 429 body of a shed request (OpenAI's error shape; no prompt content).
 pub fn shed_error(
     reason: Reason,

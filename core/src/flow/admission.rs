@@ -23,11 +23,13 @@ pub struct Admission {
     pub priority: PriorityEdit,
 }
 
-/// A 429: its body and its `Retry-After` value (seconds).
+/// A 429: its body, its `Retry-After` value (seconds), and the decision header's value
+/// (see [`admission::shed_detail`]), which the filter sends where `expose_decision_header`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shed {
     pub error: ApiError,
     pub retry_after: String,
+    pub detail: String,
 }
 
 /// Admits a decision for `model` ranked as `ranked` (reordered for the request's class),
@@ -48,6 +50,7 @@ pub fn admit(
         AdmissionVerdict::Shed { reason, retry_after_s } => Some(Shed {
             error: admission::shed_error(reason, retry_after_s, ranked, &ask, adm),
             retry_after: retry_after_s.to_string(),
+            detail: admission::shed_detail(reason, retry_after_s, ranked, &ask, adm),
         }),
         _ => None,
     };

@@ -54,7 +54,21 @@ fn assert_shed(r: &RawResponse, code: &str) {
     assert_eq!(v["error"]["code"], code, "{v}");
     assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
     assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
-    assert!(r.header("x-kvroute-decision").is_none(), "a shed request was routed");
+    // Not routed: the decision header says why it was shed and what the best worker promised.
+    let detail = r.header("x-kvroute-decision").unwrap_or_default();
+    let reason = if code == "pool_saturated" { "saturated" } else { "deadline" };
+    assert!(detail.starts_with(&format!("shed={reason}; ")), "{detail}");
+    let field = |k: &str| {
+        detail.split("; ").find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')).unwrap_or("")
+    };
+    assert!(field("best_worker").starts_with("127.0.0.1:"), "{detail}");
+    let promised: f64 = field("promised_ttft_ms").parse().unwrap_or(-1.0);
+    if let Some(deadline) =
+        field("deadline_ms").parse::<f64>().ok().filter(|_| reason == "deadline")
+    {
+        assert!(promised > deadline, "{detail}");
+    }
+    assert_eq!(field("retry_after_s"), r.header("retry-after").unwrap_or_default(), "{detail}");
 }
 
 #[tokio::test]

@@ -240,6 +240,37 @@ fn shed_bodies_are_openai_errors_golden() {
     );
 }
 
+#[test]
+fn a_shed_requests_detail_names_the_worker_with_the_best_promise_for_its_reason() {
+    let mut c = cfg();
+    c.classes[BATCH].max_wait_ms = Some(20.0);
+    // "b" promises the shortest TTFT, "a" the shortest wait (its margin makes it so).
+    let mut a = score("a", 25.0, 200.0);
+    a.promise_margin = 1.2;
+    a.passed_ms = 4.0;
+    let b = score("b", 60.0, 110.0);
+    let r = vec![a, b];
+    assert_eq!(
+        shed_detail(Reason::Deadline, 1, &r, &ask(Some(50), INTERACTIVE), &c),
+        "shed=deadline; class=interactive; deadline_ms=50; max_wait_ms=-; best_worker=b; \
+         predicted_ttft_ms=110.0; predicted_wait_ms=60.0; promised_ttft_ms=110.0; \
+         promised_wait_ms=60.0; passed_ms=0.0; retry_after_s=1"
+    );
+    assert_eq!(
+        shed_detail(Reason::Saturated, 2, &r, &ask(None, BATCH), &c),
+        "shed=saturated; class=batch; deadline_ms=-; max_wait_ms=20; best_worker=a; \
+         predicted_ttft_ms=200.0; predicted_wait_ms=25.0; promised_ttft_ms=240.0; \
+         promised_wait_ms=30.0; passed_ms=4.0; retry_after_s=2"
+    );
+    // Nothing ranked: no worker, no times.
+    assert_eq!(
+        shed_detail(Reason::Deadline, 1, &[], &ask(Some(50), INTERACTIVE), &c),
+        "shed=deadline; class=interactive; deadline_ms=50; max_wait_ms=-; best_worker=none; \
+         predicted_ttft_ms=-; predicted_wait_ms=-; promised_ttft_ms=-; promised_wait_ms=-; \
+         passed_ms=-; retry_after_s=1"
+    );
+}
+
 fn parse(admission: serde_json::Value) -> Result<FilterConfig, String> {
     let v = json!({"models": [{"name": "m", "workers": ["127.0.0.1:1"], "ttft_deadline_ms": 900}],
         "admission": admission});

@@ -24,6 +24,8 @@ fn the_models_deadline_applies_without_a_header_and_sheds_with_retry_after() {
     let shed = a.shed.unwrap();
     assert_eq!(shed.error.status, 429);
     assert_eq!(shed.retry_after, "2");
+    assert!(shed.detail.starts_with("shed=deadline; class=interactive; deadline_ms=100;"));
+    assert!(shed.detail.contains("best_worker=a;"), "{}", shed.detail);
     // Another model has no deadline: admitted.
     let a = admit(&cfg, "free", &mut ranked, None, None);
     assert_eq!((a.verdict, a.shed), (AdmissionVerdict::Admit, None));

@@ -17,7 +17,8 @@ pub struct Outcome {
     pub ttft_ms: f64,
     /// The filter's estimate, from the decision header.
     pub predicted_ttft_ms: Option<f64>,
-    /// The decision header's estimated wait, what admission promised, and the chosen worker.
+    /// The decision header's estimated wait, what admission promised, and the chosen worker
+    /// (of a shed request: the worker with the best promise, and that promise).
     pub predicted_wait_ms: Option<f64>,
     pub promised_ttft_ms: Option<f64>,
     pub worker: Option<String>,
@@ -38,7 +39,8 @@ impl Outcome {
                     .decision_field("predicted_wait_ms")
                     .and_then(|v| v.parse().ok()),
                 promised_ttft_ms: r.decision_field("promised_ttft_ms").and_then(|v| v.parse().ok()),
-                worker: r.decision_field("worker"),
+                // A shed request's header names the worker with the best promise.
+                worker: r.decision_field("worker").or_else(|| r.decision_field("best_worker")),
             },
             Err(e) => {
                 eprintln!("request {} failed: {e:#}", arrival.id);
@@ -204,6 +206,10 @@ pub fn print(
     // Meetable on an idle pool; what each met is the backlog at its send.
     let backlog: Vec<usize> = after.iter().map(|o| waiting_at(all, o.sent)).collect();
     let counts = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+    let refused = &after[..first.unwrap_or(after.len())];
+    if !refused.is_empty() {
+        println!("after the overload: {}", shed_promises(refused));
+    }
     match first {
         Some(i) => println!(
             "after the overload: deadlines meetable on an idle pool not admitted before the first admitted one: {i}; first admitted {:.1} s after the overload ended; admitted requests waiting for a first token at each send, up to that one: {}",
@@ -216,6 +222,32 @@ pub fn print(
             counts(&backlog)
         ),
     }
+}
+
+/// What the filter promised the requests it shed (their decision header's best promise),
+/// against the deadlines they sent.
+fn shed_promises(shed: &[&Outcome]) -> String {
+    let promised: Vec<f64> = shed.iter().filter_map(|o| o.promised_ttft_ms).collect();
+    let deadlines: Vec<f64> =
+        shed.iter().filter_map(|o| o.arrival.deadline_ms).map(|d| d as f64).collect();
+    let range = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if v.is_empty() {
+            "-".to_string()
+        } else if hi - lo < 0.5 {
+            format!("{lo:.0}")
+        } else {
+            format!("{lo:.0}–{hi:.0}")
+        }
+    };
+    format!(
+        "the {} not admitted were promised {} ms at best ({} with a promise), against deadlines of {} ms",
+        shed.len(),
+        range(&promised),
+        promised.len(),
+        range(&deadlines)
+    )
 }
 
 /// Replica `r`'s interactive requests of the overload (of `replicas`, each arrival `id` sent
@@ -287,6 +319,24 @@ mod tests {
         assert_eq!(quantile(Vec::new(), 0.5), "-");
         assert_eq!(pct(1, 4), "25 %");
         assert_eq!(pct(1, 0), "-");
+    }
+
+    #[test]
+    fn shed_requests_are_reported_with_the_promises_they_were_refused_with() {
+        let shed = |promised: Option<f64>| Outcome {
+            status: Some(429),
+            promised_ttft_ms: promised,
+            ..outcome(Class::Interactive, Some(1015), 1.0, None)
+        };
+        let (a, b, c) = (shed(Some(3489.9)), shed(Some(7404.0)), shed(None));
+        assert_eq!(
+            shed_promises(&[&a, &b, &c]),
+            "the 3 not admitted were promised 3490–7404 ms at best (2 with a promise), against deadlines of 1015 ms"
+        );
+        assert_eq!(
+            shed_promises(&[&c]),
+            "the 1 not admitted were promised - ms at best (0 with a promise), against deadlines of 1015 ms"
+        );
     }
 
     #[test]
