@@ -24,7 +24,7 @@ use crate::decision::worker::WorkerName;
 
 mod fill;
 mod order;
-pub use fill::fill_forecast_ms;
+pub use fill::{behind_fill_ms, fill_forecast_ms};
 pub(crate) use order::rank_pool;
 pub use order::{rank, rank_reached, MAX_RANKED};
 
@@ -383,8 +383,8 @@ pub struct Score {
     /// The part of [`Score::stall_ms`] that is the request's growth of the decode batch: the
     /// requests in flight there times [`stream_growth_ms`] (ms).
     pub growth_ms: f64,
-    /// What the ranking minimises: `ttft_ms − passed_ms + stall_weight · stall_ms` (see
-    /// [`rank`]).
+    /// What the ranking minimises: `ttft_ms − passed_ms − behind_fill_ms + stall_weight ·
+    /// stall_ms` (see [`rank`]).
     pub cost_ms: f64,
     /// The load the estimate saw, with the prefill done already taken off (online calibration
     /// learns from it).
@@ -407,7 +407,8 @@ pub struct Score {
     /// queue ahead plus [`WorkerLoad::behind_tokens`], at most the room the request's last
     /// chunk leaves in a step, at the worker's prefill speed ([`fill_forecast_ms`]). Admission promises with it
     /// ([`Score::promise_extra_ms`]), and the promise margin is learned against the estimate
-    /// with it; the estimate and the ranking keep the learned average.
+    /// with it; the estimate keeps the learned average and the certain part, the prompts
+    /// already queued behind it ([`Score::behind_fill_ms`]), which this leaves out.
     pub fill_forecast_ms: f64,
     /// The factor on the queued prefill in `wait_ms` for the more urgent prompts foreseen to
     /// pass the request while it waits ([`passed_factor`]; 1 where none do). Online
@@ -419,6 +420,12 @@ pub struct Score {
     /// it admitted fewer urgent requests (see the architecture's "the urgent work that passes
     /// it").
     pub passed_ms: f64,
+    /// The prefill of the less urgent prompts queued behind the request that the engine takes
+    /// into the step carrying its last chunk ([`behind_fill_ms`], with the worker's deviation;
+    /// 0 without engine priorities or where nothing less urgent waits). In `ttft_ms`, not in
+    /// `wait_ms`; the ranking leaves it out ([`Score::cost_ms`]) as it does `passed_ms`, and
+    /// calibration takes it off what it learns from (a known term, as a KV transfer).
+    pub behind_fill_ms: f64,
 }
 
 impl Score {
@@ -428,9 +435,10 @@ impl Score {
         (self.ttft_ms + self.promise_extra_ms) * self.promise_margin
     }
 
-    /// The wait admission promises against a class's `max_wait_ms`.
+    /// The wait admission promises against a class's `max_wait_ms` (the fill of the request's
+    /// step by the less urgent prompts behind it included).
     pub fn promise_wait_ms(&self) -> f64 {
-        (self.wait_ms + self.promise_extra_ms) * self.promise_margin
+        (self.wait_ms + self.behind_fill_ms + self.promise_extra_ms) * self.promise_margin
     }
 }
 
@@ -573,6 +581,11 @@ pub(crate) struct Estimate {
     fill_forecast_ms: f64,
     wait_factor: f64,
     passed_ms: f64,
+    behind_fill_ms: f64,
+    /// [`Score::cost_ms`] without the stall: the TTFT without `passed_ms` and
+    /// `behind_fill_ms`, summed without them (not subtracted: the same bits as a worker
+    /// without them).
+    ranked_ms: f64,
 }
 
 impl Estimate {
@@ -591,7 +604,7 @@ impl Estimate {
             ttft_ms: e.ttft_ms,
             stall_ms: e.stall_ms,
             growth_ms: e.growth_ms,
-            cost_ms: e.ttft_ms - e.passed_ms,
+            cost_ms: e.ranked_ms,
             load: e.load,
             deviation: e.deviation,
             promise_margin: e.promise_margin,
@@ -599,13 +612,14 @@ impl Estimate {
             fill_forecast_ms: e.fill_forecast_ms,
             wait_factor: e.wait_factor,
             passed_ms: e.passed_ms,
+            behind_fill_ms: e.behind_fill_ms,
         }
     }
 
-    /// What the ranking minimises: `ttft − passed + stall_weight · stall` (see
+    /// What the ranking minimises: `ttft − passed − behind fill + stall_weight · stall` (see
     /// [`Score::cost_ms`]).
     pub(crate) fn cost_ms(&self, stall_weight: f64) -> f64 {
-        let ttft = self.ttft_ms - self.passed_ms;
+        let ttft = self.ranked_ms;
         if stall_weight > 0.0 {
             ttft + stall_weight * self.stall_ms
         } else {
@@ -620,7 +634,7 @@ impl Estimate {
 
     /// [`Score::promise_wait_ms`].
     pub(crate) fn promise_wait_ms(&self) -> f64 {
-        (self.wait_ms + self.promise_extra_ms) * self.promise_margin
+        (self.wait_ms + self.behind_fill_ms + self.promise_extra_ms) * self.promise_margin
     }
 }
 
@@ -678,6 +692,7 @@ pub(crate) fn estimate<W>(
     } else {
         0.0
     };
+    let behind_fill_ms = fill::behind_fill_ms(profile, &load, uncached) * deviation;
     Estimate {
         cached_tokens: cached,
         uncached_tokens: uncached,
@@ -686,7 +701,15 @@ pub(crate) fn estimate<W>(
         transfer_ms,
         adapter_ms,
         network_ms,
-        ttft_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms,
+        ttft_ms: network_ms
+            + wait_ms
+            + behind_fill_ms
+            + prefill_ms
+            + transfer_ms
+            + pull_ms
+            + adapter_ms,
+        ranked_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms
+            - passed_ms,
         stall_ms: stall_ms(&load, prefill_ms, growth),
         growth_ms: growth,
         pull,
@@ -701,6 +724,7 @@ pub(crate) fn estimate<W>(
         fill_forecast_ms,
         wait_factor,
         passed_ms,
+        behind_fill_ms,
     }
 }
 

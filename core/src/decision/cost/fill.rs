@@ -21,19 +21,39 @@ pub fn fill_forecast_ms(
     if budget == 0 || (load.arriving_tokens_per_s == 0 && load.behind_tokens == 0) {
         return 0.0;
     }
-    // A last chunk that fills its step whole leaves no room.
-    let room = match own_tokens % budget {
-        0 if own_tokens > 0 => 0,
-        part => budget - part,
-    };
+    let room = room(budget, own_tokens);
     let arriving = load.arriving_tokens_per_s as f64 * ahead_ms.max(0.0) / 1000.0;
     (load.behind_tokens as f64 + arriving).min(room as f64) * profile.prefill_ms_per_token
+}
+
+/// The room the last chunk of a prompt of `own_tokens` leaves in a step of `budget` tokens (a
+/// last chunk that fills its step whole leaves none).
+fn room(budget: u64, own_tokens: u64) -> u64 {
+    match own_tokens % budget {
+        0 if own_tokens > 0 => 0,
+        part => budget - part,
+    }
+}
+
+/// The part of [`fill_forecast_ms`] that is certain: the less urgent prompts already queued
+/// behind the request ([`WorkerLoad::behind_tokens`]), at most the room its last chunk leaves
+/// in a step, at `profile`'s prefill speed (without a worker's deviation). On an engine that
+/// schedules by priority they wait, so the step carrying the request's last chunk takes them in
+/// after it, whether or not anything is queued ahead of it: the estimate holds it
+/// ([`Score::behind_fill_ms`](super::Score::behind_fill_ms)).
+pub fn behind_fill_ms(profile: &Profile, load: &WorkerLoad, own_tokens: u64) -> f64 {
+    let budget = profile.step_token_budget;
+    if budget == 0 || load.behind_tokens == 0 {
+        return 0.0;
+    }
+    load.behind_tokens.min(room(budget, own_tokens)) as f64 * profile.prefill_ms_per_token
 }
 
 /// [`Score::fill_forecast_ms`](super::Score::fill_forecast_ms) of a request of `own_tokens`
 /// uncached tokens estimated to wait `wait_ms` on a busy worker with `load` and `deviation`:
 /// its [`fill_forecast_ms`] over the wait for the queue ahead (the wait without the learned
-/// batch fill `q.batch_fill_ms` it holds), less that learned fill, at least 0.
+/// batch fill `q.batch_fill_ms` it holds), less what the estimate holds of it (that learned
+/// fill and the [`behind_fill_ms`]), at least 0.
 pub(super) fn beyond_learned(
     profile: &Profile,
     q: &QueueTerms,
@@ -42,5 +62,6 @@ pub(super) fn beyond_learned(
     deviation: f64,
 ) -> f64 {
     let ahead_ms = wait_ms - q.batch_fill_ms * deviation;
-    ((fill_forecast_ms(profile, load, ahead_ms, own_tokens) - q.batch_fill_ms) * deviation).max(0.0)
+    let known = behind_fill_ms(profile, load, own_tokens) + q.batch_fill_ms;
+    ((fill_forecast_ms(profile, load, ahead_ms, own_tokens) - known) * deviation).max(0.0)
 }
