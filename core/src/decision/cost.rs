@@ -407,8 +407,7 @@ pub struct Score {
     /// queue ahead plus [`WorkerLoad::behind_tokens`], at most the room the request's last
     /// chunk leaves in a step, at the worker's prefill speed ([`fill_forecast_ms`]). Admission promises with it
     /// ([`Score::promise_extra_ms`]), and the promise margin is learned against the estimate
-    /// with it; the estimate keeps the learned average and the certain part, the prompts
-    /// already queued behind it ([`Score::behind_fill_ms`]), which this leaves out.
+    /// with it; the estimate and the ranking keep the learned average.
     pub fill_forecast_ms: f64,
     /// The factor on the queued prefill in `wait_ms` for the more urgent prompts foreseen to
     /// pass the request while it waits ([`passed_factor`]; 1 where none do). Online
@@ -420,11 +419,13 @@ pub struct Score {
     /// it admitted fewer urgent requests (see the architecture's "the urgent work that passes
     /// it").
     pub passed_ms: f64,
-    /// The prefill of the less urgent prompts queued behind the request that the engine takes
-    /// into the step carrying its last chunk ([`behind_fill_ms`], with the worker's deviation;
-    /// 0 without engine priorities or where nothing less urgent waits). In `ttft_ms`, not in
-    /// `wait_ms`; the ranking leaves it out ([`Score::cost_ms`]) as it does `passed_ms`, and
-    /// calibration takes it off what it learns from (a known term, as a KV transfer).
+    /// On a worker with nothing queued ahead of the request, the prefill of the less urgent
+    /// prompts queued behind it that the engine takes into the step carrying its last chunk
+    /// ([`behind_fill_ms`], with the worker's deviation; 0 without engine priorities, where
+    /// nothing less urgent waits, and behind a queue, where the learned batch fill and
+    /// [`Score::fill_forecast_ms`] hold it). In `ttft_ms`, not in `wait_ms`; the ranking leaves
+    /// it out ([`Score::cost_ms`]) as it does `passed_ms`, and calibration takes it off what it
+    /// learns from (a known term, as a KV transfer).
     pub behind_fill_ms: f64,
 }
 
@@ -692,7 +693,10 @@ pub(crate) fn estimate<W>(
     } else {
         0.0
     };
-    let behind_fill_ms = fill::behind_fill_ms(profile, &load, uncached) * deviation;
+    // Behind a queue the learned batch fill holds the step's fill on average, and the promise
+    // foresees the rest (prompts behind included); with nothing ahead nothing was learned of it.
+    let behind_fill_ms =
+        if queued { 0.0 } else { fill::behind_fill_ms(profile, &load, uncached) * deviation };
     Estimate {
         cached_tokens: cached,
         uncached_tokens: uncached,

@@ -39,8 +39,9 @@ fn room(budget: u64, own_tokens: u64) -> u64 {
 /// behind the request ([`WorkerLoad::behind_tokens`]), at most the room its last chunk leaves
 /// in a step, at `profile`'s prefill speed (without a worker's deviation). On an engine that
 /// schedules by priority they wait, so the step carrying the request's last chunk takes them in
-/// after it, whether or not anything is queued ahead of it: the estimate holds it
-/// ([`Score::behind_fill_ms`](super::Score::behind_fill_ms)).
+/// after it, whether or not anything is queued ahead of it. With nothing ahead the estimate
+/// holds it ([`Score::behind_fill_ms`](super::Score::behind_fill_ms)); behind a queue the
+/// promise foresees it with the arrivals ([`fill_forecast_ms`]).
 pub fn behind_fill_ms(profile: &Profile, load: &WorkerLoad, own_tokens: u64) -> f64 {
     let budget = profile.step_token_budget;
     if budget == 0 || load.behind_tokens == 0 {
@@ -52,8 +53,7 @@ pub fn behind_fill_ms(profile: &Profile, load: &WorkerLoad, own_tokens: u64) -> 
 /// [`Score::fill_forecast_ms`](super::Score::fill_forecast_ms) of a request of `own_tokens`
 /// uncached tokens estimated to wait `wait_ms` on a busy worker with `load` and `deviation`:
 /// its [`fill_forecast_ms`] over the wait for the queue ahead (the wait without the learned
-/// batch fill `q.batch_fill_ms` it holds), less what the estimate holds of it (that learned
-/// fill and the [`behind_fill_ms`]), at least 0.
+/// batch fill `q.batch_fill_ms` it holds), less that learned fill, at least 0.
 pub(super) fn beyond_learned(
     profile: &Profile,
     q: &QueueTerms,
@@ -62,6 +62,5 @@ pub(super) fn beyond_learned(
     deviation: f64,
 ) -> f64 {
     let ahead_ms = wait_ms - q.batch_fill_ms * deviation;
-    let known = behind_fill_ms(profile, load, own_tokens) + q.batch_fill_ms;
-    ((fill_forecast_ms(profile, load, ahead_ms, own_tokens) - known) * deviation).max(0.0)
+    ((fill_forecast_ms(profile, load, ahead_ms, own_tokens) - q.batch_fill_ms) * deviation).max(0.0)
 }

@@ -1,7 +1,7 @@
 //! The fill of a busy worker's next step, foreseen from its arrivals
 //! ([`Score::fill_forecast_ms`]): in the promise only, bounded by a step's room; and the
-//! certain part, the less urgent prompts queued behind ([`Score::behind_fill_ms`]), in the
-//! estimate.
+//! certain part, the less urgent prompts queued behind a request with nothing ahead of it
+//! ([`Score::behind_fill_ms`]), in the estimate.
 
 use proptest::prelude::*;
 
@@ -77,9 +77,8 @@ fn the_fill_stops_at_the_room_the_requests_last_chunk_leaves_in_a_step() {
 }
 
 #[test]
-fn less_urgent_prompts_queued_behind_the_request_fill_its_step_in_the_estimate() {
+fn less_urgent_prompts_queued_behind_a_queued_request_fill_its_step_in_the_promise() {
     let p = Profile::default();
-    let pt = p.prefill_ms_per_token;
     // Two 2 000-token prompts queued; the second, less urgent and not started, waits behind.
     let both = WorkerLoad {
         prefilling_requests: 2,
@@ -90,30 +89,18 @@ fn less_urgent_prompts_queued_behind_the_request_fill_its_step_in_the_estimate()
     let part = WorkerLoad { prefilling_requests: 1, inflight_requests: 1, ..queued(0) };
     let seen = both.less(part);
     assert_eq!((seen.prefill_tokens, seen.behind_tokens), (2_000, 2_000));
+    let fill = p.queue_terms().batch_fill_ms;
     let alone = score(&p, &worker(WorkerLoad { behind_tokens: 0, ..seen }, 1.0), 2_000, BS);
     let urgent = score(&p, &worker(seen, 1.0), 2_000, BS);
-    // Certain: in the estimate (not the wait), out of the ranking; nothing left to foresee.
-    assert!((urgent.behind_fill_ms - 2_000.0 * pt).abs() < 1e-9, "{urgent:?}");
-    assert!((urgent.ttft_ms - alone.ttft_ms - urgent.behind_fill_ms).abs() < 1e-9);
-    assert_eq!((urgent.wait_ms, urgent.cost_ms), (alone.wait_ms, alone.cost_ms));
-    assert_eq!(urgent.fill_forecast_ms, 0.0);
-    assert!(urgent.promise_ttft_ms() > alone.promise_ttft_ms());
-    assert!(
-        (urgent.promise_wait_ms() - alone.promise_wait_ms() - urgent.behind_fill_ms).abs() < 1e-9
-    );
-    // Behind and arriving together still fill at most the step's room; the promise foresees
-    // the arrivals' part beyond what the estimate holds.
+    // Behind a queue the estimate keeps the learned fill; the promise foresees the rest.
+    assert_eq!((urgent.ttft_ms, urgent.behind_fill_ms), (alone.ttft_ms, 0.0));
+    let want = 2_000.0 * p.prefill_ms_per_token - fill;
+    assert!((urgent.fill_forecast_ms - want).abs() < 1e-9, "{urgent:?}");
+    // Behind and arriving together still fill at most the step's room.
     let flood = WorkerLoad { arriving_tokens_per_s: 1_000_000, behind_tokens: 5_000, ..queued(0) };
-    let full = score(&p, &worker(flood, 2.0), 2_000, BS);
-    let fill = p.queue_terms().batch_fill_ms;
-    assert!((full.behind_fill_ms - 5_000.0 * pt * 2.0).abs() < 1e-9, "{full:?}");
-    let room = (p.step_token_budget - 2_000) as f64;
-    let beyond = ((room - 5_000.0) * pt - fill) * 2.0;
-    assert!((full.fill_forecast_ms - beyond).abs() < 1e-9, "{full:?}");
-    // More behind than the room: the room.
-    let deep = WorkerLoad { behind_tokens: 100_000, ..queued(0) };
-    let deep = score(&p, &worker(deep, 1.0), 2_000, BS);
-    assert!((deep.behind_fill_ms - room * pt).abs() < 1e-9, "{deep:?}");
+    let full = score(&p, &worker(flood, 1.0), 2_000, BS);
+    let room = (p.step_token_budget - 2_000) as f64 * p.prefill_ms_per_token - fill;
+    assert!((full.fill_forecast_ms - room).abs() < 1e-9, "{full:?}");
 }
 
 #[test]
@@ -127,6 +114,12 @@ fn less_urgent_prompts_fill_the_step_of_a_request_with_nothing_ahead_of_it() {
     assert!((s.ttft_ms - idle.ttft_ms - 3_000.0 * p.prefill_ms_per_token).abs() < 1e-9);
     // Nothing queued: no margin, nothing foreseen beyond it.
     assert_eq!((s.promise_margin, s.promise_extra_ms), (1.0, 0.0));
+    assert!((s.promise_wait_ms() - s.behind_fill_ms).abs() < 1e-9);
+    // More behind than the room: the room, at the worker's speed.
+    let deep = WorkerLoad { behind_tokens: 100_000, ..WorkerLoad::default() };
+    let deep = score(&p, &worker(deep, 2.0), 2_000, BS);
+    let room = (p.step_token_budget - 2_000) as f64;
+    assert!((deep.behind_fill_ms - room * p.prefill_ms_per_token * 2.0).abs() < 1e-9);
     assert_eq!(s.promise_ttft_ms(), s.ttft_ms);
     assert_eq!(s.cost_ms, idle.cost_ms);
     // Without a step budget the engine's steps are not modelled: no fill.
