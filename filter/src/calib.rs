@@ -132,7 +132,18 @@ impl CalibThread {
             pending.remove(0);
             add(self.metrics.dropped, 1);
         }
-        pending.push(Sample::of(score, observed_ms, priority, passed));
+        pending.push(Sample {
+            worker: score.worker.to_string(),
+            uncached_tokens: score.uncached_tokens,
+            cached_tokens: score.cached_tokens,
+            load: score.load,
+            fixed_ms: score.transfer_ms + score.adapter_ms,
+            observed_ms,
+            priority,
+            passed,
+            fill_ms: score.fill_forecast_ms,
+            wait_factor: score.wait_factor,
+        });
         if pending.len() >= self.cfg.flush_samples {
             return self.flush(counters);
         }

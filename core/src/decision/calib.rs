@@ -47,7 +47,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::decision::cost::{Profile, Score};
+use crate::decision::cost::Profile;
 use crate::decision::load::WorkerLoad;
 
 pub use estimator::{CalibOutcome, ModelState, WorkerDev, PROMISE_FILL_SAMPLES};
@@ -197,9 +197,7 @@ pub struct Sample {
     pub cached_tokens: u64,
     /// The worker's load the decision saw.
     pub load: WorkerLoad,
-    /// Estimated time outside the learned terms (KV transfer, adapter load, the fill of the
-    /// request's step by the less urgent prompts queued behind it:
-    /// [`crate::decision::cost::Score::behind_fill_ms`]), subtracted.
+    /// Estimated time outside the learned terms (KV transfer, adapter load), subtracted.
     pub fixed_ms: f64,
     /// Decision to first response byte.
     pub observed_ms: f64,
@@ -217,30 +215,6 @@ pub struct Sample {
     /// prefill's features are taken times it, so the queue's coefficients describe the work
     /// ahead.
     pub wait_factor: f64,
-}
-
-impl Sample {
-    /// The sample of a request its decision estimated as `score`, sent at engine `priority`,
-    /// whose first byte came `observed_ms` after the decision; `passed`: see
-    /// [`Sample::passed`]. What the estimate priced outside the learned terms is taken off:
-    /// the KV transfer, the adapter's load and the fill of its step by the less urgent prompts
-    /// queued behind it ([`Score::behind_fill_ms`]), which the engine takes in whatever the
-    /// queue ahead (learned as queueing, it would move the queue's and the request's own
-    /// coefficients to what the step costs, not what the queue does).
-    pub fn of(score: &Score, observed_ms: f64, priority: i32, passed: bool) -> Sample {
-        Sample {
-            worker: score.worker.to_string(),
-            uncached_tokens: score.uncached_tokens,
-            cached_tokens: score.cached_tokens,
-            load: score.load,
-            fixed_ms: score.transfer_ms + score.adapter_ms + score.behind_fill_ms,
-            observed_ms,
-            priority,
-            passed,
-            fill_ms: score.fill_forecast_ms,
-            wait_factor: score.wait_factor,
-        }
-    }
 }
 
 /// Calibrated profiles and deviations of every model with enough samples: what a router

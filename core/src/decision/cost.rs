@@ -24,7 +24,7 @@ use crate::decision::worker::WorkerName;
 
 mod fill;
 mod order;
-pub use fill::{behind_fill_ms, fill_forecast_ms};
+pub use fill::fill_forecast_ms;
 pub(crate) use order::rank_pool;
 pub use order::{rank, rank_reached, MAX_RANKED};
 
@@ -383,8 +383,8 @@ pub struct Score {
     /// The part of [`Score::stall_ms`] that is the request's growth of the decode batch: the
     /// requests in flight there times [`stream_growth_ms`] (ms).
     pub growth_ms: f64,
-    /// What the ranking minimises: `ttft_ms − passed_ms − behind_fill_ms + stall_weight ·
-    /// stall_ms` (see [`rank`]).
+    /// What the ranking minimises: `ttft_ms − passed_ms + stall_weight · stall_ms` (see
+    /// [`rank`]).
     pub cost_ms: f64,
     /// The load the estimate saw, with the prefill done already taken off (online calibration
     /// learns from it).
@@ -419,14 +419,6 @@ pub struct Score {
     /// it admitted fewer urgent requests (see the architecture's "the urgent work that passes
     /// it").
     pub passed_ms: f64,
-    /// On a worker with nothing queued ahead of the request, the prefill of the less urgent
-    /// prompts queued behind it that the engine takes into the step carrying its last chunk
-    /// ([`behind_fill_ms`], with the worker's deviation; 0 without engine priorities, where
-    /// nothing less urgent waits, and behind a queue, where the learned batch fill and
-    /// [`Score::fill_forecast_ms`] hold it). In `ttft_ms`, not in `wait_ms`; the ranking leaves
-    /// it out ([`Score::cost_ms`]) as it does `passed_ms`, and calibration takes it off what it
-    /// learns from (a known term, as a KV transfer).
-    pub behind_fill_ms: f64,
 }
 
 impl Score {
@@ -436,10 +428,9 @@ impl Score {
         (self.ttft_ms + self.promise_extra_ms) * self.promise_margin
     }
 
-    /// The wait admission promises against a class's `max_wait_ms` (the fill of the request's
-    /// step by the less urgent prompts behind it included).
+    /// The wait admission promises against a class's `max_wait_ms`.
     pub fn promise_wait_ms(&self) -> f64 {
-        (self.wait_ms + self.behind_fill_ms + self.promise_extra_ms) * self.promise_margin
+        (self.wait_ms + self.promise_extra_ms) * self.promise_margin
     }
 }
 
@@ -582,11 +573,6 @@ pub(crate) struct Estimate {
     fill_forecast_ms: f64,
     wait_factor: f64,
     passed_ms: f64,
-    behind_fill_ms: f64,
-    /// [`Score::cost_ms`] without the stall: the TTFT without `passed_ms` and
-    /// `behind_fill_ms`, summed without them (not subtracted: the same bits as a worker
-    /// without them).
-    ranked_ms: f64,
 }
 
 impl Estimate {
@@ -605,7 +591,7 @@ impl Estimate {
             ttft_ms: e.ttft_ms,
             stall_ms: e.stall_ms,
             growth_ms: e.growth_ms,
-            cost_ms: e.ranked_ms,
+            cost_ms: e.ttft_ms - e.passed_ms,
             load: e.load,
             deviation: e.deviation,
             promise_margin: e.promise_margin,
@@ -613,14 +599,13 @@ impl Estimate {
             fill_forecast_ms: e.fill_forecast_ms,
             wait_factor: e.wait_factor,
             passed_ms: e.passed_ms,
-            behind_fill_ms: e.behind_fill_ms,
         }
     }
 
-    /// What the ranking minimises: `ttft − passed − behind fill + stall_weight · stall` (see
+    /// What the ranking minimises: `ttft − passed + stall_weight · stall` (see
     /// [`Score::cost_ms`]).
     pub(crate) fn cost_ms(&self, stall_weight: f64) -> f64 {
-        let ttft = self.ranked_ms;
+        let ttft = self.ttft_ms - self.passed_ms;
         if stall_weight > 0.0 {
             ttft + stall_weight * self.stall_ms
         } else {
@@ -635,7 +620,7 @@ impl Estimate {
 
     /// [`Score::promise_wait_ms`].
     pub(crate) fn promise_wait_ms(&self) -> f64 {
-        (self.wait_ms + self.behind_fill_ms + self.promise_extra_ms) * self.promise_margin
+        (self.wait_ms + self.promise_extra_ms) * self.promise_margin
     }
 }
 
@@ -693,10 +678,6 @@ pub(crate) fn estimate<W>(
     } else {
         0.0
     };
-    // Behind a queue the learned batch fill holds the step's fill on average, and the promise
-    // foresees the rest (prompts behind included); with nothing ahead nothing was learned of it.
-    let behind_fill_ms =
-        if queued { 0.0 } else { fill::behind_fill_ms(profile, &load, uncached) * deviation };
     Estimate {
         cached_tokens: cached,
         uncached_tokens: uncached,
@@ -705,15 +686,7 @@ pub(crate) fn estimate<W>(
         transfer_ms,
         adapter_ms,
         network_ms,
-        ttft_ms: network_ms
-            + wait_ms
-            + behind_fill_ms
-            + prefill_ms
-            + transfer_ms
-            + pull_ms
-            + adapter_ms,
-        ranked_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms
-            - passed_ms,
+        ttft_ms: network_ms + wait_ms + prefill_ms + transfer_ms + pull_ms + adapter_ms,
         stall_ms: stall_ms(&load, prefill_ms, growth),
         growth_ms: growth,
         pull,
@@ -728,7 +701,6 @@ pub(crate) fn estimate<W>(
         fill_forecast_ms,
         wait_factor,
         passed_ms,
-        behind_fill_ms,
     }
 }
 

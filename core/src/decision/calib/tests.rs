@@ -443,50 +443,6 @@ fn short_prompts_with_a_constant_overhead_move_the_base_not_the_cost_per_token()
     }
 }
 
-/// On an engine that schedules by priority, an urgent request's last step also takes in the
-/// less urgent prompts queued behind it, with nothing queued ahead of it. Its estimate prices
-/// that fill ([`crate::decision::cost::Score::behind_fill_ms`]) and its sample takes it off
-/// ([`Sample::of`]): learned as the request's own prefill, it would move the base to what a
-/// step costs.
-#[test]
-fn the_fill_by_the_prompts_behind_a_request_is_taken_off_not_learned() {
-    let cfg = CalibrationConfig::default();
-    let p = truth();
-    let learn = |taken_off: bool| {
-        let mut st = ModelState::new(&p);
-        let mut rng = StdRng::seed_from_u64(5);
-        for _ in 0..300 {
-            let load =
-                WorkerLoad { behind_tokens: rng.random_range(0..8_000), ..Default::default() };
-            let c = crate::decision::cost::Candidate::<crate::decision::worker::WorkerName> {
-                worker: WORKERS[rng.random_range(0..3)].into(),
-                cached_blocks: 0,
-                offloaded_blocks: 0,
-                load,
-                adapter_missing: false,
-                deviation: 1.0,
-            };
-            let score = crate::decision::cost::score(&p, &c, rng.random_range(500..3_000), 16);
-            assert!(score.behind_fill_ms > 0.0 || load.behind_tokens == 0, "{score:?}");
-            // The engine takes as long as the estimate says, the fill included (the noise is
-            // the request's own prefill's).
-            let own = score.ttft_ms - score.behind_fill_ms;
-            let observed = own * noise(&mut rng) + score.behind_fill_ms;
-            let mut s = Sample::of(&score, observed, 0, false);
-            if !taken_off {
-                s.fixed_ms = 0.0;
-            }
-            assert!(matches!(st.observe(&cfg, &s), CalibOutcome::Used { .. }));
-        }
-        st.coefficients()
-    };
-    let [base, per_token, ..] = learn(true);
-    assert_near("base", base, p.prefill_base_ms, 0.15);
-    assert_near("per_token", per_token, p.prefill_ms_per_token, 0.1);
-    let [base, ..] = learn(false);
-    assert!(base > 3.0 * p.prefill_base_ms, "the fill learned as the base: {base}");
-}
-
 /// An overload on engines that batch prefills: behind a busy worker every request also waits
 /// for the prompts that arrive after it and share its last step (a random share of the step's
 /// token budget, half a step on average). Before it, 60 requests on an idle pool; after it,

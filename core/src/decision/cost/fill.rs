@@ -21,33 +21,13 @@ pub fn fill_forecast_ms(
     if budget == 0 || (load.arriving_tokens_per_s == 0 && load.behind_tokens == 0) {
         return 0.0;
     }
-    let room = room(budget, own_tokens);
-    let arriving = load.arriving_tokens_per_s as f64 * ahead_ms.max(0.0) / 1000.0;
-    (load.behind_tokens as f64 + arriving).min(room as f64) * profile.prefill_ms_per_token
-}
-
-/// The room the last chunk of a prompt of `own_tokens` leaves in a step of `budget` tokens (a
-/// last chunk that fills its step whole leaves none).
-fn room(budget: u64, own_tokens: u64) -> u64 {
-    match own_tokens % budget {
+    // A last chunk that fills its step whole leaves no room.
+    let room = match own_tokens % budget {
         0 if own_tokens > 0 => 0,
         part => budget - part,
-    }
-}
-
-/// The part of [`fill_forecast_ms`] that is certain: the less urgent prompts already queued
-/// behind the request ([`WorkerLoad::behind_tokens`]), at most the room its last chunk leaves
-/// in a step, at `profile`'s prefill speed (without a worker's deviation). On an engine that
-/// schedules by priority they wait, so the step carrying the request's last chunk takes them in
-/// after it, whether or not anything is queued ahead of it. With nothing ahead the estimate
-/// holds it ([`Score::behind_fill_ms`](super::Score::behind_fill_ms)); behind a queue the
-/// promise foresees it with the arrivals ([`fill_forecast_ms`]).
-pub fn behind_fill_ms(profile: &Profile, load: &WorkerLoad, own_tokens: u64) -> f64 {
-    let budget = profile.step_token_budget;
-    if budget == 0 || load.behind_tokens == 0 {
-        return 0.0;
-    }
-    load.behind_tokens.min(room(budget, own_tokens)) as f64 * profile.prefill_ms_per_token
+    };
+    let arriving = load.arriving_tokens_per_s as f64 * ahead_ms.max(0.0) / 1000.0;
+    (load.behind_tokens as f64 + arriving).min(room as f64) * profile.prefill_ms_per_token
 }
 
 /// [`Score::fill_forecast_ms`](super::Score::fill_forecast_ms) of a request of `own_tokens`

@@ -1,7 +1,5 @@
 //! The fill of a busy worker's next step, foreseen from its arrivals
-//! ([`Score::fill_forecast_ms`]): in the promise only, bounded by a step's room; and the
-//! certain part, the less urgent prompts queued behind a request with nothing ahead of it
-//! ([`Score::behind_fill_ms`]), in the estimate.
+//! ([`Score::fill_forecast_ms`]): in the promise only, bounded by a step's room.
 
 use proptest::prelude::*;
 
@@ -77,7 +75,7 @@ fn the_fill_stops_at_the_room_the_requests_last_chunk_leaves_in_a_step() {
 }
 
 #[test]
-fn less_urgent_prompts_queued_behind_a_queued_request_fill_its_step_in_the_promise() {
+fn less_urgent_prompts_queued_behind_the_request_fill_its_step_too() {
     let p = Profile::default();
     // Two 2 000-token prompts queued; the second, less urgent and not started, waits behind.
     let both = WorkerLoad {
@@ -90,10 +88,7 @@ fn less_urgent_prompts_queued_behind_a_queued_request_fill_its_step_in_the_promi
     let seen = both.less(part);
     assert_eq!((seen.prefill_tokens, seen.behind_tokens), (2_000, 2_000));
     let fill = p.queue_terms().batch_fill_ms;
-    let alone = score(&p, &worker(WorkerLoad { behind_tokens: 0, ..seen }, 1.0), 2_000, BS);
     let urgent = score(&p, &worker(seen, 1.0), 2_000, BS);
-    // Behind a queue the estimate keeps the learned fill; the promise foresees the rest.
-    assert_eq!((urgent.ttft_ms, urgent.behind_fill_ms), (alone.ttft_ms, 0.0));
     let want = 2_000.0 * p.prefill_ms_per_token - fill;
     assert!((urgent.fill_forecast_ms - want).abs() < 1e-9, "{urgent:?}");
     // Behind and arriving together still fill at most the step's room.
@@ -101,30 +96,6 @@ fn less_urgent_prompts_queued_behind_a_queued_request_fill_its_step_in_the_promi
     let full = score(&p, &worker(flood, 1.0), 2_000, BS);
     let room = (p.step_token_budget - 2_000) as f64 * p.prefill_ms_per_token - fill;
     assert!((full.fill_forecast_ms - room).abs() < 1e-9, "{full:?}");
-}
-
-#[test]
-fn less_urgent_prompts_fill_the_step_of_a_request_with_nothing_ahead_of_it() {
-    let p = Profile::default();
-    // Only less urgent prompts wait there: nothing is queued ahead, the step fills behind it.
-    let behind = WorkerLoad { behind_tokens: 3_000, ..WorkerLoad::default() };
-    let idle = score(&p, &worker(WorkerLoad::default(), 1.0), 2_000, BS);
-    let s = score(&p, &worker(behind, 1.0), 2_000, BS);
-    assert_eq!(s.wait_ms, 0.0);
-    assert!((s.ttft_ms - idle.ttft_ms - 3_000.0 * p.prefill_ms_per_token).abs() < 1e-9);
-    // Nothing queued: no margin, nothing foreseen beyond it.
-    assert_eq!((s.promise_margin, s.promise_extra_ms), (1.0, 0.0));
-    assert!((s.promise_wait_ms() - s.behind_fill_ms).abs() < 1e-9);
-    // More behind than the room: the room, at the worker's speed.
-    let deep = WorkerLoad { behind_tokens: 100_000, ..WorkerLoad::default() };
-    let deep = score(&p, &worker(deep, 2.0), 2_000, BS);
-    let room = (p.step_token_budget - 2_000) as f64;
-    assert!((deep.behind_fill_ms - room * p.prefill_ms_per_token * 2.0).abs() < 1e-9);
-    assert_eq!(s.promise_ttft_ms(), s.ttft_ms);
-    assert_eq!(s.cost_ms, idle.cost_ms);
-    // Without a step budget the engine's steps are not modelled: no fill.
-    let unbudgeted = Profile { step_token_budget: 0, ..p };
-    assert_eq!(score(&unbudgeted, &worker(behind, 1.0), 2_000, BS).behind_fill_ms, 0.0);
 }
 
 #[test]
@@ -161,36 +132,5 @@ proptest! {
         prop_assert!(b.fill_forecast_ms >= a.fill_forecast_ms);
         prop_assert!(a.promise_extra_ms >= a.fill_forecast_ms);
         prop_assert_eq!(a.ttft_ms, b.ttft_ms);
-    }
-
-    /// The prompts queued behind add at most a step's room to the estimate, never to the
-    /// ranking, and the promise never falls below the estimate with them.
-    #[test]
-    fn the_prompts_behind_are_bounded_and_never_ranked(
-        queued_tokens in 0u64..40_000,
-        own in 1u64..20_000,
-        behind in 0u64..40_000,
-        per_s in 0u64..1_000_000,
-        deviation in 0.25f64..4.0,
-    ) {
-        let p = Profile::default();
-        let load = |behind_tokens| WorkerLoad {
-            prefill_tokens: queued_tokens,
-            prefilling_requests: u32::from(queued_tokens > 0),
-            inflight_requests: u32::from(queued_tokens > 0),
-            behind_tokens,
-            ..queued(per_s)
-        };
-        let none = score(&p, &worker(load(0), deviation), own, BS);
-        let s = score(&p, &worker(load(behind), deviation), own, BS);
-        let step = p.step_token_budget as f64 * p.prefill_ms_per_token * deviation;
-        prop_assert!(s.behind_fill_ms >= 0.0 && s.behind_fill_ms <= step);
-        prop_assert!((s.ttft_ms - none.ttft_ms - s.behind_fill_ms).abs() < 1e-6);
-        prop_assert_eq!(s.cost_ms, none.cost_ms);
-        prop_assert!(s.promise_ttft_ms() >= s.ttft_ms);
-        // What the estimate and the promise hold of the step's fill together never shrinks
-        // with more behind.
-        let held = |x: &Score| x.behind_fill_ms + x.fill_forecast_ms;
-        prop_assert!(held(&s) + 1e-9 >= held(&none));
     }
 }

@@ -23,7 +23,6 @@ fn score(worker: &str, cached: u64, wait: f64, prefill: f64) -> Score {
         fill_forecast_ms: 0.0,
         wait_factor: 1.0,
         passed_ms: 0.0,
-        behind_fill_ms: 0.0,
     }
 }
 

@@ -134,9 +134,7 @@ impl Decision {
     /// delay the request was predicted to add to the streams it runs (`stall_ms`, summed over
     /// them), how many it decodes (`decoding`), and the part of that delay that is the
     /// request's growth of its decode batch (`growth_ms`); the part of its predicted wait that
-    /// is the more urgent requests foreseen to pass it (`passed_ms`); the part of its predicted
-    /// TTFT that is the less urgent prompts queued behind it filling its step
-    /// (`behind_fill_ms`); `kv_source`, `prefill`,
+    /// is the more urgent requests foreseen to pass it (`passed_ms`); `kv_source`, `prefill`,
     /// `network_ms`,
     /// `transfer_ms`, `site`, `cross_site`, and where the site comes from (`site_source`:
     /// `config`, `discovered` or `none`) and, when discovered, how long ago the updater saw it
@@ -154,12 +152,11 @@ impl Decision {
         };
         let age = seen.map_or("none".into(), |at| now_ms.saturating_sub(at).to_string());
         format!(
-            "stall_ms={:.1}; decoding={}; growth_ms={:.1}; passed_ms={:.1}; behind_fill_ms={:.1}; kv_source={}; prefill={}; network_ms={:.1}; transfer_ms={:.1}; site={site}; cross_site={}; site_source={source}; site_age_ms={age}",
+            "stall_ms={:.1}; decoding={}; growth_ms={:.1}; passed_ms={:.1}; kv_source={}; prefill={}; network_ms={:.1}; transfer_ms={:.1}; site={site}; cross_site={}; site_source={source}; site_age_ms={age}",
             score.map_or(0.0, |s| s.stall_ms),
             score.map_or(0, |s| s.load.decoding_requests()),
             score.map_or(0.0, |s| s.growth_ms),
             score.map_or(0.0, |s| s.passed_ms),
-            score.map_or(0.0, |s| s.behind_fill_ms),
             pull.map_or("none", |p| p.from.as_str()),
             self.prefill.first().map_or("none", |p| p.worker.as_str()),
             score.map_or(0.0, |s| s.network_ms),

@@ -61,7 +61,7 @@ fn an_idle_worker_pulls_the_prefix_from_a_busy_holder_next_to_it() {
     let fields = d.detail_fields(W[0], 10);
     assert!(
         fields.starts_with(
-            "stall_ms=70.9; decoding=0; growth_ms=70.9; passed_ms=0.0; behind_fill_ms=0.0; kv_source=127.0.0.1:2; prefill=none;"
+            "stall_ms=70.9; decoding=0; growth_ms=70.9; passed_ms=0.0; kv_source=127.0.0.1:2; prefill=none;"
         ),
         "{fields}"
     );
