@@ -128,8 +128,8 @@ impl KvHttp {
         let Some(shed) = a.shed.take() else { return Ok(a) };
         let mut headers =
             vec![("content-type", "application/json"), ("retry-after", shed.retry_after.as_str())];
-        if self.state.config.expose_decision_header {
-            headers.push((DECISION_HEADER, shed.detail.as_str()));
+        if let Some(detail) = &shed.detail {
+            headers.push((DECISION_HEADER, detail.as_str()));
         }
         host::send_response(shed.error.status, &headers, &shed.error.body());
         Err(Action::Pause)

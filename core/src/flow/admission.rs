@@ -23,13 +23,13 @@ pub struct Admission {
     pub priority: PriorityEdit,
 }
 
-/// A 429: its body, its `Retry-After` value (seconds), and the decision header's value
-/// (see [`admission::shed_detail`]), which the filter sends where `expose_decision_header`.
+/// A 429: its body, its `Retry-After` value (seconds), and, where `expose_decision_header`,
+/// the decision header's value (see [`admission::shed_detail`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shed {
     pub error: ApiError,
     pub retry_after: String,
-    pub detail: String,
+    pub detail: Option<String>,
 }
 
 /// Admits a decision for `model` ranked as `ranked` (reordered for the request's class),
@@ -50,7 +50,9 @@ pub fn admit(
         AdmissionVerdict::Shed { reason, retry_after_s } => Some(Shed {
             error: admission::shed_error(reason, retry_after_s, ranked, &ask, adm),
             retry_after: retry_after_s.to_string(),
-            detail: admission::shed_detail(reason, retry_after_s, ranked, &ask, adm),
+            detail: cfg
+                .expose_decision_header
+                .then(|| admission::shed_detail(reason, retry_after_s, ranked, &ask, adm)),
         }),
         _ => None,
     };

@@ -24,8 +24,12 @@ fn the_models_deadline_applies_without_a_header_and_sheds_with_retry_after() {
     let shed = a.shed.unwrap();
     assert_eq!(shed.error.status, 429);
     assert_eq!(shed.retry_after, "2");
-    assert!(shed.detail.starts_with("shed=deadline; class=interactive; deadline_ms=100;"));
-    assert!(shed.detail.contains("best_worker=a;"), "{}", shed.detail);
+    // The decision header's value only where it is exposed.
+    assert_eq!(shed.detail, None);
+    let exposed = FilterConfig { expose_decision_header: true, ..cfg.clone() };
+    let detail = admit(&exposed, "slow", &mut ranked, None, None).shed.unwrap().detail.unwrap();
+    assert!(detail.starts_with("shed=deadline; class=interactive; deadline_ms=100;"), "{detail}");
+    assert!(detail.contains("best_worker=a;"), "{detail}");
     // Another model has no deadline: admitted.
     let a = admit(&cfg, "free", &mut ranked, None, None);
     assert_eq!((a.verdict, a.shed), (AdmissionVerdict::Admit, None));
